@@ -1,0 +1,519 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/capvend/capvend/vend"
+)
+
+const callColumns = `id, transport, client, request_id, server, tool, args_hash, price_msat,
+	idempotent, state, executions, reason, created_at, updated_at`
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+func scanCall(r rowScanner) (vend.Call, error) {
+	var c vend.Call
+	var created, updated int64
+	var state string
+	err := r.Scan(&c.ID, &c.Transport, &c.Client, &c.RequestID, &c.Server, &c.Tool, &c.ArgsHash,
+		&c.Price, &c.Idempotent, &state, &c.Executions, &c.Reason, &created, &updated)
+	if errors.Is(err, sql.ErrNoRows) {
+		return c, vend.ErrNotFound
+	}
+	c.State = vend.CallState(state)
+	c.CreatedAt, c.UpdatedAt = fromMS(created), fromMS(updated)
+	return c, err
+}
+
+const paymentColumns = `id, backend, kind, ref, call_id, bolt11, mint_url, amount_msat, state,
+	expires_at, created_at, updated_at, settled_at, settled_msat, fee_msat, add_index, settle_index`
+
+func scanPayment(r rowScanner) (vend.Payment, error) {
+	var p vend.Payment
+	var backend, kind, state string
+	var expires, created, updated int64
+	var settledAt, settled sql.NullInt64
+	err := r.Scan(&p.ID, &backend, &kind, &p.Ref, &p.CallID, &p.Bolt11, &p.MintURL, &p.Amount, &state,
+		&expires, &created, &updated, &settledAt, &settled, &p.Fee, &p.AddIndex, &p.SettleIndex)
+	if errors.Is(err, sql.ErrNoRows) {
+		return p, vend.ErrNotFound
+	}
+	p.Backend, p.Kind, p.State = vend.Backend(backend), vend.PaymentKind(kind), vend.PaymentState(state)
+	p.ExpiresAt, p.CreatedAt, p.UpdatedAt = fromMS(expires), fromMS(created), fromMS(updated)
+	if settledAt.Valid {
+		p.SettledAt = fromMS(settledAt.Int64)
+	}
+	p.Settled = vend.Msat(settled.Int64)
+	return p, err
+}
+
+func getCall(ctx context.Context, q querier, id vend.CallID) (vend.Call, error) {
+	c, err := scanCall(q.QueryRowContext(ctx, "SELECT "+callColumns+" FROM calls WHERE id = ?", id))
+	if err != nil {
+		return c, fmt.Errorf("call %d: %w", id, err)
+	}
+	return c, nil
+}
+
+func getPayment(ctx context.Context, q querier, ref string) (vend.Payment, error) {
+	p, err := scanPayment(q.QueryRowContext(ctx, "SELECT "+paymentColumns+" FROM payments WHERE ref = ?", ref))
+	if err != nil {
+		return p, fmt.Errorf("payment %s: %w", ref, err)
+	}
+	return p, nil
+}
+
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// setCallState moves a call from one state to another inside tx, refusing
+// anything that is not an edge of the state machine or whose current state
+// is not from.
+func setCallState(ctx context.Context, tx *sql.Tx, c *vend.Call, to vend.CallState, reason string, now time.Time) error {
+	if !c.State.CanTransition(to) {
+		return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(to)}
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE calls SET state = ?, reason = CASE WHEN ? = '' THEN reason ELSE ? END, updated_at = ?
+		WHERE id = ? AND state = ?`, string(to), reason, reason, ms(now), c.ID, string(c.State))
+	if err != nil {
+		if isConstraint(err) {
+			return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(to)}
+		}
+		return err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(to)}
+	}
+	c.State, c.UpdatedAt = to, now
+	if reason != "" {
+		c.Reason = reason
+	}
+	return nil
+}
+
+func setPaymentState(ctx context.Context, tx *sql.Tx, p *vend.Payment, to vend.PaymentState, now time.Time) error {
+	if !p.State.CanTransition(to) {
+		return &vend.TransitionError{What: "payment " + p.Ref, From: string(p.State), To: string(to)}
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE payments SET state = ?, updated_at = ? WHERE id = ? AND state = ?`,
+		string(to), ms(now), p.ID, string(p.State))
+	if err != nil {
+		if isConstraint(err) {
+			return &vend.TransitionError{What: "payment " + p.Ref, From: string(p.State), To: string(to)}
+		}
+		return err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return &vend.TransitionError{What: "payment " + p.Ref, From: string(p.State), To: string(to)}
+	}
+	p.State, p.UpdatedAt = to, now
+	return nil
+}
+
+// RecordCall implements vend.Ledger.
+func (l *Ledger) RecordCall(ctx context.Context, nc vend.NewCall) (vend.Call, bool, error) {
+	if err := validateNewCall(nc); err != nil {
+		return vend.Call{}, false, err
+	}
+	var call vend.Call
+	var created bool
+	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+		res, err := tx.ExecContext(ctx, `INSERT INTO calls (transport, client, request_id, server, tool, args_hash,
+			price_msat, idempotent, state, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?)
+			ON CONFLICT (transport, client, request_id) DO NOTHING`,
+			nc.Transport, nc.Client, nc.RequestID, nc.Server, nc.Tool, nc.ArgsHash, nc.Price, nc.Idempotent, ms(now), ms(now))
+		if err != nil {
+			return err
+		}
+		n, _ := res.RowsAffected()
+		created = n == 1
+		call, err = scanCall(tx.QueryRowContext(ctx, "SELECT "+callColumns+` FROM calls
+			WHERE transport = ? AND client = ? AND request_id = ?`, nc.Transport, nc.Client, nc.RequestID))
+		return err
+	})
+	if err != nil {
+		return vend.Call{}, false, fmt.Errorf("record call: %w", err)
+	}
+	return call, created, nil
+}
+
+func validateNewCall(nc vend.NewCall) error {
+	switch {
+	case nc.Transport == "" || nc.Client == "" || nc.RequestID == "" || nc.Server == "" || nc.Tool == "":
+		return errors.New("record call: transport, client, request id, server and tool are required")
+	case len(nc.ArgsHash) != 64:
+		return errors.New("record call: args hash must be a hex SHA-256")
+	case nc.Price <= 0:
+		return fmt.Errorf("record call: price must be positive, got %d msat (free calls are not recorded)", nc.Price)
+	}
+	return nil
+}
+
+// Call implements vend.Ledger.
+func (l *Ledger) Call(ctx context.Context, id vend.CallID) (vend.Call, error) {
+	return getCall(ctx, l.rdb, id)
+}
+
+// Payment implements vend.Ledger.
+func (l *Ledger) Payment(ctx context.Context, ref string) (vend.Payment, error) {
+	return getPayment(ctx, l.rdb, ref)
+}
+
+// RecordPayment implements vend.Ledger.
+func (l *Ledger) RecordPayment(ctx context.Context, id vend.CallID, np vend.NewPayment) (vend.Payment, error) {
+	if np.Ref == "" || np.Amount <= 0 || np.ExpiresAt.IsZero() {
+		return vend.Payment{}, errors.New("record payment: ref, a positive amount and an expiry are required")
+	}
+	if np.Backend != vend.BackendLND && np.Backend != vend.BackendCashu {
+		return vend.Payment{}, fmt.Errorf("record payment: unknown backend %q", np.Backend)
+	}
+	var p vend.Payment
+	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+		c, err := getCall(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if np.Amount < c.Price {
+			return fmt.Errorf("payment amount %d msat is below the call's price %d msat", np.Amount, c.Price)
+		}
+		if err := setCallState(ctx, tx, &c, vend.CallAwaitingPayment, "", now); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO payments (backend, kind, ref, call_id, bolt11, mint_url, amount_msat,
+			state, expires_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)`,
+			string(np.Backend), string(np.Kind), np.Ref, id, np.Bolt11, np.MintURL, np.Amount, ms(np.ExpiresAt), ms(now), ms(now))
+		if isUnique(err) {
+			return fmt.Errorf("%w: %s", vend.ErrDuplicatePayment, np.Ref)
+		}
+		if err != nil {
+			return err
+		}
+		p, err = getPayment(ctx, tx, np.Ref)
+		return err
+	})
+	if err != nil {
+		return vend.Payment{}, fmt.Errorf("record payment: %w", err)
+	}
+	return p, nil
+}
+
+// AcceptPayment implements vend.Ledger.
+func (l *Ledger) AcceptPayment(ctx context.Context, ref string) (vend.Payment, error) {
+	var p vend.Payment
+	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+		var err error
+		if p, err = getPayment(ctx, tx, ref); err != nil {
+			return err
+		}
+		if p.State == vend.PaymentAccepted {
+			return nil // idempotent: the subscription may report it twice
+		}
+		if err := setPaymentState(ctx, tx, &p, vend.PaymentAccepted, now); err != nil {
+			return err
+		}
+		return markCallPaid(ctx, tx, p.CallID, now)
+	})
+	if err != nil {
+		return vend.Payment{}, fmt.Errorf("accept payment: %w", err)
+	}
+	return p, nil
+}
+
+// markCallPaid moves a call waiting for its payment to paid. A call that
+// moved on already (a hold invoice settled after execution) is left alone.
+func markCallPaid(ctx context.Context, tx *sql.Tx, id vend.CallID, now time.Time) error {
+	c, err := getCall(ctx, tx, id)
+	if err != nil {
+		return err
+	}
+	if c.State != vend.CallAwaitingPayment {
+		return nil
+	}
+	return setCallState(ctx, tx, &c, vend.CallPaid, "", now)
+}
+
+// SettlePayment implements vend.Ledger.
+func (l *Ledger) SettlePayment(ctx context.Context, s vend.Settlement) (vend.Payment, error) {
+	if s.Amount <= 0 || s.Fee < 0 || s.Fee > s.Amount {
+		return vend.Payment{}, fmt.Errorf("settle payment %s: amount must be positive and fee within it (amount %d, fee %d msat)", s.Ref, s.Amount, s.Fee)
+	}
+	var p vend.Payment
+	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+		var err error
+		if p, err = getPayment(ctx, tx, s.Ref); err != nil {
+			return err
+		}
+		if p.State == vend.PaymentSettled {
+			return fmt.Errorf("%w: %s", vend.ErrAlreadySettled, s.Ref)
+		}
+		if s.Amount < p.Amount {
+			return fmt.Errorf("%w: %d msat received, %d msat asked", vend.ErrUnderpaid, s.Amount, p.Amount)
+		}
+		if !p.State.CanTransition(vend.PaymentSettled) {
+			return &vend.TransitionError{What: "payment " + p.Ref, From: string(p.State), To: string(vend.PaymentSettled)}
+		}
+		// The state condition in the WHERE clause is the exactly-once
+		// claim: of concurrent settlements only one sees a row to update.
+		res, err := tx.ExecContext(ctx, `UPDATE payments SET state = 'settled', settled_at = ?, settled_msat = ?,
+			fee_msat = ?, add_index = max(add_index, ?), settle_index = max(settle_index, ?), updated_at = ?
+			WHERE id = ? AND state IN ('open', 'accepted')`,
+			ms(now), s.Amount, s.Fee, s.AddIndex, s.SettleIndex, ms(now), p.ID)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("%w: %s", vend.ErrAlreadySettled, s.Ref)
+		}
+		c, err := getCall(ctx, tx, p.CallID)
+		if err != nil {
+			return err
+		}
+		if err := postSettlement(ctx, tx, p, c, s, now); err != nil {
+			return err
+		}
+		if err := markCallPaid(ctx, tx, p.CallID, now); err != nil {
+			return err
+		}
+		p, err = getPayment(ctx, tx, s.Ref)
+		return err
+	})
+	if err != nil {
+		return vend.Payment{}, fmt.Errorf("settle payment: %w", err)
+	}
+	return p, nil
+}
+
+// EndPayment implements vend.Ledger.
+func (l *Ledger) EndPayment(ctx context.Context, ref string, to vend.PaymentState, reason string) (vend.Payment, error) {
+	if to != vend.PaymentCanceled && to != vend.PaymentExpired {
+		return vend.Payment{}, fmt.Errorf("end payment %s: %q is not an end state (want canceled or expired)", ref, to)
+	}
+	var p vend.Payment
+	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+		var err error
+		if p, err = getPayment(ctx, tx, ref); err != nil {
+			return err
+		}
+		if err := setPaymentState(ctx, tx, &p, to, now); err != nil {
+			return err
+		}
+		c, err := getCall(ctx, tx, p.CallID)
+		if err != nil {
+			return err
+		}
+		next := vend.CallCanceled
+		if to == vend.PaymentExpired {
+			next = vend.CallExpired
+		}
+		if c.State == vend.CallAwaitingPayment || c.State == vend.CallQuoted {
+			return setCallState(ctx, tx, &c, next, reason, now)
+		}
+		return nil
+	})
+	if err != nil {
+		return vend.Payment{}, fmt.Errorf("end payment: %w", err)
+	}
+	return p, nil
+}
+
+// coveringPayment returns the call's payment that pays for it: settled, or
+// accepted (a hold invoice, settled after the tool succeeded).
+func coveringPayment(ctx context.Context, q querier, c vend.Call) (vend.Payment, error) {
+	p, err := scanPayment(q.QueryRowContext(ctx, "SELECT "+paymentColumns+` FROM payments
+		WHERE call_id = ? AND state IN ('settled', 'accepted') AND amount_msat >= ?
+		ORDER BY state = 'settled' DESC, id LIMIT 1`, c.ID, c.Price))
+	if errors.Is(err, vend.ErrNotFound) {
+		return p, fmt.Errorf("call %d: %w", c.ID, vend.ErrUnpaid)
+	}
+	return p, err
+}
+
+// StartExecution implements vend.Ledger.
+func (l *Ledger) StartExecution(ctx context.Context, id vend.CallID) (vend.Call, error) {
+	var c vend.Call
+	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+		var err error
+		if c, err = getCall(ctx, tx, id); err != nil {
+			return err
+		}
+		if c.State != vend.CallPaid {
+			return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(vend.CallExecuting)}
+		}
+		p, err := coveringPayment(ctx, tx, c)
+		if err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `INSERT INTO payment_claims (payment_id, call_id, claimed_at) VALUES (?, ?, ?)
+			ON CONFLICT DO NOTHING`, p.ID, c.ID, ms(now))
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("%w: payment %s", vend.ErrAlreadyClaimed, p.Ref)
+		}
+		if err := setCallState(ctx, tx, &c, vend.CallExecuting, "", now); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE calls SET executions = executions + 1 WHERE id = ?", c.ID); err != nil {
+			return err
+		}
+		c.Executions++
+		return nil
+	})
+	if err != nil {
+		return vend.Call{}, fmt.Errorf("start execution: %w", err)
+	}
+	return c, nil
+}
+
+func storeResult(ctx context.Context, tx *sql.Tx, id vend.CallID, r vend.Result, now time.Time) error {
+	_, err := tx.ExecContext(ctx, "INSERT INTO results (call_id, is_error, body, stored_at) VALUES (?, ?, ?, ?)",
+		id, r.IsError, r.Body, ms(now))
+	if isUnique(err) {
+		return fmt.Errorf("call %d: a result is stored already", id)
+	}
+	return err
+}
+
+// Deliver implements vend.Ledger.
+func (l *Ledger) Deliver(ctx context.Context, id vend.CallID, r vend.Result) error {
+	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+		c, err := getCall(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if !c.State.CanTransition(vend.CallDelivered) {
+			return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(vend.CallDelivered)}
+		}
+		p, err := coveringPayment(ctx, tx, c)
+		if err != nil {
+			return err
+		}
+		if p.State != vend.PaymentSettled {
+			return fmt.Errorf("call %d: payment %s is %s, not settled: settle the hold invoice before delivering: %w", c.ID, p.Ref, p.State, vend.ErrUnpaid)
+		}
+		if err := storeResult(ctx, tx, id, r, now); err != nil {
+			return err
+		}
+		return setCallState(ctx, tx, &c, vend.CallDelivered, "", now)
+	})
+	if err != nil {
+		return fmt.Errorf("deliver: %w", err)
+	}
+	return nil
+}
+
+// Fail implements vend.Ledger.
+func (l *Ledger) Fail(ctx context.Context, id vend.CallID, r vend.Result, reason string) error {
+	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+		c, err := getCall(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if err := setCallState(ctx, tx, &c, vend.CallFailed, reason, now); err != nil {
+			return err
+		}
+		return storeResult(ctx, tx, id, r, now)
+	})
+	if err != nil {
+		return fmt.Errorf("fail: %w", err)
+	}
+	return nil
+}
+
+// Refund implements vend.Ledger.
+func (l *Ledger) Refund(ctx context.Context, id vend.CallID, reason string) error {
+	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+		c, err := getCall(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if !c.State.CanTransition(vend.CallRefunded) {
+			return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(vend.CallRefunded)}
+		}
+		// Which money comes back: a settled payment is owed back (a
+		// refund entry); a hold invoice must have been canceled, which
+		// returned the money by itself.
+		var settled, accepted int
+		var settledRef string
+		if err := tx.QueryRowContext(ctx, `SELECT
+			count(*) FILTER (WHERE state = 'settled'), count(*) FILTER (WHERE state = 'accepted'),
+			coalesce(max(ref) FILTER (WHERE state = 'settled'), '')
+			FROM payments WHERE call_id = ?`, c.ID).Scan(&settled, &accepted, &settledRef); err != nil {
+			return err
+		}
+		if accepted > 0 {
+			return fmt.Errorf("call %d: its hold invoice is still accepted: cancel it (EndPayment) before marking the refund: %w", c.ID, vend.ErrIllegalTransition)
+		}
+		if err := setCallState(ctx, tx, &c, vend.CallRefunded, reason, now); err != nil {
+			return err
+		}
+		if settled > 0 {
+			p, err := getPayment(ctx, tx, settledRef)
+			if err != nil {
+				return err
+			}
+			return postRefund(ctx, tx, p, c, reason, now)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("refund: %w", err)
+	}
+	return nil
+}
+
+// ClaimProofs implements vend.Ledger.
+func (l *Ledger) ClaimProofs(ctx context.Context, payment vend.PaymentID, proofs []vend.Proof) error {
+	if len(proofs) == 0 {
+		return errors.New("claim proofs: no proofs")
+	}
+	for _, p := range proofs {
+		if len(p.SecretHash) != 64 || p.AmountSat <= 0 || p.KeysetID == "" || p.MintURL == "" {
+			return errors.New("claim proofs: each proof needs a secret hash, a positive amount, a keyset id and a mint URL")
+		}
+	}
+	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+		for _, p := range proofs {
+			res, err := tx.ExecContext(ctx, `INSERT INTO cashu_proofs (secret_hash, amount_sat, keyset_id, mint_url,
+				payment_id, state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'received', ?, ?)
+				ON CONFLICT (secret_hash) DO NOTHING`,
+				p.SecretHash, p.AmountSat, p.KeysetID, p.MintURL, payment, ms(now), ms(now))
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n != 1 {
+				return fmt.Errorf("%w (secret hash %s…)", vend.ErrProofSpent, p.SecretHash[:12])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("claim proofs: %w", err)
+	}
+	return nil
+}
+
+// Result implements vend.Ledger.
+func (l *Ledger) Result(ctx context.Context, id vend.CallID) (vend.Result, error) {
+	var r vend.Result
+	var stored int64
+	err := l.rdb.QueryRowContext(ctx, "SELECT is_error, body, stored_at FROM results WHERE call_id = ?", id).
+		Scan(&r.IsError, &r.Body, &stored)
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, fmt.Errorf("result of call %d: %w", id, vend.ErrNotFound)
+	}
+	if err != nil {
+		return r, fmt.Errorf("result of call %d: %w", id, err)
+	}
+	r.StoredAt = fromMS(stored)
+	return r, nil
+}

@@ -1,0 +1,217 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// Accounts of the journal. Names are colon-separated segments of
+// [A-Za-z0-9._-]; the first segment is the account type.
+const (
+	AccountLND         = "assets:lightning:lnd"
+	AccountRefunds     = "liabilities:refunds"
+	AccountOverpayment = "income:overpayments"
+)
+
+// IncomeAccount is where revenue from one tool is booked:
+// income:tools:<server>:<tool>.
+func IncomeAccount(server, tool string) string {
+	return "income:tools:" + Segment(server) + ":" + Segment(tool)
+}
+
+// CashuAccount is the ecash held at one mint: assets:cashu:<mint host>.
+func CashuAccount(mintURL string) string { return "assets:cashu:" + mintSegment(mintURL) }
+
+// CashuFeeAccount is what a mint charged us: expenses:fees:cashu:<mint host>.
+func CashuFeeAccount(mintURL string) string { return "expenses:fees:cashu:" + mintSegment(mintURL) }
+
+// LightningFeeAccount is routing fees we paid: expenses:fees:lightning.
+const LightningFeeAccount = "expenses:fees:lightning"
+
+func mintSegment(mintURL string) string {
+	if u, err := url.Parse(mintURL); err == nil && u.Host != "" {
+		return Segment(strings.Trim(u.Host+u.Path, "/"))
+	}
+	return Segment(mintURL)
+}
+
+// Segment makes s safe as one account name segment: characters outside
+// [A-Za-z0-9._-] become '-', and an empty segment becomes "-".
+func Segment(s string) string {
+	if s == "" {
+		return "-"
+	}
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	return string(b)
+}
+
+var accountTypes = []string{"assets", "liabilities", "equity", "income", "expenses"}
+
+// accountType validates an account name and returns its type.
+func accountType(name string) (string, error) {
+	segs := strings.Split(name, ":")
+	for _, s := range segs {
+		if s == "" || Segment(s) != s {
+			return "", fmt.Errorf("account %q: segments must be non-empty and use only A-Z a-z 0-9 . _ -", name)
+		}
+	}
+	for _, t := range accountTypes {
+		if segs[0] == t {
+			return t, nil
+		}
+	}
+	return "", fmt.Errorf("account %q: must start with one of %s", name, strings.Join(accountTypes, ", "))
+}
+
+// Posting is one line of a journal entry: a signed amount on an account.
+// Debits are positive, credits negative.
+type Posting struct {
+	Account string
+	Amount  vend.Msat
+}
+
+// Entry is a balanced journal entry.
+type Entry struct {
+	Kind        string // settlement, refund, fee, melt, adjustment
+	Description string
+	CallID      vend.CallID    // 0 if none
+	PaymentID   vend.PaymentID // 0 if none
+	Postings    []Posting
+}
+
+// ErrUnbalanced is returned for an entry whose postings do not sum to zero.
+var ErrUnbalanced = errors.New("journal entry does not balance")
+
+// Post books a balanced entry in its own transaction. It exists for the
+// money movements that are not a call's settlement or refund (mint fees,
+// melts, adjustments); settlements and refunds are booked by
+// SettlePayment and Refund in the same transaction as their state change.
+func (l *Ledger) Post(ctx context.Context, e Entry) error {
+	if e.Kind == "settlement" || e.Kind == "refund" {
+		return fmt.Errorf("post: %s entries are booked by SettlePayment and Refund", e.Kind)
+	}
+	return l.write(ctx, func(tx *sql.Tx, now time.Time) error { return post(ctx, tx, e, now) })
+}
+
+// post writes an entry, its postings, and seals it: the schema refuses the
+// seal unless the postings sum to zero.
+func post(ctx context.Context, tx *sql.Tx, e Entry, now time.Time) error {
+	var sum vend.Msat
+	for _, p := range e.Postings {
+		if p.Amount == 0 {
+			return fmt.Errorf("post: zero posting on %s", p.Account)
+		}
+		sum += p.Amount
+	}
+	if len(e.Postings) < 2 || sum != 0 {
+		return fmt.Errorf("post %q: %w (%d postings, sum %d msat)", e.Description, ErrUnbalanced, len(e.Postings), sum)
+	}
+	res, err := tx.ExecContext(ctx, `INSERT INTO entries (ts, kind, description, call_id, payment_id) VALUES (?, ?, ?, ?, ?)`,
+		ms(now), e.Kind, e.Description, nullID(int64(e.CallID)), nullID(int64(e.PaymentID)))
+	if err != nil {
+		return fmt.Errorf("post: %w", err)
+	}
+	entryID, err := res.LastInsertId()
+	if err != nil {
+		return err
+	}
+	for _, p := range e.Postings {
+		acct, err := ensureAccount(ctx, tx, p.Account, now)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO postings (entry_id, account_id, amount_msat) VALUES (?, ?, ?)",
+			entryID, acct, p.Amount); err != nil {
+			return fmt.Errorf("post: %w", err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, "UPDATE entries SET sealed = 1 WHERE id = ?", entryID); err != nil {
+		if isConstraint(err) {
+			return fmt.Errorf("post %q: %w", e.Description, ErrUnbalanced)
+		}
+		return fmt.Errorf("post: %w", err)
+	}
+	return nil
+}
+
+func nullID(v int64) sql.NullInt64 { return sql.NullInt64{Int64: v, Valid: v != 0} }
+
+func ensureAccount(ctx context.Context, tx *sql.Tx, name string, now time.Time) (int64, error) {
+	typ, err := accountType(name)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO accounts (name, type, created_at) VALUES (?, ?, ?)
+		ON CONFLICT (name) DO NOTHING`, name, typ, ms(now)); err != nil {
+		return 0, err
+	}
+	var id int64
+	err = tx.QueryRowContext(ctx, "SELECT id FROM accounts WHERE name = ?", name).Scan(&id)
+	return id, err
+}
+
+// assetAccount is where a payment's money lands.
+func assetAccount(p vend.Payment) string {
+	if p.Backend == vend.BackendCashu {
+		return CashuAccount(p.MintURL)
+	}
+	return AccountLND
+}
+
+// postSettlement books the one income entry of a settled payment:
+// the asset receives what arrived less fees, the tool's income account the
+// call's price, overpayment its own income account, fees an expense.
+func postSettlement(ctx context.Context, tx *sql.Tx, p vend.Payment, c vend.Call, s vend.Settlement, now time.Time) error {
+	e := Entry{
+		Kind:        "settlement",
+		Description: fmt.Sprintf("%s/%s call %d paid by %s %s", c.Server, c.Tool, c.ID, p.Backend, p.Kind),
+		CallID:      c.ID,
+		PaymentID:   p.ID,
+	}
+	if net := s.Amount - s.Fee; net > 0 {
+		e.Postings = append(e.Postings, Posting{assetAccount(p), net})
+	}
+	if s.Fee > 0 {
+		fee := LightningFeeAccount
+		if p.Backend == vend.BackendCashu {
+			fee = CashuFeeAccount(p.MintURL)
+		}
+		e.Postings = append(e.Postings, Posting{fee, s.Fee})
+	}
+	e.Postings = append(e.Postings, Posting{IncomeAccount(c.Server, c.Tool), -c.Price})
+	if over := s.Amount - c.Price; over > 0 {
+		e.Postings = append(e.Postings, Posting{AccountOverpayment, -over})
+	}
+	return post(ctx, tx, e, now)
+}
+
+// postRefund reverses a settled call's income into a refund owed to the
+// client.
+func postRefund(ctx context.Context, tx *sql.Tx, p vend.Payment, c vend.Call, reason string, now time.Time) error {
+	desc := fmt.Sprintf("%s/%s call %d refunded", c.Server, c.Tool, c.ID)
+	if reason != "" {
+		desc += ": " + reason
+	}
+	return post(ctx, tx, Entry{
+		Kind:        "refund",
+		Description: desc,
+		CallID:      c.ID,
+		PaymentID:   p.ID,
+		Postings: []Posting{
+			{IncomeAccount(c.Server, c.Tool), c.Price},
+			{AccountRefunds, -c.Price},
+		},
+	}, now)
+}

@@ -1,0 +1,342 @@
+// Package ledger is capvend's durable record of money: priced calls, payment
+// requests and their settlement, Cashu proofs received, stored results, and
+// a double-entry journal in millisatoshis. It implements vend.Ledger on a
+// SQLite file (mattn/go-sqlite3) opened with WAL, synchronous=FULL, foreign
+// keys and immediate write transactions; every state change is one
+// transaction. The schema's own constraints and triggers enforce the money
+// rules, so a bug above this package cannot book an unbalanced entry, edit a
+// posting or skip a state.
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mattn/go-sqlite3"
+
+	"github.com/capvend/capvend/migrations"
+	"github.com/capvend/capvend/vend"
+)
+
+// ApplicationID marks a SQLite file as a capvend ledger ("capv").
+const ApplicationID = 0x63617076
+
+// Errors returned by Open.
+var (
+	// ErrNoLedger: the file does not exist and Options.MustExist was set.
+	ErrNoLedger = errors.New("no ledger file")
+	// ErrNotLedger: the file is not an SQLite database, or an SQLite
+	// database of another application.
+	ErrNotLedger = errors.New("not a capvend ledger")
+	// ErrCorrupt: SQLite reports the file as damaged.
+	ErrCorrupt = errors.New("ledger file is corrupt")
+	// ErrNewerSchema: the file was written by a newer capvend.
+	ErrNewerSchema = errors.New("ledger was written by a newer capvend")
+)
+
+// Options tune Open.
+type Options struct {
+	// MustExist makes Open fail with ErrNoLedger instead of creating a new
+	// ledger (read commands use it so a typo in a path is not a new, empty
+	// ledger).
+	MustExist bool
+	// Now is the clock; nil means time.Now. Each transaction stamps one now.
+	Now func() time.Time
+	// BusyTimeout is how long a writer waits for another process's lock
+	// (default 10 s).
+	BusyTimeout time.Duration
+}
+
+// Ledger is an open ledger file. It is safe for concurrent use.
+type Ledger struct {
+	path string
+	db   *sql.DB // writes: one connection, BEGIN IMMEDIATE
+	rdb  *sql.DB // reads: a pool of query-only connections
+	now  func() time.Time
+}
+
+var _ vend.Ledger = (*Ledger)(nil)
+
+// Open opens (creating it with mode 0600 unless opts.MustExist) the ledger
+// at path and applies any pending migrations. It returns ErrNoLedger,
+// ErrNotLedger, ErrCorrupt or ErrNewerSchema, wrapped with the path, when the
+// file cannot be used.
+func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
+	if path == "" {
+		return nil, errors.New("ledger: empty path")
+	}
+	if strings.ContainsAny(path, "?#") {
+		return nil, fmt.Errorf("ledger: path %q: '?' and '#' are not allowed in a ledger path", path)
+	}
+	if err := prepareFile(path, opts.MustExist); err != nil {
+		return nil, err
+	}
+	busy := opts.BusyTimeout
+	if busy <= 0 {
+		busy = 10 * time.Second
+	}
+	base := path + "?_foreign_keys=on&_synchronous=FULL&_busy_timeout=" + strconv.FormatInt(busy.Milliseconds(), 10)
+	if err := inspect(ctx, path, base); err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite3", base+"&_journal_mode=WAL&_txlock=immediate")
+	if err != nil {
+		return nil, fmt.Errorf("ledger %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1) // SQLite has one writer; queue in Go, not in busy loops
+	db.SetConnMaxIdleTime(0)
+	rdb, err := sql.Open("sqlite3", base+"&_txlock=deferred&_query_only=1")
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("ledger %s: %w", path, err)
+	}
+	rdb.SetMaxOpenConns(4)
+	l := &Ledger{path: path, db: db, rdb: rdb, now: opts.Now}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	if err := l.migrate(ctx); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// prepareFile makes sure path is either absent-and-creatable or a file that
+// starts like an SQLite database, and creates a new ledger file 0600 so the
+// SQLite files that follow it (-wal, -shm) inherit that mode.
+func prepareFile(path string, mustExist bool) error {
+	f, err := os.Open(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if mustExist {
+			return fmt.Errorf("ledger %s: %w (create one with 'capvend serve', or check ledger.path in the configuration)", path, ErrNoLedger)
+		}
+		if dir := filepath.Dir(path); dir != "" {
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return fmt.Errorf("ledger %s: %w", path, err)
+			}
+		}
+		nf, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return fmt.Errorf("ledger %s: %w", path, err)
+		}
+		return nf.Close()
+	case err != nil:
+		return fmt.Errorf("ledger %s: %w", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("ledger %s: %w", path, err)
+	}
+	if st.IsDir() {
+		return fmt.Errorf("ledger %s: is a directory, not a ledger file", path)
+	}
+	if st.Size() == 0 {
+		return nil // created by us and never written, or touched: a new ledger
+	}
+	header := make([]byte, 16)
+	if _, err := io.ReadFull(f, header); err != nil || string(header) != "SQLite format 3\x00" {
+		return fmt.Errorf("ledger %s: %w: the file is not an SQLite database", path, ErrNotLedger)
+	}
+	return nil
+}
+
+// Path returns the ledger's file path.
+func (l *Ledger) Path() string { return l.path }
+
+// Close closes the ledger. It is safe to call more than once.
+func (l *Ledger) Close() error {
+	err1 := l.db.Close()
+	err2 := l.rdb.Close()
+	return errors.Join(err1, err2)
+}
+
+// inspect looks at an existing file through a query-only connection, before
+// anything (such as switching to WAL) writes to it: a file of another
+// application is refused untouched.
+func inspect(ctx context.Context, path, base string) error {
+	db, err := sql.Open("sqlite3", base+"&_query_only=1")
+	if err != nil {
+		return fmt.Errorf("ledger %s: %w", path, err)
+	}
+	defer db.Close()
+	l := &Ledger{path: path}
+	var appID int64
+	if err := db.QueryRowContext(ctx, "PRAGMA application_id").Scan(&appID); err != nil {
+		return l.fileError(err)
+	}
+	var tables int
+	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master WHERE type = 'table'").Scan(&tables); err != nil {
+		return l.fileError(err)
+	}
+	if appID != ApplicationID && tables > 0 {
+		return fmt.Errorf("ledger %s: %w: it is an SQLite database of another application (application_id %#x, %d tables)", path, ErrNotLedger, appID, tables)
+	}
+	return nil
+}
+
+// migrate applies the embedded migrations that are not recorded yet, each
+// in its own transaction.
+func (l *Ledger) migrate(ctx context.Context) error {
+	var appID int64
+	if err := l.db.QueryRowContext(ctx, "PRAGMA application_id").Scan(&appID); err != nil {
+		return l.fileError(err)
+	}
+	if _, err := l.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    INTEGER PRIMARY KEY,
+		name       TEXT    NOT NULL,
+		applied_at INTEGER NOT NULL)`); err != nil {
+		return l.fileError(err)
+	}
+	if appID != ApplicationID {
+		if _, err := l.db.ExecContext(ctx, fmt.Sprintf("PRAGMA application_id = %d", ApplicationID)); err != nil {
+			return l.fileError(err)
+		}
+	}
+	files, err := migrationFiles()
+	if err != nil {
+		return err
+	}
+	var newest int
+	if err := l.db.QueryRowContext(ctx, "SELECT coalesce(max(version), 0) FROM schema_migrations").Scan(&newest); err != nil {
+		return l.fileError(err)
+	}
+	if len(files) > 0 && newest > files[len(files)-1].version {
+		return fmt.Errorf("ledger %s: %w (schema %d, this capvend knows up to %d)", l.path, ErrNewerSchema, newest, files[len(files)-1].version)
+	}
+	for _, m := range files {
+		if err := l.apply(ctx, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *Ledger) apply(ctx context.Context, m migration) error {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return l.fileError(err)
+	}
+	defer tx.Rollback()
+	var n int
+	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM schema_migrations WHERE version = ?", m.version).Scan(&n); err != nil {
+		return l.fileError(err)
+	}
+	if n > 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+		return fmt.Errorf("ledger %s: migration %s: %w", l.path, m.name, err)
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+		m.version, m.name, l.now().UnixMilli()); err != nil {
+		return l.fileError(err)
+	}
+	if err := tx.Commit(); err != nil {
+		return l.fileError(err)
+	}
+	return nil
+}
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+func migrationFiles() ([]migration, error) {
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var out []migration
+	for _, name := range names {
+		num, _, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v <= 0 {
+			return nil, fmt.Errorf("migrations: %s: name must start with a positive number and '_'", name)
+		}
+		body, err := fs.ReadFile(migrations.FS, name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, migration{version: v, name: name, sql: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	for i := 1; i < len(out); i++ {
+		if out[i].version == out[i-1].version {
+			return nil, fmt.Errorf("migrations: %s and %s share version %d", out[i-1].name, out[i].name, out[i].version)
+		}
+	}
+	return out, nil
+}
+
+// fileError turns driver errors about the file itself into the package's
+// sentinel errors, by SQLite result code (never by message).
+func (l *Ledger) fileError(err error) error {
+	var se sqlite3.Error
+	if errors.As(err, &se) {
+		switch se.Code {
+		case sqlite3.ErrNotADB:
+			return fmt.Errorf("ledger %s: %w: the file is not an SQLite database", l.path, ErrNotLedger)
+		case sqlite3.ErrCorrupt:
+			return fmt.Errorf("ledger %s: %w (%v); restore it from a backup", l.path, ErrCorrupt, err)
+		}
+	}
+	return fmt.Errorf("ledger %s: %w", l.path, err)
+}
+
+// isConstraint reports whether err is an SQLite constraint violation
+// (including a RAISE(ABORT) from one of the schema's triggers).
+func isConstraint(err error) bool {
+	var se sqlite3.Error
+	return errors.As(err, &se) && se.Code == sqlite3.ErrConstraint
+}
+
+// isUnique reports whether err is a UNIQUE or PRIMARY KEY violation.
+func isUnique(err error) bool {
+	var se sqlite3.Error
+	return errors.As(err, &se) && (se.ExtendedCode == sqlite3.ErrConstraintUnique || se.ExtendedCode == sqlite3.ErrConstraintPrimaryKey)
+}
+
+// write runs fn in one immediate transaction stamped with one now.
+func (l *Ledger) write(ctx context.Context, fn func(tx *sql.Tx, now time.Time) error) error {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return l.fileError(err)
+	}
+	defer tx.Rollback()
+	if err := fn(tx, l.now().UTC()); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return l.fileError(err)
+	}
+	return nil
+}
+
+// read runs fn in one read transaction: a consistent snapshot.
+func (l *Ledger) read(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := l.rdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return l.fileError(err)
+	}
+	defer tx.Rollback()
+	return fn(tx)
+}
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+func fromMS(v int64) time.Time { return time.UnixMilli(v).UTC() }

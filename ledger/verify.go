@@ -1,0 +1,224 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Check is the outcome of one invariant check.
+type Check struct {
+	Name     string
+	Problems []string // empty when the invariant holds; at most maxExamples listed
+	Count    int      // how many violations there are in all
+}
+
+// Report is the outcome of Verify.
+type Report struct {
+	Path   string
+	Checks []Check
+}
+
+// OK reports whether every invariant holds.
+func (r *Report) OK() bool {
+	for _, c := range r.Checks {
+		if c.Count > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// WriteTo writes the report for a person to read.
+func (r *Report) WriteTo(w io.Writer) (int64, error) {
+	var b strings.Builder
+	failed := 0
+	for _, c := range r.Checks {
+		if c.Count > 0 {
+			failed++
+		}
+	}
+	if failed == 0 {
+		fmt.Fprintf(&b, "ledger %s: all %d checks passed\n", r.Path, len(r.Checks))
+	} else {
+		fmt.Fprintf(&b, "ledger %s: %d of %d checks FAILED\n", r.Path, failed, len(r.Checks))
+	}
+	for _, c := range r.Checks {
+		if c.Count == 0 {
+			fmt.Fprintf(&b, "  ok    %s\n", c.Name)
+			continue
+		}
+		fmt.Fprintf(&b, "  FAIL  %s: %d violation(s)\n", c.Name, c.Count)
+		for _, p := range c.Problems {
+			fmt.Fprintf(&b, "          %s\n", p)
+		}
+		if c.Count > len(c.Problems) {
+			fmt.Fprintf(&b, "          ... and %d more\n", c.Count-len(c.Problems))
+		}
+	}
+	n, err := io.WriteString(w, b.String())
+	return int64(n), err
+}
+
+const maxExamples = 10
+
+// invariant is one check: a query whose every row is a violation, rendered
+// by a format string over its columns.
+type invariant struct {
+	name   string
+	query  string
+	format string
+}
+
+var invariants = []invariant{
+	{
+		name: "every entry balances (postings sum to zero, at least two postings)",
+		query: `SELECT e.id, coalesce(sum(p.amount_msat), 0), count(p.id) FROM entries e
+			LEFT JOIN postings p ON p.entry_id = e.id WHERE e.sealed = 1
+			GROUP BY e.id HAVING count(p.id) < 2 OR coalesce(sum(p.amount_msat), 0) <> 0`,
+		format: "entry %v: sum %v msat over %v postings",
+	},
+	{
+		name:   "no entry is left unsealed",
+		query:  `SELECT id, kind, description FROM entries WHERE sealed = 0`,
+		format: "entry %v (%v %q) was never sealed: its postings are not booked",
+	},
+	{
+		name: "each settled payment has exactly one income entry",
+		query: `SELECT p.id, p.ref, p.state, count(e.id) FROM payments p
+			LEFT JOIN entries e ON e.payment_id = p.id AND e.kind = 'settlement' AND e.sealed = 1
+			GROUP BY p.id HAVING (p.state = 'settled') <> (count(e.id) = 1) OR count(e.id) > 1`,
+		format: "payment %v (%v) is %v with %v settlement entries",
+	},
+	{
+		name: "no delivered priced call without a settled payment",
+		query: `SELECT c.id, c.server, c.tool, c.price_msat FROM calls c WHERE c.state = 'delivered'
+			AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.call_id = c.id
+				AND p.state = 'settled' AND p.settled_msat >= c.price_msat)`,
+		format: "call %v (%v/%v, %v msat) was delivered without a settled payment",
+	},
+	{
+		name: "no call executed without payment",
+		query: `SELECT c.id, c.state FROM calls c WHERE (c.executions > 0 OR c.state IN ('executing', 'delivered', 'failed'))
+			AND NOT EXISTS (SELECT 1 FROM payment_claims pc JOIN payments p ON p.id = pc.payment_id
+				WHERE pc.call_id = c.id AND p.state IN ('settled', 'accepted', 'canceled'))`,
+		format: "call %v (%v) ran without a claimed payment",
+	},
+	{
+		name:   "no non-idempotent call executed twice",
+		query:  `SELECT id, executions FROM calls WHERE idempotent = 0 AND executions > 1`,
+		format: "call %v executed %v times",
+	},
+	{
+		name:   "no payment claimed twice",
+		query:  `SELECT payment_id, count(*) FROM payment_claims GROUP BY payment_id HAVING count(*) > 1`,
+		format: "payment %v claimed %v times",
+	},
+	{
+		name:   "no Cashu proof received twice",
+		query:  `SELECT secret_hash, count(*) FROM cashu_proofs GROUP BY secret_hash HAVING count(*) > 1`,
+		format: "proof %.12v… received %v times",
+	},
+	{
+		name: "every refunded call's settled payment has exactly one refund entry",
+		query: `SELECT id, ref, state, n FROM (SELECT c.id, p.ref, c.state,
+				(SELECT count(*) FROM entries e WHERE e.call_id = c.id AND e.kind = 'refund' AND e.sealed = 1) AS n
+				FROM calls c JOIN payments p ON p.call_id = c.id AND p.state = 'settled')
+			WHERE n <> (state = 'refunded')`,
+		format: "call %v (payment %v) is %v with %v refund entries",
+	},
+	{
+		name: "paid calls have a settled or locked-in payment",
+		query: `SELECT c.id, c.state FROM calls c WHERE c.state IN ('paid', 'executing', 'delivered', 'failed')
+			AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.call_id = c.id AND p.state IN ('settled', 'accepted', 'canceled'))`,
+		format: "call %v is %v but has no settled or accepted payment",
+	},
+	{
+		name: "the schema's money rules are in place",
+		query: `SELECT t.name FROM (SELECT 'postings_no_update' AS name UNION ALL SELECT 'postings_no_delete'
+				UNION ALL SELECT 'entries_seal_requires_balance' UNION ALL SELECT 'entries_seal_balanced'
+				UNION ALL SELECT 'calls_state_machine' UNION ALL SELECT 'payments_state_machine'
+				UNION ALL SELECT 'postings_only_into_open_entries') t
+			WHERE NOT EXISTS (SELECT 1 FROM sqlite_master m WHERE m.type = 'trigger' AND m.name = t.name)`,
+		format: "trigger %v is missing",
+	},
+}
+
+// Verify checks every invariant of the ledger on one consistent snapshot
+// and reports each violation. A non-nil error means the checks could not
+// run; violations are in the report.
+func (l *Ledger) Verify(ctx context.Context) (*Report, error) {
+	r := &Report{Path: l.path}
+	err := l.read(ctx, func(tx *sql.Tx) error {
+		integrity := Check{Name: "SQLite integrity check"}
+		rows, err := tx.QueryContext(ctx, "PRAGMA quick_check")
+		if err != nil {
+			return l.fileError(err)
+		}
+		for rows.Next() {
+			var msg string
+			if err := rows.Scan(&msg); err != nil {
+				rows.Close()
+				return err
+			}
+			if msg != "ok" {
+				integrity.Count++
+				if len(integrity.Problems) < maxExamples {
+					integrity.Problems = append(integrity.Problems, msg)
+				}
+			}
+		}
+		rows.Close()
+		r.Checks = append(r.Checks, integrity)
+		for _, inv := range invariants {
+			c, err := runInvariant(ctx, tx, inv)
+			if err != nil {
+				return fmt.Errorf("check %q: %w", inv.name, err)
+			}
+			r.Checks = append(r.Checks, c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("verify: %w", err)
+	}
+	return r, nil
+}
+
+func runInvariant(ctx context.Context, tx *sql.Tx, inv invariant) (Check, error) {
+	c := Check{Name: inv.name}
+	rows, err := tx.QueryContext(ctx, inv.query)
+	if err != nil {
+		return c, err
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return c, err
+	}
+	vals := make([]any, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	for rows.Next() {
+		c.Count++
+		if len(c.Problems) >= maxExamples {
+			continue
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			return c, err
+		}
+		args := make([]any, len(vals))
+		for i, v := range vals {
+			if b, ok := v.([]byte); ok {
+				v = string(b)
+			}
+			args[i] = v
+		}
+		c.Problems = append(c.Problems, fmt.Sprintf(inv.format, args...))
+	}
+	return c, rows.Err()
+}

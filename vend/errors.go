@@ -1,0 +1,47 @@
+package vend
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Implementations wrap them with %w; callers test with
+// errors.Is.
+var (
+	// ErrNotFound: no call, payment or result with that key.
+	ErrNotFound = errors.New("not found")
+	// ErrIllegalTransition: the requested state change is not an edge of
+	// the state machine, or the record is no longer in the expected state.
+	// Nothing was changed.
+	ErrIllegalTransition = errors.New("illegal state transition")
+	// ErrAlreadySettled: the payment was settled before; this settlement
+	// was not recorded again.
+	ErrAlreadySettled = errors.New("payment already settled")
+	// ErrAlreadyClaimed: the settled payment was already consumed by a
+	// call (a paid grant is single-use).
+	ErrAlreadyClaimed = errors.New("payment already claimed")
+	// ErrProofSpent: the Cashu proof was received before.
+	ErrProofSpent = errors.New("cashu proof already received")
+	// ErrDuplicatePayment: a payment with that hash or quote id exists.
+	ErrDuplicatePayment = errors.New("payment reference already recorded")
+	// ErrUnpaid: the call has no settled payment covering its price.
+	ErrUnpaid = errors.New("call is not paid")
+	// ErrUnderpaid: a settlement smaller than the payment's amount; it
+	// was not recorded.
+	ErrUnderpaid = errors.New("payment is less than the amount asked")
+)
+
+// TransitionError describes a refused state change. It matches
+// ErrIllegalTransition with errors.Is.
+type TransitionError struct {
+	What string // "call 12" or "payment 7"
+	From string // the state the record is in
+	To   string // the state that was asked for
+}
+
+func (e *TransitionError) Error() string {
+	return fmt.Sprintf("%s: illegal state transition %s -> %s", e.What, e.From, e.To)
+}
+
+// Is makes errors.Is(err, ErrIllegalTransition) true.
+func (e *TransitionError) Is(target error) bool { return target == ErrIllegalTransition }

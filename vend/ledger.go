@@ -1,0 +1,162 @@
+package vend
+
+import (
+	"context"
+	"time"
+)
+
+// CallID identifies a call in the ledger.
+type CallID int64
+
+// PaymentID identifies a payment in the ledger.
+type PaymentID int64
+
+// Backend names the payment backend that issued a payment.
+type Backend string
+
+// The payment backends.
+const (
+	BackendLND   Backend = "lnd"
+	BackendCashu Backend = "cashu"
+)
+
+// PaymentKind says what the client was asked to pay with.
+type PaymentKind string
+
+// The kinds of payment.
+const (
+	KindInvoice     PaymentKind = "invoice"      // plain Lightning invoice (LND)
+	KindHoldInvoice PaymentKind = "hold_invoice" // hold invoice: settled only after the tool succeeded
+	KindMintQuote   PaymentKind = "mint_quote"   // NUT-04 mint quote: its bolt11 is paid to the mint
+	KindToken       PaymentKind = "token"        // a Cashu token handed over by the client
+)
+
+// NewCall is what is known of a priced request when it is first recorded.
+type NewCall struct {
+	Transport string // "mcp-http", "stdio", "nostr-ctxvm", ...
+	Client    string // client identity: a Nostr pubkey, an MCP session id
+	RequestID string // the request's id on its transport (JSON-RPC id, Nostr event id)
+	Server    string // upstream server name
+	Tool      string // tool name on that server
+	ArgsHash  string // hex SHA-256 of the canonical method + params without _meta (see CanonicalHash)
+	Price     Msat   // > 0: free calls are not recorded
+	// Idempotent tools may be re-run after a crash during execution;
+	// others are refunded instead.
+	Idempotent bool
+}
+
+// Call is a recorded priced request.
+type Call struct {
+	NewCall
+	ID         CallID
+	State      CallState
+	Executions int    // how many times execution started
+	Reason     string // why it failed, expired or was refunded
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+}
+
+// NewPayment is a payment request issued by a backend for a call.
+type NewPayment struct {
+	Backend Backend
+	Kind    PaymentKind
+	// Ref is the payment hash (hex) for LND, the quote id for a mint
+	// quote, the token hash for a token. Unique across the ledger.
+	Ref       string
+	Bolt11    string // what the client pays, if anything
+	MintURL   string // Cashu only
+	Amount    Msat
+	ExpiresAt time.Time
+}
+
+// Payment is a recorded payment request.
+type Payment struct {
+	NewPayment
+	ID          PaymentID
+	CallID      CallID
+	State       PaymentState
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	SettledAt   time.Time // zero unless settled
+	Settled     Msat      // amount received, zero unless settled
+	Fee         Msat      // fee paid by us to receive it (Cashu input fees)
+	AddIndex    uint64    // LND add index, 0 if unknown
+	SettleIndex uint64    // LND settle index, 0 if unknown
+}
+
+// Settlement is a backend's report that a payment arrived.
+type Settlement struct {
+	Ref         string
+	Amount      Msat // amount received; must cover the payment's amount
+	Fee         Msat // what receiving cost us (booked as an expense)
+	AddIndex    uint64
+	SettleIndex uint64
+}
+
+// Proof is a Cashu proof received from a client. Only the hash of its secret
+// is ever stored.
+type Proof struct {
+	SecretHash string // hex SHA-256 of the proof's secret
+	AmountSat  int64
+	KeysetID   string
+	MintURL    string
+}
+
+// Result is the stored answer of a call.
+type Result struct {
+	IsError  bool
+	Body     []byte // the JSON-RPC result (or error) as sent to the client
+	StoredAt time.Time
+}
+
+// Ledger records every state change of calls and payments durably. Every
+// method is one atomic transaction: it either fully happens or changes
+// nothing. A refused transition returns an error matching
+// ErrIllegalTransition and changes nothing.
+type Ledger interface {
+	// RecordCall stores a new priced call in state quoted. It is
+	// idempotent on (Transport, Client, RequestID): a replayed request
+	// returns the existing call and created=false.
+	RecordCall(ctx context.Context, c NewCall) (call Call, created bool, err error)
+	// Call returns a call by id, or ErrNotFound.
+	Call(ctx context.Context, id CallID) (Call, error)
+	// RecordPayment stores a payment request for a quoted call and moves
+	// the call to awaiting_payment. ErrDuplicatePayment if the ref exists.
+	RecordPayment(ctx context.Context, id CallID, p NewPayment) (Payment, error)
+	// Payment returns a payment by ref, or ErrNotFound.
+	Payment(ctx context.Context, ref string) (Payment, error)
+	// AcceptPayment records that a hold invoice's HTLC is locked in: the
+	// payment becomes accepted and its call paid. Idempotent.
+	AcceptPayment(ctx context.Context, ref string) (Payment, error)
+	// SettlePayment records a settlement exactly once: the payment becomes
+	// settled, the journal gets its one income entry, and a call still
+	// awaiting payment becomes paid. A second settlement of the same ref
+	// returns ErrAlreadySettled and books nothing.
+	SettlePayment(ctx context.Context, s Settlement) (Payment, error)
+	// EndPayment moves an unsettled payment to canceled or expired, and a
+	// call still waiting for it to the matching final state.
+	EndPayment(ctx context.Context, ref string, to PaymentState, reason string) (Payment, error)
+	// ClaimProofs records the Cashu proofs received for a payment, all or
+	// none: if any proof was received before, ErrProofSpent is returned
+	// and nothing is recorded.
+	ClaimProofs(ctx context.Context, payment PaymentID, proofs []Proof) error
+	// StartExecution claims the call's payment and moves the call from
+	// paid to executing, counting the execution. The claim is
+	// exactly-once: of any number of concurrent callers for one call (or
+	// one payment) exactly one succeeds; the others get ErrAlreadyClaimed
+	// or an ErrIllegalTransition. ErrUnpaid if no settled or accepted
+	// payment covers the call's price.
+	StartExecution(ctx context.Context, id CallID) (Call, error)
+	// Deliver stores the call's result and moves it to delivered. The
+	// call's payment must be settled (hold invoices are settled first).
+	Deliver(ctx context.Context, id CallID, r Result) error
+	// Fail stores the failure and moves an executing call to failed.
+	Fail(ctx context.Context, id CallID, r Result, reason string) error
+	// Refund moves a failed (or paid, never executed) call to refunded. If
+	// its payment was settled, a refund entry moves the income to
+	// liabilities:refunds; a hold invoice is expected to be canceled
+	// instead (EndPayment).
+	Refund(ctx context.Context, id CallID, reason string) error
+	// Result returns the stored result of a call, or ErrNotFound.
+	Result(ctx context.Context, id CallID) (Result, error)
+}
