@@ -217,7 +217,7 @@ func TestBeancountExportPassesBeanCheck(t *testing.T) {
 		for _, want := range []string{
 			"Income:Tools:Demo:Echo,-21.000",
 			"Income:Tools:Weather:Forecast-7d,-50.500",
-			"Income:Tools:My-srv:Get-quote,0.000", // my.srv/get_quote: paid, then refunded
+			"Income:Tools:My-srv:Get-quote,0.000",    // my.srv/get_quote: paid, then refunded
 			"Income:Tools:My-srv:Get-quote-9,-2.000", // my-srv/get-quote: same Beancount spelling, kept apart
 		} {
 			if !strings.Contains(got, want) {
