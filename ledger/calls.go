@@ -76,7 +76,7 @@ type querier interface {
 // setCallState moves a call from one state to another inside tx, refusing
 // anything that is not an edge of the state machine or whose current state
 // is not from.
-func setCallState(ctx context.Context, tx *sql.Tx, c *vend.Call, to vend.CallState, reason string, now time.Time) error {
+func setCallState(ctx context.Context, tx *wtx, c *vend.Call, to vend.CallState, reason string, now time.Time) error {
 	if !c.State.CanTransition(to) {
 		return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(to)}
 	}
@@ -98,7 +98,7 @@ func setCallState(ctx context.Context, tx *sql.Tx, c *vend.Call, to vend.CallSta
 	return nil
 }
 
-func setPaymentState(ctx context.Context, tx *sql.Tx, p *vend.Payment, to vend.PaymentState, now time.Time) error {
+func setPaymentState(ctx context.Context, tx *wtx, p *vend.Payment, to vend.PaymentState, now time.Time) error {
 	if !p.State.CanTransition(to) {
 		return &vend.TransitionError{What: "payment " + p.Ref, From: string(p.State), To: string(to)}
 	}
@@ -124,7 +124,7 @@ func (l *Ledger) RecordCall(ctx context.Context, nc vend.NewCall) (vend.Call, bo
 	}
 	var call vend.Call
 	var created bool
-	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO calls (transport, client, request_id, server, tool, args_hash,
 			price_msat, idempotent, state, created_at, updated_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?)
@@ -176,7 +176,7 @@ func (l *Ledger) RecordPayment(ctx context.Context, id vend.CallID, np vend.NewP
 		return vend.Payment{}, fmt.Errorf("record payment: unknown backend %q", np.Backend)
 	}
 	var p vend.Payment
-	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		c, err := getCall(ctx, tx, id)
 		if err != nil {
 			return err
@@ -208,7 +208,7 @@ func (l *Ledger) RecordPayment(ctx context.Context, id vend.CallID, np vend.NewP
 // AcceptPayment implements vend.Ledger.
 func (l *Ledger) AcceptPayment(ctx context.Context, ref string) (vend.Payment, error) {
 	var p vend.Payment
-	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		var err error
 		if p, err = getPayment(ctx, tx, ref); err != nil {
 			return err
@@ -229,7 +229,7 @@ func (l *Ledger) AcceptPayment(ctx context.Context, ref string) (vend.Payment, e
 
 // markCallPaid moves a call waiting for its payment to paid. A call that
 // moved on already (a hold invoice settled after execution) is left alone.
-func markCallPaid(ctx context.Context, tx *sql.Tx, id vend.CallID, now time.Time) error {
+func markCallPaid(ctx context.Context, tx *wtx, id vend.CallID, now time.Time) error {
 	c, err := getCall(ctx, tx, id)
 	if err != nil {
 		return err
@@ -246,7 +246,7 @@ func (l *Ledger) SettlePayment(ctx context.Context, s vend.Settlement) (vend.Pay
 		return vend.Payment{}, fmt.Errorf("settle payment %s: amount must be positive and fee within it (amount %d, fee %d msat)", s.Ref, s.Amount, s.Fee)
 	}
 	var p vend.Payment
-	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		var err error
 		if p, err = getPayment(ctx, tx, s.Ref); err != nil {
 			return err
@@ -297,7 +297,7 @@ func (l *Ledger) EndPayment(ctx context.Context, ref string, to vend.PaymentStat
 		return vend.Payment{}, fmt.Errorf("end payment %s: %q is not an end state (want canceled or expired)", ref, to)
 	}
 	var p vend.Payment
-	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		var err error
 		if p, err = getPayment(ctx, tx, ref); err != nil {
 			return err
@@ -339,7 +339,7 @@ func coveringPayment(ctx context.Context, q querier, c vend.Call) (vend.Payment,
 // StartExecution implements vend.Ledger.
 func (l *Ledger) StartExecution(ctx context.Context, id vend.CallID) (vend.Call, error) {
 	var c vend.Call
-	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		var err error
 		if c, err = getCall(ctx, tx, id); err != nil {
 			return err
@@ -374,7 +374,7 @@ func (l *Ledger) StartExecution(ctx context.Context, id vend.CallID) (vend.Call,
 	return c, nil
 }
 
-func storeResult(ctx context.Context, tx *sql.Tx, id vend.CallID, r vend.Result, now time.Time) error {
+func storeResult(ctx context.Context, tx *wtx, id vend.CallID, r vend.Result, now time.Time) error {
 	_, err := tx.ExecContext(ctx, "INSERT INTO results (call_id, is_error, body, stored_at) VALUES (?, ?, ?, ?)",
 		id, r.IsError, r.Body, ms(now))
 	if isUnique(err) {
@@ -385,7 +385,7 @@ func storeResult(ctx context.Context, tx *sql.Tx, id vend.CallID, r vend.Result,
 
 // Deliver implements vend.Ledger.
 func (l *Ledger) Deliver(ctx context.Context, id vend.CallID, r vend.Result) error {
-	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		c, err := getCall(ctx, tx, id)
 		if err != nil {
 			return err
@@ -413,7 +413,7 @@ func (l *Ledger) Deliver(ctx context.Context, id vend.CallID, r vend.Result) err
 
 // Fail implements vend.Ledger.
 func (l *Ledger) Fail(ctx context.Context, id vend.CallID, r vend.Result, reason string) error {
-	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		c, err := getCall(ctx, tx, id)
 		if err != nil {
 			return err
@@ -431,7 +431,7 @@ func (l *Ledger) Fail(ctx context.Context, id vend.CallID, r vend.Result, reason
 
 // Refund implements vend.Ledger.
 func (l *Ledger) Refund(ctx context.Context, id vend.CallID, reason string) error {
-	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		c, err := getCall(ctx, tx, id)
 		if err != nil {
 			return err
@@ -481,7 +481,7 @@ func (l *Ledger) ClaimProofs(ctx context.Context, payment vend.PaymentID, proofs
 			return errors.New("claim proofs: each proof needs a secret hash, a positive amount, a keyset id and a mint URL")
 		}
 	}
-	err := l.write(ctx, func(tx *sql.Tx, now time.Time) error {
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		for _, p := range proofs {
 			res, err := tx.ExecContext(ctx, `INSERT INTO cashu_proofs (secret_hash, amount_sat, keyset_id, mint_url,
 				payment_id, state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'received', ?, ?)

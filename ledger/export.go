@@ -3,12 +3,17 @@ package ledger
 import (
 	"bufio"
 	"context"
-	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/mattn/go-sqlite3"
 
 	"github.com/capvend/capvend/vend"
 )
@@ -34,7 +39,20 @@ type ExportOptions struct {
 // Export streams the journal's sealed entries in the chosen format to w, in
 // entry order, from one consistent snapshot. Memory stays constant in the
 // number of entries: rows are formatted as they are read and only the
-// postings of the current entry are held.
+// postings of the current entry (and a few batches of rows in flight) are
+// held.
+//
+// Two readers run in parallel on two connections, entries and postings,
+// each in id order, and the caller's goroutine merges and formats: postings
+// of entry n always have smaller ids than postings of entry n+1, because an
+// entry and its postings are written in one transaction, writes are
+// serialized and nothing is ever deleted (the merge checks this and fails
+// rather than misattribute a posting). The postings reader takes its
+// snapshot after the entries reader took its own, so it sees every posting
+// of every entry the entries reader sees; postings of entries committed in
+// between belong to entries that are never read and are skipped. Rows are
+// read through the driver directly: database/sql's per-row overhead would
+// cost more than SQLite's own work.
 func (l *Ledger) Export(ctx context.Context, w io.Writer, opts ExportOptions) error {
 	var f exporter
 	switch opts.Format {
@@ -49,69 +67,232 @@ func (l *Ledger) Export(ctx context.Context, w io.Writer, opts ExportOptions) er
 	default:
 		return fmt.Errorf("export: unknown format %q (want one of %s)", opts.Format, strings.Join(Formats, ", "))
 	}
-	since, until := int64(0), int64(1<<62)
+	since, until := int64(math.MinInt64), int64(math.MaxInt64)
 	if !opts.Since.IsZero() {
 		since = ms(opts.Since)
 	}
 	if !opts.Until.IsZero() {
 		until = ms(opts.Until)
 	}
-	bw := bufio.NewWriterSize(w, 64<<10)
-	err := l.read(ctx, func(tx *sql.Tx) error {
-		accts, err := loadAccounts(ctx, tx)
-		if err != nil {
-			return err
-		}
-		if err := f.begin(bw, accts); err != nil {
-			return err
-		}
-		rows, err := tx.QueryContext(ctx, `SELECT e.id, e.ts, e.kind, e.description, coalesce(e.call_id, 0),
-			coalesce(e.payment_id, 0), p.account_id, p.amount_msat
-			FROM entries e JOIN postings p ON p.entry_id = e.id
-			WHERE e.sealed = 1 AND e.ts >= ? AND e.ts < ?
-			ORDER BY e.id, p.id`, since, until)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		var cur exportEntry
-		var id, ts, call, payment, acct, amount int64
-		var kind, desc sql.RawBytes
-		for rows.Next() {
-			if err := rows.Scan(&id, &ts, &kind, &desc, &call, &payment, &acct, &amount); err != nil {
+	if err := l.export(ctx, w, f, since, until); err != nil {
+		return fmt.Errorf("export %s: %w", opts.Format, err)
+	}
+	return nil
+}
+
+const exportBatch = 1024 // rows per batch handed from a reader to the merge
+
+type entryRow struct {
+	id, ts, call, payment int64
+	kind, desc            string
+}
+
+type postingRow struct{ entry, account, amount int64 }
+
+// postingsQuery reads postings in id order from the first posting of the
+// first entry in range. Every step is an index seek or a scan that stops at
+// its first row: a min() over a join here would read the whole journal.
+const postingsQuery = `SELECT entry_id, account_id, amount_msat FROM postings
+	WHERE id >= coalesce((SELECT p.id FROM postings p WHERE p.entry_id = (
+		SELECT e.id FROM entries e WHERE e.sealed = 1 AND +e.ts >= ? AND +e.ts < ? ORDER BY e.id LIMIT 1)
+		ORDER BY p.id LIMIT 1), 9223372036854775807)
+	ORDER BY id`
+
+func (l *Ledger) export(ctx context.Context, w io.Writer, f exporter, since, until int64) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var accts *accountSet
+	entries := make(chan []entryRow, 4)
+	postings := make(chan []postingRow, 4)
+	entrySnapshot := make(chan struct{})
+	errs := make(chan error, 2)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer close(entries)
+		err := l.readRaw(ctx, func(sc *sqlite3.SQLiteConn) error {
+			var err error
+			if accts, err = loadAccounts(sc); err != nil {
 				return err
 			}
-			if id != cur.id {
-				if cur.id != 0 {
-					if err := f.entry(bw, &cur); err != nil {
-						return err
+			// mattn steps once inside Query: the snapshot is taken
+			// when Query returns.
+			rows, err := sc.Query(`SELECT id, ts, kind, description, coalesce(call_id, 0), coalesce(payment_id, 0)
+				FROM entries WHERE sealed = 1 AND +ts >= ? AND +ts < ? ORDER BY id`, []driver.Value{since, until})
+			close(entrySnapshot)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			v := make([]driver.Value, 6)
+			return sendBatches(ctx, rows, v, entries, func(b []entryRow) []entryRow {
+				return append(b, entryRow{id: v[0].(int64), ts: v[1].(int64), kind: v[2].(string),
+					desc: v[3].(string), call: v[4].(int64), payment: v[5].(int64)})
+			})
+		})
+		if err != nil {
+			errs <- err
+			cancel()
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		defer close(postings)
+		select {
+		case <-entrySnapshot:
+		case <-ctx.Done():
+			return
+		}
+		err := l.readRaw(ctx, func(sc *sqlite3.SQLiteConn) error {
+			rows, err := sc.Query(postingsQuery, []driver.Value{since, until})
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			v := make([]driver.Value, 3)
+			return sendBatches(ctx, rows, v, postings, func(b []postingRow) []postingRow {
+				return append(b, postingRow{v[0].(int64), v[1].(int64), v[2].(int64)})
+			})
+		})
+		if err != nil {
+			errs <- err
+			cancel()
+		}
+	}()
+	err := l.merge(ctx, w, f, &accts, entrySnapshot, entries, postings)
+	cancel()
+	// Drain so the readers can finish, then report the first error.
+	go func() {
+		for range entries {
+		}
+	}()
+	for range postings {
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		if err == nil || errors.Is(err, context.Canceled) {
+			err = e
+		}
+	}
+	return err
+}
+
+// readRaw runs fn on a read connection's driver connection inside a read
+// transaction.
+func (l *Ledger) readRaw(ctx context.Context, fn func(sc *sqlite3.SQLiteConn) error) error {
+	conn, err := l.rdb.Conn(ctx)
+	if err != nil {
+		return l.fileError(err)
+	}
+	defer conn.Close()
+	return conn.Raw(func(dc any) error {
+		sc, ok := dc.(*sqlite3.SQLiteConn)
+		if !ok {
+			return fmt.Errorf("unexpected driver connection %T", dc)
+		}
+		if _, err := sc.Exec("BEGIN", nil); err != nil {
+			return l.fileError(err)
+		}
+		defer sc.Exec("ROLLBACK", nil)
+		return fn(sc)
+	})
+}
+
+// sendBatches reads rows into batches of exportBatch and sends them. The
+// driver is given no context (checking one on every row costs more than the
+// row); ctx is checked once per batch.
+func sendBatches[T any](ctx context.Context, rows driver.Rows, v []driver.Value, out chan<- []T, add func([]T) []T) error {
+	for {
+		b := make([]T, 0, exportBatch)
+		for len(b) < exportBatch {
+			err := rows.Next(v)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			b = add(b)
+		}
+		if len(b) > 0 {
+			select {
+			case out <- b:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if len(b) < exportBatch {
+			return nil
+		}
+	}
+}
+
+// merge pairs entries with their postings and formats them.
+func (l *Ledger) merge(ctx context.Context, w io.Writer, f exporter, accts **accountSet, snapshot <-chan struct{},
+	entries <-chan []entryRow, postings <-chan []postingRow) error {
+	select {
+	case <-snapshot:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if *accts == nil {
+		return nil // the entries reader failed; its error is reported
+	}
+	bw := bufio.NewWriterSize(w, 256<<10)
+	if err := f.begin(bw, *accts); err != nil {
+		return err
+	}
+	var pb []postingRow
+	pi := 0
+	lastEntry := int64(0)
+	var cur exportEntry
+	for eb := range entries {
+		for _, e := range eb {
+			cur.id, cur.ts, cur.kind, cur.desc, cur.call, cur.payment = e.id, e.ts, e.kind, e.desc, e.call, e.payment
+			cur.postings = cur.postings[:0]
+			for {
+				if pi == len(pb) {
+					var ok bool
+					if pb, ok = <-postings; !ok {
+						break
 					}
+					pi = 0
 				}
-				cur = exportEntry{id: id, ts: ts, kind: string(kind), desc: string(desc), call: call, payment: payment, postings: cur.postings[:0]}
+				p := pb[pi]
+				if p.entry < lastEntry {
+					return fmt.Errorf("postings are not in entry order (entry %d after %d): run 'capvend ledger verify'", p.entry, lastEntry)
+				}
+				lastEntry = p.entry
+				if p.entry > cur.id {
+					break // belongs to a later entry
+				}
+				pi++
+				if p.entry < cur.id {
+					continue // an entry outside the range
+				}
+				a, ok := (*accts).byID[p.account]
+				if !ok {
+					return fmt.Errorf("posting of entry %d names unknown account %d", p.entry, p.account)
+				}
+				cur.postings = append(cur.postings, exportPosting{acct: a, amount: vend.Msat(p.amount)})
 			}
-			a, ok := accts.byID[acct]
-			if !ok {
-				return fmt.Errorf("export: posting of entry %d names unknown account %d", id, acct)
+			if len(cur.postings) < 2 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				return fmt.Errorf("entry %d has %d postings: run 'capvend ledger verify'", cur.id, len(cur.postings))
 			}
-			cur.postings = append(cur.postings, exportPosting{acct: a, amount: vend.Msat(amount)})
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if cur.id != 0 {
 			if err := f.entry(bw, &cur); err != nil {
 				return err
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("export %s: %w", opts.Format, err)
 	}
-	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("export %s: %w", opts.Format, err)
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	return nil
+	return bw.Flush()
 }
 
 type exportAccount struct {
@@ -127,19 +308,22 @@ type accountSet struct {
 	ordered []*exportAccount
 }
 
-func loadAccounts(ctx context.Context, tx *sql.Tx) (*accountSet, error) {
-	rows, err := tx.QueryContext(ctx, "SELECT id, name, type, created_at FROM accounts ORDER BY id")
+func loadAccounts(sc *sqlite3.SQLiteConn) (*accountSet, error) {
+	rows, err := sc.Query("SELECT id, name, type, created_at FROM accounts ORDER BY id", nil)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	s := &accountSet{byID: map[int64]*exportAccount{}}
 	taken := map[string]bool{}
-	for rows.Next() {
-		a := &exportAccount{}
-		if err := rows.Scan(&a.id, &a.name, &a.typ, &a.created); err != nil {
+	v := make([]driver.Value, 4)
+	for {
+		if err := rows.Next(v); err == io.EOF {
+			break
+		} else if err != nil {
 			return nil, err
 		}
+		a := &exportAccount{id: v[0].(int64), name: v[1].(string), typ: v[2].(string), created: v[3].(int64)}
 		a.beancount = beancountName(a.name)
 		if taken[a.beancount] {
 			// Two capvend names that differ only in characters
@@ -150,7 +334,7 @@ func loadAccounts(ctx context.Context, tx *sql.Tx) (*accountSet, error) {
 		s.byID[a.id] = a
 		s.ordered = append(s.ordered, a)
 	}
-	return s, rows.Err()
+	return s, nil
 }
 
 // beancountName maps an account name to Beancount's rules: capitalised

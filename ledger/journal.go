@@ -102,12 +102,12 @@ func (l *Ledger) Post(ctx context.Context, e Entry) error {
 	if e.Kind == "settlement" || e.Kind == "refund" {
 		return fmt.Errorf("post: %s entries are booked by SettlePayment and Refund", e.Kind)
 	}
-	return l.write(ctx, func(tx *sql.Tx, now time.Time) error { return post(ctx, tx, e, now) })
+	return l.write(ctx, func(tx *wtx, now time.Time) error { return post(ctx, tx, e, now) })
 }
 
 // post writes an entry, its postings, and seals it: the schema refuses the
 // seal unless the postings sum to zero.
-func post(ctx context.Context, tx *sql.Tx, e Entry, now time.Time) error {
+func post(ctx context.Context, tx *wtx, e Entry, now time.Time) error {
 	var sum vend.Msat
 	for _, p := range e.Postings {
 		if p.Amount == 0 {
@@ -148,7 +148,7 @@ func post(ctx context.Context, tx *sql.Tx, e Entry, now time.Time) error {
 
 func nullID(v int64) sql.NullInt64 { return sql.NullInt64{Int64: v, Valid: v != 0} }
 
-func ensureAccount(ctx context.Context, tx *sql.Tx, name string, now time.Time) (int64, error) {
+func ensureAccount(ctx context.Context, tx *wtx, name string, now time.Time) (int64, error) {
 	typ, err := accountType(name)
 	if err != nil {
 		return 0, err
@@ -173,7 +173,7 @@ func assetAccount(p vend.Payment) string {
 // postSettlement books the one income entry of a settled payment:
 // the asset receives what arrived less fees, the tool's income account the
 // call's price, overpayment its own income account, fees an expense.
-func postSettlement(ctx context.Context, tx *sql.Tx, p vend.Payment, c vend.Call, s vend.Settlement, now time.Time) error {
+func postSettlement(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, s vend.Settlement, now time.Time) error {
 	e := Entry{
 		Kind:        "settlement",
 		Description: fmt.Sprintf("%s/%s call %d paid by %s %s", c.Server, c.Tool, c.ID, p.Backend, p.Kind),
@@ -199,7 +199,7 @@ func postSettlement(ctx context.Context, tx *sql.Tx, p vend.Payment, c vend.Call
 
 // postRefund reverses a settled call's income into a refund owed to the
 // client.
-func postRefund(ctx context.Context, tx *sql.Tx, p vend.Payment, c vend.Call, reason string, now time.Time) error {
+func postRefund(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, reason string, now time.Time) error {
 	desc := fmt.Sprintf("%s/%s call %d refunded", c.Server, c.Tool, c.ID)
 	if reason != "" {
 		desc += ": " + reason

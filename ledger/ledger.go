@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/mattn/go-sqlite3"
@@ -60,9 +61,18 @@ type Options struct {
 // Ledger is an open ledger file. It is safe for concurrent use.
 type Ledger struct {
 	path string
-	db   *sql.DB // writes: one connection, BEGIN IMMEDIATE
+	db   *sql.DB // the writer's pool: one connection
 	rdb  *sql.DB // reads: a pool of query-only connections
 	now  func() time.Time
+
+	// SQLite has one writer at a time: capvend's writes queue on wmu and
+	// run on wconn, in BEGIN IMMEDIATE transactions, with statements
+	// prepared once (preparing a statement that fires the schema's
+	// triggers compiles the triggers too, which costs more than running
+	// it). Other processes are waited for by the busy timeout.
+	wmu   sync.Mutex
+	wconn *sql.Conn
+	stmts map[string]*sql.Stmt
 }
 
 var _ vend.Ledger = (*Ledger)(nil)
@@ -108,6 +118,10 @@ func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
 	if err := l.migrate(ctx); err != nil {
 		l.Close()
 		return nil, err
+	}
+	if l.wconn, err = db.Conn(ctx); err != nil {
+		l.Close()
+		return nil, l.fileError(err)
 	}
 	return l, nil
 }
@@ -158,6 +172,16 @@ func (l *Ledger) Path() string { return l.path }
 
 // Close closes the ledger. It is safe to call more than once.
 func (l *Ledger) Close() error {
+	l.wmu.Lock()
+	for q, st := range l.stmts {
+		st.Close()
+		delete(l.stmts, q)
+	}
+	if l.wconn != nil {
+		l.wconn.Close()
+		l.wconn = nil
+	}
+	l.wmu.Unlock()
 	err1 := l.db.Close()
 	err2 := l.rdb.Close()
 	return errors.Join(err1, err2)
@@ -311,19 +335,84 @@ func isUnique(err error) bool {
 	return errors.As(err, &se) && (se.ExtendedCode == sqlite3.ErrConstraintUnique || se.ExtendedCode == sqlite3.ErrConstraintPrimaryKey)
 }
 
-// write runs fn in one immediate transaction stamped with one now.
-func (l *Ledger) write(ctx context.Context, fn func(tx *sql.Tx, now time.Time) error) error {
-	tx, err := l.db.BeginTx(ctx, nil)
+// wtx is a write transaction on the writer connection. Its methods run
+// cached prepared statements.
+type wtx struct {
+	l *Ledger
+}
+
+// stmt returns the prepared statement for query; the caller holds wmu.
+func (l *Ledger) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	if st, ok := l.stmts[query]; ok {
+		return st, nil
+	}
+	st, err := l.wconn.PrepareContext(ctx, query)
 	if err != nil {
+		return nil, err
+	}
+	if l.stmts == nil {
+		l.stmts = map[string]*sql.Stmt{}
+	}
+	l.stmts[query] = st
+	return st, nil
+}
+
+// ExecContext runs a statement in the transaction.
+func (tx *wtx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	st, err := tx.l.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+// QueryContext runs a query in the transaction.
+func (tx *wtx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := tx.l.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+// QueryRowContext runs a single-row query in the transaction.
+func (tx *wtx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	st, err := tx.l.stmt(ctx, query)
+	if err != nil {
+		// Let the preparation error surface from Scan.
+		return tx.l.wconn.QueryRowContext(ctx, query, args...)
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+// write runs fn in one BEGIN IMMEDIATE transaction stamped with one now:
+// it commits if fn returns nil and rolls back otherwise.
+func (l *Ledger) write(ctx context.Context, fn func(tx *wtx, now time.Time) error) (err error) {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if l.wconn == nil {
+		return fmt.Errorf("ledger %s: closed", l.path)
+	}
+	if _, err := l.wconn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		return l.fileError(err)
 	}
-	defer tx.Rollback()
-	if err := fn(tx, l.now().UTC()); err != nil {
+	done := false
+	defer func() {
+		if !done {
+			// Roll back even if ctx is canceled: the connection must
+			// not stay inside a transaction.
+			if _, rbErr := l.wconn.ExecContext(context.Background(), "ROLLBACK"); rbErr != nil {
+				err = errors.Join(err, l.fileError(rbErr))
+			}
+		}
+	}()
+	if err := fn(&wtx{l: l}, l.now().UTC()); err != nil {
 		return err
 	}
-	if err := tx.Commit(); err != nil {
+	if _, err := l.wconn.ExecContext(ctx, "COMMIT"); err != nil {
 		return l.fileError(err)
 	}
+	done = true
 	return nil
 }
 
