@@ -134,7 +134,7 @@ func prepareFile(path string, mustExist bool) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		if mustExist {
-			return fmt.Errorf("ledger %s: %w (create one with 'capvend serve', or check ledger.path in the configuration)", path, ErrNoLedger)
+			return fmt.Errorf("ledger %s: %w (check ledger.path in the configuration, or pass --db)", path, ErrNoLedger)
 		}
 		if dir := filepath.Dir(path); dir != "" {
 			if err := os.MkdirAll(dir, 0o700); err != nil {

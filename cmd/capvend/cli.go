@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+)
+
+// command is one node of the capvend command tree. A command either runs
+// (Run set) or groups subcommands (Subs set); a group run without a
+// subcommand prints its help.
+type command struct {
+	Name    string
+	Args    string // positional arguments shown in usage, e.g. "BOLT11"
+	Summary string // one line, shown in the parent's list
+	Help    string // longer text shown by --help
+	// Flags registers the command's flags; the closure captures the
+	// variables Run reads.
+	Flags func(fs *flag.FlagSet)
+	Run   func(ctx context.Context, e *env, args []string) error
+	Subs  []*command
+}
+
+// env is what a command may touch of the outside world; tests fill it with
+// buffers so commands run in-process.
+type env struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	Getenv func(string) string
+	Log    *slog.Logger
+	// ConfigPath is the --config flag (or $CAPVEND_CONFIG); empty means
+	// "./capvend.yaml if it exists".
+	ConfigPath string
+}
+
+// exitError carries a specific exit status (e.g. `ledger verify` found
+// problems: 1; usage errors: 2).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// usageError marks a mistake in how the command was called; it exits 2.
+func usageError(format string, a ...any) error {
+	return &exitError{code: 2, err: fmt.Errorf(format, a...)}
+}
+
+// execute runs the command tree against args (without the program name) and
+// returns the process exit status.
+func execute(ctx context.Context, root *command, e *env, args []string) int {
+	err := dispatch(ctx, root, e, []string{root.Name}, args)
+	if err == nil {
+		return 0
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	code := 1
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+	}
+	if msg := err.Error(); msg != "" {
+		fmt.Fprintf(e.Stderr, "capvend: %s\n", msg)
+	}
+	return code
+}
+
+func dispatch(ctx context.Context, c *command, e *env, path []string, args []string) error {
+	fs := flag.NewFlagSet(strings.Join(path, " "), flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	if c.Flags != nil {
+		c.Flags(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printHelp(e.Stdout, c, path, fs)
+			return flag.ErrHelp
+		}
+		return usageError("%v (see '%s --help')", err, strings.Join(path, " "))
+	}
+	rest := fs.Args()
+	if len(c.Subs) > 0 {
+		if len(rest) == 0 {
+			if c.Run != nil {
+				return c.Run(ctx, e, rest)
+			}
+			printHelp(e.Stdout, c, path, fs)
+			return nil
+		}
+		name := rest[0]
+		if name == "help" {
+			printHelp(e.Stdout, c, path, fs)
+			return nil
+		}
+		for _, s := range c.Subs {
+			if s.Name == name {
+				return dispatch(ctx, s, e, append(path, name), rest[1:])
+			}
+		}
+		return usageError("unknown command %q for '%s'; commands: %s", name, strings.Join(path, " "), subNames(c))
+	}
+	if c.Run == nil {
+		printHelp(e.Stdout, c, path, fs)
+		return nil
+	}
+	return c.Run(ctx, e, rest)
+}
+
+func subNames(c *command) string {
+	names := make([]string, 0, len(c.Subs))
+	for _, s := range c.Subs {
+		names = append(names, s.Name)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
+func printHelp(w io.Writer, c *command, path []string, fs *flag.FlagSet) {
+	usage := strings.Join(path, " ")
+	hasFlags := false
+	fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+	if hasFlags {
+		usage += " [flags]"
+	}
+	if len(c.Subs) > 0 {
+		usage += " COMMAND"
+	}
+	if c.Args != "" {
+		usage += " " + c.Args
+	}
+	fmt.Fprintf(w, "Usage: %s\n", usage)
+	if c.Summary != "" {
+		fmt.Fprintf(w, "\n%s\n", c.Summary)
+	}
+	if c.Help != "" {
+		fmt.Fprintf(w, "\n%s\n", strings.TrimRight(c.Help, "\n"))
+	}
+	if len(c.Subs) > 0 {
+		fmt.Fprintf(w, "\nCommands:\n")
+		for _, s := range c.Subs {
+			fmt.Fprintf(w, "  %-12s %s\n", s.Name, s.Summary)
+		}
+		fmt.Fprintf(w, "\nRun '%s COMMAND --help' for a command's flags.\n", strings.Join(path, " "))
+	}
+	if hasFlags {
+		fmt.Fprintf(w, "\nFlags:\n")
+		fs.VisitAll(func(f *flag.Flag) {
+			name, usage := flag.UnquoteUsage(f)
+			line := "  --" + f.Name
+			if name != "" {
+				line += " " + name
+			}
+			fmt.Fprintf(w, "%s\n      %s", line, usage)
+			if f.DefValue != "" && f.DefValue != "false" {
+				fmt.Fprintf(w, " (default %s)", f.DefValue)
+			}
+			fmt.Fprintln(w)
+		})
+	}
+}
+
+func defaultEnv() *env {
+	return &env{
+		Stdin:  os.Stdin,
+		Stdout: os.Stdout,
+		Stderr: os.Stderr,
+		Getenv: os.Getenv,
+		Log:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}
+}

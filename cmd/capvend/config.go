@@ -1,0 +1,442 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Config is capvend.yaml. Paths are resolved against the directory of the
+// configuration file. Secrets (macaroons, Nostr keys, mint wallet keys) are
+// only ever named by file path: the values are read when used and never
+// logged.
+type Config struct {
+	Ledger    LedgerConfig     `yaml:"ledger"`
+	Server    ServerConfig     `yaml:"server"`
+	HTTP      HTTPConfig       `yaml:"http"`
+	Nostr     NostrConfig      `yaml:"nostr"`
+	LND       LNDConfig        `yaml:"lnd"`
+	Cashu     CashuConfig      `yaml:"cashu"`
+	Payments  PaymentsConfig   `yaml:"payments"`
+	Limits    LimitsConfig     `yaml:"limits"`
+	Upstreams []UpstreamConfig `yaml:"upstreams"`
+
+	path string // the file it was read from, "" for defaults
+}
+
+// LedgerConfig locates the SQLite ledger.
+type LedgerConfig struct {
+	Path string `yaml:"path"`
+}
+
+// ServerConfig is how capvend presents itself to clients.
+type ServerConfig struct {
+	Name    string `yaml:"name"`
+	About   string `yaml:"about"`
+	Website string `yaml:"website"`
+	Picture string `yaml:"picture"`
+}
+
+// HTTPConfig is the MCP Streamable HTTP front.
+type HTTPConfig struct {
+	Listen          string `yaml:"listen"` // host:port; empty disables the front
+	MaxRequestBytes int64  `yaml:"max_request_bytes"`
+}
+
+// NostrConfig is the ContextVM / DVMCP front.
+type NostrConfig struct {
+	NsecFile   string   `yaml:"nsec_file"` // file holding the server's nsec or hex key
+	Relays     []string `yaml:"relays"`    // empty disables the front
+	Encryption string   `yaml:"encryption"`
+	Announce   bool     `yaml:"announce"`
+}
+
+// LNDConfig is the LND payment backend.
+type LNDConfig struct {
+	Host         string `yaml:"host"` // gRPC host:port; empty disables the backend
+	TLSCertFile  string `yaml:"tls_cert_file"`
+	MacaroonFile string `yaml:"macaroon_file"`
+	HoldInvoices bool   `yaml:"hold_invoices"`
+}
+
+// CashuConfig is the Cashu payment backend.
+type CashuConfig struct {
+	Mints        []string `yaml:"mints"` // trusted mints; the first issues mint quotes. Empty disables.
+	WalletDir    string   `yaml:"wallet_dir"`
+	AcceptTokens bool     `yaml:"accept_tokens"`
+	MintQuotes   bool     `yaml:"mint_quotes"`
+}
+
+// PaymentsConfig tunes payment requests.
+type PaymentsConfig struct {
+	TTL time.Duration `yaml:"ttl"` // how long a payment request stays payable
+}
+
+// LimitsConfig bounds what one client, and everyone, may hold open.
+type LimitsConfig struct {
+	MaxUnpaidPerClient int `yaml:"max_unpaid_per_client"`
+	MaxUnpaidTotal     int `yaml:"max_unpaid_total"`
+	RequestsPerMinute  int `yaml:"requests_per_minute"`
+}
+
+// UpstreamConfig is one MCP server capvend sells: a stdio subprocess
+// (command) or a Streamable HTTP endpoint (url).
+type UpstreamConfig struct {
+	Name    string                `yaml:"name"`
+	Command string                `yaml:"command"`
+	Args    []string              `yaml:"args"`
+	Env     map[string]string     `yaml:"env"`
+	Cwd     string                `yaml:"cwd"`
+	URL     string                `yaml:"url"`
+	Prefix  string                `yaml:"prefix"`
+	Tools   map[string]ToolConfig `yaml:"tools"`
+}
+
+// ToolConfig prices one tool. A tool not listed is free.
+type ToolConfig struct {
+	PriceSats int64 `yaml:"price_sats"`
+	PriceMsat int64 `yaml:"price_msat"`
+	// NotIdempotent tools are refunded, never re-run, when capvend was
+	// interrupted while they ran.
+	NotIdempotent bool `yaml:"not_idempotent"`
+}
+
+// Msat returns the tool's price in millisatoshis (0: free).
+func (t ToolConfig) Msat() int64 {
+	if t.PriceMsat != 0 {
+		return t.PriceMsat
+	}
+	return t.PriceSats * 1000
+}
+
+// defaultConfig is what a missing field means.
+func defaultConfig() Config {
+	return Config{
+		Ledger:   LedgerConfig{Path: "capvend.db"},
+		Server:   ServerConfig{Name: "capvend"},
+		HTTP:     HTTPConfig{MaxRequestBytes: 1 << 20},
+		Nostr:    NostrConfig{Encryption: "optional", Announce: true},
+		LND:      LNDConfig{HoldInvoices: true},
+		Cashu:    CashuConfig{WalletDir: "cashu-wallet", AcceptTokens: true, MintQuotes: true},
+		Payments: PaymentsConfig{TTL: 10 * time.Minute},
+		Limits:   LimitsConfig{MaxUnpaidPerClient: 10, MaxUnpaidTotal: 10_000, RequestsPerMinute: 120},
+	}
+}
+
+// configPath picks the configuration file: the flag, else $CAPVEND_CONFIG,
+// else ./capvend.yaml. explicit reports whether the user named one (then it
+// must exist).
+func configPath(flagValue string, getenv func(string) string) (path string, explicit bool) {
+	if flagValue != "" {
+		return flagValue, true
+	}
+	if v := getenv("CAPVEND_CONFIG"); v != "" {
+		return v, true
+	}
+	return "capvend.yaml", false
+}
+
+// loadConfig reads and validates the configuration. A missing default file
+// means the defaults; a missing file the user named is an error.
+func loadConfig(flagValue string, getenv func(string) string) (*Config, error) {
+	path, explicit := configPath(flagValue, getenv)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) && !explicit {
+		c := defaultConfig()
+		return &c, c.Validate()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return parseConfig(path, data, getenv)
+}
+
+// parseConfig expands $VAR and ${VAR} (from getenv; "$$" is a literal
+// "$"), decodes strictly (unknown fields are errors), applies defaults,
+// resolves relative paths against the file's directory, and validates.
+func parseConfig(path string, data []byte, getenv func(string) string) (*Config, error) {
+	expanded, err := expandEnv(data, getenv)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	c := defaultConfig()
+	dec := yaml.NewDecoder(bytes.NewReader(expanded))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("config %s: %s", path, yamlError(err))
+	}
+	c.path = path
+	dir, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	c.resolvePaths(dir)
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return &c, nil
+}
+
+var envRef = regexp.MustCompile(`\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)`)
+
+// expandEnv replaces $VAR and ${VAR}, line by line so an unset variable is
+// reported with its line. Comments are expanded too but never fail: a
+// commented-out line may name a variable that is not set.
+func expandEnv(data []byte, getenv func(string) string) ([]byte, error) {
+	lines := bytes.Split(data, []byte("\n"))
+	for i, line := range lines {
+		comment := bytes.HasPrefix(bytes.TrimSpace(line), []byte("#"))
+		var missing string
+		lines[i] = envRef.ReplaceAllFunc(line, func(m []byte) []byte {
+			if string(m) == "$$" {
+				return []byte("$")
+			}
+			name := strings.Trim(string(m), "${}")
+			v := getenv(name)
+			if v == "" && missing == "" && !comment {
+				missing = name
+			}
+			return []byte(v)
+		})
+		if missing != "" {
+			return nil, fmt.Errorf("line %d: environment variable $%s is not set (write $$ for a literal $)", i+1, missing)
+		}
+	}
+	return bytes.Join(lines, []byte("\n")), nil
+}
+
+var yamlTypeSection = map[string]string{
+	"Config": "the top level", "LedgerConfig": "ledger", "ServerConfig": "server", "HTTPConfig": "http",
+	"NostrConfig": "nostr", "LNDConfig": "lnd", "CashuConfig": "cashu", "PaymentsConfig": "payments",
+	"LimitsConfig": "limits", "UpstreamConfig": "an upstream", "ToolConfig": "a tool",
+}
+
+var yamlUnknownField = regexp.MustCompile(`field (\S+) not found in type main\.(\w+)`)
+
+// yamlError rewrites the decoder's Go type names into the file's section
+// names, and says which fields exist there.
+func yamlError(err error) string {
+	msg := strings.ReplaceAll(err.Error(), "yaml: unmarshal errors:\n  ", "")
+	return yamlUnknownField.ReplaceAllStringFunc(msg, func(m string) string {
+		sub := yamlUnknownField.FindStringSubmatch(m)
+		section := yamlTypeSection[sub[2]]
+		if section == "" {
+			section = sub[2]
+		}
+		return fmt.Sprintf("unknown field %q in %s (known fields: %s)", sub[1], section, strings.Join(knownFields(sub[2]), ", "))
+	})
+}
+
+func knownFields(typeName string) []string {
+	var v any
+	switch typeName {
+	case "Config":
+		v = Config{}
+	case "LedgerConfig":
+		v = LedgerConfig{}
+	case "ServerConfig":
+		v = ServerConfig{}
+	case "HTTPConfig":
+		v = HTTPConfig{}
+	case "NostrConfig":
+		v = NostrConfig{}
+	case "LNDConfig":
+		v = LNDConfig{}
+	case "CashuConfig":
+		v = CashuConfig{}
+	case "PaymentsConfig":
+		v = PaymentsConfig{}
+	case "LimitsConfig":
+		v = LimitsConfig{}
+	case "UpstreamConfig":
+		v = UpstreamConfig{}
+	case "ToolConfig":
+		v = ToolConfig{}
+	default:
+		return nil
+	}
+	out, _ := yaml.Marshal(v)
+	var m map[string]any
+	yaml.Unmarshal(out, &m)
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func (c *Config) resolvePaths(dir string) {
+	abs := func(p *string) {
+		if *p == "" || filepath.IsAbs(*p) {
+			return
+		}
+		if strings.HasPrefix(*p, "~/") {
+			if home, err := os.UserHomeDir(); err == nil {
+				*p = filepath.Join(home, (*p)[2:])
+				return
+			}
+		}
+		*p = filepath.Join(dir, *p)
+	}
+	abs(&c.Ledger.Path)
+	abs(&c.Nostr.NsecFile)
+	abs(&c.LND.TLSCertFile)
+	abs(&c.LND.MacaroonFile)
+	abs(&c.Cashu.WalletDir)
+	for i := range c.Upstreams {
+		abs(&c.Upstreams[i].Cwd)
+	}
+}
+
+var (
+	upstreamName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
+	toolPrefix   = regexp.MustCompile(`^[A-Za-z0-9_.-]{0,32}$`)
+	hex64        = regexp.MustCompile(`^[0-9a-fA-F]{64,}$`)
+)
+
+// Validate checks the configuration and names the first bad field with what
+// is allowed there.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
+	}
+	if c.Ledger.Path == "" {
+		bad("ledger.path", "required: the SQLite ledger file")
+	}
+	if c.Server.Name == "" {
+		bad("server.name", "required: a short name clients see")
+	}
+	if c.Server.Website != "" {
+		if u, err := url.Parse(c.Server.Website); err != nil || (u.Scheme != "https" && u.Scheme != "http") {
+			bad("server.website", "%q is not an http(s) URL", c.Server.Website)
+		}
+	}
+	if c.HTTP.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
+			bad("http.listen", "%q is not host:port (e.g. 127.0.0.1:8402), or leave it empty to disable the HTTP front", c.HTTP.Listen)
+		}
+	}
+	if c.HTTP.MaxRequestBytes < 1024 || c.HTTP.MaxRequestBytes > 64<<20 {
+		bad("http.max_request_bytes", "%d is outside 1024 .. 67108864", c.HTTP.MaxRequestBytes)
+	}
+	if len(c.Nostr.Relays) > 0 {
+		if c.Nostr.NsecFile == "" {
+			bad("nostr.nsec_file", "required when nostr.relays is set: a file holding the server's secret key")
+		}
+		for i, r := range c.Nostr.Relays {
+			if u, err := url.Parse(r); err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
+				bad(fmt.Sprintf("nostr.relays[%d]", i), "%q is not a ws:// or wss:// relay URL", r)
+			}
+		}
+	}
+	if base := filepath.Base(c.Nostr.NsecFile); strings.HasPrefix(base, "nsec1") || hex64.MatchString(base) {
+		bad("nostr.nsec_file", "must be the path of a file holding the key, not the key itself")
+	}
+	switch c.Nostr.Encryption {
+	case "optional", "required", "disabled":
+	default:
+		bad("nostr.encryption", "%q is not one of optional, required, disabled", c.Nostr.Encryption)
+	}
+	if c.LND.Host != "" {
+		if _, _, err := net.SplitHostPort(c.LND.Host); err != nil {
+			bad("lnd.host", "%q is not host:port (LND's gRPC address, e.g. 127.0.0.1:10009)", c.LND.Host)
+		}
+		if c.LND.TLSCertFile == "" {
+			bad("lnd.tls_cert_file", "required when lnd.host is set: the path of LND's tls.cert")
+		}
+		if c.LND.MacaroonFile == "" {
+			bad("lnd.macaroon_file", "required when lnd.host is set: the path of invoice.macaroon (or a macaroon with invoices:read and invoices:write)")
+		}
+	}
+	if strings.HasPrefix(filepath.Base(c.LND.TLSCertFile), "-----BEGIN") {
+		bad("lnd.tls_cert_file", "must be the path of the certificate file, not the certificate itself")
+	}
+	if hex64.MatchString(filepath.Base(c.LND.MacaroonFile)) {
+		bad("lnd.macaroon_file", "must be the path of the macaroon file, not the macaroon itself")
+	}
+	for i, m := range c.Cashu.Mints {
+		if u, err := url.Parse(m); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			bad(fmt.Sprintf("cashu.mints[%d]", i), "%q is not an http(s) mint URL", m)
+		}
+	}
+	if len(c.Cashu.Mints) > 0 && c.Cashu.WalletDir == "" {
+		bad("cashu.wallet_dir", "required when cashu.mints is set: where capvend keeps its ecash")
+	}
+	if c.Payments.TTL < 30*time.Second || c.Payments.TTL > 24*time.Hour {
+		bad("payments.ttl", "%s is outside 30s .. 24h", c.Payments.TTL)
+	}
+	if c.Limits.MaxUnpaidPerClient < 1 {
+		bad("limits.max_unpaid_per_client", "must be at least 1, got %d", c.Limits.MaxUnpaidPerClient)
+	}
+	if c.Limits.MaxUnpaidTotal < c.Limits.MaxUnpaidPerClient {
+		bad("limits.max_unpaid_total", "must be at least limits.max_unpaid_per_client (%d), got %d", c.Limits.MaxUnpaidPerClient, c.Limits.MaxUnpaidTotal)
+	}
+	if c.Limits.RequestsPerMinute < 1 {
+		bad("limits.requests_per_minute", "must be at least 1, got %d", c.Limits.RequestsPerMinute)
+	}
+	priced := false
+	seen := map[string]bool{}
+	for i, u := range c.Upstreams {
+		field := fmt.Sprintf("upstreams[%d]", i)
+		if !upstreamName.MatchString(u.Name) {
+			bad(field+".name", "%q must be 1-32 characters of a-z 0-9 _ - starting with a letter or digit", u.Name)
+		} else if seen[u.Name] {
+			bad(field+".name", "%q is used by another upstream", u.Name)
+		}
+		seen[u.Name] = true
+		switch {
+		case u.Command == "" && u.URL == "":
+			bad(field, "set command (a stdio MCP server to start) or url (a Streamable HTTP MCP endpoint)")
+		case u.Command != "" && u.URL != "":
+			bad(field, "set command or url, not both")
+		case u.URL != "":
+			if p, err := url.Parse(u.URL); err != nil || (p.Scheme != "https" && p.Scheme != "http") || p.Host == "" {
+				bad(field+".url", "%q is not an http(s) URL", u.URL)
+			}
+			if len(u.Args) > 0 || len(u.Env) > 0 || u.Cwd != "" {
+				bad(field, "args, env and cwd only apply to a command")
+			}
+		}
+		if !toolPrefix.MatchString(u.Prefix) {
+			bad(field+".prefix", "%q must be at most 32 characters of A-Z a-z 0-9 _ . -", u.Prefix)
+		}
+		names := make([]string, 0, len(u.Tools))
+		for name := range u.Tools {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			t := u.Tools[name]
+			tf := fmt.Sprintf("%s.tools.%s", field, name)
+			switch {
+			case t.PriceSats < 0 || t.PriceMsat < 0:
+				bad(tf, "prices cannot be negative")
+			case t.PriceSats != 0 && t.PriceMsat != 0:
+				bad(tf, "set price_sats or price_msat, not both")
+			case t.PriceSats > 21_000_000*100_000_000 || t.PriceMsat > 21_000_000*100_000_000_000:
+				bad(tf, "price is more than 21 million bitcoin")
+			}
+			if t.Msat() > 0 {
+				priced = true
+			}
+		}
+	}
+	if priced && c.LND.Host == "" && len(c.Cashu.Mints) == 0 {
+		bad("lnd.host", "a tool has a price but no payment backend is configured: set lnd.host or cashu.mints")
+	}
+	return errors.Join(errs...)
+}

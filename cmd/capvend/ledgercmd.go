@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/capvend/capvend/ledger"
+)
+
+// ledgerFlags are the flags every ledger command takes to find the ledger.
+type ledgerFlags struct {
+	config string
+	db     string
+}
+
+func (f *ledgerFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.config, "config", "", "configuration `FILE` naming the ledger (default $CAPVEND_CONFIG, else ./capvend.yaml)")
+	fs.StringVar(&f.db, "db", "", "ledger `PATH`, overriding ledger.path of the configuration")
+}
+
+// open opens the existing ledger the flags name; it never creates one.
+func (f *ledgerFlags) open(ctx context.Context, e *env) (*ledger.Ledger, error) {
+	path := f.db
+	if path == "" {
+		cfg, err := loadConfig(f.config, e.Getenv)
+		if err != nil {
+			return nil, err
+		}
+		path = cfg.Ledger.Path
+	}
+	return ledger.Open(ctx, path, ledger.Options{MustExist: true})
+}
+
+func ledgerCommand() *command {
+	return &command{
+		Name:    "ledger",
+		Summary: "inspect the ledger: export it for accounting, verify it, show balances",
+		Help: `The ledger is an SQLite file (ledger.path in the configuration) holding every
+priced call, payment request, settlement, Cashu proof received, stored result,
+and a double-entry journal in millisatoshis. These commands read it; they are
+safe to run while 'capvend serve' runs.`,
+		Subs: []*command{ledgerExportCommand(), ledgerVerifyCommand(), ledgerBalanceCommand()},
+	}
+}
+
+func ledgerExportCommand() *command {
+	var lf ledgerFlags
+	var format, since, until, out string
+	return &command{
+		Name:    "export",
+		Summary: "write the journal as csv, jsonl, beancount or hledger",
+		Help: `Streams the journal's entries in entry order, from one consistent snapshot,
+in constant memory. Amounts: csv and jsonl in millisatoshis (amount_msat);
+beancount and hledger in sats with three decimals (commodity SAT).
+The beancount file passes bean-check; the hledger file loads in hledger.
+
+--since and --until take a date (2026-11-21, midnight UTC) or an RFC 3339
+time; --since is inclusive, --until exclusive.
+
+Examples:
+  capvend ledger export --format hledger --out books.journal
+  hledger -f books.journal balance
+  capvend ledger export --format csv --since 2026-11-01 --until 2026-12-01`,
+		Flags: func(fs *flag.FlagSet) {
+			lf.register(fs)
+			fs.StringVar(&format, "format", "csv", "output format: "+strings.Join(ledger.Formats, ", "))
+			fs.StringVar(&since, "since", "", "only entries at or after `TIME`")
+			fs.StringVar(&until, "until", "", "only entries before `TIME`")
+			fs.StringVar(&out, "out", "", "write to `FILE` (atomically, mode 0600) instead of standard output")
+		},
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) > 0 {
+				return usageError("export takes no arguments (got %q)", args[0])
+			}
+			opts := ledger.ExportOptions{Format: format}
+			var err error
+			if opts.Since, err = parseTimeFlag("--since", since); err != nil {
+				return err
+			}
+			if opts.Until, err = parseTimeFlag("--until", until); err != nil {
+				return err
+			}
+			if !opts.Since.IsZero() && !opts.Until.IsZero() && !opts.Since.Before(opts.Until) {
+				return usageError("--since %s is not before --until %s", since, until)
+			}
+			known := false
+			for _, f := range ledger.Formats {
+				known = known || f == format
+			}
+			if !known {
+				return usageError("--format %q: want one of %s", format, strings.Join(ledger.Formats, ", "))
+			}
+			l, err := lf.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			if out == "" {
+				return l.Export(ctx, e.Stdout, opts)
+			}
+			return writeFileAtomic(out, func(f *os.File) error { return l.Export(ctx, f, opts) })
+		},
+	}
+}
+
+// parseTimeFlag accepts a date (UTC midnight) or an RFC 3339 time.
+func parseTimeFlag(name, v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse("2006-01-02", v); err == nil {
+		return t, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	return time.Time{}, usageError("%s %q: want a date like 2026-11-21 or a time like 2026-11-21T15:04:05Z", name, v)
+}
+
+// writeFileAtomic writes path through a temporary file in the same
+// directory, renamed into place only when write succeeded.
+func writeFileAtomic(path string, write func(*os.File) error) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := write(tmp); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func ledgerVerifyCommand() *command {
+	var lf ledgerFlags
+	return &command{
+		Name:    "verify",
+		Summary: "check every invariant of the ledger; exit 1 if any fails",
+		Help: `Checks, on one consistent snapshot:
+  - SQLite's own integrity check;
+  - every journal entry balances (postings sum to zero) and is sealed;
+  - each settled payment has exactly one income entry, others none;
+  - no delivered priced call without a settled payment;
+  - no call executed without a claimed payment, none executed twice;
+  - no payment claimed twice, no Cashu proof received twice;
+  - refunds of settled payments are booked exactly once;
+  - the schema's triggers that enforce these are in place.
+Prints a report; exits 0 when all hold, 1 when any fails.`,
+		Flags: lf.register,
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) > 0 {
+				return usageError("verify takes no arguments")
+			}
+			l, err := lf.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			r, err := l.Verify(ctx)
+			if err != nil {
+				return err
+			}
+			r.WriteTo(e.Stdout)
+			if !r.OK() {
+				return &exitError{code: 1, err: fmt.Errorf("ledger %s failed verification", l.Path())}
+			}
+			return nil
+		},
+	}
+}
+
+func ledgerBalanceCommand() *command {
+	var lf ledgerFlags
+	return &command{
+		Name:    "balance",
+		Summary: "show revenue per tool and per day, account balances and pending amounts",
+		Help: `Revenue is net of refunds, in sats with millisatoshi precision. Pending shows
+payment requests not yet paid (and not expired), hold invoices locked in but
+not yet settled, calls waiting for payment, and refunds owed to clients.`,
+		Flags: lf.register,
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) > 0 {
+				return usageError("balance takes no arguments")
+			}
+			l, err := lf.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			b, err := l.Balance(ctx)
+			if err != nil {
+				return err
+			}
+			_, err = b.WriteTo(e.Stdout)
+			return err
+		},
+	}
+}
