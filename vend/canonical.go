@@ -6,14 +6,16 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math/big"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // CanonicalHash returns the hex SHA-256 of the canonical JSON form of
 // {"method": method, "params": params} with params' top-level "_meta"
 // removed. Two requests that differ only in key order, white space, number
-// spelling of the same integer, or _meta hash the same; this is the key a paid
+// spelling of the same number, or _meta hash the same; this is the key a paid
 // grant is bound to.
 func CanonicalHash(method string, params json.RawMessage) (string, error) {
 	var p any
@@ -38,6 +40,27 @@ func CanonicalHash(method string, params json.RawMessage) (string, error) {
 	return hex.EncodeToString(sum[:]), nil
 }
 
+// canonicalNumber spells a JSON number exactly and uniquely: an integer
+// value in plain decimal ("2", "2.0", "2e0" are all "2"), anything else as
+// its reduced fraction ("0.5" is "1/2"). Exponents beyond +-400 are refused
+// rather than expanded.
+func canonicalNumber(lit string) (string, error) {
+	if i := strings.IndexAny(lit, "eE"); i >= 0 {
+		exp, err := strconv.Atoi(lit[i+1:])
+		if err != nil || exp > 400 || exp < -400 {
+			return "", fmt.Errorf("number %s is out of range", lit)
+		}
+	}
+	r, ok := new(big.Rat).SetString(lit)
+	if !ok {
+		return "", fmt.Errorf("number %q is not valid", lit)
+	}
+	if r.IsInt() {
+		return r.Num().String(), nil
+	}
+	return r.String(), nil
+}
+
 // writeCanonical writes v with object keys sorted, no insignificant white
 // space, and integers in plain decimal form.
 func writeCanonical(b *bytes.Buffer, v any) error {
@@ -50,19 +73,11 @@ func writeCanonical(b *bytes.Buffer, v any) error {
 		enc, _ := json.Marshal(t) // strings always marshal
 		b.Write(enc)
 	case json.Number:
-		if i, err := strconv.ParseInt(string(t), 10, 64); err == nil {
-			b.WriteString(strconv.FormatInt(i, 10))
-			return nil
-		}
-		f, err := strconv.ParseFloat(string(t), 64)
+		c, err := canonicalNumber(string(t))
 		if err != nil {
-			return fmt.Errorf("number %q: %w", t, err)
+			return err
 		}
-		if f == float64(int64(f)) && f >= -1e15 && f <= 1e15 {
-			b.WriteString(strconv.FormatInt(int64(f), 10))
-			return nil
-		}
-		b.WriteString(strconv.FormatFloat(f, 'g', -1, 64))
+		b.WriteString(c)
 	case []any:
 		b.WriteByte('[')
 		for i, e := range t {

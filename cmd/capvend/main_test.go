@@ -316,3 +316,23 @@ func TestBinaryBuildsAndRuns(t *testing.T) {
 		t.Fatalf("unknown command: %v", err)
 	}
 }
+
+// TestReadmeConfigValidates keeps the README's configuration example true.
+func TestReadmeConfigValidates(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "```yaml\n")
+	block, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("README has no yaml block")
+	}
+	cfg, err := parseConfig(filepath.Join(t.TempDir(), "capvend.yaml"), []byte(block), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Upstreams[0].Tools["forecast"].Msat() != 21_000 {
+		t.Fatalf("%+v", cfg.Upstreams[0])
+	}
+}
