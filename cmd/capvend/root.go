@@ -10,6 +10,7 @@ use $CAPVEND_CONFIG, else ./capvend.yaml. Start with 'capvend init'.`,
 			initCommand(),
 			versionCommand(),
 			ledgerCommand(),
+			testnetCommand(),
 		},
 	}
 }
