@@ -175,6 +175,9 @@ func (l *Ledger) RecordPayment(ctx context.Context, id vend.CallID, np vend.NewP
 	if np.Backend != vend.BackendLND && np.Backend != vend.BackendCashu {
 		return vend.Payment{}, fmt.Errorf("record payment: unknown backend %q", np.Backend)
 	}
+	if (np.Kind == vend.KindHoldInvoice) != (len(np.HoldPreimage) == 32) {
+		return vend.Payment{}, errors.New("record payment: a hold invoice needs its 32-byte preimage, and only a hold invoice has one")
+	}
 	var p vend.Payment
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		c, err := getCall(ctx, tx, id)
@@ -196,13 +199,52 @@ func (l *Ledger) RecordPayment(ctx context.Context, id vend.CallID, np vend.NewP
 		if err != nil {
 			return err
 		}
-		p, err = getPayment(ctx, tx, np.Ref)
+		if p, err = getPayment(ctx, tx, np.Ref); err != nil {
+			return err
+		}
+		if np.Kind == vend.KindHoldInvoice {
+			_, err = tx.ExecContext(ctx, "INSERT INTO hold_preimages (payment_id, preimage) VALUES (?, ?)", p.ID, np.HoldPreimage)
+		}
 		return err
 	})
 	if err != nil {
 		return vend.Payment{}, fmt.Errorf("record payment: %w", err)
 	}
+	p.HoldPreimage = nil
 	return p, nil
+}
+
+// UnsettledPayments implements vend.Ledger.
+func (l *Ledger) UnsettledPayments(ctx context.Context, backend vend.Backend) ([]vend.Payment, error) {
+	rows, err := l.rdb.QueryContext(ctx, "SELECT "+paymentColumns+` FROM payments
+		WHERE backend = ? AND state IN ('open', 'accepted') ORDER BY id`, string(backend))
+	if err != nil {
+		return nil, fmt.Errorf("unsettled payments: %w", err)
+	}
+	defer rows.Close()
+	var out []vend.Payment
+	for rows.Next() {
+		p, err := scanPayment(rows)
+		if err != nil {
+			return nil, fmt.Errorf("unsettled payments: %w", err)
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// HoldPreimage implements vend.Ledger.
+func (l *Ledger) HoldPreimage(ctx context.Context, ref string) ([]byte, error) {
+	var pre []byte
+	err := l.rdb.QueryRowContext(ctx, `SELECT h.preimage FROM hold_preimages h JOIN payments p ON p.id = h.payment_id
+		WHERE p.ref = ?`, ref).Scan(&pre)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("hold preimage of %s: %w", ref, vend.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("hold preimage of %s: %w", ref, err)
+	}
+	return pre, nil
 }
 
 // AcceptPayment implements vend.Ledger.

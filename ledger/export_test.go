@@ -46,6 +46,9 @@ func fixtureLedger(t *testing.T) *ledger.Ledger {
 		must(err)
 		np := newPayment(i)
 		np.Kind, np.Backend, np.Amount = kind, backend, price
+		if kind == vend.KindHoldInvoice {
+			np.HoldPreimage = make([]byte, 32)
+		}
 		if backend == vend.BackendCashu {
 			np.MintURL = "http://127.0.0.1:3338"
 		}

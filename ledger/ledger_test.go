@@ -152,7 +152,7 @@ func TestOpenCreatesPrivateFileAndMigratesOnce(t *testing.T) {
 	db.QueryRow("SELECT count(*) FROM schema_migrations").Scan(&n)
 	db.QueryRow("PRAGMA application_id").Scan(&appID)
 	db.QueryRow("PRAGMA journal_mode").Scan(&mode)
-	if n != 1 || appID != ledger.ApplicationID || mode != "wal" {
+	if n != 2 || appID != ledger.ApplicationID || mode != "wal" {
 		t.Fatalf("migrations=%d application_id=%#x journal_mode=%s", n, appID, mode)
 	}
 	_ = sync
@@ -416,6 +416,15 @@ func TestIllegalTransitionsChangeNothing(t *testing.T) {
 			_, err := l.SettlePayment(ctx, vend.Settlement{Ref: awaitingPay.Ref, Amount: 20_999})
 			return err
 		}, vend.ErrUnderpaid},
+		{"hold invoice without preimage", quoted.ID, func() error {
+			np := newPayment(50)
+			np.Kind = vend.KindHoldInvoice
+			_, err := l.RecordPayment(ctx, quoted.ID, np)
+			if err == nil {
+				return nil
+			}
+			return vend.ErrIllegalTransition // the only error this table expects for it
+		}, vend.ErrIllegalTransition},
 		{"duplicate payment ref", quoted.ID, func() error { _, err := l.RecordPayment(ctx, quoted.ID, newPayment(1)); return err }, vend.ErrDuplicatePayment},
 		{"unknown call", 999, func() error { _, err := l.StartExecution(ctx, 999); return err }, vend.ErrNotFound},
 	}
@@ -564,6 +573,7 @@ func TestHoldInvoiceSettlesAfterSuccessAndCancelsAfterFailure(t *testing.T) {
 		c, _, _ := l.RecordCall(ctx, newCall(i))
 		np := newPayment(i)
 		np.Kind = vend.KindHoldInvoice
+		np.HoldPreimage = []byte(fmt.Sprintf("%032d", i))
 		p, err := l.RecordPayment(ctx, c.ID, np)
 		if err != nil {
 			t.Fatal(err)
@@ -584,6 +594,12 @@ func TestHoldInvoiceSettlesAfterSuccessAndCancelsAfterFailure(t *testing.T) {
 	}
 
 	ok, okPay := hold(1)
+	if pre, err := l.HoldPreimage(ctx, okPay.Ref); err != nil || string(pre) != fmt.Sprintf("%032d", 1) {
+		t.Fatalf("preimage %q %v", pre, err)
+	}
+	if open, err := l.UnsettledPayments(ctx, vend.BackendLND); err != nil || len(open) != 1 || open[0].State != vend.PaymentAccepted {
+		t.Fatalf("unsettled %+v %v", open, err)
+	}
 	if err := l.Deliver(ctx, ok.ID, vend.Result{Body: []byte("{}")}); !errors.Is(err, vend.ErrUnpaid) {
 		t.Fatalf("deliver before the hold invoice settled: %v", err)
 	}

@@ -67,6 +67,10 @@ type NewPayment struct {
 	MintURL   string // Cashu only
 	Amount    Msat
 	ExpiresAt time.Time
+	// HoldPreimage is the secret of a hold invoice (KindHoldInvoice
+	// only), stored with the payment so it can be settled after a
+	// restart. A bearer secret: never log it.
+	HoldPreimage []byte
 }
 
 // Payment is a recorded payment request.
@@ -123,8 +127,15 @@ type Ledger interface {
 	// RecordPayment stores a payment request for a quoted call and moves
 	// the call to awaiting_payment. ErrDuplicatePayment if the ref exists.
 	RecordPayment(ctx context.Context, id CallID, p NewPayment) (Payment, error)
-	// Payment returns a payment by ref, or ErrNotFound.
+	// Payment returns a payment by ref, or ErrNotFound. It never carries
+	// the hold preimage: see HoldPreimage.
 	Payment(ctx context.Context, ref string) (Payment, error)
+	// UnsettledPayments returns the backend's payments still open or
+	// accepted, oldest first: what a backend reconciles after a restart.
+	UnsettledPayments(ctx context.Context, backend Backend) ([]Payment, error)
+	// HoldPreimage returns the preimage recorded with a hold invoice, or
+	// ErrNotFound.
+	HoldPreimage(ctx context.Context, ref string) ([]byte, error)
 	// AcceptPayment records that a hold invoice's HTLC is locked in: the
 	// payment becomes accepted and its call paid. Idempotent.
 	AcceptPayment(ctx context.Context, ref string) (Payment, error)

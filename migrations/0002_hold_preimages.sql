@@ -1,0 +1,16 @@
+-- capvend ledger, schema 2: hold invoices.
+--
+-- capvend makes the preimage of each hold invoice it issues, and needs it to
+-- settle the invoice after the tool succeeded, also after a restart. It is
+-- written in the same transaction as the payment. A preimage is a bearer
+-- secret for that one invoice: it is never exported or logged.
+CREATE TABLE hold_preimages (
+	payment_id INTEGER PRIMARY KEY REFERENCES payments (id),
+	preimage   BLOB    NOT NULL CHECK (length(preimage) = 32)
+);
+
+CREATE TRIGGER hold_preimages_immutable
+BEFORE UPDATE ON hold_preimages
+BEGIN
+	SELECT RAISE(ABORT, 'capvend: preimages are immutable');
+END;
