@@ -299,14 +299,15 @@ func (l *Ledger) SettlePayment(ctx context.Context, s vend.Settlement) (vend.Pay
 		if s.Amount < p.Amount {
 			return fmt.Errorf("%w: %d msat received, %d msat asked", vend.ErrUnderpaid, s.Amount, p.Amount)
 		}
-		if !p.State.CanTransition(vend.PaymentSettled) {
+		late := p.State == vend.PaymentExpired || p.State == vend.PaymentCanceled
+		if !p.State.CanTransition(vend.PaymentSettled) || (late && !vend.LatePayable(p.Kind)) {
 			return &vend.TransitionError{What: "payment " + p.Ref, From: string(p.State), To: string(vend.PaymentSettled)}
 		}
 		// The state condition in the WHERE clause is the exactly-once
 		// claim: of concurrent settlements only one sees a row to update.
 		res, err := tx.ExecContext(ctx, `UPDATE payments SET state = 'settled', settled_at = ?, settled_msat = ?,
 			fee_msat = ?, add_index = max(add_index, ?), settle_index = max(settle_index, ?), updated_at = ?
-			WHERE id = ? AND state IN ('open', 'accepted')`,
+			WHERE id = ? AND state IN ('open', 'accepted', 'expired', 'canceled')`,
 			ms(now), s.Amount, s.Fee, s.AddIndex, s.SettleIndex, ms(now), p.ID)
 		if err != nil {
 			return err
@@ -320,6 +321,13 @@ func (l *Ledger) SettlePayment(ctx context.Context, s vend.Settlement) (vend.Pay
 		}
 		if err := postSettlement(ctx, tx, p, c, s, now); err != nil {
 			return err
+		}
+		if c.State == vend.CallExpired || c.State == vend.CallCanceled {
+			// Paid after capvend gave up: the call never runs and the
+			// money is owed back.
+			if err := postRefund(ctx, tx, p, c, "paid after the request "+string(c.State), now); err != nil {
+				return err
+			}
 		}
 		if err := markCallPaid(ctx, tx, p.CallID, now); err != nil {
 			return err

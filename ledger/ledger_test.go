@@ -710,3 +710,47 @@ func TestLNDCursorOnlyMovesForward(t *testing.T) {
 		t.Fatalf("cursor %d %d, want 10 6", a, s)
 	}
 }
+
+func TestLateMintQuotePaymentIsOwedBack(t *testing.T) {
+	ctx := context.Background()
+	l := openLedger(t, "")
+	c, _, _ := l.RecordCall(ctx, newCall(1))
+	np := newPayment(1)
+	np.Backend, np.Kind, np.Ref, np.MintURL = vend.BackendCashu, vend.KindMintQuote, "quote-1", "http://127.0.0.1:3338"
+	p, err := l.RecordPayment(ctx, c.ID, np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.EndPayment(ctx, p.Ref, vend.PaymentExpired, "no payment in time"); err != nil {
+		t.Fatal(err)
+	}
+	// The quote's invoice was paid at the mint after all.
+	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount}); !errors.Is(err, vend.ErrAlreadySettled) {
+		t.Fatalf("second late settlement: %v", err)
+	}
+	if s := callState(t, l, c.ID); s != vend.CallExpired {
+		t.Fatalf("call is %s, want expired (it never runs)", s)
+	}
+	if _, err := l.StartExecution(ctx, c.ID); !errors.Is(err, vend.ErrIllegalTransition) {
+		t.Fatalf("late-paid call started: %v", err)
+	}
+	b, _ := l.Balance(ctx)
+	if b.Pending.RefundsOwed != p.Amount || b.Tools[0].Revenue != 0 {
+		t.Fatalf("balance %+v", b)
+	}
+	mustVerify(t, l)
+
+	// A Lightning invoice canceled by capvend is withdrawn at LND: it can
+	// never settle late.
+	c2, p2 := quote(t, l, 2)
+	l.EndPayment(ctx, p2.Ref, vend.PaymentCanceled, "client gone")
+	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p2.Ref, Amount: p2.Amount}); !errors.Is(err, vend.ErrIllegalTransition) {
+		t.Fatalf("late invoice settlement: %v", err)
+	}
+	if s := callState(t, l, c2.ID); s != vend.CallCanceled {
+		t.Fatalf("call %s", s)
+	}
+}

@@ -122,11 +122,11 @@ var invariants = []invariant{
 		format: "proof %.12v… received %v times",
 	},
 	{
-		name: "every refunded call's settled payment has exactly one refund entry",
+		name: "every settled payment of a refunded (or expired, canceled) call has exactly one refund entry",
 		query: `SELECT id, ref, state, n FROM (SELECT c.id, p.ref, c.state,
 				(SELECT count(*) FROM entries e WHERE e.call_id = c.id AND e.kind = 'refund' AND e.sealed = 1) AS n
 				FROM calls c JOIN payments p ON p.call_id = c.id AND p.state = 'settled')
-			WHERE n <> (state = 'refunded')`,
+			WHERE n <> (state IN ('refunded', 'expired', 'canceled'))`,
 		format: "call %v (payment %v) is %v with %v refund entries",
 	},
 	{

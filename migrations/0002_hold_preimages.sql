@@ -1,4 +1,4 @@
--- capvend ledger, schema 2: hold invoices.
+-- capvend ledger, schema 2: hold invoices and late payments.
 --
 -- capvend makes the preimage of each hold invoice it issues, and needs it to
 -- settle the invoice after the tool succeeded, also after a restart. It is
@@ -14,3 +14,12 @@ BEFORE UPDATE ON hold_preimages
 BEGIN
 	SELECT RAISE(ABORT, 'capvend: preimages are immutable');
 END;
+
+-- A Cashu mint quote cannot be withdrawn: its invoice stays payable at the
+-- mint after capvend gave up on it. Money that arrives late is still
+-- capvend's to record: the payment becomes settled, its call stays expired
+-- or canceled (it never runs), and the amount is booked as owed back
+-- (liabilities:refunds). Only mint quotes take these edges (checked in Go).
+INSERT INTO payment_transitions (from_state, to_state) VALUES
+	('expired', 'settled'),
+	('canceled', 'settled');

@@ -76,7 +76,16 @@ const (
 var paymentTransitions = map[PaymentState][]PaymentState{
 	PaymentOpen:     {PaymentAccepted, PaymentSettled, PaymentCanceled, PaymentExpired},
 	PaymentAccepted: {PaymentSettled, PaymentCanceled},
+	// A late payment: only a Cashu mint quote, whose invoice stays
+	// payable at the mint after capvend gave up on it (see LatePayable).
+	PaymentExpired:  {PaymentSettled},
+	PaymentCanceled: {PaymentSettled},
 }
+
+// LatePayable reports whether a payment of kind k can still be paid after
+// capvend expired or canceled it: a mint quote's invoice belongs to the
+// mint and cannot be withdrawn. Such money is recorded and owed back.
+func LatePayable(k PaymentKind) bool { return k == KindMintQuote }
 
 // PaymentStates lists every payment state.
 func PaymentStates() []PaymentState {
