@@ -57,8 +57,9 @@ type HoldSettler interface {
 	// macaroon allows them).
 	CanHold() bool
 	// SettleHeld settles an accepted hold invoice and records the
-	// settlement exactly once. Settling a settled payment is not an
-	// error.
+	// settlement exactly once, reporting it through the function Run was
+	// given (the settlement the watcher sees afterwards is not reported
+	// again). Settling a settled payment is not an error.
 	SettleHeld(ctx context.Context, ref string) (Payment, error)
 }
 
