@@ -16,6 +16,8 @@ import (
 	"github.com/fiatjaf/eventstore/slicestore"
 	"github.com/fiatjaf/khatru"
 	"google.golang.org/grpc/credentials"
+
+	"github.com/capvend/capvend/billing/lnd"
 )
 
 // MintConfig configures RunMint.
@@ -51,7 +53,7 @@ func RunMint(ctx context.Context, cfg MintConfig) error {
 	if err != nil {
 		return fmt.Errorf("testnet mint: lnd cert: %w", err)
 	}
-	mac, err := loadMacaroon(cfg.LNDMacaroon)
+	mac, err := lnd.Macaroon(cfg.LNDMacaroon)
 	if err != nil {
 		return err
 	}

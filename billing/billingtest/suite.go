@@ -105,6 +105,7 @@ type running struct {
 	vend.PaymentBackend
 	cancel context.CancelFunc
 	done   chan error
+	once   sync.Once
 }
 
 func start(t *testing.T, b vend.PaymentBackend, rec *Recorder) *running {
@@ -116,14 +117,16 @@ func start(t *testing.T, b vend.PaymentBackend, rec *Recorder) *running {
 	return r
 }
 
-// stop ends Run and waits for it: capvend going down.
+// stop ends Run and waits for it: capvend going down. Idempotent.
 func (r *running) stop() {
-	r.cancel()
-	select {
-	case <-r.done:
-	case <-time.After(30 * time.Second):
-		panic("backend Run did not return within 30 s of cancel")
-	}
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+			panic("backend Run did not return within 30 s of cancel")
+		}
+	})
 }
 
 type env struct {

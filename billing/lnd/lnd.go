@@ -1,0 +1,551 @@
+// Package lnd is capvend's Lightning payment backend on an LND node
+// (lnrpc v0.20.2-beta): plain invoices, and hold invoices that are settled
+// only after the tool succeeded and canceled (returning the client's money)
+// when it failed. It needs nothing beyond LND's invoice macaroon.
+//
+// Settlements are learned from SubscribeInvoices, resumed from the settle
+// index stored in the ledger, so a settlement that happened while capvend was
+// down is found at start; hold invoices are watched one by one with
+// SubscribeSingleInvoice (LND's all-invoices stream reports only additions
+// and settlements, not acceptance); and anything still unsettled past its
+// expiry is looked up invoice by invoice. Every change is recorded in the
+// ledger exactly once, then reported.
+package lnd
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lightningnetwork/lnd/lnrpc"
+	"github.com/lightningnetwork/lnd/lnrpc/invoicesrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// Lightning is the part of lnrpc.LightningClient the backend calls.
+type Lightning interface {
+	AddInvoice(ctx context.Context, in *lnrpc.Invoice, opts ...grpc.CallOption) (*lnrpc.AddInvoiceResponse, error)
+	LookupInvoice(ctx context.Context, in *lnrpc.PaymentHash, opts ...grpc.CallOption) (*lnrpc.Invoice, error)
+	SubscribeInvoices(ctx context.Context, in *lnrpc.InvoiceSubscription, opts ...grpc.CallOption) (lnrpc.Lightning_SubscribeInvoicesClient, error)
+}
+
+// Invoices is the part of invoicesrpc.InvoicesClient the backend calls.
+type Invoices interface {
+	AddHoldInvoice(ctx context.Context, in *invoicesrpc.AddHoldInvoiceRequest, opts ...grpc.CallOption) (*invoicesrpc.AddHoldInvoiceResp, error)
+	SettleInvoice(ctx context.Context, in *invoicesrpc.SettleInvoiceMsg, opts ...grpc.CallOption) (*invoicesrpc.SettleInvoiceResp, error)
+	CancelInvoice(ctx context.Context, in *invoicesrpc.CancelInvoiceMsg, opts ...grpc.CallOption) (*invoicesrpc.CancelInvoiceResp, error)
+	SubscribeSingleInvoice(ctx context.Context, in *invoicesrpc.SubscribeSingleInvoiceRequest, opts ...grpc.CallOption) (invoicesrpc.Invoices_SubscribeSingleInvoiceClient, error)
+}
+
+// Ledger is what the backend records into: vend's ledger plus where the
+// invoice subscription resumes.
+type Ledger interface {
+	vend.Ledger
+	LNDCursor(ctx context.Context, node string) (addIndex, settleIndex uint64, err error)
+	SaveLNDCursor(ctx context.Context, node string, addIndex, settleIndex uint64) error
+}
+
+// Config tunes the backend.
+type Config struct {
+	// Node names the LND node in the ledger's cursor table (default
+	// "lnd"). One ledger may watch several nodes under different names.
+	Node string
+	// Hold makes Request issue hold invoices when asked (and invoicesrpc
+	// is available). Default on: see New.
+	Hold bool
+	// Sweep is how often unsettled payments past their expiry are looked
+	// up one by one (default 1 s).
+	Sweep time.Duration
+	// Log receives one line per settlement, expiry and reconnect; never
+	// preimages.
+	Log *slog.Logger
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Errors.
+var (
+	// ErrPermission: the macaroon lacks a permission the backend needs.
+	ErrPermission = errors.New("lnd: macaroon permission missing")
+	// ErrSettled: the payment is settled and cannot be canceled.
+	ErrSettled = errors.New("lnd: payment already settled")
+)
+
+// Backend is the LND payment backend. It is safe for concurrent use.
+type Backend struct {
+	ln      Lightning
+	inv     Invoices
+	led     Ledger
+	cfg     Config
+	canHold bool
+
+	// applyMu serializes recording what LND reports, so a change seen by
+	// two watchers (the stream, a hold watcher, a sweep, SettleHeld) is
+	// recorded and reported once.
+	applyMu sync.Mutex
+
+	mu       sync.Mutex
+	report   func(vend.PaymentEvent)
+	watchCtx context.Context // the running Run's context, nil when not running
+	watching map[string]bool // hold invoices with a live SubscribeSingleInvoice
+	wg       sync.WaitGroup
+}
+
+var (
+	_ vend.PaymentBackend = (*Backend)(nil)
+	_ vend.HoldSettler    = (*Backend)(nil)
+)
+
+// New checks that the macaroon allows what the backend needs (reading and
+// writing invoices) with side-effect-free calls, and returns the backend.
+// It returns an error wrapping ErrPermission naming the missing permission,
+// or a connection error. Hold invoices are used when cfg.Hold is set and
+// the node serves invoicesrpc.
+func New(ctx context.Context, ln Lightning, inv Invoices, led Ledger, cfg Config) (*Backend, error) {
+	if cfg.Node == "" {
+		cfg.Node = "lnd"
+	}
+	if cfg.Sweep <= 0 {
+		cfg.Sweep = time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	b := &Backend{ln: ln, inv: inv, led: led, cfg: cfg, watching: map[string]bool{}}
+	probe := make([]byte, 32)
+	rand.Read(probe)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err := ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: probe})
+	if err := permission(err, "invoices:read", "look up and watch invoices"); err != nil {
+		return nil, err
+	}
+	_, err = inv.CancelInvoice(ctx, &invoicesrpc.CancelInvoiceMsg{PaymentHash: probe})
+	switch {
+	case status.Code(err) == codes.Unimplemented:
+		b.canHold = false // lnd built without invoicesrpc
+		cfg.Log.Warn("lnd has no invoicesrpc: no hold invoices, and unpaid invoices are left to expire at LND")
+	default:
+		if err := permission(err, "invoices:write", "create, settle and cancel invoices"); err != nil {
+			return nil, err
+		}
+		b.canHold = cfg.Hold
+	}
+	return b, nil
+}
+
+// permission maps a probe's error: "not found" is what a permitted probe of
+// a random hash gets; "permission denied" names the missing permission;
+// anything else is a connection or server error.
+func permission(err error, perm, why string) error {
+	if err == nil || isNotFound(err) {
+		return nil
+	}
+	msg := strings.ToLower(status.Convert(err).Message())
+	switch {
+	case strings.Contains(msg, "permission denied") || strings.Contains(msg, "verification failed"):
+		return fmt.Errorf("%w: the macaroon lacks %s (needed to %s); use LND's invoice.macaroon or bake one with invoices:read and invoices:write",
+			ErrPermission, perm, why)
+	}
+	return fmt.Errorf("lnd: %w", err)
+}
+
+// Backend implements vend.PaymentBackend.
+func (b *Backend) Backend() vend.Backend { return vend.BackendLND }
+
+// CanHold implements vend.HoldSettler.
+func (b *Backend) CanHold() bool { return b.canHold }
+
+// Request implements vend.PaymentBackend. With r.Hold (and CanHold) it
+// issues a hold invoice whose preimage capvend makes and keeps in the
+// ledger.
+func (b *Backend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Payment, error) {
+	if r.Amount <= 0 {
+		return vend.Payment{}, fmt.Errorf("lnd: request of %d msat", r.Amount)
+	}
+	expiry := int64((r.Expiry + time.Second - 1) / time.Second)
+	if expiry < 1 {
+		expiry = 1
+	}
+	np := vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice, Amount: r.Amount,
+		ExpiresAt: b.cfg.Now().Add(time.Duration(expiry) * time.Second)}
+	var hash []byte
+	if r.Hold && b.canHold {
+		pre := make([]byte, 32)
+		if _, err := rand.Read(pre); err != nil {
+			return vend.Payment{}, err
+		}
+		sum := sha256.Sum256(pre)
+		hash = sum[:]
+		resp, err := b.inv.AddHoldInvoice(ctx, &invoicesrpc.AddHoldInvoiceRequest{
+			Memo: r.Memo, Hash: hash, ValueMsat: int64(r.Amount), Expiry: expiry,
+		})
+		if err != nil {
+			return vend.Payment{}, fmt.Errorf("lnd: add hold invoice: %w", rpcError(err))
+		}
+		np.Kind, np.Bolt11, np.HoldPreimage = vend.KindHoldInvoice, resp.PaymentRequest, pre
+	} else {
+		resp, err := b.ln.AddInvoice(ctx, &lnrpc.Invoice{Memo: r.Memo, ValueMsat: int64(r.Amount), Expiry: expiry})
+		if err != nil {
+			return vend.Payment{}, fmt.Errorf("lnd: add invoice: %w", rpcError(err))
+		}
+		hash, np.Bolt11 = resp.RHash, resp.PaymentRequest
+	}
+	np.Ref = hex.EncodeToString(hash)
+	p, err := b.led.RecordPayment(ctx, r.CallID, np)
+	if err != nil {
+		// Withdraw the invoice the client will never see.
+		if _, cerr := b.inv.CancelInvoice(context.WithoutCancel(ctx), &invoicesrpc.CancelInvoiceMsg{PaymentHash: hash}); cerr != nil {
+			b.cfg.Log.Warn("lnd: could not cancel an unrecorded invoice; it will expire", "payment_hash", np.Ref, "err", cerr)
+		}
+		return vend.Payment{}, err
+	}
+	if p.Kind == vend.KindHoldInvoice {
+		b.watchHold(p.Ref)
+	}
+	return p, nil
+}
+
+// Cancel implements vend.PaymentBackend.
+func (b *Backend) Cancel(ctx context.Context, ref string) error {
+	p, err := b.led.Payment(ctx, ref)
+	if err != nil {
+		return err
+	}
+	switch p.State {
+	case vend.PaymentCanceled, vend.PaymentExpired:
+		return nil
+	case vend.PaymentSettled:
+		return fmt.Errorf("%w: %s", ErrSettled, ref)
+	}
+	hash, err := hex.DecodeString(ref)
+	if err != nil {
+		return fmt.Errorf("lnd: payment %s: bad hash", ref)
+	}
+	if _, err := b.inv.CancelInvoice(ctx, &invoicesrpc.CancelInvoiceMsg{PaymentHash: hash}); err != nil {
+		// It may have been settled meanwhile: learn what LND has.
+		if inv, lerr := b.ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: hash}); lerr == nil {
+			b.apply(ctx, inv)
+			if inv.State == lnrpc.Invoice_SETTLED {
+				return fmt.Errorf("%w: %s", ErrSettled, ref)
+			}
+			if inv.State == lnrpc.Invoice_CANCELED {
+				return nil
+			}
+		}
+		return fmt.Errorf("lnd: cancel invoice %s: %w", ref, rpcError(err))
+	}
+	b.record(ctx, ref, func() (vend.Payment, error) {
+		p, err := b.led.Payment(ctx, ref)
+		if err != nil || (p.State != vend.PaymentOpen && p.State != vend.PaymentAccepted) {
+			return p, errUnchanged // a watcher saw the cancel first
+		}
+		return b.led.EndPayment(ctx, ref, vend.PaymentCanceled, "canceled")
+	})
+	return nil
+}
+
+// SettleHeld implements vend.HoldSettler.
+func (b *Backend) SettleHeld(ctx context.Context, ref string) (vend.Payment, error) {
+	p, err := b.led.Payment(ctx, ref)
+	if err != nil {
+		return p, err
+	}
+	if p.State == vend.PaymentSettled {
+		return p, nil
+	}
+	if p.Kind != vend.KindHoldInvoice || p.State != vend.PaymentAccepted {
+		return p, &vend.TransitionError{What: "payment " + ref, From: string(p.State), To: string(vend.PaymentSettled)}
+	}
+	pre, err := b.led.HoldPreimage(ctx, ref)
+	if err != nil {
+		return p, err
+	}
+	if _, err := b.inv.SettleInvoice(ctx, &invoicesrpc.SettleInvoiceMsg{Preimage: pre}); err != nil &&
+		!strings.Contains(strings.ToLower(status.Convert(err).Message()), "already settled") {
+		return p, fmt.Errorf("lnd: settle hold invoice %s: %w", ref, rpcError(err))
+	}
+	hash, _ := hex.DecodeString(ref)
+	inv, err := b.ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: hash})
+	if err != nil {
+		return p, fmt.Errorf("lnd: look up settled hold invoice %s: %w", ref, rpcError(err))
+	}
+	b.apply(ctx, inv)
+	return b.led.Payment(ctx, ref)
+}
+
+// Run implements vend.PaymentBackend. It reconnects with exponential
+// backoff (100 ms to 10 s) when the connection or a stream breaks, and
+// reconciles every unsettled payment each time it (re)connects.
+func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error {
+	b.mu.Lock()
+	if b.watchCtx != nil {
+		b.mu.Unlock()
+		return errors.New("lnd: Run is already running")
+	}
+	b.report, b.watchCtx = report, ctx
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		b.watchCtx = nil
+		b.mu.Unlock()
+		b.wg.Wait()
+	}()
+	backoff := 100 * time.Millisecond
+	for {
+		start := b.cfg.Now()
+		err := b.runOnce(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if b.cfg.Now().Sub(start) > 30*time.Second {
+			backoff = 100 * time.Millisecond // it worked for a while
+		}
+		b.cfg.Log.Warn("lnd: invoice watch interrupted; reconnecting", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+}
+
+// runOnce reconciles, then follows the settlement stream and sweeps expired
+// payments until the stream breaks or ctx ends.
+func (b *Backend) runOnce(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_, settleIndex, err := b.led.LNDCursor(ctx, b.cfg.Node)
+	if err != nil {
+		return err
+	}
+	// Subscribe first, then reconcile: a settlement between the two is
+	// seen by both, and recorded once.
+	stream, err := b.ln.SubscribeInvoices(ctx, &lnrpc.InvoiceSubscription{SettleIndex: settleIndex})
+	if err != nil {
+		return rpcError(err)
+	}
+	if err := b.reconcile(ctx, false); err != nil {
+		return err
+	}
+	errs := make(chan error, 1)
+	var sweeper sync.WaitGroup
+	defer sweeper.Wait()
+	defer cancel()
+	sweeper.Add(1)
+	go func() {
+		defer sweeper.Done()
+		t := time.NewTicker(b.cfg.Sweep)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := b.reconcile(ctx, true); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	for {
+		inv, err := stream.Recv()
+		if err != nil {
+			select {
+			case serr := <-errs:
+				return serr
+			default:
+			}
+			return rpcError(err)
+		}
+		if inv.State != lnrpc.Invoice_SETTLED {
+			continue // additions: we made them
+		}
+		b.apply(ctx, inv)
+		if err := b.led.SaveLNDCursor(ctx, b.cfg.Node, 0, inv.SettleIndex); err != nil {
+			return err
+		}
+	}
+}
+
+// reconcile looks up unsettled payments at LND (all of them, or with
+// expiredOnly those past their expiry) and records what changed; it makes
+// sure every unsettled hold invoice has a watcher.
+func (b *Backend) reconcile(ctx context.Context, expiredOnly bool) error {
+	ps, err := b.led.UnsettledPayments(ctx, vend.BackendLND)
+	if err != nil {
+		return err
+	}
+	now := b.cfg.Now()
+	for _, p := range ps {
+		if p.Kind == vend.KindHoldInvoice {
+			b.watchHold(p.Ref)
+		}
+		if expiredOnly && now.Before(p.ExpiresAt) {
+			continue
+		}
+		hash, err := hex.DecodeString(p.Ref)
+		if err != nil {
+			continue
+		}
+		inv, err := b.ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: hash})
+		if err != nil {
+			if isNotFound(err) { // not at LND: it never reached the client
+				b.record(ctx, p.Ref, func() (vend.Payment, error) {
+					return b.led.EndPayment(ctx, p.Ref, vend.PaymentCanceled, "invoice not found at LND")
+				})
+				continue
+			}
+			return rpcError(err)
+		}
+		if inv.State == lnrpc.Invoice_OPEN && !now.Before(p.ExpiresAt) {
+			// Past its expiry and still payable at LND (its own
+			// expiry watcher has not run yet): withdraw it first, so
+			// no payment can arrive after we call it expired.
+			if _, err := b.inv.CancelInvoice(ctx, &invoicesrpc.CancelInvoiceMsg{PaymentHash: hash}); err != nil {
+				if inv, err = b.ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: hash}); err != nil {
+					return rpcError(err)
+				}
+			} else {
+				inv.State = lnrpc.Invoice_CANCELED
+			}
+		}
+		b.apply(ctx, inv)
+	}
+	return nil
+}
+
+// watchHold follows one hold invoice with SubscribeSingleInvoice until it
+// is settled or canceled, while Run runs. Idempotent per ref.
+func (b *Backend) watchHold(ref string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ctx := b.watchCtx
+	if ctx == nil || b.watching[ref] {
+		return // Run's reconcile starts it
+	}
+	hash, err := hex.DecodeString(ref)
+	if err != nil {
+		return
+	}
+	b.watching[ref] = true
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer func() {
+			b.mu.Lock()
+			delete(b.watching, ref)
+			b.mu.Unlock()
+		}()
+		stream, err := b.inv.SubscribeSingleInvoice(ctx, &invoicesrpc.SubscribeSingleInvoiceRequest{RHash: hash})
+		if err != nil {
+			return // the next reconcile retries
+		}
+		for {
+			inv, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			b.apply(ctx, inv)
+			if inv.State == lnrpc.Invoice_SETTLED || inv.State == lnrpc.Invoice_CANCELED {
+				return
+			}
+		}
+	}()
+}
+
+// apply records what LND says of one invoice, if it is ours and changed.
+func (b *Backend) apply(ctx context.Context, inv *lnrpc.Invoice) {
+	ref := hex.EncodeToString(inv.RHash)
+	switch inv.State {
+	case lnrpc.Invoice_SETTLED:
+		b.record(ctx, ref, func() (vend.Payment, error) {
+			return b.led.SettlePayment(ctx, vend.Settlement{Ref: ref, Amount: vend.Msat(inv.AmtPaidMsat),
+				AddIndex: inv.AddIndex, SettleIndex: inv.SettleIndex})
+		})
+	case lnrpc.Invoice_ACCEPTED:
+		b.record(ctx, ref, func() (vend.Payment, error) {
+			p, err := b.led.Payment(ctx, ref)
+			if err != nil || p.State != vend.PaymentOpen {
+				return p, errUnchanged
+			}
+			return b.led.AcceptPayment(ctx, ref)
+		})
+	case lnrpc.Invoice_CANCELED:
+		b.record(ctx, ref, func() (vend.Payment, error) {
+			p, err := b.led.Payment(ctx, ref)
+			if err != nil || (p.State != vend.PaymentOpen && p.State != vend.PaymentAccepted) {
+				return p, errUnchanged
+			}
+			to, why := vend.PaymentCanceled, "canceled at LND"
+			if !b.cfg.Now().Before(p.ExpiresAt) {
+				to, why = vend.PaymentExpired, "invoice expired unpaid"
+			}
+			return b.led.EndPayment(ctx, ref, to, why)
+		})
+	}
+}
+
+var errUnchanged = errors.New("unchanged")
+
+// record runs one ledger change under applyMu and reports it if it
+// happened. Changes already recorded (or of payments that are not ours)
+// are silently skipped: LND reports some changes more than once.
+func (b *Backend) record(ctx context.Context, ref string, change func() (vend.Payment, error)) {
+	b.applyMu.Lock()
+	p, err := change()
+	b.applyMu.Unlock()
+	switch {
+	case err == nil:
+		b.cfg.Log.Info("lnd: payment "+string(p.State), "payment_hash", ref, "amount_msat", int64(p.Amount), "call", int64(p.CallID))
+		b.mu.Lock()
+		report := b.report
+		b.mu.Unlock()
+		if report != nil {
+			report(vend.PaymentEvent{Payment: p})
+		}
+	case errors.Is(err, errUnchanged), errors.Is(err, vend.ErrAlreadySettled), errors.Is(err, vend.ErrNotFound):
+	case ctx.Err() != nil:
+	default:
+		b.cfg.Log.Error("lnd: recording a payment change failed", "payment_hash", ref, "err", err)
+	}
+}
+
+// isNotFound reports whether LND answered that it has no such invoice.
+func isNotFound(err error) bool {
+	msg := strings.ToLower(status.Convert(err).Message())
+	return status.Code(err) == codes.NotFound || strings.Contains(msg, "unable to locate invoice") ||
+		strings.Contains(msg, "there are no existing invoices") || strings.Contains(msg, "invoice not found")
+}
+
+// rpcError turns a gRPC status into a plain error with LND's message.
+func rpcError(err error) error {
+	if s, ok := status.FromError(err); ok {
+		if s.Code() == codes.Unavailable {
+			return fmt.Errorf("LND unreachable: %s", s.Message())
+		}
+		return errors.New(s.Message())
+	}
+	return err
+}
