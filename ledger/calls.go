@@ -157,6 +157,24 @@ func validateNewCall(nc vend.NewCall) error {
 	return nil
 }
 
+// CancelQuote implements vend.Ledger.
+func (l *Ledger) CancelQuote(ctx context.Context, id vend.CallID, reason string) error {
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
+		c, err := getCall(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if c.State != vend.CallQuoted {
+			return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(vend.CallCanceled)}
+		}
+		return setCallState(ctx, tx, &c, vend.CallCanceled, reason, now)
+	})
+	if err != nil {
+		return fmt.Errorf("cancel quote: %w", err)
+	}
+	return nil
+}
+
 // Call implements vend.Ledger.
 func (l *Ledger) Call(ctx context.Context, id vend.CallID) (vend.Call, error) {
 	return getCall(ctx, l.rdb, id)
@@ -214,23 +232,43 @@ func (l *Ledger) RecordPayment(ctx context.Context, id vend.CallID, np vend.NewP
 	return p, nil
 }
 
-// UnsettledPayments implements vend.Ledger.
-func (l *Ledger) UnsettledPayments(ctx context.Context, backend vend.Backend) ([]vend.Payment, error) {
-	rows, err := l.rdb.QueryContext(ctx, "SELECT "+paymentColumns+` FROM payments
-		WHERE backend = ? AND state IN ('open', 'accepted') ORDER BY id`, string(backend))
+// FindGrant implements vend.Ledger.
+func (l *Ledger) FindGrant(ctx context.Context, client, argsHash string) (vend.Call, error) {
+	c, err := scanCall(l.rdb.QueryRowContext(ctx, "SELECT "+callColumns+` FROM calls
+		WHERE client = ? AND args_hash = ? AND state IN ('awaiting_payment', 'paid')
+		ORDER BY id DESC LIMIT 1`, client, argsHash))
 	if err != nil {
-		return nil, fmt.Errorf("unsettled payments: %w", err)
+		return c, fmt.Errorf("grant: %w", err)
+	}
+	return c, nil
+}
+
+// CallPayments implements vend.Ledger.
+func (l *Ledger) CallPayments(ctx context.Context, id vend.CallID) ([]vend.Payment, error) {
+	return l.payments(ctx, "call_id = ?", id)
+}
+
+// payments lists payments matching where (with args), oldest first.
+func (l *Ledger) payments(ctx context.Context, where string, args ...any) ([]vend.Payment, error) {
+	rows, err := l.rdb.QueryContext(ctx, "SELECT "+paymentColumns+" FROM payments WHERE "+where+" ORDER BY id", args...)
+	if err != nil {
+		return nil, fmt.Errorf("payments: %w", err)
 	}
 	defer rows.Close()
 	var out []vend.Payment
 	for rows.Next() {
 		p, err := scanPayment(rows)
 		if err != nil {
-			return nil, fmt.Errorf("unsettled payments: %w", err)
+			return nil, fmt.Errorf("payments: %w", err)
 		}
 		out = append(out, p)
 	}
 	return out, rows.Err()
+}
+
+// UnsettledPayments implements vend.Ledger.
+func (l *Ledger) UnsettledPayments(ctx context.Context, backend vend.Backend) ([]vend.Payment, error) {
+	return l.payments(ctx, "backend = ? AND state IN ('open', 'accepted')", string(backend))
 }
 
 // HoldPreimage implements vend.Ledger.

@@ -124,6 +124,16 @@ type Ledger interface {
 	RecordCall(ctx context.Context, c NewCall) (call Call, created bool, err error)
 	// Call returns a call by id, or ErrNotFound.
 	Call(ctx context.Context, id CallID) (Call, error)
+	// FindGrant returns the newest call of client with argsHash that is
+	// awaiting payment or paid and not yet executed (an explicit-gating
+	// grant), or ErrNotFound.
+	FindGrant(ctx context.Context, client, argsHash string) (Call, error)
+	// CallPayments returns the payments recorded for a call, oldest
+	// first.
+	CallPayments(ctx context.Context, id CallID) ([]Payment, error)
+	// CancelQuote ends a quoted call that never got a payment request
+	// (no backend, a limit, a backend error): quoted -> canceled.
+	CancelQuote(ctx context.Context, id CallID, reason string) error
 	// RecordPayment stores a payment request for a quoted call and moves
 	// the call to awaiting_payment. ErrDuplicatePayment if the ref exists.
 	RecordPayment(ctx context.Context, id CallID, p NewPayment) (Payment, error)

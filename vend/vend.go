@@ -4,62 +4,30 @@
 // uses: a ledger that records every state change durably, and payment
 // backends. It imports no adapter, no Lightning or Cashu library and no SQL:
 // those implement vend's interfaces from the outside.
+//
+// A priced tools/call (Vendor.CallTool) goes: validate the arguments
+// against the tool's input schema (-32602 before anything is quoted);
+// record the call, keyed by transport, client and request id, so a replay
+// finds it; ask a payment backend for a payment (a hold invoice where the
+// backend can) and send notifications/payment_required; on the backend's
+// report send notifications/payment_accepted, claim the payment and run the
+// tool once; then settle a hold invoice and store the result (delivered),
+// or on failure store the error, cancel the hold invoice or book the refund
+// (failed -> refunded). With explicit gating the call instead fails with
+// PaymentRequiredError; the client pays and repeats the call, which finds
+// its single-use grant by client and canonical hash. A Cashu token in
+// _meta pays at once.
 package vend
 
-import (
-	"fmt"
-	"math"
-	"strconv"
-)
+import "github.com/capvend/capvend/pricing"
 
-// Msat is an amount of money in millisatoshis. Money is never a float.
-type Msat int64
+// Msat is an amount of money in millisatoshis (see pricing.Msat). Money is
+// never a float.
+type Msat = pricing.Msat
 
 // MsatPerSat is the number of millisatoshis in a satoshi.
-const MsatPerSat = 1000
-
-// Sats returns m in whole satoshis, rounded down.
-func (m Msat) Sats() int64 { return int64(m) / MsatPerSat }
-
-// SatsCeil returns m in whole satoshis, rounded up: what a client must pay
-// where a protocol only speaks sats.
-func (m Msat) SatsCeil() int64 {
-	s := int64(m) / MsatPerSat
-	if int64(m)%MsatPerSat > 0 {
-		s++
-	}
-	return s
-}
+const MsatPerSat = pricing.MsatPerSat
 
 // FromSats converts whole satoshis to Msat; it fails on negative amounts and
 // on amounts that would overflow.
-func FromSats(sats int64) (Msat, error) {
-	if sats < 0 {
-		return 0, fmt.Errorf("negative amount %d sat", sats)
-	}
-	if sats > math.MaxInt64/MsatPerSat {
-		return 0, fmt.Errorf("amount %d sat is too large", sats)
-	}
-	return Msat(sats * MsatPerSat), nil
-}
-
-// String formats m as sats with millisatoshi precision, e.g. "21.000 sat".
-func (m Msat) String() string { return string(m.AppendSats(nil)) + " sat" }
-
-// AppendSats appends m as a decimal number of sats with exactly three
-// fractional digits ("-0.001", "21.000") to b. It is exact: no float
-// conversion happens.
-func (m Msat) AppendSats(b []byte) []byte {
-	v := int64(m)
-	if v < 0 {
-		b = append(b, '-')
-	}
-	// Work on the magnitude as uint64 so MinInt64 is handled.
-	u := uint64(v)
-	if v < 0 {
-		u = uint64(-(v + 1)) + 1
-	}
-	b = strconv.AppendUint(b, u/MsatPerSat, 10)
-	frac := u % MsatPerSat
-	return append(b, '.', byte('0'+frac/100), byte('0'+frac/10%10), byte('0'+frac%10))
-}
+func FromSats(sats int64) (Msat, error) { return pricing.FromSats(sats) }

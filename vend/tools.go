@@ -1,0 +1,153 @@
+package vend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Tool is a tool capvend offers: an upstream server's tool under the name
+// clients see, with its price.
+type Tool struct {
+	Name         string          // the name clients call (upstream prefix + UpstreamName)
+	Server       string          // the upstream server's configured name
+	UpstreamName string          // the tool's name on the upstream
+	Title        string          // optional display title
+	Description  string          // from the upstream
+	InputSchema  json.RawMessage // JSON Schema of the arguments, from the upstream
+	Annotations  json.RawMessage // the upstream's tool annotations, if any
+	Price        Msat            // 0: free
+	Idempotent   bool            // may be re-run after a crash during execution
+}
+
+// ToolSource is the set of upstream MCP servers: their current tools, and a
+// way to run one.
+type ToolSource interface {
+	// Tools returns the upstreams' tools now, without prices, under their
+	// exposed names. The result is not modified by the caller.
+	Tools() []Tool
+	// CallTool runs t on its upstream with args (a JSON object) and returns
+	// the upstream's CallToolResult as JSON. Progress notifications the
+	// upstream sends for the call are passed to progress (their params
+	// object, with the progressToken the caller gave), if progress is not
+	// nil. A tool that ran and failed is a result with isError, not an
+	// error; an error means the upstream could not be reached or broke
+	// the protocol.
+	CallTool(ctx context.Context, t Tool, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error)
+}
+
+// PriceBook prices tools. pricing.Book implements it.
+type PriceBook interface {
+	// Price returns the price of a call of tool on server with args (0:
+	// free), and whether the tool may be re-run after a crash.
+	Price(server, tool string, args json.RawMessage) (price Msat, idempotent bool, err error)
+	// Listed returns the price shown in tool lists and announcements:
+	// the minimum and maximum a call can cost (equal for a flat price).
+	Listed(server, tool string) (lo, hi Msat)
+}
+
+// CallRequest is one tools/call as a front received it.
+type CallRequest struct {
+	Transport string // "mcp-http", "mcp-stdio", "nostr"
+	Client    string // client identity on that transport (session id, pubkey)
+	RequestID string // the request's id on its transport, unique per client
+	Tool      string // the exposed tool name
+	Arguments json.RawMessage
+	// ProgressToken is the client's _meta.progressToken (raw JSON), nil
+	// if none: payment waits then send progress heartbeats.
+	ProgressToken json.RawMessage
+	// CashuToken is a cashuA/cashuB token from _meta (MetaCashuToken):
+	// it pays the call at once.
+	CashuToken string
+	// PMIs are the payment methods the client said it can pay with (empty:
+	// any).
+	PMIs []string
+	// Explicit asks for explicit gating: instead of notifications, an
+	// unpaid call fails with a PaymentRequiredError; the client pays and
+	// repeats the call.
+	Explicit bool
+	// Notify sends a notification to the client on this call's stream.
+	// It must not block for long; errors are ignored (the client may be
+	// gone, the call goes on).
+	Notify func(method string, params any)
+}
+
+// Payment method identifiers (pmi) and the _meta keys capvend reads.
+const (
+	PMILightning = "bitcoin-lightning-bolt11" // a bolt11 invoice (LND, or a Cashu mint quote's invoice)
+	PMICashu     = "bitcoin-cashu-token"      // a Cashu token in _meta[MetaCashuToken]
+
+	MetaCashuToken = "capvend/cashu" // _meta key of a cashuA/cashuB token paying the call
+)
+
+// Notification methods capvend sends about payment.
+const (
+	NotifyPaymentRequired = "notifications/payment_required"
+	NotifyPaymentAccepted = "notifications/payment_accepted"
+	NotifyPaymentRejected = "notifications/payment_rejected"
+	NotifyProgress        = "notifications/progress"
+)
+
+// PaymentOption is one way to pay for a call, as sent in
+// notifications/payment_required and in a PaymentRequiredError.
+type PaymentOption struct {
+	Amount      int64  `json:"amount"` // sats (rounded up from msat)
+	PayReq      string `json:"pay_req,omitempty"`
+	PMI         string `json:"pmi"`
+	Description string `json:"description"`
+	TTL         int64  `json:"ttl"` // seconds
+}
+
+// Result is the answer to a call: an MCP CallToolResult as JSON.
+type CallResult struct {
+	Body    json.RawMessage
+	IsError bool
+}
+
+// Errors a front translates to JSON-RPC errors.
+var (
+	// ErrUnknownTool: no tool of that name (JSON-RPC -32602).
+	ErrUnknownTool = errors.New("unknown tool")
+	// ErrPaymentExpired: the payment request expired unpaid; nothing ran.
+	ErrPaymentExpired = errors.New("payment request expired unpaid")
+	// ErrPaymentFailed: the payment could not be taken (bad token,
+	// double spend, backend refusal); nothing ran.
+	ErrPaymentFailed = errors.New("payment failed")
+	// ErrNoPaymentMethod: no configured backend can take a payment the
+	// client can make.
+	ErrNoPaymentMethod = errors.New("no payment method the client and server share")
+	// ErrLimit: a limit (unpaid quotes, rate) refused the call.
+	ErrLimit = errors.New("limit reached")
+	// ErrUpstream: the upstream server could not run the call; a paid
+	// call was refunded.
+	ErrUpstream = errors.New("upstream server failed")
+)
+
+// InvalidParamsError says why arguments do not match the tool's input
+// schema (JSON-RPC -32602). Nothing was quoted or charged.
+type InvalidParamsError struct {
+	Tool   string
+	Reason string
+}
+
+func (e *InvalidParamsError) Error() string {
+	return fmt.Sprintf("invalid arguments for %s: %s", e.Tool, e.Reason)
+}
+
+// PaymentRequiredError is explicit gating's answer to an unpaid call
+// (JSON-RPC -32042): the ways to pay. The client pays one and repeats the
+// same call.
+type PaymentRequiredError struct {
+	Options []PaymentOption
+}
+
+func (e *PaymentRequiredError) Error() string { return "payment required" }
+
+// PaymentPendingError is explicit gating's answer to a repeated call whose
+// payment has not arrived yet (JSON-RPC -32043).
+type PaymentPendingError struct {
+	RetryAfter int64 // seconds
+}
+
+func (e *PaymentPendingError) Error() string { return "payment pending" }

@@ -1,0 +1,610 @@
+package vend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Config wires a Vendor.
+type Config struct {
+	Ledger Ledger
+	// Backends take payments, in order of preference for Lightning
+	// invoices (an LND backend first, a Cashu mint-quote backend second).
+	// A backend that is also a TokenAcceptor takes Cashu tokens.
+	Backends []PaymentBackend
+	Tools    ToolSource
+	Prices   PriceBook
+	// TTL is how long a payment request stays payable (default 10 min).
+	TTL time.Duration
+	// Heartbeat is how often a call waiting for payment sends a progress
+	// notification when the client gave a progressToken (default 10 s).
+	Heartbeat time.Duration
+	// ExecTimeout bounds one upstream execution (default 10 min).
+	ExecTimeout time.Duration
+	// MaxUnpaidPerClient and MaxUnpaidTotal bound open payment requests
+	// (defaults 10 and 10,000).
+	MaxUnpaidPerClient, MaxUnpaidTotal int
+	Log                                *slog.Logger
+}
+
+// Vendor is capvend's vending runtime: it prices a tools/call, takes the
+// payment through a backend, runs the tool exactly once on its upstream,
+// and records every step in the ledger. Fronts (MCP HTTP, stdio, Nostr)
+// call Tools and CallTool; Run must be running for payments to be seen.
+type Vendor struct {
+	cfg     Config
+	schemas schemaCache
+
+	mu          sync.Mutex
+	waiters     map[string][]chan PaymentEvent // by payment ref
+	unpaid      map[string]int               // open payment requests by client
+	unpaidTotal int
+	running     map[CallID]chan struct{} // calls executing in this process; closed when done
+}
+
+// New checks cfg and returns a Vendor. It starts nothing.
+func New(cfg Config) (*Vendor, error) {
+	if cfg.Ledger == nil || cfg.Tools == nil || cfg.Prices == nil {
+		return nil, errors.New("vend: a ledger, a tool source and a price book are required")
+	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = 10 * time.Minute
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 10 * time.Second
+	}
+	if cfg.ExecTimeout <= 0 {
+		cfg.ExecTimeout = 10 * time.Minute
+	}
+	if cfg.MaxUnpaidPerClient <= 0 {
+		cfg.MaxUnpaidPerClient = 10
+	}
+	if cfg.MaxUnpaidTotal <= 0 {
+		cfg.MaxUnpaidTotal = 10_000
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Vendor{cfg: cfg, waiters: map[string][]chan PaymentEvent{}, unpaid: map[string]int{}, running: map[CallID]chan struct{}{}}, nil
+}
+
+// Run runs every backend's watcher until ctx ends, routing what they
+// report to the calls waiting for it. It returns ctx's error, or the first
+// backend error that makes watching impossible.
+func (v *Vendor) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(v.cfg.Backends))
+	var wg sync.WaitGroup
+	for _, b := range v.cfg.Backends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := b.Run(ctx, v.onPayment)
+			if ctx.Err() == nil {
+				errs <- fmt.Errorf("%s backend: %w", b.Backend(), err)
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// onPayment routes a backend's report to the call waiting for it. A hold
+// invoice locked in for a call nobody waits for any more (the client left)
+// is canceled at once: the money goes back to the client by Lightning.
+func (v *Vendor) onPayment(e PaymentEvent) {
+	v.mu.Lock()
+	chans := v.waiters[e.Payment.Ref]
+	v.mu.Unlock()
+	for _, ch := range chans {
+		select {
+		case ch <- e:
+		default: // the waiter has what it needs already
+		}
+	}
+	if len(chans) > 0 {
+		return
+	}
+	if e.Payment.State == PaymentAccepted && e.Payment.Kind == KindHoldInvoice {
+		go v.abandonHold(e.Payment)
+	}
+}
+
+func (v *Vendor) abandonHold(p Payment) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := v.backend(p.Backend)
+	if b == nil {
+		return
+	}
+	if err := b.Cancel(ctx, p.Ref); err != nil {
+		v.cfg.Log.Warn("vend: could not cancel an abandoned hold invoice", "payment_hash", p.Ref, "err", err)
+		return
+	}
+	if err := v.cfg.Ledger.Refund(ctx, p.CallID, "client left before the call ran; hold invoice canceled"); err != nil {
+		v.cfg.Log.Warn("vend: refund of an abandoned call", "call", int64(p.CallID), "err", err)
+	}
+}
+
+func (v *Vendor) backend(name Backend) PaymentBackend {
+	for _, b := range v.cfg.Backends {
+		if b.Backend() == name {
+			return b
+		}
+	}
+	return nil
+}
+
+// Tools returns the upstreams' tools with the prices clients see (the
+// lowest price of a varying one).
+func (v *Vendor) Tools() []Tool {
+	ts := v.cfg.Tools.Tools()
+	out := make([]Tool, len(ts))
+	for i, t := range ts {
+		lo, _ := v.cfg.Prices.Listed(t.Server, t.UpstreamName)
+		t.Price = lo
+		out[i] = t
+	}
+	return out
+}
+
+func (v *Vendor) tool(name string) (Tool, bool) {
+	for _, t := range v.cfg.Tools.Tools() {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return Tool{}, false
+}
+
+// CallTool serves one tools/call: see the package documentation for the
+// flow. It returns the tool's result (possibly with isError when the tool
+// ran and failed: a paid call is then refunded), or an error a front maps
+// to a JSON-RPC error: ErrUnknownTool, *InvalidParamsError,
+// *PaymentRequiredError, *PaymentPendingError, ErrPaymentExpired,
+// ErrPaymentFailed, ErrNoPaymentMethod, ErrLimit, ErrUpstream.
+func (v *Vendor) CallTool(ctx context.Context, r CallRequest) (CallResult, error) {
+	if r.Notify == nil {
+		r.Notify = func(string, any) {}
+	}
+	t, ok := v.tool(r.Tool)
+	if !ok {
+		return CallResult{}, fmt.Errorf("%w: %q", ErrUnknownTool, r.Tool)
+	}
+	args, err := normalizeArgs(r.Arguments)
+	if err != nil {
+		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	}
+	if err := v.schemas.validate(t, args); err != nil {
+		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	}
+	price, idempotent, err := v.cfg.Prices.Price(t.Server, t.UpstreamName, args)
+	if err != nil {
+		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	}
+	if price <= 0 {
+		body, err := v.execute(ctx, t, args, r)
+		if err != nil {
+			return CallResult{}, err
+		}
+		return CallResult{Body: body, IsError: isErrorResult(body)}, nil
+	}
+	params, _ := json.Marshal(map[string]json.RawMessage{"name": mustJSON(r.Tool), "arguments": args})
+	hash, err := CanonicalHash("tools/call", params)
+	if err != nil {
+		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	}
+	if r.Explicit && r.CashuToken == "" {
+		if grant, err := v.cfg.Ledger.FindGrant(ctx, r.Client, hash); err == nil {
+			return v.resume(ctx, grant, t, args, r)
+		}
+	}
+	call, created, err := v.cfg.Ledger.RecordCall(ctx, NewCall{
+		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Tool: t.UpstreamName,
+		ArgsHash: hash, Price: price, Idempotent: idempotent,
+	})
+	if err != nil {
+		return CallResult{}, err
+	}
+	if !created {
+		return v.resume(ctx, call, t, args, r)
+	}
+	if r.CashuToken != "" {
+		return v.payWithToken(ctx, call, t, args, r)
+	}
+	return v.quote(ctx, call, t, args, r)
+}
+
+// quote asks a backend for a payment and waits for it (or, with explicit
+// gating, answers with the ways to pay).
+func (v *Vendor) quote(ctx context.Context, call Call, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
+	b := v.chooseBackend(r.PMIs)
+	if b == nil {
+		v.endUnpaid(ctx, call, "no payment method")
+		return CallResult{}, ErrNoPaymentMethod
+	}
+	if !v.reserve(r.Client) {
+		v.endUnpaid(ctx, call, "too many unpaid requests")
+		return CallResult{}, fmt.Errorf("%w: too many unpaid payment requests (at most %d per client)", ErrLimit, v.cfg.MaxUnpaidPerClient)
+	}
+	hs, canHold := b.(HoldSettler)
+	p, err := b.Request(ctx, PaymentRequest{
+		CallID: call.ID, Amount: call.Price, Memo: describe(t, call.Price), Expiry: v.cfg.TTL,
+		Hold: canHold && hs.CanHold() && !r.Explicit,
+	})
+	if err != nil {
+		v.release(r.Client)
+		v.endUnpaid(ctx, call, "payment request failed")
+		v.cfg.Log.Error("vend: payment request failed", "tool", t.Name, "backend", b.Backend(), "err", err)
+		return CallResult{}, fmt.Errorf("%w: the payment backend is unavailable", ErrPaymentFailed)
+	}
+	if r.Explicit {
+		v.release(r.Client) // a grant waits in the ledger, not in memory
+		return CallResult{}, &PaymentRequiredError{Options: v.options(t, p)}
+	}
+	defer v.release(r.Client)
+	return v.awaitPayment(ctx, call, p, t, args, r)
+}
+
+// options are the ways to pay for a call: its payment request, and a Cashu
+// token when a backend takes tokens.
+func (v *Vendor) options(t Tool, p Payment) []PaymentOption {
+	ttl := int64(time.Until(p.ExpiresAt).Seconds())
+	opts := []PaymentOption{{Amount: p.Amount.SatsCeil(), PayReq: p.Bolt11, PMI: PMILightning, Description: describe(t, p.Amount), TTL: ttl}}
+	for _, b := range v.cfg.Backends {
+		if _, ok := b.(TokenAcceptor); ok {
+			opts = append(opts, PaymentOption{Amount: p.Amount.SatsCeil(), PMI: PMICashu,
+				Description: describe(t, p.Amount) + "; send a Cashu token in _meta[\"" + MetaCashuToken + "\"]", TTL: ttl})
+			break
+		}
+	}
+	return opts
+}
+
+// awaitPayment tells the client what to pay and waits for the backend to
+// report the payment, then runs the call.
+func (v *Vendor) awaitPayment(ctx context.Context, call Call, p Payment, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
+	events := v.wait(p.Ref)
+	defer v.unwait(p.Ref, events)
+	// The payment may have arrived already (a replay after a restart).
+	if cur, err := v.cfg.Ledger.Payment(ctx, p.Ref); err == nil && cur.State != PaymentOpen {
+		p = cur
+	} else {
+		for _, o := range v.options(t, p)[:1] {
+			r.Notify(NotifyPaymentRequired, o)
+		}
+		heartbeat := time.NewTicker(v.cfg.Heartbeat)
+		defer heartbeat.Stop()
+		expiry := time.NewTimer(time.Until(p.ExpiresAt) + time.Minute) // the backend reports expiry; this is a backstop
+		defer expiry.Stop()
+		beats := 0
+	wait:
+		for {
+			select {
+			case e := <-events:
+				p = e.Payment
+				break wait
+			case <-heartbeat.C:
+				if r.ProgressToken != nil {
+					beats++
+					r.Notify(NotifyProgress, map[string]any{"progressToken": r.ProgressToken, "progress": beats,
+						"message": "waiting for payment"})
+				}
+			case <-expiry.C:
+				if cur, err := v.cfg.Ledger.Payment(ctx, p.Ref); err == nil && cur.State != PaymentOpen {
+					p = cur
+					break wait
+				}
+				if b := v.backend(p.Backend); b != nil {
+					b.Cancel(context.WithoutCancel(ctx), p.Ref)
+				}
+				p.State = PaymentExpired
+				break wait
+			case <-ctx.Done():
+				// The client left. The request stays payable; a
+				// replay of the same request picks it up.
+				return CallResult{}, ctx.Err()
+			}
+		}
+	}
+	switch p.State {
+	case PaymentAccepted, PaymentSettled:
+		r.Notify(NotifyPaymentAccepted, map[string]any{"amount": p.Amount.SatsCeil(), "pmi": PMILightning,
+			"_meta": map[string]any{"payment_hash": p.Ref}})
+		return v.run(ctx, call, p, t, args, r)
+	default:
+		r.Notify(NotifyPaymentRejected, map[string]any{"amount": p.Amount.SatsCeil(), "pmi": PMILightning,
+			"message": "the payment request expired unpaid"})
+		return CallResult{}, ErrPaymentExpired
+	}
+}
+
+// payWithToken takes a Cashu token for the call, then runs it.
+func (v *Vendor) payWithToken(ctx context.Context, call Call, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
+	for _, b := range v.cfg.Backends {
+		ta, ok := b.(TokenAcceptor)
+		if !ok {
+			continue
+		}
+		receipt, err := ta.AcceptToken(ctx, call.ID, call.Price, r.CashuToken)
+		if err != nil {
+			v.endUnpaid(ctx, call, "token refused")
+			return CallResult{}, fmt.Errorf("%w: %v", ErrPaymentFailed, err)
+		}
+		r.Notify(NotifyPaymentAccepted, map[string]any{"amount": receipt.Payment.Amount.SatsCeil(), "pmi": PMICashu,
+			"_meta": map[string]any{"change": receipt.Change}})
+		return v.run(ctx, call, receipt.Payment, t, args, r)
+	}
+	v.endUnpaid(ctx, call, "no Cashu backend")
+	return CallResult{}, fmt.Errorf("%w: this server takes no Cashu tokens", ErrNoPaymentMethod)
+}
+
+// resume answers a call the ledger knows already: a replayed request, or
+// an explicit-gating grant being used.
+func (v *Vendor) resume(ctx context.Context, call Call, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
+	if done := v.runningDone(call.ID); done != nil {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return CallResult{}, ctx.Err()
+		}
+		if c, err := v.cfg.Ledger.Call(ctx, call.ID); err == nil {
+			call = c
+		}
+	}
+	switch call.State {
+	case CallDelivered, CallFailed, CallRefunded:
+		res, err := v.cfg.Ledger.Result(ctx, call.ID)
+		if err != nil {
+			return CallResult{}, fmt.Errorf("%w: the call was refunded before it ran", ErrPaymentFailed)
+		}
+		return CallResult{Body: res.Body, IsError: res.IsError}, nil
+	case CallExpired, CallCanceled:
+		return CallResult{}, ErrPaymentExpired
+	case CallQuoted:
+		return v.quote(ctx, call, t, args, r)
+	case CallExecuting:
+		return CallResult{}, &PaymentPendingError{RetryAfter: 5}
+	}
+	ps, err := v.cfg.Ledger.CallPayments(ctx, call.ID)
+	if err != nil || len(ps) == 0 {
+		return CallResult{}, fmt.Errorf("call %d has no payment: %w", call.ID, ErrPaymentFailed)
+	}
+	p := ps[len(ps)-1]
+	if call.State == CallPaid {
+		return v.run(ctx, call, p, t, args, r)
+	}
+	// awaiting_payment
+	if r.Explicit {
+		if p.State == PaymentOpen {
+			return CallResult{}, &PaymentPendingError{RetryAfter: 2}
+		}
+		return CallResult{}, &PaymentRequiredError{Options: v.options(t, p)}
+	}
+	return v.awaitPayment(ctx, call, p, t, args, r)
+}
+
+// run executes a paid call exactly once and records its end: delivered
+// (a hold invoice settled first), or failed and refunded (a hold invoice
+// canceled, returning the money).
+func (v *Vendor) run(ctx context.Context, call Call, p Payment, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
+	// Requests for the same call in this process queue behind the first;
+	// the ledger's claim keeps other processes out.
+	v.mu.Lock()
+	if _, busy := v.running[call.ID]; busy {
+		v.mu.Unlock()
+		return v.resume(ctx, call, t, args, r)
+	}
+	done := make(chan struct{})
+	v.running[call.ID] = done
+	v.mu.Unlock()
+	defer func() {
+		v.mu.Lock()
+		delete(v.running, call.ID)
+		v.mu.Unlock()
+		close(done)
+	}()
+	if _, err := v.cfg.Ledger.StartExecution(ctx, call.ID); err != nil {
+		if c, cerr := v.cfg.Ledger.Call(ctx, call.ID); cerr == nil && c.State != CallPaid && c.State != CallExecuting {
+			return v.resume(ctx, c, t, args, r) // it ran already: its stored answer
+		}
+		return CallResult{}, err
+	}
+	// The call runs to its end even if the client leaves: it is paid.
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.ExecTimeout)
+	defer cancel()
+	start := time.Now()
+	body, err := v.execute(ectx, t, args, r)
+	outcome := "delivered"
+	defer func() {
+		v.cfg.Log.Info("vend: priced call", "tool", t.Name, "price_msat", int64(call.Price), "backend", p.Backend,
+			"payment", p.Ref, "outcome", outcome, "duration", time.Since(start))
+	}()
+	if err == nil && !isErrorResult(body) {
+		if p.Kind == KindHoldInvoice {
+			if hs, ok := v.backend(p.Backend).(HoldSettler); ok {
+				if _, err := hs.SettleHeld(ectx, p.Ref); err != nil {
+					outcome = "settle failed"
+					return v.fail(ectx, call, p, nil, "could not settle the hold invoice: "+err.Error())
+				}
+			}
+		}
+		if err := v.cfg.Ledger.Deliver(ectx, call.ID, Result{Body: body}); err != nil {
+			outcome = "not recorded"
+			return CallResult{}, err
+		}
+		return CallResult{Body: body}, nil
+	}
+	reason := "the tool reported an error"
+	if err != nil {
+		reason = err.Error()
+	}
+	outcome = "failed: refunded"
+	return v.fail(ectx, call, p, body, reason)
+}
+
+// fail records a failed call and gives the money back: a hold invoice is
+// canceled (Lightning returns the money), anything else is booked as owed.
+func (v *Vendor) fail(ctx context.Context, call Call, p Payment, body json.RawMessage, reason string) (CallResult, error) {
+	stored := body
+	if stored == nil {
+		stored, _ = json.Marshal(map[string]any{"isError": true, "content": []map[string]string{{"type": "text",
+			"text": "The tool could not run; your payment is refunded."}}})
+	}
+	if err := v.cfg.Ledger.Fail(ctx, call.ID, Result{IsError: true, Body: stored}, reason); err != nil {
+		return CallResult{}, err
+	}
+	if p.Kind == KindHoldInvoice && p.State != PaymentSettled {
+		if b := v.backend(p.Backend); b != nil {
+			if err := b.Cancel(ctx, p.Ref); err != nil {
+				v.cfg.Log.Error("vend: canceling the hold invoice of a failed call", "call", int64(call.ID), "err", err)
+				return CallResult{}, fmt.Errorf("%w: refund pending", ErrUpstream)
+			}
+		}
+	}
+	if err := v.cfg.Ledger.Refund(ctx, call.ID, reason); err != nil {
+		return CallResult{}, err
+	}
+	if body == nil {
+		return CallResult{}, fmt.Errorf("%w: %s", ErrUpstream, "the tool could not run; the payment is refunded")
+	}
+	return CallResult{Body: body, IsError: true}, nil
+}
+
+// execute runs the tool on its upstream, forwarding progress.
+func (v *Vendor) execute(ctx context.Context, t Tool, args json.RawMessage, r CallRequest) (json.RawMessage, error) {
+	var progress func(json.RawMessage)
+	if r.ProgressToken != nil {
+		progress = func(params json.RawMessage) { r.Notify(NotifyProgress, params) }
+	}
+	body, err := v.cfg.Tools.CallTool(ctx, t, args, r.ProgressToken, progress)
+	if err != nil {
+		v.cfg.Log.Warn("vend: upstream call failed", "tool", t.Name, "err", err)
+		return nil, fmt.Errorf("%w: %s is unavailable", ErrUpstream, t.Server)
+	}
+	return body, nil
+}
+
+// endUnpaid ends a call that never got a payment request, or whose token
+// was refused (its backend ended the payment; the call is no longer
+// quoted then, which is fine).
+func (v *Vendor) endUnpaid(ctx context.Context, call Call, reason string) {
+	if err := v.cfg.Ledger.CancelQuote(ctx, call.ID, reason); err != nil && !errors.Is(err, ErrIllegalTransition) {
+		v.cfg.Log.Warn("vend: ending an unpaid call", "call", int64(call.ID), "err", err)
+	}
+}
+
+func (v *Vendor) chooseBackend(pmis []string) PaymentBackend {
+	if len(pmis) > 0 && !contains(pmis, PMILightning) {
+		return nil
+	}
+	if len(v.cfg.Backends) == 0 {
+		return nil
+	}
+	return v.cfg.Backends[0]
+}
+
+func (v *Vendor) reserve(client string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.unpaid[client] >= v.cfg.MaxUnpaidPerClient || v.unpaidTotal >= v.cfg.MaxUnpaidTotal {
+		return false
+	}
+	v.unpaid[client]++
+	v.unpaidTotal++
+	return true
+}
+
+func (v *Vendor) release(client string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.unpaid[client] > 0 {
+		v.unpaid[client]--
+		v.unpaidTotal--
+		if v.unpaid[client] == 0 {
+			delete(v.unpaid, client)
+		}
+	}
+}
+
+func (v *Vendor) wait(ref string) chan PaymentEvent {
+	ch := make(chan PaymentEvent, 4)
+	v.mu.Lock()
+	v.waiters[ref] = append(v.waiters[ref], ch)
+	v.mu.Unlock()
+	return ch
+}
+
+func (v *Vendor) unwait(ref string, ch chan PaymentEvent) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	list := v.waiters[ref]
+	for i, c := range list {
+		if c == ch {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(v.waiters, ref)
+	} else {
+		v.waiters[ref] = list
+	}
+}
+
+func (v *Vendor) runningDone(id CallID) chan struct{} {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.running[id]
+}
+
+func describe(t Tool, price Msat) string {
+	return fmt.Sprintf("%s: %s", t.Name, price)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// normalizeArgs returns args as a JSON object ({} when absent).
+func normalizeArgs(args json.RawMessage) (json.RawMessage, error) {
+	if len(args) == 0 || string(args) == "null" {
+		return json.RawMessage("{}"), nil
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(args, &m); err != nil {
+		return nil, errors.New("arguments must be a JSON object")
+	}
+	return args, nil
+}
+
+// isErrorResult reports whether a CallToolResult has isError set.
+func isErrorResult(body json.RawMessage) bool {
+	var r struct {
+		IsError bool `json:"isError"`
+	}
+	json.Unmarshal(body, &r)
+	return r.IsError
+}

@@ -1,0 +1,539 @@
+package vend_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/pricing"
+	"github.com/capvend/capvend/vend"
+)
+
+// fakeBackend is a payment backend for fast unit tests: the test "pays"
+// by calling pay. Every change goes through the real ledger, as a real
+// backend's would.
+type fakeBackend struct {
+	led  vend.Ledger
+	hold bool
+
+	mu     sync.Mutex
+	report func(vend.PaymentEvent)
+	last   chan vend.Payment // each Request's payment
+}
+
+var (
+	_ vend.HoldSettler   = (*fakeBackend)(nil)
+	_ vend.TokenAcceptor = (*fakeBackend)(nil)
+)
+
+func (f *fakeBackend) Backend() vend.Backend { return vend.BackendLND }
+func (f *fakeBackend) CanHold() bool         { return f.hold }
+
+func (f *fakeBackend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Payment, error) {
+	pre := make([]byte, 32)
+	rand.Read(pre)
+	h := sha256.Sum256(pre)
+	np := vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice, Ref: hex.EncodeToString(h[:]),
+		Bolt11: "lnbcrt-fake-" + hex.EncodeToString(h[:4]), Amount: r.Amount, ExpiresAt: time.Now().Add(r.Expiry)}
+	if r.Hold && f.hold {
+		np.Kind, np.HoldPreimage = vend.KindHoldInvoice, pre
+	}
+	p, err := f.led.RecordPayment(ctx, r.CallID, np)
+	if err == nil && f.last != nil {
+		f.last <- p
+	}
+	return p, err
+}
+
+func (f *fakeBackend) emit(p vend.Payment, err error) {
+	if err != nil {
+		panic(err)
+	}
+	f.mu.Lock()
+	report := f.report
+	f.mu.Unlock()
+	report(vend.PaymentEvent{Payment: p})
+}
+
+// pay settles (or, for a hold invoice, locks in) a payment.
+func (f *fakeBackend) pay(ref string) {
+	p, _ := f.led.Payment(context.Background(), ref)
+	if p.Kind == vend.KindHoldInvoice {
+		f.emit(f.led.AcceptPayment(context.Background(), ref))
+		return
+	}
+	f.emit(f.led.SettlePayment(context.Background(), vend.Settlement{Ref: ref, Amount: p.Amount}))
+}
+
+func (f *fakeBackend) expire(ref string) {
+	f.emit(f.led.EndPayment(context.Background(), ref, vend.PaymentExpired, "expired"))
+}
+
+func (f *fakeBackend) Cancel(ctx context.Context, ref string) error {
+	p, err := f.led.Payment(ctx, ref)
+	if err != nil || p.State == vend.PaymentCanceled || p.State == vend.PaymentExpired {
+		return err
+	}
+	_, err = f.led.EndPayment(ctx, ref, vend.PaymentCanceled, "canceled")
+	return err
+}
+
+func (f *fakeBackend) SettleHeld(ctx context.Context, ref string) (vend.Payment, error) {
+	p, _ := f.led.Payment(ctx, ref)
+	return f.led.SettlePayment(ctx, vend.Settlement{Ref: ref, Amount: p.Amount})
+}
+
+func (f *fakeBackend) Run(ctx context.Context, report func(vend.PaymentEvent)) error {
+	f.mu.Lock()
+	f.report = report
+	f.mu.Unlock()
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// AcceptToken takes "good:<sats>" tokens.
+func (f *fakeBackend) AcceptToken(ctx context.Context, id vend.CallID, price vend.Msat, token string) (vend.TokenReceipt, error) {
+	var sats int64
+	if _, err := fmt.Sscanf(token, "good:%d", &sats); err != nil {
+		return vend.TokenReceipt{}, errors.New("malformed token")
+	}
+	if vend.Msat(sats*1000) < price {
+		return vend.TokenReceipt{}, errors.New("underpaid")
+	}
+	ref := fmt.Sprintf("token-%d", id)
+	p, err := f.led.RecordPayment(ctx, id, vend.NewPayment{Backend: vend.BackendCashu, Kind: vend.KindToken, Ref: ref,
+		MintURL: "http://mint", Amount: price, ExpiresAt: time.Now().Add(time.Minute)})
+	if err != nil {
+		return vend.TokenReceipt{}, err
+	}
+	p, err = f.led.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: price})
+	return vend.TokenReceipt{Payment: p}, err
+}
+
+// fakeTools is a tool source with counted executions.
+type fakeTools struct {
+	calls sync.Map // tool name -> *atomic.Int32
+}
+
+var echoSchema = json.RawMessage(`{"type":"object","properties":{"text":{"type":"string","maxLength":100}},"required":["text"]}`)
+
+func (f *fakeTools) Tools() []vend.Tool {
+	return []vend.Tool{
+		{Name: "demo_echo", Server: "demo", UpstreamName: "echo", InputSchema: echoSchema},
+		{Name: "demo_fail", Server: "demo", UpstreamName: "fail", InputSchema: echoSchema},
+		{Name: "demo_free", Server: "demo", UpstreamName: "free", InputSchema: echoSchema},
+	}
+}
+
+func (f *fakeTools) count(tool string) int32 {
+	c, _ := f.calls.LoadOrStore(tool, new(atomic.Int32))
+	return c.(*atomic.Int32).Load()
+}
+
+func (f *fakeTools) CallTool(ctx context.Context, t vend.Tool, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
+	c, _ := f.calls.LoadOrStore(t.UpstreamName, new(atomic.Int32))
+	c.(*atomic.Int32).Add(1)
+	var a struct{ Text string }
+	json.Unmarshal(args, &a)
+	if progress != nil {
+		progress(json.RawMessage(fmt.Sprintf(`{"progressToken":%s,"progress":1,"total":1}`, tok)))
+	}
+	if t.UpstreamName == "fail" {
+		return json.RawMessage(`{"isError":true,"content":[{"type":"text","text":"boom"}]}`), nil
+	}
+	return json.RawMessage(fmt.Sprintf(`{"content":[{"type":"text","text":"echo:%s"}]}`, a.Text)), nil
+}
+
+type harness struct {
+	v     *vend.Vendor
+	l     *ledger.Ledger
+	be    *fakeBackend
+	tools *fakeTools
+}
+
+func newHarness(t *testing.T, hold bool, mod func(*vend.Config)) *harness {
+	t.Helper()
+	l, err := ledger.Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	be := &fakeBackend{led: l, hold: hold, last: make(chan vend.Payment, 100)}
+	tools := &fakeTools{}
+	cfg := vend.Config{
+		Ledger: l, Backends: []vend.PaymentBackend{be}, Tools: tools,
+		Prices: pricing.NewBook(map[string]map[string]pricing.Rule{"demo": {
+			"echo": {Price: 21_000}, "fail": {Price: 10_000},
+		}}),
+		TTL: time.Minute,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	v, err := vend.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { v.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	// Run registers the report function asynchronously.
+	for i := 0; i < 1000; i++ {
+		be.mu.Lock()
+		ok := be.report != nil
+		be.mu.Unlock()
+		if ok {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return &harness{v: v, l: l, be: be, tools: tools}
+}
+
+// notes records notifications sent to one client.
+type notes struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (n *notes) notify(method string, params any) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.got = append(n.got, method)
+}
+
+func (n *notes) methods() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.got...)
+}
+
+func req(id, tool, args string, n *notes) vend.CallRequest {
+	r := vend.CallRequest{Transport: "test", Client: "client-1", RequestID: id, Tool: tool, Arguments: json.RawMessage(args)}
+	if n != nil {
+		r.Notify = n.notify
+	}
+	return r
+}
+
+type outcome struct {
+	res vend.CallResult
+	err error
+}
+
+func (h *harness) callAsync(r vend.CallRequest) <-chan outcome {
+	ch := make(chan outcome, 1)
+	go func() {
+		res, err := h.v.CallTool(context.Background(), r)
+		ch <- outcome{res, err}
+	}()
+	return ch
+}
+
+func (h *harness) nextPayment(t *testing.T) vend.Payment {
+	t.Helper()
+	select {
+	case p := <-h.be.last:
+		return p
+	case <-time.After(10 * time.Second):
+		t.Fatal("no payment requested")
+	}
+	return vend.Payment{}
+}
+
+func result(t *testing.T, ch <-chan outcome) outcome {
+	t.Helper()
+	select {
+	case o := <-ch:
+		return o
+	case <-time.After(10 * time.Second):
+		t.Fatal("call did not return")
+	}
+	return outcome{}
+}
+
+func verify(t *testing.T, l *ledger.Ledger) {
+	t.Helper()
+	r, err := l.Verify(context.Background())
+	if err != nil || !r.OK() {
+		var b strings.Builder
+		if r != nil {
+			r.WriteTo(&b)
+		}
+		t.Fatalf("verify: %v\n%s", err, b.String())
+	}
+}
+
+func TestFreeCallRunsWithoutPayment(t *testing.T) {
+	h := newHarness(t, false, nil)
+	res, err := h.v.CallTool(context.Background(), req("1", "demo_free", `{"text":"hi"}`, nil))
+	if err != nil || !strings.Contains(string(res.Body), "echo:hi") {
+		t.Fatalf("%s %v", res.Body, err)
+	}
+	if b, _ := h.l.Balance(context.Background()); len(b.Tools) != 0 || b.Pending.AwaitingCalls != 0 {
+		t.Fatalf("a free call touched the ledger: %+v", b)
+	}
+}
+
+func TestPricedCallIsPaidThenRunOnceAndReplaysFromTheLedger(t *testing.T) {
+	h := newHarness(t, false, nil)
+	n := &notes{}
+	ch := h.callAsync(req("7", "demo_echo", `{"text":"hi"}`, n))
+	p := h.nextPayment(t)
+	if h.tools.count("echo") != 0 {
+		t.Fatal("ran before payment")
+	}
+	h.be.pay(p.Ref)
+	o := result(t, ch)
+	if o.err != nil || !strings.Contains(string(o.res.Body), "echo:hi") {
+		t.Fatalf("%s %v", o.res.Body, o.err)
+	}
+	if got := strings.Join(n.methods(), ","); got != vend.NotifyPaymentRequired+","+vend.NotifyPaymentAccepted {
+		t.Fatalf("notifications %s", got)
+	}
+	// The same request again: the stored answer, no payment, no run.
+	n2 := &notes{}
+	res, err := h.v.CallTool(context.Background(), req("7", "demo_echo", `{"text":"hi"}`, n2))
+	if err != nil || string(res.Body) != string(o.res.Body) || len(n2.methods()) != 0 || h.tools.count("echo") != 1 {
+		t.Fatalf("replay: %s %v %v runs=%d", res.Body, err, n2.methods(), h.tools.count("echo"))
+	}
+	verify(t, h.l)
+}
+
+func TestConcurrentDuplicatesRunOnce(t *testing.T) {
+	h := newHarness(t, false, nil)
+	first := h.callAsync(req("9", "demo_echo", `{"text":"x"}`, nil))
+	p := h.nextPayment(t)
+	var chans []<-chan outcome
+	for i := 0; i < 10; i++ {
+		chans = append(chans, h.callAsync(req("9", "demo_echo", `{"text":"x"}`, nil)))
+	}
+	h.be.pay(p.Ref)
+	for _, ch := range append(chans, first) {
+		if o := result(t, ch); o.err != nil || !strings.Contains(string(o.res.Body), "echo:x") {
+			t.Fatalf("%s %v", o.res.Body, o.err)
+		}
+	}
+	if n := h.tools.count("echo"); n != 1 {
+		t.Fatalf("ran %d times", n)
+	}
+	verify(t, h.l)
+}
+
+func TestInvalidArgumentsAreRefusedBeforeAnyCharge(t *testing.T) {
+	h := newHarness(t, false, nil)
+	for _, args := range []string{`{}`, `{"text":5}`, `{"text":"` + strings.Repeat("x", 101) + `"}`, `[1]`, `"text"`} {
+		_, err := h.v.CallTool(context.Background(), req("a", "demo_echo", args, nil))
+		var ip *vend.InvalidParamsError
+		if !errors.As(err, &ip) {
+			t.Fatalf("%s: %v", args, err)
+		}
+	}
+	if _, err := h.v.CallTool(context.Background(), req("b", "nope", `{}`, nil)); !errors.Is(err, vend.ErrUnknownTool) {
+		t.Fatalf("unknown tool: %v", err)
+	}
+	if b, _ := h.l.Balance(context.Background()); b.Pending.AwaitingCalls != 0 || b.Pending.OpenPayments != 0 {
+		t.Fatalf("something was quoted: %+v", b.Pending)
+	}
+	select {
+	case p := <-h.be.last:
+		t.Fatalf("payment requested: %+v", p)
+	default:
+	}
+}
+
+func TestExpiredPaymentIsRejectedAndNothingRuns(t *testing.T) {
+	h := newHarness(t, false, nil)
+	n := &notes{}
+	ch := h.callAsync(req("1", "demo_echo", `{"text":"hi"}`, n))
+	p := h.nextPayment(t)
+	h.be.expire(p.Ref)
+	o := result(t, ch)
+	if !errors.Is(o.err, vend.ErrPaymentExpired) || h.tools.count("echo") != 0 {
+		t.Fatalf("%v runs=%d", o.err, h.tools.count("echo"))
+	}
+	if got := n.methods(); got[len(got)-1] != vend.NotifyPaymentRejected {
+		t.Fatalf("notifications %v", got)
+	}
+	verify(t, h.l)
+}
+
+func TestHoldInvoiceSettledAfterSuccessCanceledAfterFailure(t *testing.T) {
+	h := newHarness(t, true, nil)
+	ch := h.callAsync(req("1", "demo_echo", `{"text":"ok"}`, nil))
+	p := h.nextPayment(t)
+	if p.Kind != vend.KindHoldInvoice {
+		t.Fatalf("kind %s", p.Kind)
+	}
+	h.be.pay(p.Ref)
+	if o := result(t, ch); o.err != nil {
+		t.Fatal(o.err)
+	}
+	if got, _ := h.l.Payment(context.Background(), p.Ref); got.State != vend.PaymentSettled {
+		t.Fatalf("hold invoice is %s after success", got.State)
+	}
+
+	ch = h.callAsync(req("2", "demo_fail", `{"text":"x"}`, nil))
+	p = h.nextPayment(t)
+	h.be.pay(p.Ref)
+	o := result(t, ch)
+	if o.err != nil || !o.res.IsError {
+		t.Fatalf("failed tool: %+v %v", o.res, o.err)
+	}
+	if got, _ := h.l.Payment(context.Background(), p.Ref); got.State != vend.PaymentCanceled {
+		t.Fatalf("hold invoice is %s after failure", got.State)
+	}
+	b, _ := h.l.Balance(context.Background())
+	if b.Pending.RefundsOwed != 0 || len(b.Tools) != 1 || b.Tools[0].Revenue != 21_000 {
+		t.Fatalf("balance %+v", b)
+	}
+	verify(t, h.l)
+}
+
+func TestFailedToolWithPlainInvoiceIsRefundedAsOwed(t *testing.T) {
+	h := newHarness(t, false, nil)
+	ch := h.callAsync(req("1", "demo_fail", `{"text":"x"}`, nil))
+	h.be.pay(h.nextPayment(t).Ref)
+	if o := result(t, ch); o.err != nil || !o.res.IsError {
+		t.Fatalf("%+v %v", o.res, o.err)
+	}
+	b, _ := h.l.Balance(context.Background())
+	if b.Pending.RefundsOwed != 10_000 {
+		t.Fatalf("refunds owed %d", b.Pending.RefundsOwed)
+	}
+	verify(t, h.l)
+}
+
+func TestExplicitGatingGrantIsSingleUse(t *testing.T) {
+	h := newHarness(t, true, nil)
+	r := req("1", "demo_echo", `{"text":"g"}`, nil)
+	r.Explicit = true
+	_, err := h.v.CallTool(context.Background(), r)
+	var pr *vend.PaymentRequiredError
+	if !errors.As(err, &pr) || len(pr.Options) != 2 || pr.Options[0].PMI != vend.PMILightning || pr.Options[0].Amount != 21 ||
+		pr.Options[1].PMI != vend.PMICashu {
+		t.Fatalf("first call: %v %+v", err, pr)
+	}
+	p := h.nextPayment(t)
+	if p.Kind != vend.KindInvoice {
+		t.Fatalf("explicit gating issued a %s", p.Kind)
+	}
+	// Repeated before paying: pending.
+	r.RequestID = "2"
+	var pp *vend.PaymentPendingError
+	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pp) {
+		t.Fatalf("before payment: %v", err)
+	}
+	h.be.pay(p.Ref)
+	r.RequestID = "3"
+	res, err := h.v.CallTool(context.Background(), r)
+	if err != nil || !strings.Contains(string(res.Body), "echo:g") {
+		t.Fatalf("after payment: %s %v", res.Body, err)
+	}
+	// The grant is used up: the next identical call must pay again.
+	r.RequestID = "4"
+	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+		t.Fatalf("reused grant: %v", err)
+	}
+	// Another client cannot use this client's grant.
+	if h.tools.count("echo") != 1 {
+		t.Fatalf("ran %d times", h.tools.count("echo"))
+	}
+	verify(t, h.l)
+}
+
+func TestGrantIsBoundToTheClient(t *testing.T) {
+	h := newHarness(t, false, nil)
+	r := req("1", "demo_echo", `{"text":"mine"}`, nil)
+	r.Explicit = true
+	h.v.CallTool(context.Background(), r)
+	h.be.pay(h.nextPayment(t).Ref)
+	thief := r
+	thief.Client, thief.RequestID = "client-2", "x"
+	var pr *vend.PaymentRequiredError
+	if _, err := h.v.CallTool(context.Background(), thief); !errors.As(err, &pr) {
+		t.Fatalf("another client used the grant: %v", err)
+	}
+	if h.tools.count("echo") != 0 {
+		t.Fatal("ran for the wrong client")
+	}
+}
+
+func TestCashuTokenPaysAtOnce(t *testing.T) {
+	h := newHarness(t, false, nil)
+	r := req("1", "demo_echo", `{"text":"t"}`, nil)
+	r.CashuToken = "good:21"
+	if res, err := h.v.CallTool(context.Background(), r); err != nil || !strings.Contains(string(res.Body), "echo:t") {
+		t.Fatalf("%s %v", res.Body, err)
+	}
+	r.RequestID, r.CashuToken = "2", "good:5"
+	if _, err := h.v.CallTool(context.Background(), r); !errors.Is(err, vend.ErrPaymentFailed) {
+		t.Fatalf("underpaid token: %v", err)
+	}
+	r.RequestID, r.CashuToken = "3", "garbage"
+	if _, err := h.v.CallTool(context.Background(), r); !errors.Is(err, vend.ErrPaymentFailed) {
+		t.Fatalf("malformed token: %v", err)
+	}
+	if h.tools.count("echo") != 1 {
+		t.Fatalf("ran %d times", h.tools.count("echo"))
+	}
+	verify(t, h.l)
+}
+
+func TestUnpaidQuotesAreLimitedPerClient(t *testing.T) {
+	h := newHarness(t, false, func(c *vend.Config) { c.MaxUnpaidPerClient = 1 })
+	ch := h.callAsync(req("1", "demo_echo", `{"text":"a"}`, nil))
+	p := h.nextPayment(t)
+	if _, err := h.v.CallTool(context.Background(), req("2", "demo_echo", `{"text":"b"}`, nil)); !errors.Is(err, vend.ErrLimit) {
+		t.Fatalf("second unpaid quote: %v", err)
+	}
+	other := req("3", "demo_echo", `{"text":"c"}`, nil)
+	other.Client = "client-2"
+	ch2 := h.callAsync(other)
+	p2 := h.nextPayment(t)
+	h.be.pay(p.Ref)
+	h.be.pay(p2.Ref)
+	result(t, ch)
+	result(t, ch2)
+	verify(t, h.l)
+}
+
+func TestHeartbeatsWhileWaitingForPayment(t *testing.T) {
+	h := newHarness(t, false, func(c *vend.Config) { c.Heartbeat = 20 * time.Millisecond })
+	n := &notes{}
+	r := req("1", "demo_echo", `{"text":"a"}`, n)
+	r.ProgressToken = json.RawMessage(`"tok"`)
+	ch := h.callAsync(r)
+	p := h.nextPayment(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for countOf(n.methods(), vend.NotifyProgress) < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.be.pay(p.Ref)
+	result(t, ch)
+	if countOf(n.methods(), vend.NotifyProgress) < 2 {
+		t.Fatalf("notifications %v", n.methods())
+	}
+}
+
+func countOf(list []string, s string) int {
+	n := 0
+	for _, x := range list {
+		if x == s {
+			n++
+		}
+	}
+	return n
+}
