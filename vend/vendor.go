@@ -43,7 +43,7 @@ type Vendor struct {
 
 	mu          sync.Mutex
 	waiters     map[string][]chan PaymentEvent // by payment ref
-	unpaid      map[string]int               // open payment requests by client
+	unpaid      map[string]int                 // open payment requests by client
 	unpaidTotal int
 	running     map[CallID]chan struct{} // calls executing in this process; closed when done
 }
