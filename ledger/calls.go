@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/capvend/capvend/vend"
@@ -137,6 +138,15 @@ func (l *Ledger) RecordCall(ctx context.Context, nc vend.NewCall) (vend.Call, bo
 		created = n == 1
 		call, err = scanCall(tx.QueryRowContext(ctx, "SELECT "+callColumns+` FROM calls
 			WHERE transport = ? AND client = ? AND request_id = ?`, nc.Transport, nc.Client, nc.RequestID))
+		if err != nil || !created || nc.ToolName == "" {
+			return err
+		}
+		args := nc.Arguments
+		if args == nil {
+			args = []byte("{}")
+		}
+		_, err = tx.ExecContext(ctx, "INSERT INTO call_arguments (call_id, tool_name, arguments, explicit) VALUES (?, ?, ?, ?)",
+			call.ID, nc.ToolName, args, nc.Explicit)
 		return err
 	})
 	if err != nil {
@@ -239,6 +249,71 @@ func (l *Ledger) FindGrant(ctx context.Context, client, argsHash string) (vend.C
 		ORDER BY id DESC LIMIT 1`, client, argsHash))
 	if err != nil {
 		return c, fmt.Errorf("grant: %w", err)
+	}
+	return c, nil
+}
+
+// CallArguments implements vend.Ledger.
+func (l *Ledger) CallArguments(ctx context.Context, id vend.CallID) (string, []byte, bool, error) {
+	var tool string
+	var args []byte
+	var explicit bool
+	err := l.rdb.QueryRowContext(ctx, "SELECT tool_name, arguments, explicit FROM call_arguments WHERE call_id = ?", id).
+		Scan(&tool, &args, &explicit)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil, false, fmt.Errorf("arguments of call %d: %w", id, vend.ErrNotFound)
+	}
+	if err != nil {
+		return "", nil, false, fmt.Errorf("arguments of call %d: %w", id, err)
+	}
+	return tool, args, explicit, nil
+}
+
+// CallsIn implements vend.Ledger.
+func (l *Ledger) CallsIn(ctx context.Context, states ...vend.CallState) ([]vend.Call, error) {
+	if len(states) == 0 {
+		return nil, nil
+	}
+	q := "SELECT " + callColumns + " FROM calls WHERE state IN (?" + strings.Repeat(", ?", len(states)-1) + ") ORDER BY id"
+	args := make([]any, len(states))
+	for i, s := range states {
+		args[i] = string(s)
+	}
+	rows, err := l.rdb.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("calls: %w", err)
+	}
+	defer rows.Close()
+	var out []vend.Call
+	for rows.Next() {
+		c, err := scanCall(rows)
+		if err != nil {
+			return nil, fmt.Errorf("calls: %w", err)
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// ResumeExecution implements vend.Ledger.
+func (l *Ledger) ResumeExecution(ctx context.Context, id vend.CallID) (vend.Call, error) {
+	var c vend.Call
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
+		var err error
+		if c, err = getCall(ctx, tx, id); err != nil {
+			return err
+		}
+		if c.State != vend.CallExecuting || !c.Idempotent {
+			return &vend.TransitionError{What: fmt.Sprintf("call %d (resume)", c.ID), From: string(c.State), To: string(vend.CallExecuting)}
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE calls SET executions = executions + 1, updated_at = ? WHERE id = ?", ms(now), c.ID); err != nil {
+			return err
+		}
+		c.Executions++
+		return nil
+	})
+	if err != nil {
+		return vend.Call{}, fmt.Errorf("resume execution: %w", err)
 	}
 	return c, nil
 }

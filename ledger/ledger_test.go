@@ -152,7 +152,7 @@ func TestOpenCreatesPrivateFileAndMigratesOnce(t *testing.T) {
 	db.QueryRow("SELECT count(*) FROM schema_migrations").Scan(&n)
 	db.QueryRow("PRAGMA application_id").Scan(&appID)
 	db.QueryRow("PRAGMA journal_mode").Scan(&mode)
-	if n != 2 || appID != ledger.ApplicationID || mode != "wal" {
+	if n != 3 || appID != ledger.ApplicationID || mode != "wal" {
 		t.Fatalf("migrations=%d application_id=%#x journal_mode=%s", n, appID, mode)
 	}
 	_ = sync
@@ -438,7 +438,7 @@ func TestIllegalTransitionsChangeNothing(t *testing.T) {
 			}
 			after, _ := l.Call(ctx, tc.id)
 			b1, _ := l.Balance(ctx)
-			if before != after {
+			if fmt.Sprint(before) != fmt.Sprint(after) {
 				t.Fatalf("call changed: %+v -> %+v", before, after)
 			}
 			if fmt.Sprint(b0) != fmt.Sprint(b1) {
@@ -752,5 +752,52 @@ func TestLateMintQuotePaymentIsOwedBack(t *testing.T) {
 	}
 	if s := callState(t, l, c2.ID); s != vend.CallCanceled {
 		t.Fatalf("call %s", s)
+	}
+}
+
+func TestCallArgumentsAndRecovery(t *testing.T) {
+	ctx := context.Background()
+	l := openLedger(t, "")
+	nc := newCall(1)
+	nc.ToolName, nc.Arguments = "demo_echo", []byte(`{"text":"hi"}`)
+	c, _, err := l.RecordCall(ctx, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, args, explicit, err := l.CallArguments(ctx, c.ID)
+	if err != nil || tool != "demo_echo" || string(args) != `{"text":"hi"}` || explicit {
+		t.Fatalf("%q %q %v", tool, args, err)
+	}
+	// A replay does not record the arguments twice.
+	if _, created, err := l.RecordCall(ctx, nc); err != nil || created {
+		t.Fatal(created, err)
+	}
+	p, err := l.RecordPayment(ctx, c.ID, newPayment(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount})
+	if _, err := l.ResumeExecution(ctx, c.ID); !errors.Is(err, vend.ErrIllegalTransition) {
+		t.Fatalf("resume of a paid call: %v", err)
+	}
+	l.StartExecution(ctx, c.ID)
+	got, err := l.CallsIn(ctx, vend.CallExecuting, vend.CallPaid)
+	if err != nil || len(got) != 1 || got[0].ID != c.ID {
+		t.Fatalf("calls in %+v %v", got, err)
+	}
+	r, err := l.ResumeExecution(ctx, c.ID)
+	if err != nil || r.Executions != 2 {
+		t.Fatalf("resume: %+v %v", r, err)
+	}
+	mustVerify(t, l) // an idempotent call may run twice
+
+	nc2 := newCall(2)
+	nc2.Idempotent = false
+	c2, _, _ := l.RecordCall(ctx, nc2)
+	p2, _ := l.RecordPayment(ctx, c2.ID, newPayment(2))
+	l.SettlePayment(ctx, vend.Settlement{Ref: p2.Ref, Amount: p2.Amount})
+	l.StartExecution(ctx, c2.ID)
+	if _, err := l.ResumeExecution(ctx, c2.ID); !errors.Is(err, vend.ErrIllegalTransition) {
+		t.Fatalf("resume of a non-idempotent call: %v", err)
 	}
 }

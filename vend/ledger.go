@@ -43,6 +43,15 @@ type NewCall struct {
 	// Idempotent tools may be re-run after a crash during execution;
 	// others are refunded instead.
 	Idempotent bool
+	// ToolName and Arguments are what the client called (the exposed
+	// name and the JSON arguments object), kept so a paid call can run
+	// after a restart.
+	ToolName  string
+	Arguments []byte
+	// Explicit marks a call made with explicit gating: once paid it is a
+	// grant that waits for the client to repeat the call, rather than
+	// being run at once.
+	Explicit bool
 }
 
 // Call is a recorded priced request.
@@ -131,6 +140,15 @@ type Ledger interface {
 	// CallPayments returns the payments recorded for a call, oldest
 	// first.
 	CallPayments(ctx context.Context, id CallID) ([]Payment, error)
+	// CallArguments returns the tool name and arguments recorded with a
+	// call and whether it used explicit gating, or ErrNotFound.
+	CallArguments(ctx context.Context, id CallID) (tool string, args []byte, explicit bool, err error)
+	// CallsIn returns the calls in any of the states, oldest first (what
+	// capvend reconciles at start).
+	CallsIn(ctx context.Context, states ...CallState) ([]Call, error)
+	// ResumeExecution counts another execution of an idempotent call
+	// left executing by a crash; ErrIllegalTransition for any other call.
+	ResumeExecution(ctx context.Context, id CallID) (Call, error)
 	// CancelQuote ends a quoted call that never got a payment request
 	// (no backend, a limit, a backend error): quoted -> canceled.
 	CancelQuote(ctx context.Context, id CallID, reason string) error

@@ -93,6 +93,13 @@ func (v *Vendor) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := v.Recover(ctx); err != nil && ctx.Err() == nil {
+			v.cfg.Log.Error("vend: recover", "err", err)
+		}
+	}()
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
@@ -117,8 +124,160 @@ func (v *Vendor) onPayment(e PaymentEvent) {
 	if len(chans) > 0 {
 		return
 	}
-	if e.Payment.State == PaymentAccepted && e.Payment.Kind == KindHoldInvoice {
+	switch {
+	case e.Payment.State == PaymentAccepted && e.Payment.Kind == KindHoldInvoice:
 		go v.abandonHold(e.Payment)
+	case e.Payment.State == PaymentSettled && e.Payment.Kind != KindHoldInvoice:
+		// Paid, and nobody waits (the client left, or capvend restarted):
+		// run it now and keep the answer for the client's replay.
+		go v.runStored(context.Background(), e.Payment.CallID, false)
+	}
+}
+
+// Recover finishes what a previous run of capvend left: paid calls that
+// never ran are run, idempotent calls interrupted while running are run
+// again, and other interrupted calls are refunded (a hold invoice is
+// canceled). Their answers wait in the ledger for the clients' replays.
+// Run calls it once the backends watch.
+func (v *Vendor) Recover(ctx context.Context) error {
+	calls, err := v.cfg.Ledger.CallsIn(ctx, CallPaid, CallExecuting, CallFailed)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			switch {
+			case c.State == CallFailed:
+				v.refundFailed(ctx, c)
+			case c.State == CallExecuting && !c.Idempotent:
+				v.refundInterrupted(ctx, c)
+			case c.State == CallPaid:
+				if ps, err := v.cfg.Ledger.CallPayments(ctx, c.ID); err == nil && len(ps) > 0 &&
+					ps[len(ps)-1].State == PaymentAccepted && v.runningDone(c.ID) == nil {
+					// A locked-in hold invoice whose client is gone.
+					v.abandonHold(ps[len(ps)-1])
+					return
+				}
+				v.runStored(ctx, c.ID, false)
+			default:
+				v.runStored(ctx, c.ID, true)
+			}
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// runStored runs a paid call from its recorded arguments (resume: a call
+// left executing by a crash, idempotent) and stores the answer.
+func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool) {
+	log := v.cfg.Log.With("call", int64(id))
+	call, err := v.cfg.Ledger.Call(ctx, id)
+	if err != nil {
+		log.Error("vend: recover: load call", "err", err)
+		return
+	}
+	name, args, explicit, err := v.cfg.Ledger.CallArguments(ctx, id)
+	if explicit && !resume {
+		return // a paid explicit-gating grant waits for its client's repeat
+	}
+	if err != nil {
+		log.Error("vend: recover: no recorded arguments; refunding", "err", err)
+		if resume {
+			v.refundInterrupted(ctx, call)
+		}
+		return
+	}
+	t, ok := v.awaitTool(ctx, name)
+	if !ok {
+		log.Warn("vend: recover: tool unavailable; the call stays paid until it returns", "tool", name)
+		return
+	}
+	ps, err := v.cfg.Ledger.CallPayments(ctx, id)
+	if err != nil || len(ps) == 0 {
+		log.Error("vend: recover: no payment", "err", err)
+		return
+	}
+	p := ps[len(ps)-1]
+	r := CallRequest{Transport: call.Transport, Client: call.Client, RequestID: call.RequestID, Tool: name, Arguments: args,
+		Notify: func(string, any) {}}
+	if !resume {
+		if _, err := v.run(ctx, call, p, t, args, r); err != nil && !errors.Is(err, ErrUpstream) {
+			log.Warn("vend: recover: run", "err", err)
+		}
+		return
+	}
+	v.mu.Lock()
+	if _, busy := v.running[id]; busy {
+		v.mu.Unlock()
+		return
+	}
+	done := make(chan struct{})
+	v.running[id] = done
+	v.mu.Unlock()
+	defer func() {
+		v.mu.Lock()
+		delete(v.running, id)
+		v.mu.Unlock()
+		close(done)
+	}()
+	if _, err := v.cfg.Ledger.ResumeExecution(ctx, id); err != nil {
+		log.Error("vend: recover: resume", "err", err)
+		return
+	}
+	log.Info("vend: recover: running an interrupted idempotent call again", "tool", name)
+	v.finish(ctx, call, p, t, args, r)
+}
+
+// awaitTool waits (up to a minute) for an upstream to offer the tool.
+func (v *Vendor) awaitTool(ctx context.Context, name string) (Tool, bool) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if t, ok := v.tool(name); ok {
+			return t, true
+		}
+		if time.Now().After(deadline) {
+			return Tool{}, false
+		}
+		select {
+		case <-ctx.Done():
+			return Tool{}, false
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// refundInterrupted refunds a non-idempotent call a crash interrupted: it
+// may or may not have had its effect, so it is never run again.
+func (v *Vendor) refundInterrupted(ctx context.Context, c Call) {
+	ps, err := v.cfg.Ledger.CallPayments(ctx, c.ID)
+	if err != nil || len(ps) == 0 {
+		return
+	}
+	v.cfg.Log.Warn("vend: recover: refunding a call interrupted while it ran", "call", int64(c.ID), "tool", c.Tool)
+	v.fail(ctx, c, ps[len(ps)-1], nil, "interrupted by a restart while it ran; not run again")
+}
+
+// refundFailed completes the refund of a call that failed just before a
+// crash.
+func (v *Vendor) refundFailed(ctx context.Context, c Call) {
+	ps, err := v.cfg.Ledger.CallPayments(ctx, c.ID)
+	if err != nil || len(ps) == 0 {
+		return
+	}
+	p := ps[len(ps)-1]
+	if p.Kind == KindHoldInvoice && p.State == PaymentAccepted {
+		if b := v.backend(p.Backend); b != nil {
+			if err := b.Cancel(ctx, p.Ref); err != nil {
+				return
+			}
+		}
+	}
+	if err := v.cfg.Ledger.Refund(ctx, c.ID, c.Reason); err != nil {
+		v.cfg.Log.Warn("vend: recover: refund", "call", int64(c.ID), "err", err)
 	}
 }
 
@@ -213,7 +372,7 @@ func (v *Vendor) CallTool(ctx context.Context, r CallRequest) (CallResult, error
 	}
 	call, created, err := v.cfg.Ledger.RecordCall(ctx, NewCall{
 		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Tool: t.UpstreamName,
-		ArgsHash: hash, Price: price, Idempotent: idempotent,
+		ArgsHash: hash, Price: price, Idempotent: idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
 	})
 	if err != nil {
 		return CallResult{}, err
@@ -422,6 +581,11 @@ func (v *Vendor) run(ctx context.Context, call Call, p Payment, t Tool, args jso
 		}
 		return CallResult{}, err
 	}
+	return v.finish(ctx, call, p, t, args, r)
+}
+
+// finish runs a claimed call on its upstream and records its end.
+func (v *Vendor) finish(ctx context.Context, call Call, p Payment, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
 	// The call runs to its end even if the client leaves: it is paid.
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.ExecTimeout)
 	defer cancel()

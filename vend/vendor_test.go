@@ -169,6 +169,12 @@ func newHarness(t *testing.T, hold bool, mod func(*vend.Config)) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
+	return harnessOn(t, l, hold, mod)
+}
+
+// harnessOn starts a Vendor on an existing ledger: capvend (re)starting.
+func harnessOn(t *testing.T, l *ledger.Ledger, hold bool, mod func(*vend.Config)) *harness {
+	t.Helper()
 	be := &fakeBackend{led: l, hold: hold, last: make(chan vend.Payment, 100)}
 	tools := &fakeTools{}
 	cfg := vend.Config{
@@ -536,4 +542,132 @@ func countOf(list []string, s string) int {
 		}
 	}
 	return n
+}
+
+func TestPaidAfterTheClientLeftRunsAndWaitsForTheReplay(t *testing.T) {
+	h := newHarness(t, false, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan error, 1)
+	go func() {
+		_, err := h.v.CallTool(ctx, req("1", "demo_echo", `{"text":"later"}`, nil))
+		ch <- err
+	}()
+	p := h.nextPayment(t)
+	cancel() // the client leaves
+	if err := <-ch; !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	h.be.pay(p.Ref) // and pays anyway
+	waitState(t, h.l, p.CallID, vend.CallDelivered)
+	res, err := h.v.CallTool(context.Background(), req("1", "demo_echo", `{"text":"later"}`, nil))
+	if err != nil || !strings.Contains(string(res.Body), "echo:later") || h.tools.count("echo") != 1 {
+		t.Fatalf("%s %v runs=%d", res.Body, err, h.tools.count("echo"))
+	}
+	verify(t, h.l)
+}
+
+func waitState(t *testing.T, l *ledger.Ledger, id vend.CallID, want vend.CallState) vend.Call {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := l.Call(context.Background(), id)
+		if err == nil && c.State == want {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("call %d is %s, want %s", id, c.State, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// crashedCall leaves a call as a crash at some step would: the ledger
+// rows only, no process.
+func crashedCall(t *testing.T, l *ledger.Ledger, id, tool string, idempotent, hold, explicit bool, steps int) (vend.Call, vend.Payment) {
+	t.Helper()
+	ctx := context.Background()
+	price := vend.Msat(21_000)
+	if tool == "demo_fail" {
+		price = 10_000
+	}
+	h := sha256.Sum256([]byte(id))
+	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: id, Server: "demo",
+		Tool: strings.TrimPrefix(tool, "demo_"), ArgsHash: hex.EncodeToString(h[:]), Price: price, Idempotent: idempotent,
+		ToolName: tool, Arguments: []byte(`{"text":"` + id + `"}`), Explicit: explicit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre := make([]byte, 32)
+	rand.Read(pre)
+	ph := sha256.Sum256(pre)
+	np := vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice, Ref: hex.EncodeToString(ph[:]), Bolt11: "lnbcrt1",
+		Amount: price, ExpiresAt: time.Now().Add(time.Hour)}
+	if hold {
+		np.Kind, np.HoldPreimage = vend.KindHoldInvoice, pre
+	}
+	p, err := l.RecordPayment(ctx, c.ID, np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if steps >= 1 { // paid
+		if hold {
+			p, err = l.AcceptPayment(ctx, p.Ref)
+		} else {
+			p, err = l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: price})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if steps >= 2 { // executing
+		if _, err := l.StartExecution(ctx, c.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if steps >= 3 { // failed
+		if err := l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte(`{"isError":true}`)}, "boom"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c, p
+}
+
+func TestRecoverFinishesWhatACrashLeft(t *testing.T) {
+	l, err := ledger.Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	paid, _ := crashedCall(t, l, "paid", "demo_echo", true, false, false, 1)
+	rerun, _ := crashedCall(t, l, "rerun", "demo_echo", true, false, false, 2)
+	once, _ := crashedCall(t, l, "once", "demo_echo", false, false, false, 2)
+	failed, _ := crashedCall(t, l, "failed", "demo_fail", true, false, false, 3)
+	held, heldPay := crashedCall(t, l, "held", "demo_echo", true, true, false, 1)
+	grant, _ := crashedCall(t, l, "grant", "demo_echo", true, false, true, 1)
+
+	h := harnessOn(t, l, true, nil) // capvend starts again
+	waitState(t, l, paid.ID, vend.CallDelivered)
+	if c := waitState(t, l, rerun.ID, vend.CallDelivered); c.Executions != 2 {
+		t.Fatalf("re-run call executed %d times", c.Executions)
+	}
+	waitState(t, l, once.ID, vend.CallRefunded)
+	waitState(t, l, failed.ID, vend.CallRefunded)
+	waitState(t, l, held.ID, vend.CallRefunded)
+	if p, _ := l.Payment(context.Background(), heldPay.Ref); p.State != vend.PaymentCanceled {
+		t.Fatalf("abandoned hold invoice is %s", p.State)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if c, _ := l.Call(context.Background(), grant.ID); c.State != vend.CallPaid {
+		t.Fatalf("explicit grant is %s, want paid (waiting for its client)", c.State)
+	}
+	// echo ran for "paid" and "rerun" only: never for the non-idempotent
+	// interrupted call.
+	if n := h.tools.count("echo"); n != 2 {
+		t.Fatalf("echo ran %d times, want 2", n)
+	}
+	res, err := h.v.CallTool(context.Background(), req("paid", "demo_echo", `{"text":"paid"}`, nil))
+	if err != nil || !strings.Contains(string(res.Body), "echo:paid") {
+		t.Fatalf("replay after recovery: %s %v", res.Body, err)
+	}
+	verify(t, l)
 }
