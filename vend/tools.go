@@ -67,6 +67,15 @@ type CallRequest struct {
 	// unpaid call fails with a PaymentRequiredError; the client pays and
 	// repeats the call.
 	Explicit bool
+	// Anonymous says the transport could not identify the client (an MCP
+	// HTTP client without a session): its request ids are not unique, so
+	// they are not used to find replays, and an explicit-gating grant is
+	// only released against PaymentProof.
+	Anonymous bool
+	// PaymentProof is the hex preimage of a paid Lightning invoice
+	// (_meta[MetaPaymentProof]): it releases the explicit-gating grant
+	// that invoice paid for, to whoever presents it.
+	PaymentProof string
 	// Notify sends a notification to the client on this call's stream.
 	// It must not block for long; errors are ignored (the client may be
 	// gone, the call goes on).
@@ -78,7 +87,8 @@ const (
 	PMILightning = "bitcoin-lightning-bolt11" // a bolt11 invoice (LND, or a Cashu mint quote's invoice)
 	PMICashu     = "bitcoin-cashu-token"      // a Cashu token in _meta[MetaCashuToken]
 
-	MetaCashuToken = "capvend/cashu" // _meta key of a cashuA/cashuB token paying the call
+	MetaCashuToken   = "capvend/cashu"    // _meta key of a cashuA/cashuB token paying the call
+	MetaPaymentProof = "capvend/preimage" // _meta key of the hex preimage of the invoice paid for an explicit-gating grant
 )
 
 // Notification methods capvend sends about payment.

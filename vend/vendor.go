@@ -2,6 +2,9 @@ package vend
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,6 +34,26 @@ type Config struct {
 	// (defaults 10 and 10,000).
 	MaxUnpaidPerClient, MaxUnpaidTotal int
 	Log                                *slog.Logger
+	// Failpoint, if set, is called at the named steps of a priced call
+	// (FailAfterQuote, FailAfterInvoice, FailAfterSettlement,
+	// FailDuringExecution, FailAfterResult). Crash tests make it kill the
+	// process; production leaves it nil.
+	Failpoint func(step string)
+}
+
+// The steps of a priced call a Failpoint is called at.
+const (
+	FailAfterQuote      = "after_quote"      // the call is recorded, no payment requested yet
+	FailAfterInvoice    = "after_invoice"    // the payment request is recorded, not yet sent to the client
+	FailAfterSettlement = "after_settlement" // the payment is recorded, the call has not started
+	FailDuringExecution = "during_execution" // the call is claimed and its upstream call under way
+	FailAfterResult     = "after_result"     // the result is stored, the answer not yet sent
+)
+
+func (v *Vendor) failpoint(step string) {
+	if v.cfg.Failpoint != nil {
+		v.cfg.Failpoint(step)
+	}
 }
 
 // Vendor is capvend's vending runtime: it prices a tools/call, takes the
@@ -46,6 +69,7 @@ type Vendor struct {
 	unpaid      map[string]int                 // open payment requests by client
 	unpaidTotal int
 	running     map[CallID]chan struct{} // calls executing in this process; closed when done
+	started     time.Time                // calls created before this are a previous run's
 }
 
 // New checks cfg and returns a Vendor. It starts nothing.
@@ -71,7 +95,10 @@ func New(cfg Config) (*Vendor, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Vendor{cfg: cfg, waiters: map[string][]chan PaymentEvent{}, unpaid: map[string]int{}, running: map[CallID]chan struct{}{}}, nil
+	return &Vendor{cfg: cfg, waiters: map[string][]chan PaymentEvent{}, unpaid: map[string]int{},
+		// The ledger stamps milliseconds: a call of this run is stamped at
+		// or after the millisecond New runs in.
+		running: map[CallID]chan struct{}{}, started: time.Now().Truncate(time.Millisecond).Add(-time.Millisecond)}, nil
 }
 
 // Run runs every backend's watcher until ctx ends, routing what they
@@ -140,12 +167,23 @@ func (v *Vendor) onPayment(e PaymentEvent) {
 // canceled). Their answers wait in the ledger for the clients' replays.
 // Run calls it once the backends watch.
 func (v *Vendor) Recover(ctx context.Context) error {
-	calls, err := v.cfg.Ledger.CallsIn(ctx, CallPaid, CallExecuting, CallFailed)
+	calls, err := v.cfg.Ledger.CallsIn(ctx, CallQuoted, CallPaid, CallExecuting, CallFailed)
 	if err != nil {
 		return err
 	}
 	var wg sync.WaitGroup
 	for _, c := range calls {
+		if c.CreatedAt.After(v.started) {
+			continue // this run's own
+		}
+		if c.State == CallQuoted {
+			// Stopped before its payment request: nothing was asked
+			// of the client.
+			if err := v.cfg.Ledger.CancelQuote(ctx, c.ID, "interrupted before its payment request"); err != nil {
+				v.cfg.Log.Warn("vend: recover: cancel quote", "call", int64(c.ID), "err", err)
+			}
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -366,9 +404,14 @@ func (v *Vendor) CallTool(ctx context.Context, r CallRequest) (CallResult, error
 		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
 	if r.Explicit && r.CashuToken == "" {
-		if grant, err := v.cfg.Ledger.FindGrant(ctx, r.Client, hash); err == nil {
+		if grant, ok := v.findGrant(ctx, r, hash); ok {
 			return v.resume(ctx, grant, t, args, r)
 		}
+	}
+	if r.Anonymous {
+		// Anonymous request ids collide between clients: never treat
+		// one as a replay of another client's call.
+		r.RequestID += "#" + randomHex(8)
 	}
 	call, created, err := v.cfg.Ledger.RecordCall(ctx, NewCall{
 		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Tool: t.UpstreamName,
@@ -386,9 +429,44 @@ func (v *Vendor) CallTool(ctx context.Context, r CallRequest) (CallResult, error
 	return v.quote(ctx, call, t, args, r)
 }
 
+// findGrant finds the paid (or still awaited) explicit-gating call a
+// repeated call may use: the one whose invoice's preimage the client
+// presents, else, for an identified client, its own newest one for the
+// same call.
+func (v *Vendor) findGrant(ctx context.Context, r CallRequest, hash string) (Call, bool) {
+	if r.PaymentProof != "" {
+		pre, err := hex.DecodeString(r.PaymentProof)
+		if err != nil || len(pre) != 32 {
+			return Call{}, false
+		}
+		sum := sha256.Sum256(pre)
+		p, err := v.cfg.Ledger.Payment(ctx, hex.EncodeToString(sum[:]))
+		if err != nil {
+			return Call{}, false
+		}
+		c, err := v.cfg.Ledger.Call(ctx, p.CallID)
+		if err != nil || c.ArgsHash != hash || (c.State != CallAwaitingPayment && c.State != CallPaid) {
+			return Call{}, false
+		}
+		return c, true
+	}
+	if r.Anonymous {
+		return Call{}, false
+	}
+	c, err := v.cfg.Ledger.FindGrant(ctx, r.Client, hash)
+	return c, err == nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
 // quote asks a backend for a payment and waits for it (or, with explicit
 // gating, answers with the ways to pay).
 func (v *Vendor) quote(ctx context.Context, call Call, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
+	v.failpoint(FailAfterQuote)
 	b := v.chooseBackend(r.PMIs)
 	if b == nil {
 		v.endUnpaid(ctx, call, "no payment method")
@@ -441,6 +519,7 @@ func (v *Vendor) awaitPayment(ctx context.Context, call Call, p Payment, t Tool,
 	if cur, err := v.cfg.Ledger.Payment(ctx, p.Ref); err == nil && cur.State != PaymentOpen {
 		p = cur
 	} else {
+		v.failpoint(FailAfterInvoice)
 		for _, o := range v.options(t, p)[:1] {
 			r.Notify(NotifyPaymentRequired, o)
 		}
@@ -480,6 +559,7 @@ func (v *Vendor) awaitPayment(ctx context.Context, call Call, p Payment, t Tool,
 	}
 	switch p.State {
 	case PaymentAccepted, PaymentSettled:
+		v.failpoint(FailAfterSettlement)
 		r.Notify(NotifyPaymentAccepted, map[string]any{"amount": p.Amount.SatsCeil(), "pmi": PMILightning,
 			"_meta": map[string]any{"payment_hash": p.Ref}})
 		return v.run(ctx, call, p, t, args, r)
@@ -591,6 +671,7 @@ func (v *Vendor) finish(ctx context.Context, call Call, p Payment, t Tool, args 
 	defer cancel()
 	start := time.Now()
 	body, err := v.execute(ectx, t, args, r)
+	v.failpoint(FailDuringExecution)
 	outcome := "delivered"
 	defer func() {
 		v.cfg.Log.Info("vend: priced call", "tool", t.Name, "price_msat", int64(call.Price), "backend", p.Backend,
@@ -609,6 +690,7 @@ func (v *Vendor) finish(ctx context.Context, call Call, p Payment, t Tool, args 
 			outcome = "not recorded"
 			return CallResult{}, err
 		}
+		v.failpoint(FailAfterResult)
 		return CallResult{Body: body}, nil
 	}
 	reason := "the tool reported an error"
@@ -771,4 +853,10 @@ func isErrorResult(body json.RawMessage) bool {
 	}
 	json.Unmarshal(body, &r)
 	return r.IsError
+}
+
+// ListedPrice returns the least and most a call of t can cost, for tool
+// lists and announcements.
+func (v *Vendor) ListedPrice(t Tool) (lo, hi Msat) {
+	return v.cfg.Prices.Listed(t.Server, t.UpstreamName)
 }

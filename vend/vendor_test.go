@@ -27,9 +27,10 @@ type fakeBackend struct {
 	led  vend.Ledger
 	hold bool
 
-	mu     sync.Mutex
-	report func(vend.PaymentEvent)
-	last   chan vend.Payment // each Request's payment
+	mu        sync.Mutex
+	report    func(vend.PaymentEvent)
+	last      chan vend.Payment // each Request's payment
+	preimages map[string]string // ref -> hex preimage: what a payer learns
 }
 
 var (
@@ -51,6 +52,12 @@ func (f *fakeBackend) Request(ctx context.Context, r vend.PaymentRequest) (vend.
 	}
 	p, err := f.led.RecordPayment(ctx, r.CallID, np)
 	if err == nil && f.last != nil {
+		f.mu.Lock()
+		if f.preimages == nil {
+			f.preimages = map[string]string{}
+		}
+		f.preimages[p.Ref] = hex.EncodeToString(pre)
+		f.mu.Unlock()
 		f.last <- p
 	}
 	return p, err
@@ -644,7 +651,10 @@ func TestRecoverFinishesWhatACrashLeft(t *testing.T) {
 	failed, _ := crashedCall(t, l, "failed", "demo_fail", true, false, false, 3)
 	held, heldPay := crashedCall(t, l, "held", "demo_echo", true, true, false, 1)
 	grant, _ := crashedCall(t, l, "grant", "demo_echo", true, false, true, 1)
+	quoted, _, _ := l.RecordCall(context.Background(), vend.NewCall{Transport: "test", Client: "client-1", RequestID: "quoted",
+		Server: "demo", Tool: "echo", ArgsHash: strings.Repeat("a", 64), Price: 21_000, Idempotent: true})
 
+	time.Sleep(2 * time.Millisecond)
 	h := harnessOn(t, l, true, nil) // capvend starts again
 	waitState(t, l, paid.ID, vend.CallDelivered)
 	if c := waitState(t, l, rerun.ID, vend.CallDelivered); c.Executions != 2 {
@@ -653,6 +663,7 @@ func TestRecoverFinishesWhatACrashLeft(t *testing.T) {
 	waitState(t, l, once.ID, vend.CallRefunded)
 	waitState(t, l, failed.ID, vend.CallRefunded)
 	waitState(t, l, held.ID, vend.CallRefunded)
+	waitState(t, l, quoted.ID, vend.CallCanceled)
 	if p, _ := l.Payment(context.Background(), heldPay.Ref); p.State != vend.PaymentCanceled {
 		t.Fatalf("abandoned hold invoice is %s", p.State)
 	}
@@ -670,4 +681,63 @@ func TestRecoverFinishesWhatACrashLeft(t *testing.T) {
 		t.Fatalf("replay after recovery: %s %v", res.Body, err)
 	}
 	verify(t, l)
+}
+
+func TestAnonymousClientsNeitherCollideNorShareGrants(t *testing.T) {
+	h := newHarness(t, false, nil)
+	anon := func(id, text string) vend.CallRequest {
+		r := req(id, "demo_echo", `{"text":"`+text+`"}`, nil)
+		r.Client, r.Anonymous = "anonymous", true
+		return r
+	}
+	// Two anonymous clients both use request id 1: two calls, two payments.
+	a := h.callAsync(anon("1", "alice"))
+	pa := h.nextPayment(t)
+	b := h.callAsync(anon("1", "bob"))
+	pb := h.nextPayment(t)
+	if pa.CallID == pb.CallID {
+		t.Fatal("two anonymous clients share a call")
+	}
+	h.be.pay(pa.Ref)
+	h.be.pay(pb.Ref)
+	if o := result(t, a); !strings.Contains(string(o.res.Body), "echo:alice") {
+		t.Fatalf("alice got %s %v", o.res.Body, o.err)
+	}
+	if o := result(t, b); !strings.Contains(string(o.res.Body), "echo:bob") {
+		t.Fatalf("bob got %s %v", o.res.Body, o.err)
+	}
+
+	// Explicit gating without a session: the grant goes only to the holder
+	// of the invoice's preimage.
+	r := anon("2", "grant")
+	r.Explicit = true
+	var pr *vend.PaymentRequiredError
+	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+		t.Fatal(err)
+	}
+	p := h.nextPayment(t)
+	h.be.pay(p.Ref)
+	r.RequestID = "3"
+	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+		t.Fatalf("an anonymous repeat without proof used the grant: %v", err)
+	}
+	h.nextPayment(t) // that repeat was quoted anew
+	r.RequestID, r.PaymentProof = "4", strings.Repeat("00", 32)
+	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+		t.Fatalf("a wrong preimage used the grant: %v", err)
+	}
+	h.nextPayment(t)
+	pre, _ := h.l.HoldPreimage(context.Background(), p.Ref) // the fake backend made a plain invoice: no preimage stored
+	if pre != nil {
+		t.Fatal("unexpected preimage")
+	}
+	h.be.mu.Lock()
+	proof := h.be.preimages[p.Ref]
+	h.be.mu.Unlock()
+	r.RequestID, r.PaymentProof = "5", proof
+	res, err := h.v.CallTool(context.Background(), r)
+	if err != nil || !strings.Contains(string(res.Body), "echo:grant") {
+		t.Fatalf("with the preimage: %s %v", res.Body, err)
+	}
+	verify(t, h.l)
 }

@@ -1,0 +1,227 @@
+package mcpfront
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// JSON-RPC error codes of capvend's own errors (server range). See the
+// package doc.
+const (
+	CodeInvalidParams    = -32602
+	CodePaymentRequired  = -32042
+	CodePaymentPending   = -32043
+	CodePaymentExpired   = -32050
+	CodePaymentFailed    = -32051
+	CodeNoPaymentMethod  = -32052
+	CodeLimit            = -32053
+	CodeUpstream         = -32054
+	CodeInternal         = -32603
+	instructionsRequired = "Pay one of payment_options, then repeat the same call; with a Lightning invoice, put its preimage (hex) in _meta[\"capvend/preimage\"] (required without an MCP session), with Cashu put the token in _meta[\"capvend/cashu\"]."
+	instructionsPending  = "Payment not received yet; repeat the same call after retry_after seconds."
+)
+
+// Log attribute keys.
+const (
+	logKeyTool      = "tool"
+	logKeyTransport = "transport"
+	logKeyCode      = "code"
+	logKeyErr       = "err"
+	logKeyMethod    = "method"
+)
+
+// wireError is a JSON-RPC error as it must reach the client.
+type wireError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+	Data    any    `json:"data,omitempty"`
+}
+
+// toWire maps a Vendor error to the JSON-RPC error sent to the client.
+func toWire(err error, tool string) wireError {
+	var ip *vend.InvalidParamsError
+	var pr *vend.PaymentRequiredError
+	var pp *vend.PaymentPendingError
+	switch {
+	case errors.As(err, &pr):
+		opts := pr.Options
+		if opts == nil {
+			opts = []vend.PaymentOption{}
+		}
+		return wireError{CodePaymentRequired, "Payment Required", map[string]any{
+			"instructions": instructionsRequired, "payment_options": opts}}
+	case errors.As(err, &pp):
+		return wireError{CodePaymentPending, "Payment Pending", map[string]any{
+			"instructions": instructionsPending, "retry_after": pp.RetryAfter}}
+	case errors.As(err, &ip):
+		return wireError{Code: CodeInvalidParams, Message: "Invalid params: " + ip.Reason}
+	case errors.Is(err, vend.ErrUnknownTool):
+		return wireError{Code: CodeInvalidParams, Message: "Unknown tool: " + tool}
+	case errors.Is(err, vend.ErrPaymentExpired):
+		return wireError{Code: CodePaymentExpired, Message: "Payment expired"}
+	case errors.Is(err, vend.ErrPaymentFailed):
+		return wireError{Code: CodePaymentFailed, Message: "Payment failed"}
+	case errors.Is(err, vend.ErrNoPaymentMethod):
+		return wireError{Code: CodeNoPaymentMethod, Message: "No payment method in common"}
+	case errors.Is(err, vend.ErrLimit):
+		return wireError{Code: CodeLimit, Message: "Limit reached"}
+	case errors.Is(err, vend.ErrUpstream):
+		return wireError{Code: CodeUpstream, Message: "Upstream server failed"}
+	default:
+		return wireError{Code: CodeInternal, Message: "Internal error"}
+	}
+}
+
+// markedError is what the handler returns to mcp-go: its text is the
+// marker the writers replace with the wire error.
+type markedError struct {
+	text string
+	err  error // the Vendor's error, for mcp-go's hooks and logs
+}
+
+func (e *markedError) Error() string { return e.text }
+func (e *markedError) Unwrap() error { return e.err }
+
+func (s *Server) errPrefix() string { return "capvend-error " + s.nonce + " " }
+
+func (s *Server) markError(err error, tool string) error {
+	b, _ := json.Marshal(toWire(err, tool))
+	return &markedError{text: s.errPrefix() + base64.RawURLEncoding.EncodeToString(b), err: err}
+}
+
+// unmarkError returns the wire error a marked message stands for.
+func (s *Server) unmarkError(msg string) (json.RawMessage, bool) {
+	rest, ok := strings.CutPrefix(msg, s.errPrefix())
+	if !ok {
+		return nil, false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(rest)
+	if err != nil || !json.Valid(b) {
+		return nil, false
+	}
+	return b, true
+}
+
+// metaVerbatim is the placeholder result's _meta key; its value is the nonce.
+const metaVerbatim = "capvend/verbatim"
+
+// placeholder carries body through mcp-go, to be put back by the writers.
+func (s *Server) placeholder(body json.RawMessage, isError bool) *mcp.CallToolResult {
+	return &mcp.CallToolResult{
+		Result:  mcp.Result{Meta: &mcp.Meta{AdditionalFields: map[string]any{metaVerbatim: s.nonce}}},
+		Content: []mcp.Content{mcp.NewTextContent(string(body))},
+		IsError: isError,
+	}
+}
+
+// handleCall is the mcp-go handler of every tool.
+func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	cr := vend.CallRequest{
+		Tool:      req.Params.Name,
+		RequestID: req.Header.Get(rpcIDHeader),
+		Arguments: req.Params.RawArguments,
+		Explicit:  s.cfg.ExplicitGating,
+	}
+	cr.Transport, _ = ctx.Value(keyTransport).(string)
+	cr.Client, _ = ctx.Value(keyClient).(string)
+	cr.Anonymous = cr.Client == anonClient
+	if len(cr.Arguments) == 0 || string(cr.Arguments) == "null" {
+		if req.Params.Arguments != nil {
+			cr.Arguments, _ = json.Marshal(req.Params.Arguments)
+		} else {
+			cr.Arguments = json.RawMessage(`{}`)
+		}
+	}
+	if m := req.Params.Meta; m != nil {
+		if m.ProgressToken != nil {
+			cr.ProgressToken, _ = json.Marshal(m.ProgressToken)
+		}
+		if tok, ok := m.AdditionalFields[vend.MetaCashuToken].(string); ok {
+			cr.CashuToken = tok
+		}
+		if proof, ok := m.AdditionalFields[vend.MetaPaymentProof].(string); ok {
+			cr.PaymentProof = proof
+		}
+		if v, ok := m.AdditionalFields[MetaPaymentInteraction].(string); ok && v == ExplicitGating {
+			cr.Explicit = true
+		}
+		if list, ok := m.AdditionalFields[MetaPMI].([]any); ok {
+			for _, p := range list {
+				if str, ok := p.(string); ok {
+					cr.PMIs = append(cr.PMIs, str)
+				}
+			}
+		}
+	}
+	cr.Notify = s.notifier(ctx)
+
+	res, err := s.cfg.Vendor.CallTool(ctx, cr)
+	if err != nil {
+		w := toWire(err, cr.Tool)
+		lvl := slog.LevelInfo
+		switch w.Code {
+		case CodePaymentRequired, CodePaymentPending:
+			lvl = slog.LevelDebug // the normal explicit-gating flow
+		case CodeInternal:
+			lvl = slog.LevelError
+		}
+		s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
+		return nil, s.markError(err, cr.Tool)
+	}
+	if !json.Valid(res.Body) {
+		s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Tool)
+		return nil, s.markError(fmt.Errorf("invalid result body"), cr.Tool)
+	}
+	return s.placeholder(res.Body, res.IsError), nil
+}
+
+// notifier returns the Notify function of a call: it writes the
+// notification on the call's own stream (stdio: the output; HTTP: the
+// POST's response, upgraded to SSE), before the call's result.
+func (s *Server) notifier(ctx context.Context) func(method string, params any) {
+	encode := func(method string, params any) []byte {
+		msg, err := json.Marshal(struct {
+			JSONRPC string `json:"jsonrpc"`
+			Method  string `json:"method"`
+			Params  any    `json:"params,omitempty"`
+		}{mcp.JSONRPC_VERSION, method, params})
+		if err != nil {
+			s.log.Warn("notification not encodable", logKeyMethod, method, logKeyErr, err)
+			return nil
+		}
+		return msg
+	}
+	if w, ok := ctx.Value(keyStdioOut).(*lineWriter); ok {
+		return func(method string, params any) {
+			if msg := encode(method, params); msg != nil {
+				_, _ = w.Write(append(msg, '\n'))
+			}
+		}
+	}
+	rw, _ := ctx.Value(keyHTTPWriter).(*rewriteWriter)
+	sess, _ := server.ClientSessionFromContext(ctx).(server.SessionWithStreamableHTTPConfig)
+	return func(method string, params any) {
+		if rw == nil || sess == nil {
+			return
+		}
+		msg := encode(method, params)
+		if msg == nil {
+			return
+		}
+		// mcp-go must end this response as SSE too.
+		sess.UpgradeToSSEWhenReceiveNotification()
+		if !rw.notify(msg) {
+			s.log.Debug("notification not sent: response finished", logKeyMethod, method)
+		}
+	}
+}

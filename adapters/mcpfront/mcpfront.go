@@ -1,0 +1,330 @@
+// Package mcpfront is capvend's client-facing MCP server: it serves the
+// Vendor's priced tools over Streamable HTTP (Handler, mounted by the wiring
+// at /mcp) and over stdio (ServeStdio, for `capvend serve --stdio`), on top
+// of mcp-go's server. It translates tools/list and tools/call to Vendor calls
+// and the Vendor's answers back to the wire; it knows nothing of billing or
+// the ledger.
+//
+// # tools/list
+//
+// Every tool of Vendor.Tools is listed with its name, title, description,
+// input schema and annotations. A priced tool carries its price in _meta:
+//
+//	"_meta": {"capvend/price": {"amount": 21, "unit": "sats"}}
+//
+// and, when the Vendor implements PriceRanger and the price depends on the
+// arguments, {"amount": <min>, "max_amount": <max>, "unit": "sats"}. Amounts
+// are whole sats, rounded up. Refresh re-reads the Vendor's tools; mcp-go
+// then sends notifications/tools/list_changed to connected clients.
+//
+// # tools/call
+//
+// A call becomes a vend.CallRequest: Transport "mcp-http" or "mcp-stdio";
+// Client the MCP session id (HTTP before protocol 2026-07-28), the
+// Config.ClientID of the HTTP request, or "stdio"; RequestID the JSON-RPC id
+// as JSON text (1 and "1" differ); Arguments the raw arguments object ({}
+// when absent); ProgressToken params._meta.progressToken as JSON; CashuToken
+// params._meta["capvend/cashu"]; PMIs params._meta["capvend/pmi"] (array of
+// strings); Explicit when params._meta["capvend/payment_interaction"] is
+// "explicit_gating" or Config.ExplicitGating is set. Notify sends a
+// notification on the call's own stream (see below).
+//
+// A result is returned as the Vendor gave it (its JSON values byte for byte;
+// with protocol 2026-07-28 mcp-go's resultType and _meta.serverInfo are added
+// when the body lacks them). Errors become JSON-RPC errors:
+//
+//	vend.ErrUnknownTool           -32602 "Unknown tool: <name>"
+//	*vend.InvalidParamsError      -32602 "Invalid params: <reason>"
+//	*vend.PaymentRequiredError    -32042 "Payment Required"  data {instructions, payment_options}
+//	*vend.PaymentPendingError     -32043 "Payment Pending"   data {instructions, retry_after}
+//	vend.ErrPaymentExpired        -32050 "Payment expired"
+//	vend.ErrPaymentFailed         -32051 "Payment failed"
+//	vend.ErrNoPaymentMethod       -32052 "No payment method in common"
+//	vend.ErrLimit                 -32053 "Limit reached"
+//	vend.ErrUpstream              -32054 "Upstream server failed"
+//	anything else                 -32603 "Internal error"
+//
+// Messages are fixed strings (plus the tool name or the schema reason the
+// client's own arguments caused): no internals leak; the full error is
+// logged. -32042 is also MCP's URLElicitationRequired code (protocol
+// 2025-11-25): mcp-go clients decode it as such and drop our data; ContextVM
+// clients expect it. -32000, -32001, -32002 and -32020..-32022 are avoided
+// (used by MCP SDKs).
+//
+// # How it is done on mcp-go v1.2.1
+//
+// mcp-go turns every tool-handler error into -32603 with the error's text as
+// message, and has no way to set a code or data. So the handler returns an
+// error whose text is a marker (a per-Server random nonce plus the encoded
+// error), and the writers under mcp-go (the http.ResponseWriter given to its
+// handler, the io.Writer given to its stdio server) replace such a message
+// with the real error. Results are passed the same way: the handler returns a
+// placeholder carrying the body, and the writer puts the body back, so that
+// mcp-go never re-encodes it. Nothing else is touched.
+//
+// Notifications: Notify writes the notification on the call's own stream,
+// before its result: over stdio directly on the output; over Streamable
+// HTTP on the POST's response, which it upgrades to SSE (and tells mcp-go's
+// session to finish as SSE). mcp-go's SendNotificationToClient is not used:
+// in v1.2.1 it drops a "_meta" member of params, its POST forwarder can drop
+// a notification queued just before the handler returns (seen in tests),
+// and before protocol 2026-07-28 a session's GET and POST streams read the
+// same queue, so a notification may go out on either.
+//
+// With protocol 2026-07-28 a -32602 error is answered with HTTP 400, as
+// mcp-go does for its own errors; other errors with 200.
+package mcpfront
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// Vendor sells tool calls. vend's engine implements it.
+type Vendor interface {
+	// Tools returns the exposed tools with their prices.
+	Tools() []vend.Tool
+	// CallTool runs one priced call; errors are vend's sentinel and typed
+	// errors (anything else is reported as an internal error).
+	CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error)
+}
+
+// PriceRanger is an optional ability of a Vendor: the listed price range of
+// a tool whose price depends on its arguments.
+type PriceRanger interface {
+	// ListedPrice returns the least and most a call of t can cost.
+	ListedPrice(t vend.Tool) (lo, hi vend.Msat)
+}
+
+// _meta keys and values capvend reads on calls and writes on tools.
+const (
+	MetaPrice              = "capvend/price"               // tool _meta: the price
+	MetaPaymentInteraction = "capvend/payment_interaction" // call _meta: "explicit_gating" asks for explicit gating
+	MetaPMI                = "capvend/pmi"                 // call _meta: payment methods the client can use
+	ExplicitGating         = "explicit_gating"
+)
+
+// Transport names in vend.CallRequest.Transport.
+const (
+	TransportHTTP  = "mcp-http"
+	TransportStdio = "mcp-stdio"
+	stdioClient    = "stdio"
+	anonClient     = "anonymous"
+)
+
+// DefaultMaxBodyBytes bounds an HTTP request body when Config.MaxBodyBytes is 0.
+const DefaultMaxBodyBytes = 1 << 20
+
+// Config configures a Server.
+type Config struct {
+	Vendor  Vendor
+	Name    string       // server name in initialize/discover; "" : "capvend"
+	Version string       // server version; "": "dev"
+	Logger  *slog.Logger // nil: slog.Default()
+
+	// ExplicitGating makes every call use explicit gating, whatever the
+	// client asked.
+	ExplicitGating bool
+	// MaxBodyBytes bounds HTTP request bodies; larger ones get 413.
+	// 0: DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// ClientID names the client of an HTTP request that has no MCP session
+	// (protocol 2026-07-28 has none), e.g. from an auth header. nil or ""
+	// result: "anonymous", shared by all such clients. It is called for
+	// every HTTP request; it must be cheap.
+	ClientID func(r *http.Request) string
+}
+
+// Server is the client-facing MCP server. Create it with New.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	mcp    *server.MCPServer
+	http   *server.StreamableHTTPServer
+	nonce  string // marks placeholders only this Server produced
+	stdio  sync.Mutex
+	inStdi bool
+
+	// streams ends long-lived listening streams (see CloseStreams).
+	streams      context.Context
+	closeStreams context.CancelFunc
+}
+
+type ctxKey int
+
+const (
+	keyTransport ctxKey = iota
+	keyClient
+	keyStdioOut
+	keyHTTPWriter
+)
+
+// rpcIDHeader carries the JSON-RPC id from the BeforeCallTool hook to the
+// handler inside the request's Header (which mcp-go never serialises).
+const rpcIDHeader = "X-Capvend-Internal-Jsonrpc-Id"
+
+// New returns a Server for cfg. It does no I/O and starts no goroutine; the
+// tool list is read from the Vendor at once (call Refresh when it changes).
+func New(cfg Config) (*Server, error) {
+	if cfg.Vendor == nil {
+		return nil, errors.New("mcpfront: Vendor is nil")
+	}
+	if cfg.MaxBodyBytes < 0 {
+		return nil, errors.New("mcpfront: MaxBodyBytes is negative")
+	}
+	if cfg.Name == "" {
+		cfg.Name = "capvend"
+	}
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, nonce: hex.EncodeToString(b[:])}
+	s.streams, s.closeStreams = context.WithCancel(context.Background())
+
+	hooks := &server.Hooks{}
+	hooks.AddBeforeCallTool(func(ctx context.Context, id any, req *mcp.CallToolRequest) {
+		raw, err := json.Marshal(id)
+		if err != nil {
+			raw = []byte("null")
+		}
+		req.Header = req.Header.Clone()
+		if req.Header == nil {
+			req.Header = http.Header{}
+		}
+		req.Header.Set(rpcIDHeader, string(raw))
+	})
+	s.mcp = server.NewMCPServer(cfg.Name, cfg.Version,
+		server.WithToolCapabilities(true),
+		server.WithHooks(hooks),
+	)
+	s.http = server.NewStreamableHTTPServer(s.mcp,
+		server.WithEndpointPath("/mcp"),
+		server.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
+			ctx = context.WithValue(ctx, keyTransport, TransportHTTP)
+			id := ""
+			if sess := server.ClientSessionFromContext(ctx); sess != nil {
+				id = sess.SessionID()
+			}
+			if id == "" && cfg.ClientID != nil {
+				id = cfg.ClientID(r)
+			}
+			if id == "" {
+				id = anonClient
+			}
+			return context.WithValue(ctx, keyClient, id)
+		}),
+		server.WithStreamableHTTPLogger(cfg.Logger),
+	)
+	s.Refresh()
+	return s, nil
+}
+
+// Refresh re-reads the Vendor's tools and registers them; mcp-go then
+// sends notifications/tools/list_changed to every connected client that
+// can receive it (see the package doc). Safe to call concurrently; cheap
+// enough to call on every upstream change.
+func (s *Server) Refresh() {
+	vt := s.cfg.Vendor.Tools()
+	ranger, _ := s.cfg.Vendor.(PriceRanger)
+	tools := make([]server.ServerTool, 0, len(vt))
+	for _, t := range vt {
+		tools = append(tools, server.ServerTool{Tool: s.toMCPTool(t, ranger), Handler: s.handleCall})
+	}
+	s.mcp.SetTools(tools...)
+}
+
+func (s *Server) toMCPTool(t vend.Tool, ranger PriceRanger) mcp.Tool {
+	mt := mcp.Tool{Name: t.Name, Title: t.Title, Description: t.Description}
+	schema := t.InputSchema
+	if len(schema) == 0 {
+		schema = json.RawMessage(`{"type":"object"}`)
+	}
+	mt.RawInputSchema = schema
+	if len(t.Annotations) > 0 {
+		if err := json.Unmarshal(t.Annotations, &mt.Annotations); err != nil {
+			s.log.Warn("tool annotations ignored", logKeyTool, t.Name, logKeyErr, err)
+		}
+	}
+	lo, hi := t.Price, t.Price
+	if ranger != nil {
+		lo, hi = ranger.ListedPrice(t)
+	}
+	if hi > 0 {
+		price := map[string]any{"amount": lo.SatsCeil(), "unit": "sats"}
+		if hi.SatsCeil() > lo.SatsCeil() {
+			price["max_amount"] = hi.SatsCeil()
+		}
+		mt.Meta = &mcp.Meta{AdditionalFields: map[string]any{MetaPrice: price}}
+	}
+	return mt
+}
+
+// Handler returns the Streamable HTTP handler. It serves every path it is
+// mounted on (the wiring mounts it at /mcp), answers bodies larger than
+// MaxBodyBytes with 413, and listens nowhere by itself. mcp-go rejects
+// requests arriving on a loopback connection with a non-localhost Host
+// header (DNS rebinding protection).
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(s.serveHTTP)
+}
+
+// CloseStreams ends every long-lived HTTP listening stream (GET streams,
+// and subscriptions/listen with protocol 2026-07-28), now and from now on,
+// so that http.Server.Shutdown, which waits for active requests, can
+// finish. Calls in flight are not affected. Call it right after starting
+// Shutdown. Idempotent.
+func (s *Server) CloseStreams() { s.closeStreams() }
+
+// ServeStdio serves one MCP client on in/out until in ends (nil) or ctx
+// ends (ctx's error). mcp-go keeps one stdio session per process, so only
+// one ServeStdio may run at a time in a process.
+func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) error {
+	s.stdio.Lock()
+	if s.inStdi {
+		s.stdio.Unlock()
+		return errors.New("mcpfront: ServeStdio already running")
+	}
+	s.inStdi = true
+	s.stdio.Unlock()
+	defer func() {
+		s.stdio.Lock()
+		s.inStdi = false
+		s.stdio.Unlock()
+	}()
+
+	w := &lineWriter{s: s, w: out}
+	ss := server.NewStdioServer(s.mcp)
+	ss.SetErrorLogger(slog.NewLogLogger(s.log.Handler(), slog.LevelWarn))
+	ss.SetContextFunc(func(ctx context.Context) context.Context {
+		ctx = context.WithValue(ctx, keyTransport, TransportStdio)
+		ctx = context.WithValue(ctx, keyClient, stdioClient)
+		return context.WithValue(ctx, keyStdioOut, w)
+	})
+	err := ss.Listen(ctx, in, w)
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	return err
+}

@@ -1,0 +1,369 @@
+package mcpfront
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/mark3labs/mcp-go/mcp"
+)
+
+// rewrite returns msg (one JSON-RPC message) with this Server's
+// placeholders replaced: a marked -32603 error by the wire error it
+// encodes, a placeholder result by the Vendor's body. Any other message is
+// returned unchanged.
+func (s *Server) rewrite(msg []byte) []byte {
+	if !bytes.Contains(msg, []byte(s.nonce)) {
+		return msg
+	}
+	var top struct {
+		ID     json.RawMessage `json:"id"`
+		Result json.RawMessage `json:"result"`
+		Error  *struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(msg, &top); err != nil || len(top.ID) == 0 {
+		return msg
+	}
+	switch {
+	case top.Error != nil:
+		w, ok := s.unmarkError(top.Error.Message)
+		if !ok || top.Error.Code != CodeInternal {
+			return msg
+		}
+		return envelope(top.ID, "error", w)
+	case len(top.Result) > 0:
+		body, ok := s.restoreResult(top.Result)
+		if !ok {
+			return msg
+		}
+		return envelope(top.ID, "result", body)
+	}
+	return msg
+}
+
+func envelope(id json.RawMessage, key string, value json.RawMessage) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"jsonrpc":"2.0","id":`)
+	b.Write(id)
+	b.WriteString(`,"` + key + `":`)
+	b.Write(value)
+	b.WriteByte('}')
+	return b.Bytes()
+}
+
+// restoreResult turns mcp-go's rendering of a placeholder back into the
+// Vendor's body, keeping what mcp-go added that the body lacks (resultType,
+// _meta.serverInfo with protocol 2026-07-28).
+func (s *Server) restoreResult(result json.RawMessage) (json.RawMessage, bool) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(result, &fields) != nil {
+		return nil, false
+	}
+	var meta map[string]json.RawMessage
+	if json.Unmarshal(fields["_meta"], &meta) != nil {
+		return nil, false
+	}
+	var nonce string
+	if json.Unmarshal(meta[metaVerbatim], &nonce) != nil || nonce != s.nonce {
+		return nil, false
+	}
+	var content []struct {
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(fields["content"], &content) != nil || len(content) != 1 {
+		return nil, false
+	}
+	body := []byte(content[0].Text)
+	var bodyFields map[string]json.RawMessage
+	if json.Unmarshal(body, &bodyFields) != nil {
+		return nil, false
+	}
+	delete(meta, metaVerbatim)
+	extra := map[string]json.RawMessage{}
+	if _, ok := bodyFields["_meta"]; !ok && len(meta) > 0 {
+		extra["_meta"], _ = json.Marshal(meta)
+	}
+	for k, v := range fields {
+		switch k {
+		case "_meta", "content", "isError", "structuredContent":
+			continue
+		}
+		if _, ok := bodyFields[k]; !ok {
+			extra[k] = v
+		}
+	}
+	if len(extra) == 0 {
+		return body, true
+	}
+	// Append the extra members to the body's object, leaving its bytes as
+	// they are.
+	trimmed := bytes.TrimRight(body, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[len(trimmed)-1] != '}' {
+		return nil, false
+	}
+	out := append([]byte(nil), trimmed[:len(trimmed)-1]...)
+	empty := len(bodyFields) == 0
+	for _, k := range []string{"resultType", "_meta"} { // stable order first
+		if v, ok := extra[k]; ok {
+			out = appendMember(out, k, v, &empty)
+			delete(extra, k)
+		}
+	}
+	for k, v := range extra {
+		out = appendMember(out, k, v, &empty)
+	}
+	return append(out, '}'), true
+}
+
+func appendMember(out []byte, k string, v json.RawMessage, empty *bool) []byte {
+	if !*empty {
+		out = append(out, ',')
+	}
+	*empty = false
+	kb, _ := json.Marshal(k)
+	out = append(out, kb...)
+	out = append(out, ':')
+	return append(out, v...)
+}
+
+// lineWriter sits under mcp-go's stdio server: every Write is one message
+// and its newline. It rewrites placeholders and serialises writes with the
+// direct notifications of Notify.
+type lineWriter struct {
+	s  *Server
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lineWriter) Write(p []byte) (int, error) {
+	out := p
+	if bytes.Contains(p, []byte(l.s.nonce)) {
+		msg := bytes.TrimRight(p, "\r\n")
+		out = append(l.s.rewrite(msg), '\n')
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, err := l.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// serveHTTP bounds the body, then hands the request to mcp-go with a
+// response writer that rewrites placeholders.
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	var body []byte
+	if r.Method == http.MethodPost {
+		if r.ContentLength > s.cfg.MaxBodyBytes {
+			tooLarge(w)
+			return
+		}
+		var err error
+		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				tooLarge(w)
+				return
+			}
+			http.Error(w, "cannot read request body", http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	r.Header.Del(rpcIDHeader) // only the BeforeCallTool hook sets it
+	rw := &rewriteWriter{s: s, w: w, modern: isModern(r, body)}
+	defer rw.finish()
+	ctx := context.WithValue(r.Context(), keyHTTPWriter, rw)
+	if r.Method == http.MethodGet || isListen(body) {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(s.streams, cancel)
+		defer stop()
+	}
+	s.http.ServeHTTP(rw, r.WithContext(ctx))
+}
+
+// isListen reports whether body is a subscriptions/listen request.
+func isListen(body []byte) bool {
+	if !bytes.Contains(body, []byte(mcp.MethodSubscriptionsListen)) {
+		return false
+	}
+	var m struct {
+		Method string `json:"method"`
+	}
+	return json.Unmarshal(body, &m) == nil && m.Method == string(mcp.MethodSubscriptionsListen)
+}
+
+// isModern reports whether a request uses protocol 2026-07-28 or later, as
+// mcp-go decides it (header or params._meta).
+func isModern(r *http.Request, body []byte) bool {
+	if mcp.IsModernProtocol(r.Header.Get(mcp.HeaderProtocolVersion)) {
+		return true
+	}
+	var m struct {
+		Params struct {
+			Meta map[string]json.RawMessage `json:"_meta"`
+		} `json:"params"`
+	}
+	if len(body) == 0 || json.Unmarshal(body, &m) != nil {
+		return false
+	}
+	var v string
+	_ = json.Unmarshal(m.Params.Meta[mcp.MetaKeyProtocolVersion], &v)
+	return mcp.IsModernProtocol(v)
+}
+
+func tooLarge(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	_, _ = io.WriteString(w, `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Request too large"}}`+"\n")
+}
+
+// rewriteWriter sits under mcp-go's Streamable HTTP server. mcp-go writes a
+// JSON response as one Write (message + newline) and each SSE event as one
+// Write ("event: message\ndata: <message>\n\n"); only writes holding a
+// placeholder are rewritten. It also lets Notify write events on the
+// request's own stream (see notify), so every write is serialised.
+type rewriteWriter struct {
+	s *Server
+	w http.ResponseWriter
+
+	// modern requests (protocol 2026-07-28) map error codes to HTTP
+	// statuses; their status is held until the body shows the real code.
+	modern  bool
+	pending int
+
+	mu          sync.Mutex
+	wroteHeader bool
+	sse         bool // this writer upgraded the response to SSE
+	finished    bool // the handler returned: the writer is dead
+}
+
+func (rw *rewriteWriter) Header() http.Header         { return rw.w.Header() }
+func (rw *rewriteWriter) Unwrap() http.ResponseWriter { return rw.w }
+
+func (rw *rewriteWriter) WriteHeader(status int) {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.wroteHeader {
+		return // notify upgraded the response already
+	}
+	if rw.modern && rw.pending == 0 && status == http.StatusOK &&
+		strings.HasPrefix(rw.w.Header().Get("Content-Type"), "application/json") {
+		rw.pending = status
+		return
+	}
+	rw.wroteHeader = true
+	rw.w.WriteHeader(status)
+}
+
+// Flush is always offered: mcp-go streams only to writers that can flush.
+func (rw *rewriteWriter) Flush() {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	rw.flush()
+}
+
+func (rw *rewriteWriter) flush() {
+	rw.commitPending(nil)
+	if f, ok := rw.w.(http.Flusher); ok && !rw.finished {
+		f.Flush()
+	}
+}
+
+// commitPending writes a held status, as 400 if msg is an invalid-params
+// error (as mcp-go does for its own errors on modern requests).
+func (rw *rewriteWriter) commitPending(msg []byte) {
+	if rw.pending == 0 || rw.wroteHeader {
+		return
+	}
+	status := rw.pending
+	var e struct {
+		Error *struct {
+			Code int `json:"code"`
+		} `json:"error"`
+	}
+	if msg != nil && json.Unmarshal(msg, &e) == nil && e.Error != nil && e.Error.Code == CodeInvalidParams {
+		status = http.StatusBadRequest
+	}
+	rw.pending = 0
+	rw.wroteHeader = true
+	rw.w.WriteHeader(status)
+}
+
+func (rw *rewriteWriter) finish() {
+	rw.mu.Lock()
+	rw.finished = true
+	rw.mu.Unlock()
+}
+
+func (rw *rewriteWriter) Write(p []byte) (int, error) {
+	out := p
+	if bytes.Contains(p, []byte(rw.s.nonce)) {
+		if bytes.HasPrefix(p, []byte("event:")) || bytes.HasPrefix(p, []byte("id:")) || bytes.HasPrefix(p, []byte("data:")) {
+			lines := bytes.Split(p, []byte("\n"))
+			for i, line := range lines {
+				if data, ok := bytes.CutPrefix(line, []byte("data: ")); ok {
+					lines[i] = append([]byte("data: "), rw.s.rewrite(data)...)
+				}
+			}
+			out = bytes.Join(lines, []byte("\n"))
+		} else {
+			msg := bytes.TrimRight(p, "\r\n")
+			out = append(rw.s.rewrite(msg), p[len(msg):]...)
+		}
+	}
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	rw.commitPending(bytes.TrimSpace(out))
+	rw.wroteHeader = true
+	if _, err := rw.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// notify writes msg as an SSE event on this request's response, upgrading
+// it to SSE if nothing was written yet. It reports false if the response
+// can no longer carry it (finished, or already a plain JSON response).
+//
+// mcp-go's own path (the session's notification channel, read by a
+// forwarder goroutine) can drop a notification queued just before the
+// handler returns, and, before protocol 2026-07-28, can put it on the
+// session's GET stream instead; this path does neither.
+func (rw *rewriteWriter) notify(msg []byte) bool {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.finished {
+		return false
+	}
+	if !rw.wroteHeader {
+		h := rw.w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("Connection", "keep-alive")
+		rw.w.WriteHeader(http.StatusOK)
+		rw.wroteHeader = true
+		rw.sse = true
+	}
+	if !rw.sse && !strings.HasPrefix(rw.w.Header().Get("Content-Type"), "text/event-stream") {
+		return false
+	}
+	rw.sse = true
+	if _, err := fmt.Fprintf(rw.w, "event: message\ndata: %s\n\n", msg); err != nil {
+		return false
+	}
+	rw.flush()
+	return true
+}

@@ -1,0 +1,457 @@
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// clientName is how capvend introduces itself to upstreams.
+const clientName = "capvend"
+
+// stableAfter is how long a session must have stayed up for the next
+// reconnect to start again from the minimum delay.
+const stableAfter = 10 * time.Second
+
+// upstream is one configured server and its current session.
+type upstream struct {
+	m   *Manager
+	cfg ServerConfig
+	log *slog.Logger
+
+	mu      sync.Mutex
+	sess    *client.Client // nil while down
+	tools   []vend.Tool    // last known list, kept while down
+	lastErr error
+
+	// progress routes the upstream's notifications/progress to the call
+	// that asked for them, by the token the Manager chose.
+	progressMu sync.Mutex
+	progress   map[string]*progressRoute
+	seq        atomic.Uint64
+
+	listChanged chan struct{} // a list_changed arrived: re-list
+	check       chan struct{} // a call saw a transport error: ping now
+
+	// legacyHTTP is set once an HTTP upstream turned out to speak only
+	// protocols before 2026-07-28: it is then dialled with a GET stream,
+	// the only way such a server sends list_changed. Only run's goroutine
+	// touches it.
+	legacyHTTP bool
+}
+
+// errRedial asks run to dial again at once.
+var errRedial = errors.New("upstream speaks a protocol before 2026-07-28: redialling with a GET stream")
+
+// progressRoute is one call's progress forwarding. fn runs under mu and
+// never after the call returned (done).
+type progressRoute struct {
+	callerToken json.RawMessage
+	fn          func(json.RawMessage)
+	mu          sync.Mutex
+	done        bool
+}
+
+func newUpstream(m *Manager, sc ServerConfig) *upstream {
+	return &upstream{
+		m:           m,
+		cfg:         sc,
+		log:         m.log.With(logKeyServer, sc.Name),
+		progress:    map[string]*progressRoute{},
+		listChanged: make(chan struct{}, 1),
+		check:       make(chan struct{}, 1),
+	}
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func (u *upstream) toolList() []vend.Tool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.tools
+}
+
+// run keeps the upstream connected until ctx ends.
+func (u *upstream) run(ctx context.Context) {
+	backoff := u.m.cfg.MinBackoff
+	for ctx.Err() == nil {
+		start := time.Now()
+		wasUp, err := u.session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errRedial) {
+			u.log.Info("upstream is pre-2026-07-28; reconnecting with a GET stream")
+			continue
+		}
+		u.mu.Lock()
+		u.lastErr = err
+		u.mu.Unlock()
+		if wasUp && time.Since(start) >= stableAfter {
+			backoff = u.m.cfg.MinBackoff
+		}
+		u.log.Warn("upstream unavailable", logKeyErr, err, logKeyDelay, backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, u.m.cfg.MaxBackoff)
+	}
+}
+
+// session connects once, serves until the connection is lost or ctx ends,
+// and tears the connection down. wasUp says whether it got as far as
+// listing tools.
+func (u *upstream) session(ctx context.Context) (wasUp bool, err error) {
+	var wg sync.WaitGroup
+	defer wg.Wait() // runs after cancel below
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	c, exited, stop, err := u.dial(sctx)
+	if err != nil {
+		return false, err
+	}
+	defer stop()
+
+	c.OnNotification(u.onNotification)
+	cctx, ccancel := context.WithTimeout(sctx, u.m.cfg.ConnectTimeout)
+	defer ccancel()
+	if err := c.Start(sctx); err != nil {
+		return false, fmt.Errorf("start: %w", err)
+	}
+	init, err := c.Initialize(cctx, mcp.InitializeRequest{Params: mcp.InitializeParams{
+		ClientInfo: mcp.Implementation{Name: clientName, Version: "1"},
+	}})
+	if err != nil {
+		return false, fmt.Errorf("initialize: %w", err)
+	}
+	if u.cfg.URL != "" && !u.legacyHTTP && !mcp.IsModernProtocol(c.ProtocolVersion()) {
+		u.legacyHTTP = true
+		return false, errRedial
+	}
+	if init.Capabilities.Tools == nil {
+		return false, errors.New("upstream offers no tools")
+	}
+	if err := u.relist(cctx, c); err != nil {
+		return false, err
+	}
+	ccancel()
+
+	u.mu.Lock()
+	u.sess = c
+	u.lastErr = nil
+	u.mu.Unlock()
+	u.log.Info("upstream connected", logKeyProto, c.ProtocolVersion(), logKeyTools, len(u.toolList()))
+	u.state(true, nil)
+	defer func() {
+		u.mu.Lock()
+		u.sess = nil
+		u.mu.Unlock()
+		u.state(false, err)
+	}()
+
+	// With protocol 2026-07-28 an upstream sends list_changed only on a
+	// subscriptions/listen stream; its end also tells us an HTTP upstream
+	// went away. Before that protocol, notifications come unasked.
+	lost := make(chan error, 1)
+	if mcp.IsModernProtocol(c.ProtocolVersion()) && init.Capabilities.Tools.ListChanged {
+		wg.Go(func() {
+			err := c.Listen(sctx, mcp.SubscriptionFilter{ToolsListChanged: true})
+			if sctx.Err() != nil {
+				return
+			}
+			if err == nil || isTransportErr(err) {
+				lost <- fmt.Errorf("listen stream ended: %v", err)
+				return
+			}
+			u.log.Warn("upstream refused subscriptions/listen; relying on pings", logKeyErr, err)
+		})
+	}
+
+	ping := time.NewTicker(u.m.cfg.PingInterval)
+	defer ping.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return true, ctx.Err()
+		case err := <-exited:
+			return true, fmt.Errorf("child exited: %v", err)
+		case err := <-lost:
+			return true, err
+		case <-u.listChanged:
+			lctx, lcancel := context.WithTimeout(sctx, u.m.cfg.ConnectTimeout)
+			err := u.relist(lctx, c)
+			lcancel()
+			if err != nil {
+				if isTransportErr(err) {
+					return true, err
+				}
+				u.log.Warn("re-listing tools failed", logKeyErr, err)
+			}
+		case <-ping.C:
+		case <-u.check:
+		}
+		if err := u.ping(sctx, c); err != nil {
+			return true, err
+		}
+	}
+}
+
+func (u *upstream) ping(ctx context.Context, c *client.Client) error {
+	pctx, cancel := context.WithTimeout(ctx, u.m.cfg.ConnectTimeout)
+	defer cancel()
+	if err := c.Ping(pctx); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	return nil
+}
+
+func (u *upstream) state(up bool, err error) {
+	if f := u.m.cfg.OnState; f != nil {
+		f(u.cfg.Name, up, err)
+	}
+}
+
+// relist fetches the tool list and, if it changed, publishes it and calls
+// OnChange.
+func (u *upstream) relist(ctx context.Context, c *client.Client) error {
+	res, err := c.ListTools(ctx, mcp.ListToolsRequest{})
+	if err != nil {
+		return fmt.Errorf("tools/list: %w", err)
+	}
+	tools := toVendTools(u.cfg, res.Tools)
+	u.mu.Lock()
+	changed := !sameTools(u.tools, tools)
+	if changed {
+		u.tools = tools
+	}
+	u.mu.Unlock()
+	if changed {
+		u.m.rebuild()
+		u.log.Info("upstream tools changed", logKeyTools, len(tools))
+		if f := u.m.cfg.OnChange; f != nil {
+			f()
+		}
+	}
+	return nil
+}
+
+func sameTools(a, b []vend.Tool) bool {
+	if len(a) != len(b) || (a == nil) != (b == nil) {
+		return false
+	}
+	ja, err1 := json.Marshal(a)
+	jb, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && bytes.Equal(ja, jb)
+}
+
+// onNotification runs on the transport's read loop: it must not do I/O on
+// the session (a request from here would deadlock a stdio transport).
+func (u *upstream) onNotification(n mcp.JSONRPCNotification) {
+	switch n.Method {
+	case string(mcp.MethodNotificationToolsListChanged):
+		signal(u.listChanged)
+	case vend.NotifyProgress:
+		u.routeProgress(n)
+	}
+}
+
+func (u *upstream) routeProgress(n mcp.JSONRPCNotification) {
+	raw, err := json.Marshal(n.Params)
+	if err != nil {
+		return
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return
+	}
+	var tok string
+	if err := json.Unmarshal(fields["progressToken"], &tok); err != nil {
+		return // not one of ours: ours are strings
+	}
+	u.progressMu.Lock()
+	route, ok := u.progress[tok]
+	u.progressMu.Unlock()
+	if !ok {
+		return
+	}
+	fields["progressToken"] = route.callerToken
+	out, err := json.Marshal(fields)
+	if err != nil {
+		return
+	}
+	route.mu.Lock()
+	defer route.mu.Unlock()
+	if !route.done {
+		route.fn(out)
+	}
+}
+
+// call forwards one tools/call.
+func (u *upstream) call(ctx context.Context, name string, args, progressToken json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
+	u.mu.Lock()
+	c := u.sess
+	u.mu.Unlock()
+	if c == nil {
+		return nil, fmt.Errorf("upstream %q is down: %w", u.cfg.Name, vend.ErrUpstream)
+	}
+	if len(args) == 0 {
+		args = json.RawMessage(`{}`)
+	}
+	req := mcp.CallToolRequest{}
+	req.Params.Name = name
+	req.Params.Arguments = args
+	if progress != nil && len(progressToken) > 0 {
+		tok := fmt.Sprintf("capvend-%d", u.seq.Add(1))
+		route := &progressRoute{callerToken: progressToken, fn: progress}
+		u.progressMu.Lock()
+		u.progress[tok] = route
+		u.progressMu.Unlock()
+		defer func() {
+			u.progressMu.Lock()
+			delete(u.progress, tok)
+			u.progressMu.Unlock()
+			route.mu.Lock()
+			route.done = true
+			route.mu.Unlock()
+		}()
+		req.Params.Meta = &mcp.Meta{ProgressToken: tok}
+	}
+	res, err := c.CallTool(ctx, req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("upstream %q: call %q: %w", u.cfg.Name, name, ctx.Err())
+		}
+		if isTransportErr(err) {
+			signal(u.check)
+		}
+		return nil, fmt.Errorf("upstream %q: call %q: %w: %w", u.cfg.Name, name, vend.ErrUpstream, err)
+	}
+	// The protocol's decorations belong to the hop, not to the result:
+	// the front adds its own.
+	res.ResultType = ""
+	if res.Meta != nil {
+		delete(res.Meta.AdditionalFields, mcp.MetaKeyServerInfo)
+		if res.Meta.ProgressToken == nil && len(res.Meta.AdditionalFields) == 0 {
+			res.Meta = nil
+		}
+	}
+	body, err := json.Marshal(res)
+	if err != nil {
+		return nil, fmt.Errorf("upstream %q: call %q: encode result: %w: %w", u.cfg.Name, name, vend.ErrUpstream, err)
+	}
+	return body, nil
+}
+
+// dial opens a transport and returns a client on it (not started), a
+// channel that receives when a stdio child exits (nil for HTTP), and a
+// function closing everything, bounded by StopTimeout.
+func (u *upstream) dial(ctx context.Context) (*client.Client, <-chan error, func(), error) {
+	if u.cfg.URL != "" {
+		opts := []transport.StreamableHTTPCOption{
+			transport.WithHTTPHeaders(u.cfg.Headers),
+			transport.WithHTTPLogger(u.log),
+		}
+		if u.legacyHTTP {
+			opts = append(opts, transport.WithContinuousListening())
+		}
+		tr, err := transport.NewStreamableHTTP(u.cfg.URL, opts...)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("http transport: %w", err)
+		}
+		c := client.NewClient(tr)
+		return c, nil, func() { _ = c.Close() }, nil
+	}
+
+	// The child is started here, not by mcp-go's stdio transport, so that
+	// capvend owns its Wait and learns at once when it dies.
+	cmd := exec.Command(u.cfg.Command, u.cfg.Args...)
+	cmd.Dir = u.cfg.Dir
+	cmd.Env = append(os.Environ(), u.cfg.Env...)
+	cmd.Stderr = &logWriter{log: u.log}
+	cmd.WaitDelay = u.m.cfg.StopTimeout
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("stdin pipe: %w", err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("stdout pipe: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, fmt.Errorf("start %s: %w", u.cfg.Command, err)
+	}
+	waited := make(chan struct{})
+	var waitErr error
+	exited := make(chan error, 1)
+	go func() {
+		waitErr = cmd.Wait()
+		close(waited)
+		exited <- waitErr
+	}()
+	c := client.NewClient(transport.NewIO(stdout, stdin, nil))
+	stop := func() {
+		_ = c.Close() // closes stdin: a well-behaved server exits on EOF
+		t := time.NewTimer(u.m.cfg.StopTimeout)
+		defer t.Stop()
+		select {
+		case <-waited:
+		case <-t.C:
+			_ = cmd.Process.Kill()
+			<-waited
+		}
+	}
+	return c, exited, stop, nil
+}
+
+// logWriter logs a child's stderr line by line at debug level.
+type logWriter struct {
+	log *slog.Logger
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		w.log.Debug("upstream stderr", logKeyLine, string(w.buf[:i]))
+		w.buf = w.buf[i+1:]
+	}
+	if len(w.buf) > 4096 { // a runaway line: log what we have
+		w.log.Debug("upstream stderr", logKeyLine, string(w.buf))
+		w.buf = w.buf[:0]
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = (*logWriter)(nil)
