@@ -22,7 +22,7 @@ type schemaCache struct {
 // validate checks args against t's input schema. A tool without a schema,
 // or with one that does not compile (the upstream's mistake), accepts any
 // JSON object.
-func (c *schemaCache) validate(t Tool, args []byte) error {
+func (c *schemaCache) validate(t *Tool, args []byte) error {
 	if len(bytes.TrimSpace(t.InputSchema)) == 0 {
 		return nil
 	}

@@ -243,7 +243,7 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool) {
 	r := CallRequest{Transport: call.Transport, Client: call.Client, RequestID: call.RequestID, Tool: name, Arguments: args,
 		Notify: func(string, any) {}}
 	if !resume {
-		if _, err := v.run(ctx, call, p, t, args, r); err != nil && !errors.Is(err, ErrUpstream) {
+		if _, err := v.run(ctx, &call, &p, &t, args, &r); err != nil && !errors.Is(err, ErrUpstream) {
 			log.Warn("vend: recover: run", "err", err)
 		}
 		return
@@ -267,7 +267,7 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool) {
 		return
 	}
 	log.Info("vend: recover: running an interrupted idempotent call again", "tool", name)
-	v.finish(ctx, call, p, t, args, r)
+	v.finish(ctx, &call, &p, &t, args, &r)
 }
 
 // awaitTool waits (up to a minute) for an upstream to offer the tool.
@@ -296,7 +296,7 @@ func (v *Vendor) refundInterrupted(ctx context.Context, c Call) {
 		return
 	}
 	v.cfg.Log.Warn("vend: recover: refunding a call interrupted while it ran", "call", int64(c.ID), "tool", c.Tool)
-	v.fail(ctx, c, ps[len(ps)-1], nil, "interrupted by a restart while it ran; not run again")
+	v.fail(ctx, &c, &ps[len(ps)-1], nil, "interrupted by a restart while it ran; not run again")
 }
 
 // refundFailed completes the refund of a call that failed just before a
@@ -372,40 +372,72 @@ func (v *Vendor) tool(name string) (Tool, bool) {
 // to a JSON-RPC error: ErrUnknownTool, *InvalidParamsError,
 // *PaymentRequiredError, *PaymentPendingError, ErrPaymentExpired,
 // ErrPaymentFailed, ErrNoPaymentMethod, ErrLimit, ErrUpstream.
-func (v *Vendor) CallTool(ctx context.Context, r CallRequest) (CallResult, error) {
+func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, error) {
+	// A call waiting for payment keeps the frames of CallTool, quote,
+	// awaitPayment and waitPaid on its goroutine's stack: they are kept
+	// small (the work is in functions that have returned by then), so
+	// 10,000 waiting calls fit in little memory.
+	r := &req
 	if r.Notify == nil {
 		r.Notify = func(string, any) {}
 	}
+	a, res, err := v.admit(ctx, r)
+	if a == nil {
+		return res, err
+	}
+	switch {
+	case a.known:
+		return v.resume(ctx, &a.call, &a.t, a.args, r)
+	case r.CashuToken != "":
+		return v.payWithToken(ctx, &a.call, &a.t, a.args, r)
+	}
+	return v.quote(ctx, &a.call, &a.t, a.args, r)
+}
+
+// admitted is a priced call recorded in the ledger.
+type admitted struct {
+	call  Call
+	t     Tool
+	args  json.RawMessage
+	known bool // a replay, or an explicit-gating grant: not a new call
+}
+
+// admit checks a call, runs it at once if it is free, and otherwise records
+// it (or finds the call it repeats). A nil *admitted means the call is
+// answered by res and err.
+//
+//go:noinline
+func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResult, error) {
 	t, ok := v.tool(r.Tool)
 	if !ok {
-		return CallResult{}, fmt.Errorf("%w: %q", ErrUnknownTool, r.Tool)
+		return nil, CallResult{}, fmt.Errorf("%w: %q", ErrUnknownTool, r.Tool)
 	}
 	args, err := normalizeArgs(r.Arguments)
 	if err != nil {
-		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
-	if err := v.schemas.validate(t, args); err != nil {
-		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	if err := v.schemas.validate(&t, args); err != nil {
+		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
 	price, idempotent, err := v.cfg.Prices.Price(t.Server, t.UpstreamName, args)
 	if err != nil {
-		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
 	if price <= 0 {
-		body, err := v.execute(ctx, t, args, r)
+		body, err := v.execute(ctx, &t, args, r)
 		if err != nil {
-			return CallResult{}, err
+			return nil, CallResult{}, err
 		}
-		return CallResult{Body: body, IsError: isErrorResult(body)}, nil
+		return nil, CallResult{Body: body, IsError: isErrorResult(body)}, nil
 	}
 	params, _ := json.Marshal(map[string]json.RawMessage{"name": mustJSON(r.Tool), "arguments": args})
 	hash, err := CanonicalHash("tools/call", params)
 	if err != nil {
-		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
 	if r.Explicit && r.CashuToken == "" {
 		if grant, ok := v.findGrant(ctx, r, hash); ok {
-			return v.resume(ctx, grant, t, args, r)
+			return &admitted{call: grant, t: t, args: args, known: true}, CallResult{}, nil
 		}
 	}
 	if r.Anonymous {
@@ -418,22 +450,16 @@ func (v *Vendor) CallTool(ctx context.Context, r CallRequest) (CallResult, error
 		ArgsHash: hash, Price: price, Idempotent: idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
 	})
 	if err != nil {
-		return CallResult{}, err
+		return nil, CallResult{}, err
 	}
-	if !created {
-		return v.resume(ctx, call, t, args, r)
-	}
-	if r.CashuToken != "" {
-		return v.payWithToken(ctx, call, t, args, r)
-	}
-	return v.quote(ctx, call, t, args, r)
+	return &admitted{call: call, t: t, args: args, known: !created}, CallResult{}, nil
 }
 
 // findGrant finds the paid (or still awaited) explicit-gating call a
 // repeated call may use: the one whose invoice's preimage the client
 // presents, else, for an identified client, its own newest one for the
 // same call.
-func (v *Vendor) findGrant(ctx context.Context, r CallRequest, hash string) (Call, bool) {
+func (v *Vendor) findGrant(ctx context.Context, r *CallRequest, hash string) (Call, bool) {
 	if r.PaymentProof != "" {
 		pre, err := hex.DecodeString(r.PaymentProof)
 		if err != nil || len(pre) != 32 {
@@ -465,16 +491,30 @@ func randomHex(n int) string {
 
 // quote asks a backend for a payment and waits for it (or, with explicit
 // gating, answers with the ways to pay).
-func (v *Vendor) quote(ctx context.Context, call Call, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
+func (v *Vendor) quote(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+	p, res, err := v.requestPayment(ctx, call, t, r)
+	if p == nil {
+		return res, err
+	}
+	defer v.release(r.Client)
+	return v.awaitPayment(ctx, call, p, t, args, r)
+}
+
+// requestPayment asks a backend for the call's payment. A nil payment
+// means the call is answered by res and err (explicit gating, a limit, no
+// backend); otherwise the caller releases the client's unpaid slot.
+//
+//go:noinline
+func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *CallRequest) (*Payment, CallResult, error) {
 	v.failpoint(FailAfterQuote)
 	b := v.chooseBackend(r.PMIs)
 	if b == nil {
 		v.endUnpaid(ctx, call, "no payment method")
-		return CallResult{}, ErrNoPaymentMethod
+		return nil, CallResult{}, ErrNoPaymentMethod
 	}
 	if !v.reserve(r.Client) {
 		v.endUnpaid(ctx, call, "too many unpaid requests")
-		return CallResult{}, fmt.Errorf("%w: too many unpaid payment requests (at most %d per client)", ErrLimit, v.cfg.MaxUnpaidPerClient)
+		return nil, CallResult{}, fmt.Errorf("%w: too many unpaid payment requests (at most %d per client)", ErrLimit, v.cfg.MaxUnpaidPerClient)
 	}
 	hs, canHold := b.(HoldSettler)
 	p, err := b.Request(ctx, PaymentRequest{
@@ -485,19 +525,18 @@ func (v *Vendor) quote(ctx context.Context, call Call, t Tool, args json.RawMess
 		v.release(r.Client)
 		v.endUnpaid(ctx, call, "payment request failed")
 		v.cfg.Log.Error("vend: payment request failed", "tool", t.Name, "backend", b.Backend(), "err", err)
-		return CallResult{}, fmt.Errorf("%w: the payment backend is unavailable", ErrPaymentFailed)
+		return nil, CallResult{}, fmt.Errorf("%w: the payment backend is unavailable", ErrPaymentFailed)
 	}
 	if r.Explicit {
 		v.release(r.Client) // a grant waits in the ledger, not in memory
-		return CallResult{}, &PaymentRequiredError{Options: v.options(t, p)}
+		return nil, CallResult{}, &PaymentRequiredError{Options: v.options(t, &p)}
 	}
-	defer v.release(r.Client)
-	return v.awaitPayment(ctx, call, p, t, args, r)
+	return &p, CallResult{}, nil
 }
 
 // options are the ways to pay for a call: its payment request, and a Cashu
 // token when a backend takes tokens.
-func (v *Vendor) options(t Tool, p Payment) []PaymentOption {
+func (v *Vendor) options(t *Tool, p *Payment) []PaymentOption {
 	ttl := int64(time.Until(p.ExpiresAt).Seconds())
 	opts := []PaymentOption{{Amount: p.Amount.SatsCeil(), PayReq: p.Bolt11, PMI: PMILightning, Description: describe(t, p.Amount), TTL: ttl}}
 	for _, b := range v.cfg.Backends {
@@ -512,51 +551,91 @@ func (v *Vendor) options(t Tool, p Payment) []PaymentOption {
 
 // awaitPayment tells the client what to pay and waits for the backend to
 // report the payment, then runs the call.
-func (v *Vendor) awaitPayment(ctx context.Context, call Call, p Payment, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
+func (v *Vendor) awaitPayment(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+	p, err := v.waitPaid(ctx, p, t, r)
+	if err != nil {
+		return CallResult{}, err // the client left; the request stays payable
+	}
+	return v.afterPayment(ctx, call, p, t, args, r)
+}
+
+// waitPaid sends payment_required and waits for the payment's next state,
+// sending progress heartbeats meanwhile. It returns ctx's error if the
+// client leaves first: the request then stays payable, and a replay of
+// the same request (or the orphan path of onPayment) picks it up.
+func (v *Vendor) waitPaid(ctx context.Context, p *Payment, t *Tool, r *CallRequest) (*Payment, error) {
 	events := v.wait(p.Ref)
 	defer v.unwait(p.Ref, events)
 	// The payment may have arrived already (a replay after a restart).
-	if cur, err := v.cfg.Ledger.Payment(ctx, p.Ref); err == nil && cur.State != PaymentOpen {
-		p = cur
-	} else {
-		v.failpoint(FailAfterInvoice)
-		for _, o := range v.options(t, p)[:1] {
-			r.Notify(NotifyPaymentRequired, o)
-		}
-		heartbeat := time.NewTicker(v.cfg.Heartbeat)
-		defer heartbeat.Stop()
-		expiry := time.NewTimer(time.Until(p.ExpiresAt) + time.Minute) // the backend reports expiry; this is a backstop
-		defer expiry.Stop()
-		beats := 0
-	wait:
-		for {
-			select {
-			case e := <-events:
-				p = e.Payment
-				break wait
-			case <-heartbeat.C:
-				if r.ProgressToken != nil {
-					beats++
-					r.Notify(NotifyProgress, map[string]any{"progressToken": r.ProgressToken, "progress": beats,
-						"message": "waiting for payment"})
-				}
-			case <-expiry.C:
-				if cur, err := v.cfg.Ledger.Payment(ctx, p.Ref); err == nil && cur.State != PaymentOpen {
-					p = cur
-					break wait
-				}
-				if b := v.backend(p.Backend); b != nil {
-					b.Cancel(context.WithoutCancel(ctx), p.Ref)
-				}
-				p.State = PaymentExpired
-				break wait
-			case <-ctx.Done():
-				// The client left. The request stays payable; a
-				// replay of the same request picks it up.
-				return CallResult{}, ctx.Err()
+	if cur := v.currentPayment(ctx, p.Ref); cur != nil && cur.State != PaymentOpen {
+		return cur, nil
+	}
+	v.failpoint(FailAfterInvoice)
+	v.notifyRequired(t, p, r)
+	heartbeat := time.NewTicker(v.cfg.Heartbeat)
+	defer heartbeat.Stop()
+	expiry := time.NewTimer(time.Until(p.ExpiresAt) + time.Minute) // the backend reports expiry; this is a backstop
+	defer expiry.Stop()
+	beats := 0
+	for {
+		select {
+		case e := <-events:
+			return &e.Payment, nil
+		case <-heartbeat.C:
+			if r.ProgressToken != nil {
+				beats++
+				notifyHeartbeat(r, beats)
 			}
+		case <-expiry.C:
+			return v.expireUnreported(ctx, p), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 	}
+}
+
+//go:noinline
+func (v *Vendor) currentPayment(ctx context.Context, ref string) *Payment {
+	p, err := v.cfg.Ledger.Payment(ctx, ref)
+	if err != nil {
+		return nil
+	}
+	return &p
+}
+
+//go:noinline
+func (v *Vendor) notifyRequired(t *Tool, p *Payment, r *CallRequest) {
+	r.Notify(NotifyPaymentRequired, v.options(t, p)[0])
+}
+
+//go:noinline
+func notifyHeartbeat(r *CallRequest, beats int) {
+	r.Notify(NotifyProgress, map[string]any{"progressToken": r.ProgressToken, "progress": beats,
+		"message": "waiting for payment"})
+}
+
+// expireUnreported handles a payment whose expiry passed without a report
+// from its backend: it takes what the ledger says, else withdraws the
+// request and calls it expired.
+//
+//go:noinline
+func (v *Vendor) expireUnreported(ctx context.Context, p *Payment) *Payment {
+	if cur := v.currentPayment(ctx, p.Ref); cur != nil && cur.State != PaymentOpen {
+		return cur
+	}
+	if b := v.backend(p.Backend); b != nil {
+		b.Cancel(context.WithoutCancel(ctx), p.Ref)
+	}
+	expired := *p
+	expired.State = PaymentExpired
+	return &expired
+}
+
+// afterPayment runs a paid call, or tells the client its payment request
+// expired.
+//
+//go:noinline
+func (v *Vendor) afterPayment(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
 	switch p.State {
 	case PaymentAccepted, PaymentSettled:
 		v.failpoint(FailAfterSettlement)
@@ -571,7 +650,7 @@ func (v *Vendor) awaitPayment(ctx context.Context, call Call, p Payment, t Tool,
 }
 
 // payWithToken takes a Cashu token for the call, then runs it.
-func (v *Vendor) payWithToken(ctx context.Context, call Call, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
+func (v *Vendor) payWithToken(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
 	for _, b := range v.cfg.Backends {
 		ta, ok := b.(TokenAcceptor)
 		if !ok {
@@ -584,7 +663,7 @@ func (v *Vendor) payWithToken(ctx context.Context, call Call, t Tool, args json.
 		}
 		r.Notify(NotifyPaymentAccepted, map[string]any{"amount": receipt.Payment.Amount.SatsCeil(), "pmi": PMICashu,
 			"_meta": map[string]any{"change": receipt.Change}})
-		return v.run(ctx, call, receipt.Payment, t, args, r)
+		return v.run(ctx, call, &receipt.Payment, t, args, r)
 	}
 	v.endUnpaid(ctx, call, "no Cashu backend")
 	return CallResult{}, fmt.Errorf("%w: this server takes no Cashu tokens", ErrNoPaymentMethod)
@@ -592,7 +671,7 @@ func (v *Vendor) payWithToken(ctx context.Context, call Call, t Tool, args json.
 
 // resume answers a call the ledger knows already: a replayed request, or
 // an explicit-gating grant being used.
-func (v *Vendor) resume(ctx context.Context, call Call, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
+func (v *Vendor) resume(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
 	if done := v.runningDone(call.ID); done != nil {
 		select {
 		case <-done:
@@ -600,7 +679,7 @@ func (v *Vendor) resume(ctx context.Context, call Call, t Tool, args json.RawMes
 			return CallResult{}, ctx.Err()
 		}
 		if c, err := v.cfg.Ledger.Call(ctx, call.ID); err == nil {
-			call = c
+			call = &c
 		}
 	}
 	switch call.State {
@@ -623,22 +702,22 @@ func (v *Vendor) resume(ctx context.Context, call Call, t Tool, args json.RawMes
 	}
 	p := ps[len(ps)-1]
 	if call.State == CallPaid {
-		return v.run(ctx, call, p, t, args, r)
+		return v.run(ctx, call, &p, t, args, r)
 	}
 	// awaiting_payment
 	if r.Explicit {
 		if p.State == PaymentOpen {
 			return CallResult{}, &PaymentPendingError{RetryAfter: 2}
 		}
-		return CallResult{}, &PaymentRequiredError{Options: v.options(t, p)}
+		return CallResult{}, &PaymentRequiredError{Options: v.options(t, &p)}
 	}
-	return v.awaitPayment(ctx, call, p, t, args, r)
+	return v.awaitPayment(ctx, call, &p, t, args, r)
 }
 
 // run executes a paid call exactly once and records its end: delivered
 // (a hold invoice settled first), or failed and refunded (a hold invoice
 // canceled, returning the money).
-func (v *Vendor) run(ctx context.Context, call Call, p Payment, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
+func (v *Vendor) run(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
 	// Requests for the same call in this process queue behind the first;
 	// the ledger's claim keeps other processes out.
 	v.mu.Lock()
@@ -657,7 +736,7 @@ func (v *Vendor) run(ctx context.Context, call Call, p Payment, t Tool, args jso
 	}()
 	if _, err := v.cfg.Ledger.StartExecution(ctx, call.ID); err != nil {
 		if c, cerr := v.cfg.Ledger.Call(ctx, call.ID); cerr == nil && c.State != CallPaid && c.State != CallExecuting {
-			return v.resume(ctx, c, t, args, r) // it ran already: its stored answer
+			return v.resume(ctx, &c, t, args, r) // it ran already: its stored answer
 		}
 		return CallResult{}, err
 	}
@@ -665,7 +744,7 @@ func (v *Vendor) run(ctx context.Context, call Call, p Payment, t Tool, args jso
 }
 
 // finish runs a claimed call on its upstream and records its end.
-func (v *Vendor) finish(ctx context.Context, call Call, p Payment, t Tool, args json.RawMessage, r CallRequest) (CallResult, error) {
+func (v *Vendor) finish(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
 	// The call runs to its end even if the client leaves: it is paid.
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.ExecTimeout)
 	defer cancel()
@@ -703,7 +782,7 @@ func (v *Vendor) finish(ctx context.Context, call Call, p Payment, t Tool, args 
 
 // fail records a failed call and gives the money back: a hold invoice is
 // canceled (Lightning returns the money), anything else is booked as owed.
-func (v *Vendor) fail(ctx context.Context, call Call, p Payment, body json.RawMessage, reason string) (CallResult, error) {
+func (v *Vendor) fail(ctx context.Context, call *Call, p *Payment, body json.RawMessage, reason string) (CallResult, error) {
 	stored := body
 	if stored == nil {
 		stored, _ = json.Marshal(map[string]any{"isError": true, "content": []map[string]string{{"type": "text",
@@ -730,12 +809,12 @@ func (v *Vendor) fail(ctx context.Context, call Call, p Payment, body json.RawMe
 }
 
 // execute runs the tool on its upstream, forwarding progress.
-func (v *Vendor) execute(ctx context.Context, t Tool, args json.RawMessage, r CallRequest) (json.RawMessage, error) {
+func (v *Vendor) execute(ctx context.Context, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
 	var progress func(json.RawMessage)
 	if r.ProgressToken != nil {
 		progress = func(params json.RawMessage) { r.Notify(NotifyProgress, params) }
 	}
-	body, err := v.cfg.Tools.CallTool(ctx, t, args, r.ProgressToken, progress)
+	body, err := v.cfg.Tools.CallTool(ctx, *t, args, r.ProgressToken, progress)
 	if err != nil {
 		v.cfg.Log.Warn("vend: upstream call failed", "tool", t.Name, "err", err)
 		return nil, fmt.Errorf("%w: %s is unavailable", ErrUpstream, t.Server)
@@ -746,7 +825,7 @@ func (v *Vendor) execute(ctx context.Context, t Tool, args json.RawMessage, r Ca
 // endUnpaid ends a call that never got a payment request, or whose token
 // was refused (its backend ended the payment; the call is no longer
 // quoted then, which is fine).
-func (v *Vendor) endUnpaid(ctx context.Context, call Call, reason string) {
+func (v *Vendor) endUnpaid(ctx context.Context, call *Call, reason string) {
 	if err := v.cfg.Ledger.CancelQuote(ctx, call.ID, reason); err != nil && !errors.Is(err, ErrIllegalTransition) {
 		v.cfg.Log.Warn("vend: ending an unpaid call", "call", int64(call.ID), "err", err)
 	}
@@ -816,7 +895,7 @@ func (v *Vendor) runningDone(id CallID) chan struct{} {
 	return v.running[id]
 }
 
-func describe(t Tool, price Msat) string {
+func describe(t *Tool, price Msat) string {
 	return fmt.Sprintf("%s: %s", t.Name, price)
 }
 

@@ -169,7 +169,7 @@ type harness struct {
 	tools *fakeTools
 }
 
-func newHarness(t *testing.T, hold bool, mod func(*vend.Config)) *harness {
+func newHarness(t testing.TB, hold bool, mod func(*vend.Config)) *harness {
 	t.Helper()
 	l, err := ledger.Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
 	if err != nil {
@@ -180,7 +180,7 @@ func newHarness(t *testing.T, hold bool, mod func(*vend.Config)) *harness {
 }
 
 // harnessOn starts a Vendor on an existing ledger: capvend (re)starting.
-func harnessOn(t *testing.T, l *ledger.Ledger, hold bool, mod func(*vend.Config)) *harness {
+func harnessOn(t testing.TB, l *ledger.Ledger, hold bool, mod func(*vend.Config)) *harness {
 	t.Helper()
 	be := &fakeBackend{led: l, hold: hold, last: make(chan vend.Payment, 100)}
 	tools := &fakeTools{}

@@ -1,0 +1,120 @@
+package vend_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// timedTools records when each call reached the upstream.
+type timedTools struct {
+	fakeTools
+	mu      sync.Mutex
+	reached map[string]time.Time // by the "text" argument
+}
+
+func (f *timedTools) CallTool(ctx context.Context, t vend.Tool, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
+	now := time.Now()
+	var a struct{ Text string }
+	json.Unmarshal(args, &a)
+	f.mu.Lock()
+	f.reached[a.Text] = now
+	f.mu.Unlock()
+	return f.fakeTools.CallTool(ctx, t, args, tok, progress)
+}
+
+// BenchmarkSettleToExecute measures the latency from a backend reporting a
+// settlement to the call reaching its upstream: routing the event, the
+// ledger's claim (one durable transaction) and the notification. Target:
+// p50 <= 20 ms.
+func BenchmarkSettleToExecute(b *testing.B) {
+	tools := &timedTools{reached: map[string]time.Time{}}
+	h := newHarness(b, false, func(c *vend.Config) { c.Tools = tools })
+	lat := make([]time.Duration, 0, b.N)
+	for i := 0; i < b.N; i++ {
+		text := "bench-" + strconv.Itoa(i)
+		ch := h.callAsync(req(fmt.Sprint(i), "demo_echo", `{"text":"`+text+`"}`, nil))
+		p := <-h.be.last
+		settled := time.Now()
+		h.be.pay(p.Ref)
+		o := <-ch
+		if o.err != nil {
+			b.Fatal(o.err)
+		}
+		tools.mu.Lock()
+		lat = append(lat, tools.reached[text].Sub(settled))
+		tools.mu.Unlock()
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// BenchmarkPendingQuotesRSS holds 10,000 calls waiting for payment (each
+// with its goroutine, waiter and ledger rows) and reports the process's
+// resident memory. Target: <= 150 MB.
+func BenchmarkPendingQuotesRSS(b *testing.B) {
+	const pending = 10_000
+	for i := 0; i < b.N; i++ {
+		h := newHarness(b, false, func(c *vend.Config) {
+			c.MaxUnpaidPerClient, c.MaxUnpaidTotal = pending, pending
+		})
+		h.be.last = make(chan vend.Payment, pending)
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for n := 0; n < pending; n++ {
+			wg.Add(1)
+			r := req(fmt.Sprint(n), "demo_echo", `{"text":"`+strconv.Itoa(n)+`"}`, nil)
+			go func() {
+				defer wg.Done()
+				h.v.CallTool(ctx, r)
+			}()
+		}
+		for n := 0; n < pending; n++ {
+			<-h.be.last
+		}
+		for range 3 {
+			runtime.GC() // each cycle may halve the stacks of waiting goroutines
+		}
+		debug.FreeOSMemory() // what the scavenger would return over time
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		b.ReportMetric(float64(rssKB())/1024, "RSS-MB")
+		b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MB")
+		b.ReportMetric(float64(ms.StackInuse)/(1<<20), "stacks-MB")
+		bal, _ := h.l.Balance(context.Background())
+		if bal.Pending.AwaitingCalls != pending {
+			b.Fatalf("%d calls awaiting payment, want %d", bal.Pending.AwaitingCalls, pending)
+		}
+		cancel()
+		wg.Wait()
+	}
+}
+
+func rssKB() int64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
