@@ -8,9 +8,11 @@ func rootCommand() *command {
 use $CAPVEND_CONFIG, else ./capvend.yaml. Start with 'capvend init'.`,
 		Subs: []*command{
 			initCommand(),
+			serveCommand(),
 			versionCommand(),
 			ledgerCommand(),
 			testnetCommand(),
+			cashuCommand(),
 		},
 	}
 }

@@ -21,14 +21,8 @@ func versionCommand() *command {
 			if len(args) > 0 {
 				return usageError("version takes no arguments")
 			}
-			v := version
+			v := buildVersion()
 			bi, ok := debug.ReadBuildInfo()
-			if v == "" && ok {
-				v = bi.Main.Version
-			}
-			if v == "" {
-				v = "(devel)"
-			}
 			fmt.Fprintf(e.Stdout, "capvend %s %s %s/%s\n", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 			sqliteVersion, _, _ := sqlite3.Version()
 			fmt.Fprintf(e.Stdout, "  sqlite %s\n", sqliteVersion)
@@ -44,4 +38,15 @@ func versionCommand() *command {
 			return nil
 		},
 	}
+}
+
+// buildVersion is capvend's version: set at build time, else the module's.
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
 }

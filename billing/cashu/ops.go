@@ -1,0 +1,254 @@
+package cashu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/elnosh/gonuts/cashu/nuts/nut05"
+	"github.com/elnosh/gonuts/wallet"
+	"github.com/elnosh/gonuts/wallet/storage"
+	decodepay "github.com/nbd-wtf/ln-decodepay"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/vend"
+)
+
+// Operator commands (capvend cashu balance|melt) work on the wallet file
+// directly. The wallet is a bbolt file that one process at a time may open:
+// while capvend serves, it holds it.
+
+// ErrWalletBusy: another process (a running capvend) has the wallet open.
+var ErrWalletBusy = errors.New("cashu: the wallet is in use by another process (stop 'capvend serve' first)")
+
+// ErrInsufficientFunds: the wallet holds less ecash at the mint than a melt
+// needs (amount + the mint's fee reserve).
+var ErrInsufficientFunds = errors.New("cashu: not enough ecash at the mint")
+
+// Journal is the part of the ledger the operator commands use;
+// *ledger.Ledger implements it.
+type Journal interface {
+	Post(ctx context.Context, e ledger.Entry) error
+	Balance(ctx context.Context) (*ledger.Balance, error)
+}
+
+// walletFile is where gonuts keeps the wallet inside its directory.
+func walletFile(dir string) string { return filepath.Join(dir, "wallet.db") }
+
+// checkWalletFree fails with ErrWalletBusy if another process holds the
+// wallet file. (gonuts opens it without a timeout: it would wait forever.)
+func checkWalletFree(dir string) error {
+	f := walletFile(dir)
+	if _, err := os.Stat(f); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	db, err := bolt.Open(f, 0o600, &bolt.Options{Timeout: 2 * time.Second, ReadOnly: true})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return ErrWalletBusy
+	}
+	if err != nil {
+		return fmt.Errorf("cashu: wallet %s: %w", f, err)
+	}
+	return db.Close()
+}
+
+// MintBalance is one mint's ecash as the wallet and the ledger see it.
+type MintBalance struct {
+	Mint    string    // the mint URL ("" for a ledger account no wallet mint matches)
+	Account string    // the ledger account, assets:cashu:<mint>
+	Wallet  vend.Msat // unspent proofs in the wallet
+	Pending vend.Msat // proofs handed out (change, melts in flight) not yet known spent
+	Ledger  vend.Msat // balance of Account
+}
+
+// Difference is the wallet's balance less the ledger's: zero when they
+// reconcile.
+func (m MintBalance) Difference() vend.Msat { return m.Wallet - m.Ledger }
+
+// Balances reads the wallet in dir offline (no mint is contacted) and the
+// ledger, and returns per mint what each holds: the configured mints first,
+// then any other mint either knows. It fails with ErrWalletBusy while a
+// running capvend holds the wallet. A missing wallet counts as empty.
+func Balances(ctx context.Context, dir string, mints []string, j Journal) ([]MintBalance, error) {
+	if err := checkWalletFree(dir); err != nil {
+		return nil, err
+	}
+	byMint := map[string]*MintBalance{}
+	var order []string
+	get := func(mint string) *MintBalance {
+		if m, ok := byMint[mint]; ok {
+			return m
+		}
+		m := &MintBalance{Mint: mint, Account: ledger.CashuAccount(mint)}
+		byMint[mint] = m
+		order = append(order, mint)
+		return m
+	}
+	for _, m := range mints {
+		n, err := NormalizeMintURL(m)
+		if err != nil {
+			return nil, err
+		}
+		get(n)
+	}
+	if _, err := os.Stat(walletFile(dir)); err == nil {
+		db, err := storage.InitBolt(dir)
+		if err != nil {
+			return nil, fmt.Errorf("cashu: open wallet: %w", err)
+		}
+		keysetMint := map[string]string{}
+		for mint, kss := range db.GetKeysets() {
+			n, err := NormalizeMintURL(mint)
+			if err != nil {
+				n = mint
+			}
+			m := get(n)
+			for _, ks := range kss {
+				keysetMint[ks.Id] = n
+				m.Wallet += vend.Msat(db.GetProofsByKeysetId(ks.Id).Amount() * vend.MsatPerSat)
+			}
+		}
+		for _, p := range db.GetPendingProofs() {
+			if n, ok := keysetMint[p.Id]; ok {
+				get(n).Pending += vend.Msat(p.Amount * vend.MsatPerSat)
+			}
+		}
+		if err := db.Close(); err != nil {
+			return nil, err
+		}
+	}
+	bal, err := j.Balance(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byAccount := map[string]*MintBalance{}
+	for _, m := range byMint {
+		byAccount[m.Account] = m
+	}
+	var extra []string
+	for _, a := range bal.Accounts {
+		if !strings.HasPrefix(a.Account, "assets:cashu:") {
+			continue
+		}
+		if m, ok := byAccount[a.Account]; ok {
+			m.Ledger += a.Balance
+			continue
+		}
+		extra = append(extra, a.Account)
+		byMint["account "+a.Account] = &MintBalance{Account: a.Account, Ledger: a.Balance}
+	}
+	sort.Strings(extra)
+	out := make([]MintBalance, 0, len(order)+len(extra))
+	for _, m := range order {
+		out = append(out, *byMint[m])
+	}
+	for _, a := range extra {
+		out = append(out, *byMint["account "+a])
+	}
+	return out, nil
+}
+
+// MeltResult is a Lightning payment made from the wallet's ecash.
+type MeltResult struct {
+	Mint     string
+	Quote    string    // the NUT-05 melt quote id
+	Amount   vend.Msat // the invoice's amount
+	Fee      vend.Msat // what the melt cost beyond it: Lightning fee and input fees
+	Preimage string    // proof of payment, hex
+}
+
+// Melt pays a bolt11 invoice from the ecash the wallet in dir holds at mint
+// (NUT-05) and books it in the journal with one entry: Cr
+// assets:cashu:<mint> amount+fee, Dr expenses:fees:cashu:<mint> fee, Dr
+// equity:withdrawals amount. The fee is measured as the wallet's balance
+// change less the amount (change for an unused fee reserve comes back).
+// It contacts the mint. It fails with ErrWalletBusy while capvend serves,
+// ErrInsufficientFunds if the wallet cannot cover amount + fee reserve; an
+// invoice without an amount is refused. If the mint reports the payment
+// pending, nothing is booked and the error says so (the wallet keeps the
+// proofs pending). Not idempotent: the mint refuses to pay an invoice
+// twice.
+func Melt(ctx context.Context, dir, mint, invoice string, j Journal) (MeltResult, error) {
+	mint, err := NormalizeMintURL(mint)
+	if err != nil {
+		return MeltResult{}, err
+	}
+	invoice = strings.TrimPrefix(strings.TrimSpace(invoice), "lightning:")
+	inv, err := decodepay.Decodepay(invoice)
+	if err != nil {
+		return MeltResult{}, fmt.Errorf("cashu: melt: invalid invoice: %w", err)
+	}
+	if inv.MSatoshi <= 0 {
+		return MeltResult{}, errors.New("cashu: melt: the invoice has no amount")
+	}
+	if inv.MSatoshi%vend.MsatPerSat != 0 {
+		return MeltResult{}, errors.New("cashu: melt: the invoice's amount is not whole sats")
+	}
+	if err := checkWalletFree(dir); err != nil {
+		return MeltResult{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return MeltResult{}, err
+	}
+	w, err := openWallet(dir, []string{mint})
+	if err != nil {
+		return MeltResult{}, err
+	}
+	defer w.Shutdown()
+	q, err := w.RequestMeltQuote(invoice, mint)
+	if err != nil {
+		return MeltResult{}, fmt.Errorf("cashu: melt quote at %s: %w", mint, err)
+	}
+	res := MeltResult{Mint: mint, Quote: q.Quote, Amount: vend.Msat(q.Amount * vend.MsatPerSat)}
+	before := w.GetBalanceByMints()[mint]
+	if before < q.Amount+q.FeeReserve {
+		return res, fmt.Errorf("%w: %s holds %d sat, the melt needs %d sat + %d sat fee reserve", ErrInsufficientFunds, mint, before, q.Amount, q.FeeReserve)
+	}
+	mr, err := w.Melt(q.Quote)
+	if err != nil {
+		if errors.Is(err, wallet.ErrInsufficientMintBalance) {
+			return res, fmt.Errorf("%w: %v", ErrInsufficientFunds, err)
+		}
+		return res, fmt.Errorf("cashu: melt at %s: %w", mint, err)
+	}
+	switch mr.State {
+	case nut05.Paid:
+	case nut05.Pending:
+		return res, fmt.Errorf("cashu: melt quote %s is pending at the mint: nothing booked yet; the proofs stay pending in the wallet", q.Quote)
+	default:
+		return res, fmt.Errorf("cashu: the mint could not pay the invoice (quote %s is %s); the proofs were returned to the wallet", q.Quote, mr.State)
+	}
+	res.Preimage = mr.Preimage
+	after := w.GetBalanceByMints()[mint]
+	spent := vend.Msat(0)
+	if before > after {
+		spent = vend.Msat((before - after) * vend.MsatPerSat)
+	}
+	if spent < res.Amount {
+		spent = res.Amount // the mint paid; never book less than the invoice
+	}
+	res.Fee = spent - res.Amount
+	e := ledger.Entry{
+		Kind:        "melt",
+		Description: fmt.Sprintf("melt %s at %s: paid %s", q.Quote, mint, res.Amount),
+		Postings: []ledger.Posting{
+			{Account: ledger.CashuAccount(mint), Amount: -spent},
+			{Account: "equity:withdrawals", Amount: res.Amount},
+		},
+	}
+	if res.Fee > 0 {
+		e.Postings = append(e.Postings, ledger.Posting{Account: ledger.CashuFeeAccount(mint), Amount: res.Fee})
+	}
+	// Not ctx: the money left; the booking must not be skipped because
+	// the operator pressed ^C.
+	if err := j.Post(context.Background(), e); err != nil {
+		return res, fmt.Errorf("cashu: the invoice was PAID (melt quote %s, %s + %s fee) but booking it failed: %w; book it by hand", q.Quote, res.Amount, res.Fee, err)
+	}
+	return res, nil
+}

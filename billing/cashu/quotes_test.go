@@ -1,0 +1,150 @@
+package cashu_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capvend/capvend/billing/billingtest"
+	"github.com/capvend/capvend/billing/cashu"
+	"github.com/capvend/capvend/vend"
+)
+
+// events collects what a backend reports.
+type events struct {
+	mu sync.Mutex
+	by map[string][]vend.PaymentState
+	ch chan struct{}
+}
+
+func newEvents() *events {
+	return &events{by: map[string][]vend.PaymentState{}, ch: make(chan struct{}, 1)}
+}
+
+func (e *events) report(ev vend.PaymentEvent) {
+	e.mu.Lock()
+	e.by[ev.Payment.Ref] = append(e.by[ev.Payment.Ref], ev.Payment.State)
+	e.mu.Unlock()
+	select {
+	case e.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (e *events) wait(t *testing.T, ref string, st vend.PaymentState, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		e.mu.Lock()
+		for _, s := range e.by[ref] {
+			if s == st {
+				e.mu.Unlock()
+				return
+			}
+		}
+		e.mu.Unlock()
+		select {
+		case <-e.ch:
+		case <-time.After(50 * time.Millisecond):
+		case <-deadline:
+			t.Fatalf("%s not reported %s within %s", ref, st, timeout)
+		}
+	}
+}
+
+func runBackend(t *testing.T, b *cashu.Backend, ev *events) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx, ev.report) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("Run returned %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("Run did not return")
+		}
+	})
+}
+
+// TestNUT17DetectsPayment: with polling effectively off, only the NUT-17
+// subscription can tell the backend the quote was paid.
+func TestNUT17DetectsPayment(t *testing.T) {
+	needStack(t)
+	if !*nut17 {
+		t.Skip("NUT-17 is opt-in: run with -cashu.nut17")
+	}
+	l := openLedger(t)
+	b := newBackend(t, l, stack.MintURL, t.TempDir(), func(c *cashu.Config) {
+		c.Websocket = true
+		c.PollInterval = time.Hour
+		c.SafetyPoll = time.Hour
+	})
+	ev := newEvents()
+	runBackend(t, b, ev)
+	c := priced(t, l, 6)
+	p, err := b.Request(context.Background(), vend.PaymentRequest{CallID: c.ID, Amount: c.Price, Expiry: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // let the subscription be acknowledged (not a timing assertion)
+	if err := pay(context.Background(), p.Bolt11); err != nil {
+		t.Fatal(err)
+	}
+	ev.wait(t, p.Ref, vend.PaymentSettled, 30*time.Second)
+}
+
+// TestStartsWithMintDown: capvend starts while the mint is unreachable
+// (gonuts' LoadWallet needs it): Request fails cleanly, Run retries, and
+// once the mint is back everything works.
+func TestStartsWithMintDown(t *testing.T) {
+	needStack(t)
+	proxy := billingtest.NewProxy(t, mintHostPort())
+	proxy.Cut()
+	l := openLedger(t)
+	b := newBackend(t, l, "http://"+proxy.Addr(), t.TempDir())
+	ev := newEvents()
+	runBackend(t, b, ev)
+	c := priced(t, l, 4)
+	_, err := b.Request(context.Background(), vend.PaymentRequest{CallID: c.ID, Amount: c.Price, Expiry: 10 * time.Minute})
+	if !errors.Is(err, cashu.ErrMintUnavailable) {
+		t.Fatalf("request with the mint down: %v", err)
+	}
+	if cl, _ := l.Call(context.Background(), c.ID); cl.State != vend.CallQuoted {
+		t.Fatalf("a failed request left the call %s", cl.State)
+	}
+	pt, _ := cashu.ParseToken(customerToken(t, 4))
+	pt.Mint = "http://" + proxy.Addr()
+	tok, _ := pt.Serialize()
+	if _, err := b.AcceptToken(context.Background(), c.ID, c.Price, tok); !errors.Is(err, cashu.ErrMintUnavailable) {
+		t.Fatalf("token with the mint down: %v", err)
+	}
+	time.Sleep(1500 * time.Millisecond) // Run fails to load a few times
+	proxy.Restore()
+	c2 := priced(t, l, 4)
+	var p vend.Payment
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		p, err = b.Request(context.Background(), vend.PaymentRequest{CallID: c2.ID, Amount: c2.Price, Expiry: 10 * time.Minute})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pay(context.Background(), p.Bolt11); err != nil {
+		t.Fatal(err)
+	}
+	ev.wait(t, p.Ref, vend.PaymentSettled, 30*time.Second)
+	// The token refused while the mint was down was not consumed.
+	c3 := priced(t, l, 4)
+	if _, err := b.AcceptToken(context.Background(), c3.ID, c3.Price, tok); err != nil {
+		t.Fatalf("the token after the mint came back: %v", err)
+	}
+}

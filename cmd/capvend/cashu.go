@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/capvend/capvend/billing/cashu"
+	"github.com/capvend/capvend/ledger"
+)
+
+// cashuFlags find the wallet and the ledger of the Cashu commands.
+type cashuFlags struct {
+	config    string
+	db        string
+	walletDir string
+}
+
+func (f *cashuFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.config, "config", "", "configuration `FILE` (default $CAPVEND_CONFIG, else ./capvend.yaml)")
+	fs.StringVar(&f.db, "db", "", "ledger `PATH`, overriding ledger.path of the configuration")
+	fs.StringVar(&f.walletDir, "wallet-dir", "", "wallet `DIR`, overriding cashu.wallet_dir of the configuration")
+}
+
+// open loads the configuration and opens the existing ledger; it returns
+// the wallet directory and the configured mints.
+func (f *cashuFlags) open(ctx context.Context, e *env) (l *ledger.Ledger, walletDir string, mints []string, err error) {
+	cfg, err := loadConfig(f.config, e.Getenv)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	walletDir, mints = cfg.Cashu.WalletDir, cfg.Cashu.Mints
+	if f.walletDir != "" {
+		walletDir = f.walletDir
+	}
+	if walletDir == "" {
+		return nil, "", nil, usageError("no wallet directory: set cashu.wallet_dir or pass --wallet-dir")
+	}
+	path := cfg.Ledger.Path
+	if f.db != "" {
+		path = f.db
+	}
+	l, err = ledger.Open(ctx, path, ledger.Options{MustExist: true})
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return l, walletDir, mints, nil
+}
+
+func cashuCommand() *command {
+	return &command{
+		Name:    "cashu",
+		Summary: "inspect capvend's Cashu wallet and withdraw its ecash over Lightning",
+		Help: `capvend keeps the ecash it earns (minted from paid mint quotes, or swapped
+from tokens clients hand over) in a gonuts wallet in cashu.wallet_dir. These
+commands open that wallet, which only one process may hold at a time: stop
+'capvend serve' first (they fail at once, rather than wait, while it runs).`,
+		Subs: []*command{cashuBalanceCommand(), cashuMeltCommand()},
+	}
+}
+
+func cashuBalanceCommand() *command {
+	var cf cashuFlags
+	return &command{
+		Name:    "balance",
+		Summary: "show the wallet's ecash per mint next to the ledger's assets:cashu:<mint>",
+		Help: `Reads the wallet file offline (no mint is contacted) and the ledger, and
+prints one line per mint: the ecash the wallet holds (unspent proofs), the
+proofs it handed out that are not known spent yet (change returned to
+clients, melts in flight), the balance of the ledger's assets:cashu:<mint>
+account, and the difference wallet - ledger.
+
+A zero difference means the wallet and the books agree. A positive one is
+ecash the ledger does not know of (e.g. a token swapped just before a crash);
+a negative one is booked ecash the wallet does not hold.
+Exits 1 if any mint does not reconcile.
+
+Amounts are sats with millisatoshi precision.`,
+		Flags: cf.register,
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) > 0 {
+				return usageError("balance takes no arguments")
+			}
+			l, dir, mints, err := cf.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			bals, err := cashu.Balances(ctx, dir, mints, l)
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(e.Stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintln(tw, "mint\twallet\tpending\tledger\tdifference\t")
+			off := 0
+			for _, b := range bals {
+				name := b.Mint
+				if name == "" {
+					name = b.Account
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", name, b.Wallet, b.Pending, b.Ledger, b.Difference())
+				if b.Difference() != 0 {
+					off++
+				}
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if off > 0 {
+				return &exitError{code: 1, err: fmt.Errorf("%d mint(s) do not reconcile with the ledger", off)}
+			}
+			return nil
+		},
+	}
+}
+
+func cashuMeltCommand() *command {
+	var cf cashuFlags
+	var invoice, mint string
+	return &command{
+		Name:    "melt",
+		Summary: "pay a Lightning invoice from the wallet's ecash (NUT-05) and book the withdrawal",
+		Help: `Asks the mint for a melt quote for the invoice, pays it from the ecash held
+at that mint, and books one journal entry:
+  Cr assets:cashu:<mint>        amount + fee
+  Dr expenses:fees:cashu:<mint> fee
+  Dr equity:withdrawals         amount
+The fee is what the melt actually cost (Lightning fee and input fees; change
+for an unused fee reserve returns to the wallet). The invoice must carry an
+amount in whole sats. The wallet must hold amount + the mint's fee reserve.
+
+If the mint reports the payment pending, nothing is booked and the command
+says so (the proofs stay pending in the wallet); once it is paid, 'capvend
+cashu balance' shows the difference, to be booked by hand.
+
+Example:
+  capvend cashu melt --invoice lnbc500n1...`,
+		Flags: func(fs *flag.FlagSet) {
+			cf.register(fs)
+			fs.StringVar(&invoice, "invoice", "", "the bolt11 `INVOICE` to pay (required)")
+			fs.StringVar(&mint, "mint", "", "melt the ecash of mint `URL` (default the first of cashu.mints)")
+		},
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) > 0 {
+				return usageError("melt takes no arguments; pass the invoice with --invoice")
+			}
+			if strings.TrimSpace(invoice) == "" {
+				return usageError("--invoice is required")
+			}
+			l, dir, mints, err := cf.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			if mint == "" {
+				if len(mints) == 0 {
+					return usageError("no mint: set cashu.mints or pass --mint")
+				}
+				mint = mints[0]
+			}
+			res, err := cashu.Melt(ctx, dir, mint, invoice, l)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.Stdout, "paid %s (fee %s) from %s\nmelt quote %s\npreimage   %s\n",
+				res.Amount, res.Fee, res.Mint, res.Quote, res.Preimage)
+			return nil
+		},
+	}
+}

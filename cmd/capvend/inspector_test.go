@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMCPInspectorListsAndCallsThroughServe runs the official MCP Inspector
+// CLI (npm @modelcontextprotocol/inspector, pinned in
+// testdata/inspector/package.json; .ci/run installs it) against `capvend
+// serve`: it lists the tools and calls a free one.
+func TestMCPInspectorListsAndCallsThroughServe(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs node")
+	}
+	inspector, err := filepath.Abs("testdata/inspector/node_modules/.bin/mcp-inspector")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(inspector); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("the MCP Inspector is not installed (.ci/run runs npm ci in cmd/capvend/testdata/inspector): %v", err)
+		}
+		t.Skip("the MCP Inspector is not installed: (cd cmd/capvend/testdata/inspector && npm ci)")
+	}
+	dir := t.TempDir()
+	tools := filepath.Join(dir, "example-tools")
+	if out, err := exec.Command("go", "build", "-o", tools, "../example-tools").CombinedOutput(); err != nil {
+		t.Fatalf("build example-tools: %v\n%s", err, out)
+	}
+	listen := freeAddr(t)
+	cfg := filepath.Join(dir, "capvend.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("ledger:\n  path: capvend.db\nhttp:\n  listen: %s\nupstreams:\n  - name: tools\n    command: %s\n", listen, tools)), 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: io.Discard, Getenv: func(string) string { return "" },
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", cfg})
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("serve exited %d", code)
+		}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if c, err := net.Dial("tcp", listen); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("serve did not listen")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	url := "http://" + listen + "/mcp"
+	inspect := func(args ...string) string {
+		t.Helper()
+		var out string
+		for attempt := 0; attempt < 20; attempt++ { // the upstream may still be connecting
+			cctx, ccancel := context.WithTimeout(context.Background(), 60*time.Second)
+			b, err := exec.CommandContext(cctx, inspector, append([]string{"--cli", url, "--transport", "http"}, args...)...).CombinedOutput()
+			ccancel()
+			out = string(b)
+			if err == nil && strings.Contains(out, "word_count") || err == nil && strings.Contains(out, "characters") {
+				return out
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		t.Fatalf("inspector %v:\n%s", args, out)
+		return ""
+	}
+	list := inspect("--method", "tools/list")
+	for _, name := range []string{"word_count", "sha256", "slow_count", "always_fails"} {
+		if !strings.Contains(list, `"name": "`+name+`"`) {
+			t.Errorf("tools/list lacks %s:\n%s", name, list)
+		}
+	}
+	call := inspect("--method", "tools/call", "--tool-name", "word_count", "--tool-arg", "text=hello inspector")
+	if !strings.Contains(call, "2 words, 1 lines, 15 characters") {
+		t.Fatalf("tools/call:\n%s", call)
+	}
+}

@@ -1,0 +1,254 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/lightningnetwork/lnd/lnrpc"
+	"github.com/lightningnetwork/lnd/lnrpc/invoicesrpc"
+
+	"github.com/capvend/capvend/adapters/mcpfront"
+	"github.com/capvend/capvend/adapters/upstream"
+	"github.com/capvend/capvend/billing/cashu"
+	"github.com/capvend/capvend/billing/lnd"
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/pricing"
+	"github.com/capvend/capvend/vend"
+)
+
+func serveCommand() *command {
+	var configFile, listen string
+	var stdio bool
+	return &command{
+		Name:    "serve",
+		Summary: "sell the configured MCP servers' tools over MCP HTTP (and stdio)",
+		Help: `Connects the upstream MCP servers of the configuration, the payment backends
+(LND, Cashu) and the ledger, and answers MCP clients at http://LISTEN/mcp
+(http.listen). Priced tool calls send notifications/payment_required with a
+Lightning invoice, run once paid, and are recorded in the ledger; see the
+README for how clients pay. With --stdio it serves one MCP client on
+standard input and output instead (for desktop MCP clients that launch
+their servers); logs then go to standard error only.
+
+Stops on SIGINT or SIGTERM: it stops accepting calls, lets running ones
+finish (up to 30 s), stops watching payments, and closes the ledger last.
+What was paid and not yet answered is finished at the next start.
+
+Crash tests set CAPVEND_FAILPOINT to a step of a paid call (after_quote,
+after_invoice, after_settlement, during_execution, after_result): capvend
+then kills itself with SIGKILL there.`,
+		Flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&configFile, "config", "", "configuration `FILE` (default $CAPVEND_CONFIG, else ./capvend.yaml)")
+			fs.StringVar(&listen, "listen", "", "`ADDR` to serve MCP HTTP on, overriding http.listen")
+			fs.BoolVar(&stdio, "stdio", false, "serve one MCP client on standard input/output instead of HTTP")
+		},
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) > 0 {
+				return usageError("serve takes no arguments")
+			}
+			cfg, err := loadConfig(configFile, e.Getenv)
+			if err != nil {
+				return err
+			}
+			if listen != "" {
+				cfg.HTTP.Listen = listen
+			}
+			if !stdio && cfg.HTTP.Listen == "" {
+				return errors.New("nothing to serve: http.listen is empty and --stdio is not given")
+			}
+			return serve(ctx, e, cfg, stdio)
+		},
+	}
+}
+
+// serve wires the concrete parts together and runs them until ctx ends.
+func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
+	log := e.Log
+	l, err := ledger.Open(ctx, cfg.Ledger.Path, ledger.Options{})
+	if err != nil {
+		return err
+	}
+	defer l.Close() // last: everything else has stopped by then
+
+	var backends []vend.PaymentBackend
+	var closers []func() error
+	defer func() {
+		for _, c := range closers {
+			c()
+		}
+	}()
+	if cfg.LND.Host != "" {
+		conn, err := lnd.Dial(cfg.LND.Host, cfg.LND.TLSCertFile, cfg.LND.MacaroonFile)
+		if err != nil {
+			return err
+		}
+		closers = append(closers, conn.Close)
+		b, err := lnd.New(ctx, lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn), l,
+			lnd.Config{Node: cfg.LND.Host, Hold: cfg.LND.HoldInvoices, Log: log})
+		if err != nil {
+			return fmt.Errorf("lnd %s: %w", cfg.LND.Host, err)
+		}
+		backends = append(backends, b)
+	}
+	if len(cfg.Cashu.Mints) > 0 {
+		// gonuts' wallet calls the mint through http.DefaultClient, which
+		// has no timeout: a hung mint must not hang capvend.
+		if http.DefaultClient.Timeout == 0 {
+			http.DefaultClient.Timeout = 30 * time.Second
+		}
+		b, err := cashu.New(cashu.Config{Mints: cfg.Cashu.Mints, WalletDir: cfg.Cashu.WalletDir,
+			AcceptTokens: cfg.Cashu.AcceptTokens, MintQuotes: cfg.Cashu.MintQuotes, Log: log}, l)
+		if err != nil {
+			return err
+		}
+		closers = append(closers, b.Close)
+		backends = append(backends, b)
+	}
+
+	var front *mcpfront.Server
+	var frontMu sync.Mutex
+	refresh := func() {
+		frontMu.Lock()
+		f := front
+		frontMu.Unlock()
+		if f != nil {
+			f.Refresh()
+		}
+	}
+	ups, err := upstream.New(upstream.Config{Servers: upstreamServers(cfg), Logger: log, OnChange: refresh})
+	if err != nil {
+		return err
+	}
+	vcfg := vend.Config{
+		Ledger: l, Backends: backends, Tools: ups, Prices: priceBook(cfg), TTL: cfg.Payments.TTL,
+		MaxUnpaidPerClient: cfg.Limits.MaxUnpaidPerClient, MaxUnpaidTotal: cfg.Limits.MaxUnpaidTotal, Log: log,
+	}
+	if step := e.Getenv("CAPVEND_FAILPOINT"); step != "" {
+		// Crash tests: die like a power cut at that step of a paid call.
+		vcfg.Failpoint = func(s string) {
+			if s == step {
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
+		}
+	}
+	v, err := vend.New(vcfg)
+	if err != nil {
+		return err
+	}
+	f, err := mcpfront.New(mcpfront.Config{Vendor: v, Name: cfg.Server.Name, Version: buildVersion(),
+		Logger: log, MaxBodyBytes: cfg.HTTP.MaxRequestBytes})
+	if err != nil {
+		return err
+	}
+	frontMu.Lock()
+	front = f
+	frontMu.Unlock()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	runPart := func(name string, run func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				errs <- fmt.Errorf("%s: %w", name, err)
+				cancel()
+			}
+		}()
+	}
+	runPart("upstreams", ups.Run)
+	runPart("payments", v.Run)
+
+	if stdio {
+		err := f.ServeStdio(ctx, e.Stdin, e.Stdout)
+		cancel()
+		wg.Wait()
+		close(errs)
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
+		return <-errs
+	}
+
+	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
+	if err != nil {
+		cancel()
+		wg.Wait()
+		return fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", f.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(e.Stderr, "capvend: serving MCP at http://%s/mcp (%s)\n", ln.Addr(), describeBackends(backends))
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		errs <- fmt.Errorf("http: %w", err)
+	}
+	shutdown, stop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	f.CloseStreams()       // long-lived listen streams would hold Shutdown
+	srv.Shutdown(shutdown) // stop accepting; in-flight calls finish
+	stop()
+	cancel()
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+func describeBackends(bs []vend.PaymentBackend) string {
+	if len(bs) == 0 {
+		return "no payment backend: free tools only"
+	}
+	s := "payments:"
+	for _, b := range bs {
+		s += " " + string(b.Backend())
+		if h, ok := b.(vend.HoldSettler); ok && h.CanHold() {
+			s += " (hold invoices)"
+		}
+	}
+	return s
+}
+
+func upstreamServers(cfg *Config) []upstream.ServerConfig {
+	out := make([]upstream.ServerConfig, 0, len(cfg.Upstreams))
+	for _, u := range cfg.Upstreams {
+		sc := upstream.ServerConfig{Name: u.Name, Prefix: u.Prefix, Command: u.Command, Args: u.Args, Dir: u.Cwd, URL: u.URL}
+		if len(u.Env) > 0 {
+			keys := make([]string, 0, len(u.Env))
+			for k := range u.Env {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys { // added to capvend's own environment
+				sc.Env = append(sc.Env, k+"="+u.Env[k])
+			}
+		}
+		out = append(out, sc)
+	}
+	return out
+}
+
+func priceBook(cfg *Config) *pricing.Book {
+	rules := map[string]map[string]pricing.Rule{}
+	for _, u := range cfg.Upstreams {
+		m := map[string]pricing.Rule{}
+		for name, t := range u.Tools {
+			m[name] = pricing.Rule{Price: pricing.Msat(t.Msat()), NotIdempotent: t.NotIdempotent}
+		}
+		rules[u.Name] = m
+	}
+	return pricing.NewBook(rules)
+}

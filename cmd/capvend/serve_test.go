@@ -1,0 +1,585 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lightningnetwork/lnd/lnrpc"
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/testnet"
+	"github.com/capvend/capvend/vend"
+)
+
+// The regtest stack is started once, by the first test that needs it, and
+// stopped by TestMain.
+var (
+	stackOnce  sync.Once
+	stack      *testnet.Stack
+	stackErr   error
+	stackTmp   string
+	toolsBin   string
+	capvendBin string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if stack != nil {
+		stack.Close()
+	}
+	if stackTmp != "" {
+		os.RemoveAll(stackTmp)
+	}
+	os.Exit(code)
+}
+
+func needStack(t *testing.T) *testnet.Stack {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs the regtest stack (not in -short mode)")
+	}
+	stackOnce.Do(func() {
+		ctx := context.Background()
+		stackTmp, stackErr = os.MkdirTemp("", "capvend-serve-")
+		if stackErr != nil {
+			return
+		}
+		var exe string
+		if exe, stackErr = testnet.BuildCapvend(ctx, stackTmp); stackErr != nil {
+			return
+		}
+		capvendBin = exe
+		toolsBin = filepath.Join(stackTmp, "example-tools")
+		if out, err := exec.Command("go", "build", "-o", toolsBin, "../example-tools").CombinedOutput(); err != nil {
+			stackErr = fmt.Errorf("build example-tools: %v\n%s", err, out)
+			return
+		}
+		stack, stackErr = testnet.Start(ctx, testnet.Options{Dir: filepath.Join(stackTmp, "stack"), Executable: exe, Progress: os.Stderr})
+	})
+	if stackErr != nil {
+		t.Fatal(stackErr)
+	}
+	return stack
+}
+
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// serving runs `capvend serve` in-process against the stack until the test
+// ends, and returns its /mcp URL and the ledger path.
+func serving(t *testing.T, s *testnet.Stack, o serveOpts) (url, dbPath string) {
+	t.Helper()
+	path, listen := writeServeConfig(t, s, o)
+	dir := filepath.Dir(path)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var stderr bytes.Buffer
+	go func() {
+		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: &lockedWriter{w: &stderr},
+			Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("serve exited %d", code)
+			}
+		case <-time.After(60 * time.Second):
+			t.Error("serve did not stop within 60 s")
+		}
+	})
+	url = "http://" + listen + "/mcp"
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if c, err := net.Dial("tcp", listen); err == nil {
+			c.Close()
+			break
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("serve exited %d: %s", code, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("serve did not listen")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return url, filepath.Join(dir, "capvend.db")
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// writeServeConfig writes a capvend.yaml selling example-tools as a stdio
+// child (prefix t_) and as an HTTP upstream (prefix w_), paid through the
+// stack's vendor node with its invoice macaroon.
+// serveOpts chooses the payment backends of a test configuration.
+type serveOpts struct {
+	hold  bool // LND hold invoices
+	noLND bool // no LND backend
+	cashu bool // the stack's mint as a Cashu backend
+}
+
+func writeServeConfig(t *testing.T, s *testnet.Stack, o serveOpts) (path, listen string) {
+	t.Helper()
+	vendor, _ := s.Node(testnet.Vendor)
+	httpUpstream := freeAddr(t)
+	up := exec.Command(toolsBin, "--http", httpUpstream)
+	up.Stderr = io.Discard
+	if err := up.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Process.Kill(); up.Wait() })
+	listen = freeAddr(t)
+	var backends string
+	if !o.noLND {
+		backends = fmt.Sprintf("lnd:\n  host: %s\n  tls_cert_file: %s\n  macaroon_file: %s\n  hold_invoices: %v\n",
+			vendor.RPCHost, vendor.TLSCert, vendor.InvoiceMacaroon, o.hold)
+	}
+	if o.cashu {
+		backends += fmt.Sprintf("cashu:\n  mints: [%s]\n  wallet_dir: cashu-wallet\n", s.MintURL)
+	}
+	cfg := fmt.Sprintf(`
+ledger:
+  path: capvend.db
+server:
+  name: "capvend e2e"
+http:
+  listen: %s
+%s
+payments:
+  ttl: 2m
+upstreams:
+  - name: tools
+    command: %s
+    prefix: t_
+    tools:
+      sha256: {price_sats: 21}
+      always_fails: {price_sats: 5}
+      slow_count: {price_sats: 3, not_idempotent: true}
+  - name: web
+    url: http://%s/mcp
+    prefix: w_
+    tools:
+      sha256: {price_sats: 13}
+`, listen, backends, toolsBin, httpUpstream)
+	path = filepath.Join(t.TempDir(), "capvend.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, listen
+}
+
+// payingClient is an MCP client that pays every payment_required it gets
+// from the customer node.
+type payingClient struct {
+	*client.Client
+	mu    sync.Mutex
+	notes []mcp.JSONRPCNotification
+	paid  chan error
+}
+
+func newPayingClient(t *testing.T, s *testnet.Stack, url string) *payingClient {
+	t.Helper()
+	c, err := client.NewStreamableHttpClient(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := &payingClient{Client: c, paid: make(chan error, 16)}
+	c.OnNotification(func(n mcp.JSONRPCNotification) {
+		pc.mu.Lock()
+		pc.notes = append(pc.notes, n)
+		pc.mu.Unlock()
+		if n.Method != "notifications/payment_required" {
+			return
+		}
+		b, _ := json.Marshal(n.Params.AdditionalFields)
+		var p struct {
+			PayReq string `json:"pay_req"`
+		}
+		json.Unmarshal(b, &p)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			_, err := s.Pay(ctx, p.PayReq)
+			pc.paid <- err
+		}()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return pc
+}
+
+func (pc *payingClient) methods() []string {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	var out []string
+	for _, n := range pc.notes {
+		out = append(out, n.Method)
+	}
+	return out
+}
+
+func (pc *payingClient) call(t *testing.T, tool string, args map[string]any) (*mcp.CallToolResult, error) {
+	t.Helper()
+	return pc.callMeta(t, tool, args, nil)
+}
+
+func (pc *payingClient) callMeta(t *testing.T, tool string, args, meta map[string]any) (*mcp.CallToolResult, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	p := mcp.CallToolParams{Name: tool, Arguments: args}
+	if meta != nil {
+		p.Meta = &mcp.Meta{AdditionalFields: meta}
+	}
+	return pc.CallTool(ctx, mcp.CallToolRequest{Params: p})
+}
+
+func text(r *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range r.Content {
+		if tc, ok := c.(mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+func customerBalance(t *testing.T, s *testnet.Stack) int64 {
+	c, err := s.Conn(testnet.Customer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := lnrpc.NewLightningClient(c).ChannelBalance(context.Background(), &lnrpc.ChannelBalanceRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int64(r.LocalBalance.GetMsat())
+}
+
+// TestServePaidCallsOverMCPHTTP is the end-to-end proof: a real mcp-go
+// client calls priced tools of a real upstream (a stdio child and an HTTP
+// server) through `capvend serve`, the customer LND node pays, the results
+// arrive, a failing tool's hold invoice is canceled, and the ledger
+// verifies.
+func TestServePaidCallsOverMCPHTTP(t *testing.T) {
+	s := needStack(t)
+	url, db := serving(t, s, serveOpts{hold: true, cashu: true})
+	pc := newPayingClient(t, s, url)
+	ctx := context.Background()
+
+	var tools *mcp.ListToolsResult
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var err error
+		tools, err = pc.ListTools(ctx, mcp.ListToolsRequest{})
+		if err == nil && len(tools.Tools) == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tools: %+v %v", tools, err)
+		}
+		time.Sleep(200 * time.Millisecond) // upstreams connecting
+	}
+	prices := map[string]any{}
+	for _, tl := range tools.Tools {
+		if tl.Meta != nil {
+			prices[tl.Name] = tl.Meta.AdditionalFields["capvend/price"]
+		}
+	}
+	if fmt.Sprint(prices["t_sha256"]) != "map[amount:21 unit:sats]" || prices["t_word_count"] != nil {
+		t.Fatalf("prices in tools/list: %v", prices)
+	}
+
+	res, err := pc.call(t, "t_word_count", map[string]any{"text": "free as in beer"})
+	if err != nil || text(res) != "4 words, 1 lines, 15 characters" {
+		t.Fatalf("free call: %v %v", res, err)
+	}
+	if len(pc.methods()) != 0 {
+		t.Fatalf("a free call sent %v", pc.methods())
+	}
+
+	before := customerBalance(t, s)
+	for _, tool := range []string{"t_sha256", "w_sha256"} {
+		res, err = pc.call(t, tool, map[string]any{"text": "hi"})
+		if err != nil || text(res) != "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4" {
+			t.Fatalf("%s: %v %v (notes %v)", tool, res, err, pc.methods())
+		}
+		if err := <-pc.paid; err != nil {
+			t.Fatalf("%s: payment: %v", tool, err)
+		}
+	}
+	if got := strings.Join(pc.methods(), ","); got != "notifications/payment_required,notifications/payment_accepted,notifications/payment_required,notifications/payment_accepted" {
+		t.Fatalf("notifications %s", got)
+	}
+	if spent := before - customerBalance(t, s); spent != 34_000 {
+		t.Fatalf("customer spent %d msat, want 34000", spent)
+	}
+
+	// Invalid arguments: refused before any charge.
+	if _, err := pc.call(t, "t_sha256", map[string]any{"text": 42}); err == nil || !strings.Contains(err.Error(), "invalid") {
+		t.Fatalf("invalid arguments: %v", err)
+	}
+	// A tool that fails after payment: the hold invoice is canceled and
+	// the customer's money comes back.
+	before = customerBalance(t, s)
+	res, err = pc.call(t, "t_always_fails", map[string]any{"text": "x"})
+	if err != nil || !res.IsError {
+		t.Fatalf("failing tool: %v %v", res, err)
+	}
+	if err := <-pc.paid; err == nil {
+		t.Fatal("the customer's payment of the failed call succeeded")
+	}
+	if after := customerBalance(t, s); after != before {
+		t.Fatalf("customer balance %d -> %d after a refunded call", before, after)
+	}
+
+	// A Cashu token in _meta pays at once: no invoice, no notification
+	// but payment_accepted.
+	token, err := s.CashuMint(ctx, 21)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = pc.callMeta(t, "t_sha256", map[string]any{"text": "hi"}, map[string]any{"capvend/cashu": token})
+	if err != nil || text(res) != "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4" {
+		t.Fatalf("token call: %v %v", res, err)
+	}
+	// The same token again is refused: it is spent.
+	if _, err := pc.callMeta(t, "t_sha256", map[string]any{"text": "again"}, map[string]any{"capvend/cashu": token}); err == nil {
+		t.Fatal("a spent token paid a second call")
+	}
+
+	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	verifyLedger(t, l)
+	b, _ := l.Balance(ctx)
+	var revenue int64
+	for _, tr := range b.Tools {
+		revenue += int64(tr.Revenue)
+	}
+	if revenue != 34_000+21_000 {
+		t.Fatalf("revenue %+v", b.Tools)
+	}
+}
+
+func verifyLedger(t *testing.T, l *ledger.Ledger) {
+	t.Helper()
+	r, err := l.Verify(context.Background())
+	if err != nil || !r.OK() {
+		var b strings.Builder
+		if r != nil {
+			r.WriteTo(&b)
+		}
+		t.Fatalf("verify: %v\n%s", err, b.String())
+	}
+}
+
+// TestServeWithCashuOnly sells through a Cashu mint alone: the client pays
+// the mint quote's Lightning invoice, capvend mints the ecash and runs the
+// call.
+func TestServeWithCashuOnly(t *testing.T) {
+	s := needStack(t)
+	url, db := serving(t, s, serveOpts{noLND: true, cashu: true})
+	pc := newPayingClient(t, s, url)
+	waitTools(t, pc)
+	res, err := pc.call(t, "w_sha256", map[string]any{"text": "hi"})
+	if err != nil || text(res) != "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4" {
+		t.Fatalf("mint-quote call: %v %v (notes %v)", res, err, pc.methods())
+	}
+	if err := <-pc.paid; err != nil {
+		t.Fatalf("paying the mint quote: %v", err)
+	}
+	l, err := ledger.Open(context.Background(), db, ledger.Options{MustExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	verifyLedger(t, l)
+	b, _ := l.Balance(context.Background())
+	if len(b.Tools) != 1 || b.Tools[0].Revenue != 13_000 {
+		t.Fatalf("revenue %+v", b.Tools)
+	}
+	found := false
+	for _, a := range b.Accounts {
+		found = found || strings.HasPrefix(a.Account, "assets:cashu:") && a.Balance == 13_000
+	}
+	if !found {
+		t.Fatalf("no ecash booked: %+v", b.Accounts)
+	}
+}
+
+// TestServeSurvivesSIGKILLAtEveryStep kills the real capvend binary with
+// SIGKILL at each step of a paid call, starts it again, and checks that
+// the call ended as it must: never run unpaid, never run twice (unless
+// idempotent and interrupted while running), every settled payment
+// delivered or refunded, and the ledger verifies.
+func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
+	s := needStack(t)
+	for _, tc := range []struct {
+		step       string
+		tool       string
+		pays       bool           // the client gets an invoice and pays it
+		want       vend.CallState // after the restart
+		executions int
+	}{
+		{vend.FailAfterQuote, "t_sha256", false, vend.CallCanceled, 0},
+		{vend.FailAfterInvoice, "t_sha256", false, vend.CallAwaitingPayment, 0},
+		{vend.FailAfterSettlement, "t_sha256", true, vend.CallDelivered, 1},
+		{vend.FailDuringExecution, "t_sha256", true, vend.CallDelivered, 2},    // idempotent: run again
+		{vend.FailDuringExecution, "t_slow_count", true, vend.CallRefunded, 1}, // not idempotent: refunded
+		{vend.FailAfterResult, "t_sha256", true, vend.CallDelivered, 1},
+	} {
+		t.Run(tc.step+"/"+tc.tool, func(t *testing.T) {
+			path, listen := writeServeConfig(t, s, serveOpts{})
+			db := filepath.Join(filepath.Dir(path), "capvend.db")
+			proc := startServe(t, path, listen, tc.step)
+			pc := newPayingClient(t, s, "http://"+listen+"/mcp")
+			args := map[string]any{"text": "crash " + tc.step}
+			if tc.tool == "t_slow_count" {
+				args = map[string]any{"n": 2}
+			}
+			waitTools(t, pc)
+			if _, err := pc.call(t, tc.tool, args); err == nil {
+				t.Fatal("the call succeeded although capvend was killed")
+			}
+			if err := waitExit(proc, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
+				t.Fatalf("capvend did not die by SIGKILL: %v", err)
+			}
+			if tc.pays {
+				if err := <-pc.paid; err != nil {
+					t.Fatalf("payment: %v", err)
+				}
+			}
+			restarted := startServe(t, path, listen, "")
+			l, err := ledger.Open(context.Background(), db, ledger.Options{MustExist: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			c := waitCall(t, l, tc.want)
+			if c.Executions != tc.executions {
+				t.Fatalf("call executed %d times, want %d", c.Executions, tc.executions)
+			}
+			restarted.Process.Signal(syscall.SIGTERM)
+			if err := waitExit(restarted, 60*time.Second); err != nil {
+				t.Fatalf("capvend did not stop cleanly: %v", err)
+			}
+			out, errOut, code := run(t, nil, "ledger", "verify", "--db", db)
+			if code != 0 {
+				t.Fatalf("ledger verify: %s %s", out, errOut)
+			}
+		})
+	}
+}
+
+func startServe(t *testing.T, config, listen, failpoint string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(capvendBin, "serve", "--config", config)
+	cmd.Env = append(os.Environ(), "CAPVEND_FAILPOINT="+failpoint)
+	var stderr lockedWriter
+	stderr.w = &bytes.Buffer{}
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if c, err := net.Dial("tcp", listen); err == nil {
+			c.Close()
+			return cmd
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("capvend did not listen: %s", stderr.w)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func waitExit(cmd *exec.Cmd, d time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		return fmt.Errorf("still running after %s", d)
+	}
+}
+
+func waitTools(t *testing.T, pc *payingClient) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		tools, err := pc.ListTools(context.Background(), mcp.ListToolsRequest{})
+		if err == nil && len(tools.Tools) == 8 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tools: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// waitCall waits until the ledger's only call is in state want.
+func waitCall(t *testing.T, l *ledger.Ledger, want vend.CallState) vend.Call {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		c, err := l.Call(context.Background(), 1)
+		if err == nil && c.State == want {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("call is %s (%v), want %s", c.State, err, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,102 @@
+// Command example-tools is a small MCP server shipped with capvend to sell
+// in the demo and the tests: word_count (free), sha256 (priced in the
+// examples), slow_count (reports progress) and always_fails (a tool that
+// fails after payment, to show refunds). It serves MCP over stdio, or over
+// Streamable HTTP at /mcp with --http ADDR.
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+)
+
+func main() {
+	addr := flag.String("http", "", "serve Streamable HTTP at http://`ADDR`/mcp instead of stdio")
+	flag.Parse()
+	s := newServer()
+	if *addr == "" {
+		if err := server.ServeStdio(s); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", server.NewStreamableHTTPServer(s))
+	fmt.Fprintf(os.Stderr, "example-tools: serving MCP at http://%s/mcp\n", *addr)
+	log.Fatal(http.ListenAndServe(*addr, mux))
+}
+
+func newServer() *server.MCPServer {
+	s := server.NewMCPServer("example-tools", "1.0.0", server.WithToolCapabilities(true))
+	s.AddTool(mcp.NewTool("word_count",
+		mcp.WithDescription("Count the words, lines and characters of a text."),
+		mcp.WithString("text", mcp.Required(), mcp.MaxLength(1<<20), mcp.Description("the text")),
+	), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		text, err := r.RequireString("text")
+		if err != nil {
+			return mcp.NewToolResultError(err.Error()), nil
+		}
+		lines := strings.Count(text, "\n")
+		if text != "" && !strings.HasSuffix(text, "\n") {
+			lines++
+		}
+		return mcp.NewToolResultText(fmt.Sprintf("%d words, %d lines, %d characters",
+			len(strings.Fields(text)), lines, len([]rune(text)))), nil
+	})
+	s.AddTool(mcp.NewTool("sha256",
+		mcp.WithDescription("The SHA-256 digest of a text, in hex."),
+		mcp.WithString("text", mcp.Required(), mcp.MaxLength(1<<20), mcp.Description("the text to hash")),
+	), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		text, err := r.RequireString("text")
+		if err != nil {
+			return mcp.NewToolResultError(err.Error()), nil
+		}
+		sum := sha256.Sum256([]byte(text))
+		return mcp.NewToolResultText(hex.EncodeToString(sum[:])), nil
+	})
+	s.AddTool(mcp.NewTool("slow_count",
+		mcp.WithDescription("Count to n, one step per 50 ms, reporting progress."),
+		mcp.WithNumber("n", mcp.Required(), mcp.Min(1), mcp.Max(100), mcp.Description("how far to count")),
+	), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		n, err := r.RequireInt("n")
+		if err != nil {
+			return mcp.NewToolResultError(err.Error()), nil
+		}
+		var token mcp.ProgressToken
+		if r.Params.Meta != nil {
+			token = r.Params.Meta.ProgressToken
+		}
+		srv := server.ServerFromContext(ctx)
+		for i := 1; i <= n; i++ {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+			if token != nil && srv != nil {
+				srv.SendNotificationToClient(ctx, "notifications/progress", map[string]any{
+					"progressToken": token, "progress": i, "total": n,
+				})
+			}
+		}
+		return mcp.NewToolResultText(fmt.Sprintf("counted to %d", n)), nil
+	})
+	s.AddTool(mcp.NewTool("always_fails",
+		mcp.WithDescription("Always fails: shows that a paid call whose tool fails is refunded."),
+		mcp.WithString("text", mcp.Description("ignored")),
+	), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return mcp.NewToolResultError("this tool always fails"), nil
+	})
+	return s
+}
