@@ -558,16 +558,27 @@ func (x *beancountExporter) entry(w *bufio.Writer, e *exportEntry) error {
 		b = strconv.AppendInt(b, e.call, 10)
 		b = append(b, '\n')
 	}
-	for _, p := range e.postings {
-		b = append(b, "  "...)
-		b = append(b, p.acct.beancount...)
+	b = appendPostings(b, e.postings, "  ", true)
+	x.buf = b
+	_, err := w.Write(b)
+	return err
+}
+
+// appendPostings appends one line per posting: indent, the account (its
+// Beancount name or capvend's), and the amount in sats.
+func appendPostings(b []byte, ps []exportPosting, indent string, beancount bool) []byte {
+	for _, p := range ps {
+		b = append(b, indent...)
+		if beancount {
+			b = append(b, p.acct.beancount...)
+		} else {
+			b = append(b, p.acct.name...)
+		}
 		b = append(b, "  "...)
 		b = p.amount.AppendSats(b)
 		b = append(b, " "+commodity+"\n"...)
 	}
-	x.buf = b
-	_, err := w.Write(b)
-	return err
+	return b
 }
 
 // appendBeanString appends s as a Beancount string literal.
@@ -636,13 +647,7 @@ func (x *hledgerExporter) entry(w *bufio.Writer, e *exportEntry) error {
 		b = strconv.AppendInt(b, e.call, 10)
 	}
 	b = append(b, '\n')
-	for _, p := range e.postings {
-		b = append(b, "    "...)
-		b = append(b, p.acct.name...)
-		b = append(b, "  "...)
-		b = p.amount.AppendSats(b)
-		b = append(b, " "+commodity+"\n"...)
-	}
+	b = appendPostings(b, e.postings, "    ", false)
 	x.buf = b
 	_, err := w.Write(b)
 	return err

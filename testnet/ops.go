@@ -161,3 +161,17 @@ func (s *Stack) CashuMint(ctx context.Context, sats uint64) (string, error) {
 	}
 	return str, nil
 }
+
+// ChannelBalance returns the spendable balance, in msat, of node name's
+// channels (its local balance).
+func (s *Stack) ChannelBalance(ctx context.Context, name string) (int64, error) {
+	c, err := s.Conn(name)
+	if err != nil {
+		return 0, err
+	}
+	r, err := lnrpc.NewLightningClient(c).ChannelBalance(ctx, &lnrpc.ChannelBalanceRequest{})
+	if err != nil {
+		return 0, fmt.Errorf("testnet: channel balance of %s: %w", name, err)
+	}
+	return int64(r.GetLocalBalance().GetMsat()), nil
+}

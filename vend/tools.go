@@ -72,6 +72,9 @@ type CallRequest struct {
 	// they are not used to find replays, and an explicit-gating grant is
 	// only released against PaymentProof.
 	Anonymous bool
+	// Source is where the request came from for rate limiting (an IP
+	// address); empty means Client. Anonymous clients are limited by it.
+	Source string
 	// PaymentProof is the hex preimage of a paid Lightning invoice
 	// (_meta[MetaPaymentProof]): it releases the explicit-gating grant
 	// that invoice paid for, to whoever presents it.

@@ -33,7 +33,10 @@ type Config struct {
 	// MaxUnpaidPerClient and MaxUnpaidTotal bound open payment requests
 	// (defaults 10 and 10,000).
 	MaxUnpaidPerClient, MaxUnpaidTotal int
-	Log                                *slog.Logger
+	// RequestsPerMinute bounds the calls (free or priced) of one client
+	// (or, for anonymous clients, one source address); 0: unlimited.
+	RequestsPerMinute int
+	Log               *slog.Logger
 	// Failpoint, if set, is called at the named steps of a priced call
 	// (FailAfterQuote, FailAfterInvoice, FailAfterSettlement,
 	// FailDuringExecution, FailAfterResult). Crash tests make it kill the
@@ -69,6 +72,7 @@ type Vendor struct {
 	unpaid      map[string]int                 // open payment requests by client
 	unpaidTotal int
 	running     map[CallID]chan struct{} // calls executing in this process; closed when done
+	rate        map[string]*window       // requests per client in the current minute
 	started     time.Time                // calls created before this are a previous run's
 }
 
@@ -98,7 +102,7 @@ func New(cfg Config) (*Vendor, error) {
 	return &Vendor{cfg: cfg, waiters: map[string][]chan PaymentEvent{}, unpaid: map[string]int{},
 		// The ledger stamps milliseconds: a call of this run is stamped at
 		// or after the millisecond New runs in.
-		running: map[CallID]chan struct{}{}, started: time.Now().Truncate(time.Millisecond).Add(-time.Millisecond)}, nil
+		running: map[CallID]chan struct{}{}, rate: map[string]*window{}, started: time.Now().Truncate(time.Millisecond).Add(-time.Millisecond)}, nil
 }
 
 // Run runs every backend's watcher until ctx ends, routing what they
@@ -380,6 +384,9 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	r := &req
 	if r.Notify == nil {
 		r.Notify = func(string, any) {}
+	}
+	if !v.allow(r) {
+		return CallResult{}, fmt.Errorf("%w: more than %d calls a minute", ErrLimit, v.cfg.RequestsPerMinute)
 	}
 	a, res, err := v.admit(ctx, r)
 	if a == nil {
@@ -839,6 +846,43 @@ func (v *Vendor) chooseBackend(pmis []string) PaymentBackend {
 		return nil
 	}
 	return v.cfg.Backends[0]
+}
+
+// window counts one client's calls in a one-minute window.
+type window struct {
+	start time.Time
+	n     int
+}
+
+// allow applies the per-client rate limit: a fixed one-minute window.
+func (v *Vendor) allow(r *CallRequest) bool {
+	if v.cfg.RequestsPerMinute <= 0 {
+		return true
+	}
+	key := r.Client
+	if r.Anonymous && r.Source != "" || key == "" {
+		key = r.Source
+	}
+	now := time.Now()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if len(v.rate) > 100_000 { // forget finished windows rather than grow
+		for k, w := range v.rate {
+			if now.Sub(w.start) >= time.Minute {
+				delete(v.rate, k)
+			}
+		}
+	}
+	w := v.rate[key]
+	if w == nil || now.Sub(w.start) >= time.Minute {
+		w = &window{start: now}
+		v.rate[key] = w
+	}
+	if w.n >= v.cfg.RequestsPerMinute {
+		return false
+	}
+	w.n++
+	return true
 }
 
 func (v *Vendor) reserve(client string) bool {

@@ -741,3 +741,33 @@ func TestAnonymousClientsNeitherCollideNorShareGrants(t *testing.T) {
 	}
 	verify(t, h.l)
 }
+
+func TestRateLimitPerClient(t *testing.T) {
+	h := newHarness(t, false, func(c *vend.Config) { c.RequestsPerMinute = 3 })
+	for i := 0; i < 3; i++ {
+		if _, err := h.v.CallTool(context.Background(), req(fmt.Sprint(i), "demo_free", `{"text":"x"}`, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := h.v.CallTool(context.Background(), req("4", "demo_free", `{"text":"x"}`, nil)); !errors.Is(err, vend.ErrLimit) {
+		t.Fatalf("fourth call in a minute: %v", err)
+	}
+	other := req("5", "demo_free", `{"text":"x"}`, nil)
+	other.Client = "client-2"
+	if _, err := h.v.CallTool(context.Background(), other); err != nil {
+		t.Fatalf("another client was limited: %v", err)
+	}
+	// Anonymous clients are told apart by their source address.
+	for i, src := range []string{"ip:10.0.0.1", "ip:10.0.0.1", "ip:10.0.0.1", "ip:10.0.0.2"} {
+		r := req(fmt.Sprint("a", i), "demo_free", `{"text":"x"}`, nil)
+		r.Client, r.Anonymous, r.Source = "anonymous", true, src
+		if _, err := h.v.CallTool(context.Background(), r); err != nil {
+			t.Fatalf("anonymous %d: %v", i, err)
+		}
+	}
+	r := req("a9", "demo_free", `{"text":"x"}`, nil)
+	r.Client, r.Anonymous, r.Source = "anonymous", true, "ip:10.0.0.1"
+	if _, err := h.v.CallTool(context.Background(), r); !errors.Is(err, vend.ErrLimit) {
+		t.Fatalf("fourth anonymous call from one address: %v", err)
+	}
+}

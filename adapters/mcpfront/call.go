@@ -135,6 +135,7 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 	cr.Transport, _ = ctx.Value(keyTransport).(string)
 	cr.Client, _ = ctx.Value(keyClient).(string)
 	cr.Anonymous = cr.Client == anonClient
+	cr.Source, _ = ctx.Value(keySource).(string)
 	if len(cr.Arguments) == 0 || string(cr.Arguments) == "null" {
 		if req.Params.Arguments != nil {
 			cr.Arguments, _ = json.Marshal(req.Params.Arguments)

@@ -83,6 +83,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync"
 
@@ -167,6 +168,7 @@ type ctxKey int
 const (
 	keyTransport ctxKey = iota
 	keyClient
+	keySource
 	keyStdioOut
 	keyHTTPWriter
 )
@@ -232,6 +234,9 @@ func New(cfg Config) (*Server, error) {
 			}
 			if id == "" {
 				id = anonClient
+			}
+			if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+				ctx = context.WithValue(ctx, keySource, "ip:"+host)
 			}
 			return context.WithValue(ctx, keyClient, id)
 		}),

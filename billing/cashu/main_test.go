@@ -2,7 +2,6 @@ package cashu_test
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,8 +11,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/lightningnetwork/lnd/lnrpc"
 
 	"github.com/capvend/capvend/billing/billingtest"
 	"github.com/capvend/capvend/billing/cashu"
@@ -112,18 +109,7 @@ func pay(ctx context.Context, bolt11 string) error {
 }
 
 func customerBalance(ctx context.Context) (int64, error) {
-	c, err := stack.Conn(testnet.Customer)
-	if err != nil {
-		return 0, err
-	}
-	r, err := lnrpc.NewLightningClient(c).ChannelBalance(ctx, &lnrpc.ChannelBalanceRequest{})
-	if err != nil {
-		return 0, err
-	}
-	if r.LocalBalance == nil {
-		return 0, errors.New("no local balance")
-	}
-	return int64(r.LocalBalance.Msat), nil
+	return stack.ChannelBalance(ctx, testnet.Customer)
 }
 
 func mintHostPort() string {

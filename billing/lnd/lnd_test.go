@@ -95,15 +95,7 @@ func harness(t *testing.T) billingtest.Harness {
 			return err
 		},
 		CustomerBalance: func(ctx context.Context) (int64, error) {
-			c, err := stack.Conn(testnet.Customer)
-			if err != nil {
-				return 0, err
-			}
-			r, err := lnrpc.NewLightningClient(c).ChannelBalance(ctx, &lnrpc.ChannelBalanceRequest{})
-			if err != nil {
-				return 0, err
-			}
-			return int64(r.LocalBalance.GetMsat()), nil
+			return stack.ChannelBalance(ctx, testnet.Customer)
 		},
 		Expiry: 3 * time.Second,
 	}

@@ -130,7 +130,8 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	}
 	vcfg := vend.Config{
 		Ledger: l, Backends: backends, Tools: ups, Prices: priceBook(cfg), TTL: cfg.Payments.TTL,
-		MaxUnpaidPerClient: cfg.Limits.MaxUnpaidPerClient, MaxUnpaidTotal: cfg.Limits.MaxUnpaidTotal, Log: log,
+		MaxUnpaidPerClient: cfg.Limits.MaxUnpaidPerClient, MaxUnpaidTotal: cfg.Limits.MaxUnpaidTotal,
+		RequestsPerMinute: cfg.Limits.RequestsPerMinute, Log: log,
 	}
 	if step := e.Getenv("CAPVEND_FAILPOINT"); step != "" {
 		// Crash tests: die like a power cut at that step of a paid call.

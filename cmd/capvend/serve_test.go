@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
@@ -286,15 +285,12 @@ func text(r *mcp.CallToolResult) string {
 }
 
 func customerBalance(t *testing.T, s *testnet.Stack) int64 {
-	c, err := s.Conn(testnet.Customer)
+	t.Helper()
+	b, err := s.ChannelBalance(context.Background(), testnet.Customer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := lnrpc.NewLightningClient(c).ChannelBalance(context.Background(), &lnrpc.ChannelBalanceRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return int64(r.LocalBalance.GetMsat())
+	return b
 }
 
 // TestServePaidCallsOverMCPHTTP is the end-to-end proof: a real mcp-go
