@@ -34,6 +34,9 @@ var (
 	stackTmp   string
 	toolsBin   string
 	capvendBin string
+	// lastHTTPUpstream is the example-tools --http address of the last
+	// configuration written (benchmarks call it directly).
+	lastHTTPUpstream string
 )
 
 func TestMain(m *testing.M) {
@@ -47,7 +50,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func needStack(t *testing.T) *testnet.Stack {
+func needStack(t testing.TB) *testnet.Stack {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs the regtest stack (not in -short mode)")
@@ -76,7 +79,7 @@ func needStack(t *testing.T) *testnet.Stack {
 	return stack
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +90,7 @@ func freeAddr(t *testing.T) string {
 
 // serving runs `capvend serve` in-process against the stack until the test
 // ends, and returns its /mcp URL and the ledger path.
-func serving(t *testing.T, s *testnet.Stack, o serveOpts) (url, dbPath string) {
+func serving(t testing.TB, s *testnet.Stack, o serveOpts) (url, dbPath string) {
 	t.Helper()
 	path, listen := writeServeConfig(t, s, o)
 	dir := filepath.Dir(path)
@@ -151,10 +154,11 @@ type serveOpts struct {
 	cashu bool // the stack's mint as a Cashu backend
 }
 
-func writeServeConfig(t *testing.T, s *testnet.Stack, o serveOpts) (path, listen string) {
+func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen string) {
 	t.Helper()
 	vendor, _ := s.Node(testnet.Vendor)
 	httpUpstream := freeAddr(t)
+	lastHTTPUpstream = httpUpstream
 	up := exec.Command(toolsBin, "--http", httpUpstream)
 	up.Stderr = io.Discard
 	if err := up.Start(); err != nil {
@@ -180,6 +184,8 @@ http:
 %s
 payments:
   ttl: 2m
+limits:
+  requests_per_minute: 1000000 # benchmarks call in tight loops
 upstreams:
   - name: tools
     command: %s
@@ -210,7 +216,7 @@ type payingClient struct {
 	paid  chan error
 }
 
-func newPayingClient(t *testing.T, s *testnet.Stack, url string) *payingClient {
+func newPayingClient(t testing.TB, s *testnet.Stack, url string) *payingClient {
 	t.Helper()
 	c, err := client.NewStreamableHttpClient(url)
 	if err != nil {
@@ -258,12 +264,12 @@ func (pc *payingClient) methods() []string {
 	return out
 }
 
-func (pc *payingClient) call(t *testing.T, tool string, args map[string]any) (*mcp.CallToolResult, error) {
+func (pc *payingClient) call(t testing.TB, tool string, args map[string]any) (*mcp.CallToolResult, error) {
 	t.Helper()
 	return pc.callMeta(t, tool, args, nil)
 }
 
-func (pc *payingClient) callMeta(t *testing.T, tool string, args, meta map[string]any) (*mcp.CallToolResult, error) {
+func (pc *payingClient) callMeta(t testing.TB, tool string, args, meta map[string]any) (*mcp.CallToolResult, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -549,7 +555,7 @@ func waitExit(cmd *exec.Cmd, d time.Duration) error {
 	}
 }
 
-func waitTools(t *testing.T, pc *payingClient) {
+func waitTools(t testing.TB, pc *payingClient) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
