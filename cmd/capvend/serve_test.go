@@ -358,6 +358,27 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 		t.Fatalf("customer spent %d msat, want 34000", spent)
 	}
 
+	// Progress from the upstream reaches the caller on the call's stream.
+	ctx2, cancel2 := context.WithTimeout(ctx, 90*time.Second)
+	res, err = pc.CallTool(ctx2, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "t_slow_count",
+		Arguments: map[string]any{"n": 3}, Meta: &mcp.Meta{ProgressToken: "count-1"}}})
+	cancel2()
+	if err != nil || text(res) != "counted to 3" {
+		t.Fatalf("slow_count: %v %v", res, err)
+	}
+	if err := <-pc.paid; err != nil {
+		t.Fatal(err)
+	}
+	progress := 0
+	for _, m := range pc.methods() {
+		if m == "notifications/progress" {
+			progress++
+		}
+	}
+	if progress < 3 {
+		t.Fatalf("%d progress notifications reached the client, want 3: %v", progress, pc.methods())
+	}
+
 	// Invalid arguments: refused before any charge.
 	if _, err := pc.call(t, "t_sha256", map[string]any{"text": 42}); err == nil || !strings.Contains(err.Error(), "invalid") {
 		t.Fatalf("invalid arguments: %v", err)
@@ -402,7 +423,7 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 	for _, tr := range b.Tools {
 		revenue += int64(tr.Revenue)
 	}
-	if revenue != 34_000+21_000 {
+	if revenue != 34_000+3_000+21_000 {
 		t.Fatalf("revenue %+v", b.Tools)
 	}
 }
