@@ -51,6 +51,24 @@
 // clients expect it. -32000, -32001, -32002 and -32020..-32022 are avoided
 // (used by MCP SDKs).
 //
+// # Prompts and resources
+//
+// With a Config.Catalog, prompts/list, prompts/get, resources/list,
+// resources/templates/list and resources/read are served for free, nothing
+// recorded: definitions as the Catalog gives them (names, URIs and URI
+// templates as listed), results converted from the Catalog's JSON to
+// mcp-go's typed results (its handlers take no raw JSON) and back, which
+// keeps every member mcp-go models (tested against the JSON for text,
+// image and embedded-resource messages, annotations, _meta, text and blob
+// contents); a resources/read result's own _meta and cache hints are not
+// passed on (mcp-go's resource handlers return only the contents). A read
+// of a URI neither listed nor matching a listed template, or a get of an
+// unlisted prompt, is refused by mcp-go. Catalog errors wrapping
+// vend.ErrUpstream become -32054 "Upstream server failed"; others -32603.
+// Refresh registers only what changed, so clients get
+// notifications/prompts/list_changed or notifications/resources/list_changed
+// only then.
+//
 // # How it is done on mcp-go v1.2.1
 //
 // mcp-go turns every tool-handler error into -32603 with the error's text as
@@ -141,6 +159,12 @@ type Config struct {
 	// MaxBodyBytes bounds HTTP request bodies; larger ones get 413.
 	// 0: DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// Catalog, if set, is served for free: prompts/list, prompts/get,
+	// resources/list, resources/templates/list and resources/read, with
+	// the prompts and resources capabilities (listChanged) advertised.
+	// nil: neither capability is advertised.
+	Catalog Catalog
+
 	// ClientID names the client of an HTTP request that has no MCP session
 	// (protocol 2026-07-28 has none), e.g. from an auth header. nil or ""
 	// result: "anonymous", shared by all such clients. It is called for
@@ -157,6 +181,8 @@ type Server struct {
 	nonce  string // marks placeholders only this Server produced
 	stdio  sync.Mutex
 	inStdi bool
+
+	catalog catalogState // what Refresh registered of the Catalog
 
 	// streams ends long-lived listening streams (see CloseStreams).
 	streams      context.Context
@@ -217,10 +243,11 @@ func New(cfg Config) (*Server, error) {
 		}
 		req.Header.Set(rpcIDHeader, string(raw))
 	})
-	s.mcp = server.NewMCPServer(cfg.Name, cfg.Version,
-		server.WithToolCapabilities(true),
-		server.WithHooks(hooks),
-	)
+	opts := []server.ServerOption{server.WithToolCapabilities(true), server.WithHooks(hooks)}
+	if cfg.Catalog != nil {
+		opts = append(opts, server.WithPromptCapabilities(true), server.WithResourceCapabilities(false, true))
+	}
+	s.mcp = server.NewMCPServer(cfg.Name, cfg.Version, opts...)
 	s.http = server.NewStreamableHTTPServer(s.mcp,
 		server.WithEndpointPath("/mcp"),
 		server.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
@@ -248,9 +275,14 @@ func New(cfg Config) (*Server, error) {
 
 // Refresh re-reads the Vendor's tools and registers them; mcp-go then
 // sends notifications/tools/list_changed to every connected client that
-// can receive it (see the package doc). Safe to call concurrently; cheap
-// enough to call on every upstream change.
+// can receive it (see the package doc). It also re-reads the Catalog, if
+// any, and registers the prompts, resources and templates that changed;
+// mcp-go then sends notifications/prompts/list_changed or
+// notifications/resources/list_changed (only when something changed).
+// Safe to call concurrently; cheap enough to call on every upstream
+// change.
 func (s *Server) Refresh() {
+	defer s.refreshCatalog()
 	vt := s.cfg.Vendor.Tools()
 	ranger, _ := s.cfg.Vendor.(PriceRanger)
 	tools := make([]server.ServerTool, 0, len(vt))

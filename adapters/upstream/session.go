@@ -38,6 +38,10 @@ type upstream struct {
 	sess    *client.Client // nil while down
 	tools   []vend.Tool    // last known list, kept while down
 	lastErr error
+	// last known prompts, resources and templates, kept while down
+	prompts   []Prompt
+	resources []Resource
+	templates []ResourceTemplate
 
 	// progress routes the upstream's notifications/progress to the call
 	// that asked for them, by the token the Manager chose.
@@ -45,8 +49,10 @@ type upstream struct {
 	progress   map[string]*progressRoute
 	seq        atomic.Uint64
 
-	listChanged chan struct{} // a list_changed arrived: re-list
-	check       chan struct{} // a call saw a transport error: ping now
+	listChanged      chan struct{} // a tools list_changed arrived: re-list
+	promptsChanged   chan struct{} // a prompts list_changed arrived
+	resourcesChanged chan struct{} // a resources list_changed arrived
+	check            chan struct{} // a call saw a transport error: ping now
 
 	// legacyHTTP is set once an HTTP upstream turned out to speak only
 	// protocols before 2026-07-28: it is then dialled with a GET stream,
@@ -69,12 +75,14 @@ type progressRoute struct {
 
 func newUpstream(m *Manager, sc ServerConfig) *upstream {
 	return &upstream{
-		m:           m,
-		cfg:         sc,
-		log:         m.log.With(logKeyServer, sc.Name),
-		progress:    map[string]*progressRoute{},
-		listChanged: make(chan struct{}, 1),
-		check:       make(chan struct{}, 1),
+		m:                m,
+		cfg:              sc,
+		log:              m.log.With(logKeyServer, sc.Name),
+		progress:         map[string]*progressRoute{},
+		listChanged:      make(chan struct{}, 1),
+		promptsChanged:   make(chan struct{}, 1),
+		resourcesChanged: make(chan struct{}, 1),
+		check:            make(chan struct{}, 1),
 	}
 }
 
@@ -89,6 +97,46 @@ func (u *upstream) toolList() []vend.Tool {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.tools
+}
+
+func (u *upstream) catalogLists() ([]Prompt, []Resource, []ResourceTemplate) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.prompts, u.resources, u.templates
+}
+
+// lists is a set of the lists an upstream can offer.
+type lists uint8
+
+const (
+	listTools lists = 1 << iota
+	listPrompts
+	listResources
+	listAll = listTools | listPrompts | listResources
+)
+
+// offered returns the lists caps advertises, and those it says it sends
+// list_changed for.
+func offered(caps mcp.ServerCapabilities) (have, changes lists) {
+	if caps.Tools != nil {
+		have |= listTools
+		if caps.Tools.ListChanged {
+			changes |= listTools
+		}
+	}
+	if caps.Prompts != nil {
+		have |= listPrompts
+		if caps.Prompts.ListChanged {
+			changes |= listPrompts
+		}
+	}
+	if caps.Resources != nil {
+		have |= listResources
+		if caps.Resources.ListChanged {
+			changes |= listResources
+		}
+	}
+	return have, changes
 }
 
 // run keeps the upstream connected until ctx ends.
@@ -153,16 +201,24 @@ func (u *upstream) session(ctx context.Context) (wasUp bool, err error) {
 		u.legacyHTTP = true
 		return false, errRedial
 	}
-	if init.Capabilities.Tools == nil {
-		return false, errors.New("upstream offers no tools")
+	have, changes := offered(init.Capabilities)
+	if have == 0 {
+		return false, errors.New("upstream offers no tools, prompts or resources")
 	}
-	if err := u.relist(cctx, c); err != nil {
+	// The session is usable before the lists are published (OnChange),
+	// so that a client that sees them can use them at once.
+	u.mu.Lock()
+	u.sess = c
+	u.mu.Unlock()
+	if err := u.relist(cctx, c, listAll, have); err != nil {
+		u.mu.Lock()
+		u.sess = nil
+		u.mu.Unlock()
 		return false, err
 	}
 	ccancel()
 
 	u.mu.Lock()
-	u.sess = c
 	u.lastErr = nil
 	u.mu.Unlock()
 	u.log.Info("upstream connected", logKeyProto, c.ProtocolVersion(), logKeyTools, len(u.toolList()))
@@ -178,9 +234,14 @@ func (u *upstream) session(ctx context.Context) (wasUp bool, err error) {
 	// subscriptions/listen stream; its end also tells us an HTTP upstream
 	// went away. Before that protocol, notifications come unasked.
 	lost := make(chan error, 1)
-	if mcp.IsModernProtocol(c.ProtocolVersion()) && init.Capabilities.Tools.ListChanged {
+	if mcp.IsModernProtocol(c.ProtocolVersion()) && changes != 0 {
+		filter := mcp.SubscriptionFilter{
+			ToolsListChanged:     changes&listTools != 0,
+			PromptsListChanged:   changes&listPrompts != 0,
+			ResourcesListChanged: changes&listResources != 0,
+		}
 		wg.Go(func() {
-			err := c.Listen(sctx, mcp.SubscriptionFilter{ToolsListChanged: true})
+			err := c.Listen(sctx, filter)
 			if sctx.Err() != nil {
 				return
 			}
@@ -195,6 +256,7 @@ func (u *upstream) session(ctx context.Context) (wasUp bool, err error) {
 	ping := time.NewTicker(u.m.cfg.PingInterval)
 	defer ping.Stop()
 	for {
+		var which lists
 		select {
 		case <-ctx.Done():
 			return true, ctx.Err()
@@ -203,17 +265,24 @@ func (u *upstream) session(ctx context.Context) (wasUp bool, err error) {
 		case err := <-lost:
 			return true, err
 		case <-u.listChanged:
+			which = listTools
+		case <-u.promptsChanged:
+			which = listPrompts
+		case <-u.resourcesChanged:
+			which = listResources
+		case <-ping.C:
+		case <-u.check:
+		}
+		if which != 0 {
 			lctx, lcancel := context.WithTimeout(sctx, u.m.cfg.ConnectTimeout)
-			err := u.relist(lctx, c)
+			err := u.relist(lctx, c, which, have)
 			lcancel()
 			if err != nil {
 				if isTransportErr(err) {
 					return true, err
 				}
-				u.log.Warn("re-listing tools failed", logKeyErr, err)
+				u.log.Warn("re-listing failed", logKeyErr, err)
 			}
-		case <-ping.C:
-		case <-u.check:
 		}
 		if err := u.ping(sctx, c); err != nil {
 			return true, err
@@ -236,26 +305,87 @@ func (u *upstream) state(up bool, err error) {
 	}
 }
 
-// relist fetches the tool list and, if it changed, publishes it and calls
-// OnChange.
-func (u *upstream) relist(ctx context.Context, c *client.Client) error {
-	res, err := c.ListTools(ctx, mcp.ListToolsRequest{})
-	if err != nil {
-		return fmt.Errorf("tools/list: %w", err)
+// relist fetches the lists in which (those not in have are emptied) and
+// publishes those that changed, then calls OnChange once if any did. A
+// tools/list failure is returned; a prompts or resources listing failure
+// is returned only if the transport broke, else logged, keeping the last
+// known list (an upstream with broken prompts still sells its tools).
+func (u *upstream) relist(ctx context.Context, c *client.Client, which, have lists) error {
+	var (
+		tools     []vend.Tool
+		prompts   []Prompt
+		resources []Resource
+		templates []ResourceTemplate
+		got       lists // lists fetched (or emptied) to publish
+	)
+	if which&listTools != 0 {
+		got |= listTools
+		if have&listTools != 0 {
+			res, err := c.ListTools(ctx, mcp.ListToolsRequest{})
+			if err != nil {
+				return fmt.Errorf("tools/list: %w", err)
+			}
+			tools = toVendTools(u.cfg, res.Tools)
+		}
 	}
-	tools := toVendTools(u.cfg, res.Tools)
+	if which&listPrompts != 0 {
+		var err error
+		if have&listPrompts != 0 {
+			prompts, err = fetchPrompts(ctx, c, u.cfg)
+		}
+		switch {
+		case err == nil:
+			got |= listPrompts
+		case isTransportErr(err):
+			return err
+		default:
+			u.log.Warn("listing prompts failed; keeping the last list", logKeyErr, err)
+		}
+	}
+	if which&listResources != 0 {
+		var err error
+		if have&listResources != 0 {
+			resources, templates, err = fetchResources(ctx, c, u.cfg)
+		}
+		switch {
+		case err == nil:
+			got |= listResources
+		case isTransportErr(err):
+			return err
+		default:
+			u.log.Warn("listing resources failed; keeping the last list", logKeyErr, err)
+		}
+	}
+
 	u.mu.Lock()
-	changed := !sameTools(u.tools, tools)
-	if changed {
+	var changed lists
+	if got&listTools != 0 && !sameTools(u.tools, tools) {
 		u.tools = tools
+		changed |= listTools
+	}
+	if got&listPrompts != 0 && !sameJSON(u.prompts, prompts) {
+		u.prompts = prompts
+		changed |= listPrompts
+	}
+	if got&listResources != 0 && (!sameJSON(u.resources, resources) || !sameJSON(u.templates, templates)) {
+		u.resources, u.templates = resources, templates
+		changed |= listResources
 	}
 	u.mu.Unlock()
-	if changed {
+	if changed == 0 {
+		return nil
+	}
+	if changed&listTools != 0 {
 		u.m.rebuild()
 		u.log.Info("upstream tools changed", logKeyTools, len(tools))
-		if f := u.m.cfg.OnChange; f != nil {
-			f()
-		}
+	}
+	if changed&(listPrompts|listResources) != 0 {
+		u.m.rebuildCatalog()
+		p, r, t := u.catalogLists()
+		u.log.Info("upstream prompts or resources changed", logKeyPrompts, len(p), logKeyRes, len(r), logKeyTemplate, len(t))
+	}
+	if f := u.m.cfg.OnChange; f != nil {
+		f()
 	}
 	return nil
 }
@@ -275,6 +405,10 @@ func (u *upstream) onNotification(n mcp.JSONRPCNotification) {
 	switch n.Method {
 	case string(mcp.MethodNotificationToolsListChanged):
 		signal(u.listChanged)
+	case string(mcp.MethodNotificationPromptsListChanged):
+		signal(u.promptsChanged)
+	case string(mcp.MethodNotificationResourcesListChanged):
+		signal(u.resourcesChanged)
 	case vend.NotifyProgress:
 		u.routeProgress(n)
 	}

@@ -18,9 +18,16 @@
 // at once with an error wrapping vend.ErrUpstream. An upstream never reached
 // has no tools.
 //
-// Only tools are exposed for now. Prompts and resources (list, get/read,
-// their list_changed) are a later addition: the session already receives
-// their notifications, they are just not forwarded.
+// Prompts, resources and resource templates are passed through for free:
+// the Manager lists them on connect from every upstream that advertises the
+// capability (following pagination), lists them again on
+// notifications/prompts/list_changed and notifications/resources/list_changed
+// (calling Config.OnChange when a set changed), and routes GetPrompt by
+// exposed name and ReadResource by URI. Prompts get the upstream's Prefix
+// like tools; resource URIs and templates are kept as they are (a URI
+// already names its resource), the first configured upstream winning a
+// clash. Like tools, they stay listed while their upstream is down, and
+// requests to it then fail at once with an error wrapping vend.ErrUpstream.
 package upstream
 
 import (
@@ -68,8 +75,8 @@ type ServerConfig struct {
 	// Name identifies the upstream in logs, in vend.Tool.Server and in
 	// price rules. Unique among upstreams.
 	Name string
-	// Prefix is prepended to the upstream's tool names to form the names
-	// clients see (may be empty).
+	// Prefix is prepended to the upstream's tool and prompt names to form
+	// the names clients see (may be empty). Resource URIs keep theirs.
 	Prefix string
 
 	// Command, Args, Env ("KEY=value", added to capvend's environment) and
@@ -90,9 +97,9 @@ type Config struct {
 	Servers []ServerConfig
 	Logger  *slog.Logger // nil: slog.Default()
 
-	// OnChange is called after the tool set of an upstream changed
-	// (connected for the first time, re-listed after list_changed or a
-	// reconnect). It runs on the upstream's goroutine: it must not block
+	// OnChange is called after the tools, prompts, resources or resource
+	// templates of an upstream changed (connected for the first time,
+	// re-listed after list_changed or a reconnect). It runs on the upstream's goroutine: it must not block
 	// for long, and must not call back into CallTool synchronously.
 	OnChange func()
 	// OnState, if set, is called when an upstream goes up (err nil) or
@@ -166,8 +173,13 @@ type Manager struct {
 	upstreams []*upstream
 	byName    map[string]*upstream
 
+	// rebuildMu serialises rebuilds, so that a rebuild that read older
+	// lists cannot store its snapshot after one that read newer lists.
+	rebuildMu sync.Mutex
+
 	mu    sync.RWMutex
 	tools []vend.Tool // snapshot returned by Tools; replaced, never mutated
+	cat   catalog     // prompts and resources; replaced, never mutated
 
 	running atomic.Bool
 }
@@ -220,6 +232,8 @@ func (m *Manager) Tools() []vend.Tool {
 
 // rebuild recomputes the Tools snapshot from the upstreams' lists.
 func (m *Manager) rebuild() {
+	m.rebuildMu.Lock()
+	defer m.rebuildMu.Unlock()
 	var all []vend.Tool
 	seen := map[string]string{}
 	for _, u := range m.upstreams {

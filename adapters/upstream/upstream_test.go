@@ -44,7 +44,9 @@ func TestMain(m *testing.M) {
 
 // newTestServer is a real mcp-go server with the tools the tests need.
 func newTestServer(name string) *server.MCPServer {
-	s := server.NewMCPServer(name, "1", server.WithToolCapabilities(true))
+	s := server.NewMCPServer(name, "1", server.WithToolCapabilities(true),
+		server.WithPromptCapabilities(true), server.WithResourceCapabilities(false, true))
+	addCatalog(s, name)
 	// slow sends two progress notifications, then waits for a release call:
 	// mcp-go's stdio server may write notifications after the result, so
 	// the test releases slow only once it has seen them.
@@ -457,6 +459,10 @@ func TestLegacyHTTPUpstream(t *testing.T) {
 		return mcp.NewToolResultText("late"), nil
 	})
 	waitTools(t, m, e, "o_late")
+	hs.AddPrompt(mcp.NewPrompt("late_prompt"), func(context.Context, mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+		return mcp.NewGetPromptResult("", []mcp.PromptMessage{mcp.NewPromptMessage(mcp.RoleUser, mcp.NewTextContent("late"))}), nil
+	})
+	waitCatalog(t, m, e, "o_late_prompt")
 	h.stop()
 	e.waitState(t, "old down")
 	h.start()

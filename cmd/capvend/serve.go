@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -145,7 +146,7 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	if err != nil {
 		return err
 	}
-	f, err := mcpfront.New(mcpfront.Config{Vendor: v, Name: cfg.Server.Name, Version: buildVersion(),
+	f, err := mcpfront.New(mcpfront.Config{Vendor: v, Catalog: upstreamCatalog{ups}, Name: cfg.Server.Name, Version: buildVersion(),
 		Logger: log, MaxBodyBytes: cfg.HTTP.MaxRequestBytes})
 	if err != nil {
 		return err
@@ -252,4 +253,45 @@ func priceBook(cfg *Config) *pricing.Book {
 		rules[u.Name] = m
 	}
 	return pricing.NewBook(rules)
+}
+
+// upstreamCatalog serves the upstreams' prompts and resources, free, on the
+// MCP front.
+type upstreamCatalog struct{ m *upstream.Manager }
+
+var _ mcpfront.Catalog = upstreamCatalog{}
+
+func (c upstreamCatalog) Prompts() []mcpfront.Prompt {
+	ps := c.m.Prompts()
+	out := make([]mcpfront.Prompt, len(ps))
+	for i, p := range ps {
+		out[i] = mcpfront.Prompt{Name: p.Name, Definition: p.Definition}
+	}
+	return out
+}
+
+func (c upstreamCatalog) Resources() []mcpfront.Resource {
+	rs := c.m.Resources()
+	out := make([]mcpfront.Resource, len(rs))
+	for i, r := range rs {
+		out[i] = mcpfront.Resource{URI: r.URI, Definition: r.Definition}
+	}
+	return out
+}
+
+func (c upstreamCatalog) ResourceTemplates() []mcpfront.ResourceTemplate {
+	ts := c.m.ResourceTemplates()
+	out := make([]mcpfront.ResourceTemplate, len(ts))
+	for i, t := range ts {
+		out[i] = mcpfront.ResourceTemplate{URITemplate: t.URITemplate, Definition: t.Definition}
+	}
+	return out
+}
+
+func (c upstreamCatalog) GetPrompt(ctx context.Context, name string, args map[string]string) (json.RawMessage, error) {
+	return c.m.GetPrompt(ctx, name, args)
+}
+
+func (c upstreamCatalog) ReadResource(ctx context.Context, uri string) (json.RawMessage, error) {
+	return c.m.ReadResource(ctx, uri)
 }

@@ -1,8 +1,9 @@
 // Command example-tools is a small MCP server shipped with capvend to sell
 // in the demo and the tests: word_count (free), sha256 (priced in the
 // examples), slow_count (reports progress) and always_fails (a tool that
-// fails after payment, to show refunds). It serves MCP over stdio, or over
-// Streamable HTTP at /mcp with --http ADDR.
+// fails after payment, to show refunds), plus a prompt (summarize) and a
+// resource (example://readme), which capvend passes through for free. It
+// serves MCP over stdio, or over Streamable HTTP at /mcp with --http ADDR.
 package main
 
 import (
@@ -37,8 +38,32 @@ func main() {
 	log.Fatal(http.ListenAndServe(*addr, mux))
 }
 
+// readmeURI is example-tools' one resource; readme its text.
+const (
+	readmeURI = "example://readme"
+	readme    = "example-tools: word_count, sha256, slow_count and always_fails; prompt summarize(text).\n"
+)
+
 func newServer() *server.MCPServer {
-	s := server.NewMCPServer("example-tools", "1.0.0", server.WithToolCapabilities(true))
+	s := server.NewMCPServer("example-tools", "1.0.0", server.WithToolCapabilities(true),
+		server.WithPromptCapabilities(true), server.WithResourceCapabilities(false, true))
+	s.AddPrompt(mcp.NewPrompt("summarize",
+		mcp.WithPromptDescription("Ask for a short summary of a text."),
+		mcp.WithArgument("text", mcp.RequiredArgument(), mcp.ArgumentDescription("the text to summarize")),
+	), func(ctx context.Context, r mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+		text := r.Params.Arguments["text"]
+		if text == "" {
+			return nil, fmt.Errorf("argument text is required")
+		}
+		return mcp.NewGetPromptResult("Summarize a text", []mcp.PromptMessage{
+			mcp.NewPromptMessage(mcp.RoleUser, mcp.NewTextContent("Summarize the following text in one sentence:\n\n"+text)),
+		}), nil
+	})
+	s.AddResource(mcp.NewResource(readmeURI, "readme",
+		mcp.WithResourceDescription("What example-tools offers."), mcp.WithMIMEType("text/plain"),
+	), func(ctx context.Context, r mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
+		return []mcp.ResourceContents{mcp.TextResourceContents{URI: readmeURI, MIMEType: "text/plain", Text: readme}}, nil
+	})
 	s.AddTool(mcp.NewTool("word_count",
 		mcp.WithDescription("Count the words, lines and characters of a text."),
 		mcp.WithString("text", mcp.Required(), mcp.MaxLength(1<<20), mcp.Description("the text")),

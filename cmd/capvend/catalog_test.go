@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
+)
+
+// TestServePassesPromptsAndResourcesThrough runs `capvend serve` in-process
+// over example-tools (free tools only, no payment backend) and lists, gets
+// and reads its prompt and resource through an mcp-go client.
+func TestServePassesPromptsAndResourcesThrough(t *testing.T) {
+	dir := t.TempDir()
+	tools := filepath.Join(dir, "example-tools")
+	if out, err := exec.Command("go", "build", "-o", tools, "../example-tools").CombinedOutput(); err != nil {
+		t.Fatalf("build example-tools: %v\n%s", err, out)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := ln.Addr().String()
+	ln.Close()
+	cfg := filepath.Join(dir, "capvend.yaml")
+	yaml := fmt.Sprintf("ledger:\n  path: %s\nhttp:\n  listen: %s\nupstreams:\n  - name: tools\n    prefix: ex_\n    command: %s\n",
+		filepath.Join(dir, "capvend.db"), listen, tools)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: io.Discard, Getenv: func(string) string { return "" },
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", cfg})
+	}()
+	defer func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("serve exited %d", code)
+			}
+		case <-time.After(60 * time.Second):
+			t.Error("serve did not stop")
+		}
+	}()
+
+	// Bounds on waiting for serve and its upstream: deadlock guards, not
+	// speed checks.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if c, err := net.Dial("tcp", listen); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("serve did not listen")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	init, err := c.Initialize(ctx, mcp.InitializeRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if init.Capabilities.Prompts == nil || init.Capabilities.Resources == nil {
+		t.Fatalf("capabilities %+v", init.Capabilities)
+	}
+
+	// The upstream may still be connecting.
+	var prompts []mcp.Prompt
+	for {
+		res, err := c.ListPrompts(ctx, mcp.ListPromptsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prompts = res.Prompts; len(prompts) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no prompts listed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(prompts) != 1 || prompts[0].Name != "ex_summarize" || len(prompts[0].Arguments) != 1 ||
+		prompts[0].Arguments[0].Name != "text" || !prompts[0].Arguments[0].Required {
+		t.Fatalf("prompts %+v", prompts)
+	}
+	tl, err := c.ListTools(ctx, mcp.ListToolsRequest{})
+	if err != nil || len(tl.Tools) != 4 {
+		t.Fatalf("tools %+v %v", tl, err)
+	}
+
+	req := mcp.GetPromptRequest{}
+	req.Params.Name = "ex_summarize"
+	req.Params.Arguments = map[string]string{"text": "capvend sells tool calls"}
+	gp, err := c.GetPrompt(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gp.Messages) != 1 || gp.Messages[0].Role != mcp.RoleUser ||
+		!strings.HasSuffix(gp.Messages[0].Content.(mcp.TextContent).Text, "\n\ncapvend sells tool calls") {
+		t.Fatalf("prompt %+v", gp)
+	}
+	req.Params.Arguments = nil // the upstream refuses: an upstream error
+	if _, err := c.GetPrompt(ctx, req); err == nil || !strings.Contains(err.Error(), "Upstream server failed") {
+		t.Fatalf("prompt without text: %v", err)
+	}
+
+	res, err := c.ListResources(ctx, mcp.ListResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Resources) != 1 || res.Resources[0].URI != "example://readme" || res.Resources[0].MIMEType != "text/plain" {
+		t.Fatalf("resources %+v", res.Resources)
+	}
+	rr := mcp.ReadResourceRequest{}
+	rr.Params.URI = "example://readme"
+	read, err := c.ReadResource(ctx, rr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(read.Contents) != 1 || !strings.Contains(read.Contents[0].(mcp.TextResourceContents).Text, "word_count") {
+		t.Fatalf("readme %+v", read.Contents)
+	}
+}
