@@ -2,13 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"log/slog"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,56 +14,11 @@ import (
 // over example-tools (free tools only, no payment backend) and lists, gets
 // and reads its prompt and resource through an mcp-go client.
 func TestServePassesPromptsAndResourcesThrough(t *testing.T) {
-	dir := t.TempDir()
-	tools := filepath.Join(dir, "example-tools")
-	if out, err := exec.Command("go", "build", "-o", tools, "../example-tools").CombinedOutput(); err != nil {
-		t.Fatalf("build example-tools: %v\n%s", err, out)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	listen := ln.Addr().String()
-	ln.Close()
-	cfg := filepath.Join(dir, "capvend.yaml")
-	yaml := fmt.Sprintf("ledger:\n  path: %s\nhttp:\n  listen: %s\nupstreams:\n  - name: tools\n    prefix: ex_\n    command: %s\n",
-		filepath.Join(dir, "capvend.db"), listen, tools)
-	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	go func() {
-		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: io.Discard, Getenv: func(string) string { return "" },
-			Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", cfg})
-	}()
-	defer func() {
-		cancel()
-		select {
-		case code := <-done:
-			if code != 0 {
-				t.Errorf("serve exited %d", code)
-			}
-		case <-time.After(60 * time.Second):
-			t.Error("serve did not stop")
-		}
-	}()
-
-	// Bounds on waiting for serve and its upstream: deadlock guards, not
-	// speed checks.
+	cfg, listen := freeToolsConfig(t, "ex_")
+	serveInProcess(t, cfg, listen)
+	ctx := context.Background()
+	// A bound on waiting for the upstream: a deadlock guard.
 	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if c, err := net.Dial("tcp", listen); err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("serve did not listen")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
 	if err != nil {
 		t.Fatal(err)

@@ -2,10 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,38 +28,8 @@ func TestMCPInspectorListsAndCallsThroughServe(t *testing.T) {
 		}
 		t.Skip("the MCP Inspector is not installed: (cd cmd/capvend/testdata/inspector && npm ci)")
 	}
-	dir := t.TempDir()
-	tools := filepath.Join(dir, "example-tools")
-	if out, err := exec.Command("go", "build", "-o", tools, "../example-tools").CombinedOutput(); err != nil {
-		t.Fatalf("build example-tools: %v\n%s", err, out)
-	}
-	listen := freeAddr(t)
-	cfg := filepath.Join(dir, "capvend.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf("ledger:\n  path: capvend.db\nhttp:\n  listen: %s\nupstreams:\n  - name: tools\n    command: %s\n", listen, tools)), 0o600)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	go func() {
-		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: io.Discard, Getenv: func(string) string { return "" },
-			Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", cfg})
-	}()
-	defer func() {
-		cancel()
-		if code := <-done; code != 0 {
-			t.Errorf("serve exited %d", code)
-		}
-	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if c, err := net.Dial("tcp", listen); err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("serve did not listen")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	cfg, listen := freeToolsConfig(t, "")
+	serveInProcess(t, cfg, listen)
 	url := "http://" + listen + "/mcp"
 	inspect := func(args ...string) string {
 		t.Helper()

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -32,7 +31,6 @@ var (
 	stack      *testnet.Stack
 	stackErr   error
 	stackTmp   string
-	toolsBin   string
 	capvendBin string
 	// lastHTTPUpstream is the example-tools --http address of the last
 	// configuration written (benchmarks call it directly).
@@ -46,6 +44,9 @@ func TestMain(m *testing.M) {
 	}
 	if stackTmp != "" {
 		os.RemoveAll(stackTmp)
+	}
+	if toolsDir != "" {
+		os.RemoveAll(toolsDir)
 	}
 	os.Exit(code)
 }
@@ -66,11 +67,6 @@ func needStack(t testing.TB) *testnet.Stack {
 			return
 		}
 		capvendBin = exe
-		toolsBin = filepath.Join(stackTmp, "example-tools")
-		if out, err := exec.Command("go", "build", "-o", toolsBin, "../example-tools").CombinedOutput(); err != nil {
-			stackErr = fmt.Errorf("build example-tools: %v\n%s", err, out)
-			return
-		}
 		stack, stackErr = testnet.Start(ctx, testnet.Options{Dir: filepath.Join(stackTmp, "stack"), Executable: exe, Progress: os.Stderr})
 	})
 	if stackErr != nil {
@@ -93,44 +89,9 @@ func freeAddr(t testing.TB) string {
 func serving(t testing.TB, s *testnet.Stack, o serveOpts) (url, dbPath string) {
 	t.Helper()
 	path, listen := writeServeConfig(t, s, o)
-	dir := filepath.Dir(path)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	var stderr bytes.Buffer
-	go func() {
-		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: &lockedWriter{w: &stderr},
-			Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case code := <-done:
-			if code != 0 {
-				t.Errorf("serve exited %d", code)
-			}
-		case <-time.After(60 * time.Second):
-			t.Error("serve did not stop within 60 s")
-		}
-	})
+	serveInProcess(t, path, listen)
 	url = "http://" + listen + "/mcp"
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if c, err := net.Dial("tcp", listen); err == nil {
-			c.Close()
-			break
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("serve exited %d: %s", code, stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("serve did not listen")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return url, filepath.Join(dir, "capvend.db")
+	return url, filepath.Join(filepath.Dir(path), "capvend.db")
 }
 
 type lockedWriter struct {
@@ -157,6 +118,7 @@ type serveOpts struct {
 func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen string) {
 	t.Helper()
 	vendor, _ := s.Node(testnet.Vendor)
+	toolsBin := exampleTools(t)
 	httpUpstream := freeAddr(t)
 	lastHTTPUpstream = httpUpstream
 	up := exec.Command(toolsBin, "--http", httpUpstream)

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	toolsOnce sync.Once
+	toolsDir  string
+	toolsErr  error
+)
+
+// exampleTools builds cmd/example-tools once per test binary and returns
+// its path.
+func exampleTools(t testing.TB) string {
+	t.Helper()
+	toolsOnce.Do(func() {
+		if toolsDir, toolsErr = os.MkdirTemp("", "capvend-example-tools-"); toolsErr != nil {
+			return
+		}
+		bin := filepath.Join(toolsDir, "example-tools")
+		if out, err := exec.Command("go", "build", "-o", bin, "../example-tools").CombinedOutput(); err != nil {
+			toolsErr = fmt.Errorf("build example-tools: %v\n%s", err, out)
+		}
+	})
+	if toolsErr != nil {
+		t.Fatal(toolsErr)
+	}
+	return filepath.Join(toolsDir, "example-tools")
+}
+
+// freeToolsConfig writes a configuration selling example-tools (as a stdio
+// child with prefix) with no payment backend: free tools only.
+func freeToolsConfig(t testing.TB, prefix string) (path, listen string) {
+	t.Helper()
+	dir := t.TempDir()
+	listen = freeAddr(t)
+	path = filepath.Join(dir, "capvend.yaml")
+	yaml := fmt.Sprintf("ledger:\n  path: capvend.db\nhttp:\n  listen: %s\nupstreams:\n  - name: tools\n    prefix: %q\n    command: %s\n",
+		listen, prefix, exampleTools(t))
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, listen
+}
+
+// serveInProcess runs `capvend serve --config path` in this process until
+// the test ends (then it must exit 0) and returns once it listens.
+func serveInProcess(t testing.TB, path, listen string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	stderr := &lockedWriter{w: &strings.Builder{}}
+	go func() {
+		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: stderr,
+			Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("serve exited %d", code)
+			}
+		case <-time.After(60 * time.Second):
+			t.Error("serve did not stop within 60 s")
+		}
+	})
+	// A bound on waiting: a deadlock guard, not a speed check.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if c, err := net.Dial("tcp", listen); err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case code := <-done:
+			done <- code
+			t.Fatalf("serve exited %d: %s", code, stderr.w)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("serve did not listen")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
