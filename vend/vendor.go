@@ -73,6 +73,8 @@ type Vendor struct {
 	unpaidTotal int
 	running     map[CallID]chan struct{} // calls executing in this process; closed when done
 	rate        map[string]*window       // requests per client in the current minute
+	bg          context.Context          // Run's context, for work started by payment reports
+	bgWG        sync.WaitGroup           // that work; Run waits for it
 	started     time.Time                // calls created before this are a previous run's
 }
 
@@ -111,6 +113,10 @@ func New(cfg Config) (*Vendor, error) {
 func (v *Vendor) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	v.mu.Lock()
+	v.bg = ctx
+	v.mu.Unlock()
+	defer v.bgWG.Wait() // after cancel: background work sees ctx end
 	errs := make(chan error, len(v.cfg.Backends))
 	var wg sync.WaitGroup
 	for _, b := range v.cfg.Backends {
@@ -157,12 +163,28 @@ func (v *Vendor) onPayment(e PaymentEvent) {
 	}
 	switch {
 	case e.Payment.State == PaymentAccepted && e.Payment.Kind == KindHoldInvoice:
-		go v.abandonHold(e.Payment)
+		v.background(func(ctx context.Context) { v.abandonHold(e.Payment) })
 	case e.Payment.State == PaymentSettled && e.Payment.Kind != KindHoldInvoice:
 		// Paid, and nobody waits (the client left, or capvend restarted):
 		// run it now and keep the answer for the client's replay.
-		go v.runStored(context.Background(), e.Payment.CallID, false)
+		v.background(func(ctx context.Context) { v.runStored(ctx, e.Payment.CallID, false) })
 	}
+}
+
+// background runs fn in a goroutine tracked by Run, with Run's context
+// (reports only arrive while Run runs).
+func (v *Vendor) background(fn func(ctx context.Context)) {
+	v.mu.Lock()
+	ctx := v.bg
+	v.mu.Unlock()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	v.bgWG.Add(1)
+	go func() {
+		defer v.bgWG.Done()
+		fn(ctx)
+	}()
 }
 
 // Recover finishes what a previous run of capvend left: paid calls that
