@@ -83,6 +83,36 @@ type CallRequest struct {
 	// It must not block for long; errors are ignored (the client may be
 	// gone, the call goes on).
 	Notify func(method string, params any)
+	// Elicit, if not nil, asks the client for input while the call runs
+	// (an upstream's elicitation): params is the elicitation request's
+	// params object, the result the client's ElicitResult ({"action":
+	// "accept"|"decline"|"cancel", "content": ...}). It blocks until the
+	// client answers, ctx ends or the front gives up (an error). It is
+	// passed to the ToolSource in the context (WithElicit); it never
+	// touches payment: the call is already paid when it runs.
+	Elicit ElicitFunc
+}
+
+// ElicitFunc asks a call's client for input: see CallRequest.Elicit.
+type ElicitFunc func(ctx context.Context, params json.RawMessage) (json.RawMessage, error)
+
+type elicitKey struct{}
+
+// WithElicit returns ctx carrying fn, for ToolSource.CallTool: an upstream
+// that asks for input during the call is answered through fn. A nil fn
+// returns ctx unchanged.
+func WithElicit(ctx context.Context, fn ElicitFunc) context.Context {
+	if fn == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, elicitKey{}, fn)
+}
+
+// ElicitFrom returns the ElicitFunc WithElicit put in ctx, or nil: then
+// nobody can answer, and an elicitation should be declined.
+func ElicitFrom(ctx context.Context) ElicitFunc {
+	fn, _ := ctx.Value(elicitKey{}).(ElicitFunc)
+	return fn
 }
 
 // Payment method identifiers (pmi) and the _meta keys capvend reads.

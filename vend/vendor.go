@@ -837,8 +837,10 @@ func (v *Vendor) fail(ctx context.Context, call *Call, p *Payment, body json.Raw
 	return CallResult{Body: body, IsError: true}, nil
 }
 
-// execute runs the tool on its upstream, forwarding progress.
+// execute runs the tool on its upstream, forwarding progress and passing
+// the client's Elicit along (in ctx).
 func (v *Vendor) execute(ctx context.Context, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
+	ctx = WithElicit(ctx, r.Elicit)
 	var progress func(json.RawMessage)
 	if r.ProgressToken != nil {
 		progress = func(params json.RawMessage) { r.Notify(NotifyProgress, params) }

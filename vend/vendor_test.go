@@ -159,6 +159,18 @@ func (f *fakeTools) CallTool(ctx context.Context, t vend.Tool, args json.RawMess
 	if t.UpstreamName == "fail" {
 		return json.RawMessage(`{"isError":true,"content":[{"type":"text","text":"boom"}]}`), nil
 	}
+	if a.Text == "elicit" { // asks the client, as an upstream may
+		fn := vend.ElicitFrom(ctx)
+		if fn == nil {
+			return json.RawMessage(`{"content":[{"type":"text","text":"echo:no elicit"}]}`), nil
+		}
+		ans, err := fn(ctx, json.RawMessage(`{"message":"sure?"}`))
+		if err != nil {
+			return nil, err
+		}
+		txt, _ := json.Marshal("echo:" + string(ans))
+		return json.RawMessage(`{"content":[{"type":"text","text":` + string(txt) + `}]}`), nil
+	}
 	return json.RawMessage(fmt.Sprintf(`{"content":[{"type":"text","text":"echo:%s"}]}`, a.Text)), nil
 }
 

@@ -67,6 +67,10 @@ func toWire(err error, tool string) wireError {
 		return wireError{Code: CodeInvalidParams, Message: "Invalid params: " + ip.Reason}
 	case errors.Is(err, vend.ErrUnknownTool):
 		return wireError{Code: CodeInvalidParams, Message: "Unknown tool: " + tool}
+	case errors.Is(err, errRequestState):
+		return wireError{Code: CodeInvalidParams, Message: "Unknown or expired request state"}
+	case errors.Is(err, errInputResponse):
+		return wireError{Code: CodeInvalidParams, Message: "Invalid params: " + errInputResponse.Error()}
 	case errors.Is(err, vend.ErrPaymentExpired):
 		return wireError{Code: CodePaymentExpired, Message: "Payment expired"}
 	case errors.Is(err, vend.ErrPaymentFailed):
@@ -166,7 +170,14 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 	}
 	cr.Notify = s.notifier(ctx)
 
-	res, err := s.cfg.Vendor.CallTool(ctx, cr)
+	if req.Params.RequestState != "" {
+		return s.resume(ctx, req, cr.Client)
+	}
+	return s.await(ctx, s.startCall(ctx, cr))
+}
+
+// answer turns the Vendor's outcome of cr into the handler's return.
+func (s *Server) answer(ctx context.Context, cr vend.CallRequest, res vend.CallResult, err error) (*mcp.CallToolResult, error) {
 	if err != nil {
 		w := toWire(err, cr.Tool)
 		lvl := slog.LevelInfo

@@ -51,6 +51,25 @@
 // clients expect it. -32000, -32001, -32002 and -32020..-32022 are avoided
 // (used by MCP SDKs).
 //
+// # Elicitation
+//
+// A call's vend.CallRequest.Elicit relays an upstream's request for input
+// to the client. The Vendor call runs on its own goroutine; the handler
+// waits for its result or an elicitation. A client on protocol 2026-07-28
+// that declared the elicitation capability gets an input_required result
+// (one input request, "capvend/elicit") whose requestState is a fresh
+// random token (256 bits); its retry with inputResponses and that
+// requestState continues the same Vendor call (no new quote or charge),
+// and waits again. A token is good once, for the client (Config.ClientID
+// or session) and tool it was issued for, until Config.ElicitTimeout;
+// anything else is -32602 "Unknown or expired request state". An
+// unanswered elicitation gets "cancel" at the timeout. A client on an
+// earlier protocol is asked with a server-initiated elicitation/create
+// within the same request; a failure there is answered "cancel". A client
+// without the capability is not asked: the answer is "decline". If the
+// client leaves while the handler waits, the call is cancelled as before
+// (a paid call still runs to its end in the Vendor).
+//
 // # Prompts and resources
 //
 // With a Config.Catalog, prompts/list, prompts/get, resources/list,
@@ -104,6 +123,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
@@ -170,6 +190,11 @@ type Config struct {
 	// result: "anonymous", shared by all such clients. It is called for
 	// every HTTP request; it must be cheap.
 	ClientID func(r *http.Request) string
+
+	// ElicitTimeout bounds how long a client on protocol 2026-07-28 may
+	// take to answer an elicitation (to call again with the answer);
+	// then the upstream gets "cancel". 0: DefaultElicitTimeout.
+	ElicitTimeout time.Duration
 }
 
 // Server is the client-facing MCP server. Create it with New.
@@ -183,6 +208,11 @@ type Server struct {
 	inStdi bool
 
 	catalog catalogState // what Refresh registered of the Catalog
+
+	// elicits are the elicitations handed to clients on protocol
+	// 2026-07-28, by requestState token, until answered or expired.
+	elicitMu sync.Mutex
+	elicits  map[string]*pendingAsk
 
 	// streams ends long-lived listening streams (see CloseStreams).
 	streams      context.Context
@@ -212,6 +242,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxBodyBytes < 0 {
 		return nil, errors.New("mcpfront: MaxBodyBytes is negative")
 	}
+	if cfg.ElicitTimeout < 0 {
+		return nil, errors.New("mcpfront: ElicitTimeout is negative")
+	}
+	if cfg.ElicitTimeout == 0 {
+		cfg.ElicitTimeout = DefaultElicitTimeout
+	}
 	if cfg.Name == "" {
 		cfg.Name = "capvend"
 	}
@@ -228,7 +264,7 @@ func New(cfg Config) (*Server, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, nonce: hex.EncodeToString(b[:])}
+	s := &Server{cfg: cfg, log: cfg.Logger, nonce: hex.EncodeToString(b[:]), elicits: map[string]*pendingAsk{}}
 	s.streams, s.closeStreams = context.WithCancel(context.Background())
 
 	hooks := &server.Hooks{}

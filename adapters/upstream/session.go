@@ -49,6 +49,11 @@ type upstream struct {
 	progress   map[string]*progressRoute
 	seq        atomic.Uint64
 
+	// calls in flight with their context and ElicitFunc, for
+	// elicitations mcp-go cannot tie to a call (see elicit.go).
+	callsMu sync.Mutex
+	calls   map[uint64]inflightCall
+
 	listChanged      chan struct{} // a tools list_changed arrived: re-list
 	promptsChanged   chan struct{} // a prompts list_changed arrived
 	resourcesChanged chan struct{} // a resources list_changed arrived
@@ -79,6 +84,7 @@ func newUpstream(m *Manager, sc ServerConfig) *upstream {
 		cfg:              sc,
 		log:              m.log.With(logKeyServer, sc.Name),
 		progress:         map[string]*progressRoute{},
+		calls:            map[uint64]inflightCall{},
 		listChanged:      make(chan struct{}, 1),
 		promptsChanged:   make(chan struct{}, 1),
 		resourcesChanged: make(chan struct{}, 1),
@@ -475,6 +481,7 @@ func (u *upstream) call(ctx context.Context, name string, args, progressToken js
 		}()
 		req.Params.Meta = &mcp.Meta{ProgressToken: tok}
 	}
+	defer u.inflight(ctx)()
 	res, err := c.CallTool(ctx, req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -517,7 +524,7 @@ func (u *upstream) dial(ctx context.Context) (*client.Client, <-chan error, func
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("http transport: %w", err)
 		}
-		c := client.NewClient(tr)
+		c := client.NewClient(tr, client.WithElicitationHandler(elicitHandler{u}))
 		return c, nil, func() { _ = c.Close() }, nil
 	}
 
@@ -547,7 +554,7 @@ func (u *upstream) dial(ctx context.Context) (*client.Client, <-chan error, func
 		close(waited)
 		exited <- waitErr
 	}()
-	c := client.NewClient(transport.NewIO(stdout, stdin, nil))
+	c := client.NewClient(transport.NewIO(stdout, stdin, nil), client.WithElicitationHandler(elicitHandler{u}))
 	stop := func() {
 		_ = c.Close() // closes stdin: a well-behaved server exits on EOF
 		t := time.NewTimer(u.m.cfg.StopTimeout)

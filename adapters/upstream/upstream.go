@@ -28,6 +28,11 @@
 // already names its resource), the first configured upstream winning a
 // clash. Like tools, they stay listed while their upstream is down, and
 // requests to it then fail at once with an error wrapping vend.ErrUpstream.
+//
+// Elicitation: every upstream client declares the elicitation capability;
+// an upstream's request for input during a call is answered through the
+// vend.ElicitFunc in the call's context (vend.WithElicit), or declined
+// when there is none. See elicit.go for which calls mcp-go lets us find.
 package upstream
 
 import (

@@ -33,7 +33,8 @@ const waitLimit = 30 * time.Second
 func TestMain(m *testing.M) {
 	if os.Getenv(envServe) == "stdio" {
 		s := newTestServer("stdio-upstream")
-		if err := server.NewStdioServer(s).Listen(context.Background(), os.Stdin, os.Stdout); err != nil {
+		in, out := stdioStreams()
+		if err := server.NewStdioServer(s).Listen(context.Background(), in, out); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -47,6 +48,7 @@ func newTestServer(name string) *server.MCPServer {
 	s := server.NewMCPServer(name, "1", server.WithToolCapabilities(true),
 		server.WithPromptCapabilities(true), server.WithResourceCapabilities(false, true))
 	addCatalog(s, name)
+	addAskTool(s)
 	// slow sends two progress notifications, then waits for a release call:
 	// mcp-go's stdio server may write notifications after the result, so
 	// the test releases slow only once it has seen them.

@@ -55,7 +55,7 @@ func TestServePassesPromptsAndResourcesThrough(t *testing.T) {
 		t.Fatalf("prompts %+v", prompts)
 	}
 	tl, err := c.ListTools(ctx, mcp.ListToolsRequest{})
-	if err != nil || len(tl.Tools) != 4 {
+	if err != nil || len(tl.Tools) != 5 {
 		t.Fatalf("tools %+v %v", tl, err)
 	}
 

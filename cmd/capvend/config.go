@@ -61,6 +61,9 @@ type NostrConfig struct {
 	Relays     []string `yaml:"relays"`    // empty disables the front
 	Encryption string   `yaml:"encryption"`
 	Announce   bool     `yaml:"announce"`
+	// Window is how far a request's created_at may be from now (either
+	// way); requests outside it are dropped.
+	Window time.Duration `yaml:"window"`
 }
 
 // LNDConfig is the LND payment backend.
@@ -127,7 +130,7 @@ func defaultConfig() Config {
 		Ledger:   LedgerConfig{Path: "capvend.db"},
 		Server:   ServerConfig{Name: "capvend"},
 		HTTP:     HTTPConfig{MaxRequestBytes: 1 << 20},
-		Nostr:    NostrConfig{Encryption: "optional", Announce: true},
+		Nostr:    NostrConfig{Encryption: "optional", Announce: true, Window: 5 * time.Minute},
 		LND:      LNDConfig{HoldInvoices: true},
 		Cashu:    CashuConfig{WalletDir: "cashu-wallet", AcceptTokens: true, MintQuotes: true},
 		Payments: PaymentsConfig{TTL: 10 * time.Minute},
@@ -345,6 +348,9 @@ func (c *Config) Validate() error {
 	}
 	if base := filepath.Base(c.Nostr.NsecFile); strings.HasPrefix(base, "nsec1") || hex64.MatchString(base) {
 		bad("nostr.nsec_file", "must be the path of a file holding the key, not the key itself")
+	}
+	if c.Nostr.Window < 10*time.Second || c.Nostr.Window > time.Hour {
+		bad("nostr.window", "%s is outside 10s .. 1h", c.Nostr.Window)
 	}
 	switch c.Nostr.Encryption {
 	case "optional", "required", "disabled":

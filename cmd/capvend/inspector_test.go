@@ -48,7 +48,7 @@ func TestMCPInspectorListsAndCallsThroughServe(t *testing.T) {
 		return ""
 	}
 	list := inspect("--method", "tools/list")
-	for _, name := range []string{"word_count", "sha256", "slow_count", "always_fails"} {
+	for _, name := range []string{"word_count", "sha256", "slow_count", "always_fails", "confirm"} {
 		if !strings.Contains(list, `"name": "`+name+`"`) {
 			t.Errorf("tools/list lacks %s:\n%s", name, list)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/lightningnetwork/lnd/lnrpc/invoicesrpc"
 
+	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/adapters/upstream"
 	"github.com/capvend/capvend/billing/cashu"
@@ -63,8 +64,8 @@ then kills itself with SIGKILL there.`,
 			if listen != "" {
 				cfg.HTTP.Listen = listen
 			}
-			if !stdio && cfg.HTTP.Listen == "" {
-				return errors.New("nothing to serve: http.listen is empty and --stdio is not given")
+			if !stdio && cfg.HTTP.Listen == "" && len(cfg.Nostr.Relays) == 0 {
+				return errors.New("nothing to serve: set http.listen or nostr.relays, or use --stdio")
 			}
 			return serve(ctx, e, cfg, stdio)
 		},
@@ -154,6 +155,12 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	frontMu.Lock()
 	front = f
 	frontMu.Unlock()
+	var nf *ctxvm.Server
+	if !stdio && len(cfg.Nostr.Relays) > 0 {
+		if nf, err = nostrFront(cfg, v, backends, e); err != nil {
+			return err
+		}
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -183,31 +190,87 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 		return <-errs
 	}
 
-	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
-	if err != nil {
-		cancel()
-		wg.Wait()
-		return fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
+	// The Nostr front runs until ctx ends, then drains its requests.
+	nostrDone := make(chan struct{})
+	if nf != nil {
+		go func() {
+			defer close(nostrDone)
+			// Requests replayed from relays at start would find no tool.
+			awaitUpstreams(ctx, ups, 30*time.Second)
+			nf.Run(ctx)
+		}()
+		fmt.Fprintf(e.Stderr, "capvend: serving ContextVM as %s on %d relay(s) (%s)\n", nf.PublicKey(), len(cfg.Nostr.Relays), describeBackends(backends))
+	} else {
+		close(nostrDone)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/mcp", f.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintf(e.Stderr, "capvend: serving MCP at http://%s/mcp (%s)\n", ln.Addr(), describeBackends(backends))
+	var srv *http.Server
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	if cfg.HTTP.Listen != "" {
+		ln, err := net.Listen("tcp", cfg.HTTP.Listen)
+		if err != nil {
+			cancel()
+			<-nostrDone
+			wg.Wait()
+			return fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/mcp", f.Handler())
+		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		fmt.Fprintf(e.Stderr, "capvend: serving MCP at http://%s/mcp (%s)\n", ln.Addr(), describeBackends(backends))
+		go func() { serveErr <- srv.Serve(ln) }()
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-serveErr:
 		errs <- fmt.Errorf("http: %w", err)
 	}
-	shutdown, stop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	f.CloseStreams()       // long-lived listen streams would hold Shutdown
-	srv.Shutdown(shutdown) // stop accepting; in-flight calls finish
-	stop()
+	if srv != nil {
+		shutdown, stop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		f.CloseStreams()       // long-lived listen streams would hold Shutdown
+		srv.Shutdown(shutdown) // stop accepting; in-flight calls finish
+		stop()
+	}
 	cancel()
+	<-nostrDone // its requests in flight had up to 30 s too
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// awaitUpstreams returns once every upstream has connected or failed once,
+// after limit, or when ctx ends.
+func awaitUpstreams(ctx context.Context, ups *upstream.Manager, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		settled := true
+		for _, st := range ups.Status() {
+			settled = settled && (st.Up || st.LastErr != "")
+		}
+		if settled {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// nostrFront returns the ContextVM front of cfg.Nostr, selling v's tools.
+func nostrFront(cfg *Config, v *vend.Vendor, backends []vend.PaymentBackend, e *env) (*ctxvm.Server, error) {
+	sk, err := ctxvm.LoadSecretKey(cfg.Nostr.NsecFile)
+	if err != nil {
+		return nil, fmt.Errorf("nostr.nsec_file: %w", err)
+	}
+	var pmis []string
+	if len(backends) > 0 {
+		pmis = append(pmis, vend.PMILightning) // every backend takes bolt11
+	}
+	if len(cfg.Cashu.Mints) > 0 && cfg.Cashu.AcceptTokens {
+		pmis = append(pmis, vend.PMICashu)
+	}
+	return ctxvm.New(ctxvm.Config{
+		Vendor: v, SecretKey: sk, Relays: cfg.Nostr.Relays,
+		Name: cfg.Server.Name, Version: buildVersion(), About: cfg.Server.About, Website: cfg.Server.Website, Picture: cfg.Server.Picture,
+		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: e.Log,
+	})
 }
 
 func describeBackends(bs []vend.PaymentBackend) string {

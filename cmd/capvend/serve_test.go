@@ -113,6 +113,9 @@ type serveOpts struct {
 	hold  bool // LND hold invoices
 	noLND bool // no LND backend
 	cashu bool // the stack's mint as a Cashu backend
+	// nsecFile, if set, enables the Nostr (ContextVM) front on the stack's
+	// relay with the key in that file.
+	nsecFile string
 }
 
 func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen string) {
@@ -135,6 +138,9 @@ func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen
 	}
 	if o.cashu {
 		backends += fmt.Sprintf("cashu:\n  mints: [%s]\n  wallet_dir: cashu-wallet\n", s.MintURL)
+	}
+	if o.nsecFile != "" {
+		backends += fmt.Sprintf("nostr:\n  relays: [%s]\n  nsec_file: %s\n", s.RelayURL, o.nsecFile)
 	}
 	cfg := fmt.Sprintf(`
 ledger:
@@ -277,7 +283,7 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 	for {
 		var err error
 		tools, err = pc.ListTools(ctx, mcp.ListToolsRequest{})
-		if err == nil && len(tools.Tools) == 8 {
+		if err == nil && len(tools.Tools) == 10 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -323,9 +329,9 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 	// Progress from the upstream reaches the caller on the call's stream.
 	ctx2, cancel2 := context.WithTimeout(ctx, 90*time.Second)
 	res, err = pc.CallTool(ctx2, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "t_slow_count",
-		Arguments: map[string]any{"n": 3}, Meta: &mcp.Meta{ProgressToken: "count-1"}}})
+		Arguments: map[string]any{"n": 4}, Meta: &mcp.Meta{ProgressToken: "count-1"}}})
 	cancel2()
-	if err != nil || text(res) != "counted to 3" {
+	if err != nil || text(res) != "counted to 4" {
 		t.Fatalf("slow_count: %v %v", res, err)
 	}
 	if err := <-pc.paid; err != nil {
@@ -337,8 +343,11 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 			progress++
 		}
 	}
+	// mcp-go's stdio server may write an upstream's last notification
+	// after its result, and then it is not forwarded: at least three of
+	// the four must arrive.
 	if progress < 3 {
-		t.Fatalf("%d progress notifications reached the client, want 3: %v", progress, pc.methods())
+		t.Fatalf("%d of 4 progress notifications reached the client, want at least 3: %v", progress, pc.methods())
 	}
 
 	// Invalid arguments: refused before any charge.
@@ -540,10 +549,10 @@ func waitExit(cmd *exec.Cmd, d time.Duration) error {
 
 func waitTools(t testing.TB, pc *payingClient) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(90 * time.Second) // upstreams connecting under load: a deadlock guard
 	for {
 		tools, err := pc.ListTools(context.Background(), mcp.ListToolsRequest{})
-		if err == nil && len(tools.Tools) == 8 {
+		if err == nil && len(tools.Tools) == 10 {
 			return
 		}
 		if time.Now().After(deadline) {

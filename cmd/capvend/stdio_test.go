@@ -43,7 +43,7 @@ func TestServeStdio(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(tools.Tools) == 4 {
+		if len(tools.Tools) == 5 {
 			break
 		}
 		select {

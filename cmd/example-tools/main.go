@@ -1,7 +1,8 @@
 // Command example-tools is a small MCP server shipped with capvend to sell
 // in the demo and the tests: word_count (free), sha256 (priced in the
-// examples), slow_count (reports progress) and always_fails (a tool that
-// fails after payment, to show refunds), plus a prompt (summarize) and a
+// examples), slow_count (reports progress), always_fails (a tool that
+// fails after payment, to show refunds) and confirm (asks the user to
+// confirm, an elicitation), plus a prompt (summarize) and a
 // resource (example://readme), which capvend passes through for free. It
 // serves MCP over stdio, or over Streamable HTTP at /mcp with --http ADDR.
 package main
@@ -122,6 +123,27 @@ func newServer() *server.MCPServer {
 		mcp.WithString("text", mcp.Description("ignored")),
 	), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		return mcp.NewToolResultError("this tool always fails"), nil
+	})
+	s.AddTool(mcp.NewTool("confirm",
+		mcp.WithDescription("Ask the user to confirm (an elicitation); returns confirmed or declined."),
+		mcp.WithString("question", mcp.MaxLength(1000), mcp.Description("what to ask (default: Proceed?)")),
+	), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		// The answer comes back on a retry of the call (protocol
+		// 2026-07-28; mcp-go does the same for older clients with
+		// elicitation/create).
+		if ans := server.ElicitationResponse(r.Params.InputResponses, "confirm"); ans != nil {
+			content, _ := ans.Content.(map[string]any)
+			if ans.Action == mcp.ElicitationResponseActionAccept && content["confirm"] == true {
+				return mcp.NewToolResultText("confirmed"), nil
+			}
+			return mcp.NewToolResultText("declined"), nil
+		}
+		return server.NewInputRequestBuilder("").Elicit("confirm", mcp.ElicitationParams{
+			Message: r.GetString("question", "Proceed?"),
+			RequestedSchema: map[string]any{"type": "object",
+				"properties": map[string]any{"confirm": map[string]any{"type": "boolean"}},
+				"required":   []string{"confirm"}},
+		}).ToolResult(), nil
 	})
 	return s
 }

@@ -1,0 +1,517 @@
+// Package ctxvm is capvend's Nostr front in the ContextVM dialect: it serves
+// the Vendor's priced tools to MCP clients that talk JSON-RPC in kind 25910
+// events through Nostr relays (the @contextvm/sdk client transport and
+// compatible ones). It translates requests to Vendor calls and the
+// Vendor's answers back to events; it knows nothing of billing or the
+// ledger.
+//
+// # Wire
+//
+// The server subscribes, on every configured relay, to kind 25910 events
+// (and kind 1059 gift wraps unless encryption is disabled) tagged
+// ["p", <server pubkey>], created since Config.Window before it started
+// (gift wraps: since it started). go-nostr's pool drops an event id it has
+// seen in the last minute or so; later, a replayed request is the same vend
+// call (same RequestID). So a client repeating a call (explicit gating)
+// must send a new event: the same content, tags and created_at second
+// make the same event. Every answer is a kind 25910 event signed with
+// the server key, its content the full
+// JSON-RPC message (with "jsonrpc":"2.0" and the request's id), tagged
+// ["p", <client pubkey>] and ["e", <request event id>]. It is published to
+// every relay; publishing succeeds when one relay accepts it. A relay that
+// is down does not stop the service: go-nostr's SimplePool reconnects and
+// resubscribes (since the time the connection broke).
+//
+// # Inbound checks
+//
+// An event is dropped, with no answer, when its id or signature is wrong,
+// its created_at is further than Config.Window from now, its content is
+// larger than Config.MaxContentBytes, or its content is not a JSON-RPC 2.0
+// message ("jsonrpc":"2.0" required), or when Config.MaxInFlight requests
+// are being served already. JSON-RPC notifications and responses from
+// clients get no answer either.
+//
+// # Methods
+//
+//	initialize                 InitializeResult: protocolVersion (the client's when known, else 2025-11-25),
+//	                           capabilities {tools:{}}, serverInfo {name, version}
+//	notifications/initialized  no answer
+//	ping                       {}
+//	tools/list                 {tools:[...]}; one ["cap","tool:<name>","<amount>","sats"] tag per priced tool
+//	tools/call                 a vend.CallRequest (below)
+//	anything else              error -32601 "Method not found"
+//
+// The first answer to a client (by pubkey, since the server started) and
+// every initialize answer carry the discovery tags name, about, website,
+// picture (those configured), support_encryption (unless encryption is
+// disabled) and one pmi tag per payment method of Config.PMIs.
+//
+// A tools/call becomes a vend.CallRequest with Transport "nostr-ctxvm",
+// Client the client's pubkey (hex), RequestID the request event's id (so a
+// replayed event, even after a restart, is the same call in the ledger and
+// is answered from the stored result, never charged twice), Tool and
+// Arguments from params ({} when absent), ProgressToken
+// params._meta.progressToken, CashuToken params._meta["capvend/cashu"],
+// PaymentProof params._meta["capvend/preimage"], PMIs the request's
+// ["pmi", ...] tags (and params._meta["capvend/pmi"]), Explicit when the
+// request has ["payment_interaction","explicit_gating"] (or
+// params._meta["capvend/payment_interaction"] is "explicit_gating"). The
+// Vendor's notifications (payment_required, payment_accepted, progress ...)
+// are published as kind 25910 JSON-RPC notifications tagged p and e, in
+// order, before the answer.
+//
+// Errors map to the same JSON-RPC errors as the MCP front
+// (adapters/mcpfront):
+//
+//	vend.ErrUnknownTool           -32602 "Unknown tool: <name>"
+//	*vend.InvalidParamsError      -32602 "Invalid params: <reason>"
+//	*vend.PaymentRequiredError    -32042 "Payment Required"  data {instructions, payment_options}
+//	*vend.PaymentPendingError     -32043 "Payment Pending"   data {instructions, retry_after}
+//	vend.ErrPaymentExpired        -32050 "Payment expired"
+//	vend.ErrPaymentFailed         -32051 "Payment failed"
+//	vend.ErrNoPaymentMethod       -32052 "No payment method in common"
+//	vend.ErrLimit                 -32053 "Limit reached"
+//	vend.ErrUpstream              -32054 "Upstream server failed"
+//	anything else                 -32603 "Internal error"
+//
+// Bad tools/call params (not an object, no name) are -32602 "Invalid
+// params". No internal detail reaches the client; the full error is logged.
+//
+// # Encryption
+//
+// A kind 1059 event is ContextVM's gift wrap: its content is NIP-44 v2
+// ciphertext (conversation key of the server key and the wrap's pubkey) of
+// the client's signed kind 25910 request, with no seal layer. The inner
+// event gets every check above (its own id and signature included) and
+// must be tagged p with the server's pubkey. An encrypted request is
+// answered encrypted: each outgoing event is signed by the server and wrapped
+// in a kind 1059 signed by a fresh random key, tagged ["p", <client>],
+// created_at now. With EncryptionDisabled wraps are ignored (not
+// subscribed); with EncryptionRequired a plaintext request is answered
+// with error -32600 "Encryption required" (notifications are dropped).
+//
+// Not done yet: announcements (kinds 11316-11320, 31316-31319), list_changed
+// on refresh, ephemeral wraps (21059), oversized transfer (CEP-22), the
+// DVMCP dialects.
+package ctxvm
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+	"github.com/nbd-wtf/go-nostr/nip19"
+
+	"github.com/capvend/capvend/pricing"
+	"github.com/capvend/capvend/vend"
+)
+
+// Event kinds.
+const (
+	KindMessage  = 25910 // a ContextVM JSON-RPC message
+	KindGiftWrap = 1059  // a NIP-44 encrypted, signed KindMessage
+)
+
+// Transport is vend.CallRequest.Transport of calls arriving here.
+const Transport = "nostr-ctxvm"
+
+// Defaults of Config fields left zero.
+const (
+	DefaultWindow          = 5 * time.Minute
+	DefaultMaxContentBytes = 64 << 10
+	DefaultPublishTimeout  = 10 * time.Second
+	DefaultShutdownGrace   = 30 * time.Second
+	DefaultMaxInFlight     = 10_000
+	latestProtocol         = "2025-11-25"
+)
+
+// Encryption is the server's encryption policy.
+type Encryption string
+
+const (
+	EncryptionOptional Encryption = "optional" // answer encrypted iff asked encrypted
+	EncryptionRequired Encryption = "required" // refuse plaintext requests
+	EncryptionDisabled Encryption = "disabled" // ignore gift wraps
+)
+
+// Vendor sells tool calls. vend's engine implements it.
+type Vendor interface {
+	// Tools returns the exposed tools with their prices.
+	Tools() []vend.Tool
+	// CallTool runs one priced call; errors are vend's sentinel and typed
+	// errors (anything else is reported as an internal error).
+	CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error)
+	// ListedPrice returns the least and most a call of t can cost.
+	ListedPrice(t vend.Tool) (lo, hi vend.Msat)
+}
+
+// Config configures a Server.
+type Config struct {
+	Vendor    Vendor
+	SecretKey string   // the server's secret key, 64 hex characters (see LoadSecretKey)
+	Relays    []string // ws:// or wss:// URLs; at least one
+
+	Name    string // serverInfo.name and the name tag; "": "capvend"
+	Version string // serverInfo.version; "": "dev"
+	About   string // discovery tags, omitted when empty
+	Website string
+	Picture string
+	PMIs    []string // payment methods the server takes, advertised in pmi tags
+
+	Encryption Encryption // "": EncryptionOptional
+	// Window is how far created_at may be from now. 0: DefaultWindow.
+	Window time.Duration
+	// MaxContentBytes bounds an event's content (a gift wrap's too).
+	// 0: DefaultMaxContentBytes.
+	MaxContentBytes int
+	// PublishTimeout bounds one publication. 0: DefaultPublishTimeout.
+	PublishTimeout time.Duration
+	// ShutdownGrace is how long Run lets requests in flight finish after
+	// its context ends. 0: DefaultShutdownGrace.
+	ShutdownGrace time.Duration
+	// MaxInFlight bounds the requests served at once (calls waiting for
+	// payment included); events arriving beyond it are dropped.
+	// 0: DefaultMaxInFlight.
+	MaxInFlight int
+
+	Logger *slog.Logger     // nil: slog.Default()
+	Now    func() time.Time // nil: time.Now
+}
+
+// Server is the ContextVM front. Create it with New, run it with Run.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	pk  string // our pubkey, hex
+
+	// publish sends one event to the relays (tests replace it).
+	publish func(ctx context.Context, ev nostr.Event) error
+
+	mu   sync.Mutex
+	seen map[string]bool // clients that got their discovery tags
+
+	ready chan struct{} // closed once every relay confirmed the subscription
+	slots chan struct{} // one token per request in flight
+
+	// started is when Run started: gift wraps older than that are
+	// relays' stored copies of requests a previous run had.
+	started nostr.Timestamp
+}
+
+// Log attribute keys.
+const (
+	logKeyClient = "client"
+	logKeyEvent  = "event"
+	logKeyMethod = "method"
+	logKeyTool   = "tool"
+	logKeyCode   = "code"
+	logKeyErr    = "err"
+	logKeyRelay  = "relay"
+	logKeyReason = "reason"
+)
+
+// maxSessions bounds the memory of which clients got discovery tags; when
+// full it is cleared (a client then gets the tags once more).
+const maxSessions = 100_000
+
+// New checks cfg and returns a Server. It does no I/O and starts no
+// goroutine.
+func New(cfg Config) (*Server, error) {
+	if cfg.Vendor == nil {
+		return nil, errors.New("ctxvm: Vendor is nil")
+	}
+	if len(cfg.Relays) == 0 {
+		return nil, errors.New("ctxvm: no relays")
+	}
+	if !validSecretKey(cfg.SecretKey) {
+		return nil, errors.New("ctxvm: SecretKey is not a valid secret key")
+	}
+	switch cfg.Encryption {
+	case "":
+		cfg.Encryption = EncryptionOptional
+	case EncryptionOptional, EncryptionRequired, EncryptionDisabled:
+	default:
+		return nil, fmt.Errorf("ctxvm: unknown encryption %q", cfg.Encryption)
+	}
+	if cfg.Window < 0 || cfg.MaxContentBytes < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownGrace < 0 || cfg.MaxInFlight < 0 {
+		return nil, errors.New("ctxvm: negative limit")
+	}
+	if cfg.Name == "" {
+		cfg.Name = "capvend"
+	}
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	if cfg.Window == 0 {
+		cfg.Window = DefaultWindow
+	}
+	if cfg.MaxContentBytes == 0 {
+		cfg.MaxContentBytes = DefaultMaxContentBytes
+	}
+	if cfg.PublishTimeout == 0 {
+		cfg.PublishTimeout = DefaultPublishTimeout
+	}
+	if cfg.ShutdownGrace == 0 {
+		cfg.ShutdownGrace = DefaultShutdownGrace
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	cfg.Relays = append([]string(nil), cfg.Relays...)
+	pk, err := nostr.GetPublicKey(cfg.SecretKey)
+	if err != nil {
+		return nil, errors.New("ctxvm: SecretKey is not a valid secret key")
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, seen: map[string]bool{}, ready: make(chan struct{}),
+		slots: make(chan struct{}, cfg.MaxInFlight)}
+	return s, nil
+}
+
+// PublicKey returns the server's pubkey (hex).
+func (s *Server) PublicKey() string { return s.pk }
+
+// Ready is closed once every relay has confirmed the subscription
+// (EOSE): requests published after that are seen. It stays open while a
+// relay is unreachable. For tests and readiness probes.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// validSecretKey says whether sk is 64 lowercase-or-uppercase hex
+// characters of a non-zero key.
+func validSecretKey(sk string) bool {
+	b, err := hex.DecodeString(sk)
+	if err != nil || len(b) != 32 {
+		return false
+	}
+	for _, c := range b {
+		if c != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// LoadSecretKey reads a secret key from path: an nsec1… (NIP-19) or 64 hex
+// characters, surrounded by white space at most. It returns the key as
+// lowercase hex. Errors name the path, never the content.
+func LoadSecretKey(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("nostr key: %w", err)
+	}
+	sk, err := ParseSecretKey(string(b))
+	if err != nil {
+		return "", fmt.Errorf("nostr key %s: %w", path, err)
+	}
+	return sk, nil
+}
+
+// ParseSecretKey parses an nsec1… or 64-hex secret key (white space around
+// it is ignored) and returns it as lowercase hex. The error never contains
+// the input.
+func ParseSecretKey(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	bad := errors.New("not an nsec1… or 64-hex secret key")
+	if strings.HasPrefix(s, "nsec1") {
+		prefix, v, err := nip19.Decode(s)
+		if err != nil || prefix != "nsec" {
+			return "", bad
+		}
+		hexKey, ok := v.(string)
+		if !ok {
+			return "", bad
+		}
+		s = hexKey
+	}
+	s = strings.ToLower(s)
+	if !validSecretKey(s) {
+		return "", bad
+	}
+	if _, err := nostr.GetPublicKey(s); err != nil {
+		return "", bad
+	}
+	return s, nil
+}
+
+// Run subscribes to the relays and serves requests until ctx ends; call it
+// once per Server. Then it stops reading, lets requests in flight finish
+// for up to ShutdownGrace (their publications included), cancels the rest,
+// closes its relay connections and returns nil.
+func (s *Server) Run(ctx context.Context) error {
+	// The pool outlives ctx by the grace period: answers still go out.
+	poolCtx, closePool := context.WithCancel(context.WithoutCancel(ctx))
+	defer closePool()
+	pool := nostr.NewSimplePool(poolCtx)
+	// The pool's relays are not tied to its context.
+	defer pool.Relays.Range(func(_ string, r *nostr.Relay) bool {
+		if r != nil {
+			r.Close()
+		}
+		return true
+	})
+	if s.publish == nil {
+		s.publish = func(ctx context.Context, ev nostr.Event) error { return s.publishPool(ctx, pool, ev) }
+	}
+
+	kinds := []int{KindMessage}
+	if s.cfg.Encryption != EncryptionDisabled {
+		kinds = append(kinds, KindGiftWrap)
+	}
+	// Since the window, not now: relays match live events against since
+	// too, and a request replayed after a restart must reach us (vend
+	// answers it from the ledger). Relays store gift wraps (kind 1059):
+	// those made before this run are dropped (see parse), or a restart
+	// would answer every request of the last Window again and re-run
+	// free calls.
+	since := nostr.Timestamp(s.cfg.Now().Add(-s.cfg.Window).Unix())
+	s.started = nostr.Timestamp(s.cfg.Now().Unix())
+	filter := nostr.Filter{Kinds: kinds, Tags: nostr.TagMap{"p": []string{s.pk}}, Since: &since}
+
+	subCtx, stopSub := context.WithCancel(ctx)
+	defer stopSub()
+	events := pool.SubscribeManyNotifyEOSE(subCtx, append([]string(nil), s.cfg.Relays...), filter, s.ready)
+
+	// Requests run on work, which ends ShutdownGrace after ctx.
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	var wg sync.WaitGroup
+	s.log.Info("contextvm front listening", "pubkey", s.pk, "relays", len(s.cfg.Relays))
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case ev, ok := <-events:
+			if !ok {
+				break loop
+			}
+			if ev.Event == nil {
+				continue
+			}
+			select {
+			case s.slots <- struct{}{}:
+			default:
+				s.log.Warn("nostr event dropped: too many requests in flight", logKeyEvent, ev.ID)
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer func() { <-s.slots; wg.Done() }()
+				s.handle(work, ev.Event)
+			}()
+		}
+	}
+	stopSub()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	grace := time.NewTimer(s.cfg.ShutdownGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		stopWork()
+		<-done
+	}
+	return nil
+}
+
+// publishPool publishes ev to every relay and returns nil on the first
+// relay's OK, or the last error when none accepted it.
+func (s *Server) publishPool(ctx context.Context, pool *nostr.SimplePool, ev nostr.Event) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+	defer cancel()
+	var last error = errors.New("no relay")
+	for r := range pool.PublishMany(ctx, s.cfg.Relays, ev) {
+		if r.Error == nil {
+			return nil
+		}
+		s.log.Debug("relay refused an event", logKeyRelay, r.RelayURL, logKeyErr, r.Error)
+		last = r.Error
+	}
+	return last
+}
+
+// listTools is the tools/list result and its cap tags.
+func (s *Server) listTools() (json.RawMessage, nostr.Tags) {
+	type tool struct {
+		Name        string          `json:"name"`
+		Title       string          `json:"title,omitempty"`
+		Description string          `json:"description,omitempty"`
+		InputSchema json.RawMessage `json:"inputSchema"`
+		Annotations json.RawMessage `json:"annotations,omitempty"`
+		Meta        map[string]any  `json:"_meta,omitempty"`
+	}
+	vt := s.cfg.Vendor.Tools()
+	tools := make([]tool, 0, len(vt))
+	var tags nostr.Tags
+	for _, t := range vt {
+		mt := tool{Name: t.Name, Title: t.Title, Description: t.Description, InputSchema: t.InputSchema}
+		if len(mt.InputSchema) == 0 || !json.Valid(mt.InputSchema) {
+			mt.InputSchema = json.RawMessage(`{"type":"object"}`)
+		}
+		if len(t.Annotations) > 0 && json.Valid(t.Annotations) {
+			mt.Annotations = t.Annotations
+		}
+		lo, hi := s.cfg.Vendor.ListedPrice(t)
+		if hi > 0 {
+			price := map[string]any{"amount": lo.SatsCeil(), "unit": "sats"}
+			if hi.SatsCeil() > lo.SatsCeil() {
+				price["max_amount"] = hi.SatsCeil()
+			}
+			mt.Meta = map[string]any{"capvend/price": price}
+			tags = append(tags, nostr.Tag{"cap", "tool:" + t.Name, pricing.CapAmount(lo, hi), "sats"})
+		}
+		tools = append(tools, mt)
+	}
+	b, _ := json.Marshal(map[string]any{"tools": tools})
+	return b, tags
+}
+
+// discoveryTags are the tags of a client's first answer.
+func (s *Server) discoveryTags() nostr.Tags {
+	var tags nostr.Tags
+	add := func(k, v string) {
+		if v != "" {
+			tags = append(tags, nostr.Tag{k, v})
+		}
+	}
+	add("name", s.cfg.Name)
+	add("about", s.cfg.About)
+	add("website", s.cfg.Website)
+	add("picture", s.cfg.Picture)
+	if s.cfg.Encryption != EncryptionDisabled {
+		tags = append(tags, nostr.Tag{"support_encryption"})
+	}
+	for _, p := range s.cfg.PMIs {
+		add("pmi", p)
+	}
+	return tags
+}
+
+// firstAnswer says whether client has not had an answer yet, and
+// remembers that it now has.
+func (s *Server) firstAnswer(client string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen[client] {
+		return false
+	}
+	if len(s.seen) >= maxSessions {
+		clear(s.seen)
+	}
+	s.seen[client] = true
+	return true
+}

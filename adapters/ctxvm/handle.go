@@ -1,0 +1,470 @@
+package ctxvm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+
+	"github.com/nbd-wtf/go-nostr"
+	"github.com/nbd-wtf/go-nostr/nip44"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// JSON-RPC error codes (the same as adapters/mcpfront's).
+const (
+	CodeInvalidRequest  = -32600
+	CodeMethodNotFound  = -32601
+	CodeInvalidParams   = -32602
+	CodeInternal        = -32603
+	CodePaymentRequired = -32042
+	CodePaymentPending  = -32043
+	CodePaymentExpired  = -32050
+	CodePaymentFailed   = -32051
+	CodeNoPaymentMethod = -32052
+	CodeLimit           = -32053
+	CodeUpstream        = -32054
+
+	instructionsRequired = "Pay one of payment_options, then repeat the same call; with a Lightning invoice, put its preimage (hex) in _meta[\"capvend/preimage\"] (required without an MCP session), with Cashu put the token in _meta[\"capvend/cashu\"]."
+	instructionsPending  = "Payment not received yet; repeat the same call after retry_after seconds."
+)
+
+// Tag and _meta names read on requests.
+const (
+	tagPMI                 = "pmi"
+	tagPaymentInteraction  = "payment_interaction"
+	explicitGating         = "explicit_gating"
+	metaPMI                = "capvend/pmi"
+	metaPaymentInteraction = "capvend/payment_interaction"
+)
+
+// Reasons an inbound event is dropped.
+var (
+	ErrBadEvent    = errors.New("bad id or signature")
+	ErrStale       = errors.New("created_at outside the window")
+	ErrTooLarge    = errors.New("content too large")
+	ErrNotJSONRPC  = errors.New("content is not a JSON-RPC 2.0 message")
+	ErrNotForUs    = errors.New("not addressed to this server")
+	ErrWrongKind   = errors.New("unexpected kind")
+	ErrUndecryptab = errors.New("gift wrap not decryptable")
+	ErrBeforeStart = errors.New("gift wrap made before the server started")
+)
+
+// rpcError is a JSON-RPC error object.
+type rpcError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+	Data    any    `json:"data,omitempty"`
+}
+
+// message is an inbound JSON-RPC message.
+type message struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id,omitempty"`
+	Method  string          `json:"method"`
+	Params  json.RawMessage `json:"params,omitempty"`
+}
+
+// request is an inbound event that passed every check.
+type request struct {
+	ev        *nostr.Event // the signed kind 25910 event (inside the wrap, if any)
+	encrypted bool
+	msg       message
+}
+
+// parse checks an event from a relay and returns the request it carries,
+// or why it is dropped. It never panics on any input.
+func (s *Server) parse(ev *nostr.Event) (*request, error) {
+	if ev == nil {
+		return nil, ErrBadEvent
+	}
+	if len(ev.Content) > s.cfg.MaxContentBytes {
+		return nil, ErrTooLarge
+	}
+	if err := verify(ev); err != nil {
+		return nil, err
+	}
+	encrypted := false
+	switch ev.Kind {
+	case KindMessage:
+	case KindGiftWrap:
+		if s.cfg.Encryption == EncryptionDisabled {
+			return nil, ErrWrongKind
+		}
+		if ev.CreatedAt < s.started {
+			return nil, ErrBeforeStart
+		}
+		inner, err := s.unwrap(ev)
+		if err != nil {
+			return nil, err
+		}
+		if len(inner.Content) > s.cfg.MaxContentBytes {
+			return nil, ErrTooLarge
+		}
+		if err := verify(inner); err != nil {
+			return nil, err
+		}
+		if inner.Kind != KindMessage {
+			return nil, ErrWrongKind
+		}
+		ev, encrypted = inner, true
+	default:
+		return nil, ErrWrongKind
+	}
+	if ev.Tags.FindWithValue("p", s.pk) == nil {
+		return nil, ErrNotForUs
+	}
+	now := s.cfg.Now()
+	if d := ev.CreatedAt.Time().Sub(now); d > s.cfg.Window || d < -s.cfg.Window {
+		return nil, ErrStale
+	}
+	var m message
+	dec := json.NewDecoder(bytes.NewReader([]byte(ev.Content)))
+	if err := dec.Decode(&m); err != nil || dec.More() || m.JSONRPC != "2.0" {
+		return nil, ErrNotJSONRPC
+	}
+	if len(m.ID) > 0 && !validID(m.ID) {
+		return nil, ErrNotJSONRPC
+	}
+	return &request{ev: ev, encrypted: encrypted, msg: m}, nil
+}
+
+// validID says whether a JSON-RPC id is a string or a number (or null).
+func validID(id json.RawMessage) bool {
+	var v any
+	if err := json.Unmarshal(id, &v); err != nil {
+		return false
+	}
+	switch v.(type) {
+	case string, float64, nil:
+		return true
+	}
+	return false
+}
+
+// verify checks an event's id and signature.
+func verify(ev *nostr.Event) error {
+	if !ev.CheckID() {
+		return ErrBadEvent
+	}
+	if ok, err := ev.CheckSignature(); err != nil || !ok {
+		return ErrBadEvent
+	}
+	return nil
+}
+
+// unwrap decrypts a ContextVM gift wrap: the signed inner event, not yet
+// verified.
+func (s *Server) unwrap(wrap *nostr.Event) (*nostr.Event, error) {
+	ck, err := nip44.GenerateConversationKey(wrap.PubKey, s.cfg.SecretKey)
+	if err != nil {
+		return nil, ErrUndecryptab
+	}
+	plain, err := nip44.Decrypt(wrap.Content, ck)
+	if err != nil {
+		return nil, ErrUndecryptab
+	}
+	var inner nostr.Event
+	if err := json.Unmarshal([]byte(plain), &inner); err != nil {
+		return nil, ErrUndecryptab
+	}
+	return &inner, nil
+}
+
+// wrap encrypts a signed event to recipient in a kind 1059 event signed by
+// a fresh key.
+func (s *Server) wrap(ev nostr.Event, recipient string) (nostr.Event, error) {
+	sk := nostr.GeneratePrivateKey()
+	ck, err := nip44.GenerateConversationKey(recipient, sk)
+	if err != nil {
+		return nostr.Event{}, errors.New("bad recipient pubkey")
+	}
+	ct, err := nip44.Encrypt(ev.String(), ck)
+	if err != nil {
+		return nostr.Event{}, err
+	}
+	w := nostr.Event{Kind: KindGiftWrap, CreatedAt: nostr.Timestamp(s.cfg.Now().Unix()), Tags: nostr.Tags{{"p", recipient}}, Content: ct}
+	if err := w.Sign(sk); err != nil {
+		return nostr.Event{}, errors.New("signing the gift wrap failed")
+	}
+	return w, nil
+}
+
+// handle serves one event from a relay: it returns once its answer (if
+// any) is published or given up.
+func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
+	r, err := s.parse(ev)
+	if err != nil {
+		s.log.Debug("nostr event dropped", logKeyEvent, ev.ID, logKeyReason, err)
+		return
+	}
+	out := s.newOutbox(ctx, r)
+	defer out.close()
+	if len(r.msg.ID) == 0 || string(r.msg.ID) == "null" {
+		// A notification, or a response we did not ask for: no answer.
+		return
+	}
+	if r.msg.Method == "" {
+		return
+	}
+	if s.cfg.Encryption == EncryptionRequired && !r.encrypted {
+		out.answer(nil, &rpcError{Code: CodeInvalidRequest, Message: "Encryption required"}, nil, false)
+		return
+	}
+	switch r.msg.Method {
+	case "initialize":
+		out.answer(s.initializeResult(r.msg.Params), nil, nil, true)
+	case "ping":
+		out.answer(json.RawMessage(`{}`), nil, nil, false)
+	case "tools/list":
+		res, tags := s.listTools()
+		out.answer(res, nil, tags, false)
+	case "tools/call":
+		res, rerr := s.call(ctx, r, out)
+		out.answer(res, rerr, nil, false)
+	default:
+		out.answer(nil, &rpcError{Code: CodeMethodNotFound, Message: "Method not found"}, nil, false)
+	}
+}
+
+// knownProtocols are the MCP versions whose initialize is answered with
+// the client's own version.
+var knownProtocols = []string{"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"}
+
+func (s *Server) initializeResult(params json.RawMessage) json.RawMessage {
+	var p struct {
+		ProtocolVersion string `json:"protocolVersion"`
+	}
+	_ = json.Unmarshal(params, &p)
+	v := latestProtocol
+	if slices.Contains(knownProtocols, p.ProtocolVersion) {
+		v = p.ProtocolVersion
+	}
+	b, _ := json.Marshal(map[string]any{
+		"protocolVersion": v,
+		"capabilities":    map[string]any{"tools": map[string]any{}},
+		"serverInfo":      map[string]any{"name": s.cfg.Name, "version": s.cfg.Version},
+	})
+	return b
+}
+
+// call serves a tools/call.
+func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMessage, *rpcError) {
+	var p struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+		Meta      map[string]any  `json:"_meta"`
+	}
+	if err := json.Unmarshal(r.msg.Params, &p); err != nil || p.Name == "" {
+		return nil, &rpcError{Code: CodeInvalidParams, Message: "Invalid params"}
+	}
+	cr := vend.CallRequest{
+		Transport: Transport,
+		Client:    r.ev.PubKey,
+		RequestID: r.ev.ID,
+		Tool:      p.Name,
+		Arguments: p.Arguments,
+		Notify:    out.notify,
+	}
+	if len(cr.Arguments) == 0 || string(cr.Arguments) == "null" {
+		cr.Arguments = json.RawMessage(`{}`)
+	}
+	for _, t := range r.ev.Tags {
+		if len(t) >= 2 && t[0] == tagPMI && t[1] != "" {
+			cr.PMIs = append(cr.PMIs, t[1])
+		}
+		if len(t) >= 2 && t[0] == tagPaymentInteraction && t[1] == explicitGating {
+			cr.Explicit = true
+		}
+	}
+	if m := p.Meta; m != nil {
+		if tok, ok := m["progressToken"]; ok && tok != nil {
+			cr.ProgressToken, _ = json.Marshal(tok)
+		}
+		if tok, ok := m[vend.MetaCashuToken].(string); ok {
+			cr.CashuToken = tok
+		}
+		if proof, ok := m[vend.MetaPaymentProof].(string); ok {
+			cr.PaymentProof = proof
+		}
+		if v, ok := m[metaPaymentInteraction].(string); ok && v == explicitGating {
+			cr.Explicit = true
+		}
+		if list, ok := m[metaPMI].([]any); ok {
+			for _, x := range list {
+				if str, ok := x.(string); ok && !slices.Contains(cr.PMIs, str) {
+					cr.PMIs = append(cr.PMIs, str)
+				}
+			}
+		}
+	}
+	res, err := s.cfg.Vendor.CallTool(ctx, cr)
+	if err != nil {
+		w := toWire(err, cr.Tool)
+		lvl := slog.LevelInfo
+		switch w.Code {
+		case CodePaymentRequired, CodePaymentPending:
+			lvl = slog.LevelDebug
+		case CodeInternal:
+			lvl = slog.LevelError
+		}
+		s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Tool, logKeyClient, cr.Client, logKeyCode, w.Code, logKeyErr, err)
+		return nil, w
+	}
+	if !json.Valid(res.Body) {
+		s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Tool)
+		return nil, &rpcError{Code: CodeInternal, Message: "Internal error"}
+	}
+	return res.Body, nil
+}
+
+// toWire maps a Vendor error to the JSON-RPC error sent to the client.
+func toWire(err error, tool string) *rpcError {
+	var ip *vend.InvalidParamsError
+	var pr *vend.PaymentRequiredError
+	var pp *vend.PaymentPendingError
+	switch {
+	case errors.As(err, &pr):
+		opts := pr.Options
+		if opts == nil {
+			opts = []vend.PaymentOption{}
+		}
+		return &rpcError{CodePaymentRequired, "Payment Required", map[string]any{
+			"instructions": instructionsRequired, "payment_options": opts}}
+	case errors.As(err, &pp):
+		return &rpcError{CodePaymentPending, "Payment Pending", map[string]any{
+			"instructions": instructionsPending, "retry_after": pp.RetryAfter}}
+	case errors.As(err, &ip):
+		return &rpcError{Code: CodeInvalidParams, Message: "Invalid params: " + ip.Reason}
+	case errors.Is(err, vend.ErrUnknownTool):
+		return &rpcError{Code: CodeInvalidParams, Message: "Unknown tool: " + tool}
+	case errors.Is(err, vend.ErrPaymentExpired):
+		return &rpcError{Code: CodePaymentExpired, Message: "Payment expired"}
+	case errors.Is(err, vend.ErrPaymentFailed):
+		return &rpcError{Code: CodePaymentFailed, Message: "Payment failed"}
+	case errors.Is(err, vend.ErrNoPaymentMethod):
+		return &rpcError{Code: CodeNoPaymentMethod, Message: "No payment method in common"}
+	case errors.Is(err, vend.ErrLimit):
+		return &rpcError{Code: CodeLimit, Message: "Limit reached"}
+	case errors.Is(err, vend.ErrUpstream):
+		return &rpcError{Code: CodeUpstream, Message: "Upstream server failed"}
+	default:
+		return &rpcError{Code: CodeInternal, Message: "Internal error"}
+	}
+}
+
+// outboxSize bounds the notifications waiting to be published for one
+// request; more are dropped (the answer never is).
+const outboxSize = 64
+
+// outbox publishes the events about one request in order: notifications
+// first, the answer last.
+type outbox struct {
+	s    *Server
+	r    *request
+	ctx  context.Context
+	ch   chan outEvent
+	done chan struct{}
+
+	mu     sync.Mutex // guards ch's closing against late notifications
+	closed bool
+}
+
+type outEvent struct {
+	content   any
+	tags      nostr.Tags
+	response  bool // the answer, not a notification
+	discovery bool // carries the discovery tags whatever came before
+}
+
+func (s *Server) newOutbox(ctx context.Context, r *request) *outbox {
+	o := &outbox{s: s, r: r, ctx: ctx, ch: make(chan outEvent, outboxSize), done: make(chan struct{})}
+	go o.run()
+	return o
+}
+
+func (o *outbox) run() {
+	defer close(o.done)
+	for e := range o.ch {
+		if err := o.send(e); err != nil {
+			o.s.log.Warn("nostr answer not published", logKeyClient, o.r.ev.PubKey, logKeyEvent, o.r.ev.ID, logKeyErr, err)
+		}
+	}
+}
+
+// close waits until everything queued is published or given up.
+// Notifications after close are dropped.
+func (o *outbox) close() {
+	o.mu.Lock()
+	o.closed = true
+	close(o.ch)
+	o.mu.Unlock()
+	<-o.done
+}
+
+// notify queues a JSON-RPC notification (vend.CallRequest.Notify). It
+// never blocks: when the queue is full the notification is dropped.
+func (o *outbox) notify(method string, params any) {
+	n := struct {
+		JSONRPC string `json:"jsonrpc"`
+		Method  string `json:"method"`
+		Params  any    `json:"params,omitempty"`
+	}{"2.0", method, params}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return
+	}
+	select {
+	case o.ch <- outEvent{content: n}:
+	default:
+		o.s.log.Debug("notification dropped: outbox full", logKeyMethod, method)
+	}
+}
+
+// answer queues the response to the request.
+func (o *outbox) answer(result json.RawMessage, rerr *rpcError, tags nostr.Tags, discovery bool) {
+	resp := struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Result  json.RawMessage `json:"result,omitempty"`
+		Error   *rpcError       `json:"error,omitempty"`
+	}{JSONRPC: "2.0", ID: o.r.msg.ID, Result: result, Error: rerr}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return
+	}
+	o.ch <- outEvent{content: resp, tags: tags, response: true, discovery: discovery}
+}
+
+// send signs (and wraps, for an encrypted request) one event and publishes it.
+func (o *outbox) send(e outEvent) error {
+	content, err := json.Marshal(e.content)
+	if err != nil {
+		return fmt.Errorf("encoding: %w", err)
+	}
+	client := o.r.ev.PubKey
+	tags := nostr.Tags{{"p", client}, {"e", o.r.ev.ID}}
+	tags = append(tags, e.tags...)
+	if e.response && (o.s.firstAnswer(client) || e.discovery) {
+		tags = append(tags, o.s.discoveryTags()...)
+	}
+	ev := nostr.Event{Kind: KindMessage, CreatedAt: nostr.Timestamp(o.s.cfg.Now().Unix()), Tags: tags, Content: string(content)}
+	if err := ev.Sign(o.s.cfg.SecretKey); err != nil {
+		return errors.New("signing failed") // its text would hold the key
+	}
+	if o.r.encrypted {
+		if ev, err = o.s.wrap(ev, client); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(o.ctx, o.s.cfg.PublishTimeout)
+	defer cancel()
+	return o.s.publish(ctx, ev)
+}

@@ -1,0 +1,262 @@
+package mcpfront
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// DefaultElicitTimeout is how long a client has to answer an elicitation
+// when Config.ElicitTimeout is 0.
+const DefaultElicitTimeout = 10 * time.Minute
+
+// elicitKey is the key of capvend's one input request in an input_required
+// result (the client echoes it in inputResponses).
+const elicitKey = "capvend/elicit"
+
+// errRequestState: a retry's requestState is not one this Server handed to
+// this client, or it expired (-32602).
+var errRequestState = errors.New("unknown or expired request state")
+
+// errInputResponse: a retry lacks the answer to the elicitation (-32602).
+var errInputResponse = errors.New("inputResponses lack the answer to " + elicitKey)
+
+var (
+	answerCancel  = json.RawMessage(`{"action":"cancel"}`)
+	answerDecline = json.RawMessage(`{"action":"decline"}`)
+)
+
+// vcall is one tools/call whose Vendor call runs on its own goroutine, so
+// that the call can outlive one round trip of a client on protocol
+// 2026-07-28 (the result asks for input; the client calls again).
+type vcall struct {
+	cr     vend.CallRequest
+	asks   chan elicitAsk // the Vendor's Elicit to the waiting handler
+	done   chan struct{}  // closed when the Vendor's CallTool returned
+	res    vend.CallResult
+	err    error
+	cancel context.CancelFunc // ends the Vendor call's context
+
+	mu        sync.Mutex
+	notify    func(method string, params any) // the current round's stream
+	abandoned chan struct{}                   // closed when no one will answer again
+	closed    bool
+}
+
+// elicitAsk is one elicitation waiting for the client's answer.
+type elicitAsk struct {
+	params json.RawMessage
+	answer chan json.RawMessage // buffered: one answer, never blocks
+}
+
+// pendingAsk is an elicitation handed to a client on protocol 2026-07-28,
+// waiting for its retry under token.
+type pendingAsk struct {
+	c     *vcall
+	ask   elicitAsk
+	timer *time.Timer
+}
+
+// startCall runs the Vendor call of cr on its own goroutine. Its context
+// keeps ctx's values but not its cancellation: the first round's request
+// ends when it asks the client for input.
+func (s *Server) startCall(ctx context.Context, cr vend.CallRequest) *vcall {
+	c := &vcall{asks: make(chan elicitAsk), done: make(chan struct{}), abandoned: make(chan struct{})}
+	c.notify = cr.Notify
+	cr.Notify = func(method string, params any) {
+		c.mu.Lock()
+		n := c.notify
+		c.mu.Unlock()
+		n(method, params)
+	}
+	cr.Elicit = c.elicit
+	c.cr = cr
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c.cancel = cancel
+	go func() {
+		defer close(c.done)
+		defer cancel()
+		defer c.abandon() // an Elicit racing the end gets "cancel"
+		c.res, c.err = s.cfg.Vendor.CallTool(cctx, cr)
+	}()
+	return c
+}
+
+// elicit is the call's vend.ElicitFunc: it hands params to the handler
+// waiting on the call and waits for the client's answer. An abandoned call
+// is answered "cancel", so the upstream ends.
+func (c *vcall) elicit(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
+	ask := elicitAsk{params: params, answer: make(chan json.RawMessage, 1)}
+	select {
+	case c.asks <- ask:
+	case <-c.abandoned:
+		return answerCancel, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
+	case a := <-ask.answer:
+		return a, nil
+	case <-c.abandoned:
+		return answerCancel, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// abandon says nobody will answer the call's elicitations any more.
+// Idempotent.
+func (c *vcall) abandon() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.closed = true
+		close(c.abandoned)
+	}
+}
+
+// await waits, for the request of ctx, for the call's result or its next
+// elicitation. A client on protocol 2026-07-28 gets the elicitation as an
+// input_required result under a fresh token; an older client is asked
+// with elicitation/create at once, and await goes on waiting. If ctx ends
+// first, the call is cancelled (a paid call still runs to its end in the
+// Vendor) and its outcome returned.
+func (s *Server) await(ctx context.Context, c *vcall) (*mcp.CallToolResult, error) {
+	c.mu.Lock()
+	c.notify = s.notifier(ctx)
+	c.mu.Unlock()
+	for {
+		select {
+		case <-c.done:
+			return s.answer(ctx, c.cr, c.res, c.err)
+		case <-ctx.Done():
+			c.abandon()
+			c.cancel()
+			<-c.done
+			return s.answer(ctx, c.cr, c.res, c.err)
+		case ask := <-c.asks:
+			var p mcp.ElicitationParams
+			if err := json.Unmarshal(ask.params, &p); err != nil || p.Validate() != nil {
+				s.log.Info("upstream elicitation invalid: declined", logKeyTool, c.cr.Tool, logKeyErr, err)
+				ask.answer <- answerDecline
+				continue
+			}
+			if !clientCanElicit(ctx) {
+				ask.answer <- answerDecline
+				continue
+			}
+			if !mcp.IsModernProtocol(server.RequestProtocolVersion(ctx)) {
+				ask.answer <- s.elicitNow(ctx, c.cr.Tool, p)
+				continue
+			}
+			tok, err := s.park(c, ask)
+			if err != nil {
+				ask.answer <- answerCancel
+				continue
+			}
+			return server.NewInputRequestBuilder(tok).Elicit(elicitKey, p).ToolResult(), nil
+		}
+	}
+}
+
+// elicitNow asks a client before protocol 2026-07-28 with a
+// server-initiated elicitation/create and returns its answer, "cancel" if
+// it could not be had. (mcp-go's own bridge would do this from an
+// input_required result, but would answer a failure with its error text
+// and leave the call waiting for a retry that never comes.)
+func (s *Server) elicitNow(ctx context.Context, tool string, p mcp.ElicitationParams) json.RawMessage {
+	res, err := s.mcp.RequestElicitation(ctx, mcp.ElicitationRequest{
+		Request: mcp.Request{Method: string(mcp.MethodElicitationCreate)},
+		Params:  p,
+	})
+	if err != nil || res == nil {
+		s.log.Info("elicitation not answered by the client", logKeyTool, tool, logKeyErr, err)
+		return answerCancel
+	}
+	b, err := json.Marshal(res.ElicitationResponse)
+	if err != nil {
+		return answerCancel
+	}
+	return b
+}
+
+// clientCanElicit reports whether the client of ctx declared the
+// elicitation capability (per request from protocol 2026-07-28, per
+// session before).
+func clientCanElicit(ctx context.Context) bool {
+	if info := server.RequestProtocolInfoFromContext(ctx); info != nil && info.Modern {
+		return info.ClientCapabilities != nil && info.ClientCapabilities.Elicitation != nil
+	}
+	if sess, ok := server.ClientSessionFromContext(ctx).(server.SessionWithClientInfo); ok {
+		return sess.GetClientCapabilities().Elicitation != nil
+	}
+	return false
+}
+
+// park records ask under a new unguessable token until the client's retry
+// or the timeout, which answers it "cancel" and abandons the call.
+func (s *Server) park(c *vcall, ask elicitAsk) (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	tok := base64.RawURLEncoding.EncodeToString(b[:])
+	s.elicitMu.Lock()
+	defer s.elicitMu.Unlock()
+	s.elicits[tok] = &pendingAsk{c: c, ask: ask, timer: time.AfterFunc(s.cfg.ElicitTimeout, func() {
+		if p := s.take(tok); p != nil {
+			p.ask.answer <- answerCancel
+			p.c.abandon()
+		}
+	})}
+	return tok, nil
+}
+
+// take removes and returns the pending ask of tok, nil if there is none.
+// Exactly one of the retry and the timeout gets it.
+func (s *Server) take(tok string) *pendingAsk {
+	s.elicitMu.Lock()
+	defer s.elicitMu.Unlock()
+	p := s.elicits[tok]
+	if p != nil {
+		delete(s.elicits, tok)
+		p.timer.Stop()
+	}
+	return p
+}
+
+// resume continues the call a retry's requestState names, for the same
+// client only: the answer goes to the waiting elicitation, and no new
+// Vendor call is made.
+func (s *Server) resume(ctx context.Context, req mcp.CallToolRequest, client string) (*mcp.CallToolResult, error) {
+	tok := req.Params.RequestState
+	s.elicitMu.Lock()
+	p := s.elicits[tok]
+	s.elicitMu.Unlock()
+	if p == nil || p.c.cr.Client != client || p.c.cr.Tool != req.Params.Name {
+		s.log.Info("tool call retry refused", logKeyTool, req.Params.Name, logKeyErr, errRequestState)
+		return nil, s.markError(errRequestState, req.Params.Name)
+	}
+	ans := server.ElicitationResponse(req.Params.InputResponses, elicitKey)
+	if ans == nil {
+		return nil, s.markError(errInputResponse, req.Params.Name)
+	}
+	b, err := json.Marshal(ans.ElicitationResponse)
+	if err != nil {
+		return nil, s.markError(errInputResponse, req.Params.Name)
+	}
+	if p = s.take(tok); p == nil { // the timeout won
+		return nil, s.markError(errRequestState, req.Params.Name)
+	}
+	p.ask.answer <- b
+	return s.await(ctx, p.c)
+}

@@ -1,0 +1,418 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/testnet"
+	"github.com/capvend/capvend/vend"
+)
+
+// sha256("hi"), the answer of t_sha256 {"text":"hi"}.
+const sha256Hi = "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4"
+
+// TestContextVM sells over the Nostr front on the stack's relay: a Go
+// ContextVM client pays a priced call, then one under explicit gating
+// (-32042, pay, call again); the stock @contextvm/sdk client
+// (node) lists, calls a free tool and pays a priced one; then, after a
+// restart, the Go client's request event replayed is answered from the
+// ledger without a new charge. The ledger verifies.
+func TestContextVM(t *testing.T) {
+	s := needStack(t)
+	sk := nostr.GeneratePrivateKey()
+	server, _ := nostr.GetPublicKey(sk)
+	nsec := filepath.Join(t.TempDir(), "server.nsec")
+	if err := os.WriteFile(nsec, []byte(sk+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path, listen := writeServeConfig(t, s, serveOpts{nsecFile: nsec})
+	db := filepath.Join(filepath.Dir(path), "capvend.db")
+	stop := serveStoppable(t, path, listen)
+
+	c := dialContextVM(t, s.RelayURL, server)
+	c.waitReady()
+	c.waitTools("t_sha256", "t_word_count")
+
+	// A priced call paid from the customer node.
+	req := c.request(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t_sha256","arguments":{"text":"hi"}}}`,
+		nostr.Tag{"pmi", vend.PMILightning})
+	var notes []string
+	paid := make(chan error, 1)
+	res := c.until(req, func(m cvmMessage) {
+		notes = append(notes, m.Method)
+		if m.Method == vend.NotifyPaymentRequired {
+			var p vend.PaymentOption
+			json.Unmarshal(m.Params, &p)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				_, err := s.Pay(ctx, p.PayReq)
+				paid <- err
+			}()
+		}
+	})
+	if res.Error != nil || !strings.Contains(string(res.Result), sha256Hi) {
+		t.Fatalf("paid call: %s %+v (notifications %v)", res.Result, res.Error, notes)
+	}
+	if len(notes) == 0 || notes[0] != vend.NotifyPaymentRequired {
+		t.Fatalf("notifications %v", notes)
+	}
+	if err := <-paid; err != nil {
+		t.Fatal(err)
+	}
+
+	// Explicit gating: -32042 with the invoice; once it is paid, the same
+	// call (a new event) runs.
+	gated := func(id int) string { // a new JSON-RPC id, so a new event id
+		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"t_sha256","arguments":{"text":"gated"}}}`, id)
+	}
+	explicit := nostr.Tag{"payment_interaction", "explicit_gating"}
+	m := c.until(c.request(gated(100), explicit), func(m cvmMessage) { t.Errorf("notification %s under explicit gating", m.Method) })
+	var data struct {
+		Options []vend.PaymentOption `json:"payment_options"`
+	}
+	if m.Error == nil || m.Error.Code != -32042 || json.Unmarshal(m.Error.Data, &data) != nil || len(data.Options) == 0 {
+		t.Fatalf("explicit gating answered %s %+v", m.Result, m.Error)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := s.Pay(ctx, data.Options[0].PayReq); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		m = c.until(c.request(gated(101+i), explicit), func(cvmMessage) {})
+		if m.Error == nil || m.Error.Code != -32043 || i == 100 { // -32043: payment not seen yet
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if sum := sha256.Sum256([]byte("gated")); m.Error != nil || !strings.Contains(string(m.Result), hex.EncodeToString(sum[:])) {
+		t.Fatalf("paid explicit call answered %s %+v", m.Result, m.Error)
+	}
+
+	// The stock SDK client, plaintext then encrypted (NIP-44 gift wraps).
+	sdkPaid := int64(0)
+	for _, mode := range []string{"disabled", "optional"} {
+		if runSDKClient(t, s, s.RelayURL, server, mode) {
+			sdkPaid += 21_000
+		}
+	}
+
+	// A restart, and the first call's event again: the stored result, no
+	// new payment request.
+	stop()
+	serveStoppable(t, path, listen)
+	c.waitReady()
+	c.publish(req)
+	notes = nil
+	again := c.until(req, func(m cvmMessage) { notes = append(notes, m.Method) })
+	if string(again.Result) != string(res.Result) || len(notes) != 0 {
+		t.Fatalf("replay answered %s %+v after %v; first %s", again.Result, again.Error, notes, res.Result)
+	}
+
+	l, err := ledger.Open(context.Background(), db, ledger.Options{MustExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	verifyLedger(t, l)
+	b, _ := l.Balance(context.Background())
+	var revenue int64
+	for _, tr := range b.Tools {
+		revenue += int64(tr.Revenue)
+	}
+	if want := 2*21_000 + sdkPaid; revenue != want {
+		t.Fatalf("revenue %d, want %d: %+v", revenue, want, b.Tools)
+	}
+}
+
+// runSDKClient runs testdata/contextvm/client.mjs with node, paying what it
+// asks for, and says whether it ran (then it paid one call). Without node
+// or its packages it does not run (fails in CI).
+func runSDKClient(t *testing.T, s *testnet.Stack, relay, server, encryption string) bool {
+	t.Helper()
+	dir := filepath.Join("testdata", "contextvm")
+	missing := ""
+	if _, err := exec.LookPath("node"); err != nil {
+		missing = "node is not installed"
+	} else if _, err := os.Stat(filepath.Join(dir, "node_modules", "@contextvm", "sdk")); err != nil {
+		missing = "run `npm ci` in cmd/capvend/testdata/contextvm"
+	}
+	if missing != "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("stock ContextVM client: " + missing)
+		}
+		t.Log("stock ContextVM client not run: " + missing)
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute) // a hang guard
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "client.mjs", relay, server, encryption)
+	cmd.Dir = dir
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := map[string]string{}
+	var pays sync.WaitGroup
+	var payErr error
+	var mu sync.Mutex
+	sc := bufio.NewScanner(stdout)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		word, rest, _ := strings.Cut(sc.Text(), " ")
+		lines[word] = rest
+		if word == "PAY" {
+			pays.Add(1)
+			go func() {
+				defer pays.Done()
+				_, err := s.Pay(ctx, rest)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					payErr = err
+				}
+			}()
+		}
+	}
+	err = cmd.Wait()
+	pays.Wait()
+	if err != nil || payErr != nil {
+		t.Fatalf("stock client (encryption %s): %v, paying: %v\nstdout: %v\nstderr: %s", encryption, err, payErr, lines, stderr.String())
+	}
+	t.Logf("stock client (encryption %s) saw: %v", encryption, lines)
+	for word, want := range map[string]string{
+		"INIT":  `["name","capvend e2e"]`,
+		"TOOLS": `"t_sha256"`,
+		"CAPS":  `["cap","tool:t_sha256","21","sats"]`,
+		"FREE":  `4 words`,
+		"PAID":  sha256Hi,
+		"PAY":   "lnbcrt",
+		"DONE":  "true",
+	} {
+		if !strings.Contains(lines[word], want) {
+			t.Errorf("stock client %s line %q lacks %q", word, lines[word], want)
+		}
+	}
+	if strings.Contains(lines["CAPS"], "t_word_count") {
+		t.Errorf("a cap tag for a free tool: %s", lines["CAPS"])
+	}
+	return true
+}
+
+// serveStoppable runs `capvend serve --config path` in this process like
+// serveInProcess, and returns a function stopping it (it must exit 0);
+// the test's end stops it too.
+func serveStoppable(t *testing.T, path, listen string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	stderr := &lockedWriter{w: &strings.Builder{}}
+	go func() {
+		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: stderr,
+			Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case code := <-done:
+				if code != 0 {
+					t.Errorf("serve exited %d: %s", code, stderr.w)
+				}
+			case <-time.After(60 * time.Second):
+				t.Error("serve did not stop within 60 s")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	deadline := time.Now().Add(60 * time.Second) // a deadlock guard
+	for !strings.Contains(stderr.String(), "serving ContextVM") {
+		select {
+		case code := <-done:
+			done <- code
+			t.Fatalf("serve exited %d: %s", code, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return stop
+}
+
+func (l *lockedWriter) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.(*strings.Builder).String()
+}
+
+// cvmClient is a minimal ContextVM client (plaintext) on one relay.
+type cvmClient struct {
+	t      *testing.T
+	sk, pk string
+	server string
+	relay  *nostr.Relay
+	events chan *nostr.Event
+}
+
+type cvmMessage struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params json.RawMessage `json:"params"`
+	Result json.RawMessage `json:"result"`
+	Error  *struct {
+		Code    int             `json:"code"`
+		Message string          `json:"message"`
+		Data    json.RawMessage `json:"data"`
+	} `json:"error"`
+}
+
+func dialContextVM(t *testing.T, url, server string) *cvmClient {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	r, err := nostr.RelayConnect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk := nostr.GeneratePrivateKey()
+	pk, _ := nostr.GetPublicKey(sk)
+	sub, err := r.Subscribe(ctx, nostr.Filters{{Kinds: []int{25910}, Tags: nostr.TagMap{"p": {pk}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-sub.EndOfStoredEvents
+	return &cvmClient{t: t, sk: sk, pk: pk, server: server, relay: r, events: sub.Events}
+}
+
+func (c *cvmClient) publish(ev *nostr.Event) {
+	c.t.Helper()
+	if err := c.tryPublish(ev); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// tryPublish publishes ev; the relay refuses it ("mute: no one was
+// listening") while the server has not subscribed.
+func (c *cvmClient) tryPublish(ev *nostr.Event) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return c.relay.Publish(ctx, *ev)
+}
+
+func (c *cvmClient) event(content string, tags ...nostr.Tag) *nostr.Event {
+	c.t.Helper()
+	ev := &nostr.Event{Kind: 25910, CreatedAt: nostr.Now(), Content: content, Tags: append(nostr.Tags{{"p", c.server}}, tags...)}
+	if err := ev.Sign(c.sk); err != nil {
+		c.t.Fatal(err)
+	}
+	return ev
+}
+
+func (c *cvmClient) request(content string, tags ...nostr.Tag) *nostr.Event {
+	c.t.Helper()
+	ev := c.event(content, tags...)
+	c.publish(ev)
+	return ev
+}
+
+// next returns the next message about req from the server, or false after
+// wait.
+func (c *cvmClient) next(req *nostr.Event, wait time.Duration) (cvmMessage, bool) {
+	c.t.Helper()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		select {
+		case ev := <-c.events:
+			if ev.PubKey != c.server || ev.Tags.FindWithValue("e", req.ID) == nil {
+				continue // e.g. a late answer to an earlier ping
+			}
+			if ok, _ := ev.CheckSignature(); !ok || !ev.CheckID() {
+				c.t.Fatal("server event badly signed")
+			}
+			var m cvmMessage
+			if err := json.Unmarshal([]byte(ev.Content), &m); err != nil || !strings.Contains(ev.Content, `"jsonrpc":"2.0"`) {
+				c.t.Fatalf("server message %s", ev.Content)
+			}
+			return m, true
+		case <-timer.C:
+			return cvmMessage{}, false
+		}
+	}
+}
+
+// until reads the messages about req up to its answer, passing
+// notifications to note.
+func (c *cvmClient) until(req *nostr.Event, note func(cvmMessage)) cvmMessage {
+	c.t.Helper()
+	for {
+		m, ok := c.next(req, 2*time.Minute) // a hang guard
+		if !ok {
+			c.t.Fatal("no answer from the server")
+		}
+		if m.Method == "" {
+			return m
+		}
+		note(m)
+	}
+}
+
+// waitReady pings until the server answers (it subscribes after starting).
+func (c *cvmClient) waitReady() {
+	c.t.Helper()
+	for range 120 {
+		req := c.event(`{"jsonrpc":"2.0","id":"ready","method":"ping"}`)
+		if err := c.tryPublish(req); err != nil {
+			time.Sleep(500 * time.Millisecond)
+			continue
+		}
+		if _, ok := c.next(req, 500*time.Millisecond); ok {
+			return
+		}
+	}
+	c.t.Fatal("the ContextVM front never answered a ping")
+}
+
+// waitTools lists tools until every one of names is there.
+func (c *cvmClient) waitTools(names ...string) {
+	c.t.Helper()
+	for range 300 {
+		req := c.request(`{"jsonrpc":"2.0","id":"list","method":"tools/list"}`)
+		m := c.until(req, func(cvmMessage) {})
+		all := true
+		for _, n := range names {
+			all = all && strings.Contains(string(m.Result), `"name":"`+n+`"`)
+		}
+		if all {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	c.t.Fatalf("tools %v never listed", names)
+}
