@@ -13,25 +13,23 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip44"
 
+	"github.com/capvend/capvend/adapters/rpcerr"
 	"github.com/capvend/capvend/vend"
 )
 
-// JSON-RPC error codes (the same as adapters/mcpfront's).
+// JSON-RPC error codes: adapters/rpcerr's, shared by every front.
 const (
-	CodeInvalidRequest  = -32600
-	CodeMethodNotFound  = -32601
-	CodeInvalidParams   = -32602
-	CodeInternal        = -32603
-	CodePaymentRequired = -32042
-	CodePaymentPending  = -32043
-	CodePaymentExpired  = -32050
-	CodePaymentFailed   = -32051
-	CodeNoPaymentMethod = -32052
-	CodeLimit           = -32053
-	CodeUpstream        = -32054
-
-	instructionsRequired = "Pay one of payment_options, then repeat the same call; with a Lightning invoice, put its preimage (hex) in _meta[\"capvend/preimage\"] (required without an MCP session), with Cashu put the token in _meta[\"capvend/cashu\"]."
-	instructionsPending  = "Payment not received yet; repeat the same call after retry_after seconds."
+	CodeInvalidRequest  = rpcerr.CodeInvalidRequest
+	CodeMethodNotFound  = rpcerr.CodeMethodNotFound
+	CodeInvalidParams   = rpcerr.CodeInvalidParams
+	CodeInternal        = rpcerr.CodeInternal
+	CodePaymentRequired = rpcerr.CodePaymentRequired
+	CodePaymentPending  = rpcerr.CodePaymentPending
+	CodePaymentExpired  = rpcerr.CodePaymentExpired
+	CodePaymentFailed   = rpcerr.CodePaymentFailed
+	CodeNoPaymentMethod = rpcerr.CodeNoPaymentMethod
+	CodeLimit           = rpcerr.CodeLimit
+	CodeUpstream        = rpcerr.CodeUpstream
 )
 
 // Tag and _meta names read on requests.
@@ -56,11 +54,7 @@ var (
 )
 
 // rpcError is a JSON-RPC error object.
-type rpcError struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-	Data    any    `json:"data,omitempty"`
-}
+type rpcError = rpcerr.Error
 
 // message is an inbound JSON-RPC message.
 type message struct {
@@ -325,37 +319,8 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 
 // toWire maps a Vendor error to the JSON-RPC error sent to the client.
 func toWire(err error, tool string) *rpcError {
-	var ip *vend.InvalidParamsError
-	var pr *vend.PaymentRequiredError
-	var pp *vend.PaymentPendingError
-	switch {
-	case errors.As(err, &pr):
-		opts := pr.Options
-		if opts == nil {
-			opts = []vend.PaymentOption{}
-		}
-		return &rpcError{CodePaymentRequired, "Payment Required", map[string]any{
-			"instructions": instructionsRequired, "payment_options": opts}}
-	case errors.As(err, &pp):
-		return &rpcError{CodePaymentPending, "Payment Pending", map[string]any{
-			"instructions": instructionsPending, "retry_after": pp.RetryAfter}}
-	case errors.As(err, &ip):
-		return &rpcError{Code: CodeInvalidParams, Message: "Invalid params: " + ip.Reason}
-	case errors.Is(err, vend.ErrUnknownTool):
-		return &rpcError{Code: CodeInvalidParams, Message: "Unknown tool: " + tool}
-	case errors.Is(err, vend.ErrPaymentExpired):
-		return &rpcError{Code: CodePaymentExpired, Message: "Payment expired"}
-	case errors.Is(err, vend.ErrPaymentFailed):
-		return &rpcError{Code: CodePaymentFailed, Message: "Payment failed"}
-	case errors.Is(err, vend.ErrNoPaymentMethod):
-		return &rpcError{Code: CodeNoPaymentMethod, Message: "No payment method in common"}
-	case errors.Is(err, vend.ErrLimit):
-		return &rpcError{Code: CodeLimit, Message: "Limit reached"}
-	case errors.Is(err, vend.ErrUpstream):
-		return &rpcError{Code: CodeUpstream, Message: "Upstream server failed"}
-	default:
-		return &rpcError{Code: CodeInternal, Message: "Internal error"}
-	}
+	e := rpcerr.FromVend(err, tool)
+	return &e
 }
 
 // outboxSize bounds the notifications waiting to be published for one

@@ -12,23 +12,22 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/capvend/capvend/adapters/rpcerr"
 	"github.com/capvend/capvend/vend"
 )
 
-// JSON-RPC error codes of capvend's own errors (server range). See the
-// package doc.
+// JSON-RPC error codes of capvend's own errors: see the package doc and
+// adapters/rpcerr, shared by every front.
 const (
-	CodeInvalidParams    = -32602
-	CodePaymentRequired  = -32042
-	CodePaymentPending   = -32043
-	CodePaymentExpired   = -32050
-	CodePaymentFailed    = -32051
-	CodeNoPaymentMethod  = -32052
-	CodeLimit            = -32053
-	CodeUpstream         = -32054
-	CodeInternal         = -32603
-	instructionsRequired = "Pay one of payment_options, then repeat the same call; with a Lightning invoice, put its preimage (hex) in _meta[\"capvend/preimage\"] (required without an MCP session), with Cashu put the token in _meta[\"capvend/cashu\"]."
-	instructionsPending  = "Payment not received yet; repeat the same call after retry_after seconds."
+	CodeInvalidParams   = rpcerr.CodeInvalidParams
+	CodePaymentRequired = rpcerr.CodePaymentRequired
+	CodePaymentPending  = rpcerr.CodePaymentPending
+	CodePaymentExpired  = rpcerr.CodePaymentExpired
+	CodePaymentFailed   = rpcerr.CodePaymentFailed
+	CodeNoPaymentMethod = rpcerr.CodeNoPaymentMethod
+	CodeLimit           = rpcerr.CodeLimit
+	CodeUpstream        = rpcerr.CodeUpstream
+	CodeInternal        = rpcerr.CodeInternal
 )
 
 // Log attribute keys.
@@ -41,49 +40,18 @@ const (
 )
 
 // wireError is a JSON-RPC error as it must reach the client.
-type wireError struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-	Data    any    `json:"data,omitempty"`
-}
+type wireError = rpcerr.Error
 
-// toWire maps a Vendor error to the JSON-RPC error sent to the client.
+// toWire maps a Vendor error (or the front's own request-state errors) to
+// the JSON-RPC error sent to the client.
 func toWire(err error, tool string) wireError {
-	var ip *vend.InvalidParamsError
-	var pr *vend.PaymentRequiredError
-	var pp *vend.PaymentPendingError
 	switch {
-	case errors.As(err, &pr):
-		opts := pr.Options
-		if opts == nil {
-			opts = []vend.PaymentOption{}
-		}
-		return wireError{CodePaymentRequired, "Payment Required", map[string]any{
-			"instructions": instructionsRequired, "payment_options": opts}}
-	case errors.As(err, &pp):
-		return wireError{CodePaymentPending, "Payment Pending", map[string]any{
-			"instructions": instructionsPending, "retry_after": pp.RetryAfter}}
-	case errors.As(err, &ip):
-		return wireError{Code: CodeInvalidParams, Message: "Invalid params: " + ip.Reason}
-	case errors.Is(err, vend.ErrUnknownTool):
-		return wireError{Code: CodeInvalidParams, Message: "Unknown tool: " + tool}
 	case errors.Is(err, errRequestState):
 		return wireError{Code: CodeInvalidParams, Message: "Unknown or expired request state"}
 	case errors.Is(err, errInputResponse):
 		return wireError{Code: CodeInvalidParams, Message: "Invalid params: " + errInputResponse.Error()}
-	case errors.Is(err, vend.ErrPaymentExpired):
-		return wireError{Code: CodePaymentExpired, Message: "Payment expired"}
-	case errors.Is(err, vend.ErrPaymentFailed):
-		return wireError{Code: CodePaymentFailed, Message: "Payment failed"}
-	case errors.Is(err, vend.ErrNoPaymentMethod):
-		return wireError{Code: CodeNoPaymentMethod, Message: "No payment method in common"}
-	case errors.Is(err, vend.ErrLimit):
-		return wireError{Code: CodeLimit, Message: "Limit reached"}
-	case errors.Is(err, vend.ErrUpstream):
-		return wireError{Code: CodeUpstream, Message: "Upstream server failed"}
-	default:
-		return wireError{Code: CodeInternal, Message: "Internal error"}
 	}
+	return rpcerr.FromVend(err, tool)
 }
 
 // markedError is what the handler returns to mcp-go: its text is the

@@ -1,0 +1,75 @@
+// Package rpcerr is the one JSON-RPC form of vend's errors that every front
+// (MCP HTTP and stdio, Nostr) sends: the codes, the fixed messages, and the
+// data of explicit gating. Messages never carry internal details.
+package rpcerr
+
+import (
+	"errors"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// JSON-RPC error codes: the standard ones capvend uses, and its own in the
+// server range.
+const (
+	CodeInvalidRequest  = -32600
+	CodeMethodNotFound  = -32601
+	CodeInvalidParams   = -32602
+	CodeInternal        = -32603
+	CodePaymentRequired = -32042
+	CodePaymentPending  = -32043
+	CodePaymentExpired  = -32050
+	CodePaymentFailed   = -32051
+	CodeNoPaymentMethod = -32052
+	CodeLimit           = -32053
+	CodeUpstream        = -32054
+)
+
+// Instructions sent with -32042 and -32043.
+const (
+	InstructionsRequired = "Pay one of payment_options, then repeat the same call; with a Lightning invoice, put its preimage (hex) in _meta[\"capvend/preimage\"] (required without an MCP session), with Cashu put the token in _meta[\"capvend/cashu\"]."
+	InstructionsPending  = "Payment not received yet; repeat the same call after retry_after seconds."
+)
+
+// Error is a JSON-RPC error object.
+type Error struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+	Data    any    `json:"data,omitempty"`
+}
+
+// FromVend maps an error of vend.Vendor.CallTool (for tool) to the error the
+// client gets. Errors vend does not define become -32603 "Internal error".
+func FromVend(err error, tool string) Error {
+	var ip *vend.InvalidParamsError
+	var pr *vend.PaymentRequiredError
+	var pp *vend.PaymentPendingError
+	switch {
+	case errors.As(err, &pr):
+		opts := pr.Options
+		if opts == nil {
+			opts = []vend.PaymentOption{}
+		}
+		return Error{CodePaymentRequired, "Payment Required", map[string]any{
+			"instructions": InstructionsRequired, "payment_options": opts}}
+	case errors.As(err, &pp):
+		return Error{CodePaymentPending, "Payment Pending", map[string]any{
+			"instructions": InstructionsPending, "retry_after": pp.RetryAfter}}
+	case errors.As(err, &ip):
+		return Error{Code: CodeInvalidParams, Message: "Invalid params: " + ip.Reason}
+	case errors.Is(err, vend.ErrUnknownTool):
+		return Error{Code: CodeInvalidParams, Message: "Unknown tool: " + tool}
+	case errors.Is(err, vend.ErrPaymentExpired):
+		return Error{Code: CodePaymentExpired, Message: "Payment expired"}
+	case errors.Is(err, vend.ErrPaymentFailed):
+		return Error{Code: CodePaymentFailed, Message: "Payment failed"}
+	case errors.Is(err, vend.ErrNoPaymentMethod):
+		return Error{Code: CodeNoPaymentMethod, Message: "No payment method in common"}
+	case errors.Is(err, vend.ErrLimit):
+		return Error{Code: CodeLimit, Message: "Limit reached"}
+	case errors.Is(err, vend.ErrUpstream):
+		return Error{Code: CodeUpstream, Message: "Upstream server failed"}
+	default:
+		return Error{Code: CodeInternal, Message: "Internal error"}
+	}
+}

@@ -1,0 +1,38 @@
+package rpcerr_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/capvend/capvend/adapters/rpcerr"
+	"github.com/capvend/capvend/vend"
+)
+
+func TestFromVend(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		code int
+		msg  string
+	}{
+		{fmt.Errorf("%w: %q", vend.ErrUnknownTool, "x"), rpcerr.CodeInvalidParams, "Unknown tool: x"},
+		{&vend.InvalidParamsError{Tool: "x", Reason: "at /text: wrong type"}, rpcerr.CodeInvalidParams, "Invalid params: at /text: wrong type"},
+		{&vend.PaymentRequiredError{}, rpcerr.CodePaymentRequired, "Payment Required"},
+		{&vend.PaymentPendingError{RetryAfter: 2}, rpcerr.CodePaymentPending, "Payment Pending"},
+		{vend.ErrPaymentExpired, rpcerr.CodePaymentExpired, "Payment expired"},
+		{fmt.Errorf("%w: token spent at /var/lib/x", vend.ErrPaymentFailed), rpcerr.CodePaymentFailed, "Payment failed"},
+		{vend.ErrNoPaymentMethod, rpcerr.CodeNoPaymentMethod, "No payment method in common"},
+		{vend.ErrLimit, rpcerr.CodeLimit, "Limit reached"},
+		{vend.ErrUpstream, rpcerr.CodeUpstream, "Upstream server failed"},
+		{errors.New("sqlite: disk I/O error at /var/lib/capvend.db"), rpcerr.CodeInternal, "Internal error"},
+	} {
+		got := rpcerr.FromVend(tc.err, "x")
+		if got.Code != tc.code || got.Message != tc.msg {
+			t.Errorf("%v: %+v, want %d %q", tc.err, got, tc.code, tc.msg)
+		}
+	}
+	data := rpcerr.FromVend(&vend.PaymentRequiredError{}, "x").Data.(map[string]any)
+	if opts, ok := data["payment_options"].([]vend.PaymentOption); !ok || opts == nil || data["instructions"] != rpcerr.InstructionsRequired {
+		t.Fatalf("-32042 data %+v: payment_options must be a non-nil list", data)
+	}
+}
