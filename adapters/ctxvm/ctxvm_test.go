@@ -22,6 +22,7 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip19"
 	"github.com/nbd-wtf/go-nostr/nip44"
 
+	"github.com/capvend/capvend/adapters/rpcerr"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -453,7 +454,7 @@ func TestCalls(t *testing.T) {
 	t.Run("explicit gating", func(t *testing.T) {
 		req := c.send(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"gated"}}`, nostr.Tag{"payment_interaction", "explicit_gating"})
 		r, ev := c.expect(req)
-		if r.Error == nil || r.Error.Code != CodePaymentRequired || r.Error.Message != "Payment Required" ||
+		if r.Error == nil || r.Error.Code != rpcerr.CodePaymentRequired || r.Error.Message != "Payment Required" ||
 			!strings.Contains(ev.Content, `"payment_options":[{"amount":5,"pay_req":"lnbcrt50n1fake"`) || !strings.Contains(ev.Content, `"instructions"`) {
 			t.Fatalf("answer %s", ev.Content)
 		}
@@ -464,14 +465,14 @@ func TestCalls(t *testing.T) {
 	t.Run("unknown tool", func(t *testing.T) {
 		req := c.send(`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"nope"}}`)
 		r, _ := c.expect(req)
-		if r.Error == nil || r.Error.Code != CodeInvalidParams || r.Error.Message != "Unknown tool: nope" {
+		if r.Error == nil || r.Error.Code != rpcerr.CodeInvalidParams || r.Error.Message != "Unknown tool: nope" {
 			t.Fatalf("answer %+v", r)
 		}
 	})
 	t.Run("unknown method", func(t *testing.T) {
 		req := c.send(`{"jsonrpc":"2.0","id":5,"method":"resources/list"}`)
 		r, _ := c.expect(req)
-		if r.Error == nil || r.Error.Code != CodeMethodNotFound || string(r.ID) != "5" {
+		if r.Error == nil || r.Error.Code != rpcerr.CodeMethodNotFound || string(r.ID) != "5" {
 			t.Fatalf("answer %+v", r)
 		}
 	})
@@ -601,7 +602,7 @@ func TestEncryption(t *testing.T) {
 			req := c.send(`{"jsonrpc":"2.0","id":2,"method":"ping"}`)
 			r, _ := c.expect(req) // fails if the answer was wrapped
 			if mode == EncryptionRequired {
-				if r.Error == nil || r.Error.Code != CodeInvalidRequest || r.Error.Message != "Encryption required" {
+				if r.Error == nil || r.Error.Code != rpcerr.CodeInvalidRequest || r.Error.Message != "Encryption required" {
 					t.Errorf("plaintext answered %+v", r)
 				}
 			} else if string(r.Result) != `{}` {

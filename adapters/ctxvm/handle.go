@@ -17,21 +17,6 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// JSON-RPC error codes: adapters/rpcerr's, shared by every front.
-const (
-	CodeInvalidRequest  = rpcerr.CodeInvalidRequest
-	CodeMethodNotFound  = rpcerr.CodeMethodNotFound
-	CodeInvalidParams   = rpcerr.CodeInvalidParams
-	CodeInternal        = rpcerr.CodeInternal
-	CodePaymentRequired = rpcerr.CodePaymentRequired
-	CodePaymentPending  = rpcerr.CodePaymentPending
-	CodePaymentExpired  = rpcerr.CodePaymentExpired
-	CodePaymentFailed   = rpcerr.CodePaymentFailed
-	CodeNoPaymentMethod = rpcerr.CodeNoPaymentMethod
-	CodeLimit           = rpcerr.CodeLimit
-	CodeUpstream        = rpcerr.CodeUpstream
-)
-
 // Tag and _meta names read on requests.
 const (
 	tagPMI                 = "pmi"
@@ -207,7 +192,7 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 		return
 	}
 	if s.cfg.Encryption == EncryptionRequired && !r.encrypted {
-		out.answer(nil, &rpcError{Code: CodeInvalidRequest, Message: "Encryption required"}, nil, false)
+		out.answer(nil, &rpcError{Code: rpcerr.CodeInvalidRequest, Message: "Encryption required"}, nil, false)
 		return
 	}
 	switch r.msg.Method {
@@ -222,7 +207,7 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 		res, rerr := s.call(ctx, r, out)
 		out.answer(res, rerr, nil, false)
 	default:
-		out.answer(nil, &rpcError{Code: CodeMethodNotFound, Message: "Method not found"}, nil, false)
+		out.answer(nil, &rpcError{Code: rpcerr.CodeMethodNotFound, Message: "Method not found"}, nil, false)
 	}
 }
 
@@ -255,7 +240,7 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 		Meta      map[string]any  `json:"_meta"`
 	}
 	if err := json.Unmarshal(r.msg.Params, &p); err != nil || p.Name == "" {
-		return nil, &rpcError{Code: CodeInvalidParams, Message: "Invalid params"}
+		return nil, &rpcError{Code: rpcerr.CodeInvalidParams, Message: "Invalid params"}
 	}
 	cr := vend.CallRequest{
 		Transport: Transport,
@@ -302,9 +287,9 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 		w := toWire(err, cr.Tool)
 		lvl := slog.LevelInfo
 		switch w.Code {
-		case CodePaymentRequired, CodePaymentPending:
+		case rpcerr.CodePaymentRequired, rpcerr.CodePaymentPending:
 			lvl = slog.LevelDebug
-		case CodeInternal:
+		case rpcerr.CodeInternal:
 			lvl = slog.LevelError
 		}
 		s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Tool, logKeyClient, cr.Client, logKeyCode, w.Code, logKeyErr, err)
@@ -312,7 +297,7 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 	}
 	if !json.Valid(res.Body) {
 		s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Tool)
-		return nil, &rpcError{Code: CodeInternal, Message: "Internal error"}
+		return nil, &rpcError{Code: rpcerr.CodeInternal, Message: "Internal error"}
 	}
 	return res.Body, nil
 }

@@ -16,20 +16,6 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// JSON-RPC error codes of capvend's own errors: see the package doc and
-// adapters/rpcerr, shared by every front.
-const (
-	CodeInvalidParams   = rpcerr.CodeInvalidParams
-	CodePaymentRequired = rpcerr.CodePaymentRequired
-	CodePaymentPending  = rpcerr.CodePaymentPending
-	CodePaymentExpired  = rpcerr.CodePaymentExpired
-	CodePaymentFailed   = rpcerr.CodePaymentFailed
-	CodeNoPaymentMethod = rpcerr.CodeNoPaymentMethod
-	CodeLimit           = rpcerr.CodeLimit
-	CodeUpstream        = rpcerr.CodeUpstream
-	CodeInternal        = rpcerr.CodeInternal
-)
-
 // Log attribute keys.
 const (
 	logKeyTool      = "tool"
@@ -47,9 +33,9 @@ type wireError = rpcerr.Error
 func toWire(err error, tool string) wireError {
 	switch {
 	case errors.Is(err, errRequestState):
-		return wireError{Code: CodeInvalidParams, Message: "Unknown or expired request state"}
+		return wireError{Code: rpcerr.CodeInvalidParams, Message: "Unknown or expired request state"}
 	case errors.Is(err, errInputResponse):
-		return wireError{Code: CodeInvalidParams, Message: "Invalid params: " + errInputResponse.Error()}
+		return wireError{Code: rpcerr.CodeInvalidParams, Message: "Invalid params: " + errInputResponse.Error()}
 	}
 	return rpcerr.FromVend(err, tool)
 }
@@ -150,9 +136,9 @@ func (s *Server) answer(ctx context.Context, cr vend.CallRequest, res vend.CallR
 		w := toWire(err, cr.Tool)
 		lvl := slog.LevelInfo
 		switch w.Code {
-		case CodePaymentRequired, CodePaymentPending:
+		case rpcerr.CodePaymentRequired, rpcerr.CodePaymentPending:
 			lvl = slog.LevelDebug // the normal explicit-gating flow
-		case CodeInternal:
+		case rpcerr.CodeInternal:
 			lvl = slog.LevelError
 		}
 		s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)

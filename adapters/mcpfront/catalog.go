@@ -10,6 +10,8 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/capvend/capvend/adapters/rpcerr"
 )
 
 // Catalog is the free, pass-through part of what the front serves:
@@ -247,7 +249,7 @@ func (s *Server) handleReadResource(ctx context.Context, req mcp.ReadResourceReq
 func (s *Server) catalogError(ctx context.Context, method, key, what string, err error) error {
 	w := toWire(err, "")
 	lvl := slog.LevelInfo
-	if w.Code == CodeInternal {
+	if w.Code == rpcerr.CodeInternal {
 		lvl = slog.LevelError
 	}
 	s.log.Log(ctx, lvl, "catalog request answered with an error", logKeyMethod, method, key, what, logKeyCode, w.Code, logKeyErr, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/adapters/rpcerr"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -250,7 +251,7 @@ func TestElicitationRequestState(t *testing.T) {
 	s, v := newElicitServer(t, Config{ClientID: func(r *http.Request) string { return r.Header.Get("X-Client") }})
 	url := startHTTP(t, s)
 
-	if code, msg := errCode(modernPost(t, url, "alice", answerParams("bogus", "x"))); code != CodeInvalidParams || msg != "Unknown or expired request state" {
+	if code, msg := errCode(modernPost(t, url, "alice", answerParams("bogus", "x"))); code != rpcerr.CodeInvalidParams || msg != "Unknown or expired request state" {
 		t.Errorf("unknown state: %v %q", code, msg)
 	}
 	if n := v.calls.Load(); n != 0 {
@@ -260,10 +261,10 @@ func TestElicitationRequestState(t *testing.T) {
 	st := state(t, modernPost(t, url, "alice", ""))
 	// Another client cannot use alice's token, nor can it be used
 	// without the answer; the call stays pending for alice.
-	if code, msg := errCode(modernPost(t, url, "mallory", answerParams(st, "x"))); code != CodeInvalidParams || msg != "Unknown or expired request state" {
+	if code, msg := errCode(modernPost(t, url, "mallory", answerParams(st, "x"))); code != rpcerr.CodeInvalidParams || msg != "Unknown or expired request state" {
 		t.Errorf("other client: %v %q", code, msg)
 	}
-	if code, _ := errCode(modernPost(t, url, "alice", `,"requestState":"`+st+`"`)); code != CodeInvalidParams {
+	if code, _ := errCode(modernPost(t, url, "alice", `,"requestState":"`+st+`"`)); code != rpcerr.CodeInvalidParams {
 		t.Errorf("no answer: code %v", code)
 	}
 	st2 := state(t, modernPost(t, url, "alice", answerParams(st, "ada")))
@@ -271,7 +272,7 @@ func TestElicitationRequestState(t *testing.T) {
 		t.Error("token reused for the second question")
 	}
 	// A token is good once.
-	if code, _ := errCode(modernPost(t, url, "alice", answerParams(st, "ada"))); code != CodeInvalidParams {
+	if code, _ := errCode(modernPost(t, url, "alice", answerParams(st, "ada"))); code != rpcerr.CodeInvalidParams {
 		t.Errorf("replayed token: code %v", code)
 	}
 	final := modernPost(t, url, "alice", answerParams(st2, "yes"))
@@ -297,7 +298,7 @@ func TestElicitationExpires(t *testing.T) {
 	case <-time.After(waitLimit):
 		t.Fatal("expired elicitation not cancelled")
 	}
-	if code, msg := errCode(modernPost(t, url, "", answerParams(st, "late"))); code != CodeInvalidParams || msg != "Unknown or expired request state" {
+	if code, msg := errCode(modernPost(t, url, "", answerParams(st, "late"))); code != rpcerr.CodeInvalidParams || msg != "Unknown or expired request state" {
 		t.Errorf("expired state: %v %q", code, msg)
 	}
 	if n := v.calls.Load(); n != 1 {

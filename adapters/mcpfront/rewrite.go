@@ -12,6 +12,8 @@ import (
 	"sync"
 
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/adapters/rpcerr"
 )
 
 // rewrite returns msg (one JSON-RPC message) with this Server's
@@ -36,7 +38,7 @@ func (s *Server) rewrite(msg []byte) []byte {
 	switch {
 	case top.Error != nil:
 		w, ok := s.unmarkError(top.Error.Message)
-		if !ok || top.Error.Code != CodeInternal {
+		if !ok || top.Error.Code != rpcerr.CodeInternal {
 			return msg
 		}
 		return envelope(top.ID, "error", w)
@@ -294,7 +296,7 @@ func (rw *rewriteWriter) commitPending(msg []byte) {
 			Code int `json:"code"`
 		} `json:"error"`
 	}
-	if msg != nil && json.Unmarshal(msg, &e) == nil && e.Error != nil && e.Error.Code == CodeInvalidParams {
+	if msg != nil && json.Unmarshal(msg, &e) == nil && e.Error != nil && e.Error.Code == rpcerr.CodeInvalidParams {
 		status = http.StatusBadRequest
 	}
 	rw.pending = 0
