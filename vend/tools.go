@@ -194,3 +194,25 @@ type PaymentPendingError struct {
 }
 
 func (e *PaymentPendingError) Error() string { return "payment pending" }
+
+// Prompt is an upstream prompt a front lists, free: its exposed name and
+// its MCP Prompt object as JSON (whose "name" is overridden by Name).
+type Prompt struct {
+	Name       string
+	Definition json.RawMessage
+}
+
+// Resource is an upstream resource a front lists, free: its URI and its
+// MCP Resource object as JSON (whose "uri" is overridden by URI).
+type Resource struct {
+	URI        string
+	Definition json.RawMessage
+}
+
+// ResourceTemplate is an upstream resource template a front lists, free:
+// its URI template and its MCP ResourceTemplate object as JSON (whose
+// "uriTemplate" is overridden by URITemplate).
+type ResourceTemplate struct {
+	URITemplate string
+	Definition  json.RawMessage
+}

@@ -153,9 +153,30 @@ type Vendor interface {
 	ListedPrice(t vend.Tool) (lo, hi vend.Msat)
 }
 
+// Catalog is the free, pass-through part of what the server offers:
+// prompts, resources and resource templates (the same contract as
+// mcpfront.Catalog).
+type Catalog interface {
+	// Prompts returns the prompts to list now (not modified by the caller).
+	Prompts() []vend.Prompt
+	// GetPrompt renders the prompt listed as name with args and returns an
+	// MCP GetPromptResult as JSON. Errors wrapping vend.ErrUpstream are
+	// answered as such; any other as an internal error.
+	GetPrompt(ctx context.Context, name string, args map[string]string) (json.RawMessage, error)
+	// Resources returns the resources to list now (not modified by the caller).
+	Resources() []vend.Resource
+	// ResourceTemplates returns the resource templates to list now (not
+	// modified by the caller).
+	ResourceTemplates() []vend.ResourceTemplate
+	// ReadResource reads uri and returns an MCP ReadResourceResult as
+	// JSON. Errors as for GetPrompt.
+	ReadResource(ctx context.Context, uri string) (json.RawMessage, error)
+}
+
 // Config configures a Server.
 type Config struct {
 	Vendor    Vendor
+	Catalog   Catalog  // prompts and resources; nil: none
 	SecretKey string   // the server's secret key, 64 hex characters (see LoadSecretKey)
 	Relays    []string // ws:// or wss:// URLs; at least one
 
@@ -280,6 +301,10 @@ func New(cfg Config) (*Server, error) {
 		slots: make(chan struct{}, cfg.MaxInFlight)}
 	return s, nil
 }
+
+// Refresh tells the server that the tools, their prices or the catalog
+// changed (an upstream's list_changed, a config reload). It never blocks.
+func (s *Server) Refresh() {}
 
 // PublicKey returns the server's pubkey (hex).
 func (s *Server) PublicKey() string { return s.pk }

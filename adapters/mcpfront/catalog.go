@@ -12,6 +12,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/capvend/capvend/adapters/rpcerr"
+	"github.com/capvend/capvend/vend"
 )
 
 // Catalog is the free, pass-through part of what the front serves:
@@ -37,27 +38,12 @@ type Catalog interface {
 	ReadResource(ctx context.Context, uri string) (json.RawMessage, error)
 }
 
-// Prompt is a prompt to list: its name and its MCP Prompt object as JSON
-// (whose "name" is overridden by Name).
-type Prompt struct {
-	Name       string
-	Definition json.RawMessage
-}
-
-// Resource is a resource to list: its URI and its MCP Resource object as
-// JSON (whose "uri" is overridden by URI).
-type Resource struct {
-	URI        string
-	Definition json.RawMessage
-}
-
-// ResourceTemplate is a resource template to list: its URI template and
-// its MCP ResourceTemplate object as JSON (whose "uriTemplate" is
-// overridden by URITemplate).
-type ResourceTemplate struct {
-	URITemplate string
-	Definition  json.RawMessage
-}
+// Prompt, Resource and ResourceTemplate are vend's catalog entries.
+type (
+	Prompt           = vend.Prompt
+	Resource         = vend.Resource
+	ResourceTemplate = vend.ResourceTemplate
+)
 
 // Log attribute keys of the catalog.
 const (

@@ -117,13 +117,17 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	}
 
 	var front *mcpfront.Server
+	var nf *ctxvm.Server
 	var frontMu sync.Mutex
 	refresh := func() {
 		frontMu.Lock()
-		f := front
+		f, n := front, nf
 		frontMu.Unlock()
 		if f != nil {
 			f.Refresh()
+		}
+		if n != nil {
+			n.Refresh()
 		}
 	}
 	ups, err := upstream.New(upstream.Config{Servers: upstreamServers(cfg), Logger: log, OnChange: refresh})
@@ -152,15 +156,15 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	if err != nil {
 		return err
 	}
-	frontMu.Lock()
-	front = f
-	frontMu.Unlock()
-	var nf *ctxvm.Server
+	var n *ctxvm.Server
 	if !stdio && len(cfg.Nostr.Relays) > 0 {
-		if nf, err = nostrFront(cfg, v, backends, e); err != nil {
+		if n, err = nostrFront(cfg, v, upstreamCatalog{ups}, backends, e); err != nil {
 			return err
 		}
 	}
+	frontMu.Lock()
+	front, nf = f, n
+	frontMu.Unlock()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -254,7 +258,7 @@ func awaitUpstreams(ctx context.Context, ups *upstream.Manager, limit time.Durat
 }
 
 // nostrFront returns the ContextVM front of cfg.Nostr, selling v's tools.
-func nostrFront(cfg *Config, v *vend.Vendor, backends []vend.PaymentBackend, e *env) (*ctxvm.Server, error) {
+func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, backends []vend.PaymentBackend, e *env) (*ctxvm.Server, error) {
 	sk, err := ctxvm.LoadSecretKey(cfg.Nostr.NsecFile)
 	if err != nil {
 		return nil, fmt.Errorf("nostr.nsec_file: %w", err)
@@ -267,7 +271,7 @@ func nostrFront(cfg *Config, v *vend.Vendor, backends []vend.PaymentBackend, e *
 		pmis = append(pmis, vend.PMICashu)
 	}
 	return ctxvm.New(ctxvm.Config{
-		Vendor: v, SecretKey: sk, Relays: cfg.Nostr.Relays,
+		Vendor: v, Catalog: cat, SecretKey: sk, Relays: cfg.Nostr.Relays,
 		Name: cfg.Server.Name, Version: buildVersion(), About: cfg.Server.About, Website: cfg.Server.Website, Picture: cfg.Server.Picture,
 		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: e.Log,
 	})
