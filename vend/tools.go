@@ -63,6 +63,11 @@ type CallRequest struct {
 	// PMIs are the payment methods the client said it can pay with (empty:
 	// any).
 	PMIs []string
+	// InvoiceFrom asks for the Lightning invoice to be issued by that
+	// backend (_meta[MetaInvoiceFrom]: "lnd", or "cashu" for a mint
+	// quote's invoice, paid into the server's ecash wallet). "" or a
+	// backend the server does not have: the server's first backend.
+	InvoiceFrom Backend
 	// Explicit asks for explicit gating: instead of notifications, an
 	// unpaid call fails with a PaymentRequiredError; the client pays and
 	// repeats the call.
@@ -120,8 +125,9 @@ const (
 	PMILightning = "bitcoin-lightning-bolt11" // a bolt11 invoice (LND, or a Cashu mint quote's invoice)
 	PMICashu     = "bitcoin-cashu-token"      // a Cashu token in _meta[MetaCashuToken]
 
-	MetaCashuToken   = "capvend/cashu"    // _meta key of a cashuA/cashuB token paying the call
-	MetaPaymentProof = "capvend/preimage" // _meta key of the hex preimage of the invoice paid for an explicit-gating grant
+	MetaCashuToken   = "capvend/cashu"        // _meta key of a cashuA/cashuB token paying the call
+	MetaPaymentProof = "capvend/preimage"     // _meta key of the hex preimage of the invoice paid for an explicit-gating grant
+	MetaInvoiceFrom  = "capvend/invoice_from" // _meta key naming the backend that issues the invoice ("lnd", "cashu")
 )
 
 // Notification methods capvend sends about payment.

@@ -536,7 +536,7 @@ func (v *Vendor) quote(ctx context.Context, call *Call, t *Tool, args json.RawMe
 //go:noinline
 func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *CallRequest) (*Payment, CallResult, error) {
 	v.failpoint(FailAfterQuote)
-	b := v.chooseBackend(r.PMIs)
+	b := v.chooseBackend(r.PMIs, r.InvoiceFrom)
 	if b == nil {
 		v.endUnpaid(ctx, call, "no payment method")
 		return nil, CallResult{}, ErrNoPaymentMethod
@@ -862,12 +862,20 @@ func (v *Vendor) endUnpaid(ctx context.Context, call *Call, reason string) {
 	}
 }
 
-func (v *Vendor) chooseBackend(pmis []string) PaymentBackend {
+// chooseBackend returns the backend that issues a call's invoice: the one
+// the client asked for if the server has it, else the first; nil when the
+// client cannot pay a Lightning invoice or there is no backend.
+func (v *Vendor) chooseBackend(pmis []string, from Backend) PaymentBackend {
 	if len(pmis) > 0 && !contains(pmis, PMILightning) {
 		return nil
 	}
 	if len(v.cfg.Backends) == 0 {
 		return nil
+	}
+	for _, b := range v.cfg.Backends {
+		if from != "" && b.Backend() == from {
+			return b
+		}
 	}
 	return v.cfg.Backends[0]
 }

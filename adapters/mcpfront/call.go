@@ -111,6 +111,9 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 		if proof, ok := m.AdditionalFields[vend.MetaPaymentProof].(string); ok {
 			cr.PaymentProof = proof
 		}
+		if from, ok := m.AdditionalFields[vend.MetaInvoiceFrom].(string); ok {
+			cr.InvoiceFrom = vend.Backend(from)
+		}
 		if v, ok := m.AdditionalFields[MetaPaymentInteraction].(string); ok && v == ExplicitGating {
 			cr.Explicit = true
 		}
