@@ -7,6 +7,7 @@ func rootCommand() *command {
 		Help: `Commands that read the configuration take --config FILE; without it they
 use $CAPVEND_CONFIG, else ./capvend.yaml. Start with 'capvend init'.`,
 		Subs: []*command{
+			demoCommand(),
 			initCommand(),
 			serveCommand(),
 			versionCommand(),

@@ -1,0 +1,710 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/testnet"
+	"github.com/capvend/capvend/testnet/exampletools"
+	"github.com/capvend/capvend/vend"
+)
+
+func demoCommand() *command {
+	var dir string
+	var keep bool
+	return &command{
+		Name:    "demo",
+		Summary: "run everything on a local regtest network: a priced tool, capvend, and a customer who pays",
+		Help: `One command from nothing to paid tool calls, on this machine only (127.0.0.1):
+
+  1. builds btcd and lnd from the Go module proxy into the cache on the first
+     run (about 5 minutes; later runs reuse them), and starts the regtest
+     stack: btcd, three LND nodes (vendor, customer, mint) with channels, a
+     Cashu mint and a Nostr relay;
+  2. starts the example MCP server shipped with capvend (word_count, free;
+     sha256, priced; always_fails, priced, fails after payment);
+  3. starts 'capvend serve' selling it over MCP HTTP and Nostr (ContextVM),
+     paid through LND (hold invoices) and the Cashu mint;
+  4. runs a customer who lists the tools with their prices, calls the free
+     tool, pays the priced one over Lightning, through a Cashu mint quote and
+     with a Cashu token, sends an invalid argument (refused before any
+     charge), calls the failing tool (hold invoice canceled, money back),
+     and does the same list and a paid call over Nostr;
+  5. prints 'capvend ledger balance' and an hledger export, checks
+     'capvend ledger verify', stops everything and exits 0.
+
+Everything it starts is stopped at the end, also on failure or Ctrl-C.
+Its files (stack data, logs, capvend.yaml, capvend.db) go to a temporary
+folder that is removed at the end, unless --dir is given (then kept).`,
+		Flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&dir, "dir", "", "keep the demo's files in `DIR` (default: a temporary folder, removed)")
+			fs.BoolVar(&keep, "keep", false, "keep the temporary folder (its path is printed)")
+		},
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) > 0 {
+				return usageError("demo takes no arguments")
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("demo: find the capvend executable: %w", err)
+			}
+			if dir == "" {
+				if dir, err = os.MkdirTemp("", "capvend-demo-"); err != nil {
+					return fmt.Errorf("demo: %w", err)
+				}
+				if keep {
+					defer fmt.Fprintf(e.Stdout, "files kept in %s\n", dir)
+				} else {
+					defer os.RemoveAll(dir)
+				}
+			}
+			return runDemo(ctx, e, demoOptions{Dir: dir, Executable: exe})
+		},
+	}
+}
+
+// demoOptions configures runDemo.
+type demoOptions struct {
+	Dir        string // everything the demo writes
+	Executable string // the capvend binary that runs the mint and relay
+	BinDir     string // btcd/lnd cache; "": the default
+}
+
+// Prices of the demo's priced tools, in sats.
+const (
+	demoSHA256Sats = 21
+	demoFailSats   = 5
+)
+
+// demo is one run of the demo: the stack, capvend and the customer.
+type demo struct {
+	e     *env
+	out   io.Writer
+	stack *testnet.Stack
+	mcp   *client.Client
+	start time.Time
+
+	mu   sync.Mutex
+	bill chan string // bolt11 of each payment_required the MCP client gets
+}
+
+func (d *demo) say(format string, a ...any) { fmt.Fprintf(d.out, format+"\n", a...) }
+
+// runDemo runs the demo in opts.Dir; see demoCommand.
+func runDemo(ctx context.Context, e *env, opts demoOptions) (err error) {
+	d := &demo{e: e, out: e.Stdout, start: time.Now(), bill: make(chan string, 4)}
+	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	d.say("capvend demo: everything runs on 127.0.0.1, in %s", opts.Dir)
+	d.say("")
+	d.say("[1/5] regtest stack (btcd, LND vendor/customer/mint, Cashu mint, Nostr relay)")
+	d.say("      the first run builds btcd and lnd (about 5 minutes); progress below")
+	st, err := testnet.Start(ctx, testnet.Options{Dir: filepath.Join(opts.Dir, "stack"), Executable: opts.Executable,
+		BinDir: opts.BinDir, Progress: indent(e.Stderr, "      ")})
+	if err != nil {
+		return fmt.Errorf("demo: regtest stack: %w", err)
+	}
+	d.stack = st
+	defer func() {
+		d.say("")
+		d.say("teardown: stopping the regtest stack")
+		if cerr := st.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("demo: stopping the stack: %w", cerr)
+		}
+	}()
+	d.say("      ready: mint %s, relay %s", st.MintURL, st.RelayURL)
+
+	// The example MCP server, in-process over Streamable HTTP.
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	upMux := http.NewServeMux()
+	upMux.Handle("/mcp", server.NewStreamableHTTPServer(exampletools.NewServer()))
+	upSrv := &http.Server{Handler: upMux, ReadHeaderTimeout: 10 * time.Second}
+	go upSrv.Serve(upLn)
+	defer upSrv.Close()
+	d.say("[2/5] example MCP server at http://%s/mcp", upLn.Addr())
+
+	cfgPath, listen, err := writeDemoConfig(opts.Dir, st, "http://"+upLn.Addr().String()+"/mcp")
+	if err != nil {
+		return err
+	}
+	cfg, err := loadConfig(cfgPath, func(string) string { return "" })
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	logFile, err := os.OpenFile(filepath.Join(opts.Dir, "capvend.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	defer logFile.Close()
+	serveCtx, stopServe := context.WithCancel(ctx)
+	defer stopServe()
+	se := &env{Stdin: strings.NewReader(""), Stdout: logFile, Stderr: logFile, Getenv: func(string) string { return "" },
+		Log: slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	served := make(chan error, 1)
+	go func() { served <- serve(serveCtx, se, cfg, false) }()
+	stopped := false
+	stop := func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		stopServe()
+		select {
+		case err := <-served:
+			return err
+		case <-time.After(90 * time.Second):
+			return errors.New("capvend serve did not stop within 90 s")
+		}
+	}
+	defer stop()
+	if err := waitListening(ctx, listen, served); err != nil {
+		return err
+	}
+	serverPK, err := demoServerPubkey(cfg)
+	if err != nil {
+		return err
+	}
+	d.say("[3/5] capvend serving MCP at http://%s/mcp and ContextVM on %s", listen, st.RelayURL)
+	d.say("      (config %s, log %s)", cfgPath, filepath.Join(opts.Dir, "capvend.log"))
+	d.say("")
+	d.say("[4/5] a customer buys")
+	if err := d.customerMCP(ctx, "http://"+listen+"/mcp"); err != nil {
+		return err
+	}
+	if err := d.customerNostr(ctx, st.RelayURL, serverPK); err != nil {
+		return err
+	}
+	if err := stop(); err != nil {
+		return fmt.Errorf("demo: capvend serve: %w", err)
+	}
+
+	d.say("")
+	d.say("[5/5] the books")
+	for _, args := range [][]string{
+		{"ledger", "balance", "--config", cfgPath},
+		{"ledger", "export", "--format", "hledger", "--config", cfgPath},
+		{"ledger", "verify", "--config", cfgPath},
+	} {
+		d.say("")
+		d.say("$ capvend %s", strings.Join(args[:len(args)-2], " "))
+		var errBuf strings.Builder
+		le := &env{Stdin: strings.NewReader(""), Stdout: indent(d.out, "  "), Stderr: &errBuf, Getenv: e.Getenv, Log: e.Log}
+		if code := execute(ctx, rootCommand(), le, args); code != 0 {
+			return fmt.Errorf("demo: capvend %s exited %d: %s", strings.Join(args[:2], " "), code, strings.TrimSpace(errBuf.String()))
+		}
+	}
+	d.say("")
+	d.say("demo finished in %s: every paid call ran once, the failed one was refunded, the ledger verifies", time.Since(d.start).Round(100*time.Millisecond))
+	return nil
+}
+
+// writeDemoConfig writes the demo's capvend.yaml and Nostr key into dir,
+// and returns the config path and the MCP listen address.
+func writeDemoConfig(dir string, st *testnet.Stack, upstreamURL string) (path, listen string, err error) {
+	vendor, ok := st.Node(testnet.Vendor)
+	if !ok {
+		return "", "", errors.New("demo: the stack has no vendor node")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", "", fmt.Errorf("demo: %w", err)
+	}
+	listen = ln.Addr().String()
+	ln.Close()
+	if err := os.WriteFile(filepath.Join(dir, "capvend.nsec"), []byte(nostr.GeneratePrivateKey()+"\n"), 0o600); err != nil {
+		return "", "", fmt.Errorf("demo: %w", err)
+	}
+	cfg := fmt.Sprintf(`# Written by 'capvend demo'.
+ledger:
+  path: capvend.db
+server:
+  name: "capvend demo"
+  about: "example-tools, priced in sats"
+http:
+  listen: %s
+nostr:
+  relays: [%s]
+  nsec_file: capvend.nsec
+lnd:
+  host: %s
+  tls_cert_file: %s
+  macaroon_file: %s
+  hold_invoices: true
+cashu:
+  mints: [%s]
+  wallet_dir: cashu-wallet
+payments:
+  ttl: 2m
+upstreams:
+  - name: example
+    url: %s
+    tools:
+      sha256: {price_sats: %d}
+      always_fails: {price_sats: %d}
+`, listen, st.RelayURL, vendor.RPCHost, vendor.TLSCert, vendor.InvoiceMacaroon, st.MintURL, upstreamURL, demoSHA256Sats, demoFailSats)
+	path = filepath.Join(dir, "capvend.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		return "", "", fmt.Errorf("demo: %w", err)
+	}
+	return path, listen, nil
+}
+
+// waitListening waits until addr accepts connections or serve ended.
+func waitListening(ctx context.Context, addr string, served chan error) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case err := <-served:
+			return fmt.Errorf("demo: capvend serve stopped: %v", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: capvend serve is not listening on %s after 2 minutes", addr)
+		}
+	}
+}
+
+// demoServerPubkey is the Nostr pubkey of the demo's capvend.
+func demoServerPubkey(cfg *Config) (string, error) {
+	b, err := os.ReadFile(cfg.Nostr.NsecFile)
+	if err != nil {
+		return "", fmt.Errorf("demo: %w", err)
+	}
+	return nostr.GetPublicKey(strings.TrimSpace(string(b)))
+}
+
+// balance is the customer node's spendable balance in msat.
+func (d *demo) balance(ctx context.Context) (int64, error) {
+	return d.stack.ChannelBalance(ctx, testnet.Customer)
+}
+
+// customerMCP is the MCP HTTP customer.
+func (d *demo) customerMCP(ctx context.Context, url string) error {
+	c, err := client.NewStreamableHttpClient(url)
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	defer c.Close()
+	c.OnNotification(func(n mcp.JSONRPCNotification) {
+		if n.Method != vend.NotifyPaymentRequired {
+			return
+		}
+		if pr, _ := n.Params.AdditionalFields["pay_req"].(string); pr != "" {
+			d.bill <- pr
+		}
+	})
+	if err := c.Start(ctx); err != nil {
+		return fmt.Errorf("demo: MCP client: %w", err)
+	}
+	init := mcp.InitializeRequest{}
+	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+	init.Params.ClientInfo = mcp.Implementation{Name: "capvend-demo-customer", Version: "1"}
+	if _, err := c.Initialize(ctx, init); err != nil {
+		return fmt.Errorf("demo: MCP initialize: %w", err)
+	}
+	d.mcp = c
+	d.say("")
+	d.say("  over MCP Streamable HTTP:")
+	list, err := c.ListTools(ctx, mcp.ListToolsRequest{})
+	if err != nil {
+		return fmt.Errorf("demo: tools/list: %w", err)
+	}
+	var names []string
+	for _, t := range list.Tools {
+		price := "free"
+		if t.Meta != nil {
+			if p, ok := t.Meta.AdditionalFields["capvend/price"].(map[string]any); ok {
+				price = fmt.Sprintf("%v %v", p["amount"], p["unit"])
+			}
+		}
+		names = append(names, fmt.Sprintf("%s (%s)", t.Name, price))
+	}
+	d.say("  - tools/list: %s", strings.Join(names, ", "))
+
+	text := "Lightning pays for tools"
+	res, err := d.call(ctx, "word_count", map[string]any{"text": text}, nil)
+	if err != nil {
+		return err
+	}
+	d.say("  - word_count(%q), free: %s", text, res)
+
+	if err := d.paidCall(ctx, "sha256 paid over Lightning (LND hold invoice)", "sha256", map[string]any{"text": "hello"}, nil, demoSHA256Sats); err != nil {
+		return err
+	}
+	if err := d.paidCall(ctx, "sha256 paid through a Cashu mint quote", "sha256", map[string]any{"text": "hello again"},
+		map[string]any{vend.MetaInvoiceFrom: string(vend.BackendCashu)}, demoSHA256Sats); err != nil {
+		return err
+	}
+
+	// A Cashu token in _meta pays at once: the customer first buys
+	// ecash from the mint (over Lightning), then spends it.
+	tok, err := d.stack.CashuMint(ctx, demoSHA256Sats)
+	if err != nil {
+		return fmt.Errorf("demo: buying ecash: %w", err)
+	}
+	res, err = d.call(ctx, "sha256", map[string]any{"text": "paid in ecash"}, map[string]any{vend.MetaCashuToken: tok})
+	if err != nil {
+		return err
+	}
+	d.say("  - sha256 paid with a %d-sat Cashu token in _meta[%q]: %s", demoSHA256Sats, vend.MetaCashuToken, short(res))
+	if _, err := d.call(ctx, "sha256", map[string]any{"text": "paid in ecash"}, map[string]any{vend.MetaCashuToken: tok}); err == nil {
+		return errors.New("demo: a spent Cashu token was accepted twice")
+	} else {
+		d.say("    the same token again is refused: %v", err)
+	}
+
+	before, err := d.balance(ctx)
+	if err != nil {
+		return err
+	}
+	_, invalid := d.call(ctx, "sha256", map[string]any{"text": 42}, nil)
+	if invalid == nil {
+		return errors.New("demo: an invalid argument was accepted")
+	}
+	after, err := d.balance(ctx)
+	if err != nil {
+		return err
+	}
+	if len(d.bill) > 0 || after != before {
+		return fmt.Errorf("demo: an invalid call was charged (balance %d -> %d msat)", before, after)
+	}
+	d.say("  - sha256 with text=42 (not a string): refused before any charge: %v", invalid)
+
+	// The failing tool: its hold invoice is canceled, the money goes back.
+	before, err = d.balance(ctx)
+	if err != nil {
+		return err
+	}
+	payErr := make(chan error, 1)
+	done := make(chan struct{})
+	var callErr error
+	var failRes string
+	go func() {
+		defer close(done)
+		failRes, callErr = d.call(ctx, "always_fails", map[string]any{"text": "x"}, nil)
+	}()
+	select {
+	case bolt11 := <-d.bill:
+		go func() { _, err := d.stack.Pay(ctx, bolt11); payErr <- err }()
+	case <-done:
+		return fmt.Errorf("demo: always_fails answered without asking for payment: %q, %v", failRes, callErr)
+	case <-time.After(time.Minute):
+		return errors.New("demo: no payment_required for always_fails within a minute")
+	}
+	<-done
+	if perr := <-payErr; perr == nil {
+		return errors.New("demo: the failed call's hold invoice was settled")
+	}
+	after, err = d.balance(ctx)
+	if err != nil {
+		return err
+	}
+	if after != before {
+		return fmt.Errorf("demo: the failed call was not refunded: balance %d -> %d msat", before, after)
+	}
+	outcome := failRes
+	if callErr != nil {
+		outcome = callErr.Error()
+	}
+	d.say("  - always_fails (%d sats, hold invoice): the tool failed (%s); the invoice was canceled and the customer's balance is back to the msat", demoFailSats, short(outcome))
+	return nil
+}
+
+// call calls a tool over MCP and returns its text, or an error for a
+// JSON-RPC error or an isError result.
+func (d *demo) call(ctx context.Context, tool string, args map[string]any, meta map[string]any) (string, error) {
+	req := mcp.CallToolRequest{}
+	req.Params.Name = tool
+	req.Params.Arguments = args
+	if meta != nil {
+		req.Params.Meta = &mcp.Meta{AdditionalFields: meta}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	res, err := d.mcp.CallTool(ctx, req)
+	if err != nil {
+		return "", err
+	}
+	var sb strings.Builder
+	for _, c := range res.Content {
+		if t, ok := c.(mcp.TextContent); ok {
+			sb.WriteString(t.Text)
+		}
+	}
+	if res.IsError {
+		return sb.String(), fmt.Errorf("tool error: %s", sb.String())
+	}
+	return sb.String(), nil
+}
+
+// paidCall calls a priced tool, pays the invoice it is sent from the
+// customer node, and checks the customer paid exactly sats.
+func (d *demo) paidCall(ctx context.Context, what, tool string, args, meta map[string]any, sats int64) error {
+	before, err := d.balance(ctx)
+	if err != nil {
+		return err
+	}
+	type answer struct {
+		text string
+		err  error
+	}
+	ans := make(chan answer, 1)
+	go func() {
+		t, err := d.call(ctx, tool, args, meta)
+		ans <- answer{t, err}
+	}()
+	var a answer
+	select {
+	case bolt11 := <-d.bill:
+		if _, err := d.stack.Pay(ctx, bolt11); err != nil {
+			return fmt.Errorf("demo: %s: paying %s: %w", what, short(bolt11), err)
+		}
+		a = <-ans
+	case a = <-ans:
+		return fmt.Errorf("demo: %s: answered without a payment_required: %q, %v", what, a.text, a.err)
+	case <-time.After(time.Minute):
+		return fmt.Errorf("demo: %s: no payment_required within a minute", what)
+	}
+	if a.err != nil {
+		return fmt.Errorf("demo: %s: %w", what, a.err)
+	}
+	after, err := d.balance(ctx)
+	if err != nil {
+		return err
+	}
+	if before-after != sats*1000 {
+		return fmt.Errorf("demo: %s: the customer paid %d msat, want %d", what, before-after, sats*1000)
+	}
+	d.say("  - %s: payment_required %d sats -> paid from the customer node -> %s", what, sats, short(a.text))
+	return nil
+}
+
+// short shortens s for the transcript.
+func short(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 72 {
+		return s[:69] + "..."
+	}
+	return s
+}
+
+// indent prefixes every line written to w.
+func indent(w io.Writer, prefix string) io.Writer { return &indenter{w: w, prefix: prefix, bol: true} }
+
+type indenter struct {
+	mu     sync.Mutex
+	w      io.Writer
+	prefix string
+	bol    bool
+}
+
+func (in *indenter) Write(p []byte) (int, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	var b []byte
+	for _, c := range p {
+		if in.bol {
+			b = append(b, in.prefix...)
+		}
+		b = append(b, c)
+		in.bol = c == '\n'
+	}
+	if _, err := in.w.Write(b); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// customerNostr is the ContextVM customer: tools/list with cap tags, a
+// free call and a paid call over the relay.
+func (d *demo) customerNostr(ctx context.Context, relayURL, serverPK string) error {
+	d.say("")
+	d.say("  over Nostr (ContextVM, kind 25910) via %s:", relayURL)
+	c, err := newCtxvmClient(ctx, relayURL, serverPK)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	resp, tags, err := c.request(ctx, "tools/list", map[string]any{}, nil)
+	if err != nil {
+		return err
+	}
+	var caps []string
+	for _, t := range tags {
+		if len(t) >= 4 && t[0] == "cap" {
+			caps = append(caps, fmt.Sprintf("[%s]", strings.Join(t, " ")))
+		}
+	}
+	var list struct {
+		Tools []struct{ Name string } `json:"tools"`
+	}
+	if err := json.Unmarshal(resp, &list); err != nil {
+		return fmt.Errorf("demo: nostr tools/list: %w", err)
+	}
+	d.say("  - tools/list: %d tools; price tags %s", len(list.Tools), strings.Join(caps, " "))
+	resp, _, err = c.request(ctx, "tools/call", map[string]any{"name": "word_count", "arguments": map[string]any{"text": "sats over nostr"}}, nil)
+	if err != nil {
+		return err
+	}
+	d.say("  - word_count, free: %s", short(resultText(resp)))
+	before, err := d.balance(ctx)
+	if err != nil {
+		return err
+	}
+	paid := false
+	var seen []string
+	resp, _, err = c.request(ctx, "tools/call", map[string]any{"name": "sha256", "arguments": map[string]any{"text": "hello nostr"}},
+		func(method string, params json.RawMessage) error {
+			seen = append(seen, strings.TrimPrefix(method, "notifications/"))
+			if method != vend.NotifyPaymentRequired {
+				return nil
+			}
+			var p struct {
+				PayReq string `json:"pay_req"`
+			}
+			if err := json.Unmarshal(params, &p); err != nil || p.PayReq == "" {
+				return fmt.Errorf("demo: bad payment_required %s", params)
+			}
+			_, err := d.stack.Pay(ctx, p.PayReq)
+			paid = err == nil
+			return err
+		})
+	if err != nil {
+		return err
+	}
+	after, err := d.balance(ctx)
+	if err != nil {
+		return err
+	}
+	if !paid || before-after != demoSHA256Sats*1000 {
+		return fmt.Errorf("demo: nostr paid call: paid %v, customer paid %d msat", paid, before-after)
+	}
+	d.say("  - sha256, %d sats: %s -> result %s", demoSHA256Sats, strings.Join(seen, " -> "), short(resultText(resp)))
+	return nil
+}
+
+// resultText is the text of a CallToolResult.
+func resultText(res json.RawMessage) string {
+	var r struct {
+		Content []struct {
+			Text string `json:"text"`
+		} `json:"content"`
+	}
+	_ = json.Unmarshal(res, &r)
+	var sb strings.Builder
+	for _, c := range r.Content {
+		sb.WriteString(c.Text)
+	}
+	return sb.String()
+}
+
+// ctxvmClient is a minimal ContextVM client over one relay.
+type ctxvmClient struct {
+	relay  *nostr.Relay
+	sk, pk string
+	server string
+	sub    *nostr.Subscription
+	nextID int
+}
+
+func newCtxvmClient(ctx context.Context, relayURL, serverPK string) (*ctxvmClient, error) {
+	r, err := nostr.RelayConnect(ctx, relayURL)
+	if err != nil {
+		return nil, fmt.Errorf("demo: relay %s: %w", relayURL, err)
+	}
+	sk := nostr.GeneratePrivateKey()
+	pk, _ := nostr.GetPublicKey(sk)
+	since := nostr.Now()
+	sub, err := r.Subscribe(ctx, nostr.Filters{{Kinds: []int{25910}, Tags: nostr.TagMap{"p": []string{pk}}, Since: &since}})
+	if err != nil {
+		r.Close()
+		return nil, fmt.Errorf("demo: relay %s: %w", relayURL, err)
+	}
+	return &ctxvmClient{relay: r, sk: sk, pk: pk, server: serverPK, sub: sub}, nil
+}
+
+func (c *ctxvmClient) close() {
+	c.sub.Unsub()
+	c.relay.Close()
+}
+
+// request sends one JSON-RPC request and returns its result and the
+// response's tags; notifications about it go to onNote first.
+func (c *ctxvmClient) request(ctx context.Context, method string, params any, onNote func(method string, params json.RawMessage) error) (json.RawMessage, nostr.Tags, error) {
+	c.nextID++
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": c.nextID, "method": method, "params": params})
+	ev := nostr.Event{Kind: 25910, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", c.server}, {"pmi", vend.PMILightning}}, Content: string(body)}
+	if err := ev.Sign(c.sk); err != nil {
+		return nil, nil, fmt.Errorf("demo: sign: %w", err)
+	}
+	if err := c.relay.Publish(ctx, ev); err != nil {
+		return nil, nil, fmt.Errorf("demo: publish %s: %w", method, err)
+	}
+	timeout := time.After(3 * time.Minute)
+	for {
+		select {
+		case in, ok := <-c.sub.Events:
+			if !ok {
+				return nil, nil, errors.New("demo: relay subscription closed")
+			}
+			if in.PubKey != c.server || in.Tags.FindWithValue("e", ev.ID) == nil {
+				continue
+			}
+			var m struct {
+				Method string          `json:"method"`
+				Params json.RawMessage `json:"params"`
+				Result json.RawMessage `json:"result"`
+				Error  *struct {
+					Code    int    `json:"code"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal([]byte(in.Content), &m); err != nil {
+				return nil, nil, fmt.Errorf("demo: bad answer to %s: %w", method, err)
+			}
+			if m.Method != "" {
+				if onNote != nil {
+					if err := onNote(m.Method, m.Params); err != nil {
+						return nil, nil, err
+					}
+				}
+				continue
+			}
+			if m.Error != nil {
+				return nil, in.Tags, fmt.Errorf("demo: %s: error %d %s", method, m.Error.Code, m.Error.Message)
+			}
+			return m.Result, in.Tags, nil
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-timeout:
+			return nil, nil, fmt.Errorf("demo: no answer to %s over Nostr within 3 minutes", method)
+		}
+	}
+}
