@@ -1,0 +1,287 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/testnet"
+)
+
+// readmeBlocks returns the README's fenced code blocks of a language, one
+// string per block.
+func readmeBlocks(t *testing.T, lang string) []string {
+	t.Helper()
+	f, err := os.Open("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var blocks []string
+	var cur *strings.Builder
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case cur == nil && line == "```"+lang:
+			cur = &strings.Builder{}
+		case cur != nil && line == "```":
+			blocks = append(blocks, cur.String())
+			cur = nil
+		case cur != nil:
+			cur.WriteString(line + "\n")
+		}
+	}
+	return blocks
+}
+
+// readmeCommands are the README's shell commands, in order.
+func readmeCommands(t *testing.T) []string {
+	var cmds []string
+	for _, b := range readmeBlocks(t, "sh") {
+		for _, line := range strings.Split(b, "\n") {
+			if line = strings.TrimSpace(line); line != "" {
+				cmds = append(cmds, line)
+			}
+		}
+	}
+	return cmds
+}
+
+// TestREADME runs every command of the README, the way a newcomer would,
+// and fails when the README gains a command this test does not run.
+//
+//   - `go run ./cmd/capvend demo`: the built capvend binary runs `demo
+//     --dir D` (the same command keeping its files), against its own
+//     regtest stack; the transcript's milestones are checked and every
+//     process it started must be gone.
+//   - The ledger commands then run in D, on the demo's ledger, and
+//     hledger and bean-check read the exports.
+//   - `capvend init` and `capvend serve` run in a fresh folder: the
+//     written configuration validates, and serve answers an MCP client.
+//   - `go test -timeout 60m ./...` is what .ci/run runs; this test checks
+//     that it does.
+func TestREADME(t *testing.T) {
+	cmds := readmeCommands(t)
+	ran := map[string]bool{}
+	run := func(cmd string, f func(t *testing.T)) {
+		t.Helper()
+		if !slices.Contains(cmds, cmd) {
+			t.Errorf("the README no longer has %q: update this test", cmd)
+			return
+		}
+		ran[cmd] = true
+		t.Run(cmd, f)
+	}
+	// Checked first so a stale README fails fast, whatever else happens.
+	defer func() {
+		for _, c := range cmds {
+			if !ran[c] {
+				t.Errorf("README command %q is not run by TestREADME", c)
+			}
+		}
+	}()
+
+	run("go test -timeout 60m ./...", func(t *testing.T) {
+		b, err := os.ReadFile("../../.ci/run")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), "\ngo test -timeout 60m ./...\n") {
+			t.Fatal(".ci/run does not run the README's test command")
+		}
+	})
+
+	cfgs := readmeBlocks(t, "yaml")
+	if len(cfgs) == 0 {
+		t.Fatal("the README has no configuration example")
+	}
+	t.Run("configuration example", func(t *testing.T) {
+		for _, c := range cfgs {
+			if _, err := parseConfig(filepath.Join(t.TempDir(), "capvend.yaml"), []byte(c), func(string) string { return "" }); err != nil {
+				t.Errorf("the README's configuration is refused: %v\n%s", err, c)
+			}
+		}
+	})
+
+	fresh := t.TempDir()
+	run("capvend init", func(t *testing.T) {
+		t.Chdir(fresh)
+		out := runCapvend(t, "init")
+		if _, err := loadConfig("capvend.yaml", func(string) string { return "" }); err != nil {
+			t.Fatalf("init wrote a configuration that does not load: %v (%s)", err, out)
+		}
+	})
+	run("capvend serve --config capvend.yaml", func(t *testing.T) {
+		src, listen := freeToolsConfig(t, "") // builds example-tools from here
+		t.Chdir(t.TempDir())
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile("capvend.yaml", b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		serveInProcess(t, "capvend.yaml", listen)
+		c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		init := mcp.InitializeRequest{}
+		init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+		if _, err := c.Initialize(ctx, init); err != nil {
+			t.Fatal(err)
+		}
+		// The upstream connects in the background: wait for its tools.
+		for {
+			list, err := c.ListTools(ctx, mcp.ListToolsRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(list.Tools) > 0 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatal("serve lists no tools after a minute")
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	})
+
+	if testing.Short() {
+		for _, c := range cmds {
+			ran[c] = true
+		}
+		t.Skip("the demo and the ledger commands need the regtest stack (not in -short mode)")
+	}
+	demoDir := filepath.Join(t.TempDir(), "demo")
+	run("go run ./cmd/capvend demo", func(t *testing.T) { runDemoBinary(t, demoDir) })
+	if t.Failed() {
+		return
+	}
+	t.Chdir(demoDir)
+	ledgerCmd := func(cmd string, check func(t *testing.T, out string)) {
+		run(cmd, func(t *testing.T) {
+			out := runCapvend(t, strings.Fields(cmd)[1:]...)
+			if check != nil {
+				check(t, out)
+			}
+		})
+	}
+	tool := func(cmd string, bin string) {
+		run(cmd, func(t *testing.T) {
+			if _, err := exec.LookPath(bin); err != nil {
+				if os.Getenv("CI") != "" {
+					t.Fatalf("%s is required in CI", bin)
+				}
+				t.Skipf("%s not installed", bin)
+			}
+			f := strings.Fields(cmd)
+			out, err := exec.Command(f[0], f[1:]...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", cmd, err, out)
+			}
+			if bin == "hledger" && !strings.Contains(string(out), "income:tools:example:sha256") {
+				t.Errorf("hledger balance lacks the income account:\n%s", out)
+			}
+		})
+	}
+	ledgerCmd("capvend ledger export --format hledger --out books.journal", nil)
+	tool("hledger -f books.journal balance", "hledger")
+	ledgerCmd("capvend ledger export --format beancount --out books.beancount", nil)
+	tool("bean-check books.beancount", "bean-check")
+	ledgerCmd("capvend ledger export --format csv --since 2026-11-01 --until 2026-12-01", func(t *testing.T, out string) {
+		if !strings.HasPrefix(out, "entry_id,") && time.Now().Before(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)) {
+			t.Errorf("csv export: %q", out)
+		}
+	})
+	ledgerCmd("capvend ledger balance", func(t *testing.T, out string) {
+		if !strings.Contains(out, "income:tools:example:sha256") {
+			t.Errorf("balance:\n%s", out)
+		}
+	})
+	ledgerCmd("capvend ledger verify", func(t *testing.T, out string) {
+		if !strings.Contains(out, "checks passed") {
+			t.Errorf("verify:\n%s", out)
+		}
+	})
+}
+
+// runCapvend runs capvend in-process with args in the current folder and
+// returns its standard output; a non-zero exit fails the test.
+func runCapvend(t *testing.T, args ...string) string {
+	t.Helper()
+	var out, errOut strings.Builder
+	e := &env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if code := execute(context.Background(), rootCommand(), e, args); code != 0 {
+		t.Fatalf("capvend %s exited %d: %s", strings.Join(args, " "), code, errOut.String())
+	}
+	return out.String()
+}
+
+// runDemoBinary runs `capvend demo --dir dir` as a user does: the real
+// binary, its own regtest stack, a customer paying over Lightning and
+// Cashu, the books, and teardown.
+func runDemoBinary(t *testing.T, dir string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	bin := capvendBin
+	if bin == "" {
+		var err error
+		if bin, err = testnet.BuildCapvend(ctx, t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.CommandContext(ctx, bin, "demo", "--dir", dir)
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("capvend demo: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())
+	}
+	for _, want := range []string{
+		"tools/list: always_fails (5 sats), confirm (free), sha256 (21 sats)",
+		"word_count(\"Lightning pays for tools\"), free: 4 words",
+		"sha256 paid over Lightning (LND hold invoice): payment_required 21 sats",
+		"sha256 paid through a Cashu mint quote: payment_required 21 sats",
+		"sha256 paid with a 21-sat Cashu token",
+		"the same token again is refused",
+		"refused before any charge: invalid params",
+		"the invoice was canceled and the customer's balance is back to the msat",
+		"[cap tool:sha256 21 sats]",
+		"payment_required -> payment_accepted -> result",
+		"income:tools:example:sha256           4         84.000",
+		"income:tools:example:sha256  -21.000 SAT",
+		"checks passed",
+		"teardown: stopping the regtest stack",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("transcript lacks %q:\n%s", want, out.String())
+		}
+	}
+	st, err := testnet.Load(filepath.Join(dir, "stack"), nil)
+	if err == nil {
+		running := st.Running()
+		st.Release()
+		if running {
+			t.Error("the demo left its regtest stack running")
+		}
+	}
+}
