@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	_ "github.com/mattn/go-sqlite3"
 
 	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/migrations"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -152,8 +154,9 @@ func TestOpenCreatesPrivateFileAndMigratesOnce(t *testing.T) {
 	db.QueryRow("SELECT count(*) FROM schema_migrations").Scan(&n)
 	db.QueryRow("PRAGMA application_id").Scan(&appID)
 	db.QueryRow("PRAGMA journal_mode").Scan(&mode)
-	if n != 3 || appID != ledger.ApplicationID || mode != "wal" {
-		t.Fatalf("migrations=%d application_id=%#x journal_mode=%s", n, appID, mode)
+	files, _ := fs.Glob(migrations.FS, "*.sql")
+	if n != len(files) || appID != ledger.ApplicationID || mode != "wal" {
+		t.Fatalf("migrations=%d (want %d) application_id=%#x journal_mode=%s", n, len(files), appID, mode)
 	}
 	_ = sync
 	var calls int
