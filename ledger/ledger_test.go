@@ -152,7 +152,7 @@ func TestOpenCreatesPrivateFileAndMigratesOnce(t *testing.T) {
 	db.QueryRow("SELECT count(*) FROM schema_migrations").Scan(&n)
 	db.QueryRow("PRAGMA application_id").Scan(&appID)
 	db.QueryRow("PRAGMA journal_mode").Scan(&mode)
-	if n != 3 || appID != ledger.ApplicationID || mode != "wal" {
+	if n != 4 || appID != ledger.ApplicationID || mode != "wal" {
 		t.Fatalf("migrations=%d application_id=%#x journal_mode=%s", n, appID, mode)
 	}
 	_ = sync
