@@ -95,10 +95,10 @@ func (r Rule) Validate() error {
 		}
 	}
 	if r.Max > 0 && r.Min > r.Max {
-		return fmt.Errorf("min %s is above max %s", r.Min, r.Max)
+		return fmt.Errorf("min %s is above max %s", fmtMsat(r.Min), fmtMsat(r.Max))
 	}
 	if r.Max > 0 && r.Price > r.Max {
-		return fmt.Errorf("price %s is above max %s", r.Price, r.Max)
+		return fmt.Errorf("price %s is above max %s", fmtMsat(r.Price), fmtMsat(r.Max))
 	}
 	if p := r.Per; p != nil {
 		switch p.Kind {
