@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -163,6 +164,18 @@ func TestFreeUseDayBoundaryAndReopen(t *testing.T) {
 	// A replay of yesterday's free request is still free and counts nothing.
 	if !claim(t, l, use("c", "d1-0")) {
 		t.Fatal("replay across days")
+	}
+	b, err := l.Balance(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Free) != 1 || b.Free[0] != (ledger.FreeUses{Server: "demo", Tool: "echo", Uses: 7, Today: 1}) {
+		t.Errorf("balance free uses %+v", b.Free)
+	}
+	var sb strings.Builder
+	b.WriteTo(&sb)
+	if !strings.Contains(sb.String(), "Free calls (daily quotas):") || !strings.Contains(sb.String(), "demo/echo") {
+		t.Errorf("balance output:\n%s", sb.String())
 	}
 	l.Close()
 	db, err := sql.Open("sqlite3", path)
