@@ -43,12 +43,20 @@ type Pending struct {
 	RefundsOwed   vend.Msat // balance of liabilities:refunds
 }
 
+// FreeUses counts the calls of one tool served free under its daily quota.
+type FreeUses struct {
+	Server, Tool string
+	Uses         int // ever
+	Today        int // on the current UTC day
+}
+
 // Balance is the summary `capvend ledger balance` prints.
 type Balance struct {
 	Tools    []ToolRevenue
 	Days     []DayRevenue
 	Accounts []AccountBalance
 	Pending  Pending
+	Free     []FreeUses // by server and tool; free calls move no money
 }
 
 // Balance computes revenue per tool and per day, account balances and
@@ -56,7 +64,8 @@ type Balance struct {
 // expiry (as of now) are not counted as pending.
 func (l *Ledger) Balance(ctx context.Context) (*Balance, error) {
 	b := &Balance{}
-	now := ms(l.now())
+	nowT := l.now().UTC()
+	now := ms(nowT)
 	err := l.read(ctx, func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, `SELECT a.name, -sum(p.amount_msat),
 			count(DISTINCT CASE WHEN e.kind = 'settlement' THEN e.id END)
@@ -108,6 +117,20 @@ func (l *Ledger) Balance(ctx context.Context) (*Balance, error) {
 			b.Accounts = append(b.Accounts, a)
 		}
 		rows.Close()
+		rows, err = tx.QueryContext(ctx, `SELECT server, tool, count(*), count(*) FILTER (WHERE day = ?)
+			FROM free_uses GROUP BY server, tool ORDER BY server, tool`, nowT.Format(time.DateOnly))
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var f FreeUses
+			if err := rows.Scan(&f.Server, &f.Tool, &f.Uses, &f.Today); err != nil {
+				rows.Close()
+				return err
+			}
+			b.Free = append(b.Free, f)
+		}
+		rows.Close()
 		if err := tx.QueryRowContext(ctx, `SELECT
 			count(*) FILTER (WHERE state = 'open' AND expires_at > ?), coalesce(sum(amount_msat) FILTER (WHERE state = 'open' AND expires_at > ?), 0),
 			count(*) FILTER (WHERE state = 'accepted'), coalesce(sum(amount_msat) FILTER (WHERE state = 'accepted'), 0)
@@ -156,6 +179,14 @@ func (b *Balance) WriteTo(w io.Writer) (int64, error) {
 	fmt.Fprintf(tw, "\tcalls awaiting payment\t%d\t\t\n", p.AwaitingCalls)
 	fmt.Fprintf(tw, "\trefunds owed\t\t%s sat\t\n", p.RefundsOwed.AppendSats(nil))
 	tw.Flush()
+	if len(b.Free) > 0 {
+		fmt.Fprintln(&sb, "\nFree calls (daily quotas):")
+		fmt.Fprintf(tw, "\tSERVER/TOOL\tTODAY (UTC)\tALL\t\n")
+		for _, f := range b.Free {
+			fmt.Fprintf(tw, "\t%s/%s\t%d\t%d\t\n", f.Server, f.Tool, f.Today, f.Uses)
+		}
+		tw.Flush()
+	}
 	n, err := io.WriteString(w, sb.String())
 	return int64(n), err
 }

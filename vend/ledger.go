@@ -122,6 +122,20 @@ type Result struct {
 	StoredAt time.Time
 }
 
+// FreeUse is a call that may be free under its tool's daily quota.
+type FreeUse struct {
+	Transport string
+	// Client is who the quota counts: the client's identity, or an
+	// anonymous client's source address.
+	Client string
+	// RequestID is unique per Client on Transport: a replay of a request
+	// that holds a free use is free again without counting another.
+	RequestID string
+	Server    string // upstream server name
+	Tool      string // tool name on that server
+	PerDay    int    // the quota: free uses per Client, tool and UTC day; > 0
+}
+
 // Ledger records every state change of calls and payments durably. Every
 // method is one atomic transaction: it either fully happens or changes
 // nothing. A refused transition returns an error matching
@@ -198,4 +212,13 @@ type Ledger interface {
 	Refund(ctx context.Context, id CallID, reason string) error
 	// Result returns the stored result of a call, or ErrNotFound.
 	Result(ctx context.Context, id CallID) (Result, error)
+	// ClaimFreeUse decides whether a call is free under its tool's daily
+	// quota, atomically: it counts a use for u.Client, the tool and the
+	// current UTC day (by the ledger's clock) only if fewer than u.PerDay
+	// are counted, so of any number of concurrent claims at most PerDay
+	// succeed. A request that holds a use already (same transport, client
+	// and request id, same tool) is free again and counts nothing new; one
+	// recorded as a priced call (RecordCall) is never free. free=false
+	// means the call is priced normally. A free use books no money.
+	ClaimFreeUse(ctx context.Context, u FreeUse) (free bool, err error)
 }

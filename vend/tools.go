@@ -37,11 +37,16 @@ type ToolSource interface {
 	CallTool(ctx context.Context, t Tool, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error)
 }
 
-// PriceBook prices tools. pricing.Book implements it.
+// PriceBook prices tools. pricing.Book implements it. It must be safe for
+// concurrent use.
 type PriceBook interface {
-	// Price returns the price of a call of tool on server with args (0:
-	// free), and whether the tool may be re-run after a crash.
-	Price(server, tool string, args json.RawMessage) (price Msat, idempotent bool, err error)
+	// Quote prices a call of tool on server with args (a JSON object):
+	// its price (0: free), whether the tool may be re-run after a crash,
+	// its daily free quota per client, and a short description of how
+	// the price was computed. An error means the arguments cannot be
+	// priced (the wrong type, a negative count): the call is answered
+	// with invalid params and nothing is recorded.
+	Quote(server, tool string, args json.RawMessage) (Quote, error)
 	// Listed returns the price shown in tool lists and announcements:
 	// the minimum and maximum a call can cost (equal for a flat price).
 	Listed(server, tool string) (lo, hi Msat)

@@ -7,10 +7,14 @@
 //
 // A priced tools/call (Vendor.CallTool) goes: validate the arguments
 // against the tool's input schema (-32602 before anything is quoted);
-// record the call, keyed by transport, client and request id, so a replay
-// finds it; ask a payment backend for a payment (a hold invoice where the
-// backend can) and send notifications/payment_required; on the backend's
-// report send notifications/payment_accepted, claim the payment and run the
+// quote it with the price book (Vendor.SetPrices swaps the book; a call
+// keeps the price it was quoted); if the tool has a daily free quota and the
+// client has some left (counted in the ledger, atomically, once per
+// request), run it free; otherwise record the call, keyed by transport,
+// client and request id, so a replay finds it; ask a payment backend for
+// a payment (a hold invoice where the backend can) and send
+// notifications/payment_required, whose description says how the price
+// was computed; on the backend's report send notifications/payment_accepted, claim the payment and run the
 // tool once; then settle a hold invoice and store the result (delivered),
 // or on failure store the error, cancel the hold invoice or book the refund
 // (failed -> refunded). With explicit gating the call instead fails with
@@ -24,6 +28,10 @@ import "github.com/capvend/capvend/pricing"
 // Msat is an amount of money in millisatoshis (see pricing.Msat). Money is
 // never a float.
 type Msat = pricing.Msat
+
+// Quote is the price of one call and how it was computed (see
+// pricing.Quote).
+type Quote = pricing.Quote
 
 // MsatPerSat is the number of millisatoshis in a satoshi.
 const MsatPerSat = pricing.MsatPerSat

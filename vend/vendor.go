@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,7 +23,8 @@ type Config struct {
 	// A backend that is also a TokenAcceptor takes Cashu tokens.
 	Backends []PaymentBackend
 	Tools    ToolSource
-	Prices   PriceBook
+	// Prices is the initial price book; SetPrices replaces it.
+	Prices PriceBook
 	// TTL is how long a payment request stays payable (default 10 min).
 	TTL time.Duration
 	// Heartbeat is how often a call waiting for payment sends a progress
@@ -66,6 +68,7 @@ func (v *Vendor) failpoint(step string) {
 type Vendor struct {
 	cfg     Config
 	schemas schemaCache
+	prices  atomic.Pointer[bookRef] // the current price book; cfg.Prices is only the first
 
 	mu          sync.Mutex
 	waiters     map[string][]chan PaymentEvent // by payment ref
@@ -101,11 +104,29 @@ func New(cfg Config) (*Vendor, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Vendor{cfg: cfg, waiters: map[string][]chan PaymentEvent{}, unpaid: map[string]int{},
+	v := &Vendor{cfg: cfg, waiters: map[string][]chan PaymentEvent{}, unpaid: map[string]int{},
 		// The ledger stamps milliseconds: a call of this run is stamped at
 		// or after the millisecond New runs in.
-		running: map[CallID]chan struct{}{}, rate: map[string]*window{}, started: time.Now().Truncate(time.Millisecond).Add(-time.Millisecond)}, nil
+		running: map[CallID]chan struct{}{}, rate: map[string]*window{}, started: time.Now().Truncate(time.Millisecond).Add(-time.Millisecond)}
+	v.SetPrices(cfg.Prices)
+	return v, nil
 }
+
+// bookRef holds a PriceBook for atomic.Pointer.
+type bookRef struct{ b PriceBook }
+
+// SetPrices makes b the price book, atomically, for a configuration
+// reload: calls quoted from now on, Tools and ListedPrice use b at once;
+// calls already quoted keep the price they were recorded with. b must not
+// be nil (SetPrices panics).
+func (v *Vendor) SetPrices(b PriceBook) {
+	if b == nil {
+		panic("vend: SetPrices(nil)")
+	}
+	v.prices.Store(&bookRef{b})
+}
+
+func (v *Vendor) book() PriceBook { return v.prices.Load().b }
 
 // Run runs every backend's watcher until ctx ends, routing what they
 // report to the calls waiting for it. It returns ctx's error, or the first
@@ -374,9 +395,10 @@ func (v *Vendor) backend(name Backend) PaymentBackend {
 // lowest price of a varying one).
 func (v *Vendor) Tools() []Tool {
 	ts := v.cfg.Tools.Tools()
+	book := v.book()
 	out := make([]Tool, len(ts))
 	for i, t := range ts {
-		lo, _ := v.cfg.Prices.Listed(t.Server, t.UpstreamName)
+		lo, _ := book.Listed(t.Server, t.UpstreamName)
 		t.Price = lo
 		out[i] = t
 	}
@@ -448,16 +470,13 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	if err := v.schemas.validate(&t, args); err != nil {
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
-	price, idempotent, err := v.cfg.Prices.Price(t.Server, t.UpstreamName, args)
+	q, err := v.book().Quote(t.Server, t.UpstreamName, args)
 	if err != nil {
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
-	if price <= 0 {
-		body, err := v.execute(ctx, &t, args, r)
-		if err != nil {
-			return nil, CallResult{}, err
-		}
-		return nil, CallResult{Body: body, IsError: isErrorResult(body)}, nil
+	if q.Price <= 0 {
+		res, err := v.runFree(ctx, &t, args, r)
+		return nil, res, err
 	}
 	params, _ := json.Marshal(map[string]json.RawMessage{"name": mustJSON(r.Tool), "arguments": args})
 	hash, err := CanonicalHash("tools/call", params)
@@ -474,14 +493,48 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		// one as a replay of another client's call.
 		r.RequestID += "#" + randomHex(8)
 	}
+	if q.FreePerDay > 0 {
+		free, err := v.cfg.Ledger.ClaimFreeUse(ctx, FreeUse{Transport: r.Transport, Client: quotaKey(r),
+			RequestID: r.RequestID, Server: t.Server, Tool: t.UpstreamName, PerDay: q.FreePerDay})
+		if err != nil {
+			return nil, CallResult{}, err
+		}
+		if free {
+			v.cfg.Log.Info("vend: free call (daily quota)", "tool", t.Name, "price_msat", int64(q.Price))
+			res, err := v.runFree(ctx, &t, args, r)
+			return nil, res, err
+		}
+	}
 	call, created, err := v.cfg.Ledger.RecordCall(ctx, NewCall{
 		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Tool: t.UpstreamName,
-		ArgsHash: hash, Price: price, Idempotent: idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
+		ArgsHash: hash, Price: q.Price, Idempotent: q.Idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
 	})
 	if err != nil {
 		return nil, CallResult{}, err
 	}
 	return &admitted{call: call, t: t, args: args, known: !created}, CallResult{}, nil
+}
+
+// runFree runs a call nobody pays for: a free tool, or one within its
+// daily free quota. Nothing is recorded.
+func (v *Vendor) runFree(ctx context.Context, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+	body, err := v.execute(ctx, t, args, r)
+	if err != nil {
+		return CallResult{}, err
+	}
+	return CallResult{Body: body, IsError: isErrorResult(body)}, nil
+}
+
+// quotaKey is who a daily free quota counts: the client, or an anonymous
+// client's source address (an anonymous client has no stable identity).
+func quotaKey(r *CallRequest) string {
+	switch {
+	case r.Anonymous && r.Source != "" || r.Client == "" && r.Source != "":
+		return "source:" + r.Source
+	case r.Client != "":
+		return r.Client
+	}
+	return "anonymous"
 }
 
 // findGrant finds the paid (or still awaited) explicit-gating call a
@@ -558,20 +611,22 @@ func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *Cal
 	}
 	if r.Explicit {
 		v.release(r.Client) // a grant waits in the ledger, not in memory
-		return nil, CallResult{}, &PaymentRequiredError{Options: v.options(t, &p)}
+		return nil, CallResult{}, &PaymentRequiredError{Options: v.options(t, &p, r)}
 	}
 	return &p, CallResult{}, nil
 }
 
 // options are the ways to pay for a call: its payment request, and a Cashu
-// token when a backend takes tokens.
-func (v *Vendor) options(t *Tool, p *Payment) []PaymentOption {
+// token when a backend takes tokens. Their description says how the price
+// was computed.
+func (v *Vendor) options(t *Tool, p *Payment, r *CallRequest) []PaymentOption {
 	ttl := int64(time.Until(p.ExpiresAt).Seconds())
-	opts := []PaymentOption{{Amount: p.Amount.SatsCeil(), PayReq: p.Bolt11, PMI: PMILightning, Description: describe(t, p.Amount), TTL: ttl}}
+	desc := v.describe(t, r.Arguments, p.Amount)
+	opts := []PaymentOption{{Amount: p.Amount.SatsCeil(), PayReq: p.Bolt11, PMI: PMILightning, Description: desc, TTL: ttl}}
 	for _, b := range v.cfg.Backends {
 		if _, ok := b.(TokenAcceptor); ok {
 			opts = append(opts, PaymentOption{Amount: p.Amount.SatsCeil(), PMI: PMICashu,
-				Description: describe(t, p.Amount) + "; send a Cashu token in _meta[\"" + MetaCashuToken + "\"]", TTL: ttl})
+				Description: desc + "; send a Cashu token in _meta[\"" + MetaCashuToken + "\"]", TTL: ttl})
 			break
 		}
 	}
@@ -634,7 +689,7 @@ func (v *Vendor) currentPayment(ctx context.Context, ref string) *Payment {
 
 //go:noinline
 func (v *Vendor) notifyRequired(t *Tool, p *Payment, r *CallRequest) {
-	r.Notify(NotifyPaymentRequired, v.options(t, p)[0])
+	r.Notify(NotifyPaymentRequired, v.options(t, p, r)[0])
 }
 
 //go:noinline
@@ -738,7 +793,7 @@ func (v *Vendor) resume(ctx context.Context, call *Call, t *Tool, args json.RawM
 		if p.State == PaymentOpen {
 			return CallResult{}, &PaymentPendingError{RetryAfter: 2}
 		}
-		return CallResult{}, &PaymentRequiredError{Options: v.options(t, &p)}
+		return CallResult{}, &PaymentRequiredError{Options: v.options(t, &p, r)}
 	}
 	return v.awaitPayment(ctx, call, &p, t, args, r)
 }
@@ -971,6 +1026,19 @@ func (v *Vendor) runningDone(id CallID) chan struct{} {
 	return v.running[id]
 }
 
+// describe says what a call of t with args costs and why, for a client
+// asked to pay price: the price book's description ("summarize: 3 KB of
+// text × 2 sat/KB + 1 sat = 7 sat"). When the book would price the call
+// differently now (it was replaced since the call was quoted), just the
+// price the call was recorded with.
+func (v *Vendor) describe(t *Tool, args json.RawMessage, price Msat) string {
+	if q, err := v.book().Quote(t.Server, t.UpstreamName, args); err == nil && q.Price == price && q.Description != "" {
+		return t.Name + ": " + q.Description
+	}
+	return describe(t, price)
+}
+
+// describe is a call's price without its computation, for invoice memos.
 func describe(t *Tool, price Msat) string {
 	return fmt.Sprintf("%s: %s", t.Name, price)
 }
@@ -1013,5 +1081,5 @@ func isErrorResult(body json.RawMessage) bool {
 // ListedPrice returns the least and most a call of t can cost, for tool
 // lists and announcements.
 func (v *Vendor) ListedPrice(t Tool) (lo, hi Msat) {
-	return v.cfg.Prices.Listed(t.Server, t.UpstreamName)
+	return v.book().Listed(t.Server, t.UpstreamName)
 }

@@ -191,6 +191,16 @@ func newHarness(t testing.TB, hold bool, mod func(*vend.Config)) *harness {
 	return harnessOn(t, l, hold, mod)
 }
 
+// newBook builds a price book for the "demo" server.
+func newBook(t testing.TB, rules map[string]pricing.Rule) *pricing.Book {
+	t.Helper()
+	b, err := pricing.NewBook(map[string]map[string]pricing.Rule{"demo": rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // harnessOn starts a Vendor on an existing ledger: capvend (re)starting.
 func harnessOn(t testing.TB, l *ledger.Ledger, hold bool, mod func(*vend.Config)) *harness {
 	t.Helper()
@@ -198,9 +208,9 @@ func harnessOn(t testing.TB, l *ledger.Ledger, hold bool, mod func(*vend.Config)
 	tools := &fakeTools{}
 	cfg := vend.Config{
 		Ledger: l, Backends: []vend.PaymentBackend{be}, Tools: tools,
-		Prices: pricing.NewBook(map[string]map[string]pricing.Rule{"demo": {
+		Prices: newBook(t, map[string]pricing.Rule{
 			"echo": {Price: 21_000}, "fail": {Price: 10_000},
-		}}),
+		}),
 		TTL: time.Minute,
 	}
 	if mod != nil {

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/capvend/capvend/pricing"
 )
 
 // Config is capvend.yaml. Paths are resolved against the directory of the
@@ -107,21 +109,158 @@ type UpstreamConfig struct {
 	Tools   map[string]ToolConfig `yaml:"tools"`
 }
 
-// ToolConfig prices one tool. A tool not listed is free.
+// ToolConfig prices one tool. A tool not listed is free. Every amount is
+// given in sats or in msat (not both): a call costs price + count ×
+// per-argument price, clamped to [min, max]. A per-argument price (at most
+// one of per_unit, per_kb, per_item) requires a max, so every tool has a
+// bounded listed price ("lo-hi" in cap tags).
 type ToolConfig struct {
+	// PriceSats or PriceMsat is the price per call (the base price when
+	// a per-argument price is set).
 	PriceSats int64 `yaml:"price_sats"`
 	PriceMsat int64 `yaml:"price_msat"`
+	// PerUnit prices each whole unit of a numeric argument (fractions
+	// rounded up), PerKB each started KB (1024 bytes of UTF-8) of a string
+	// argument, PerItem each element of an array argument. A missing
+	// argument counts 0.
+	PerUnit *PerConfig `yaml:"per_unit"`
+	PerKB   *PerConfig `yaml:"per_kb"`
+	PerItem *PerConfig `yaml:"per_item"`
+	MinSats int64      `yaml:"min_sats"`
+	MinMsat int64      `yaml:"min_msat"`
+	MaxSats int64      `yaml:"max_sats"`
+	MaxMsat int64      `yaml:"max_msat"`
+	// FreePerDay calls per client and UTC day are free (anonymous HTTP
+	// clients are counted by address); later calls are priced normally.
+	FreePerDay int `yaml:"free_per_day"`
 	// NotIdempotent tools are refunded, never re-run, when capvend was
 	// interrupted while they ran.
 	NotIdempotent bool `yaml:"not_idempotent"`
 }
 
-// Msat returns the tool's price in millisatoshis (0: free).
+// PerConfig is a per-argument price: sats or msat for each unit of the
+// argument named arg.
+type PerConfig struct {
+	Arg  string `yaml:"arg"`
+	Sats int64  `yaml:"sats"`
+	Msat int64  `yaml:"msat"`
+}
+
+// Msat returns the tool's price per call in millisatoshis (the base price
+// of a per-argument price; 0: free unless a per-argument price or a
+// minimum is set). It is only meaningful once Validate accepted the
+// configuration.
 func (t ToolConfig) Msat() int64 {
 	if t.PriceMsat != 0 {
 		return t.PriceMsat
 	}
 	return t.PriceSats * 1000
+}
+
+// maxSats is 21 million bitcoin: no configured amount may exceed it.
+const maxSats = 21_000_000 * 100_000_000
+
+// fieldError is a bad tool setting: key (relative to the tool, e.g.
+// "per_kb.arg") and what is allowed there.
+type fieldError struct{ key, msg string }
+
+func (e *fieldError) Error() string { return e.key + ": " + e.msg }
+
+// amount converts an amount given in sats (key+"sats") or msat
+// (key+"msat").
+func amount(key string, sats, msat int64) (pricing.Msat, error) {
+	switch {
+	case sats < 0 || msat < 0:
+		return 0, &fieldError{key + "sats", fmt.Sprintf("cannot be negative (nor %smsat)", key)}
+	case sats != 0 && msat != 0:
+		return 0, &fieldError{key + "sats", fmt.Sprintf("set %ssats or %smsat, not both", key, key)}
+	case sats > maxSats || msat > maxSats*1000:
+		return 0, &fieldError{key + "sats", "price is more than 21 million bitcoin"}
+	case msat != 0:
+		return pricing.Msat(msat), nil
+	}
+	return pricing.Msat(sats * 1000), nil
+}
+
+// per returns the tool's per-argument price and its key; an error if more
+// than one is set.
+func (t ToolConfig) per() (p *PerConfig, key string, kind pricing.Kind, err error) {
+	for _, c := range []struct {
+		p    *PerConfig
+		key  string
+		kind pricing.Kind
+	}{{t.PerUnit, "per_unit", pricing.PerUnit}, {t.PerKB, "per_kb", pricing.PerKB}, {t.PerItem, "per_item", pricing.PerItem}} {
+		if c.p == nil {
+			continue
+		}
+		if p != nil {
+			return nil, "", "", &fieldError{c.key, fmt.Sprintf("set at most one of per_unit, per_kb, per_item (%s is set)", key)}
+		}
+		p, key, kind = c.p, c.key, c.kind
+	}
+	return p, key, kind, nil
+}
+
+// rule converts t to a price rule and validates it. A *fieldError names
+// the key at fault; other errors concern the tool as a whole.
+func (t ToolConfig) rule() (pricing.Rule, error) {
+	var r pricing.Rule
+	var err error
+	if r.Price, err = amount("price_", t.PriceSats, t.PriceMsat); err != nil {
+		return r, err
+	}
+	if r.Min, err = amount("min_", t.MinSats, t.MinMsat); err != nil {
+		return r, err
+	}
+	if r.Max, err = amount("max_", t.MaxSats, t.MaxMsat); err != nil {
+		return r, err
+	}
+	p, key, kind, err := t.per()
+	if err != nil {
+		return r, err
+	}
+	if p != nil {
+		if p.Arg == "" {
+			return r, &fieldError{key + ".arg", "required: the name of the argument to count"}
+		}
+		price, err := amount(key+".", p.Sats, p.Msat)
+		switch {
+		case err != nil:
+			return r, err
+		case price <= 0:
+			return r, &fieldError{key + ".sats", "required: the positive price of one unit (or set msat)"}
+		case r.Max == 0:
+			return r, &fieldError{"max_sats", fmt.Sprintf("required with %s: the most one call may cost (or set max_msat)", key)}
+		}
+		r.Per = &pricing.Per{Kind: kind, Arg: p.Arg, Price: price}
+	}
+	switch {
+	case t.FreePerDay < 0:
+		return r, &fieldError{"free_per_day", fmt.Sprintf("must be 0 or more, got %d", t.FreePerDay)}
+	case t.FreePerDay > 0 && r.Price == 0 && r.Per == nil && r.Min == 0:
+		return r, &fieldError{"free_per_day", "needs a price: without one the tool is free anyway"}
+	}
+	r.FreePerDay = t.FreePerDay
+	r.NotIdempotent = t.NotIdempotent
+	return r, r.Validate()
+}
+
+// PriceBook builds the price book of the upstreams' tools. It fails, naming
+// the tool, only on a configuration Validate refuses.
+func (c *Config) PriceBook() (*pricing.Book, error) {
+	rules := map[string]map[string]pricing.Rule{}
+	for i, u := range c.Upstreams {
+		m := map[string]pricing.Rule{}
+		for name, t := range u.Tools {
+			r, err := t.rule()
+			if err != nil {
+				return nil, fmt.Errorf("upstreams[%d].tools.%s: %w", i, name, err)
+			}
+			m[name] = r
+		}
+		rules[u.Name] = m
+	}
+	return pricing.NewBook(rules)
 }
 
 // defaultConfig is what a missing field means.
@@ -223,7 +362,7 @@ func expandEnv(data []byte, getenv func(string) string) ([]byte, error) {
 var yamlTypeSection = map[string]string{
 	"Config": "the top level", "LedgerConfig": "ledger", "ServerConfig": "server", "HTTPConfig": "http",
 	"NostrConfig": "nostr", "LNDConfig": "lnd", "CashuConfig": "cashu", "PaymentsConfig": "payments",
-	"LimitsConfig": "limits", "UpstreamConfig": "an upstream", "ToolConfig": "a tool",
+	"LimitsConfig": "limits", "UpstreamConfig": "an upstream", "ToolConfig": "a tool", "PerConfig": "a per-argument price",
 }
 
 var yamlUnknownField = regexp.MustCompile(`field (\S+) not found in type main\.(\w+)`)
@@ -267,6 +406,8 @@ func knownFields(typeName string) []string {
 		v = UpstreamConfig{}
 	case "ToolConfig":
 		v = ToolConfig{}
+	case "PerConfig":
+		v = PerConfig{}
 	default:
 		return nil
 	}
@@ -428,15 +569,17 @@ func (c *Config) Validate() error {
 		for _, name := range names {
 			t := u.Tools[name]
 			tf := fmt.Sprintf("%s.tools.%s", field, name)
+			r, err := t.rule()
+			var fe *fieldError
 			switch {
-			case t.PriceSats < 0 || t.PriceMsat < 0:
-				bad(tf, "prices cannot be negative")
-			case t.PriceSats != 0 && t.PriceMsat != 0:
-				bad(tf, "set price_sats or price_msat, not both")
-			case t.PriceSats > 21_000_000*100_000_000 || t.PriceMsat > 21_000_000*100_000_000_000:
-				bad(tf, "price is more than 21 million bitcoin")
+			case errors.As(err, &fe):
+				bad(tf+"."+fe.key, "%s", fe.msg)
+				continue
+			case err != nil:
+				bad(tf, "%v", err)
+				continue
 			}
-			if t.Msat() > 0 {
+			if r.Price > 0 || r.Per != nil || r.Min > 0 {
 				priced = true
 			}
 		}

@@ -23,7 +23,6 @@ import (
 	"github.com/capvend/capvend/billing/cashu"
 	"github.com/capvend/capvend/billing/lnd"
 	"github.com/capvend/capvend/ledger"
-	"github.com/capvend/capvend/pricing"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -134,8 +133,12 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	if err != nil {
 		return err
 	}
+	prices, err := cfg.PriceBook()
+	if err != nil {
+		return err
+	}
 	vcfg := vend.Config{
-		Ledger: l, Backends: backends, Tools: ups, Prices: priceBook(cfg), TTL: cfg.Payments.TTL,
+		Ledger: l, Backends: backends, Tools: ups, Prices: prices, TTL: cfg.Payments.TTL,
 		MaxUnpaidPerClient: cfg.Limits.MaxUnpaidPerClient, MaxUnpaidTotal: cfg.Limits.MaxUnpaidTotal,
 		RequestsPerMinute: cfg.Limits.RequestsPerMinute, Log: log,
 	}
@@ -308,18 +311,6 @@ func upstreamServers(cfg *Config) []upstream.ServerConfig {
 		out = append(out, sc)
 	}
 	return out
-}
-
-func priceBook(cfg *Config) *pricing.Book {
-	rules := map[string]map[string]pricing.Rule{}
-	for _, u := range cfg.Upstreams {
-		m := map[string]pricing.Rule{}
-		for name, t := range u.Tools {
-			m[name] = pricing.Rule{Price: pricing.Msat(t.Msat()), NotIdempotent: t.NotIdempotent}
-		}
-		rules[u.Name] = m
-	}
-	return pricing.NewBook(rules)
 }
 
 // upstreamCatalog serves the upstreams' prompts and resources, free, on the
