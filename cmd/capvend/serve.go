@@ -40,6 +40,11 @@ README for how clients pay. With --stdio it serves one MCP client on
 standard input and output instead (for desktop MCP clients that launch
 their servers); logs then go to standard error only.
 
+SIGHUP reloads the prices (the tools: sections of the upstreams): a valid
+file takes effect for new calls at once (calls already quoted keep their
+price), tool lists change and Nostr announcements are republished; an
+invalid one is logged and the old prices stay. Other changes need a restart.
+
 Stops on SIGINT or SIGTERM: it stops accepting calls, lets running ones
 finish (up to 30 s), stops watching payments, and closes the ledger last.
 What was paid and not yet answered is finished at the next start.
@@ -185,6 +190,9 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	}
 	runPart("upstreams", ups.Run)
 	runPart("payments", v.Run)
+	if cfg.path != "" {
+		reloadOnHUP(ctx, &wg, cfg, e.Getenv, v, refresh, log)
+	}
 
 	if stdio {
 		err := f.ServeStdio(ctx, e.Stdin, e.Stdout)

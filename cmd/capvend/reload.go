@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/signal"
+	"reflect"
+	"sync"
+	"syscall"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// priceSetter takes a new price book (vend.Vendor).
+type priceSetter interface{ SetPrices(vend.PriceBook) }
+
+// reloadPrices re-reads the configuration file cur was read from and, if
+// it is valid, gives v its prices and calls refresh (tool lists and
+// announcements change). It returns the configuration now in force: cur
+// when the new one is refused. Only prices change without a restart;
+// other changed sections are logged.
+func reloadPrices(cur *Config, getenv func(string) string, v priceSetter, refresh func(), log *slog.Logger) (*Config, error) {
+	next, err := loadConfig(cur.path, getenv)
+	if err != nil {
+		return cur, err
+	}
+	book, err := next.PriceBook()
+	if err != nil {
+		return cur, err
+	}
+	if changed := restartSections(cur, next); len(changed) > 0 {
+		log.Warn("config reload: these settings changed but only take effect after a restart", "sections", changed)
+	}
+	v.SetPrices(book)
+	refresh()
+	return next, nil
+}
+
+// restartSections names the sections of next that differ from cur other
+// than the tools' prices.
+func restartSections(cur, next *Config) []string {
+	var out []string
+	a, b := *cur, *next
+	if !reflect.DeepEqual(withoutPrices(a.Upstreams), withoutPrices(b.Upstreams)) {
+		out = append(out, "upstreams")
+	}
+	a.Upstreams, b.Upstreams = nil, nil
+	ta, tb := reflect.TypeOf(a), reflect.ValueOf(b)
+	va := reflect.ValueOf(a)
+	for i := range ta.NumField() {
+		f := ta.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		if !reflect.DeepEqual(va.Field(i).Interface(), tb.Field(i).Interface()) {
+			out = append(out, f.Tag.Get("yaml"))
+		}
+	}
+	return out
+}
+
+func withoutPrices(ups []UpstreamConfig) []UpstreamConfig {
+	out := make([]UpstreamConfig, len(ups))
+	for i, u := range ups {
+		u.Tools = nil
+		out[i] = u
+	}
+	return out
+}
+
+// reloadOnHUP starts reloading the prices on every SIGHUP, until ctx ends
+// (the goroutine is tracked by wg). The signal is caught from the moment it
+// returns, so a SIGHUP never kills a running server.
+func reloadOnHUP(ctx context.Context, wg *sync.WaitGroup, cfg *Config, getenv func(string) string, v priceSetter, refresh func(), log *slog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				next, err := reloadPrices(cfg, getenv, v, refresh, log)
+				if err != nil {
+					log.Error("config reload refused; the old prices stay", "config", cfg.path, "err", err)
+					continue
+				}
+				cfg = next
+				log.Info("config reloaded: new prices in force", "config", cfg.path)
+			}
+		}
+	}()
+}
