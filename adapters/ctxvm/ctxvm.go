@@ -130,6 +130,7 @@ const (
 	DefaultPublishTimeout  = 10 * time.Second
 	DefaultShutdownGrace   = 30 * time.Second
 	DefaultMaxInFlight     = 10_000
+	DefaultAnnounceDelay   = time.Second
 	latestProtocol         = "2025-11-25"
 )
 
@@ -203,6 +204,17 @@ type Config struct {
 	// 0: DefaultMaxInFlight.
 	MaxInFlight int
 
+	// Announce publishes the announcements (see the package doc) at start
+	// and after each Refresh that changed them.
+	Announce bool
+	// AnnounceDelay is how long after a Refresh the announcements are
+	// rebuilt (Refreshes meanwhile are coalesced). 0: DefaultAnnounceDelay.
+	AnnounceDelay time.Duration
+	// Allow, when not empty, is the only clients (hex pubkeys) served;
+	// Deny is clients never served (it wins over Allow). See the package
+	// doc, Access lists.
+	Allow, Deny []string
+
 	Logger *slog.Logger     // nil: slog.Default()
 	Now    func() time.Time // nil: time.Now
 }
@@ -225,6 +237,9 @@ type Server struct {
 	// started is when Run started: gift wraps older than that are
 	// relays' stored copies of requests a previous run had.
 	started nostr.Timestamp
+
+	ann    announcer  // announcements (announce.go)
+	access accessList // Config.Allow and Deny (access.go)
 }
 
 // Log attribute keys.
@@ -262,7 +277,11 @@ func New(cfg Config) (*Server, error) {
 	default:
 		return nil, fmt.Errorf("ctxvm: unknown encryption %q", cfg.Encryption)
 	}
-	if cfg.Window < 0 || cfg.MaxContentBytes < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownGrace < 0 || cfg.MaxInFlight < 0 {
+	access, err := newAccessList(cfg.Allow, cfg.Deny)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Window < 0 || cfg.MaxContentBytes < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownGrace < 0 || cfg.MaxInFlight < 0 || cfg.AnnounceDelay < 0 {
 		return nil, errors.New("ctxvm: negative limit")
 	}
 	if cfg.Name == "" {
@@ -286,6 +305,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxInFlight == 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	}
+	if cfg.AnnounceDelay == 0 {
+		cfg.AnnounceDelay = DefaultAnnounceDelay
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -298,13 +320,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("ctxvm: SecretKey is not a valid secret key")
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, seen: map[string]bool{}, ready: make(chan struct{}),
-		slots: make(chan struct{}, cfg.MaxInFlight)}
+		slots: make(chan struct{}, cfg.MaxInFlight), ann: newAnnouncer(), access: access}
 	return s, nil
 }
 
 // Refresh tells the server that the tools, their prices or the catalog
 // changed (an upstream's list_changed, a config reload). It never blocks.
-func (s *Server) Refresh() {}
+func (s *Server) Refresh() { s.ann.refresh() }
 
 // PublicKey returns the server's pubkey (hex).
 func (s *Server) PublicKey() string { return s.pk }
@@ -414,6 +436,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer stopWork()
 	var wg sync.WaitGroup
 	s.log.Info("contextvm front listening", "pubkey", s.pk, "relays", len(s.cfg.Relays))
+	announced := s.startAnnouncing(ctx)
 loop:
 	for {
 		select {
@@ -440,6 +463,7 @@ loop:
 		}
 	}
 	stopSub()
+	<-announced
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	grace := time.NewTimer(s.cfg.ShutdownGrace)
