@@ -117,6 +117,8 @@ type announcer struct {
 
 	last    map[Address]string          // fingerprint last published
 	created map[Address]nostr.Timestamp // created_at last published
+
+	roundDone func(failed int) // tests: called after each round
 }
 
 func newAnnouncer() announcer {
@@ -158,6 +160,9 @@ func (s *Server) announceLoop(ctx context.Context) {
 		failed := s.announceRound(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if s.ann.roundDone != nil {
+			s.ann.roundDone(failed)
 		}
 		retry.Stop()
 		if failed > 0 {
