@@ -9,6 +9,7 @@ use $CAPVEND_CONFIG, else ./capvend.yaml. Start with 'capvend init'.`,
 		Subs: []*command{
 			initCommand(),
 			serveCommand(),
+			unannounceCommand(),
 			versionCommand(),
 			ledgerCommand(),
 			testnetCommand(),
