@@ -184,3 +184,40 @@ func TestConfigNostrAccessLists(t *testing.T) {
 		}
 	}
 }
+
+// TestUnannounceAfterServe: serve (announce on by default) announces the
+// upstream's tools on the relay; unannounce then removes every one.
+func TestUnannounceAfterServe(t *testing.T) {
+	relay := memRelay(t, nil)
+	path, sk := unannounceConfig(t, relay)
+	pk, _ := nostr.GetPublicKey(sk)
+	yaml := fmt.Sprintf("ledger:\n  path: capvend.db\nnostr:\n  relays: [%s]\n  nsec_file: server.nsec\nupstreams:\n  - name: tools\n    prefix: t_\n    command: %s\n",
+		relay, exampleTools(t))
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stop := serveStoppable(t, path, "")
+	deadline := time.Now().Add(60 * time.Second) // a deadlock guard
+	for {
+		evs := announcementsOn(t, relay, pk)
+		tools := false
+		for _, ev := range evs {
+			tools = tools || (ev.Kind == ctxvm.KindAnnounceTools && strings.Contains(ev.Content, `"name":"t_word_count"`))
+		}
+		if tools && len(evs) == len(ctxvm.AnnouncementAddresses(pk)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("announcements on the relay: %d, tools list announced: %v", len(evs), tools)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+
+	if _, errOut, code := run(t, nil, "unannounce", "--config", path); code != 0 || !strings.Contains(errOut, "nostr.announce is true") {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if n := len(announcementsOn(t, relay, pk)); n != 0 {
+		t.Errorf("%d announcements left", n)
+	}
+}
