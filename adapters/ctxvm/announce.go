@@ -36,9 +36,9 @@ const (
 	KindDVMCPAnnouncePrompts   = 31319
 
 	// DVMCP 2024-11-05: NIP-89 handler information of kind 5910 jobs.
-	KindHandlerInfo   = 31990
-	KindLegacyRequest = 5910
-	KindDeletion      = 5 // NIP-09
+	KindHandlerInfo = 31990
+	kindLegacyJob   = 5910 // DVMCP 2024-11-05 job requests (the k tag of 31990)
+	KindDeletion    = 5    // NIP-09
 )
 
 // Announcement retry backoff after a failed publication.
@@ -309,7 +309,7 @@ func (s *Server) announcements() []announcement {
 		About string            `json:"about,omitempty"`
 		Tools []json.RawMessage `json:"tools"`
 	}{s.cfg.Name, s.cfg.About, listed.Tools})
-	nip89 := nostr.Tags{{"d", id}, {"k", strconv.Itoa(KindLegacyRequest)}, {"capabilities", "mcp-1.0"}, {"t", "mcp"}}
+	nip89 := nostr.Tags{{"d", id}, {"k", strconv.Itoa(kindLegacyJob)}, {"capabilities", "mcp-1.0"}, {"t", "mcp"}}
 	for _, t := range vt {
 		nip89 = append(nip89, nostr.Tag{"t", t.Name})
 	}
