@@ -90,9 +90,64 @@
 // subscribed); with EncryptionRequired a plaintext request is answered
 // with error -32600 "Encryption required" (notifications are dropped).
 //
-// Not done yet: announcements (kinds 11316-11320, 31316-31319), list_changed
-// on refresh, ephemeral wraps (21059), oversized transfer (CEP-22), the
-// DVMCP dialects.
+// # Access lists
+//
+// With Config.Deny, requests from those pubkeys are refused; with
+// Config.Allow (when not empty), requests from any other pubkey are;
+// Deny wins. The sender is the signed request's author: for a gift wrap,
+// the inner event's (the wrap's key is random). A refused request is
+// answered with error -32600 "Forbidden" (so a client learns why, instead
+// of waiting); a refused notification is dropped, as every notification
+// is. A refused request never reaches the Vendor.
+//
+// # Announcements
+//
+// With Config.Announce, Run publishes the server's announcements once it
+// started, and again AnnounceDelay after a Refresh (Refreshes meanwhile
+// coalesce into one round; Refresh itself never blocks). Each round
+// rebuilds them from the Vendor's tools and listed prices and the Catalog
+// as they are then, and publishes only those whose content or tags differ
+// from what it last published at that address (kind, and d tag for
+// addressable kinds); a republished one's created_at is always later than
+// the one it replaces. A publication succeeds on the first relay's OK; a
+// failed one is logged and tried again at the next round, which comes
+// after a backoff (5 s, doubling to 5 min) if no Refresh comes sooner.
+// Publishing runs on a goroutine Run starts, and stops (Run waits for it)
+// when Run's context ends.
+// The events (resources, templates and prompts only with a Catalog):
+//
+//	ContextVM (CEP-6, replaceable):
+//	11316  server: content the initialize result; tags name, about, website,
+//	       picture, support_encryption, pmi (as on a first answer) and
+//	       ["cap","tool:<name>","<sats or lo-hi>","sats"] per priced tool
+//	11317  tools: content the tools/list result; the same cap tags
+//	11318  resources {"resources":[...]}; 11319 resource templates
+//	       {"resourceTemplates":[...]}; 11320 prompts {"prompts":[...]}; no
+//	       cap tags (they are free)
+//	10002  NIP-65 relay list: ["r", <url>] per relay of Config.Relays
+//	DVMCP (2025-03-26 rev1.1, addressable; content the bare result, as rev1.1
+//	and the DVMCP bridge, not rev1's JSON-RPC envelope):
+//	31316  server: content the initialize result; ["d", <id>], ["k","25910"],
+//	       the discovery tags with ["support_encryption","true"]
+//	31317  tools: ["d","<id>/tools/list"], ["s",<id>], per tool
+//	       ["cap",<name>] or, priced, ["cap",<name>,"<sats or lo-hi>","sats"]
+//	31318  resources: ["d","<id>/resources/list"], ["s",<id>],
+//	       ["cap",<name>] per resource; and resource templates (as rev1.1):
+//	       ["d","<id>/resources/templates/list"], ["s",<id>], ["cap",<name>]
+//	31319  prompts (31319 is prompts here, templates in ContextVM):
+//	       ["d","<id>/prompts/list"], ["s",<id>], ["cap",<name>] per prompt
+//	DVMCP 2024-11-05 (NIP-89):
+//	31990  content {"name","about","tools":[...]}; ["d",<id>], ["k","5910"],
+//	       ["capabilities","mcp-1.0"], ["t","mcp"], ["t",<tool>] per tool
+//
+// <id> is ServerID: the server's pubkey (hex), stable across renames.
+// AnnouncementAddresses lists every address; Unannounce publishes a NIP-09
+// deletion request of them all (`capvend unannounce`). The relay list
+// replaces any other NIP-65 list of the key: use a key of its own.
+//
+// Not done yet: list_changed on refresh, ephemeral wraps (21059), oversized
+// transfer (CEP-22), the DVMCP dialects (the 31316-31319 and 31990
+// announcements are published already).
 package ctxvm
 
 import (
@@ -130,6 +185,7 @@ const (
 	DefaultPublishTimeout  = 10 * time.Second
 	DefaultShutdownGrace   = 30 * time.Second
 	DefaultMaxInFlight     = 10_000
+	DefaultAnnounceDelay   = time.Second
 	latestProtocol         = "2025-11-25"
 )
 
@@ -203,6 +259,17 @@ type Config struct {
 	// 0: DefaultMaxInFlight.
 	MaxInFlight int
 
+	// Announce publishes the announcements (see the package doc) at start
+	// and after each Refresh that changed them.
+	Announce bool
+	// AnnounceDelay is how long after a Refresh the announcements are
+	// rebuilt (Refreshes meanwhile are coalesced). 0: DefaultAnnounceDelay.
+	AnnounceDelay time.Duration
+	// Allow, when not empty, is the only clients (hex pubkeys) served;
+	// Deny is clients never served (it wins over Allow). See the package
+	// doc, Access lists.
+	Allow, Deny []string
+
 	Logger *slog.Logger     // nil: slog.Default()
 	Now    func() time.Time // nil: time.Now
 }
@@ -225,6 +292,9 @@ type Server struct {
 	// started is when Run started: gift wraps older than that are
 	// relays' stored copies of requests a previous run had.
 	started nostr.Timestamp
+
+	ann    announcer  // announcements (announce.go)
+	access accessList // Config.Allow and Deny (access.go)
 }
 
 // Log attribute keys.
@@ -262,7 +332,11 @@ func New(cfg Config) (*Server, error) {
 	default:
 		return nil, fmt.Errorf("ctxvm: unknown encryption %q", cfg.Encryption)
 	}
-	if cfg.Window < 0 || cfg.MaxContentBytes < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownGrace < 0 || cfg.MaxInFlight < 0 {
+	access, err := newAccessList(cfg.Allow, cfg.Deny)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Window < 0 || cfg.MaxContentBytes < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownGrace < 0 || cfg.MaxInFlight < 0 || cfg.AnnounceDelay < 0 {
 		return nil, errors.New("ctxvm: negative limit")
 	}
 	if cfg.Name == "" {
@@ -286,6 +360,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxInFlight == 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	}
+	if cfg.AnnounceDelay == 0 {
+		cfg.AnnounceDelay = DefaultAnnounceDelay
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -298,13 +375,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("ctxvm: SecretKey is not a valid secret key")
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, seen: map[string]bool{}, ready: make(chan struct{}),
-		slots: make(chan struct{}, cfg.MaxInFlight)}
+		slots: make(chan struct{}, cfg.MaxInFlight), ann: newAnnouncer(), access: access}
 	return s, nil
 }
 
 // Refresh tells the server that the tools, their prices or the catalog
 // changed (an upstream's list_changed, a config reload). It never blocks.
-func (s *Server) Refresh() {}
+func (s *Server) Refresh() { s.ann.refresh() }
 
 // PublicKey returns the server's pubkey (hex).
 func (s *Server) PublicKey() string { return s.pk }
@@ -414,6 +491,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer stopWork()
 	var wg sync.WaitGroup
 	s.log.Info("contextvm front listening", "pubkey", s.pk, "relays", len(s.cfg.Relays))
+	announced := s.startAnnouncing(ctx)
 loop:
 	for {
 		select {
@@ -440,6 +518,7 @@ loop:
 		}
 	}
 	stopSub()
+	<-announced
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	grace := time.NewTimer(s.cfg.ShutdownGrace)

@@ -191,6 +191,10 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 	if r.msg.Method == "" {
 		return
 	}
+	if !s.access.permits(r.ev.PubKey) {
+		out.answer(nil, &rpcError{Code: rpcerr.CodeInvalidRequest, Message: "Forbidden"}, nil, false)
+		return
+	}
 	if s.cfg.Encryption == EncryptionRequired && !r.encrypted {
 		out.answer(nil, &rpcError{Code: rpcerr.CodeInvalidRequest, Message: "Encryption required"}, nil, false)
 		return

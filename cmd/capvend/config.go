@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nbd-wtf/go-nostr/nip19"
 	"gopkg.in/yaml.v3"
 
 	"github.com/capvend/capvend/pricing"
@@ -62,7 +64,13 @@ type NostrConfig struct {
 	NsecFile   string   `yaml:"nsec_file"` // file holding the server's nsec or hex key
 	Relays     []string `yaml:"relays"`    // empty disables the front
 	Encryption string   `yaml:"encryption"`
-	Announce   bool     `yaml:"announce"`
+	// Announce publishes the server's announcements (ContextVM, DVMCP,
+	// NIP-89) on the relays; `capvend unannounce` withdraws them.
+	Announce bool `yaml:"announce"`
+	// Allow, when not empty, is the only clients served; Deny is clients
+	// never served (it wins). Pubkeys as npub1… or 64 hex characters.
+	Allow []string `yaml:"allow"`
+	Deny  []string `yaml:"deny"`
 	// Window is how far a request's created_at may be from now (either
 	// way); requests outside it are dropped.
 	Window time.Duration `yaml:"window"`
@@ -498,6 +506,16 @@ func (c *Config) Validate() error {
 	default:
 		bad("nostr.encryption", "%q is not one of optional, required, disabled", c.Nostr.Encryption)
 	}
+	for _, l := range []struct {
+		name string
+		keys []string
+	}{{"nostr.allow", c.Nostr.Allow}, {"nostr.deny", c.Nostr.Deny}} {
+		for i, k := range l.keys {
+			if _, err := parsePubkey(k); err != nil {
+				bad(fmt.Sprintf("%s[%d]", l.name, i), "%q is not a pubkey: write an npub1… or 64 hex characters", k)
+			}
+		}
+	}
 	if c.LND.Host != "" {
 		if _, _, err := net.SplitHostPort(c.LND.Host); err != nil {
 			bad("lnd.host", "%q is not host:port (LND's gRPC address, e.g. 127.0.0.1:10009)", c.LND.Host)
@@ -588,4 +606,34 @@ func (c *Config) Validate() error {
 		bad("lnd.host", "a tool has a price but no payment backend is configured: set lnd.host or cashu.mints")
 	}
 	return errors.Join(errs...)
+}
+
+// parsePubkey reads an npub1… (NIP-19) or 64-hex pubkey and returns it as
+// lowercase hex.
+func parsePubkey(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	if strings.HasPrefix(s, "npub1") {
+		prefix, v, err := nip19.Decode(s)
+		if err != nil || prefix != "npub" {
+			return "", errors.New("not an npub")
+		}
+		s, _ = v.(string)
+	}
+	if b, err := hex.DecodeString(s); err != nil || len(b) != 32 {
+		return "", errors.New("not 64 hex characters")
+	}
+	return strings.ToLower(s), nil
+}
+
+// hexPubkeys is list (validated: see Validate) as hex pubkeys; entries
+// that do not parse are kept as they are, for ctxvm.New to refuse.
+func hexPubkeys(list []string) []string {
+	out := make([]string, 0, len(list))
+	for _, k := range list {
+		if h, err := parsePubkey(k); err == nil {
+			k = h
+		}
+		out = append(out, k)
+	}
+	return out
 }

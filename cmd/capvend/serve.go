@@ -285,6 +285,7 @@ func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, backends []vend.
 		Vendor: v, Catalog: cat, SecretKey: sk, Relays: cfg.Nostr.Relays,
 		Name: cfg.Server.Name, Version: buildVersion(), About: cfg.Server.About, Website: cfg.Server.Website, Picture: cfg.Server.Picture,
 		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: e.Log,
+		Announce: cfg.Nostr.Announce, Allow: hexPubkeys(cfg.Nostr.Allow), Deny: hexPubkeys(cfg.Nostr.Deny),
 	})
 }
 

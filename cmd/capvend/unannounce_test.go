@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fiatjaf/eventstore/slicestore"
+	"github.com/fiatjaf/khatru"
+	"github.com/nbd-wtf/go-nostr"
+	"github.com/nbd-wtf/go-nostr/nip19"
+
+	"github.com/capvend/capvend/adapters/ctxvm"
+)
+
+// memRelay serves an in-memory khatru relay until the test ends; reject,
+// when set, refuses events.
+func memRelay(t *testing.T, reject func(*nostr.Event) bool) string {
+	t.Helper()
+	store := &slicestore.SliceStore{}
+	if err := store.Init(); err != nil {
+		t.Fatal(err)
+	}
+	rl := khatru.NewRelay()
+	rl.StoreEvent = append(rl.StoreEvent, store.SaveEvent)
+	rl.QueryEvents = append(rl.QueryEvents, store.QueryEvents)
+	rl.DeleteEvent = append(rl.DeleteEvent, store.DeleteEvent)
+	rl.ReplaceEvent = append(rl.ReplaceEvent, store.ReplaceEvent)
+	if reject != nil {
+		rl.RejectEvent = append(rl.RejectEvent, func(_ context.Context, ev *nostr.Event) (bool, string) {
+			return reject(ev), "blocked: not here"
+		})
+	}
+	srv := httptest.NewServer(rl)
+	t.Cleanup(srv.Close)
+	return "ws" + strings.TrimPrefix(srv.URL, "http")
+}
+
+// announcementsOn returns the announcement events of pk the relay holds.
+func announcementsOn(t *testing.T, relay, pk string) []*nostr.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := nostr.RelayConnect(ctx, relay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var kinds []int
+	for _, a := range ctxvm.AnnouncementAddresses(pk) {
+		kinds = append(kinds, a.Kind)
+	}
+	evs, err := r.QuerySync(ctx, nostr.Filter{Authors: []string{pk}, Kinds: kinds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evs
+}
+
+// unannounceConfig writes a configuration naming relays and a fresh key,
+// and returns its path and the key.
+func unannounceConfig(t *testing.T, relays ...string) (path, sk string) {
+	t.Helper()
+	dir := t.TempDir()
+	sk = nostr.GeneratePrivateKey()
+	nsec, _ := nip19.EncodePrivateKey(sk)
+	if err := os.WriteFile(filepath.Join(dir, "server.nsec"), []byte(nsec+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path = filepath.Join(dir, "capvend.yaml")
+	yaml := fmt.Sprintf("nostr:\n  relays: [%s]\n  nsec_file: server.nsec\n  announce: false\n", strings.Join(relays, ", "))
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, sk
+}
+
+func TestUnannounce(t *testing.T) {
+	relay := memRelay(t, nil)
+	path, sk := unannounceConfig(t, relay)
+	pk, _ := nostr.GetPublicKey(sk)
+
+	// Announcements as a server publishes them (one replaceable, one
+	// addressable, one of another author that must stay).
+	r, err := nostr.RelayConnect(context.Background(), relay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	other := nostr.GeneratePrivateKey()
+	otherPK, _ := nostr.GetPublicKey(other)
+	for _, ev := range []struct {
+		sk   string
+		kind int
+		tags nostr.Tags
+	}{
+		{sk, ctxvm.KindAnnounceServer, nil},
+		{sk, ctxvm.KindDVMCPAnnounceTools, nostr.Tags{{"d", ctxvm.ServerID(pk) + "/tools/list"}}},
+		{other, ctxvm.KindAnnounceServer, nil},
+	} {
+		e := nostr.Event{Kind: ev.kind, CreatedAt: nostr.Now(), Tags: ev.tags, Content: "{}"}
+		e.Sign(ev.sk)
+		if err := r.Publish(context.Background(), e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(announcementsOn(t, relay, pk)); n != 2 {
+		t.Fatalf("%d announcements before", n)
+	}
+
+	out, errOut, code := run(t, nil, "unannounce", "--config", path, "--reason", "closing shop")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, "(2 announcement events found) accepted by 1 of 1 relay(s)") || !strings.Contains(out, relay+": accepted") {
+		t.Errorf("output %q", out)
+	}
+	if n := len(announcementsOn(t, relay, pk)); n != 0 {
+		t.Errorf("%d announcements left", n)
+	}
+	if n := len(announcementsOn(t, relay, otherPK)); n != 1 {
+		t.Errorf("another author's announcement deleted")
+	}
+	// The request itself, as the relay holds it.
+	dels, err := r.QuerySync(context.Background(), nostr.Filter{Authors: []string{pk}, Kinds: []int{ctxvm.KindDeletion}})
+	if err != nil || len(dels) != 1 {
+		t.Fatalf("%d deletion requests: %v", len(dels), err)
+	}
+	del := dels[0]
+	if del.Content != "closing shop" || del.Tags.FindWithValue("a", fmt.Sprintf("31316:%s:%s", pk, pk)) == nil ||
+		del.Tags.FindWithValue("a", "11316:"+pk+":") == nil || del.Tags.FindWithValue("k", "31990") == nil ||
+		len(del.Tags.GetAll([]string{"e"})) != 2 {
+		t.Errorf("deletion request %v", del)
+	}
+}
+
+func TestUnannounceFails(t *testing.T) {
+	refusing := memRelay(t, func(ev *nostr.Event) bool { return ev.Kind == ctxvm.KindDeletion })
+	path, _ := unannounceConfig(t, refusing, "ws://127.0.0.1:1")
+	_, errOut, code := run(t, nil, "unannounce", "--config", path, "--timeout", "5s")
+	if code != 1 || !strings.Contains(errOut, "no relay accepted the deletion request") {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+
+	dir := t.TempDir()
+	noRelays := filepath.Join(dir, "capvend.yaml")
+	os.WriteFile(noRelays, []byte("ledger:\n  path: x.db\n"), 0o600)
+	if _, errOut, code := run(t, nil, "unannounce", "--config", noRelays); code != 1 || !strings.Contains(errOut, "nostr.relays is empty") {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if _, _, code := run(t, nil, "unannounce", "--config", path, "extra"); code != 2 {
+		t.Fatalf("exit %d with an argument", code)
+	}
+}
+
+func TestConfigNostrAccessLists(t *testing.T) {
+	sk := nostr.GeneratePrivateKey()
+	pk, _ := nostr.GetPublicKey(sk)
+	npub, _ := nip19.EncodePublicKey(pk)
+	good := fmt.Sprintf("nostr:\n  allow: [%s, %s]\n  deny: [%s]\n", npub, strings.ToUpper(pk), pk)
+	cfg, err := parseConfig("capvend.yaml", []byte(good), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := hexPubkeys(cfg.Nostr.Allow); len(got) != 2 || got[0] != pk || got[1] != pk {
+		t.Errorf("allow %v", got)
+	}
+	if !cfg.Nostr.Announce {
+		t.Error("announce is not on by default")
+	}
+	for _, tc := range []struct{ yaml, want string }{
+		{fmt.Sprintf("nostr:\n  allow: [%s, npub1nope]\n", pk), "nostr.allow[1]"},
+		{fmt.Sprintf("nostr:\n  deny: [%s]\n", pk[:60]), "nostr.deny[0]"},
+		{fmt.Sprintf("nostr:\n  deny: [%s]\n", strings.Replace(npub, "npub", "nsec", 1)), "nostr.deny[0]"},
+	} {
+		_, err := parseConfig("capvend.yaml", []byte(tc.yaml), func(string) string { return "" })
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "npub1… or 64 hex") {
+			t.Errorf("%q: err %v, want %s", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// TestUnannounceAfterServe: serve (announce on by default) announces the
+// upstream's tools on the relay; unannounce then removes every one.
+func TestUnannounceAfterServe(t *testing.T) {
+	relay := memRelay(t, nil)
+	path, sk := unannounceConfig(t, relay)
+	pk, _ := nostr.GetPublicKey(sk)
+	yaml := fmt.Sprintf("ledger:\n  path: capvend.db\nnostr:\n  relays: [%s]\n  nsec_file: server.nsec\nupstreams:\n  - name: tools\n    prefix: t_\n    command: %s\n",
+		relay, exampleTools(t))
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stop := serveStoppable(t, path, "")
+	deadline := time.Now().Add(60 * time.Second) // a deadlock guard
+	for {
+		evs := announcementsOn(t, relay, pk)
+		tools := false
+		for _, ev := range evs {
+			tools = tools || (ev.Kind == ctxvm.KindAnnounceTools && strings.Contains(ev.Content, `"name":"t_word_count"`))
+		}
+		if tools && len(evs) == len(ctxvm.AnnouncementAddresses(pk)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("announcements on the relay: %d, tools list announced: %v", len(evs), tools)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+
+	if _, errOut, code := run(t, nil, "unannounce", "--config", path); code != 0 || !strings.Contains(errOut, "nostr.announce is true") {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if n := len(announcementsOn(t, relay, pk)); n != 0 {
+		t.Errorf("%d announcements left", n)
+	}
+}
