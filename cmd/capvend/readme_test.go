@@ -15,7 +15,9 @@ import (
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/testnet"
 )
 
@@ -163,6 +165,27 @@ func TestREADME(t *testing.T) {
 				t.Fatal("serve lists no tools after a minute")
 			case <-time.After(50 * time.Millisecond):
 			}
+		}
+	})
+
+	run("capvend unannounce --config capvend.yaml", func(t *testing.T) {
+		relay := memRelay(t, nil)
+		src, sk := unannounceConfig(t, relay)
+		pk, _ := nostr.GetPublicKey(sk)
+		r, err := nostr.RelayConnect(context.Background(), relay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		ann := nostr.Event{Kind: ctxvm.KindAnnounceTools, CreatedAt: nostr.Now(), Content: `{"tools":[]}`}
+		ann.Sign(sk)
+		if err := r.Publish(context.Background(), ann); err != nil {
+			t.Fatal(err)
+		}
+		t.Chdir(filepath.Dir(src))
+		runCapvend(t, "unannounce", "--config", "capvend.yaml")
+		if n := len(announcementsOn(t, relay, pk)); n != 0 {
+			t.Fatalf("%d announcements left after unannounce", n)
 		}
 	})
 
