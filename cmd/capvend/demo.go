@@ -87,7 +87,8 @@ type demoOptions struct {
 	BinDir     string // btcd/lnd cache; "": the default
 }
 
-// Prices of the demo's priced tools, in sats.
+// Prices of the demo's priced tools, in sats: sha256 of a short text
+// (one started KB) costs 20 + 1.
 const (
 	demoSHA256Sats = 21
 	demoFailSats   = 5
@@ -102,14 +103,17 @@ type demo struct {
 	start time.Time
 
 	mu   sync.Mutex
-	bill chan string // bolt11 of each payment_required the MCP client gets
+	bill chan bill // each payment_required the MCP client gets
 }
 
 func (d *demo) say(format string, a ...any) { fmt.Fprintf(d.out, format+"\n", a...) }
 
+// bill is a payment_required's invoice and description.
+type bill struct{ bolt11, description string }
+
 // runDemo runs the demo in opts.Dir; see demoCommand.
 func runDemo(ctx context.Context, e *env, opts demoOptions) (err error) {
-	d := &demo{e: e, out: e.Stdout, start: time.Now(), bill: make(chan string, 4)}
+	d := &demo{e: e, out: e.Stdout, start: time.Now(), bill: make(chan bill, 4)}
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
@@ -260,9 +264,10 @@ upstreams:
   - name: example
     url: %s
     tools:
-      sha256: {price_sats: %d}
+      # 20 sats a call plus 1 sat per started KB of text, at most 50.
+      sha256: {price_sats: 20, per_kb: {arg: text, sats: 1}, max_sats: 50}
       always_fails: {price_sats: %d}
-`, listen, st.RelayURL, vendor.RPCHost, vendor.TLSCert, vendor.InvoiceMacaroon, st.MintURL, upstreamURL, demoSHA256Sats, demoFailSats)
+`, listen, st.RelayURL, vendor.RPCHost, vendor.TLSCert, vendor.InvoiceMacaroon, st.MintURL, upstreamURL, demoFailSats)
 	path = filepath.Join(dir, "capvend.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return "", "", fmt.Errorf("demo: %w", err)
@@ -317,7 +322,8 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 			return
 		}
 		if pr, _ := n.Params.AdditionalFields["pay_req"].(string); pr != "" {
-			d.bill <- pr
+			desc, _ := n.Params.AdditionalFields["description"].(string)
+			d.bill <- bill{pr, desc}
 		}
 	})
 	if err := c.Start(ctx); err != nil {
@@ -342,6 +348,9 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 		if t.Meta != nil {
 			if p, ok := t.Meta.AdditionalFields["capvend/price"].(map[string]any); ok {
 				price = fmt.Sprintf("%v %v", p["amount"], p["unit"])
+				if hi, ok := p["max_amount"]; ok {
+					price = fmt.Sprintf("%v-%v %v", p["amount"], hi, p["unit"])
+				}
 			}
 		}
 		names = append(names, fmt.Sprintf("%s (%s)", t.Name, price))
@@ -411,8 +420,8 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 		failRes, callErr = d.call(ctx, "always_fails", map[string]any{"text": "x"}, nil)
 	}()
 	select {
-	case bolt11 := <-d.bill:
-		go func() { _, err := d.stack.Pay(ctx, bolt11); payErr <- err }()
+	case b := <-d.bill:
+		go func() { _, err := d.stack.Pay(ctx, b.bolt11); payErr <- err }()
 	case <-done:
 		return fmt.Errorf("demo: always_fails answered without asking for payment: %q, %v", failRes, callErr)
 	case <-time.After(time.Minute):
@@ -481,11 +490,13 @@ func (d *demo) paidCall(ctx context.Context, what, tool string, args, meta map[s
 		ans <- answer{t, err}
 	}()
 	var a answer
+	var desc string
 	select {
-	case bolt11 := <-d.bill:
-		if _, err := d.stack.Pay(ctx, bolt11); err != nil {
-			return fmt.Errorf("demo: %s: paying %s: %w", what, short(bolt11), err)
+	case b := <-d.bill:
+		if _, err := d.stack.Pay(ctx, b.bolt11); err != nil {
+			return fmt.Errorf("demo: %s: paying %s: %w", what, short(b.bolt11), err)
 		}
+		desc = b.description
 		a = <-ans
 	case a = <-ans:
 		return fmt.Errorf("demo: %s: answered without a payment_required: %q, %v", what, a.text, a.err)
@@ -502,7 +513,7 @@ func (d *demo) paidCall(ctx context.Context, what, tool string, args, meta map[s
 	if before-after != sats*1000 {
 		return fmt.Errorf("demo: %s: the customer paid %d msat, want %d", what, before-after, sats*1000)
 	}
-	d.say("  - %s: payment_required %d sats -> paid from the customer node -> %s", what, sats, short(a.text))
+	d.say("  - %s: payment_required %d sats (%s) -> paid from the customer node -> %s", what, sats, desc, short(a.text))
 	return nil
 }
 

@@ -285,15 +285,15 @@ func runDemoBinary(t *testing.T, dir string) {
 		t.Fatalf("capvend demo: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())
 	}
 	for _, want := range []string{
-		"tools/list: always_fails (5 sats), confirm (free), sha256 (21 sats)",
+		"tools/list: always_fails (5 sats), confirm (free), sha256 (20-50 sats)",
 		"word_count(\"Lightning pays for tools\"), free: 4 words",
-		"sha256 paid over Lightning (LND hold invoice): payment_required 21 sats",
+		"sha256 paid over Lightning (LND hold invoice): payment_required 21 sats (sha256: 1 KB of text × 1 sat/KB + 20 sat = 21 sat)",
 		"sha256 paid through a Cashu mint quote: payment_required 21 sats",
 		"sha256 paid with a 21-sat Cashu token",
 		"the same token again is refused",
 		"refused before any charge: invalid params",
 		"the invoice was canceled and the customer's balance is back to the msat",
-		"[cap tool:sha256 21 sats]",
+		"[cap tool:sha256 20-50 sats]",
 		"payment_required -> payment_accepted -> result",
 		"income:tools:example:sha256           4         84.000",
 		"income:tools:example:sha256  -21.000 SAT",
