@@ -391,16 +391,16 @@ func (s *Server) Run(ctx context.Context) error {
 		s.publish = func(ctx context.Context, ev nostr.Event) error { return s.publishPool(ctx, pool, ev) }
 	}
 
-	kinds := []int{KindMessage}
+	kinds := []int{KindMessage, KindJobRequest}
 	if s.cfg.Encryption != EncryptionDisabled {
-		kinds = append(kinds, KindGiftWrap)
+		kinds = append(kinds, KindGiftWrap, KindEphemeralGiftWrap)
 	}
 	// Since the window, not now: relays match live events against since
 	// too, and a request replayed after a restart must reach us (vend
-	// answers it from the ledger). Relays store gift wraps (kind 1059):
-	// those made before this run are dropped (see parse), or a restart
-	// would answer every request of the last Window again and re-run
-	// free calls.
+	// answers it from the ledger). Relays store gift wraps (kind 1059)
+	// and NIP-90 job requests (5910): those made before this run are
+	// dropped (see parse), or a restart would answer every request of
+	// the last Window again and re-run free calls.
 	since := nostr.Timestamp(s.cfg.Now().Add(-s.cfg.Window).Unix())
 	s.started = nostr.Timestamp(s.cfg.Now().Unix())
 	filter := nostr.Filter{Kinds: kinds, Tags: nostr.TagMap{"p": []string{s.pk}}, Since: &since}
@@ -518,7 +518,7 @@ func (s *Server) discoveryTags() nostr.Tags {
 	add("website", s.cfg.Website)
 	add("picture", s.cfg.Picture)
 	if s.cfg.Encryption != EncryptionDisabled {
-		tags = append(tags, nostr.Tag{"support_encryption"})
+		tags = append(tags, nostr.Tag{"support_encryption"}, nostr.Tag{tagEphemeral})
 	}
 	for _, p := range s.cfg.PMIs {
 		add("pmi", p)

@@ -689,7 +689,10 @@ func TestDropped(t *testing.T) {
 		{"oversized", signed(func(e *nostr.Event) {
 			e.Content = `{"jsonrpc":"2.0","id":1,"method":"ping","x":"` + strings.Repeat("x", 1<<10) + `"}`
 		}), ErrTooLarge},
-		{"no jsonrpc", signed(func(e *nostr.Event) { e.Content = `{"id":1,"method":"ping"}` }), ErrNotJSONRPC},
+		{"method tag lies", signed(func(e *nostr.Event) { e.Tags = append(e.Tags, nostr.Tag{"method", "tools/list"}) }), ErrTagMismatch},
+		{"rev1.1 not an object", signed(func(e *nostr.Event) { e.Content = `"ping"`; e.Tags = append(e.Tags, nostr.Tag{"method", "ping"}) }), ErrNotJSONRPC},
+		{"job without c tag", signed(func(e *nostr.Event) { e.Kind = KindJobRequest }), ErrNotJob},
+		{"job not json", signed(func(e *nostr.Event) { e.Kind = KindJobRequest; e.Content = "{"; e.Tags = append(e.Tags, nostr.Tag{"c", "execute-tool"}) }), ErrNotJSONRPC},
 		{"jsonrpc 1.0", signed(func(e *nostr.Event) { e.Content = `{"jsonrpc":"1.0","id":1,"method":"ping"}` }), ErrNotJSONRPC},
 		{"not json", signed(func(e *nostr.Event) { e.Content = `ping` }), ErrNotJSONRPC},
 		{"two messages", signed(func(e *nostr.Event) { e.Content = ping + ping }), ErrNotJSONRPC},
