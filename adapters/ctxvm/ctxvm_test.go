@@ -61,6 +61,12 @@ func (f *fakeVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.Cal
 		r.Notify(vend.NotifyPaymentRequired, vend.PaymentOption{Amount: 21, PayReq: "lnbcrt210n1fake", PMI: vend.PMILightning, Description: "paid echo", TTL: 600})
 		r.Notify(vend.NotifyPaymentAccepted, map[string]any{"amount": 21, "pmi": vend.PMILightning})
 		return vend.CallResult{Body: json.RawMessage(`{"content":[{"type":"text","text":"paid:` + args.Text + `"}]}`)}, nil
+	case "rejected":
+		r.Notify(vend.NotifyPaymentRejected, map[string]any{"amount": 21, "pmi": vend.PMILightning, "message": "the payment request expired unpaid"})
+		return vend.CallResult{}, vend.ErrPaymentExpired
+	case "progress":
+		r.Notify(vend.NotifyProgress, map[string]any{"progressToken": r.ProgressToken, "progress": 1, "message": "waiting for payment"})
+		return vend.CallResult{Body: json.RawMessage(`{"content":[]}`)}, nil
 	case "block":
 		<-f.block
 		return vend.CallResult{Body: json.RawMessage(`{"content":[]}`)}, nil
@@ -219,7 +225,7 @@ func newClient(t *testing.T, url, server string) *client {
 			}
 		}
 	}()
-	req, _ := json.Marshal(nostr.ReqEnvelope{SubscriptionID: "s", Filters: nostr.Filters{{Kinds: []int{KindMessage, KindGiftWrap}, Tags: nostr.TagMap{"p": {pk}}}}})
+	req, _ := json.Marshal(nostr.ReqEnvelope{SubscriptionID: "s", Filters: nostr.Filters{{Kinds: []int{KindMessage, KindGiftWrap, KindEphemeralGiftWrap, KindDVMCPResponse, KindDVMCPNotification, KindJobResult, KindJobFeedback}, Tags: nostr.TagMap{"p": {pk}}}}})
 	if err := conn.WriteMessage(ctx, req); err != nil {
 		t.Fatal(err)
 	}
@@ -614,6 +620,11 @@ func TestEncryption(t *testing.T) {
 
 // wrapFor wraps a signed event for recipient the way ContextVM clients do.
 func wrapFor(t testing.TB, ev nostr.Event, recipient string) *nostr.Event {
+	return wrapKind(t, ev, recipient, KindGiftWrap)
+}
+
+// wrapKind is wrapFor in a gift wrap of kind (1059 or 21059).
+func wrapKind(t testing.TB, ev nostr.Event, recipient string, kind int) *nostr.Event {
 	sk := nostr.GeneratePrivateKey()
 	ck, err := nip44.GenerateConversationKey(recipient, sk)
 	if err != nil {
@@ -623,7 +634,7 @@ func wrapFor(t testing.TB, ev nostr.Event, recipient string) *nostr.Event {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &nostr.Event{Kind: KindGiftWrap, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", recipient}}, Content: ct}
+	w := &nostr.Event{Kind: kind, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", recipient}}, Content: ct}
 	if err := w.Sign(sk); err != nil {
 		t.Fatal(err)
 	}
@@ -692,7 +703,11 @@ func TestDropped(t *testing.T) {
 		{"method tag lies", signed(func(e *nostr.Event) { e.Tags = append(e.Tags, nostr.Tag{"method", "tools/list"}) }), ErrTagMismatch},
 		{"rev1.1 not an object", signed(func(e *nostr.Event) { e.Content = `"ping"`; e.Tags = append(e.Tags, nostr.Tag{"method", "ping"}) }), ErrNotJSONRPC},
 		{"job without c tag", signed(func(e *nostr.Event) { e.Kind = KindJobRequest }), ErrNotJob},
-		{"job not json", signed(func(e *nostr.Event) { e.Kind = KindJobRequest; e.Content = "{"; e.Tags = append(e.Tags, nostr.Tag{"c", "execute-tool"}) }), ErrNotJSONRPC},
+		{"job not json", signed(func(e *nostr.Event) {
+			e.Kind = KindJobRequest
+			e.Content = "{"
+			e.Tags = append(e.Tags, nostr.Tag{"c", "execute-tool"})
+		}), ErrNotJSONRPC},
 		{"jsonrpc 1.0", signed(func(e *nostr.Event) { e.Content = `{"jsonrpc":"1.0","id":1,"method":"ping"}` }), ErrNotJSONRPC},
 		{"not json", signed(func(e *nostr.Event) { e.Content = `ping` }), ErrNotJSONRPC},
 		{"two messages", signed(func(e *nostr.Event) { e.Content = ping + ping }), ErrNotJSONRPC},

@@ -79,7 +79,7 @@ func parseMessage(ev *nostr.Event) (dialect, message, error) {
 	if len(raw.ID) > 0 && !validID(raw.ID) {
 		return 0, message{}, ErrNotJSONRPC
 	}
-	mt := ev.Tags.Find(tagMethod)
+	mt := findTag(ev.Tags, tagMethod)
 	if mt != nil && (len(mt) < 2 || mt[1] != raw.Method) {
 		return 0, message{}, ErrTagMismatch
 	}
@@ -96,6 +96,17 @@ func parseMessage(ev *nostr.Event) (dialect, message, error) {
 		return dialectRev1, m, nil
 	}
 	return dialectContextVM, m, nil
+}
+
+// findTag returns the first tag named key, with or without values
+// (go-nostr's Tags.Find skips a tag without a value).
+func findTag(tags nostr.Tags, key string) nostr.Tag {
+	for _, t := range tags {
+		if len(t) > 0 && t[0] == key {
+			return t
+		}
+	}
+	return nil
 }
 
 // notification says whether r expects no answer.

@@ -164,7 +164,7 @@ func (s *Server) seal(ans nostr.Event, recipient string, rumor14 bool) (nostr.Ev
 // wrapped: 21059 when the client said it takes them (a
 // support_encryption_ephemeral tag on its request), else 1059.
 func answerWrapKind(req *nostr.Event) int {
-	if t := req.Tags.Find(tagEphemeral); t != nil && (len(t) < 2 || t[1] != "false") {
+	if t := findTag(req.Tags, tagEphemeral); t != nil && (len(t) < 2 || t[1] != "false") {
 		return KindEphemeralGiftWrap
 	}
 	return KindGiftWrap
