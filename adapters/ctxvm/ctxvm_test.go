@@ -859,38 +859,6 @@ func TestNewRejects(t *testing.T) {
 	}
 }
 
-// FuzzParse feeds arbitrary events to the inbound checks: never a panic,
-// and nothing whose signature does not verify is accepted.
-func FuzzParse(f *testing.F) {
-	s, _ := recorder(f, nil)
-	sk := nostr.GeneratePrivateKey()
-	f.Add(`{"jsonrpc":"2.0","id":1,"method":"ping"}`, KindMessage, int64(0), true, "")
-	f.Add(`{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"free"}}`, KindMessage, int64(10), false, "a")
-	f.Add(`{"jsonrpc":"2.0"`, KindGiftWrap, int64(-400), true, "")
-	f.Add(`AgAAAA==`, KindGiftWrap, int64(0), true, "")
-	f.Fuzz(func(t *testing.T, content string, kind int, skew int64, sign bool, sig string) {
-		ev := &nostr.Event{Kind: kind, CreatedAt: nostr.Now() + nostr.Timestamp(skew), Content: content, Tags: nostr.Tags{{"p", s.PublicKey()}}}
-		if sign {
-			ev.Sign(sk)
-		} else {
-			ev.PubKey, ev.ID, ev.Sig = s.PublicKey(), ev.GetID(), sig
-		}
-		r, err := s.parse(ev)
-		if err != nil {
-			return
-		}
-		if !sign {
-			t.Fatal("accepted an unsigned event")
-		}
-		if ok, _ := r.ev.CheckSignature(); !ok {
-			t.Fatal("accepted a bad signature")
-		}
-		if r.msg.JSONRPC != "2.0" {
-			t.Fatal("accepted a non JSON-RPC message")
-		}
-	})
-}
-
 // badChecksum changes the last character of a bech32 string.
 func badChecksum(s string) string {
 	last := "q"

@@ -72,6 +72,9 @@ func parseMessage(ev *nostr.Event) (dialect, message, error) {
 		Method  string          `json:"method"`
 		Params  json.RawMessage `json:"params"`
 	}
+	if !isObject(ev.Content) {
+		return 0, message{}, ErrNotJSONRPC
+	}
 	dec := json.NewDecoder(bytes.NewReader([]byte(ev.Content)))
 	if err := dec.Decode(&raw); err != nil || dec.More() {
 		return 0, message{}, ErrNotJSONRPC
@@ -96,6 +99,13 @@ func parseMessage(ev *nostr.Event) (dialect, message, error) {
 		return dialectRev1, m, nil
 	}
 	return dialectContextVM, m, nil
+}
+
+// isObject says whether s starts like a JSON object (json.Decoder takes
+// null for an empty struct).
+func isObject(s string) bool {
+	t := bytes.TrimLeft([]byte(s), " \t\r\n")
+	return len(t) > 0 && t[0] == '{'
 }
 
 // findTag returns the first tag named key, with or without values

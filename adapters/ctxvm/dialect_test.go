@@ -96,6 +96,8 @@ func TestParseMessage(t *testing.T) {
 		{"empty method tag", `{"method":"ping"}`, nostr.Tags{{"method"}}, 0, ErrTagMismatch},
 		{"jsonrpc 1.0", `{"jsonrpc":"1.0","id":1,"method":"ping"}`, nostr.Tags{{"method", "ping"}}, 0, ErrNotJSONRPC},
 		{"array", `[{"method":"ping"}]`, nil, 0, ErrNotJSONRPC},
+		{"null", `null`, nil, 0, ErrNotJSONRPC},
+		{"string", ` "ping"`, nil, 0, ErrNotJSONRPC},
 		{"trailing data", `{"method":"ping"}{}`, nil, 0, ErrNotJSONRPC},
 		{"object id", `{"id":{},"method":"ping"}`, nil, 0, ErrNotJSONRPC},
 	} {
@@ -289,10 +291,17 @@ func TestNIP90(t *testing.T) {
 		{"unknown tool", `{"name":"nope","parameters":{}}`, "execute-tool", "Unknown tool: nope"},
 		{"no name", `{"parameters":{}}`, "execute-tool", "Invalid params"},
 		{"unknown command", ``, "list-resources", "Method not found"},
+		{"null job", `null`, "execute-tool", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ev := r.event(KindJobRequest, tc.content, nostr.Tag{"c", tc.cmd})
 			got := r.handle(ev)
+			if tc.msg == "" {
+				if len(got) != 0 {
+					t.Fatalf("answered %v", got)
+				}
+				return
+			}
 			if len(got) != 2 || !hasTag(got[0].Tags, "status", "error", tc.msg) || got[1].Kind != KindJobResult ||
 				!hasTag(got[1].Tags, "c", tc.cmd+"-response") ||
 				got[1].Content != `{"content":[{"text":"`+tc.msg+`","type":"text"}],"isError":true}` {

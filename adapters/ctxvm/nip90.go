@@ -46,7 +46,7 @@ func parseJob(ev *nostr.Event) (message, string, error) {
 			Meta       json.RawMessage `json:"_meta"`
 		}
 		dec := json.NewDecoder(bytes.NewReader([]byte(ev.Content)))
-		if err := dec.Decode(&job); err != nil || dec.More() {
+		if err := dec.Decode(&job); err != nil || dec.More() || !isObject(ev.Content) {
 			return message{}, "", ErrNotJSONRPC
 		}
 		params, err := json.Marshal(struct {
