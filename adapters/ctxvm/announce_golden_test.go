@@ -53,7 +53,7 @@ func TestAnnounceGolden(t *testing.T) {
 			if a.content != "" && !json.Valid([]byte(a.content)) {
 				t.Fatalf("content is not JSON: %s", a.content)
 			}
-			got := goldenEvent(ev)
+			got := announceGolden(ev)
 			path := filepath.Join("testdata", "golden", name+".json")
 			if *update {
 				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -78,7 +78,7 @@ func TestAnnounceGolden(t *testing.T) {
 // goldenEvent renders ev for a golden file: id, sig and created_at
 // (which vary) left out, one tag per line, the content as its exact
 // string.
-func goldenEvent(ev nostr.Event) []byte {
+func announceGolden(ev nostr.Event) []byte {
 	var b bytes.Buffer
 	str := func(v any) string {
 		var sb bytes.Buffer

@@ -1,35 +1,104 @@
-// Package ctxvm is capvend's Nostr front in the ContextVM dialect: it serves
-// the Vendor's priced tools to MCP clients that talk JSON-RPC in kind 25910
-// events through Nostr relays (the @contextvm/sdk client transport and
-// compatible ones). It translates requests to Vendor calls and the
-// Vendor's answers back to events; it knows nothing of billing or the
-// ledger.
+// Package ctxvm is capvend's Nostr front: it serves the Vendor's priced
+// tools to MCP clients that talk through Nostr relays, in the ContextVM
+// dialect (the @contextvm/sdk client transport and compatible ones) and in
+// the three DVMCP dialects (2025-03-26 rev1 and rev1.1, and the NIP-90 form
+// of 2024-11-05). Each request is answered in its own dialect and kinds.
+// It translates requests to Vendor calls and the Vendor's answers back to
+// events; it knows nothing of billing or the ledger.
 //
 // # Wire
 //
-// The server subscribes, on every configured relay, to kind 25910 events
-// (and kind 1059 gift wraps unless encryption is disabled) tagged
-// ["p", <server pubkey>], created since Config.Window before it started
-// (gift wraps: since it started). go-nostr's pool drops an event id it has
+// The server subscribes, on every configured relay, to kinds 25910 and
+// 5910 (and 1059 and 21059 gift wraps unless encryption is disabled)
+// tagged ["p", <server pubkey>], created since Config.Window before it
+// started. Relays store 1059 wraps and 5910 job requests: those made
+// before the server started are dropped (a restart would answer them
+// again and re-run free calls). go-nostr's pool drops an event id it has
 // seen in the last minute or so; later, a replayed request is the same vend
 // call (same RequestID). So a client repeating a call (explicit gating)
 // must send a new event: the same content, tags and created_at second
-// make the same event. Every answer is a kind 25910 event signed with
-// the server key, its content the full
-// JSON-RPC message (with "jsonrpc":"2.0" and the request's id), tagged
-// ["p", <client pubkey>] and ["e", <request event id>]. It is published to
-// every relay; publishing succeeds when one relay accepts it. A relay that
-// is down does not stop the service: go-nostr's SimplePool reconnects and
-// resubscribes (since the time the connection broke).
+// make the same event. Every answer is signed with the server key and
+// tagged ["p", <client pubkey>] and ["e", <request event id>]. It is
+// published to every relay; publishing succeeds when one relay accepts
+// it. A relay that is down does not stop the service: go-nostr's
+// SimplePool reconnects and resubscribes (since the time the connection
+// broke).
+//
+// # Dialects
+//
+// The dialect is read from each request (kind, content, tags):
+//
+//	kind 5910                                   NIP-90 (DVMCP 2024-11-05)
+//	kind 25910, content without "jsonrpc"       DVMCP rev1.1
+//	kind 25910, "jsonrpc":"2.0" and a method tag DVMCP rev1
+//	kind 25910, "jsonrpc":"2.0", no method tag  ContextVM
+//
+// An s tag alone decides nothing (ContextVM drafts use it too). A method
+// tag must equal the content's method.
+//
+// ContextVM: requests and answers are kind 25910, content the full
+// JSON-RPC message ("jsonrpc":"2.0" and the request's id; a request
+// without an id is a notification and gets no answer). Notifications from
+// the Vendor (payment_required {amount, pay_req, pmi, description, ttl},
+// payment_accepted, payment_rejected, progress ...) are kind 25910 JSON-RPC
+// notifications tagged p and e.
+//
+// DVMCP rev1: requests kind 25910 tagged ["method", m] (and usually
+// ["s", <server id>], not checked); answers kind 26910 tagged p and e,
+// content the full JSON-RPC response; MCP notifications kind 21316 tagged
+// p, e and ["method", m], content the JSON-RPC notification. Payment
+// notifications are DVMCP's tag-only kind 21316 events:
+//
+//	payment_required  content "", ["status","payment-required"], ["amount","<sats>","<bolt11>"], ["invoice","<bolt11>"]
+//	payment_accepted  content "", ["status","payment-accepted"], ["amount","<sats>"]
+//	payment_rejected  content the reason, ["status","error"]
+//
+// The amount tag is the rev1 spec's (a spec client finds the bolt11 at
+// amount[2]); the DVMCP bridge's discovery client reads the bolt11 from
+// the invoice tag only (it never reads amount), so both find it. The
+// bridge itself writes ["amount", price, unit]: its unit is always sats
+// here, which the spec defines as the amount's unit. An option without a
+// bolt11 (Cashu only) has ["amount","<sats>"] and ["pmi", <pmi>].
+//
+// DVMCP rev1.1: as rev1, but contents are simplified: a request is
+// {"method", "params"} (an id, if any, is ignored), an answer is the
+// result itself at the root ({} for ping) or {"error": {code, message}},
+// a notification {"method", "params"}. A method starting with
+// "notifications/" gets no answer.
+//
+// NIP-90: a kind 5910 with ["c","list-tools"] (content empty or JSON) is
+// tools/list; ["c","execute-tool"] with content {"name", "parameters",
+// "_meta"?} is tools/call with arguments = parameters (_meta as in
+// tools/call below); another c is answered "Method not found". The answer
+// is a kind 6910 tagged ["c","<command>-response"], p and e, content the
+// result at the root. An execute-tool ends with kind 7000 feedback first,
+// ["status","success"], or ["status","error","<message>"] when the call
+// failed (the 6910 then is {"content":[{"type":"text","text":
+// "<message>"}],"isError":true} tagged ["status","error"]) or the tool
+// reported isError. Payment notifications become kind 7000 feedback:
+// payment_required ["status","payment-required"] ["amount","<millisats>",
+// "<bolt11>"], payment_accepted ["status","processing"], progress
+// ["status","processing","<message>"], payment_rejected
+// ["status","error","<reason>"]; other notifications are not sent.
+// Untargeted job requests (no p tag) are not served.
+//
+// List answers carry one cap tag per priced tool: ["cap","tool:<name>",
+// "<amount>","sats"] for ContextVM, ["cap","<name>","<amount>","sats"]
+// (the DVMCP form) for the others.
 //
 // # Inbound checks
 //
-// An event is dropped, with no answer, when its id or signature is wrong,
-// its created_at is further than Config.Window from now, its content is
-// larger than Config.MaxContentBytes, or its content is not a JSON-RPC 2.0
-// message ("jsonrpc":"2.0" required), or when Config.MaxInFlight requests
-// are being served already. JSON-RPC notifications and responses from
-// clients get no answer either.
+// Every dialect and wrapping gets the same checks. An event is dropped,
+// with no answer, when its id or signature is wrong (the inner event's
+// too, for a gift wrap; for a NIP-59 rumor, the seal's signature, the
+// rumor's author being the seal's signer and its id its hash), its
+// created_at (the request's, inside any wrap) is further than
+// Config.Window from now, a content (at any layer) is larger than
+// Config.MaxContentBytes, its content is not valid JSON in its dialect's
+// form (one JSON object; "jsonrpc", when present, "2.0"; a string or
+// number id), a method tag disagrees with the content, it is not tagged p
+// with the server's pubkey, or when Config.MaxInFlight requests are being
+// served already. Notifications and responses from clients get no answer.
 //
 // # Methods
 //
@@ -37,27 +106,32 @@
 //	                           capabilities {tools:{}}, serverInfo {name, version}
 //	notifications/initialized  no answer
 //	ping                       {}
-//	tools/list                 {tools:[...]}; one ["cap","tool:<name>","<amount>","sats"] tag per priced tool
+//	tools/list                 {tools:[...]} and the cap tags
 //	tools/call                 a vend.CallRequest (below)
+//	completion/complete        forwarded to a Catalog that is a Completer; else no suggestions,
+//	                           {"completion":{"values":[]}} (no upstream completes yet).
+//	                           Params without ref or argument.name: -32602 "Invalid params"
 //	anything else              error -32601 "Method not found"
 //
 // The first answer to a client (by pubkey, since the server started) and
 // every initialize answer carry the discovery tags name, about, website,
-// picture (those configured), support_encryption (unless encryption is
-// disabled) and one pmi tag per payment method of Config.PMIs.
+// picture (those configured), support_encryption and
+// support_encryption_ephemeral (unless encryption is disabled) and one pmi
+// tag per payment method of Config.PMIs.
 //
-// A tools/call becomes a vend.CallRequest with Transport "nostr-ctxvm",
-// Client the client's pubkey (hex), RequestID the request event's id (so a
-// replayed event, even after a restart, is the same call in the ledger and
-// is answered from the stored result, never charged twice), Tool and
+// A tools/call becomes a vend.CallRequest with Transport "nostr-ctxvm"
+// (ContextVM), "nostr-dvmcp" (rev1, rev1.1) or "nostr-nip90", Client the
+// client's pubkey (hex; a NIP-59 rumor's, which is its seal's signer),
+// RequestID the request event's id (a NIP-59 rumor's id), so a replayed
+// event, even after a restart, is the same call in the ledger and is
+// answered from the stored result, never charged twice. Tool and
 // Arguments from params ({} when absent), ProgressToken
 // params._meta.progressToken, CashuToken params._meta["capvend/cashu"],
 // PaymentProof params._meta["capvend/preimage"], PMIs the request's
 // ["pmi", ...] tags (and params._meta["capvend/pmi"]), Explicit when the
 // request has ["payment_interaction","explicit_gating"] (or
 // params._meta["capvend/payment_interaction"] is "explicit_gating"). The
-// Vendor's notifications (payment_required, payment_accepted, progress ...)
-// are published as kind 25910 JSON-RPC notifications tagged p and e, in
+// Vendor's notifications are published in the request's dialect, in
 // order, before the answer.
 //
 // Errors map to the same JSON-RPC errors as the MCP front
@@ -76,19 +150,40 @@
 //
 // Bad tools/call params (not an object, no name) are -32602 "Invalid
 // params". No internal detail reaches the client; the full error is logged.
+// NIP-90 clients get the message (not the code or data) in the 7000 error
+// feedback and the 6910's text.
 //
 // # Encryption
 //
-// A kind 1059 event is ContextVM's gift wrap: its content is NIP-44 v2
-// ciphertext (conversation key of the server key and the wrap's pubkey) of
-// the client's signed kind 25910 request, with no seal layer. The inner
-// event gets every check above (its own id and signature included) and
-// must be tagged p with the server's pubkey. An encrypted request is
-// answered encrypted: each outgoing event is signed by the server and wrapped
-// in a kind 1059 signed by a fresh random key, tagged ["p", <client>],
-// created_at now. With EncryptionDisabled wraps are ignored (not
+// A kind 1059 or 21059 (ephemeral: relays do not store it) event is a gift
+// wrap: its content is NIP-44 v2 ciphertext (conversation key of the
+// server key and the wrap's pubkey). What it holds decides the scheme:
+//
+// ContextVM: the client's signed request itself (no seal). The inner event
+// gets every check above, its own id and signature included.
+//
+// DVMCP (NIP-59): a kind 13 seal signed by the client (id and signature
+// checked), whose content is NIP-44 ciphertext from the client to the
+// server of an unsigned rumor: the request itself (kind 25910 or 5910, as
+// the DVMCP packages send it) or a kind 14 whose content is the request
+// as an event template {"kind","tags","content"}. The rumor's pubkey must
+// be the seal's, and its id must be present and its hash. Note that the
+// DVMCP packages seal with a random key (so the sender is not
+// authenticated) and leave the rumor's id out: such requests are refused.
+//
+// An encrypted request is answered encrypted, the same way: ContextVM,
+// each answer signed by the server, wrapped; NIP-59, each answer as an
+// unsigned rumor with its id (a kind 14 carrying the answer as a template
+// when the request came so), sealed (kind 13, signed by the server, NIP-44
+// from the server to the client), wrapped. Wraps are signed by a fresh
+// random key, tagged ["p", <client>], created_at now (clients subscribe
+// since their request: NIP-59's randomised timestamps would hide
+// answers); seals too. Answers are wrapped in kind 21059 when the request
+// carries a support_encryption_ephemeral tag (any value but "false"),
+// else in 1059. With EncryptionDisabled wraps are ignored (not
 // subscribed); with EncryptionRequired a plaintext request is answered
-// with error -32600 "Encryption required" (notifications are dropped).
+// with error -32600 "Encryption required" in its dialect (notifications
+// are dropped).
 //
 // # Access lists
 //
@@ -145,9 +240,8 @@
 // deletion request of them all (`capvend unannounce`). The relay list
 // replaces any other NIP-65 list of the key: use a key of its own.
 //
-// Not done yet: list_changed on refresh, ephemeral wraps (21059), oversized
-// transfer (CEP-22), the DVMCP dialects (the 31316-31319 and 31990
-// announcements are published already).
+// Not done yet: list_changed on refresh, oversized transfer (CEP-22), the
+// DVMCP d tag on initialize answers.
 package ctxvm
 
 import (
@@ -468,16 +562,16 @@ func (s *Server) Run(ctx context.Context) error {
 		s.publish = func(ctx context.Context, ev nostr.Event) error { return s.publishPool(ctx, pool, ev) }
 	}
 
-	kinds := []int{KindMessage}
+	kinds := []int{KindMessage, KindJobRequest}
 	if s.cfg.Encryption != EncryptionDisabled {
-		kinds = append(kinds, KindGiftWrap)
+		kinds = append(kinds, KindGiftWrap, KindEphemeralGiftWrap)
 	}
 	// Since the window, not now: relays match live events against since
 	// too, and a request replayed after a restart must reach us (vend
-	// answers it from the ledger). Relays store gift wraps (kind 1059):
-	// those made before this run are dropped (see parse), or a restart
-	// would answer every request of the last Window again and re-run
-	// free calls.
+	// answers it from the ledger). Relays store gift wraps (kind 1059)
+	// and NIP-90 job requests (5910): those made before this run are
+	// dropped (see parse), or a restart would answer every request of
+	// the last Window again and re-run free calls.
 	since := nostr.Timestamp(s.cfg.Now().Add(-s.cfg.Window).Unix())
 	s.started = nostr.Timestamp(s.cfg.Now().Unix())
 	filter := nostr.Filter{Kinds: kinds, Tags: nostr.TagMap{"p": []string{s.pk}}, Since: &since}
@@ -597,7 +691,7 @@ func (s *Server) discoveryTags() nostr.Tags {
 	add("website", s.cfg.Website)
 	add("picture", s.cfg.Picture)
 	if s.cfg.Encryption != EncryptionDisabled {
-		tags = append(tags, nostr.Tag{"support_encryption"})
+		tags = append(tags, nostr.Tag{"support_encryption"}, nostr.Tag{tagEphemeral})
 	}
 	for _, p := range s.cfg.PMIs {
 		add("pmi", p)

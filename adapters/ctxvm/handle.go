@@ -1,17 +1,14 @@
 package ctxvm
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
 
 	"github.com/nbd-wtf/go-nostr"
-	"github.com/nbd-wtf/go-nostr/nip44"
 
 	"github.com/capvend/capvend/adapters/rpcerr"
 	"github.com/capvend/capvend/vend"
@@ -35,7 +32,10 @@ var (
 	ErrNotForUs    = errors.New("not addressed to this server")
 	ErrWrongKind   = errors.New("unexpected kind")
 	ErrUndecryptab = errors.New("gift wrap not decryptable")
-	ErrBeforeStart = errors.New("gift wrap made before the server started")
+	ErrBeforeStart = errors.New("stored event made before the server started")
+	ErrTagMismatch = errors.New("method tag differs from the content's method")
+	ErrNotJob      = errors.New("job request without a c tag")
+	ErrForgedRumor = errors.New("rumor not by the seal's signer")
 )
 
 // rpcError is a JSON-RPC error object.
@@ -51,9 +51,12 @@ type message struct {
 
 // request is an inbound event that passed every check.
 type request struct {
-	ev        *nostr.Event // the signed kind 25910 event (inside the wrap, if any)
+	ev        *nostr.Event // the request event: signed (inside the wrap, if any), or a NIP-59 rumor
 	encrypted bool
-	msg       message
+	msg       message // as JSON-RPC, whatever the dialect
+	dialect   dialect
+	command   string   // NIP-90's c tag
+	wrap      wrapping // how it came, how answers go
 }
 
 // parse checks an event from a relay and returns the request it carries,
@@ -68,31 +71,34 @@ func (s *Server) parse(ev *nostr.Event) (*request, error) {
 	if err := verify(ev); err != nil {
 		return nil, err
 	}
-	encrypted := false
+	var w wrapping
 	switch ev.Kind {
-	case KindMessage:
-	case KindGiftWrap:
+	case KindMessage, KindJobRequest:
+		if ev.Kind == KindJobRequest && ev.CreatedAt < s.started {
+			return nil, ErrBeforeStart // stored: see Run
+		}
+	case KindGiftWrap, KindEphemeralGiftWrap:
 		if s.cfg.Encryption == EncryptionDisabled {
 			return nil, ErrWrongKind
 		}
-		if ev.CreatedAt < s.started {
+		if ev.Kind == KindGiftWrap && ev.CreatedAt < s.started {
 			return nil, ErrBeforeStart
 		}
-		inner, err := s.unwrap(ev)
+		inner, iw, err := s.unwrap(ev)
 		if err != nil {
 			return nil, err
 		}
-		if len(inner.Content) > s.cfg.MaxContentBytes {
-			return nil, ErrTooLarge
-		}
-		if err := verify(inner); err != nil {
-			return nil, err
-		}
-		if inner.Kind != KindMessage {
-			return nil, ErrWrongKind
-		}
-		ev, encrypted = inner, true
+		ev, w = inner, iw
 	default:
+		return nil, ErrWrongKind
+	}
+	return s.parseRequest(ev, w)
+}
+
+// parseRequest checks a request event (plaintext, or out of its wrap,
+// its id and signature checked) and reads its dialect and message.
+func (s *Server) parseRequest(ev *nostr.Event, w wrapping) (*request, error) {
+	if ev.Kind != KindMessage && ev.Kind != KindJobRequest {
 		return nil, ErrWrongKind
 	}
 	if ev.Tags.FindWithValue("p", s.pk) == nil {
@@ -102,15 +108,18 @@ func (s *Server) parse(ev *nostr.Event) (*request, error) {
 	if d := ev.CreatedAt.Time().Sub(now); d > s.cfg.Window || d < -s.cfg.Window {
 		return nil, ErrStale
 	}
-	var m message
-	dec := json.NewDecoder(bytes.NewReader([]byte(ev.Content)))
-	if err := dec.Decode(&m); err != nil || dec.More() || m.JSONRPC != "2.0" {
-		return nil, ErrNotJSONRPC
+	r := &request{ev: ev, encrypted: w.kind != 0, wrap: w}
+	var err error
+	if ev.Kind == KindJobRequest {
+		r.dialect = dialectNIP90
+		r.msg, r.command, err = parseJob(ev)
+	} else {
+		r.dialect, r.msg, err = parseMessage(ev)
 	}
-	if len(m.ID) > 0 && !validID(m.ID) {
-		return nil, ErrNotJSONRPC
+	if err != nil {
+		return nil, err
 	}
-	return &request{ev: ev, encrypted: encrypted, msg: m}, nil
+	return r, nil
 }
 
 // validID says whether a JSON-RPC id is a string or a number (or null).
@@ -137,43 +146,6 @@ func verify(ev *nostr.Event) error {
 	return nil
 }
 
-// unwrap decrypts a ContextVM gift wrap: the signed inner event, not yet
-// verified.
-func (s *Server) unwrap(wrap *nostr.Event) (*nostr.Event, error) {
-	ck, err := nip44.GenerateConversationKey(wrap.PubKey, s.cfg.SecretKey)
-	if err != nil {
-		return nil, ErrUndecryptab
-	}
-	plain, err := nip44.Decrypt(wrap.Content, ck)
-	if err != nil {
-		return nil, ErrUndecryptab
-	}
-	var inner nostr.Event
-	if err := json.Unmarshal([]byte(plain), &inner); err != nil {
-		return nil, ErrUndecryptab
-	}
-	return &inner, nil
-}
-
-// wrap encrypts a signed event to recipient in a kind 1059 event signed by
-// a fresh key.
-func (s *Server) wrap(ev nostr.Event, recipient string) (nostr.Event, error) {
-	sk := nostr.GeneratePrivateKey()
-	ck, err := nip44.GenerateConversationKey(recipient, sk)
-	if err != nil {
-		return nostr.Event{}, errors.New("bad recipient pubkey")
-	}
-	ct, err := nip44.Encrypt(ev.String(), ck)
-	if err != nil {
-		return nostr.Event{}, err
-	}
-	w := nostr.Event{Kind: KindGiftWrap, CreatedAt: nostr.Timestamp(s.cfg.Now().Unix()), Tags: nostr.Tags{{"p", recipient}}, Content: ct}
-	if err := w.Sign(sk); err != nil {
-		return nostr.Event{}, errors.New("signing the gift wrap failed")
-	}
-	return w, nil
-}
-
 // handle serves one event from a relay: it returns once its answer (if
 // any) is published or given up.
 func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
@@ -184,7 +156,7 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 	}
 	out := s.newOutbox(ctx, r)
 	defer out.close()
-	if len(r.msg.ID) == 0 || string(r.msg.ID) == "null" {
+	if r.notification() {
 		// A notification, or a response we did not ask for: no answer.
 		return
 	}
@@ -204,6 +176,9 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 		out.answer(s.initializeResult(r.msg.Params), nil, nil, true)
 	case "ping":
 		out.answer(json.RawMessage(`{}`), nil, nil, false)
+	case "completion/complete":
+		res, rerr := s.complete(ctx, r.msg.Params)
+		out.answer(res, rerr, nil, false)
 	case "tools/list":
 		res, tags := s.listTools()
 		out.answer(res, nil, tags, false)
@@ -247,7 +222,7 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 		return nil, &rpcError{Code: rpcerr.CodeInvalidParams, Message: "Invalid params"}
 	}
 	cr := vend.CallRequest{
-		Transport: Transport,
+		Transport: r.dialect.transport(),
 		Client:    r.ev.PubKey,
 		RequestID: r.ev.ID,
 		Tool:      p.Name,
@@ -330,7 +305,10 @@ type outbox struct {
 }
 
 type outEvent struct {
-	content   any
+	method    string // a notification's
+	params    any
+	result    json.RawMessage // the answer's
+	rerr      *rpcError
 	tags      nostr.Tags
 	response  bool // the answer, not a notification
 	discovery bool // carries the discovery tags whatever came before
@@ -361,21 +339,17 @@ func (o *outbox) close() {
 	<-o.done
 }
 
-// notify queues a JSON-RPC notification (vend.CallRequest.Notify). It
-// never blocks: when the queue is full the notification is dropped.
+// notify queues a notification (vend.CallRequest.Notify), sent in the
+// request's dialect. It never blocks: when the queue is full the
+// notification is dropped.
 func (o *outbox) notify(method string, params any) {
-	n := struct {
-		JSONRPC string `json:"jsonrpc"`
-		Method  string `json:"method"`
-		Params  any    `json:"params,omitempty"`
-	}{"2.0", method, params}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
 		return
 	}
 	select {
-	case o.ch <- outEvent{content: n}:
+	case o.ch <- outEvent{method: method, params: params}:
 	default:
 		o.s.log.Debug("notification dropped: outbox full", logKeyMethod, method)
 	}
@@ -383,42 +357,54 @@ func (o *outbox) notify(method string, params any) {
 
 // answer queues the response to the request.
 func (o *outbox) answer(result json.RawMessage, rerr *rpcError, tags nostr.Tags, discovery bool) {
-	resp := struct {
-		JSONRPC string          `json:"jsonrpc"`
-		ID      json.RawMessage `json:"id"`
-		Result  json.RawMessage `json:"result,omitempty"`
-		Error   *rpcError       `json:"error,omitempty"`
-	}{JSONRPC: "2.0", ID: o.r.msg.ID, Result: result, Error: rerr}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
 		return
 	}
-	o.ch <- outEvent{content: resp, tags: tags, response: true, discovery: discovery}
+	o.ch <- outEvent{result: result, rerr: rerr, tags: tags, response: true, discovery: discovery}
 }
 
-// send signs (and wraps, for an encrypted request) one event and publishes it.
+// send encodes e in the request's dialect, signs (and wraps, for an
+// encrypted request) each event and publishes them in order.
 func (o *outbox) send(e outEvent) error {
-	content, err := json.Marshal(e.content)
-	if err != nil {
-		return fmt.Errorf("encoding: %w", err)
-	}
 	client := o.r.ev.PubKey
-	tags := nostr.Tags{{"p", client}, {"e", o.r.ev.ID}}
-	tags = append(tags, e.tags...)
-	if e.response && (o.s.firstAnswer(client) || e.discovery) {
-		tags = append(tags, o.s.discoveryTags()...)
-	}
-	ev := nostr.Event{Kind: KindMessage, CreatedAt: nostr.Timestamp(o.s.cfg.Now().Unix()), Tags: tags, Content: string(content)}
-	if err := ev.Sign(o.s.cfg.SecretKey); err != nil {
-		return errors.New("signing failed") // its text would hold the key
-	}
-	if o.r.encrypted {
-		if ev, err = o.s.wrap(ev, client); err != nil {
+	for _, d := range o.drafts(e) {
+		tags := d.tags
+		if d.response && (o.s.firstAnswer(client) || e.discovery) {
+			tags = append(tags, o.s.discoveryTags()...)
+		}
+		ev := nostr.Event{Kind: d.kind, CreatedAt: nostr.Timestamp(o.s.cfg.Now().Unix()), Tags: tags, Content: d.content}
+		var err error
+		if ev, err = o.seal(ev); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(o.ctx, o.s.cfg.PublishTimeout)
+		err = o.s.publish(ctx, ev)
+		cancel()
+		if err != nil {
 			return err
 		}
 	}
-	ctx, cancel := context.WithTimeout(o.ctx, o.s.cfg.PublishTimeout)
-	defer cancel()
-	return o.s.publish(ctx, ev)
+	return nil
+}
+
+// seal signs ev, and wraps it the way the request came: in a ContextVM
+// gift wrap, or as a NIP-59 rumor in a seal in a gift wrap.
+func (o *outbox) seal(ev nostr.Event) (nostr.Event, error) {
+	w, client := o.r.wrap, o.r.ev.PubKey
+	if w.nip59 {
+		seal, err := o.s.seal(ev, client, w.rumor14)
+		if err != nil {
+			return ev, err
+		}
+		return o.s.giftWrap(seal, client, answerWrapKind(o.r.ev))
+	}
+	if err := ev.Sign(o.s.cfg.SecretKey); err != nil {
+		return ev, errors.New("signing failed") // its text would hold the key
+	}
+	if w.kind != 0 {
+		return o.s.giftWrap(ev, client, answerWrapKind(o.r.ev))
+	}
+	return ev, nil
 }
