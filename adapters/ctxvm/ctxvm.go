@@ -34,11 +34,17 @@
 // # Methods
 //
 //	initialize                 InitializeResult: protocolVersion (the client's when known, else 2025-11-25),
-//	                           capabilities {tools:{}}, serverInfo {name, version}
+//	                           capabilities {tools:{}} (and prompts:{}, resources:{} with a Catalog),
+//	                           serverInfo {name, version}
 //	notifications/initialized  no answer
 //	ping                       {}
 //	tools/list                 {tools:[...]}; one ["cap","tool:<name>","<amount>","sats"] tag per priced tool
 //	tools/call                 a vend.CallRequest (below)
+//	prompts/list               {prompts:[...]}            from Config.Catalog, free and unrecorded;
+//	resources/list             {resources:[...]}          lists are not paginated, have no cap tags
+//	resources/templates/list   {resourceTemplates:[...]}
+//	prompts/get                the Catalog's GetPromptResult, verbatim
+//	resources/read             the Catalog's ReadResourceResult, verbatim
 //	anything else              error -32601 "Method not found"
 //
 // The first answer to a client (by pubkey, since the server started) and
@@ -76,6 +82,17 @@
 //
 // Bad tools/call params (not an object, no name) are -32602 "Invalid
 // params". No internal detail reaches the client; the full error is logged.
+//
+// Catalog entries are listed as the Catalog gives them, with their name,
+// uri or uriTemplate member set to the listed one and a missing name set
+// to the URI (MCP requires it); an entry whose definition is not a JSON
+// object, or a second one of the same key, is left out. prompts/get of a
+// prompt not listed is -32602 "Unknown prompt: <name>"; resources/read of
+// a URI neither listed nor matching a listed template (RFC 6570) is -32602
+// "Unknown resource: <uri>"; so is everything without a Catalog, whose
+// lists are empty. Catalog errors wrapping vend.ErrUpstream are -32054
+// "Upstream server failed", other errors and results that are not JSON
+// objects -32603 "Internal error".
 //
 // # Encryption
 //

@@ -206,6 +206,9 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 	case "tools/call":
 		res, rerr := s.call(ctx, r, out)
 		out.answer(res, rerr, nil, false)
+	case "prompts/list", "prompts/get", "resources/list", "resources/templates/list", "resources/read":
+		res, rerr := s.serveCatalog(ctx, r)
+		out.answer(res, rerr, nil, false)
 	default:
 		out.answer(nil, &rpcError{Code: rpcerr.CodeMethodNotFound, Message: "Method not found"}, nil, false)
 	}
@@ -226,7 +229,7 @@ func (s *Server) initializeResult(params json.RawMessage) json.RawMessage {
 	}
 	b, _ := json.Marshal(map[string]any{
 		"protocolVersion": v,
-		"capabilities":    map[string]any{"tools": map[string]any{}},
+		"capabilities":    s.capabilities(),
 		"serverInfo":      map[string]any{"name": s.cfg.Name, "version": s.cfg.Version},
 	})
 	return b
