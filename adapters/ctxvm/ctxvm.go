@@ -124,6 +124,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/btcsuite/btcd/btcec/v2"
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip19"
 
@@ -226,9 +227,11 @@ type Config struct {
 
 // Server is the ContextVM front. Create it with New, run it with Run.
 type Server struct {
-	cfg Config
-	log *slog.Logger
-	pk  string // our pubkey, hex
+	cfg  Config
+	log  *slog.Logger
+	pk   string            // our pubkey, hex
+	priv *btcec.PrivateKey // our key, parsed once
+	keys keyCache          // clients' parsed pubkeys
 
 	// publish sends one event to the relays (tests replace it).
 	publish func(ctx context.Context, ev nostr.Event) error
@@ -314,7 +317,9 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, errors.New("ctxvm: SecretKey is not a valid secret key")
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, seen: map[string]bool{}, ready: make(chan struct{}),
+	skBytes, _ := hex.DecodeString(cfg.SecretKey)
+	priv, _ := btcec.PrivKeyFromBytes(skBytes)
+	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, ready: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight)}
 	return s, nil
 }
@@ -396,7 +401,7 @@ func (s *Server) Run(ctx context.Context) error {
 	// The pool outlives ctx by the grace period: answers still go out.
 	poolCtx, closePool := context.WithCancel(context.WithoutCancel(ctx))
 	defer closePool()
-	pool := nostr.NewSimplePool(poolCtx)
+	pool := nostr.NewSimplePool(poolCtx, nostr.WithRelayOptions(trustRelays{}))
 	// The pool's relays are not tied to its context.
 	defer pool.Relays.Range(func(_ string, r *nostr.Relay) bool {
 		if r != nil {

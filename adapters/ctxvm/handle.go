@@ -65,7 +65,7 @@ func (s *Server) parse(ev *nostr.Event) (*request, error) {
 	if len(ev.Content) > s.cfg.MaxContentBytes {
 		return nil, ErrTooLarge
 	}
-	if err := verify(ev); err != nil {
+	if err := s.verify(ev); err != nil {
 		return nil, err
 	}
 	encrypted := false
@@ -85,7 +85,7 @@ func (s *Server) parse(ev *nostr.Event) (*request, error) {
 		if len(inner.Content) > s.cfg.MaxContentBytes {
 			return nil, ErrTooLarge
 		}
-		if err := verify(inner); err != nil {
+		if err := s.verify(inner); err != nil {
 			return nil, err
 		}
 		if inner.Kind != KindMessage {
@@ -124,17 +124,6 @@ func validID(id json.RawMessage) bool {
 		return true
 	}
 	return false
-}
-
-// verify checks an event's id and signature.
-func verify(ev *nostr.Event) error {
-	if !ev.CheckID() {
-		return ErrBadEvent
-	}
-	if ok, err := ev.CheckSignature(); err != nil || !ok {
-		return ErrBadEvent
-	}
-	return nil
 }
 
 // unwrap decrypts a ContextVM gift wrap: the signed inner event, not yet
@@ -409,8 +398,8 @@ func (o *outbox) send(e outEvent) error {
 		tags = append(tags, o.s.discoveryTags()...)
 	}
 	ev := nostr.Event{Kind: KindMessage, CreatedAt: nostr.Timestamp(o.s.cfg.Now().Unix()), Tags: tags, Content: string(content)}
-	if err := ev.Sign(o.s.cfg.SecretKey); err != nil {
-		return errors.New("signing failed") // its text would hold the key
+	if err := o.s.sign(&ev); err != nil {
+		return err
 	}
 	if o.r.encrypted {
 		if ev, err = o.s.wrap(ev, client); err != nil {
