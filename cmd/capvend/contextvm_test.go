@@ -500,6 +500,64 @@ func TestContextVMCatalog(t *testing.T) {
 	if m := ask(`{"jsonrpc":"2.0","id":6,"method":"resources/read","params":{"uri":"example://nope"}}`); m.Error == nil || m.Error.Code != -32602 {
 		t.Fatalf("read of an unknown resource: %s %+v", m.Result, m.Error)
 	}
+
+	// The stock SDK client, which validates every result.
+	lines, ran := runSDKScript(t, "catalog.mjs", relay, server, "ex_summarize", "capvend sells tool calls", "example://readme")
+	if !ran {
+		return
+	}
+	t.Logf("stock client saw: %v", lines)
+	for word, want := range map[string]string{
+		"CAPS":      `"prompts":{}`,
+		"PROMPTS":   `"name":"ex_summarize"`,
+		"PROMPT":    `capvend sells tool calls`,
+		"RESOURCES": `"uri":"example://readme"`,
+		"TEMPLATES": `[]`,
+		"READ":      `example-tools: word_count`,
+		"DONE":      "true",
+	} {
+		if !strings.Contains(lines[word], want) {
+			t.Errorf("stock client %s line %q lacks %q", word, lines[word], want)
+		}
+	}
+}
+
+// runSDKScript runs node on a script of testdata/contextvm with args and
+// returns its output lines "<WORD> <rest>" by word, and whether it ran:
+// without node or its packages it does not (fails in CI). The script must
+// exit 0.
+func runSDKScript(t *testing.T, script string, args ...string) (map[string]string, bool) {
+	t.Helper()
+	dir := filepath.Join("testdata", "contextvm")
+	missing := ""
+	if _, err := exec.LookPath("node"); err != nil {
+		missing = "node is not installed"
+	} else if _, err := os.Stat(filepath.Join(dir, "node_modules", "@contextvm", "sdk")); err != nil {
+		missing = "run `npm ci` in cmd/capvend/testdata/contextvm"
+	}
+	if missing != "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("stock ContextVM client: " + missing)
+		}
+		t.Log("stock ContextVM client not run: " + missing)
+		return nil, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", append([]string{script}, args...)...)
+	cmd.Dir = dir
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	lines := map[string]string{}
+	for _, l := range strings.Split(string(out), "\n") {
+		word, rest, _ := strings.Cut(l, " ")
+		lines[word] = rest
+	}
+	if err != nil {
+		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", script, err, out, stderr.String())
+	}
+	return lines, true
 }
 
 // runRelay runs testnet's in-memory khatru relay on a free loopback port
