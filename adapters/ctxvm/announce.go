@@ -215,7 +215,7 @@ func (s *Server) announceRound(ctx context.Context) (failed int) {
 			created = prev + 1
 		}
 		ev := nostr.Event{Kind: a.Kind, CreatedAt: created, Tags: a.tags, Content: a.content}
-		if err := ev.Sign(s.cfg.SecretKey); err != nil {
+		if err := s.sign(&ev); err != nil {
 			s.log.Error("announcement not signed", "kind", a.Kind)
 			failed++
 			continue

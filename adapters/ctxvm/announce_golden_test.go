@@ -24,7 +24,7 @@ var goldenKey = strings.Repeat("7", 64)
 // testdata/golden/announce_<kind>[_<d suffix>].json. Regenerate with
 // -update after a deliberate change, and read the diff.
 func TestAnnounceGolden(t *testing.T) {
-	s, err := New(Config{Vendor: &fakeVendor{}, Catalog: newFakeCatalog(), SecretKey: goldenKey,
+	s, err := New(Config{Vendor: &fakeVendor{}, Catalog: newListCatalog(), SecretKey: goldenKey,
 		Relays: []string{"wss://relay.example.com", "wss://relay2.example.com"}, Name: "Echo shop", Version: "1.2.3",
 		About: "sells echoes", Website: "https://example.com", Picture: "https://example.com/p.png",
 		PMIs: []string{vend.PMILightning, vend.PMICashu}, Announce: true, Logger: quietLog()})

@@ -47,16 +47,16 @@ func (p *priceVendor) remove(name string) {
 	p.tools = slices.DeleteFunc(p.tools, func(t vend.Tool) bool { return t.Name == name })
 }
 
-// fakeCatalog lists what it holds; it serves nothing.
-type fakeCatalog struct {
+// listCatalog lists what it holds (for announcements); it serves nothing.
+type listCatalog struct {
 	mu        sync.Mutex
 	prompts   []vend.Prompt
 	resources []vend.Resource
 	templates []vend.ResourceTemplate
 }
 
-func newFakeCatalog() *fakeCatalog {
-	return &fakeCatalog{
+func newListCatalog() *listCatalog {
+	return &listCatalog{
 		prompts: []vend.Prompt{{Name: "review", Definition: json.RawMessage(`{"name":"upstream_review","description":"review code","arguments":[{"name":"code","required":true}]}`)}},
 		resources: []vend.Resource{{URI: "file:///readme.md", Definition: json.RawMessage(`{"uri":"file:///x","name":"readme.md","mimeType":"text/markdown"}`)},
 			{URI: "file:///bad", Definition: json.RawMessage(`[1]`)}},
@@ -64,33 +64,33 @@ func newFakeCatalog() *fakeCatalog {
 	}
 }
 
-func (c *fakeCatalog) Prompts() []vend.Prompt {
+func (c *listCatalog) Prompts() []vend.Prompt {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.prompts)
 }
 
-func (c *fakeCatalog) Resources() []vend.Resource {
+func (c *listCatalog) Resources() []vend.Resource {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.resources)
 }
 
-func (c *fakeCatalog) ResourceTemplates() []vend.ResourceTemplate {
+func (c *listCatalog) ResourceTemplates() []vend.ResourceTemplate {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.templates)
 }
 
-func (c *fakeCatalog) GetPrompt(context.Context, string, map[string]string) (json.RawMessage, error) {
+func (c *listCatalog) GetPrompt(context.Context, string, map[string]string) (json.RawMessage, error) {
 	return nil, errors.New("not served")
 }
 
-func (c *fakeCatalog) ReadResource(context.Context, string) (json.RawMessage, error) {
+func (c *listCatalog) ReadResource(context.Context, string) (json.RawMessage, error) {
 	return nil, errors.New("not served")
 }
 
-func (c *fakeCatalog) addPrompt(p vend.Prompt) {
+func (c *listCatalog) addPrompt(p vend.Prompt) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.prompts = append(c.prompts, p)
@@ -239,7 +239,7 @@ func TestAnnounceAtStart(t *testing.T) {
 	relay := startRelay(t)
 	s := startServer(t, relay, &fakeVendor{}, func(c *Config) {
 		c.Announce = true
-		c.Catalog = newFakeCatalog()
+		c.Catalog = newListCatalog()
 		c.Website = "https://example.com"
 	})
 	evs := queryAnnouncements(t, relay, s.PublicKey(), numAnnouncements)
@@ -321,7 +321,7 @@ func evsOf(as []Address) []nostr.Event {
 // coalesced; an unchanged Refresh publishes nothing.
 func TestAnnounceRefresh(t *testing.T) {
 	v := newPriceVendor()
-	cat := newFakeCatalog()
+	cat := newListCatalog()
 	s, pub, rounds := announceRecorder(t, v, func(c *Config) { c.Catalog = cat; c.AnnounceDelay = 50 * time.Millisecond })
 	// Refreshes pending when a round ends (on the loop's goroutine: the
 	// test makes none then).
@@ -461,7 +461,7 @@ func TestRefreshWithoutAnnounce(t *testing.T) {
 func TestUnannounce(t *testing.T) {
 	relay := startRelay(t)
 	sk := nostr.GeneratePrivateKey()
-	s := startServer(t, relay, &fakeVendor{}, func(c *Config) { c.Announce = true; c.Catalog = newFakeCatalog(); c.SecretKey = sk })
+	s := startServer(t, relay, &fakeVendor{}, func(c *Config) { c.Announce = true; c.Catalog = newListCatalog(); c.SecretKey = sk })
 	pk := s.PublicKey()
 	evs := queryAnnouncements(t, relay, pk, numAnnouncements)
 

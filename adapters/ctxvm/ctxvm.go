@@ -103,11 +103,17 @@
 // # Methods
 //
 //	initialize                 InitializeResult: protocolVersion (the client's when known, else 2025-11-25),
-//	                           capabilities {tools:{}}, serverInfo {name, version}
+//	                           capabilities {tools:{}} (and prompts:{}, resources:{} with a Catalog),
+//	                           serverInfo {name, version}
 //	notifications/initialized  no answer
 //	ping                       {}
 //	tools/list                 {tools:[...]} and the cap tags
 //	tools/call                 a vend.CallRequest (below)
+//	prompts/list               {prompts:[...]}            from Config.Catalog, free and unrecorded;
+//	resources/list             {resources:[...]}          lists are not paginated, have no cap tags
+//	resources/templates/list   {resourceTemplates:[...]}
+//	prompts/get                the Catalog's GetPromptResult, verbatim
+//	resources/read             the Catalog's ReadResourceResult, verbatim
 //	completion/complete        forwarded to a Catalog that is a Completer; else no suggestions,
 //	                           {"completion":{"values":[]}} (no upstream completes yet).
 //	                           Params without ref or argument.name: -32602 "Invalid params"
@@ -152,6 +158,17 @@
 // params". No internal detail reaches the client; the full error is logged.
 // NIP-90 clients get the message (not the code or data) in the 7000 error
 // feedback and the 6910's text.
+//
+// Catalog entries are listed as the Catalog gives them, with their name,
+// uri or uriTemplate member set to the listed one and a missing name set
+// to the URI (MCP requires it); an entry whose definition is not a JSON
+// object, or a second one of the same key, is left out. prompts/get of a
+// prompt not listed is -32602 "Unknown prompt: <name>"; resources/read of
+// a URI neither listed nor matching a listed template (RFC 6570) is -32602
+// "Unknown resource: <uri>"; so is everything without a Catalog, whose
+// lists are empty. Catalog errors wrapping vend.ErrUpstream are -32054
+// "Upstream server failed", other errors and results that are not JSON
+// objects -32603 "Internal error".
 //
 // # Encryption
 //
@@ -256,6 +273,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/btcsuite/btcd/btcec/v2"
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip19"
 
@@ -370,9 +388,11 @@ type Config struct {
 
 // Server is the ContextVM front. Create it with New, run it with Run.
 type Server struct {
-	cfg Config
-	log *slog.Logger
-	pk  string // our pubkey, hex
+	cfg  Config
+	log  *slog.Logger
+	pk   string            // our pubkey, hex
+	priv *btcec.PrivateKey // our key, parsed once
+	keys keyCache          // clients' parsed pubkeys
 
 	// publish sends one event to the relays (tests replace it).
 	publish func(ctx context.Context, ev nostr.Event) error
@@ -468,7 +488,9 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, errors.New("ctxvm: SecretKey is not a valid secret key")
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, seen: map[string]bool{}, ready: make(chan struct{}),
+	skBytes, _ := hex.DecodeString(cfg.SecretKey)
+	priv, _ := btcec.PrivKeyFromBytes(skBytes)
+	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, ready: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight), ann: newAnnouncer(), access: access}
 	return s, nil
 }
@@ -550,7 +572,7 @@ func (s *Server) Run(ctx context.Context) error {
 	// The pool outlives ctx by the grace period: answers still go out.
 	poolCtx, closePool := context.WithCancel(context.WithoutCancel(ctx))
 	defer closePool()
-	pool := nostr.NewSimplePool(poolCtx)
+	pool := nostr.NewSimplePool(poolCtx, nostr.WithRelayOptions(trustRelays{}))
 	// The pool's relays are not tied to its context.
 	defer pool.Relays.Range(func(_ string, r *nostr.Relay) bool {
 		if r != nil {

@@ -476,7 +476,7 @@ func TestCalls(t *testing.T) {
 		}
 	})
 	t.Run("unknown method", func(t *testing.T) {
-		req := c.send(`{"jsonrpc":"2.0","id":5,"method":"resources/list"}`)
+		req := c.send(`{"jsonrpc":"2.0","id":5,"method":"logging/setLevel"}`)
 		r, _ := c.expect(req)
 		if r.Error == nil || r.Error.Code != rpcerr.CodeMethodNotFound || string(r.ID) != "5" {
 			t.Fatalf("answer %+v", r)

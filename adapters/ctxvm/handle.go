@@ -68,7 +68,7 @@ func (s *Server) parse(ev *nostr.Event) (*request, error) {
 	if len(ev.Content) > s.cfg.MaxContentBytes {
 		return nil, ErrTooLarge
 	}
-	if err := verify(ev); err != nil {
+	if err := s.verify(ev); err != nil {
 		return nil, err
 	}
 	var w wrapping
@@ -135,17 +135,6 @@ func validID(id json.RawMessage) bool {
 	return false
 }
 
-// verify checks an event's id and signature.
-func verify(ev *nostr.Event) error {
-	if !ev.CheckID() {
-		return ErrBadEvent
-	}
-	if ok, err := ev.CheckSignature(); err != nil || !ok {
-		return ErrBadEvent
-	}
-	return nil
-}
-
 // handle serves one event from a relay: it returns once its answer (if
 // any) is published or given up.
 func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
@@ -185,6 +174,9 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 	case "tools/call":
 		res, rerr := s.call(ctx, r, out)
 		out.answer(res, rerr, nil, false)
+	case "prompts/list", "prompts/get", "resources/list", "resources/templates/list", "resources/read":
+		res, rerr := s.serveCatalog(ctx, r)
+		out.answer(res, rerr, nil, false)
 	default:
 		out.answer(nil, &rpcError{Code: rpcerr.CodeMethodNotFound, Message: "Method not found"}, nil, false)
 	}
@@ -205,7 +197,7 @@ func (s *Server) initializeResult(params json.RawMessage) json.RawMessage {
 	}
 	b, _ := json.Marshal(map[string]any{
 		"protocolVersion": v,
-		"capabilities":    map[string]any{"tools": map[string]any{}},
+		"capabilities":    s.capabilities(),
 		"serverInfo":      map[string]any{"name": s.cfg.Name, "version": s.cfg.Version},
 	})
 	return b
@@ -400,8 +392,8 @@ func (o *outbox) seal(ev nostr.Event) (nostr.Event, error) {
 		}
 		return o.s.giftWrap(seal, client, answerWrapKind(o.r.ev))
 	}
-	if err := ev.Sign(o.s.cfg.SecretKey); err != nil {
-		return ev, errors.New("signing failed") // its text would hold the key
+	if err := o.s.sign(&ev); err != nil {
+		return ev, err
 	}
 	if w.kind != 0 {
 		return o.s.giftWrap(ev, client, answerWrapKind(o.r.ev))

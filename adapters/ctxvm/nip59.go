@@ -53,7 +53,7 @@ func (s *Server) unwrap(w *nostr.Event) (*nostr.Event, wrapping, error) {
 	if len(inner.Content) > s.cfg.MaxContentBytes {
 		return nil, wrapping{}, ErrTooLarge
 	}
-	if err := verify(&inner); err != nil {
+	if err := s.verify(&inner); err != nil {
 		return nil, wrapping{}, err
 	}
 	if inner.Kind != KindSeal {
@@ -154,7 +154,7 @@ func (s *Server) seal(ans nostr.Event, recipient string, rumor14 bool) (nostr.Ev
 		return nostr.Event{}, err
 	}
 	seal := nostr.Event{Kind: KindSeal, CreatedAt: ans.CreatedAt, Tags: nostr.Tags{}, Content: ct}
-	if err := seal.Sign(s.cfg.SecretKey); err != nil {
+	if err := s.sign(&seal); err != nil {
 		return nostr.Event{}, errors.New("signing the seal failed")
 	}
 	return seal, nil

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -224,7 +225,7 @@ func runSDKClient(t *testing.T, s *testnet.Stack, relay, server, encryption stri
 // serveStoppable runs `capvend serve --config path` in this process like
 // serveInProcess, and returns a function stopping it (it must exit 0);
 // the test's end stops it too.
-func serveStoppable(t *testing.T, path, listen string) (stop func()) {
+func serveStoppable(t testing.TB, path, listen string) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
@@ -415,4 +416,206 @@ func (c *cvmClient) waitTools(names ...string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	c.t.Fatalf("tools %v never listed", names)
+}
+
+// TestContextVMCatalog runs `capvend serve` in-process, Nostr front on an
+// in-process relay, over example-tools (free tools only, no payment
+// backend), and lists and gets its prompt and reads its resource over
+// ContextVM.
+func TestContextVMCatalog(t *testing.T) {
+	relay := runRelay(t)
+	sk := nostr.GeneratePrivateKey()
+	server, _ := nostr.GetPublicKey(sk)
+	path, listen := nostrToolsConfig(t, relay, sk, "ex_")
+	serveStoppable(t, path, listen)
+	c := dialContextVM(t, relay, server)
+	c.waitReady()
+
+	ask := func(content string) cvmMessage {
+		t.Helper()
+		return c.until(c.request(content), func(m cvmMessage) { t.Errorf("notification %s", m.Method) })
+	}
+	init := ask(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`)
+	if !strings.Contains(string(init.Result), `"prompts":{}`) || !strings.Contains(string(init.Result), `"resources":{}`) {
+		t.Fatalf("initialize %s", init.Result)
+	}
+	// The upstream may still be connecting.
+	var prompts cvmMessage
+	for i := 0; ; i++ {
+		prompts = ask(`{"jsonrpc":"2.0","id":1,"method":"prompts/list"}`)
+		if strings.Contains(string(prompts.Result), `"name":"ex_summarize"`) || i == 300 { // a hang guard
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var pl struct {
+		Prompts []struct {
+			Name      string `json:"name"`
+			Arguments []struct {
+				Name     string `json:"name"`
+				Required bool   `json:"required"`
+			} `json:"arguments"`
+		} `json:"prompts"`
+	}
+	if err := json.Unmarshal(prompts.Result, &pl); err != nil || len(pl.Prompts) != 1 || pl.Prompts[0].Name != "ex_summarize" ||
+		len(pl.Prompts[0].Arguments) != 1 || pl.Prompts[0].Arguments[0].Name != "text" || !pl.Prompts[0].Arguments[0].Required {
+		t.Fatalf("prompts/list %s %+v", prompts.Result, prompts.Error)
+	}
+
+	got := ask(`{"jsonrpc":"2.0","id":2,"method":"prompts/get","params":{"name":"ex_summarize","arguments":{"text":"capvend sells tool calls"}}}`)
+	var gp struct {
+		Messages []struct {
+			Role    string `json:"role"`
+			Content struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			} `json:"content"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(got.Result, &gp); err != nil || len(gp.Messages) != 1 || gp.Messages[0].Role != "user" ||
+		!strings.HasSuffix(gp.Messages[0].Content.Text, "\n\ncapvend sells tool calls") {
+		t.Fatalf("prompts/get %s %+v", got.Result, got.Error)
+	}
+	// The upstream refuses a get without text: an upstream error.
+	if m := ask(`{"jsonrpc":"2.0","id":3,"method":"prompts/get","params":{"name":"ex_summarize"}}`); m.Error == nil ||
+		m.Error.Code != -32054 || m.Error.Message != "Upstream server failed" {
+		t.Fatalf("prompts/get without text: %s %+v", m.Result, m.Error)
+	}
+
+	res := ask(`{"jsonrpc":"2.0","id":4,"method":"resources/list"}`)
+	if !strings.Contains(string(res.Result), `"uri":"example://readme"`) {
+		t.Fatalf("resources/list %s %+v", res.Result, res.Error)
+	}
+	read := ask(`{"jsonrpc":"2.0","id":5,"method":"resources/read","params":{"uri":"example://readme"}}`)
+	var rr struct {
+		Contents []struct {
+			URI  string `json:"uri"`
+			Text string `json:"text"`
+		} `json:"contents"`
+	}
+	if err := json.Unmarshal(read.Result, &rr); err != nil || len(rr.Contents) != 1 || rr.Contents[0].URI != "example://readme" ||
+		!strings.HasPrefix(rr.Contents[0].Text, "example-tools: word_count") {
+		t.Fatalf("resources/read %s %+v", read.Result, read.Error)
+	}
+	if m := ask(`{"jsonrpc":"2.0","id":6,"method":"resources/read","params":{"uri":"example://nope"}}`); m.Error == nil || m.Error.Code != -32602 {
+		t.Fatalf("read of an unknown resource: %s %+v", m.Result, m.Error)
+	}
+
+	// The stock SDK client, which validates every result.
+	lines, ran := runSDKScript(t, "catalog.mjs", relay, server, "ex_summarize", "capvend sells tool calls", "example://readme")
+	if !ran {
+		return
+	}
+	t.Logf("stock client saw: %v", lines)
+	for word, want := range map[string]string{
+		"CAPS":      `"prompts":{}`,
+		"PROMPTS":   `"name":"ex_summarize"`,
+		"PROMPT":    `capvend sells tool calls`,
+		"RESOURCES": `"uri":"example://readme"`,
+		"TEMPLATES": `[]`,
+		"READ":      `example-tools: word_count`,
+		"DONE":      "true",
+	} {
+		if !strings.Contains(lines[word], want) {
+			t.Errorf("stock client %s line %q lacks %q", word, lines[word], want)
+		}
+	}
+}
+
+// runSDKScript runs node on a script of testdata/contextvm with args and
+// returns its output lines "<WORD> <rest>" by word, and whether it ran:
+// without node or its packages it does not (fails in CI). The script must
+// exit 0.
+func runSDKScript(t *testing.T, script string, args ...string) (map[string]string, bool) {
+	t.Helper()
+	dir := filepath.Join("testdata", "contextvm")
+	missing := ""
+	if _, err := exec.LookPath("node"); err != nil {
+		missing = "node is not installed"
+	} else if _, err := os.Stat(filepath.Join(dir, "node_modules", "@contextvm", "sdk")); err != nil {
+		missing = "run `npm ci` in cmd/capvend/testdata/contextvm"
+	}
+	if missing != "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("stock ContextVM client: " + missing)
+		}
+		t.Log("stock ContextVM client not run: " + missing)
+		return nil, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", append([]string{script}, args...)...)
+	cmd.Dir = dir
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	lines := map[string]string{}
+	for _, l := range strings.Split(string(out), "\n") {
+		word, rest, _ := strings.Cut(l, " ")
+		lines[word] = rest
+	}
+	if err != nil {
+		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", script, err, out, stderr.String())
+	}
+	return lines, true
+}
+
+// runRelay runs testnet's in-memory khatru relay on a free loopback port
+// until the test ends and returns its ws:// URL once it accepts
+// connections.
+func runRelay(t testing.TB) string {
+	t.Helper()
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- testnet.RunRelay(ctx, addr, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	t.Cleanup(func() { cancel(); <-done })
+	deadline := time.Now().Add(30 * time.Second) // a deadlock guard
+	for {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return "ws://" + addr
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("relay: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("relay did not listen")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// nostrToolsConfig writes a configuration selling example-tools (a stdio
+// child with prefix) free, with no payment backend, on the MCP front and
+// the Nostr front on relay with secret key sk.
+func nostrToolsConfig(t testing.TB, relay, sk, prefix string) (path, listen string) {
+	t.Helper()
+	dir := t.TempDir()
+	nsec := filepath.Join(dir, "server.nsec")
+	if err := os.WriteFile(nsec, []byte(sk+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	listen = freeAddr(t)
+	path = filepath.Join(dir, "capvend.yaml")
+	yaml := fmt.Sprintf(`ledger:
+  path: capvend.db
+http:
+  listen: %s
+nostr:
+  relays: [%s]
+  nsec_file: %s
+limits:
+  requests_per_minute: 1000000 # benchmarks call in tight loops
+upstreams:
+  - name: tools
+    prefix: %q
+    command: %s
+`, listen, relay, nsec, prefix, exampleTools(t))
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, listen
 }

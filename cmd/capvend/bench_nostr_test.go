@@ -1,0 +1,362 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/btcsuite/btcd/btcec/v2"
+	"github.com/btcsuite/btcd/btcec/v2/schnorr"
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// nostrBenchInFlight is how many calls the load client keeps in flight.
+const nostrBenchInFlight = 16
+
+// BenchmarkNostrFreeCall measures free tools/call throughput and latency
+// over ContextVM through one local relay: capvend (`serve` in-process,
+// its Nostr front selling example-tools' word_count, free, over stdio)
+// against the stock @contextvm/sdk server (testdata/contextvm/server.mjs,
+// node) wrapping the same tool, on the same relay, in the same run, driven
+// by the same Go load client (plaintext requests, nostrBenchInFlight in
+// flight, one client key). Sub-benchmarks: sdk and capvend, one after the
+// other (capvend's line has the ratio x_sdk), and interleaved, both in
+// alternating rounds (steadier on a busy machine). Target: capvend >= 5x
+// the SDK's calls/s.
+//
+//	go test -run '^$' -bench NostrFreeCall -benchtime 10s ./cmd/capvend
+//
+// Needs node and `npm ci` in cmd/capvend/testdata/contextvm (else skipped).
+func BenchmarkNostrFreeCall(b *testing.B) {
+	dir := filepath.Join("testdata", "contextvm")
+	if _, err := exec.LookPath("node"); err != nil {
+		b.Skip("node is not installed")
+	}
+	for _, pkg := range []string{"@contextvm/sdk", "@modelcontextprotocol/sdk", "zod"} {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg)); err != nil {
+			b.Skip("stock ContextVM server: run `npm ci` in cmd/capvend/testdata/contextvm")
+		}
+	}
+	relay := runRelay(b)
+
+	sk := nostr.GeneratePrivateKey()
+	ours, _ := nostr.GetPublicKey(sk)
+	path, listen := nostrToolsConfig(b, relay, sk, "")
+	serveStoppable(b, path, listen)
+	theirs := startSDKServer(b, dir, relay)
+
+	sdk, cv := newLoadClient(b, relay, theirs), newLoadClient(b, relay, ours)
+	sdk.warmUp(b)
+	cv.warmUp(b)
+
+	results := map[string]loadResult{}
+	// The SDK first: capvend's line then carries the ratio (x_sdk).
+	for _, target := range []struct {
+		name string
+		c    *loadClient
+	}{{"sdk", sdk}, {"capvend", cv}} {
+		b.Run(target.name, func(b *testing.B) {
+			b.ResetTimer()
+			r := target.c.load(b, b.N).result()
+			b.StopTimer()
+			b.ReportMetric(r.perSecond, "calls/s")
+			b.ReportMetric(ms(r.p50), "p50-ms")
+			b.ReportMetric(ms(r.p99), "p99-ms")
+			if s := results["sdk"]; target.name == "capvend" && s.perSecond > 0 {
+				b.ReportMetric(r.perSecond/s.perSecond, "x_sdk")
+			}
+			results[target.name] = r
+		})
+	}
+	if o, s := results["capvend"], results["sdk"]; o.perSecond > 0 && s.perSecond > 0 {
+		b.Logf("capvend %.0f calls/s (p50 %v, p99 %v); stock SDK server %.0f calls/s (p50 %v, p99 %v); throughput %.1fx",
+			o.perSecond, o.p50, o.p99, s.perSecond, s.p50, s.p99, o.perSecond/s.perSecond)
+	}
+
+	// Both in alternating rounds, so that a busy machine slows both alike:
+	// the steadier ratio. An op is one call to each.
+	b.Run("interleaved", func(b *testing.B) {
+		var ts, to tally
+		b.ResetTimer()
+		for done := 0; done < b.N; {
+			n := min(nostrBenchRound, b.N-done)
+			ts.add(sdk.load(b, n))
+			to.add(cv.load(b, n))
+			done += n
+		}
+		b.StopTimer()
+		s, o := ts.result(), to.result()
+		b.ReportMetric(o.perSecond, "capvend-calls/s")
+		b.ReportMetric(s.perSecond, "sdk-calls/s")
+		b.ReportMetric(ms(o.p50), "capvend-p50-ms")
+		b.ReportMetric(ms(s.p50), "sdk-p50-ms")
+		b.ReportMetric(ms(o.p99), "capvend-p99-ms")
+		b.ReportMetric(ms(s.p99), "sdk-p99-ms")
+		b.ReportMetric(o.perSecond/s.perSecond, "x_sdk")
+	})
+}
+
+// nostrBenchRound is how many calls each server gets in a turn of the
+// interleaved benchmark.
+const nostrBenchRound = 200
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// startSDKServer runs testdata/contextvm/server.mjs on relay until the
+// benchmark ends and returns its pubkey once it is subscribed.
+func startSDKServer(tb testing.TB, dir, relay string) string {
+	tb.Helper()
+	cmd := exec.Command("node", "server.mjs", relay, "optional")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CONTEXTVM_SERVER_KEY="+nostr.GeneratePrivateKey())
+	var stderr lockedWriter
+	stderr.w = &strings.Builder{}
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	exited := make(chan struct{})
+	tb.Cleanup(func() {
+		stdin.Close() // the server exits when stdin closes
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if pk, ok := strings.CutPrefix(sc.Text(), "READY "); ok {
+				ready <- pk
+			}
+		}
+		io.Copy(io.Discard, stdout)
+		cmd.Wait()
+		close(exited)
+	}()
+	select {
+	case pk := <-ready:
+		return pk
+	case <-exited:
+		tb.Fatalf("stock ContextVM server exited: %s", stderr.String())
+	case <-time.After(60 * time.Second): // a hang guard
+		tb.Fatalf("stock ContextVM server not ready: %s", stderr.String())
+	}
+	return ""
+}
+
+// loadClient is a plaintext ContextVM client for load: one relay
+// connection, one key, answers matched to requests by their e tag. It
+// measures the servers, not itself: it does not check their signatures
+// (AssumeValid) and signs with its key parsed once.
+type loadClient struct {
+	sk, pk, server string
+	key            *btcec.PrivateKey
+	relay          *nostr.Relay
+	id             atomic.Int64
+
+	mu      sync.Mutex
+	waiting map[string]chan *nostr.Event // by request event id
+}
+
+func newLoadClient(tb testing.TB, url, server string) *loadClient {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	tb.Cleanup(cancel)
+	r := nostr.NewRelay(ctx, url)
+	r.AssumeValid = true
+	if err := r.Connect(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { r.Close() })
+	sk := nostr.GeneratePrivateKey()
+	pk, _ := nostr.GetPublicKey(sk)
+	since := nostr.Now()
+	sub, err := r.Subscribe(ctx, nostr.Filters{{Kinds: []int{25910}, Authors: []string{server}, Tags: nostr.TagMap{"p": {pk}}, Since: &since}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	<-sub.EndOfStoredEvents
+	skBytes, _ := hex.DecodeString(sk)
+	key, _ := btcec.PrivKeyFromBytes(skBytes)
+	c := &loadClient{sk: sk, pk: pk, key: key, server: server, relay: r, waiting: map[string]chan *nostr.Event{}}
+	go func() {
+		for ev := range sub.Events {
+			e := ev.Tags.GetFirst([]string{"e", ""})
+			if e == nil {
+				continue
+			}
+			c.mu.Lock()
+			ch := c.waiting[(*e)[1]]
+			c.mu.Unlock()
+			if ch != nil {
+				select {
+				case ch <- ev:
+				default:
+				}
+			}
+		}
+	}()
+	return c
+}
+
+// call sends one request (method and params JSON) and returns the content
+// of its response (notifications about it are skipped).
+func (c *loadClient) call(ctx context.Context, method, params string) (string, error) {
+	content := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":%q,"params":%s}`, c.id.Add(1), method, params)
+	ev := nostr.Event{Kind: 25910, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", c.server}}, Content: content, PubKey: c.pk}
+	h := sha256.Sum256(ev.Serialize())
+	sig, err := schnorr.Sign(c.key, h[:], schnorr.FastSign())
+	if err != nil {
+		return "", err
+	}
+	ev.ID, ev.Sig = hex.EncodeToString(h[:]), hex.EncodeToString(sig.Serialize())
+	ch := make(chan *nostr.Event, 8)
+	c.mu.Lock()
+	c.waiting[ev.ID] = ch
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.waiting, ev.ID)
+		c.mu.Unlock()
+	}()
+	if err := c.relay.Publish(ctx, ev); err != nil {
+		return "", err
+	}
+	for {
+		select {
+		case r := <-ch:
+			if strings.Contains(r.Content, `"method":`) && !strings.Contains(r.Content, `"result":`) && !strings.Contains(r.Content, `"error":`) {
+				continue // a notification
+			}
+			return r.Content, nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+}
+
+// wordCountArgs and wordCountAnswer are the benchmark's call and what
+// both servers answer.
+const (
+	wordCountArgs   = `{"name":"word_count","arguments":{"text":"the quick brown fox"}}`
+	wordCountAnswer = `4 words, 1 lines, 19 characters`
+)
+
+// warmUp initializes like a stock client and calls word_count until it
+// answers (capvend's upstream may still be connecting).
+func (c *loadClient) warmUp(tb testing.TB) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
+	defer cancel()
+	if _, err := c.call(ctx, "initialize", `{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}`); err != nil {
+		tb.Fatalf("initialize: %v", err)
+	}
+	n := nostr.Event{Kind: 25910, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", c.server}}, Content: `{"jsonrpc":"2.0","method":"notifications/initialized"}`}
+	n.Sign(c.sk)
+	if err := c.relay.Publish(ctx, n); err != nil {
+		tb.Fatal(err)
+	}
+	last := ""
+	for ok := 0; ok < 50; {
+		out, err := c.call(ctx, "tools/call", wordCountArgs)
+		if err != nil {
+			tb.Fatalf("word_count never answered; last answer %s: %v", last, err)
+		}
+		if strings.Contains(out, wordCountAnswer) {
+			ok++
+			continue
+		}
+		last = out
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+type loadResult struct {
+	perSecond float64
+	p50, p99  time.Duration
+}
+
+// tally is the time taken by calls made together and each one's latency.
+type tally struct {
+	elapsed time.Duration
+	lat     []time.Duration
+}
+
+func (t *tally) add(u tally) {
+	t.elapsed += u.elapsed
+	t.lat = append(t.lat, u.lat...)
+}
+
+func (t tally) result() loadResult {
+	n := len(t.lat)
+	if n == 0 {
+		return loadResult{}
+	}
+	slices.Sort(t.lat)
+	return loadResult{perSecond: float64(n) / t.elapsed.Seconds(), p50: t.lat[n/2], p99: t.lat[n*99/100]}
+}
+
+// load makes n word_count calls, nostrBenchInFlight at a time; a failed
+// or wrong answer fails the benchmark.
+func (c *loadClient) load(b *testing.B, n int) tally {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hang guard
+	defer cancel()
+	lat := make([]time.Duration, n)
+	var next atomic.Int64
+	var firstErr atomic.Pointer[error]
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range min(nostrBenchInFlight, n) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || firstErr.Load() != nil {
+					return
+				}
+				t0 := time.Now()
+				out, err := c.call(ctx, "tools/call", wordCountArgs)
+				lat[i] = time.Since(t0)
+				if err == nil && !strings.Contains(out, wordCountAnswer) {
+					err = errors.New("answer " + out)
+				}
+				if err != nil {
+					firstErr.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := firstErr.Load(); err != nil {
+		b.Fatal(*err)
+	}
+	return tally{elapsed: elapsed, lat: lat}
+}
