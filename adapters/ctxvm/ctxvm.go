@@ -14,8 +14,11 @@
 // started. Relays store 1059 wraps and 5910 job requests: those made
 // before the server started are dropped (a restart would answer them
 // again and re-run free calls). go-nostr's pool drops an event id it has
-// seen in the last minute or so; later, a replayed request is the same vend
-// call (same RequestID). So a client repeating a call (explicit gating)
+// seen in the last minute or so; a copy arriving while the first is being
+// served is dropped too. Later, a replayed tools/call, prompts/get or
+// resources/read is answered with the stored first answer (Config.Replies,
+// kept in the ledger across restarts; errors are not kept), and a priced
+// call is anyway the same vend call (same RequestID), never charged twice. So a client repeating a call (explicit gating)
 // must send a new event: the same content, tags and created_at second
 // make the same event. Every answer is signed with the server key and
 // tagged ["p", <client pubkey>] and ["e", <request event id>]. It is
@@ -343,8 +346,12 @@ type Catalog interface {
 
 // Config configures a Server.
 type Config struct {
-	Vendor    Vendor
-	Catalog   Catalog  // prompts and resources; nil: none
+	Vendor  Vendor
+	Catalog Catalog // prompts and resources; nil: none
+	// Replies keeps answers for replays (see ReplyStore); nil: a replay of
+	// a free call, prompt or resource read after the go-nostr pool
+	// forgot its id is served again.
+	Replies   ReplyStore
 	SecretKey string   // the server's secret key, 64 hex characters (see LoadSecretKey)
 	Relays    []string // ws:// or wss:// URLs; at least one
 
@@ -397,8 +404,9 @@ type Server struct {
 	// publish sends one event to the relays (tests replace it).
 	publish func(ctx context.Context, ev nostr.Event) error
 
-	mu   sync.Mutex
-	seen map[string]bool // clients that got their discovery tags
+	mu       sync.Mutex
+	seen     map[string]bool // clients that got their discovery tags
+	inflight map[string]bool // replay keys of requests being served (see startReplay)
 
 	ready chan struct{} // closed once every relay confirmed the subscription
 	slots chan struct{} // one token per request in flight
@@ -490,7 +498,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	skBytes, _ := hex.DecodeString(cfg.SecretKey)
 	priv, _ := btcec.PrivKeyFromBytes(skBytes)
-	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, ready: make(chan struct{}),
+	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, inflight: map[string]bool{}, ready: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight), ann: newAnnouncer(), access: access}
 	return s, nil
 }

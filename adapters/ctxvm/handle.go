@@ -160,6 +160,12 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 		out.answer(nil, &rpcError{Code: rpcerr.CodeInvalidRequest, Message: "Encryption required"}, nil, false)
 		return
 	}
+	if kept(r.msg.Method) {
+		if !s.startReplay(ctx, r, out) {
+			return
+		}
+		defer s.endReplay(r)
+	}
 	switch r.msg.Method {
 	case "initialize":
 		out.answer(s.initializeResult(r.msg.Params), nil, nil, true)
@@ -173,9 +179,11 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 		out.answer(res, nil, tags, false)
 	case "tools/call":
 		res, rerr := s.call(ctx, r, out)
+		s.remember(ctx, r, res, rerr)
 		out.answer(res, rerr, nil, false)
 	case "prompts/list", "prompts/get", "resources/list", "resources/templates/list", "resources/read":
 		res, rerr := s.serveCatalog(ctx, r)
+		s.remember(ctx, r, res, rerr)
 		out.answer(res, rerr, nil, false)
 	default:
 		out.answer(nil, &rpcError{Code: rpcerr.CodeMethodNotFound, Message: "Method not found"}, nil, false)
@@ -241,6 +249,9 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 		}
 		if proof, ok := m[vend.MetaPaymentProof].(string); ok {
 			cr.PaymentProof = proof
+		}
+		if from, ok := m[vend.MetaInvoiceFrom].(string); ok {
+			cr.InvoiceFrom = vend.Backend(from)
 		}
 		if v, ok := m[metaPaymentInteraction].(string); ok && v == explicitGating {
 			cr.Explicit = true

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -166,7 +167,7 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	}
 	var n *ctxvm.Server
 	if !stdio && len(cfg.Nostr.Relays) > 0 {
-		if n, err = nostrFront(cfg, v, upstreamCatalog{ups}, backends, e); err != nil {
+		if n, err = nostrFront(cfg, v, upstreamCatalog{ups}, l, backends, e); err != nil {
 			return err
 		}
 	}
@@ -208,6 +209,10 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	// The Nostr front runs until ctx ends, then drains its requests.
 	nostrDone := make(chan struct{})
 	if nf != nil {
+		runPart("reply pruning", func(ctx context.Context) error {
+			pruneReplies(ctx, l, cfg.Nostr.Window, log)
+			return nil
+		})
 		go func() {
 			defer close(nostrDone)
 			// Requests replayed from relays at start would find no tool.
@@ -268,8 +273,28 @@ func awaitUpstreams(ctx context.Context, ups *upstream.Manager, limit time.Durat
 	}
 }
 
+// pruneReplies deletes, every hour until ctx ends, the stored answers to
+// Nostr requests older than twice the window: their replays are refused
+// as too old anyway.
+func pruneReplies(ctx context.Context, l *ledger.Ledger, window time.Duration, log *slog.Logger) {
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		if n, err := l.PruneReplies(ctx, time.Now().Add(-2*window)); err != nil && ctx.Err() == nil {
+			log.Warn("pruning stored Nostr replies failed", "err", err)
+		} else if n > 0 {
+			log.Debug("pruned stored Nostr replies", "n", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // nostrFront returns the ContextVM front of cfg.Nostr, selling v's tools.
-func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, backends []vend.PaymentBackend, e *env) (*ctxvm.Server, error) {
+func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.ReplyStore, backends []vend.PaymentBackend, e *env) (*ctxvm.Server, error) {
 	sk, err := ctxvm.LoadSecretKey(cfg.Nostr.NsecFile)
 	if err != nil {
 		return nil, fmt.Errorf("nostr.nsec_file: %w", err)
@@ -282,7 +307,7 @@ func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, backends []vend.
 		pmis = append(pmis, vend.PMICashu)
 	}
 	return ctxvm.New(ctxvm.Config{
-		Vendor: v, Catalog: cat, SecretKey: sk, Relays: cfg.Nostr.Relays,
+		Vendor: v, Catalog: cat, Replies: replies, SecretKey: sk, Relays: cfg.Nostr.Relays,
 		Name: cfg.Server.Name, Version: buildVersion(), About: cfg.Server.About, Website: cfg.Server.Website, Picture: cfg.Server.Picture,
 		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: e.Log,
 		Announce: cfg.Nostr.Announce, Allow: hexPubkeys(cfg.Nostr.Allow), Deny: hexPubkeys(cfg.Nostr.Deny),

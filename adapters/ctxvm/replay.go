@@ -1,0 +1,84 @@
+package ctxvm
+
+import (
+	"context"
+	"encoding/json"
+)
+
+// ReplyStore keeps the answers to requests that ran something, by request
+// event id, so that a relay delivering a request again (to a restarted
+// server too) gets the first answer instead of a second run. The ledger
+// implements it. Priced calls are also found by the Vendor (the request
+// event id is the call's RequestID); the store covers free calls, prompts
+// and resources as well.
+type ReplyStore interface {
+	// Reply returns the stored answer to key, and whether there is one.
+	Reply(ctx context.Context, key string) ([]byte, bool, error)
+	// RememberReply stores the answer to key once; a second answer for the
+	// same key is ignored (false). Atomic.
+	RememberReply(ctx context.Context, key string, reply []byte) (bool, error)
+}
+
+// replayKey is the store key of a request: its event id (the rumor's for
+// NIP-59), transport-qualified.
+func replayKey(r *request) string { return "nostr:" + r.ev.ID }
+
+// kept says whether answers to method are kept for replays: the methods
+// that run something upstream.
+func kept(method string) bool {
+	switch method {
+	case "tools/call", "prompts/get", "resources/read":
+		return true
+	}
+	return false
+}
+
+// startReplay decides how a request that runs something is served: it
+// returns false when it was answered already (from the store: a replay),
+// or when the same event is being served right now (the first copy will
+// answer). Otherwise the request is marked in flight until endReplay.
+func (s *Server) startReplay(ctx context.Context, r *request, out *outbox) bool {
+	key := replayKey(r)
+	s.mu.Lock()
+	if s.inflight[key] {
+		s.mu.Unlock()
+		return false
+	}
+	s.inflight[key] = true
+	s.mu.Unlock()
+	if s.cfg.Replies == nil {
+		return true
+	}
+	reply, ok, err := s.cfg.Replies.Reply(ctx, key)
+	if err != nil {
+		// Serve it: a priced call is still protected by the Vendor.
+		s.log.Warn("replay store unreadable", logKeyEvent, r.ev.ID, logKeyErr, err)
+		return true
+	}
+	if !ok {
+		return true
+	}
+	s.log.Debug("replayed request answered from the store", logKeyEvent, r.ev.ID, logKeyMethod, r.msg.Method)
+	s.endReplay(r)
+	out.answer(json.RawMessage(reply), nil, nil, false)
+	return false
+}
+
+// endReplay clears a request's in-flight mark.
+func (s *Server) endReplay(r *request) {
+	s.mu.Lock()
+	delete(s.inflight, replayKey(r))
+	s.mu.Unlock()
+}
+
+// remember stores a request's successful answer for replays. Errors are
+// not kept: a replay is evaluated again (and a priced call is still found
+// by the Vendor, never charged twice).
+func (s *Server) remember(ctx context.Context, r *request, res json.RawMessage, rerr *rpcError) {
+	if s.cfg.Replies == nil || rerr != nil || len(res) == 0 || !kept(r.msg.Method) {
+		return
+	}
+	if _, err := s.cfg.Replies.RememberReply(context.WithoutCancel(ctx), replayKey(r), res); err != nil {
+		s.log.Warn("reply not stored for replays", logKeyEvent, r.ev.ID, logKeyErr, err)
+	}
+}

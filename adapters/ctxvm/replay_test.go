@@ -1,0 +1,134 @@
+package ctxvm
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// memReplies is an in-memory ReplyStore (the ledger's is tested in
+// package ledger).
+type memReplies struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func (m *memReplies) Reply(_ context.Context, key string) ([]byte, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.m[key]
+	return r, ok, nil
+}
+
+func (m *memReplies) RememberReply(_ context.Context, key string, reply []byte) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.m[key]; ok {
+		return false, nil
+	}
+	m.m[key] = append([]byte(nil), reply...)
+	return true, nil
+}
+
+// TestReplaysAnsweredFromStore: a free call delivered again, also to a
+// new server (a restart) with the same store, runs once and every copy
+// gets the same answer; an error is not kept, so its replay is evaluated
+// again.
+func TestReplaysAnsweredFromStore(t *testing.T) {
+	store := &memReplies{m: map[string][]byte{}}
+	v := &fakeVendor{}
+	withStore := func(c *Config) { c.Vendor, c.Replies = v, store }
+	s, out := recorder(t, withStore)
+	sk := nostr.GeneratePrivateKey()
+	req := func(content string) *nostr.Event {
+		ev := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Content: content, Tags: nostr.Tags{{"p", s.PublicKey()}}}
+		ev.Sign(sk)
+		return ev
+	}
+	call := req(`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"free","arguments":{"text":"once"}}}`)
+	ctx := context.Background()
+	s.handle(ctx, call)
+	s.handle(ctx, call)
+	s2, out2 := recorder(t, func(c *Config) { withStore(c); c.SecretKey = s.cfg.SecretKey })
+	s2.handle(ctx, call)
+
+	v.mu.Lock()
+	ran := len(v.calls)
+	v.mu.Unlock()
+	if ran != 1 {
+		t.Fatalf("the free call ran %d times, want 1", ran)
+	}
+	answers := append(append([]nostr.Event(nil), *out...), *out2...)
+	if len(answers) != 3 {
+		t.Fatalf("%d answers, want 3", len(answers))
+	}
+	for _, a := range answers {
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Result json.RawMessage `json:"result"`
+		}
+		if err := json.Unmarshal([]byte(a.Content), &m); err != nil {
+			t.Fatal(err)
+		}
+		if string(m.ID) != "7" || string(m.Result) != `{"content":[{"type":"text","text":"free:once"}]}` ||
+			a.Tags.FindWithValue("e", call.ID) == nil {
+			t.Fatalf("answer %s %v", a.Content, a.Tags)
+		}
+	}
+
+	// An error answer is not kept: the replay reaches the Vendor again
+	// (which finds a priced call by its RequestID).
+	gated := req(`{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"gated"}}`)
+	s.handle(ctx, gated)
+	s.handle(ctx, gated)
+	v.mu.Lock()
+	ran = len(v.calls)
+	v.mu.Unlock()
+	if ran != 3 {
+		t.Fatalf("vendor saw %d calls, want 3 (the gated call evaluated twice)", ran)
+	}
+	if _, ok, _ := store.Reply(ctx, "nostr:"+gated.ID); ok {
+		t.Fatal("an error answer was stored")
+	}
+	// Lists are not stored.
+	s.handle(ctx, req(`{"jsonrpc":"2.0","id":9,"method":"tools/list"}`))
+	if len(store.m) != 1 {
+		t.Fatalf("store holds %d answers, want 1", len(store.m))
+	}
+}
+
+// TestDuplicateInFlightServedOnce: a copy of a request arriving while the
+// first is still being served is dropped; the first answers.
+func TestDuplicateInFlightServedOnce(t *testing.T) {
+	v := &fakeVendor{block: make(chan struct{})}
+	s, out := recorder(t, func(c *Config) { c.Vendor = v })
+	sk := nostr.GeneratePrivateKey()
+	ev := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}},
+		Content: `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"block"}}`}
+	ev.Sign(sk)
+	done := make(chan struct{})
+	go func() { s.handle(context.Background(), ev); close(done) }()
+	for {
+		v.mu.Lock()
+		n := len(v.calls)
+		v.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s.handle(context.Background(), ev) // returns at once: dropped
+	close(v.block)
+	<-done
+	if v.mu.Lock(); len(v.calls) != 1 {
+		t.Fatalf("%d calls", len(v.calls))
+	}
+	v.mu.Unlock()
+	if len(*out) != 1 {
+		t.Fatalf("%d answers, want 1", len(*out))
+	}
+}
