@@ -5,7 +5,13 @@ func rootCommand() *command {
 		Name:    "capvend",
 		Summary: "capvend sells MCP tool calls for sats over Nostr (ContextVM/DVMCP) and MCP HTTP, paid by Lightning (LND) or Cashu.",
 		Help: `Commands that read the configuration take --config FILE; without it they
-use $CAPVEND_CONFIG, else ./capvend.yaml. Start with 'capvend init'.`,
+use $CAPVEND_CONFIG, else ./capvend.yaml.
+
+New here? 'capvend demo' shows everything working on a local regtest
+network in about half a minute (the first run builds btcd and lnd). To
+sell your own MCP server: 'capvend init', edit capvend.yaml, then
+'capvend serve'. The README explains the configuration, real LND nodes,
+Cashu mints and Nostr relays, and how clients pay.`,
 		Subs: []*command{
 			demoCommand(),
 			initCommand(),

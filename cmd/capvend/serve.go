@@ -32,12 +32,13 @@ func serveCommand() *command {
 	var stdio bool
 	return &command{
 		Name:    "serve",
-		Summary: "sell the configured MCP servers' tools over MCP HTTP (and stdio)",
+		Summary: "sell the configured MCP servers' tools over MCP HTTP, stdio and Nostr",
 		Help: `Connects the upstream MCP servers of the configuration, the payment backends
 (LND, Cashu) and the ledger, and answers MCP clients at http://LISTEN/mcp
-(http.listen). Priced tool calls send notifications/payment_required with a
-Lightning invoice, run once paid, and are recorded in the ledger; see the
-README for how clients pay. With --stdio it serves one MCP client on
+(http.listen) and Nostr clients (ContextVM, DVMCP) on nostr.relays, where it
+also announces its tools and prices (nostr.announce). Priced tool calls
+send notifications/payment_required with a Lightning invoice, run once
+paid, and are recorded in the ledger; see the README for how clients pay. With --stdio it serves one MCP client on
 standard input and output instead (for desktop MCP clients that launch
 their servers); logs then go to standard error only.
 
