@@ -377,6 +377,10 @@ type Config struct {
 	// AnnounceDelay is how long after a Refresh the announcements are
 	// rebuilt (Refreshes meanwhile are coalesced). 0: DefaultAnnounceDelay.
 	AnnounceDelay time.Duration
+	// ElicitTimeout is how long a ContextVM client has to answer an
+	// elicitation (see the package doc, Elicitation).
+	// 0: DefaultElicitTimeout.
+	ElicitTimeout time.Duration
 	// Allow, when not empty, is the only clients (hex pubkeys) served;
 	// Deny is clients never served (it wins over Allow). See the package
 	// doc, Access lists.
@@ -407,8 +411,11 @@ type Server struct {
 	// relays' stored copies of requests a previous run had.
 	started nostr.Timestamp
 
-	ann    announcer  // announcements (announce.go)
-	access accessList // Config.Allow and Deny (access.go)
+	ann     announcer    // announcements (announce.go)
+	access  accessList   // Config.Allow and Deny (access.go)
+	sess    sessionStore // ContextVM clients (sessions.go)
+	lists   listWatch    // list_changed (sessions.go)
+	elicits elicitations // elicitations waiting for an answer (elicit.go)
 }
 
 // Log attribute keys.
@@ -450,7 +457,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Window < 0 || cfg.MaxContentBytes < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownGrace < 0 || cfg.MaxInFlight < 0 || cfg.AnnounceDelay < 0 {
+	if cfg.Window < 0 || cfg.MaxContentBytes < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownGrace < 0 || cfg.MaxInFlight < 0 || cfg.AnnounceDelay < 0 || cfg.ElicitTimeout < 0 {
 		return nil, errors.New("ctxvm: negative limit")
 	}
 	if cfg.Name == "" {
@@ -477,6 +484,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.AnnounceDelay == 0 {
 		cfg.AnnounceDelay = DefaultAnnounceDelay
 	}
+	if cfg.ElicitTimeout == 0 {
+		cfg.ElicitTimeout = DefaultElicitTimeout
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -491,13 +501,18 @@ func New(cfg Config) (*Server, error) {
 	skBytes, _ := hex.DecodeString(cfg.SecretKey)
 	priv, _ := btcec.PrivKeyFromBytes(skBytes)
 	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, ready: make(chan struct{}),
-		slots: make(chan struct{}, cfg.MaxInFlight), ann: newAnnouncer(), access: access}
+		slots: make(chan struct{}, cfg.MaxInFlight), ann: newAnnouncer(), lists: newListWatch(), access: access}
 	return s, nil
 }
 
 // Refresh tells the server that the tools, their prices or the catalog
-// changed (an upstream's list_changed, a config reload). It never blocks.
-func (s *Server) Refresh() { s.ann.refresh() }
+// may have changed (an upstream's list_changed, a config reload): Run
+// then announces them again and notifies recent ContextVM clients of the
+// lists that did change (see the package doc). It never blocks.
+func (s *Server) Refresh() {
+	s.ann.refresh()
+	s.lists.refresh()
+}
 
 // PublicKey returns the server's pubkey (hex).
 func (s *Server) PublicKey() string { return s.pk }
@@ -608,6 +623,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	s.log.Info("contextvm front listening", "pubkey", s.pk, "relays", len(s.cfg.Relays))
 	announced := s.startAnnouncing(ctx)
+	watched := s.startListWatch(ctx)
 loop:
 	for {
 		select {
@@ -635,6 +651,7 @@ loop:
 	}
 	stopSub()
 	<-announced
+	<-watched
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	grace := time.NewTimer(s.cfg.ShutdownGrace)
