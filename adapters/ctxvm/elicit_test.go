@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -347,5 +348,79 @@ func TestElicitResult(t *testing.T) {
 		if !errors.Is(err, tc.fails) || string(got) != tc.want {
 			t.Errorf("%s %s: %s %v", tc.result, tc.err, got, err)
 		}
+	}
+}
+
+// The elicitation round trip without a relay (handle called directly, as
+// Run does, publications recorded): race-detector clean, unlike go-nostr's
+// Relay.
+func TestElicitationRecorded(t *testing.T) {
+	v := &elicitVendor{}
+	s, out := recorder(t, func(c *Config) { c.Vendor = v; c.MaxContentBytes = 0; c.ElicitTimeout = time.Minute })
+	var mu sync.Mutex
+	s.publish = func(_ context.Context, ev nostr.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		*out = append(*out, ev)
+		return nil
+	}
+	published := func(n int) []nostr.Event {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second) // a deadlock guard
+		for {
+			mu.Lock()
+			evs := slices.Clone(*out)
+			mu.Unlock()
+			if len(evs) >= n {
+				return evs
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d events published, want %d", len(evs), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	sk := nostr.GeneratePrivateKey()
+	event := func(content string) *nostr.Event {
+		ev := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Content: content, Tags: nostr.Tags{{"p", s.PublicKey()}}}
+		ev.Sign(sk)
+		return ev
+	}
+	ctx := context.Background()
+	s.handle(ctx, event(initElicit))
+	const calls = 3 // at once, answered in reverse order
+	var wg sync.WaitGroup
+	reqs := make([]*nostr.Event, calls)
+	for i := range calls {
+		reqs[i] = event(callAsk())
+		wg.Add(1)
+		go func() { defer wg.Done(); s.handle(ctx, reqs[i]) }()
+	}
+	asks := map[string]string{} // call event id -> elicitation id
+	for _, ev := range published(1 + calls)[1:] {
+		var r reply
+		json.Unmarshal([]byte(ev.Content), &r)
+		if r.Method != methodElicit {
+			t.Fatalf("not an elicitation: %s", ev.Content)
+		}
+		asks[ev.Tags.GetFirst([]string{"e", ""}).Value()] = string(r.ID)
+	}
+	for i := calls - 1; i >= 0; i-- {
+		s.handle(ctx, event(respond(asks[reqs[i].ID], fmt.Sprintf(`{"action":"accept","content":{"n":%d}}`, i))))
+	}
+	wg.Wait()
+	for _, ev := range published(1 + 2*calls)[1+calls:] {
+		var r reply
+		json.Unmarshal([]byte(ev.Content), &r)
+		for i, req := range reqs {
+			if ev.Tags.FindWithValue("e", req.ID) != nil {
+				if got := resultText(t, r); got != fmt.Sprintf(`{"action":"accept","content":{"n":%d}}`, i) {
+					t.Errorf("call %d answered %s", i, got)
+				}
+			}
+		}
+	}
+	if n := s.elicits.pending(); n != 0 {
+		t.Errorf("%d elicitations pending", n)
 	}
 }
