@@ -98,12 +98,14 @@
 // form (one JSON object; "jsonrpc", when present, "2.0"; a string or
 // number id), a method tag disagrees with the content, it is not tagged p
 // with the server's pubkey, or when Config.MaxInFlight requests are being
-// served already. Notifications and responses from clients get no answer.
+// served already. Notifications and responses from clients get no answer;
+// a ContextVM response may answer an elicitation (see Elicitation).
 //
 // # Methods
 //
 //	initialize                 InitializeResult: protocolVersion (the client's when known, else 2025-11-25),
-//	                           capabilities {tools:{}} (and prompts:{}, resources:{} with a Catalog),
+//	                           capabilities {tools:{listChanged:true}} (and prompts, resources
+//	                           alike with a Catalog),
 //	                           serverInfo {name, version}
 //	notifications/initialized  no answer
 //	ping                       {}
@@ -138,7 +140,9 @@
 // request has ["payment_interaction","explicit_gating"] (or
 // params._meta["capvend/payment_interaction"] is "explicit_gating"). The
 // Vendor's notifications are published in the request's dialect, in
-// order, before the answer.
+// order, before the answer. A ContextVM call also gets Elicit (see
+// Elicitation); DVMCP and NIP-90 calls do not (an upstream asking for
+// input is declined).
 //
 // Errors map to the same JSON-RPC errors as the MCP front
 // (adapters/mcpfront):
@@ -257,7 +261,69 @@
 // deletion request of them all (`capvend unannounce`). The relay list
 // replaces any other NIP-65 list of the key: use a key of its own.
 //
-// Not done yet: list_changed on refresh, oversized transfer (CEP-22), the
+// # Elicitation
+//
+// An upstream asking for input during a ContextVM tools/call (an MCP
+// elicitation) is relayed to the call's client as a JSON-RPC request of
+// the server, published through the call's outbox (after the
+// notifications before it, before the answer; gift wrapped iff the call
+// came wrapped, in the kind of the call's answers):
+//
+//	kind 25910, tags ["p", <client>], ["e", <tools/call event id>]
+//	{"jsonrpc":"2.0","id":"<64 hex: 256 random bits>","method":"elicitation/create","params":<the upstream's params>}
+//
+// The id is the server's own (the upstream's is never shown), unguessable
+// and used once. The answer is the client's JSON-RPC response with that
+// id, as a kind 25910 (plaintext or in a gift wrap) signed by the SAME
+// pubkey the request went to and tagged ["p", <server>]; an e tag is not
+// needed and not read:
+//
+//	{"jsonrpc":"2.0","id":"<the id>","result":{"action":"accept","content":{...}}}   (or "decline", "cancel")
+//	{"jsonrpc":"2.0","id":"<the id>","error":{...}}
+//
+// It gets every inbound check (signature, window, size; with
+// EncryptionRequired it must come wrapped). A response whose id no
+// elicitation of that pubkey waits for (unknown, answered already, another
+// client's) is dropped; so are responses in the DVMCP dialects. The
+// upstream gets the result as {action, content} (content only on accept,
+// and only a JSON object); an error response, a result that is not an
+// ElicitResult, no answer within Config.ElicitTimeout (default 10 min),
+// the call's end, or too many elicitations waiting (4 per client, 1000 in
+// all) fail the upstream's elicitation (capvend's upstream client then
+// answers it "cancel"); nothing of that reaches the client.
+//
+// Only clients whose last initialize declared capabilities.elicitation are
+// asked (the server remembers it per pubkey, in memory: a client that
+// skips initialize, or initialized before a restart, is not asked); for
+// others, and for params that are not a JSON object, the upstream is
+// answered "decline" at once.
+//
+// The stock @contextvm/sdk client (0.11.14) cannot answer: its transport
+// drops a server's JSON-RPC request ("Received unsupported JSON-RPC message
+// type"), so a call that elicits waits until the client's own request
+// timeout; the stock server never sends one either.
+//
+// # list_changed
+//
+// The initialize result advertises listChanged for tools (and prompts and
+// resources with a Catalog). AnnounceDelay after a Refresh (Refreshes
+// meanwhile coalesced), Run compares the lists with those of the last
+// comparison (the first: when Run started): the tools/list result and its
+// cap tags (names, schemas, prices), the Catalog's prompts, and its
+// resources with their templates. For each list that changed, each
+// ContextVM client whose request was served within Config.Window (at most
+// the 1000 most recent) gets a notification, as the stock server sends
+// them:
+//
+//	kind 25910, tags ["p", <client>] (no e tag)
+//	{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}   (prompts/list_changed, resources/list_changed)
+//
+// gift wrapped (in the kind of the answers to it) iff the client's last
+// request came wrapped. It runs on a goroutine of Run (Refresh never
+// blocks); failures are logged, not retried, and a round stops after 3
+// failures in a row. DVMCP and NIP-90 clients are not notified.
+//
+// Not done yet: oversized transfer (CEP-22), the
 // DVMCP d tag on initialize answers.
 package ctxvm
 
