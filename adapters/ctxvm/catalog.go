@@ -19,13 +19,14 @@ const (
 )
 
 // capabilities is initialize's capabilities: tools, and prompts and
-// resources when there is a Catalog (no list_changed: Refresh publishes
-// nothing yet).
+// resources when there is a Catalog, each with listChanged (Run notifies
+// recent clients after a Refresh that changed a list).
 func (s *Server) capabilities() map[string]any {
-	c := map[string]any{"tools": map[string]any{}}
+	listChanged := map[string]any{"listChanged": true} // see Server.Refresh
+	c := map[string]any{"tools": listChanged}
 	if s.cfg.Catalog != nil {
-		c["prompts"] = map[string]any{}
-		c["resources"] = map[string]any{}
+		c["prompts"] = listChanged
+		c["resources"] = listChanged
 	}
 	return c
 }

@@ -149,7 +149,7 @@ func TestNoCatalog(t *testing.T) {
 	s := startServer(t, relay, &fakeVendor{}, nil)
 	c := newClient(t, relay, s.PublicKey())
 	r := c.ask(t, `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}`)
-	if got := string(r.Result); !strings.Contains(got, `"capabilities":{"tools":{}}`) {
+	if got := string(r.Result); !strings.Contains(got, `"capabilities":{"tools":{"listChanged":true}}`) {
 		t.Errorf("initialize %s", got)
 	}
 	for method, want := range map[string]string{

@@ -101,12 +101,14 @@
 // form (one JSON object; "jsonrpc", when present, "2.0"; a string or
 // number id), a method tag disagrees with the content, it is not tagged p
 // with the server's pubkey, or when Config.MaxInFlight requests are being
-// served already. Notifications and responses from clients get no answer.
+// served already. Notifications and responses from clients get no answer;
+// a ContextVM response may answer an elicitation (see Elicitation).
 //
 // # Methods
 //
 //	initialize                 InitializeResult: protocolVersion (the client's when known, else 2025-11-25),
-//	                           capabilities {tools:{}} (and prompts:{}, resources:{} with a Catalog),
+//	                           capabilities {tools:{listChanged:true}} (and prompts, resources
+//	                           alike with a Catalog),
 //	                           serverInfo {name, version}
 //	notifications/initialized  no answer
 //	ping                       {}
@@ -141,7 +143,9 @@
 // request has ["payment_interaction","explicit_gating"] (or
 // params._meta["capvend/payment_interaction"] is "explicit_gating"). The
 // Vendor's notifications are published in the request's dialect, in
-// order, before the answer.
+// order, before the answer. A ContextVM call also gets Elicit (see
+// Elicitation); DVMCP and NIP-90 calls do not (an upstream asking for
+// input is declined).
 //
 // Errors map to the same JSON-RPC errors as the MCP front
 // (adapters/mcpfront):
@@ -260,7 +264,69 @@
 // deletion request of them all (`capvend unannounce`). The relay list
 // replaces any other NIP-65 list of the key: use a key of its own.
 //
-// Not done yet: list_changed on refresh, oversized transfer (CEP-22), the
+// # Elicitation
+//
+// An upstream asking for input during a ContextVM tools/call (an MCP
+// elicitation) is relayed to the call's client as a JSON-RPC request of
+// the server, published through the call's outbox (after the
+// notifications before it, before the answer; gift wrapped iff the call
+// came wrapped, in the kind of the call's answers):
+//
+//	kind 25910, tags ["p", <client>], ["e", <tools/call event id>]
+//	{"jsonrpc":"2.0","id":"<64 hex: 256 random bits>","method":"elicitation/create","params":<the upstream's params>}
+//
+// The id is the server's own (the upstream's is never shown), unguessable
+// and used once. The answer is the client's JSON-RPC response with that
+// id, as a kind 25910 (plaintext or in a gift wrap) signed by the SAME
+// pubkey the request went to and tagged ["p", <server>]; an e tag is not
+// needed and not read:
+//
+//	{"jsonrpc":"2.0","id":"<the id>","result":{"action":"accept","content":{...}}}   (or "decline", "cancel")
+//	{"jsonrpc":"2.0","id":"<the id>","error":{...}}
+//
+// It gets every inbound check (signature, window, size; with
+// EncryptionRequired it must come wrapped). A response whose id no
+// elicitation of that pubkey waits for (unknown, answered already, another
+// client's) is dropped; so are responses in the DVMCP dialects. The
+// upstream gets the result as {action, content} (content only on accept,
+// and only a JSON object); an error response, a result that is not an
+// ElicitResult, no answer within Config.ElicitTimeout (default 10 min),
+// the call's end, or too many elicitations waiting (4 per client, 1000 in
+// all) fail the upstream's elicitation (capvend's upstream client then
+// answers it "cancel"); nothing of that reaches the client.
+//
+// Only clients whose last initialize declared capabilities.elicitation are
+// asked (the server remembers it per pubkey, in memory: a client that
+// skips initialize, or initialized before a restart, is not asked); for
+// others, and for params that are not a JSON object, the upstream is
+// answered "decline" at once.
+//
+// The stock @contextvm/sdk client (0.11.14) cannot answer: its transport
+// drops a server's JSON-RPC request ("Received unsupported JSON-RPC message
+// type"), so a call that elicits waits until the client's own request
+// timeout; the stock server never sends one either.
+//
+// # list_changed
+//
+// The initialize result advertises listChanged for tools (and prompts and
+// resources with a Catalog). AnnounceDelay after a Refresh (Refreshes
+// meanwhile coalesced), Run compares the lists with those of the last
+// comparison (the first: when Run started): the tools/list result and its
+// cap tags (names, schemas, prices), the Catalog's prompts, and its
+// resources with their templates. For each list that changed, each
+// ContextVM client whose request was served within Config.Window (at most
+// the 1000 most recent) gets a notification, as the stock server sends
+// them:
+//
+//	kind 25910, tags ["p", <client>] (no e tag)
+//	{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}   (prompts/list_changed, resources/list_changed)
+//
+// gift wrapped (in the kind of the answers to it) iff the client's last
+// request came wrapped. It runs on a goroutine of Run (Refresh never
+// blocks); failures are logged, not retried, and a round stops after 3
+// failures in a row. DVMCP and NIP-90 clients are not notified.
+//
+// Not done yet: oversized transfer (CEP-22), the
 // DVMCP d tag on initialize answers.
 package ctxvm
 
@@ -384,6 +450,10 @@ type Config struct {
 	// AnnounceDelay is how long after a Refresh the announcements are
 	// rebuilt (Refreshes meanwhile are coalesced). 0: DefaultAnnounceDelay.
 	AnnounceDelay time.Duration
+	// ElicitTimeout is how long a ContextVM client has to answer an
+	// elicitation (see the package doc, Elicitation).
+	// 0: DefaultElicitTimeout.
+	ElicitTimeout time.Duration
 	// Allow, when not empty, is the only clients (hex pubkeys) served;
 	// Deny is clients never served (it wins over Allow). See the package
 	// doc, Access lists.
@@ -415,8 +485,11 @@ type Server struct {
 	// relays' stored copies of requests a previous run had.
 	started nostr.Timestamp
 
-	ann    announcer  // announcements (announce.go)
-	access accessList // Config.Allow and Deny (access.go)
+	ann     announcer    // announcements (announce.go)
+	access  accessList   // Config.Allow and Deny (access.go)
+	sess    sessionStore // ContextVM clients (sessions.go)
+	lists   listWatch    // list_changed (sessions.go)
+	elicits elicitations // elicitations waiting for an answer (elicit.go)
 }
 
 // Log attribute keys.
@@ -458,7 +531,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Window < 0 || cfg.MaxContentBytes < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownGrace < 0 || cfg.MaxInFlight < 0 || cfg.AnnounceDelay < 0 {
+	if cfg.Window < 0 || cfg.MaxContentBytes < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownGrace < 0 || cfg.MaxInFlight < 0 || cfg.AnnounceDelay < 0 || cfg.ElicitTimeout < 0 {
 		return nil, errors.New("ctxvm: negative limit")
 	}
 	if cfg.Name == "" {
@@ -485,6 +558,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.AnnounceDelay == 0 {
 		cfg.AnnounceDelay = DefaultAnnounceDelay
 	}
+	if cfg.ElicitTimeout == 0 {
+		cfg.ElicitTimeout = DefaultElicitTimeout
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -499,13 +575,18 @@ func New(cfg Config) (*Server, error) {
 	skBytes, _ := hex.DecodeString(cfg.SecretKey)
 	priv, _ := btcec.PrivKeyFromBytes(skBytes)
 	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, inflight: map[string]bool{}, ready: make(chan struct{}),
-		slots: make(chan struct{}, cfg.MaxInFlight), ann: newAnnouncer(), access: access}
+		slots: make(chan struct{}, cfg.MaxInFlight), ann: newAnnouncer(), lists: newListWatch(), access: access}
 	return s, nil
 }
 
 // Refresh tells the server that the tools, their prices or the catalog
-// changed (an upstream's list_changed, a config reload). It never blocks.
-func (s *Server) Refresh() { s.ann.refresh() }
+// may have changed (an upstream's list_changed, a config reload): Run
+// then announces them again and notifies recent ContextVM clients of the
+// lists that did change (see the package doc). It never blocks.
+func (s *Server) Refresh() {
+	s.ann.refresh()
+	s.lists.refresh()
+}
 
 // PublicKey returns the server's pubkey (hex).
 func (s *Server) PublicKey() string { return s.pk }
@@ -616,6 +697,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	s.log.Info("contextvm front listening", "pubkey", s.pk, "relays", len(s.cfg.Relays))
 	announced := s.startAnnouncing(ctx)
+	watched := s.startListWatch(ctx)
 loop:
 	for {
 		select {
@@ -643,6 +725,7 @@ loop:
 	}
 	stopSub()
 	<-announced
+	<-watched
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	grace := time.NewTimer(s.cfg.ShutdownGrace)

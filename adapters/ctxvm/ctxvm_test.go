@@ -333,7 +333,7 @@ func (c *client) expect(req *nostr.Event) (reply, *nostr.Event) {
 		c.t.Fatal("server event badly signed")
 	}
 	if ev.Tags.FindWithValue("p", c.pk) == nil || ev.Tags.FindWithValue("e", req.ID) == nil {
-		c.t.Fatalf("tags %v lack p %s / e %s", ev.Tags, c.pk, req.ID)
+		c.t.Fatalf("tags %v lack p %s / e %s: %s", ev.Tags, c.pk, req.ID, ev.Content)
 	}
 	var r reply
 	if err := json.Unmarshal([]byte(ev.Content), &r); err != nil {

@@ -71,6 +71,8 @@ func parseMessage(ev *nostr.Event) (dialect, message, error) {
 		ID      json.RawMessage `json:"id"`
 		Method  string          `json:"method"`
 		Params  json.RawMessage `json:"params"`
+		Result  json.RawMessage `json:"result"`
+		Error   json.RawMessage `json:"error"`
 	}
 	if !isObject(ev.Content) {
 		return 0, message{}, ErrNotJSONRPC
@@ -97,6 +99,9 @@ func parseMessage(ev *nostr.Event) (dialect, message, error) {
 	m := message{JSONRPC: "2.0", ID: raw.ID, Method: raw.Method, Params: raw.Params}
 	if mt != nil {
 		return dialectRev1, m, nil
+	}
+	if raw.Method == "" {
+		m.Result, m.Error = raw.Result, raw.Error
 	}
 	return dialectContextVM, m, nil
 }
@@ -153,6 +158,9 @@ func (o *outbox) drafts(e outEvent) []draft {
 	if e.response {
 		return []draft{{kind: KindMessage, content: jsonrpcResponse(r.msg.ID, e.result, e.rerr), tags: append(corr, e.tags...), response: true}}
 	}
+	if e.id != "" {
+		return []draft{{kind: KindMessage, content: jsonrpcRequest(e.id, e.method, e.params), tags: corr}}
+	}
 	return []draft{{kind: KindMessage, content: jsonrpcNotification(e.method, e.params), tags: corr}}
 }
 
@@ -168,6 +176,16 @@ func jsonrpcResponse(id, result json.RawMessage, rerr *rpcError) string {
 		Error   *rpcError       `json:"error,omitempty"`
 	}{JSONRPC: "2.0", ID: id, Result: result, Error: rerr}
 	return marshal(resp)
+}
+
+// jsonrpcRequest is a full JSON-RPC 2.0 request with a string id.
+func jsonrpcRequest(id, method string, params any) string {
+	return marshal(struct {
+		JSONRPC string `json:"jsonrpc"`
+		ID      string `json:"id"`
+		Method  string `json:"method"`
+		Params  any    `json:"params,omitempty"`
+	}{"2.0", id, method, params})
 }
 
 // jsonrpcNotification is a full JSON-RPC 2.0 notification.

@@ -47,6 +47,9 @@ type message struct {
 	ID      json.RawMessage `json:"id,omitempty"`
 	Method  string          `json:"method"`
 	Params  json.RawMessage `json:"params,omitempty"`
+	// A response's (to our elicitation/create): ContextVM only.
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  json.RawMessage `json:"error,omitempty"`
 }
 
 // request is an inbound event that passed every check.
@@ -143,6 +146,11 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 		s.log.Debug("nostr event dropped", logKeyEvent, ev.ID, logKeyReason, err)
 		return
 	}
+	if r.dialect == dialectContextVM && r.msg.Method == "" && len(r.msg.ID) > 0 {
+		// A response: to one of our elicitations, or dropped.
+		s.answerElicit(r)
+		return
+	}
 	out := s.newOutbox(ctx, r)
 	defer out.close()
 	if r.notification() {
@@ -159,6 +167,9 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 	if s.cfg.Encryption == EncryptionRequired && !r.encrypted {
 		out.answer(nil, &rpcError{Code: rpcerr.CodeInvalidRequest, Message: "Encryption required"}, nil, false)
 		return
+	}
+	if r.dialect == dialectContextVM {
+		s.sess.touch(r, s.cfg.Now(), s.cfg.Window)
 	}
 	if kept(r.msg.Method) {
 		if !s.startReplay(ctx, r, out) {
@@ -228,6 +239,9 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 		Tool:      p.Name,
 		Arguments: p.Arguments,
 		Notify:    out.notify,
+	}
+	if r.dialect == dialectContextVM {
+		cr.Elicit = s.elicitFunc(r, out)
 	}
 	if len(cr.Arguments) == 0 || string(cr.Arguments) == "null" {
 		cr.Arguments = json.RawMessage(`{}`)
@@ -308,8 +322,10 @@ type outbox struct {
 }
 
 type outEvent struct {
-	method    string // a notification's
+	method    string // a notification's or a request's
 	params    any
+	id        string          // a request's (ours: elicitation/create)
+	sent      chan error      // a request's: gets the publication's outcome (buffered 1)
 	result    json.RawMessage // the answer's
 	rerr      *rpcError
 	tags      nostr.Tags
@@ -326,8 +342,12 @@ func (s *Server) newOutbox(ctx context.Context, r *request) *outbox {
 func (o *outbox) run() {
 	defer close(o.done)
 	for e := range o.ch {
-		if err := o.send(e); err != nil {
+		err := o.send(e)
+		if err != nil {
 			o.s.log.Warn("nostr answer not published", logKeyClient, o.r.ev.PubKey, logKeyEvent, o.r.ev.ID, logKeyErr, err)
+		}
+		if e.sent != nil {
+			e.sent <- err
 		}
 	}
 }
@@ -356,6 +376,20 @@ func (o *outbox) notify(method string, params any) {
 	default:
 		o.s.log.Debug("notification dropped: outbox full", logKeyMethod, method)
 	}
+}
+
+// request queues a JSON-RPC request of ours (id, method, params) to the
+// request's client, after the notifications queued before it; the
+// publication's outcome goes to sent (buffered 1). It waits for room in
+// the queue, and returns false, queueing nothing, once the answer is out.
+func (o *outbox) request(id, method string, params json.RawMessage, sent chan error) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return false
+	}
+	o.ch <- outEvent{method: method, params: params, id: id, sent: sent}
+	return true
 }
 
 // answer queues the response to the request.

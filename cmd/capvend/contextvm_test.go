@@ -436,7 +436,7 @@ func TestContextVMCatalog(t *testing.T) {
 		return c.until(c.request(content), func(m cvmMessage) { t.Errorf("notification %s", m.Method) })
 	}
 	init := ask(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`)
-	if !strings.Contains(string(init.Result), `"prompts":{}`) || !strings.Contains(string(init.Result), `"resources":{}`) {
+	if !strings.Contains(string(init.Result), `"prompts":{"listChanged":true}`) || !strings.Contains(string(init.Result), `"resources":{"listChanged":true}`) {
 		t.Fatalf("initialize %s", init.Result)
 	}
 	// The upstream may still be connecting.
@@ -508,7 +508,7 @@ func TestContextVMCatalog(t *testing.T) {
 	}
 	t.Logf("stock client saw: %v", lines)
 	for word, want := range map[string]string{
-		"CAPS":      `"prompts":{}`,
+		"CAPS":      `"prompts":{"listChanged":true}`,
 		"PROMPTS":   `"name":"ex_summarize"`,
 		"PROMPT":    `capvend sells tool calls`,
 		"RESOURCES": `"uri":"example://readme"`,
