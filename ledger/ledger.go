@@ -73,6 +73,8 @@ type Ledger struct {
 	wmu   sync.Mutex
 	wconn *sql.Conn
 	stmts map[string]*sql.Stmt
+
+	replies replyBatch // stored replies waiting for their group commit
 }
 
 var _ vend.Ledger = (*Ledger)(nil)
@@ -390,6 +392,33 @@ func (tx *wtx) QueryRowContext(ctx context.Context, query string, args ...any) *
 func (l *Ledger) write(ctx context.Context, fn func(tx *wtx, now time.Time) error) (err error) {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
+	return l.writeLocked(ctx, fn)
+}
+
+// writeRelaxed is write without the fsync at commit (synchronous=NORMAL
+// for this one transaction): the commit survives capvend being killed, not
+// a power cut. Only for what is not money (stored replies).
+func (l *Ledger) writeRelaxed(ctx context.Context, fn func(tx *wtx, now time.Time) error) (err error) {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if l.wconn == nil {
+		return fmt.Errorf("ledger %s: closed", l.path)
+	}
+	if _, err := l.wconn.ExecContext(ctx, "PRAGMA synchronous = NORMAL"); err != nil {
+		return l.fileError(err)
+	}
+	defer func() {
+		// Every other transaction must stay durable: if this fails the
+		// connection is unusable for money, so say so loudly.
+		if _, rerr := l.wconn.ExecContext(context.Background(), "PRAGMA synchronous = FULL"); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("ledger %s: restoring synchronous=FULL: %w", l.path, l.fileError(rerr)))
+		}
+	}()
+	return l.writeLocked(ctx, fn)
+}
+
+// writeLocked is write's body; the caller holds wmu.
+func (l *Ledger) writeLocked(ctx context.Context, fn func(tx *wtx, now time.Time) error) (err error) {
 	if l.wconn == nil {
 		return fmt.Errorf("ledger %s: closed", l.path)
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -28,7 +29,10 @@ func (l *Ledger) Reply(ctx context.Context, key string) ([]byte, bool, error) {
 
 // RememberReply stores the answer to the request key, once: it reports
 // false, and changes nothing, when key already has one. Replies larger
-// than MaxReplyBytes are not stored (false, nil). Atomic.
+// than MaxReplyBytes are not stored (false, nil). Atomic; durable against
+// capvend being killed, not against a power cut (no fsync: see
+// writeRelaxed). Concurrent callers share one transaction (group commit):
+// each returns once the transaction holding its reply committed.
 func (l *Ledger) RememberReply(ctx context.Context, key string, reply []byte) (bool, error) {
 	if key == "" {
 		return false, errors.New("remember reply: empty key")
@@ -36,21 +40,71 @@ func (l *Ledger) RememberReply(ctx context.Context, key string, reply []byte) (b
 	if len(reply) > MaxReplyBytes {
 		return false, nil
 	}
-	stored := false
-	err := l.write(ctx, func(tx *wtx, now time.Time) error {
-		res, err := tx.ExecContext(ctx, "INSERT INTO request_replies (request_key, reply, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-			key, reply, ms(now))
-		if err != nil {
-			return err
+	req := &replyReq{key: key, reply: reply, done: make(chan struct{})}
+	b := &l.replies
+	b.mu.Lock()
+	b.pending = append(b.pending, req)
+	if b.writing {
+		// A leader is committing: it takes this one in its next batch.
+		b.mu.Unlock()
+		select {
+		case <-req.done:
+			return req.stored, req.err
+		case <-ctx.Done():
+			return false, ctx.Err()
 		}
-		n, err := res.RowsAffected()
-		stored = n == 1
-		return err
-	})
-	if err != nil {
-		return false, fmt.Errorf("remember reply %s: %w", key, err)
 	}
-	return stored, nil
+	b.writing = true
+	for len(b.pending) > 0 {
+		batch := b.pending
+		b.pending = nil
+		b.mu.Unlock()
+		l.commitReplies(context.WithoutCancel(ctx), batch)
+		b.mu.Lock()
+	}
+	b.writing = false
+	b.mu.Unlock()
+	return req.stored, req.err
+}
+
+// replyBatch queues replies for group commit.
+type replyBatch struct {
+	mu      sync.Mutex
+	pending []*replyReq
+	writing bool // a caller is committing batches
+}
+
+type replyReq struct {
+	key    string
+	reply  []byte
+	stored bool
+	err    error
+	done   chan struct{}
+}
+
+// commitReplies stores a batch in one transaction and tells each caller.
+func (l *Ledger) commitReplies(ctx context.Context, batch []*replyReq) {
+	err := l.writeRelaxed(ctx, func(tx *wtx, now time.Time) error {
+		for _, r := range batch {
+			res, err := tx.ExecContext(ctx, "INSERT INTO request_replies (request_key, reply, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+				r.key, r.reply, ms(now))
+			if err != nil {
+				return err
+			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return err
+			}
+			r.stored = n == 1
+		}
+		return nil
+	})
+	for _, r := range batch {
+		if err != nil {
+			r.stored, r.err = false, fmt.Errorf("remember reply %s: %w", r.key, err)
+		}
+		close(r.done)
+	}
 }
 
 // PruneReplies deletes the replies stored before t and returns how many.

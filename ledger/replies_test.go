@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,4 +78,29 @@ func TestPruneReplies(t *testing.T) {
 	if n, err := l.PruneReplies(ctx, time.Unix(0, 0)); err != nil || n != 0 {
 		t.Fatalf("pruning nothing: %d, %v", n, err)
 	}
+}
+
+// TestRepliesGroupCommit: many concurrent replies (sharing transactions)
+// are each stored and each readable when their call returns.
+func TestRepliesGroupCommit(t *testing.T) {
+	ctx := context.Background()
+	l := openLedger(t, "")
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := "k" + strconv.Itoa(i)
+			ok, err := l.RememberReply(ctx, key, []byte(strconv.Itoa(i)))
+			if err != nil || !ok {
+				t.Errorf("%s: stored %v, err %v", key, ok, err)
+				return
+			}
+			got, found, err := l.Reply(ctx, key)
+			if err != nil || !found || string(got) != strconv.Itoa(i) {
+				t.Errorf("%s: read back %q %v %v", key, got, found, err)
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -190,12 +190,12 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 		out.answer(res, nil, tags, false)
 	case "tools/call":
 		res, rerr := s.call(ctx, r, out)
-		s.remember(ctx, r, res, rerr)
 		out.answer(res, rerr, nil, false)
+		s.remember(ctx, r, res, rerr) // while the answer is published
 	case "prompts/list", "prompts/get", "resources/list", "resources/templates/list", "resources/read":
 		res, rerr := s.serveCatalog(ctx, r)
-		s.remember(ctx, r, res, rerr)
 		out.answer(res, rerr, nil, false)
+		s.remember(ctx, r, res, rerr)
 	default:
 		out.answer(nil, &rpcError{Code: rpcerr.CodeMethodNotFound, Message: "Method not found"}, nil, false)
 	}
