@@ -93,6 +93,42 @@ func (m *Manager) ResourceTemplates() []ResourceTemplate {
 	return m.cat.templates
 }
 
+var _ vend.ItemSource = (*Manager)(nil)
+
+// PromptServer implements vend.ItemSource: the upstream server listing
+// the prompt exposed as name, and the prompt's name there. No I/O.
+func (m *Manager) PromptServer(name string) (server, upstreamName string, ok bool) {
+	m.mu.RLock()
+	p, ok := m.cat.promptBy[name]
+	m.mu.RUnlock()
+	return p.Server, p.UpstreamName, ok
+}
+
+// ResourceServer implements vend.ItemSource: the upstream server
+// ReadResource would read uri on, and the key it is priced by: uri when an
+// upstream lists it, or when it is a listed URI template itself (for
+// prices in lists), else the first listed template (in ReadResource's
+// order) that matches it. No I/O.
+func (m *Manager) ResourceServer(uri string) (server, key string, ok bool) {
+	m.mu.RLock()
+	cat := m.cat
+	m.mu.RUnlock()
+	if r, ok := cat.uriBy[uri]; ok {
+		return r.Server, uri, true
+	}
+	for _, t := range cat.templates {
+		if t.URITemplate == uri {
+			return t.Server, uri, true
+		}
+	}
+	for _, t := range cat.templates {
+		if t.tmpl != nil && t.tmpl.Regexp().MatchString(uri) {
+			return t.Server, t.URITemplate, true
+		}
+	}
+	return "", "", false
+}
+
 // GetPrompt renders the prompt exposed as name on its upstream with args
 // and returns the upstream's GetPromptResult as JSON (without the hop's
 // resultType and _meta server info).
@@ -100,8 +136,8 @@ func (m *Manager) ResourceTemplates() []ResourceTemplate {
 // Errors: a name not listed wraps ErrNotFound; an upstream that is down
 // (returned at once), a transport failure or a JSON-RPC error from the
 // upstream (e.g. a missing argument) wrap vend.ErrUpstream; the end of ctx
-// is returned wrapped as is. Prompts are free and side-effect free as far
-// as capvend knows: nothing is recorded.
+// is returned wrapped as is. Nothing is recorded here: a priced prompt is
+// sold through vend, which calls this once paid.
 func (m *Manager) GetPrompt(ctx context.Context, name string, args map[string]string) (json.RawMessage, error) {
 	m.mu.RLock()
 	p, ok := m.cat.promptBy[name]

@@ -174,6 +174,28 @@ func TestCatalog(t *testing.T) {
 		}
 	})
 
+	t.Run("item servers", func(t *testing.T) {
+		if s, up, ok := m.PromptServer("l_greet"); !ok || s != "local" || up != "greet" {
+			t.Errorf("PromptServer(l_greet) = %q %q %v", s, up, ok)
+		}
+		if _, _, ok := m.PromptServer("greet"); ok {
+			t.Error("PromptServer(greet): an unprefixed name found")
+		}
+		for _, tc := range []struct{ uri, server, key string }{
+			{"test://shared", "web", "test://shared"},
+			{"stdio-upstream://readme", "local", "stdio-upstream://readme"},
+			{"stdio-upstream://item/42", "local", "stdio-upstream://item/{id}"},
+			{"http-upstream://item/{id}", "web", "http-upstream://item/{id}"},
+		} {
+			if s, key, ok := m.ResourceServer(tc.uri); !ok || s != tc.server || key != tc.key {
+				t.Errorf("ResourceServer(%s) = %q %q %v, want %q %q", tc.uri, s, key, ok, tc.server, tc.key)
+			}
+		}
+		if _, _, ok := m.ResourceServer("nowhere://x"); ok {
+			t.Error("ResourceServer(nowhere://x) found")
+		}
+	})
+
 	t.Run("get prompt", func(t *testing.T) {
 		for _, tc := range []struct{ name, want string }{
 			{"w_greet", "user http-upstream: hello bob"}, {"l_greet", "user stdio-upstream: hello bob"},
