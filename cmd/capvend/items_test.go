@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/ledger"
+)
+
+// TestServeSellsPromptsAndResourcesOverMCPHTTP: example-tools' prompt
+// summarize (3 sats) and resource example://readme (1.5 sats) are priced
+// on the stdio upstream; a real mcp-go client gets them through `capvend
+// serve` over MCP HTTP, the customer node pays each hold invoice from
+// payment_required, the same prompt of the HTTP upstream stays free, the
+// journal books income:prompts and income:resources, and the ledger
+// verifies.
+func TestServeSellsPromptsAndResourcesOverMCPHTTP(t *testing.T) {
+	s := needStack(t)
+	url, db := serving(t, s, serveOpts{hold: true, items: true})
+	pc := newPayingClient(t, s, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	prices := map[string]any{}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ps, err := pc.ListPrompts(ctx, mcp.ListPromptsRequest{})
+		if err == nil && len(ps.Prompts) == 2 {
+			for _, p := range ps.Prompts {
+				if p.Meta != nil {
+					prices[p.Name] = p.Meta.AdditionalFields["capvend/price"]
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prompts: %+v %v", ps, err)
+		}
+		time.Sleep(200 * time.Millisecond) // upstreams connecting
+	}
+	if fmt.Sprint(prices["t_summarize"]) != "map[amount:3 unit:sats]" || prices["w_summarize"] != nil {
+		t.Fatalf("prices in prompts/list: %v", prices)
+	}
+	rs, err := pc.ListResources(ctx, mcp.ListResourcesRequest{})
+	if err != nil || len(rs.Resources) != 1 || rs.Resources[0].Meta == nil ||
+		fmt.Sprint(rs.Resources[0].Meta.AdditionalFields["capvend/price"]) != "map[amount:2 unit:sats]" {
+		t.Fatalf("resources/list: %+v %v", rs, err)
+	}
+
+	// The free prompt: no payment.
+	free, err := pc.GetPrompt(ctx, mcp.GetPromptRequest{Params: mcp.GetPromptParams{Name: "w_summarize", Arguments: map[string]string{"text": "free"}}})
+	if err != nil || len(free.Messages) != 1 || len(pc.methods()) != 0 {
+		t.Fatalf("free prompt: %+v %v %v", free, err, pc.methods())
+	}
+
+	before := customerBalance(t, s)
+	res, err := pc.GetPrompt(ctx, mcp.GetPromptRequest{Params: mcp.GetPromptParams{Name: "t_summarize", Arguments: map[string]string{"text": "sold for sats"}}})
+	if err != nil || len(res.Messages) != 1 {
+		t.Fatalf("priced prompt: %+v %v (notes %v)", res, err, pc.methods())
+	}
+	if tc, ok := res.Messages[0].Content.(mcp.TextContent); !ok || !strings.HasSuffix(tc.Text, "sold for sats") {
+		t.Fatalf("priced prompt message %+v", res.Messages[0])
+	}
+	if err := <-pc.paid; err != nil {
+		t.Fatalf("prompt payment: %v", err)
+	}
+	read, err := pc.ReadResource(ctx, mcp.ReadResourceRequest{Params: mcp.ReadResourceParams{URI: "example://readme"}})
+	if err != nil || len(read.Contents) != 1 {
+		t.Fatalf("priced resource: %+v %v (notes %v)", read, err, pc.methods())
+	}
+	if tc, ok := read.Contents[0].(mcp.TextResourceContents); !ok || !strings.HasPrefix(tc.Text, "example-tools:") {
+		t.Fatalf("priced resource contents %+v", read.Contents[0])
+	}
+	if err := <-pc.paid; err != nil {
+		t.Fatalf("resource payment: %v", err)
+	}
+	if got := strings.Join(pc.methods(), ","); got != "notifications/payment_required,notifications/payment_accepted,notifications/payment_required,notifications/payment_accepted" {
+		t.Fatalf("notifications %s", got)
+	}
+	if spent := before - customerBalance(t, s); spent != 4_500 {
+		t.Fatalf("customer spent %d msat, want 4500", spent)
+	}
+
+	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	verifyLedger(t, l)
+	b, err := l.Balance(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, tr := range b.Tools {
+		got[tr.Account] = int64(tr.Revenue)
+	}
+	if got["income:prompts:tools:summarize"] != 3_000 || got["income:resources:tools:example---readme"] != 1_500 || len(got) != 2 {
+		t.Fatalf("revenue %v", got)
+	}
+}
