@@ -254,3 +254,30 @@ func TestRecoverRedoesAnInterruptedPrompt(t *testing.T) {
 	}
 	verify(t, l)
 }
+
+// TestPromptDailyFreeQuota: free_per_day counts a prompt apart from a tool
+// of the same name.
+func TestPromptDailyFreeQuota(t *testing.T) {
+	items := &fakeItems{fakeTools: &fakeTools{}}
+	h := newHarness(t, false, func(c *vend.Config) {
+		c.Tools = items
+		c.Prices = newBook(t, map[string]pricing.Rule{pricing.PromptKey("summarize"): {Price: 3_000, FreePerDay: 1}})
+	})
+	if _, err := h.v.CallTool(context.Background(), promptReq("p1", "demo_summarize", `{"text":"a"}`, nil)); err != nil {
+		t.Fatal(err)
+	}
+	ch := h.callAsync(promptReq("p2", "demo_summarize", `{"text":"b"}`, nil))
+	p := h.nextPayment(t)
+	if p.Amount != 3_000 {
+		t.Fatalf("second get quoted %d", p.Amount)
+	}
+	h.be.pay(p.Ref)
+	if o := result(t, ch); o.err != nil {
+		t.Fatal(o.err)
+	}
+	b, _ := h.l.Balance(context.Background())
+	if len(b.Free) != 1 || b.Free[0].Tool != pricing.PromptKey("summarize") || b.Free[0].Uses != 1 || items.prompts.Load() != 2 {
+		t.Fatalf("free uses %+v, renders %d", b.Free, items.prompts.Load())
+	}
+	verify(t, h.l)
+}

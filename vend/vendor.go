@@ -910,7 +910,7 @@ func (v *Vendor) finish(ctx context.Context, call *Call, p *Payment, t *Tool, ar
 	v.failpoint(FailDuringExecution)
 	outcome := "delivered"
 	defer func() {
-		v.cfg.Log.Info("vend: priced call", "tool", t.Name, "price_msat", int64(call.Price), "backend", p.Backend,
+		v.cfg.Log.Info("vend: priced call", "kind", string(t.Kind.Or()), "tool", t.Name, "price_msat", int64(call.Price), "backend", p.Backend,
 			"payment", p.Ref, "outcome", outcome, "duration", time.Since(start))
 	}()
 	if err == nil && !isErrorResult(body) {
