@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mark3labs/mcp-go/mcp"
+
 	"github.com/capvend/capvend/vend"
 )
 
@@ -159,5 +161,28 @@ func TestPricedPromptsAndResourcesOverHTTP(t *testing.T) {
 	}
 	if iv.count() != n {
 		t.Fatal("a free prompt or resource went through the Vendor")
+	}
+}
+
+// TestPricedPromptOverStdio: over stdio the payment notifications precede
+// the prompt's result on the output, and the request id reaches the Vendor.
+func TestPricedPromptOverStdio(t *testing.T) {
+	s, iv := newItemServer(t)
+	c, stop := startStdio(t, s)
+	defer stop()
+	n := newNotes()
+	c.OnNotification(n.add)
+	if _, err := c.Initialize(context.Background(), mcp.InitializeRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.GetPrompt(context.Background(), mcp.GetPromptRequest{Params: mcp.GetPromptParams{Name: "priced", Arguments: map[string]string{"who": "x"}}})
+	if err != nil || len(res.Messages) != 1 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if got := strings.Join(n.payment(), ","); got != vend.NotifyPaymentRequired+","+vend.NotifyPaymentAccepted {
+		t.Fatalf("notifications %s", got)
+	}
+	if last := iv.last(); last.Kind != vend.KindPrompt || last.Transport != TransportStdio || last.RequestID == "" {
+		t.Fatalf("vendor request %+v", last)
 	}
 }
