@@ -25,22 +25,25 @@ type fakeItems struct {
 
 var _ vend.ItemSource = (*fakeItems)(nil)
 
-func (f *fakeItems) PromptServer(name string) (string, string, bool) {
+var summarizeSchema = json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`)
+
+func (f *fakeItems) PromptItem(name string) (vend.Tool, bool) {
 	switch name {
 	case "demo_summarize", "demo_broken", "demo_freeprompt":
-		return "demo", strings.TrimPrefix(name, "demo_"), true
+		return vend.Tool{Kind: vend.KindPrompt, Name: name, Server: "demo", UpstreamName: strings.TrimPrefix(name, "demo_"),
+			InputSchema: map[bool]json.RawMessage{true: summarizeSchema}[name == "demo_summarize"]}, true
 	}
-	return "", "", false
+	return vend.Tool{}, false
 }
 
-func (f *fakeItems) ResourceServer(uri string) (string, string, bool) {
+func (f *fakeItems) ResourceItem(uri string) (vend.Tool, bool) {
 	switch {
 	case uri == "docs://guide":
-		return "demo", uri, true
+		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: uri}, true
 	case uri == "docs://pages/{id}" || strings.HasPrefix(uri, "docs://pages/"):
-		return "demo", "docs://pages/{id}", true
+		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: "docs://pages/{id}"}, true
 	}
-	return "", "", false
+	return vend.Tool{}, false
 }
 
 func (f *fakeItems) GetPrompt(ctx context.Context, name string, args map[string]string) (json.RawMessage, error) {
@@ -126,12 +129,14 @@ func TestPricedPromptIsQuotedPaidRunOnceAndReplayed(t *testing.T) {
 	verify(t, h.l)
 }
 
-func TestPromptArgumentsMustBeStrings(t *testing.T) {
+func TestPromptArgumentsAreCheckedBeforeAQuote(t *testing.T) {
 	h, items := itemHarness(t, false)
-	_, err := h.v.CallTool(context.Background(), promptReq("p1", "demo_summarize", `{"text":1}`, nil))
-	var ip *vend.InvalidParamsError
-	if !errors.As(err, &ip) {
-		t.Fatalf("err %v, want invalid params", err)
+	for _, args := range []string{`{"text":1}`, `{}`, `[]`} { // not a string; a required argument missing; not an object
+		_, err := h.v.CallTool(context.Background(), promptReq("p1"+args, "demo_summarize", args, nil))
+		var ip *vend.InvalidParamsError
+		if !errors.As(err, &ip) {
+			t.Fatalf("%s: err %v, want invalid params", args, err)
+		}
 	}
 	if _, err := h.v.CallTool(context.Background(), promptReq("p2", "demo_nope", `{}`, nil)); !errors.Is(err, vend.ErrUnknownTool) {
 		t.Fatalf("unknown prompt: %v", err)

@@ -65,14 +65,18 @@ type ToolSource interface {
 // gets and resource reads are treated as idempotent: a paid one a crash
 // interrupted is run again at start.
 type ItemSource interface {
-	// PromptServer returns the upstream server serving the prompt exposed
-	// as name and the prompt's name there; ok=false if none lists it.
-	PromptServer(name string) (server, upstreamName string, ok bool)
-	// ResourceServer returns the upstream server that serves a read of
-	// uri and the key its price is looked up by: uri itself when an
-	// upstream lists it (or uri is a listed URI template), else the first
-	// listed URI template uri matches. ok=false if neither.
-	ResourceServer(uri string) (server, key string, ok bool)
+	// PromptItem returns the prompt exposed as name as a Tool of
+	// KindPrompt: Name, Server, UpstreamName (its name on the upstream),
+	// Title, Description, and an InputSchema of its arguments (strings,
+	// the required ones required), checked before a get is quoted.
+	// ok=false if no upstream lists it.
+	PromptItem(name string) (t Tool, ok bool)
+	// ResourceItem returns the resource read as uri as a Tool of
+	// KindResource: Name uri, Server the upstream that serves the read,
+	// UpstreamName the key its price is looked up by (uri itself when an
+	// upstream lists it or it is a listed URI template, else the first
+	// listed URI template uri matches). ok=false if neither.
+	ResourceItem(uri string) (t Tool, ok bool)
 	// GetPrompt renders the prompt exposed as name with args and returns
 	// the MCP GetPromptResult as JSON. An error means it could not be
 	// rendered (the upstream is down, refused the arguments, ...).

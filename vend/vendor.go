@@ -428,17 +428,19 @@ func (v *Vendor) item(kind ItemKind, name string) (Tool, bool) {
 	if !ok {
 		return Tool{}, false
 	}
+	var t Tool
 	switch kind {
 	case KindPrompt:
-		if server, up, ok := items.PromptServer(name); ok {
-			return Tool{Kind: KindPrompt, Name: name, Server: server, UpstreamName: up, Idempotent: true}, true
-		}
+		t, ok = items.PromptItem(name)
 	case KindResource:
-		if server, key, ok := items.ResourceServer(name); ok {
-			return Tool{Kind: KindResource, Name: name, Server: server, UpstreamName: key, Idempotent: true}, true
-		}
+		t, ok = items.ResourceItem(name)
+		t.InputSchema = nil // a read has no arguments
 	}
-	return Tool{}, false
+	if !ok {
+		return Tool{}, false
+	}
+	t.Kind, t.Name, t.Idempotent = kind, name, true
+	return t, true
 }
 
 // priceKey is the name t's price is looked up by in the price book (and

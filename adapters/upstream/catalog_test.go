@@ -174,12 +174,14 @@ func TestCatalog(t *testing.T) {
 		}
 	})
 
-	t.Run("item servers", func(t *testing.T) {
-		if s, up, ok := m.PromptServer("l_greet"); !ok || s != "local" || up != "greet" {
-			t.Errorf("PromptServer(l_greet) = %q %q %v", s, up, ok)
+	t.Run("items", func(t *testing.T) {
+		p, ok := m.PromptItem("l_greet")
+		if !ok || p.Kind != vend.KindPrompt || p.Server != "local" || p.UpstreamName != "greet" ||
+			string(p.InputSchema) != `{"properties":{"who":{"type":"string"}},"required":["who"],"type":"object"}` {
+			t.Errorf("PromptItem(l_greet) = %+v %v (schema %s)", p, ok, p.InputSchema)
 		}
-		if _, _, ok := m.PromptServer("greet"); ok {
-			t.Error("PromptServer(greet): an unprefixed name found")
+		if _, ok := m.PromptItem("greet"); ok {
+			t.Error("PromptItem(greet): an unprefixed name found")
 		}
 		for _, tc := range []struct{ uri, server, key string }{
 			{"test://shared", "web", "test://shared"},
@@ -187,12 +189,12 @@ func TestCatalog(t *testing.T) {
 			{"stdio-upstream://item/42", "local", "stdio-upstream://item/{id}"},
 			{"http-upstream://item/{id}", "web", "http-upstream://item/{id}"},
 		} {
-			if s, key, ok := m.ResourceServer(tc.uri); !ok || s != tc.server || key != tc.key {
-				t.Errorf("ResourceServer(%s) = %q %q %v, want %q %q", tc.uri, s, key, ok, tc.server, tc.key)
+			if r, ok := m.ResourceItem(tc.uri); !ok || r.Kind != vend.KindResource || r.Name != tc.uri || r.Server != tc.server || r.UpstreamName != tc.key {
+				t.Errorf("ResourceItem(%s) = %+v %v, want %q %q", tc.uri, r, ok, tc.server, tc.key)
 			}
 		}
-		if _, _, ok := m.ResourceServer("nowhere://x"); ok {
-			t.Error("ResourceServer(nowhere://x) found")
+		if _, ok := m.ResourceItem("nowhere://x"); ok {
+			t.Error("ResourceItem(nowhere://x) found")
 		}
 	})
 
