@@ -30,8 +30,9 @@
 // and pricing.ResourceKey, so they never collide with tool names; the
 // ledger records the kind, so income is booked per kind. Prompt gets and
 // resource reads are idempotent: one a crash interrupted is run again at
-// start. Prompt arguments must be strings (-32602 otherwise); a read has
-// no arguments.
+// start. A prompt's arguments are checked against the schema its
+// ItemSource gives (strings, the required ones present) before it is
+// quoted (-32602 otherwise); a read has no arguments.
 package vend
 
 import "github.com/capvend/capvend/pricing"

@@ -2,14 +2,19 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/vend"
 )
 
 // TestServeSellsPromptsAndResourcesOverMCPHTTP: example-tools' prompt
@@ -102,5 +107,74 @@ func TestServeSellsPromptsAndResourcesOverMCPHTTP(t *testing.T) {
 	}
 	if got["income:prompts:tools:summarize"] != 3_000 || got["income:resources:tools:example---readme"] != 1_500 || len(got) != 2 {
 		t.Fatalf("revenue %v", got)
+	}
+}
+
+// TestContextVMSellsPrompts: the same priced prompt bought over the Nostr
+// front (ContextVM) on the stack's relay: prompts/list shows its price,
+// payment_required comes first, the customer node pays, the result
+// follows; the journal books income:prompts and the ledger verifies.
+func TestContextVMSellsPrompts(t *testing.T) {
+	s := needStack(t)
+	sk := nostr.GeneratePrivateKey()
+	server, _ := nostr.GetPublicKey(sk)
+	nsec := filepath.Join(t.TempDir(), "server.nsec")
+	if err := os.WriteFile(nsec, []byte(sk+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path, listen := writeServeConfig(t, s, serveOpts{nsecFile: nsec, items: true})
+	db := filepath.Join(filepath.Dir(path), "capvend.db")
+	serveStoppable(t, path, listen)
+	c := dialContextVM(t, s.RelayURL, server)
+	c.waitReady()
+
+	var list cvmMessage
+	for i := 0; ; i++ {
+		list = c.until(c.request(`{"jsonrpc":"2.0","id":1,"method":"prompts/list"}`), func(cvmMessage) {})
+		if strings.Contains(string(list.Result), `"name":"t_summarize"`) || i == 300 { // a hang guard
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !strings.Contains(string(list.Result), `"capvend/price":{"amount":3,"unit":"sats"}`) {
+		t.Fatalf("prompts/list %s", list.Result)
+	}
+
+	req := c.request(`{"jsonrpc":"2.0","id":2,"method":"prompts/get","params":{"name":"t_summarize","arguments":{"text":"paid over nostr"}}}`,
+		nostr.Tag{"pmi", vend.PMILightning})
+	var notes []string
+	paid := make(chan error, 1)
+	res := c.until(req, func(m cvmMessage) {
+		notes = append(notes, m.Method)
+		if m.Method == vend.NotifyPaymentRequired {
+			var p vend.PaymentOption
+			json.Unmarshal(m.Params, &p)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				_, err := s.Pay(ctx, p.PayReq)
+				paid <- err
+			}()
+		}
+	})
+	if res.Error != nil || !strings.Contains(string(res.Result), "paid over nostr") {
+		t.Fatalf("prompts/get: %s %+v (notifications %v)", res.Result, res.Error, notes)
+	}
+	if len(notes) == 0 || notes[0] != vend.NotifyPaymentRequired {
+		t.Fatalf("notifications %v", notes)
+	}
+	if err := <-paid; err != nil {
+		t.Fatal(err)
+	}
+
+	l, err := ledger.Open(context.Background(), db, ledger.Options{MustExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	verifyLedger(t, l)
+	b, _ := l.Balance(context.Background())
+	if len(b.Tools) != 1 || b.Tools[0].Account != "income:prompts:tools:summarize" || b.Tools[0].Revenue != 3_000 {
+		t.Fatalf("revenue %+v", b.Tools)
 	}
 }
