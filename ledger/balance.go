@@ -12,8 +12,8 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// ToolRevenue is the net income booked for one tool (settlements less
-// refunds).
+// ToolRevenue is the net income booked for one tool, prompt or resource
+// (settlements less refunds).
 type ToolRevenue struct {
 	Account string
 	Calls   int // settled payments booked to it
@@ -70,7 +70,7 @@ func (l *Ledger) Balance(ctx context.Context) (*Balance, error) {
 		rows, err := tx.QueryContext(ctx, `SELECT a.name, -sum(p.amount_msat),
 			count(DISTINCT CASE WHEN e.kind = 'settlement' THEN e.id END)
 			FROM postings p JOIN accounts a ON a.id = p.account_id JOIN entries e ON e.id = p.entry_id
-			WHERE a.name LIKE 'income:tools:%' AND e.sealed = 1 GROUP BY a.name ORDER BY a.name`)
+			WHERE `+incomeAccountsWhere+` AND e.sealed = 1 GROUP BY a.name ORDER BY a.name`)
 		if err != nil {
 			return err
 		}
@@ -85,7 +85,7 @@ func (l *Ledger) Balance(ctx context.Context) (*Balance, error) {
 		rows.Close()
 		rows, err = tx.QueryContext(ctx, `SELECT date(e.ts / 1000, 'unixepoch') AS day, a.name, -sum(p.amount_msat)
 			FROM postings p JOIN accounts a ON a.id = p.account_id JOIN entries e ON e.id = p.entry_id
-			WHERE a.name LIKE 'income:tools:%' AND e.sealed = 1 GROUP BY day, a.name ORDER BY day, a.name`)
+			WHERE `+incomeAccountsWhere+` AND e.sealed = 1 GROUP BY day, a.name ORDER BY day, a.name`)
 		if err != nil {
 			return err
 		}
@@ -151,7 +151,7 @@ func (l *Ledger) Balance(ctx context.Context) (*Balance, error) {
 func (b *Balance) WriteTo(w io.Writer) (int64, error) {
 	var sb strings.Builder
 	tw := tabwriter.NewWriter(&sb, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(&sb, "Revenue per tool (net of refunds):")
+	fmt.Fprintln(&sb, "Revenue per tool, prompt and resource (net of refunds):")
 	var total vend.Msat
 	fmt.Fprintf(tw, "\tTOOL ACCOUNT\tPAID CALLS\tREVENUE (sat)\t\n")
 	for _, t := range b.Tools {

@@ -12,16 +12,17 @@ import (
 )
 
 const callColumns = `id, transport, client, request_id, server, tool, args_hash, price_msat,
-	idempotent, state, executions, reason, created_at, updated_at`
+	idempotent, state, executions, reason, created_at, updated_at, kind`
 
 type rowScanner interface{ Scan(dest ...any) error }
 
 func scanCall(r rowScanner) (vend.Call, error) {
 	var c vend.Call
 	var created, updated int64
-	var state string
+	var state, kind string
 	err := r.Scan(&c.ID, &c.Transport, &c.Client, &c.RequestID, &c.Server, &c.Tool, &c.ArgsHash,
-		&c.Price, &c.Idempotent, &state, &c.Executions, &c.Reason, &created, &updated)
+		&c.Price, &c.Idempotent, &state, &c.Executions, &c.Reason, &created, &updated, &kind)
+	c.Kind = vend.ItemKind(kind)
 	if errors.Is(err, sql.ErrNoRows) {
 		return c, vend.ErrNotFound
 	}
@@ -127,10 +128,11 @@ func (l *Ledger) RecordCall(ctx context.Context, nc vend.NewCall) (vend.Call, bo
 	var created bool
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO calls (transport, client, request_id, server, tool, args_hash,
-			price_msat, idempotent, state, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?)
+			price_msat, idempotent, state, created_at, updated_at, kind)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?, ?)
 			ON CONFLICT (transport, client, request_id) DO NOTHING`,
-			nc.Transport, nc.Client, nc.RequestID, nc.Server, nc.Tool, nc.ArgsHash, nc.Price, nc.Idempotent, ms(now), ms(now))
+			nc.Transport, nc.Client, nc.RequestID, nc.Server, nc.Tool, nc.ArgsHash, nc.Price, nc.Idempotent, ms(now), ms(now),
+			string(nc.Kind.Or()))
 		if err != nil {
 			return err
 		}
@@ -159,6 +161,8 @@ func validateNewCall(nc vend.NewCall) error {
 	switch {
 	case nc.Transport == "" || nc.Client == "" || nc.RequestID == "" || nc.Server == "" || nc.Tool == "":
 		return errors.New("record call: transport, client, request id, server and tool are required")
+	case nc.Kind.Or() != vend.KindTool && nc.Kind != vend.KindPrompt && nc.Kind != vend.KindResource:
+		return fmt.Errorf("record call: unknown kind %q", nc.Kind)
 	case len(nc.ArgsHash) != 64:
 		return errors.New("record call: args hash must be a hex SHA-256")
 	case nc.Price <= 0:

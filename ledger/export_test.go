@@ -22,7 +22,8 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 // fixtureLedger books a small but varied history: Lightning and Cashu
 // settlements (with a mint fee and an overpayment), a hold invoice cancelled
 // after a failure, a refund of a settled call, an adjustment, names that
-// Beancount cannot spell as they are, and entries on two UTC days.
+// Beancount cannot spell as they are, a sold prompt and a sold resource
+// (read through a URI template), and entries on two UTC days.
 func fixtureLedger(t *testing.T) *ledger.Ledger {
 	t.Helper()
 	ctx := context.Background()
@@ -42,9 +43,10 @@ func fixtureLedger(t *testing.T) *ledger.Ledger {
 			t.Fatal(err)
 		}
 	}
+	var item vend.ItemKind // what the next call sells ("": a tool)
 	call := func(i int, server, tool string, price vend.Msat, kind vend.PaymentKind, backend vend.Backend) (vend.Call, vend.Payment) {
 		nc := newCall(i)
-		nc.Server, nc.Tool, nc.Price = server, tool, price
+		nc.Server, nc.Tool, nc.Price, nc.Kind = server, tool, price, item
 		cl, _, err := l.RecordCall(ctx, nc)
 		must(err)
 		np := newPayment(i)
@@ -100,6 +102,18 @@ func fixtureLedger(t *testing.T) *ledger.Ledger {
 
 	// An unpaid quote stays pending and books nothing.
 	call(6, "demo", "echo", 21_000, vend.KindInvoice, vend.BackendLND)
+
+	item = vend.KindPrompt
+	c7, p7 := call(7, "demo", "summarize", 3_000, vend.KindInvoice, vend.BackendLND)
+	_, err = l.SettlePayment(ctx, vend.Settlement{Ref: p7.Ref, Amount: 3_000})
+	must(err)
+	deliver(c7)
+	item = vend.KindResource
+	c8, p8 := call(8, "demo", "docs://guide/{page}", 1_500, vend.KindInvoice, vend.BackendLND)
+	_, err = l.SettlePayment(ctx, vend.Settlement{Ref: p8.Ref, Amount: 1_500})
+	must(err)
+	deliver(c8)
+	item = ""
 
 	must(l.Post(ctx, ledger.Entry{Kind: "melt", Description: "melted ecash to Lightning", Postings: []ledger.Posting{
 		{Account: ledger.AccountLND, Amount: 40_000},
@@ -163,8 +177,8 @@ func TestExportJSONLIsJSONAndBalanced(t *testing.T) {
 		}
 		n++
 	}
-	if n != 6 {
-		t.Fatalf("%d entries, want 6", n)
+	if n != 8 {
+		t.Fatalf("%d entries, want 8", n)
 	}
 }
 
@@ -215,7 +229,7 @@ func TestBeancountExportPassesBeanCheck(t *testing.T) {
 	// bean-query agrees with our balance of the tools' income.
 	if bq, err := exec.LookPath("bean-query"); err == nil {
 		out, err := exec.Command(bq, "-q", "-f", "csv", file,
-			"SELECT account, sum(number) AS total WHERE account ~ '^Income:Tools' GROUP BY account ORDER BY account").CombinedOutput()
+			"SELECT account, sum(number) AS total WHERE account ~ '^Income:(Tools|Prompts|Resources)' GROUP BY account ORDER BY account").CombinedOutput()
 		if err != nil {
 			t.Fatalf("bean-query: %v\n%s", err, out)
 		}
@@ -225,6 +239,8 @@ func TestBeancountExportPassesBeanCheck(t *testing.T) {
 			"Income:Tools:Weather:Forecast-7d,-50.500",
 			"Income:Tools:My-srv:Get-quote,0.000",    // my.srv/get_quote: paid, then refunded
 			"Income:Tools:My-srv:Get-quote-9,-2.000", // my-srv/get-quote: same Beancount spelling, kept apart
+			"Income:Prompts:Demo:Summarize,-3.000",
+			"Income:Resources:Demo:Docs---guide--page-,-1.500",
 		} {
 			if !strings.Contains(got, want) {
 				t.Errorf("bean-query output lacks %q:\n%s", want, out)
@@ -248,7 +264,9 @@ func TestHledgerExportLoadsInHledger(t *testing.T) {
 	}
 	got := string(out)
 	for _, want := range []string{
-		`"assets:lightning:lnd","63.000 SAT"`,
+		`"assets:lightning:lnd","67.500 SAT"`,
+		`"income:prompts:demo:summarize","-3.000 SAT"`,
+		`"income:resources:demo:docs---guide--page-","-1.500 SAT"`,
 		`"income:tools:demo:echo","-21.000 SAT"`,
 		`"income:tools:weather:forecast_7d","-50.500 SAT"`,
 		`"income:overpayments","-1.500 SAT"`,

@@ -26,6 +26,24 @@ func IncomeAccount(server, tool string) string {
 	return "income:tools:" + Segment(server) + ":" + Segment(tool)
 }
 
+// ItemIncomeAccount is where revenue from one tool, prompt or resource is
+// booked: IncomeAccount for a tool, income:prompts:<server>:<prompt> for a
+// prompt, income:resources:<server>:<uri> for a resource (its URI or URI
+// template made one segment by Segment: "docs://guide" is "docs---guide").
+func ItemIncomeAccount(kind vend.ItemKind, server, name string) string {
+	switch kind {
+	case vend.KindPrompt:
+		return "income:prompts:" + Segment(server) + ":" + Segment(name)
+	case vend.KindResource:
+		return "income:resources:" + Segment(server) + ":" + Segment(name)
+	}
+	return IncomeAccount(server, name)
+}
+
+// incomeAccountsWhere selects every item income account (tools, prompts,
+// resources) in a query joining accounts as a.
+const incomeAccountsWhere = `(a.name LIKE 'income:tools:%' OR a.name LIKE 'income:prompts:%' OR a.name LIKE 'income:resources:%')`
+
 // CashuAccount is the ecash held at one mint: assets:cashu:<mint host>.
 func CashuAccount(mintURL string) string { return "assets:cashu:" + mintSegment(mintURL) }
 
@@ -176,7 +194,7 @@ func assetAccount(p vend.Payment) string {
 func postSettlement(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, s vend.Settlement, now time.Time) error {
 	e := Entry{
 		Kind:        "settlement",
-		Description: fmt.Sprintf("%s/%s call %d paid by %s %s", c.Server, c.Tool, c.ID, p.Backend, p.Kind),
+		Description: fmt.Sprintf("%s%s/%s call %d paid by %s %s", kindPrefix(c.Kind), c.Server, c.Tool, c.ID, p.Backend, p.Kind),
 		CallID:      c.ID,
 		PaymentID:   p.ID,
 	}
@@ -190,7 +208,7 @@ func postSettlement(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, s
 		}
 		e.Postings = append(e.Postings, Posting{fee, s.Fee})
 	}
-	e.Postings = append(e.Postings, Posting{IncomeAccount(c.Server, c.Tool), -c.Price})
+	e.Postings = append(e.Postings, Posting{ItemIncomeAccount(c.Kind, c.Server, c.Tool), -c.Price})
 	if over := s.Amount - c.Price; over > 0 {
 		e.Postings = append(e.Postings, Posting{AccountOverpayment, -over})
 	}
@@ -200,7 +218,7 @@ func postSettlement(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, s
 // postRefund reverses a settled call's income into a refund owed to the
 // client.
 func postRefund(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, reason string, now time.Time) error {
-	desc := fmt.Sprintf("%s/%s call %d refunded", c.Server, c.Tool, c.ID)
+	desc := fmt.Sprintf("%s%s/%s call %d refunded", kindPrefix(c.Kind), c.Server, c.Tool, c.ID)
 	if reason != "" {
 		desc += ": " + reason
 	}
@@ -210,8 +228,17 @@ func postRefund(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, reaso
 		CallID:      c.ID,
 		PaymentID:   p.ID,
 		Postings: []Posting{
-			{IncomeAccount(c.Server, c.Tool), c.Price},
+			{ItemIncomeAccount(c.Kind, c.Server, c.Tool), c.Price},
 			{AccountRefunds, -c.Price},
 		},
 	}, now)
+}
+
+// kindPrefix starts the description of a prompt's or resource's entry
+// ("prompt demo/summarize call 3 ..."); tools have none, as before.
+func kindPrefix(k vend.ItemKind) string {
+	if k.Or() == vend.KindTool {
+		return ""
+	}
+	return string(k) + " "
 }

@@ -5,7 +5,10 @@
 // keys and immediate write transactions; every state change is one
 // transaction. The schema's own constraints and triggers enforce the money
 // rules, so a bug above this package cannot book an unbalanced entry, edit a
-// posting or skip a state.
+// posting or skip a state. A call records what it sold (a tool, a prompt or
+// a resource: vend.ItemKind); its income is booked to
+// income:tools:<server>:<tool>, income:prompts:<server>:<prompt> or
+// income:resources:<server>:<uri> (see ItemIncomeAccount).
 package ledger
 
 import (

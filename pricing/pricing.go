@@ -164,8 +164,8 @@ type Quote struct {
 // invalid params; nothing is quoted.
 var ErrBadArgument = errors.New("bad argument")
 
-// Book is a set of rules by upstream server and tool name. A tool without a
-// rule is free. A Book is immutable once built, so it is safe for
+// Book is a set of rules by upstream server and tool name (or PromptKey,
+// ResourceKey). A tool, prompt or resource without a rule is free. A Book is immutable once built, so it is safe for
 // concurrent use; a new configuration builds a new Book.
 type Book struct {
 	rules map[string]map[string]Rule
@@ -191,6 +191,16 @@ func NewBook(rules map[string]map[string]Rule) (*Book, error) {
 	}
 	return b, nil
 }
+
+// PromptKey and ResourceKey are the names under which a Book holds the
+// rules of prompts and resources, beside its tools: "prompt:<name>" and
+// "resource:<uri or URI template>". MCP tool names have no ':' (their
+// recommended alphabet is A-Z a-z 0-9 _ - .), so the three never collide;
+// capvend's config refuses tool names with these prefixes.
+func PromptKey(name string) string { return "prompt:" + name }
+
+// ResourceKey: see PromptKey.
+func ResourceKey(uri string) string { return "resource:" + uri }
 
 // Quote prices a call of tool on server with args (a JSON object; empty or
 // null means no arguments). It returns an error wrapping ErrBadArgument if

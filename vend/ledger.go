@@ -37,9 +37,13 @@ type NewCall struct {
 	Client    string // client identity: a Nostr pubkey, an MCP session id
 	RequestID string // the request's id on its transport (JSON-RPC id, Nostr event id)
 	Server    string // upstream server name
-	Tool      string // tool name on that server
-	ArgsHash  string // hex SHA-256 of the canonical method + params without _meta (see CanonicalHash)
-	Price     Msat   // > 0: free calls are not recorded
+	// Kind is what was sold ("" is KindTool).
+	Kind ItemKind
+	// Tool is the tool's (prompt's) name on that server, or the URI (or
+	// URI template) a resource is priced under.
+	Tool     string
+	ArgsHash string // hex SHA-256 of the canonical method + params without _meta (see CanonicalHash)
+	Price    Msat   // > 0: free calls are not recorded
 	// Idempotent tools may be re-run after a crash during execution;
 	// others are refunded instead.
 	Idempotent bool
@@ -132,7 +136,7 @@ type FreeUse struct {
 	// that holds a free use is free again without counting another.
 	RequestID string
 	Server    string // upstream server name
-	Tool      string // tool name on that server
+	Tool      string // tool name on that server; pricing.PromptKey or ResourceKey for prompts, resources
 	PerDay    int    // the quota: free uses per Client, tool and UTC day; > 0
 }
 

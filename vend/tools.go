@@ -7,9 +7,32 @@ import (
 	"fmt"
 )
 
+// ItemKind is what a priced request sells: a tool call, a prompt get or a
+// resource read.
+type ItemKind string
+
+// The kinds of items sold. The zero ItemKind is KindTool.
+const (
+	KindTool     ItemKind = "tool"     // tools/call
+	KindPrompt   ItemKind = "prompt"   // prompts/get
+	KindResource ItemKind = "resource" // resources/read
+)
+
+// Or returns k, or KindTool when k is empty.
+func (k ItemKind) Or() ItemKind {
+	if k == "" {
+		return KindTool
+	}
+	return k
+}
+
 // Tool is a tool capvend offers: an upstream server's tool under the name
-// clients see, with its price.
+// clients see, with its price. Inside vend a Tool also stands for a priced
+// prompt or resource (Kind): then Name is the exposed prompt name or the
+// URI read, UpstreamName the prompt's name on the upstream or the URI (or
+// URI template) the resource is priced under, and there is no schema.
 type Tool struct {
+	Kind         ItemKind        // "" or KindTool for tools
 	Name         string          // the name clients call (upstream prefix + UpstreamName)
 	Server       string          // the upstream server's configured name
 	UpstreamName string          // the tool's name on the upstream
@@ -37,10 +60,38 @@ type ToolSource interface {
 	CallTool(ctx context.Context, t Tool, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error)
 }
 
+// ItemSource is an optional ability of a ToolSource: it serves prompts and
+// resources, which can then be sold like tools (CallRequest.Kind). Prompt
+// gets and resource reads are treated as idempotent: a paid one a crash
+// interrupted is run again at start.
+type ItemSource interface {
+	// PromptItem returns the prompt exposed as name as a Tool of
+	// KindPrompt: Name, Server, UpstreamName (its name on the upstream),
+	// Title, Description, and an InputSchema of its arguments (strings,
+	// the required ones required), checked before a get is quoted.
+	// ok=false if no upstream lists it.
+	PromptItem(name string) (t Tool, ok bool)
+	// ResourceItem returns the resource read as uri as a Tool of
+	// KindResource: Name uri, Server the upstream that serves the read,
+	// UpstreamName the key its price is looked up by (uri itself when an
+	// upstream lists it or it is a listed URI template, else the first
+	// listed URI template uri matches). ok=false if neither.
+	ResourceItem(uri string) (t Tool, ok bool)
+	// GetPrompt renders the prompt exposed as name with args and returns
+	// the MCP GetPromptResult as JSON. An error means it could not be
+	// rendered (the upstream is down, refused the arguments, ...).
+	GetPrompt(ctx context.Context, name string, args map[string]string) (json.RawMessage, error)
+	// ReadResource reads uri and returns the MCP ReadResourceResult as
+	// JSON; errors as for GetPrompt.
+	ReadResource(ctx context.Context, uri string) (json.RawMessage, error)
+}
+
 // PriceBook prices tools. pricing.Book implements it. It must be safe for
 // concurrent use.
 type PriceBook interface {
-	// Quote prices a call of tool on server with args (a JSON object):
+	// Quote prices a call of tool on server with args (a JSON object)
+	// (prompts and resources are looked up as pricing.PromptKey(name) and
+	// pricing.ResourceKey(uri or template)):
 	// its price (0: free), whether the tool may be re-run after a crash,
 	// its daily free quota per client, and a short description of how
 	// the price was computed. An error means the arguments cannot be
@@ -52,12 +103,18 @@ type PriceBook interface {
 	Listed(server, tool string) (lo, hi Msat)
 }
 
-// CallRequest is one tools/call as a front received it.
+// CallRequest is one tools/call (or priced prompts/get or resources/read)
+// as a front received it.
 type CallRequest struct {
+	// Kind is what is asked for: "" or KindTool a tools/call;
+	// KindPrompt a prompts/get, with Tool the exposed prompt name and
+	// Arguments its arguments object (string values); KindResource a
+	// resources/read, with Tool the URI and Arguments {} or nil.
+	Kind      ItemKind
 	Transport string // "mcp-http", "mcp-stdio", "nostr"
 	Client    string // client identity on that transport (session id, pubkey)
 	RequestID string // the request's id on its transport, unique per client
-	Tool      string // the exposed tool name
+	Tool      string // the exposed tool name (prompt name, resource URI)
 	Arguments json.RawMessage
 	// ProgressToken is the client's _meta.progressToken (raw JSON), nil
 	// if none: payment waits then send progress heartbeats.
@@ -161,7 +218,8 @@ type CallResult struct {
 
 // Errors a front translates to JSON-RPC errors.
 var (
-	// ErrUnknownTool: no tool of that name (JSON-RPC -32602).
+	// ErrUnknownTool: no tool (prompt, resource) of that name (JSON-RPC
+	// -32602).
 	ErrUnknownTool = errors.New("unknown tool")
 	// ErrPaymentExpired: the payment request expired unpaid; nothing ran.
 	ErrPaymentExpired = errors.New("payment request expired unpaid")

@@ -21,6 +21,18 @@
 // PaymentRequiredError; the client pays and repeats the call, which finds
 // its single-use grant by client and canonical hash. A Cashu token in
 // _meta pays at once.
+//
+// Prompts and resources are sold the same way (CallRequest.Kind): a
+// prompts/get of a priced prompt or a resources/read of a priced resource
+// (a listed URI, or one matching a priced URI template) goes through
+// CallTool with the same guarantees, run by the ToolSource's optional
+// ItemSource. Their prices are the book's rules under pricing.PromptKey
+// and pricing.ResourceKey, so they never collide with tool names; the
+// ledger records the kind, so income is booked per kind. Prompt gets and
+// resource reads are idempotent: one a crash interrupted is run again at
+// start. A prompt's arguments are checked against the schema its
+// ItemSource gives (strings, the required ones present) before it is
+// quoted (-32602 otherwise); a read has no arguments.
 package vend
 
 import "github.com/capvend/capvend/pricing"

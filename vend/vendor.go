@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/capvend/capvend/pricing"
 )
 
 // Config wires a Vendor.
@@ -276,9 +278,9 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool) {
 		}
 		return
 	}
-	t, ok := v.awaitTool(ctx, name)
+	t, ok := v.awaitTool(ctx, call.Kind.Or(), name)
 	if !ok {
-		log.Warn("vend: recover: tool unavailable; the call stays paid until it returns", "tool", name)
+		log.Warn("vend: recover: tool unavailable; the call stays paid until it returns", "kind", string(call.Kind.Or()), "tool", name)
 		return
 	}
 	ps, err := v.cfg.Ledger.CallPayments(ctx, id)
@@ -287,7 +289,7 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool) {
 		return
 	}
 	p := ps[len(ps)-1]
-	r := CallRequest{Transport: call.Transport, Client: call.Client, RequestID: call.RequestID, Tool: name, Arguments: args,
+	r := CallRequest{Kind: call.Kind, Transport: call.Transport, Client: call.Client, RequestID: call.RequestID, Tool: name, Arguments: args,
 		Notify: func(string, any) {}}
 	if !resume {
 		if _, err := v.run(ctx, &call, &p, &t, args, &r); err != nil && !errors.Is(err, ErrUpstream) {
@@ -317,11 +319,12 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool) {
 	v.finish(ctx, &call, &p, &t, args, &r)
 }
 
-// awaitTool waits (up to a minute) for an upstream to offer the tool.
-func (v *Vendor) awaitTool(ctx context.Context, name string) (Tool, bool) {
+// awaitTool waits (up to a minute) for an upstream to offer the tool
+// (prompt, resource).
+func (v *Vendor) awaitTool(ctx context.Context, kind ItemKind, name string) (Tool, bool) {
 	deadline := time.Now().Add(time.Minute)
 	for {
-		if t, ok := v.tool(name); ok {
+		if t, ok := v.item(kind, name); ok {
 			return t, true
 		}
 		if time.Now().After(deadline) {
@@ -414,6 +417,71 @@ func (v *Vendor) tool(name string) (Tool, bool) {
 	return Tool{}, false
 }
 
+// item returns what a request of kind asks for by name: a tool, or a
+// prompt or resource (as a Tool, see Tool) if the ToolSource is an
+// ItemSource that serves it.
+func (v *Vendor) item(kind ItemKind, name string) (Tool, bool) {
+	if kind.Or() == KindTool {
+		return v.tool(name)
+	}
+	items, ok := v.cfg.Tools.(ItemSource)
+	if !ok {
+		return Tool{}, false
+	}
+	var t Tool
+	switch kind {
+	case KindPrompt:
+		t, ok = items.PromptItem(name)
+	case KindResource:
+		t, ok = items.ResourceItem(name)
+		t.InputSchema = nil // a read has no arguments
+	}
+	if !ok {
+		return Tool{}, false
+	}
+	t.Kind, t.Name, t.Idempotent = kind, name, true
+	return t, true
+}
+
+// priceKey is the name t's price is looked up by in the price book (and
+// its daily free quota counted by): the tool's upstream name, or
+// pricing.PromptKey, pricing.ResourceKey of it.
+func priceKey(t *Tool) string {
+	switch t.Kind {
+	case KindPrompt:
+		return pricing.PromptKey(t.UpstreamName)
+	case KindResource:
+		return pricing.ResourceKey(t.UpstreamName)
+	}
+	return t.UpstreamName
+}
+
+// method is the JSON-RPC method a request for t is, and its params without
+// _meta, for CanonicalHash.
+func method(t *Tool, args json.RawMessage) (string, json.RawMessage) {
+	switch t.Kind {
+	case KindPrompt:
+		p, _ := json.Marshal(map[string]json.RawMessage{"name": mustJSON(t.Name), "arguments": args})
+		return "prompts/get", p
+	case KindResource:
+		p, _ := json.Marshal(map[string]json.RawMessage{"uri": mustJSON(t.Name)})
+		return "resources/read", p
+	}
+	p, _ := json.Marshal(map[string]json.RawMessage{"name": mustJSON(t.Name), "arguments": args})
+	return "tools/call", p
+}
+
+// ItemPrice returns the least and most a request for the item of kind
+// named name (a tool name, a prompt name, a resource URI or URI template)
+// costs, for lists and announcements; 0, 0 for a free or unknown item.
+func (v *Vendor) ItemPrice(kind ItemKind, name string) (lo, hi Msat) {
+	t, ok := v.item(kind, name)
+	if !ok {
+		return 0, 0
+	}
+	return v.book().Listed(t.Server, priceKey(&t))
+}
+
 // CallTool serves one tools/call: see the package documentation for the
 // flow. It returns the tool's result (possibly with isError when the tool
 // ran and failed: a paid call is then refunded), or an error a front maps
@@ -459,18 +527,26 @@ type admitted struct {
 //
 //go:noinline
 func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResult, error) {
-	t, ok := v.tool(r.Tool)
+	t, ok := v.item(r.Kind, r.Tool)
 	if !ok {
 		return nil, CallResult{}, fmt.Errorf("%w: %q", ErrUnknownTool, r.Tool)
 	}
 	args, err := normalizeArgs(r.Arguments)
+	if err == nil {
+		switch t.Kind {
+		case KindPrompt:
+			_, err = promptArgs(args)
+		case KindResource:
+			args = json.RawMessage("{}") // a read has no arguments
+		}
+	}
 	if err != nil {
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
 	if err := v.schemas.validate(&t, args); err != nil {
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
-	q, err := v.book().Quote(t.Server, t.UpstreamName, args)
+	q, err := v.book().Quote(t.Server, priceKey(&t), args)
 	if err != nil {
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
@@ -478,8 +554,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		res, err := v.runFree(ctx, &t, args, r)
 		return nil, res, err
 	}
-	params, _ := json.Marshal(map[string]json.RawMessage{"name": mustJSON(r.Tool), "arguments": args})
-	hash, err := CanonicalHash("tools/call", params)
+	hash, err := CanonicalHash(method(&t, args))
 	if err != nil {
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
@@ -495,7 +570,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	}
 	if q.FreePerDay > 0 {
 		free, err := v.cfg.Ledger.ClaimFreeUse(ctx, FreeUse{Transport: r.Transport, Client: quotaKey(r),
-			RequestID: r.RequestID, Server: t.Server, Tool: t.UpstreamName, PerDay: q.FreePerDay})
+			RequestID: r.RequestID, Server: t.Server, Tool: priceKey(&t), PerDay: q.FreePerDay})
 		if err != nil {
 			return nil, CallResult{}, err
 		}
@@ -506,7 +581,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		}
 	}
 	call, created, err := v.cfg.Ledger.RecordCall(ctx, NewCall{
-		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Tool: t.UpstreamName,
+		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Kind: t.Kind.Or(), Tool: t.UpstreamName,
 		ArgsHash: hash, Price: q.Price, Idempotent: q.Idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
 	})
 	if err != nil {
@@ -837,7 +912,7 @@ func (v *Vendor) finish(ctx context.Context, call *Call, p *Payment, t *Tool, ar
 	v.failpoint(FailDuringExecution)
 	outcome := "delivered"
 	defer func() {
-		v.cfg.Log.Info("vend: priced call", "tool", t.Name, "price_msat", int64(call.Price), "backend", p.Backend,
+		v.cfg.Log.Info("vend: priced call", "kind", string(t.Kind.Or()), "tool", t.Name, "price_msat", int64(call.Price), "backend", p.Backend,
 			"payment", p.Ref, "outcome", outcome, "duration", time.Since(start))
 	}()
 	if err == nil && !isErrorResult(body) {
@@ -900,7 +975,20 @@ func (v *Vendor) execute(ctx context.Context, t *Tool, args json.RawMessage, r *
 	if r.ProgressToken != nil {
 		progress = func(params json.RawMessage) { r.Notify(NotifyProgress, params) }
 	}
-	body, err := v.cfg.Tools.CallTool(ctx, *t, args, r.ProgressToken, progress)
+	var body json.RawMessage
+	var err error
+	switch t.Kind {
+	case KindPrompt, KindResource:
+		items, _ := v.cfg.Tools.(ItemSource) // item() found t through it
+		if t.Kind == KindPrompt {
+			m, _ := promptArgs(args) // checked in admit
+			body, err = items.GetPrompt(ctx, t.Name, m)
+		} else {
+			body, err = items.ReadResource(ctx, t.Name)
+		}
+	default:
+		body, err = v.cfg.Tools.CallTool(ctx, *t, args, r.ProgressToken, progress)
+	}
 	if err != nil {
 		v.cfg.Log.Warn("vend: upstream call failed", "tool", t.Name, "err", err)
 		return nil, fmt.Errorf("%w: %s is unavailable", ErrUpstream, t.Server)
@@ -1032,7 +1120,7 @@ func (v *Vendor) runningDone(id CallID) chan struct{} {
 // differently now (it was replaced since the call was quoted), just the
 // price the call was recorded with.
 func (v *Vendor) describe(t *Tool, args json.RawMessage, price Msat) string {
-	if q, err := v.book().Quote(t.Server, t.UpstreamName, args); err == nil && q.Price == price && q.Description != "" {
+	if q, err := v.book().Quote(t.Server, priceKey(t), args); err == nil && q.Price == price && q.Description != "" {
 		return t.Name + ": " + q.Description
 	}
 	return describe(t, price)
@@ -1067,6 +1155,24 @@ func normalizeArgs(args json.RawMessage) (json.RawMessage, error) {
 		return nil, errors.New("arguments must be a JSON object")
 	}
 	return args, nil
+}
+
+// promptArgs returns a prompts/get arguments object (JSON) as the string
+// map MCP defines it to be; an error if a value is not a string.
+func promptArgs(args json.RawMessage) (map[string]string, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(args, &raw); err != nil {
+		return nil, errors.New("arguments must be a JSON object")
+	}
+	m := make(map[string]string, len(raw))
+	for k, v := range raw {
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			return nil, fmt.Errorf("argument %q must be a string", k)
+		}
+		m[k] = s
+	}
+	return m, nil
 }
 
 // isErrorResult reports whether a CallToolResult has isError set.

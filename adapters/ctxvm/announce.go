@@ -256,9 +256,9 @@ func (s *Server) announcements() []announcement {
 		templates = s.announceResourceTemplates()
 		prompts = s.announcePrompts()
 		out = append(out,
-			announcement{Address: Address{Kind: KindAnnounceResources}, content: resources.content},
-			announcement{Address: Address{Kind: KindAnnounceResourceTemplates}, content: templates.content},
-			announcement{Address: Address{Kind: KindAnnouncePrompts}, content: prompts.content},
+			announcement{Address: Address{Kind: KindAnnounceResources}, content: resources.content, tags: resources.cvmCaps},
+			announcement{Address: Address{Kind: KindAnnounceResourceTemplates}, content: templates.content, tags: templates.cvmCaps},
+			announcement{Address: Address{Kind: KindAnnouncePrompts}, content: prompts.content, tags: prompts.cvmCaps},
 		)
 	}
 	relays := nostr.Tags{}
@@ -324,18 +324,23 @@ func capTag(name string, lo, hi vend.Msat) nostr.Tag {
 }
 
 // catalogList is one list of the Catalog as announced: the list result
-// JSON and the DVMCP cap tags (one bare name per item).
+// JSON, the DVMCP cap tags (one bare name per item, with the price when
+// priced) and the ContextVM cap tags (one per priced item, as in list
+// answers: ["cap","prompt:<name>"|"resource:<uri>","<sats>","sats"]).
 type catalogList struct {
 	content string
 	caps    nostr.Tags
+	cvmCaps nostr.Tags
 }
 
 // definitionList builds {"<key>":[...]} from MCP definitions, each with
-// field set to its exposed value (a prompt's name, a resource's uri);
-// definitions that are not JSON objects are skipped (logged).
-func (s *Server) definitionList(key, field string, n int, item func(i int) (string, json.RawMessage)) catalogList {
+// field set to its exposed value (a prompt's name, a resource's uri) and,
+// when priced, _meta["capvend/price"]; definitions that are not JSON
+// objects are skipped (logged).
+func (s *Server) definitionList(kind vend.ItemKind, key, field string, n int, item func(i int) (string, json.RawMessage)) catalogList {
 	items := make([]map[string]json.RawMessage, 0, n)
-	var caps nostr.Tags
+	var caps, cvmCaps nostr.Tags
+	capped := map[string]bool{}
 	for i := range n {
 		v, def := item(i)
 		m := map[string]json.RawMessage{}
@@ -346,33 +351,45 @@ func (s *Server) definitionList(key, field string, n int, item func(i int) (stri
 			}
 		}
 		m[field], _ = json.Marshal(v)
+		lo, hi := s.itemPrice(kind, v)
+		if hi > 0 {
+			withPrice(m, lo, hi)
+			if !capped[v] { // one cap tag per item, even if listed twice
+				capped[v] = true
+				cvmCaps = append(cvmCaps, itemCap(kind, v, lo, hi))
+			}
+		}
 		items = append(items, m)
 		name := v
 		var str string
 		if raw, ok := m["name"]; ok && json.Unmarshal(raw, &str) == nil && str != "" {
 			name = str
 		}
-		caps = append(caps, nostr.Tag{"cap", name})
+		if hi > 0 {
+			caps = append(caps, capTag(name, lo, hi))
+		} else {
+			caps = append(caps, nostr.Tag{"cap", name})
+		}
 	}
 	b, _ := json.Marshal(map[string]any{key: items})
-	return catalogList{content: string(b), caps: caps}
+	return catalogList{content: string(b), caps: caps, cvmCaps: cvmCaps}
 }
 
 func (s *Server) announceResources() catalogList {
 	rs := s.cfg.Catalog.Resources()
-	return s.definitionList("resources", "uri", len(rs), func(i int) (string, json.RawMessage) { return rs[i].URI, rs[i].Definition })
+	return s.definitionList(vend.KindResource, "resources", "uri", len(rs), func(i int) (string, json.RawMessage) { return rs[i].URI, rs[i].Definition })
 }
 
 func (s *Server) announceResourceTemplates() catalogList {
 	ts := s.cfg.Catalog.ResourceTemplates()
-	return s.definitionList("resourceTemplates", "uriTemplate", len(ts), func(i int) (string, json.RawMessage) {
+	return s.definitionList(vend.KindResource, "resourceTemplates", "uriTemplate", len(ts), func(i int) (string, json.RawMessage) {
 		return ts[i].URITemplate, ts[i].Definition
 	})
 }
 
 func (s *Server) announcePrompts() catalogList {
 	ps := s.cfg.Catalog.Prompts()
-	return s.definitionList("prompts", "name", len(ps), func(i int) (string, json.RawMessage) { return ps[i].Name, ps[i].Definition })
+	return s.definitionList(vend.KindPrompt, "prompts", "name", len(ps), func(i int) (string, json.RawMessage) { return ps[i].Name, ps[i].Definition })
 }
 
 // UnannounceResult is what Unannounce published.

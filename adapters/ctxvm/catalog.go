@@ -6,9 +6,11 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/nbd-wtf/go-nostr"
 	"github.com/yosida95/uritemplate/v3"
 
 	"github.com/capvend/capvend/adapters/rpcerr"
+	"github.com/capvend/capvend/pricing"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -31,10 +33,62 @@ func (s *Server) capabilities() map[string]any {
 	return c
 }
 
+// ItemPricer is an optional ability of a Vendor: it sells prompts and
+// resources (vend's Vendor implements it). A prompt or resource it prices
+// above 0 is listed with its price (_meta and cap tags) and its
+// prompts/get or resources/read is sold through Vendor.CallTool like a
+// tools/call; the others stay free.
+type ItemPricer interface {
+	// ItemPrice returns the least and most a prompts/get (KindPrompt,
+	// the exposed name) or resources/read (KindResource, a URI or URI
+	// template) costs; 0 when free or unknown.
+	ItemPrice(kind vend.ItemKind, name string) (lo, hi vend.Msat)
+}
+
+// itemPrice is the listed price of a prompt or resource; 0 when the Vendor
+// sells none.
+func (s *Server) itemPrice(kind vend.ItemKind, name string) (lo, hi vend.Msat) {
+	if ip, ok := s.cfg.Vendor.(ItemPricer); ok {
+		return ip.ItemPrice(kind, name)
+	}
+	return 0, 0
+}
+
+// itemCap is the ContextVM cap tag of a priced prompt or resource:
+// ["cap","prompt:<name>"|"resource:<uri>","<sats or lo-hi>","sats"].
+func itemCap(kind vend.ItemKind, name string, lo, hi vend.Msat) nostr.Tag {
+	return nostr.Tag{"cap", string(kind) + ":" + name, pricing.CapAmount(lo, hi), "sats"}
+}
+
+// priceMeta is the value of _meta["capvend/price"] of a priced item:
+// {"amount": lo, "unit": "sats"}, plus "max_amount" when it varies.
+func priceMeta(lo, hi vend.Msat) map[string]any {
+	price := map[string]any{"amount": lo.SatsCeil(), "unit": "sats"}
+	if hi.SatsCeil() > lo.SatsCeil() {
+		price["max_amount"] = hi.SatsCeil()
+	}
+	return price
+}
+
+// withPrice sets _meta["capvend/price"] in a definition's members,
+// keeping the rest of its _meta.
+func withPrice(fields map[string]json.RawMessage, lo, hi vend.Msat) {
+	meta := map[string]json.RawMessage{}
+	if raw, ok := fields["_meta"]; ok {
+		if json.Unmarshal(raw, &meta) != nil || meta == nil {
+			meta = map[string]json.RawMessage{}
+		}
+	}
+	meta["capvend/price"], _ = json.Marshal(priceMeta(lo, hi))
+	fields["_meta"], _ = json.Marshal(meta)
+}
+
 // serveCatalog answers prompts/list, prompts/get, resources/list,
-// resources/templates/list and resources/read from the Catalog, free and
-// unrecorded. Lists are not paginated (a cursor is ignored).
-func (s *Server) serveCatalog(ctx context.Context, r *request) (json.RawMessage, *rpcError) {
+// resources/templates/list and resources/read from the Catalog: free and
+// unrecorded, except a priced prompt or resource (see ItemPricer). Lists
+// carry the prices of priced entries in _meta and as cap tags. Lists are
+// not paginated (a cursor is ignored).
+func (s *Server) serveCatalog(ctx context.Context, r *request, out *outbox) (json.RawMessage, *rpcError, nostr.Tags) {
 	cat := s.cfg.Catalog
 	switch r.msg.Method {
 	case "prompts/list":
@@ -43,60 +97,69 @@ func (s *Server) serveCatalog(ctx context.Context, r *request) (json.RawMessage,
 			ps = cat.Prompts()
 		}
 		defs := make([]json.RawMessage, 0, len(ps))
+		var tags nostr.Tags
 		seen := map[string]bool{}
 		for _, p := range ps {
-			if d := s.definition(p.Definition, "name", p.Name, "", seen); d != nil {
+			if d, tag := s.definition(vend.KindPrompt, p.Definition, "name", p.Name, "", seen); d != nil {
 				defs = append(defs, d)
+				tags = append(tags, tag...)
 			}
 		}
-		return listResult("prompts", defs), nil
+		return listResult("prompts", defs), nil, tags
 	case "resources/list":
 		var rs []vend.Resource
 		if cat != nil {
 			rs = cat.Resources()
 		}
 		defs := make([]json.RawMessage, 0, len(rs))
+		var tags nostr.Tags
 		seen := map[string]bool{}
 		for _, res := range rs {
-			if d := s.definition(res.Definition, "uri", res.URI, res.URI, seen); d != nil {
+			if d, tag := s.definition(vend.KindResource, res.Definition, "uri", res.URI, res.URI, seen); d != nil {
 				defs = append(defs, d)
+				tags = append(tags, tag...)
 			}
 		}
-		return listResult("resources", defs), nil
+		return listResult("resources", defs), nil, tags
 	case "resources/templates/list":
 		var ts []vend.ResourceTemplate
 		if cat != nil {
 			ts = cat.ResourceTemplates()
 		}
 		defs := make([]json.RawMessage, 0, len(ts))
+		var tags nostr.Tags
 		seen := map[string]bool{}
 		for _, t := range ts {
-			if d := s.definition(t.Definition, "uriTemplate", t.URITemplate, t.URITemplate, seen); d != nil {
+			if d, tag := s.definition(vend.KindResource, t.Definition, "uriTemplate", t.URITemplate, t.URITemplate, seen); d != nil {
 				defs = append(defs, d)
+				tags = append(tags, tag...)
 			}
 		}
-		return listResult("resourceTemplates", defs), nil
+		return listResult("resourceTemplates", defs), nil, tags
 	case "prompts/get":
-		return s.getPrompt(ctx, r.msg.Params)
+		res, rerr := s.getPrompt(ctx, r, out)
+		return res, rerr, nil
 	case "resources/read":
-		return s.readResource(ctx, r.msg.Params)
+		res, rerr := s.readResource(ctx, r, out)
+		return res, rerr, nil
 	}
-	return nil, &rpcError{Code: rpcerr.CodeMethodNotFound, Message: "Method not found"}
+	return nil, &rpcError{Code: rpcerr.CodeMethodNotFound, Message: "Method not found"}, nil
 }
 
 // definition returns def (an MCP Prompt, Resource or ResourceTemplate
 // object) with its member key set to value, and name set to defaultName
 // when it has none (the member is required; the stock client validates
-// it). It returns nil, and logs, for a definition that is not a JSON
-// object or a value already in seen.
-func (s *Server) definition(def json.RawMessage, key, value, defaultName string, seen map[string]bool) json.RawMessage {
+// it); a priced item (of kind, named value) gets its price in _meta and
+// its cap tag is returned. It returns nil, and logs, for a definition that
+// is not a JSON object or a value already in seen.
+func (s *Server) definition(kind vend.ItemKind, def json.RawMessage, key, value, defaultName string, seen map[string]bool) (json.RawMessage, nostr.Tags) {
 	if seen[value] || value == "" {
-		return nil
+		return nil, nil
 	}
 	fields := map[string]json.RawMessage{}
 	if !listable(def) {
 		s.log.Warn("catalog entry not listed: bad definition", key, value)
-		return nil
+		return nil, nil
 	}
 	if len(def) > 0 {
 		json.Unmarshal(def, &fields)
@@ -105,13 +168,18 @@ func (s *Server) definition(def json.RawMessage, key, value, defaultName string,
 	if _, ok := fields["name"]; !ok && defaultName != "" {
 		fields["name"], _ = json.Marshal(defaultName)
 	}
+	var tags nostr.Tags
+	if lo, hi := s.itemPrice(kind, value); hi > 0 {
+		withPrice(fields, lo, hi)
+		tags = nostr.Tags{itemCap(kind, value, lo, hi)}
+	}
 	b, err := json.Marshal(fields)
 	if err != nil {
 		s.log.Warn("catalog entry not listed: bad definition", key, value)
-		return nil
+		return nil, nil
 	}
 	seen[value] = true
-	return b
+	return b, tags
 }
 
 // listable says whether a definition is listed (see definition): absent
@@ -129,13 +197,15 @@ func listResult(member string, defs []json.RawMessage) json.RawMessage {
 	return b
 }
 
-// getPrompt serves prompts/get of a listed prompt.
-func (s *Server) getPrompt(ctx context.Context, params json.RawMessage) (json.RawMessage, *rpcError) {
+// getPrompt serves prompts/get of a listed prompt: sold through the
+// Vendor when priced.
+func (s *Server) getPrompt(ctx context.Context, r *request, out *outbox) (json.RawMessage, *rpcError) {
 	var p struct {
 		Name      string            `json:"name"`
 		Arguments map[string]string `json:"arguments"`
+		Meta      map[string]any    `json:"_meta"`
 	}
-	if err := json.Unmarshal(params, &p); err != nil || p.Name == "" {
+	if err := json.Unmarshal(r.msg.Params, &p); err != nil || p.Name == "" {
 		return nil, &rpcError{Code: rpcerr.CodeInvalidParams, Message: "Invalid params"}
 	}
 	listed := false
@@ -150,6 +220,17 @@ func (s *Server) getPrompt(ctx context.Context, params json.RawMessage) (json.Ra
 	if !listed {
 		return nil, &rpcError{Code: rpcerr.CodeInvalidParams, Message: "Unknown prompt: " + p.Name}
 	}
+	if _, hi := s.itemPrice(vend.KindPrompt, p.Name); hi > 0 {
+		args, _ := json.Marshal(p.Arguments)
+		body, rerr := s.sell(ctx, s.callRequest(r, out, vend.KindPrompt, p.Name, args, p.Meta))
+		if rerr != nil {
+			return nil, rerr
+		}
+		if body, err := withMember(body, "messages"); err == nil {
+			return body, nil
+		}
+		return nil, &rpcError{Code: rpcerr.CodeInternal, Message: "Internal error"}
+	}
 	body, err := s.cfg.Catalog.GetPrompt(ctx, p.Name, p.Arguments)
 	if err == nil {
 		body, err = withMember(body, "messages")
@@ -161,16 +242,27 @@ func (s *Server) getPrompt(ctx context.Context, params json.RawMessage) (json.Ra
 }
 
 // readResource serves resources/read of a listed URI, or one matching a
-// listed template.
-func (s *Server) readResource(ctx context.Context, params json.RawMessage) (json.RawMessage, *rpcError) {
+// listed template: sold through the Vendor when priced.
+func (s *Server) readResource(ctx context.Context, r *request, out *outbox) (json.RawMessage, *rpcError) {
 	var p struct {
-		URI string `json:"uri"`
+		URI  string         `json:"uri"`
+		Meta map[string]any `json:"_meta"`
 	}
-	if err := json.Unmarshal(params, &p); err != nil || p.URI == "" {
+	if err := json.Unmarshal(r.msg.Params, &p); err != nil || p.URI == "" {
 		return nil, &rpcError{Code: rpcerr.CodeInvalidParams, Message: "Invalid params"}
 	}
 	if !s.readable(p.URI) {
 		return nil, &rpcError{Code: rpcerr.CodeInvalidParams, Message: "Unknown resource: " + p.URI}
+	}
+	if _, hi := s.itemPrice(vend.KindResource, p.URI); hi > 0 {
+		body, rerr := s.sell(ctx, s.callRequest(r, out, vend.KindResource, p.URI, json.RawMessage(`{}`), p.Meta))
+		if rerr != nil {
+			return nil, rerr
+		}
+		if body, err := withMember(body, "contents"); err == nil {
+			return body, nil
+		}
+		return nil, &rpcError{Code: rpcerr.CodeInternal, Message: "Internal error"}
 	}
 	body, err := s.cfg.Catalog.ReadResource(ctx, p.URI)
 	if err == nil {

@@ -87,7 +87,15 @@
 //
 // List answers carry one cap tag per priced tool: ["cap","tool:<name>",
 // "<amount>","sats"] for ContextVM, ["cap","<name>","<amount>","sats"]
-// (the DVMCP form) for the others.
+// (the DVMCP form) for the others. When the Vendor is an ItemPricer,
+// prompts/list, resources/list and resources/templates/list answers carry
+// one ["cap","prompt:<name>","<amount>","sats"] or
+// ["cap","resource:<uri or URI template>","<amount>","sats"] per priced
+// entry, whose definition also gets _meta["capvend/price"]; a prompts/get
+// or resources/read of a priced prompt or resource is a vend.CallRequest
+// like a tools/call (Kind KindPrompt or KindResource, Tool the prompt name
+// or URI, the same Client, RequestID, tags and _meta), with the same
+// notifications and errors.
 //
 // # Inbound checks
 //
@@ -114,11 +122,11 @@
 //	ping                       {}
 //	tools/list                 {tools:[...]} and the cap tags
 //	tools/call                 a vend.CallRequest (below)
-//	prompts/list               {prompts:[...]}            from Config.Catalog, free and unrecorded;
-//	resources/list             {resources:[...]}          lists are not paginated, have no cap tags
+//	prompts/list               {prompts:[...]}            from Config.Catalog; not paginated;
+//	resources/list             {resources:[...]}          cap tags of the priced entries
 //	resources/templates/list   {resourceTemplates:[...]}
-//	prompts/get                the Catalog's GetPromptResult, verbatim
-//	resources/read             the Catalog's ReadResourceResult, verbatim
+//	prompts/get                the Catalog's GetPromptResult, verbatim (priced: sold as above)
+//	resources/read             the Catalog's ReadResourceResult, verbatim (priced: sold as above)
 //	completion/complete        forwarded to a Catalog that is a Completer; else no suggestions,
 //	                           {"completion":{"values":[]}} (no upstream completes yet).
 //	                           Params without ref or argument.name: -32602 "Invalid params"
@@ -241,8 +249,9 @@
 //	       ["cap","tool:<name>","<sats or lo-hi>","sats"] per priced tool
 //	11317  tools: content the tools/list result; the same cap tags
 //	11318  resources {"resources":[...]}; 11319 resource templates
-//	       {"resourceTemplates":[...]}; 11320 prompts {"prompts":[...]}; no
-//	       cap tags (they are free)
+//	       {"resourceTemplates":[...]}; 11320 prompts {"prompts":[...]};
+//	       priced entries with _meta["capvend/price"] and a cap tag each
+//	       (["cap","resource:<uri>",...], ["cap","prompt:<name>",...])
 //	10002  NIP-65 relay list: ["r", <url>] per relay of Config.Relays
 //	DVMCP (2025-03-26 rev1.1, addressable; content the bare result, as rev1.1
 //	and the DVMCP bridge, not rev1's JSON-RPC envelope):
@@ -255,6 +264,7 @@
 //	       ["d","<id>/resources/templates/list"], ["s",<id>], ["cap",<name>]
 //	31319  prompts (31319 is prompts here, templates in ContextVM):
 //	       ["d","<id>/prompts/list"], ["s",<id>], ["cap",<name>] per prompt
+//	       (priced prompts and resources: ["cap",<name>,"<sats>","sats"])
 //	DVMCP 2024-11-05 (NIP-89):
 //	31990  content {"name","about","tools":[...]}; ["d",<id>], ["k","5910"],
 //	       ["capabilities","mcp-1.0"], ["t","mcp"], ["t",<tool>] per tool

@@ -193,8 +193,8 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 		out.answer(res, rerr, nil, false)
 		s.remember(ctx, r, res, rerr) // while the answer is published
 	case "prompts/list", "prompts/get", "resources/list", "resources/templates/list", "resources/read":
-		res, rerr := s.serveCatalog(ctx, r)
-		out.answer(res, rerr, nil, false)
+		res, rerr, tags := s.serveCatalog(ctx, r, out)
+		out.answer(res, rerr, tags, false)
 		s.remember(ctx, r, res, rerr)
 	default:
 		out.answer(nil, &rpcError{Code: rpcerr.CodeMethodNotFound, Message: "Method not found"}, nil, false)
@@ -232,16 +232,24 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 	if err := json.Unmarshal(r.msg.Params, &p); err != nil || p.Name == "" {
 		return nil, &rpcError{Code: rpcerr.CodeInvalidParams, Message: "Invalid params"}
 	}
+	cr := s.callRequest(r, out, vend.KindTool, p.Name, p.Arguments, p.Meta)
+	if r.dialect == dialectContextVM {
+		cr.Elicit = s.elicitFunc(r, out)
+	}
+	return s.sell(ctx, cr)
+}
+
+// callRequest is the vend.CallRequest of a tools/call (or priced
+// prompts/get, resources/read) of r: see the package doc.
+func (s *Server) callRequest(r *request, out *outbox, kind vend.ItemKind, name string, args json.RawMessage, meta map[string]any) vend.CallRequest {
 	cr := vend.CallRequest{
+		Kind:      kind,
 		Transport: r.dialect.transport(),
 		Client:    r.ev.PubKey,
 		RequestID: r.ev.ID,
-		Tool:      p.Name,
-		Arguments: p.Arguments,
+		Tool:      name,
+		Arguments: args,
 		Notify:    out.notify,
-	}
-	if r.dialect == dialectContextVM {
-		cr.Elicit = s.elicitFunc(r, out)
 	}
 	if len(cr.Arguments) == 0 || string(cr.Arguments) == "null" {
 		cr.Arguments = json.RawMessage(`{}`)
@@ -254,7 +262,7 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 			cr.Explicit = true
 		}
 	}
-	if m := p.Meta; m != nil {
+	if m := meta; m != nil {
 		if tok, ok := m["progressToken"]; ok && tok != nil {
 			cr.ProgressToken, _ = json.Marshal(tok)
 		}
@@ -278,6 +286,12 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 			}
 		}
 	}
+	return cr
+}
+
+// sell runs cr through the Vendor and returns the result body or the
+// JSON-RPC error for the client (details only logged).
+func (s *Server) sell(ctx context.Context, cr vend.CallRequest) (json.RawMessage, *rpcError) {
 	res, err := s.cfg.Vendor.CallTool(ctx, cr)
 	if err != nil {
 		w := toWire(err, cr.Tool)
@@ -288,7 +302,7 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 		case rpcerr.CodeInternal:
 			lvl = slog.LevelError
 		}
-		s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Tool, logKeyClient, cr.Client, logKeyCode, w.Code, logKeyErr, err)
+		s.log.Log(ctx, lvl, string(cr.Kind.Or())+" request answered with an error", logKeyTool, cr.Tool, logKeyClient, cr.Client, logKeyCode, w.Code, logKeyErr, err)
 		return nil, w
 	}
 	if !json.Valid(res.Body) {

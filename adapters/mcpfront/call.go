@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -101,36 +102,66 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 			cr.Arguments = json.RawMessage(`{}`)
 		}
 	}
-	if m := req.Params.Meta; m != nil {
-		if m.ProgressToken != nil {
-			cr.ProgressToken, _ = json.Marshal(m.ProgressToken)
-		}
-		if tok, ok := m.AdditionalFields[vend.MetaCashuToken].(string); ok {
-			cr.CashuToken = tok
-		}
-		if proof, ok := m.AdditionalFields[vend.MetaPaymentProof].(string); ok {
-			cr.PaymentProof = proof
-		}
-		if from, ok := m.AdditionalFields[vend.MetaInvoiceFrom].(string); ok {
-			cr.InvoiceFrom = vend.Backend(from)
-		}
-		if v, ok := m.AdditionalFields[MetaPaymentInteraction].(string); ok && v == ExplicitGating {
-			cr.Explicit = true
-		}
-		if list, ok := m.AdditionalFields[MetaPMI].([]any); ok {
-			for _, p := range list {
-				if str, ok := p.(string); ok {
-					cr.PMIs = append(cr.PMIs, str)
-				}
-			}
-		}
-	}
+	readMeta(&cr, req.Params.Meta)
 	cr.Notify = s.notifier(ctx)
 
 	if req.Params.RequestState != "" {
 		return s.resume(ctx, req, cr.Client)
 	}
 	return s.await(ctx, s.startCall(ctx, cr))
+}
+
+// readMeta fills cr from a request's _meta: progress token, Cashu token,
+// payment proof, invoice backend, explicit gating, payment methods.
+func readMeta(cr *vend.CallRequest, m *mcp.Meta) {
+	if m == nil {
+		return
+	}
+	if m.ProgressToken != nil {
+		cr.ProgressToken, _ = json.Marshal(m.ProgressToken)
+	}
+	if tok, ok := m.AdditionalFields[vend.MetaCashuToken].(string); ok {
+		cr.CashuToken = tok
+	}
+	if proof, ok := m.AdditionalFields[vend.MetaPaymentProof].(string); ok {
+		cr.PaymentProof = proof
+	}
+	if from, ok := m.AdditionalFields[vend.MetaInvoiceFrom].(string); ok {
+		cr.InvoiceFrom = vend.Backend(from)
+	}
+	if v, ok := m.AdditionalFields[MetaPaymentInteraction].(string); ok && v == ExplicitGating {
+		cr.Explicit = true
+	}
+	if list, ok := m.AdditionalFields[MetaPMI].([]any); ok {
+		for _, p := range list {
+			if str, ok := p.(string); ok {
+				cr.PMIs = append(cr.PMIs, str)
+			}
+		}
+	}
+}
+
+// itemRequest is the vend.CallRequest of a priced prompts/get or
+// resources/read: like a tools/call's (see handleCall), without
+// elicitation (prompts and resources do not ask).
+func (s *Server) itemRequest(ctx context.Context, kind vend.ItemKind, name string, args json.RawMessage, h http.Header, meta *mcp.Meta) vend.CallRequest {
+	cr := vend.CallRequest{Kind: kind, Tool: name, RequestID: h.Get(rpcIDHeader), Arguments: args, Explicit: s.cfg.ExplicitGating}
+	cr.Transport, _ = ctx.Value(keyTransport).(string)
+	cr.Client, _ = ctx.Value(keyClient).(string)
+	cr.Anonymous = cr.Client == anonClient
+	cr.Source, _ = ctx.Value(keySource).(string)
+	readMeta(&cr, meta)
+	cr.Notify = s.notifier(ctx)
+	return cr
+}
+
+// priced returns the listed price of a prompt or resource, 0 when the
+// Vendor sells none.
+func (s *Server) priced(kind vend.ItemKind, name string) (lo, hi vend.Msat) {
+	if ip, ok := s.cfg.Vendor.(ItemPricer); ok {
+		return ip.ItemPrice(kind, name)
+	}
+	return 0, 0
 }
 
 // answer turns the Vendor's outcome of cr into the handler's return.

@@ -84,6 +84,7 @@ func (s *Server) refreshCatalog() {
 			continue
 		}
 		mp.Name = p.Name
+		mp.Meta = s.itemMeta(mp.Meta, vend.KindPrompt, p.Name)
 		b, _ := json.Marshal(mp)
 		if _, dup := next[p.Name]; dup {
 			continue
@@ -111,6 +112,7 @@ func (s *Server) refreshCatalog() {
 			continue
 		}
 		mr.URI = r.URI
+		mr.Meta = s.itemMeta(mr.Meta, vend.KindResource, r.URI)
 		b, _ := json.Marshal(mr)
 		if _, dup := next[r.URI]; dup {
 			continue
@@ -145,6 +147,7 @@ func (s *Server) refreshCatalog() {
 			continue
 		}
 		mt.URITemplate = &ut
+		mt.Meta = s.itemMeta(mt.Meta, vend.KindResource, t.URITemplate)
 		b, _ := json.Marshal(mt)
 		if _, dup := next[t.URITemplate]; dup {
 			continue
@@ -197,11 +200,22 @@ func removed(old, next map[string][]byte) []string {
 	return out
 }
 
-// handleGetPrompt is the mcp-go handler of every prompt.
+// handleGetPrompt is the mcp-go handler of every prompt: a priced one is
+// sold through the Vendor, a free one fetched from the Catalog.
 func (s *Server) handleGetPrompt(ctx context.Context, req mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
 	name := req.Params.Name
-	body, err := s.cfg.Catalog.GetPrompt(ctx, name, req.Params.Arguments)
-	if err != nil {
+	var body json.RawMessage
+	var err error
+	if _, hi := s.priced(vend.KindPrompt, name); hi > 0 {
+		args := json.RawMessage(`{}`)
+		if req.Params.Arguments != nil {
+			args, _ = json.Marshal(req.Params.Arguments)
+		}
+		body, err = s.sell(ctx, s.itemRequest(ctx, vend.KindPrompt, name, args, req.Header, req.Params.Meta))
+		if err != nil {
+			return nil, err
+		}
+	} else if body, err = s.cfg.Catalog.GetPrompt(ctx, name, req.Params.Arguments); err != nil {
 		return nil, s.catalogError(ctx, "prompts/get", logKeyPrompt, name, err)
 	}
 	res, err := mcp.ParseGetPromptResult(&body)
@@ -219,8 +233,14 @@ func (s *Server) handleGetPrompt(ctx context.Context, req mcp.GetPromptRequest) 
 // cache hints are not passed on.
 func (s *Server) handleReadResource(ctx context.Context, req mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
 	uri := req.Params.URI
-	body, err := s.cfg.Catalog.ReadResource(ctx, uri)
-	if err != nil {
+	var body json.RawMessage
+	var err error
+	if _, hi := s.priced(vend.KindResource, uri); hi > 0 {
+		body, err = s.sell(ctx, s.itemRequest(ctx, vend.KindResource, uri, json.RawMessage(`{}`), req.Header, req.Params.Meta))
+		if err != nil {
+			return nil, err
+		}
+	} else if body, err = s.cfg.Catalog.ReadResource(ctx, uri); err != nil {
 		return nil, s.catalogError(ctx, "resources/read", logKeyURI, uri, err)
 	}
 	res, err := mcp.ParseReadResourceResult(&body)
@@ -228,6 +248,30 @@ func (s *Server) handleReadResource(ctx context.Context, req mcp.ReadResourceReq
 		return nil, s.catalogError(ctx, "resources/read", logKeyURI, uri, fmt.Errorf("invalid result: %w", err))
 	}
 	return res.Contents, nil
+}
+
+// sell runs a priced prompts/get or resources/read through the Vendor
+// (payment notifications on the request's stream, as for tools) and
+// returns the result body, or the error for mcp-go marked with its wire
+// error (see toWire).
+func (s *Server) sell(ctx context.Context, cr vend.CallRequest) (json.RawMessage, error) {
+	res, err := s.cfg.Vendor.CallTool(ctx, cr)
+	if err == nil && !json.Valid(res.Body) {
+		err = fmt.Errorf("invalid result body")
+	}
+	if err != nil {
+		w := toWire(err, cr.Tool)
+		lvl := slog.LevelInfo
+		switch w.Code {
+		case rpcerr.CodePaymentRequired, rpcerr.CodePaymentPending:
+			lvl = slog.LevelDebug
+		case rpcerr.CodeInternal:
+			lvl = slog.LevelError
+		}
+		s.log.Log(ctx, lvl, "priced "+string(cr.Kind)+" answered with an error", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
+		return nil, s.markError(err, cr.Tool)
+	}
+	return res.Body, nil
 }
 
 // catalogError logs err and returns it marked for the writers (see
@@ -240,4 +284,11 @@ func (s *Server) catalogError(ctx context.Context, method, key, what string, err
 	}
 	s.log.Log(ctx, lvl, "catalog request answered with an error", logKeyMethod, method, key, what, logKeyCode, w.Code, logKeyErr, err)
 	return s.markError(err, "")
+}
+
+// itemMeta is the _meta of a listed prompt, resource or template: m with
+// the item's price when it has one.
+func (s *Server) itemMeta(m *mcp.Meta, kind vend.ItemKind, name string) *mcp.Meta {
+	lo, hi := s.priced(kind, name)
+	return withPrice(m, lo, hi)
 }

@@ -73,8 +73,15 @@
 // # Prompts and resources
 //
 // With a Config.Catalog, prompts/list, prompts/get, resources/list,
-// resources/templates/list and resources/read are served for free, nothing
-// recorded: definitions as the Catalog gives them (names, URIs and URI
+// resources/templates/list and resources/read are served. When the Vendor
+// is an ItemPricer, a priced prompt, resource or resource template is
+// listed with the same _meta["capvend/price"] as a priced tool, and a
+// prompts/get of it (resources/read of the URI, or of a URI matching the
+// template) is sold through Vendor.CallTool exactly like a tools/call
+// (CallRequest.Kind KindPrompt or KindResource, Tool the prompt name or
+// URI, the same _meta keys, payment notifications on the request's stream,
+// the same JSON-RPC errors, explicit gating -32042/-32043 included).
+// The others are served for free, nothing recorded: definitions as the Catalog gives them (names, URIs and URI
 // templates as listed), results converted from the Catalog's JSON to
 // mcp-go's typed results (its handlers take no raw JSON) and back, which
 // keeps every member mcp-go models (tested against the JSON for text,
@@ -145,6 +152,17 @@ type Vendor interface {
 type PriceRanger interface {
 	// ListedPrice returns the least and most a call of t can cost.
 	ListedPrice(t vend.Tool) (lo, hi vend.Msat)
+}
+
+// ItemPricer is an optional ability of a Vendor: it sells prompts and
+// resources (vend's Vendor implements it). A prompt or resource it prices
+// above 0 is listed with its price and served through Vendor.CallTool
+// (CallRequest.Kind), paid like a tool; the others stay free.
+type ItemPricer interface {
+	// ItemPrice returns the least and most a prompts/get (KindPrompt,
+	// the exposed name) or resources/read (KindResource, a URI or URI
+	// template) costs; 0 when free or unknown.
+	ItemPrice(kind vend.ItemKind, name string) (lo, hi vend.Msat)
 }
 
 // _meta keys and values capvend reads on calls and writes on tools.
@@ -269,15 +287,13 @@ func New(cfg Config) (*Server, error) {
 
 	hooks := &server.Hooks{}
 	hooks.AddBeforeCallTool(func(ctx context.Context, id any, req *mcp.CallToolRequest) {
-		raw, err := json.Marshal(id)
-		if err != nil {
-			raw = []byte("null")
-		}
-		req.Header = req.Header.Clone()
-		if req.Header == nil {
-			req.Header = http.Header{}
-		}
-		req.Header.Set(rpcIDHeader, string(raw))
+		req.Header = withRPCID(req.Header, id)
+	})
+	hooks.AddBeforeGetPrompt(func(ctx context.Context, id any, req *mcp.GetPromptRequest) {
+		req.Header = withRPCID(req.Header, id)
+	})
+	hooks.AddBeforeReadResource(func(ctx context.Context, id any, req *mcp.ReadResourceRequest) {
+		req.Header = withRPCID(req.Header, id)
 	})
 	opts := []server.ServerOption{server.WithToolCapabilities(true), server.WithHooks(hooks)}
 	if cfg.Catalog != nil {
@@ -307,6 +323,21 @@ func New(cfg Config) (*Server, error) {
 	)
 	s.Refresh()
 	return s, nil
+}
+
+// withRPCID returns a copy of h carrying the JSON-RPC id (see
+// rpcIDHeader).
+func withRPCID(h http.Header, id any) http.Header {
+	raw, err := json.Marshal(id)
+	if err != nil {
+		raw = []byte("null")
+	}
+	h = h.Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	h.Set(rpcIDHeader, string(raw))
+	return h
 }
 
 // Refresh re-reads the Vendor's tools and registers them; mcp-go then
@@ -344,14 +375,30 @@ func (s *Server) toMCPTool(t vend.Tool, ranger PriceRanger) mcp.Tool {
 	if ranger != nil {
 		lo, hi = ranger.ListedPrice(t)
 	}
-	if hi > 0 {
-		price := map[string]any{"amount": lo.SatsCeil(), "unit": "sats"}
-		if hi.SatsCeil() > lo.SatsCeil() {
-			price["max_amount"] = hi.SatsCeil()
-		}
-		mt.Meta = &mcp.Meta{AdditionalFields: map[string]any{MetaPrice: price}}
-	}
+	mt.Meta = withPrice(nil, lo, hi)
 	return mt
+}
+
+// withPrice returns m with _meta["capvend/price"] set when hi > 0 (m
+// unchanged otherwise): {"amount": lo, "unit": "sats"}, plus "max_amount"
+// when the price varies. m is not modified; nil is fine.
+func withPrice(m *mcp.Meta, lo, hi vend.Msat) *mcp.Meta {
+	if hi <= 0 {
+		return m
+	}
+	price := map[string]any{"amount": lo.SatsCeil(), "unit": "sats"}
+	if hi.SatsCeil() > lo.SatsCeil() {
+		price["max_amount"] = hi.SatsCeil()
+	}
+	out := &mcp.Meta{AdditionalFields: map[string]any{}}
+	if m != nil {
+		out.ProgressToken = m.ProgressToken
+		for k, v := range m.AdditionalFields {
+			out.AdditionalFields[k] = v
+		}
+	}
+	out.AdditionalFields[MetaPrice] = price
+	return out
 }
 
 // Handler returns the Streamable HTTP handler. It serves every path it is

@@ -34,6 +34,9 @@ type Prompt struct {
 	// Definition is the upstream's prompt object (MCP Prompt) as JSON, with
 	// "name" set to Name.
 	Definition json.RawMessage
+
+	title, description string
+	schema             json.RawMessage // JSON Schema of its arguments, for vend
 }
 
 // Resource is an upstream's resource. URIs are not prefixed: they already
@@ -93,6 +96,66 @@ func (m *Manager) ResourceTemplates() []ResourceTemplate {
 	return m.cat.templates
 }
 
+var _ vend.ItemSource = (*Manager)(nil)
+
+// PromptItem implements vend.ItemSource: the prompt exposed as name, its
+// upstream server and name there, and a JSON Schema of its arguments
+// (strings; the required ones required). No I/O.
+func (m *Manager) PromptItem(name string) (vend.Tool, bool) {
+	m.mu.RLock()
+	p, ok := m.cat.promptBy[name]
+	m.mu.RUnlock()
+	if !ok {
+		return vend.Tool{}, false
+	}
+	return vend.Tool{Kind: vend.KindPrompt, Name: p.Name, Server: p.Server, UpstreamName: p.UpstreamName,
+		Title: p.title, Description: p.description, InputSchema: p.schema}, true
+}
+
+// ResourceItem implements vend.ItemSource: the upstream server
+// ReadResource would read uri on (Server), and the key it is priced by
+// (UpstreamName): uri when an upstream lists it, or when it is a listed
+// URI template itself (for prices in lists), else the first listed
+// template (in ReadResource's order) that matches it. No I/O.
+func (m *Manager) ResourceItem(uri string) (vend.Tool, bool) {
+	m.mu.RLock()
+	cat := m.cat
+	m.mu.RUnlock()
+	item := func(server, key string) (vend.Tool, bool) {
+		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: server, UpstreamName: key}, true
+	}
+	if r, ok := cat.uriBy[uri]; ok {
+		return item(r.Server, uri)
+	}
+	for _, t := range cat.templates {
+		if t.URITemplate == uri {
+			return item(t.Server, uri)
+		}
+	}
+	for _, t := range cat.templates {
+		if t.tmpl != nil && t.tmpl.Regexp().MatchString(uri) {
+			return item(t.Server, t.URITemplate)
+		}
+	}
+	return vend.Tool{}, false
+}
+
+// promptSchema is the JSON Schema of a prompt's arguments: an object of
+// strings, its required arguments required. Arguments it does not declare
+// are allowed (MCP does not forbid them; the upstream decides).
+func promptSchema(p mcp.Prompt) json.RawMessage {
+	props := map[string]any{}
+	required := []string{}
+	for _, a := range p.Arguments {
+		props[a.Name] = map[string]any{"type": "string"}
+		if a.Required {
+			required = append(required, a.Name)
+		}
+	}
+	b, _ := json.Marshal(map[string]any{"type": "object", "properties": props, "required": required})
+	return b
+}
+
 // GetPrompt renders the prompt exposed as name on its upstream with args
 // and returns the upstream's GetPromptResult as JSON (without the hop's
 // resultType and _meta server info).
@@ -100,8 +163,8 @@ func (m *Manager) ResourceTemplates() []ResourceTemplate {
 // Errors: a name not listed wraps ErrNotFound; an upstream that is down
 // (returned at once), a transport failure or a JSON-RPC error from the
 // upstream (e.g. a missing argument) wrap vend.ErrUpstream; the end of ctx
-// is returned wrapped as is. Prompts are free and side-effect free as far
-// as capvend knows: nothing is recorded.
+// is returned wrapped as is. Nothing is recorded here: a priced prompt is
+// sold through vend, which calls this once paid.
 func (m *Manager) GetPrompt(ctx context.Context, name string, args map[string]string) (json.RawMessage, error) {
 	m.mu.RLock()
 	p, ok := m.cat.promptBy[name]
@@ -253,7 +316,8 @@ func fetchPrompts(ctx context.Context, c *client.Client, sc ServerConfig) ([]Pro
 		if err != nil {
 			return nil, fmt.Errorf("prompts/list: encode %q: %w", up, err)
 		}
-		out = append(out, Prompt{Name: p.Name, Server: sc.Name, UpstreamName: up, Definition: def})
+		out = append(out, Prompt{Name: p.Name, Server: sc.Name, UpstreamName: up, Definition: def,
+			title: p.Title, description: p.Description, schema: promptSchema(p)})
 	}
 	return out, nil
 }

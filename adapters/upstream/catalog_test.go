@@ -174,6 +174,30 @@ func TestCatalog(t *testing.T) {
 		}
 	})
 
+	t.Run("items", func(t *testing.T) {
+		p, ok := m.PromptItem("l_greet")
+		if !ok || p.Kind != vend.KindPrompt || p.Server != "local" || p.UpstreamName != "greet" ||
+			string(p.InputSchema) != `{"properties":{"who":{"type":"string"}},"required":["who"],"type":"object"}` {
+			t.Errorf("PromptItem(l_greet) = %+v %v (schema %s)", p, ok, p.InputSchema)
+		}
+		if _, ok := m.PromptItem("greet"); ok {
+			t.Error("PromptItem(greet): an unprefixed name found")
+		}
+		for _, tc := range []struct{ uri, server, key string }{
+			{"test://shared", "web", "test://shared"},
+			{"stdio-upstream://readme", "local", "stdio-upstream://readme"},
+			{"stdio-upstream://item/42", "local", "stdio-upstream://item/{id}"},
+			{"http-upstream://item/{id}", "web", "http-upstream://item/{id}"},
+		} {
+			if r, ok := m.ResourceItem(tc.uri); !ok || r.Kind != vend.KindResource || r.Name != tc.uri || r.Server != tc.server || r.UpstreamName != tc.key {
+				t.Errorf("ResourceItem(%s) = %+v %v, want %q %q", tc.uri, r, ok, tc.server, tc.key)
+			}
+		}
+		if _, ok := m.ResourceItem("nowhere://x"); ok {
+			t.Error("ResourceItem(nowhere://x) found")
+		}
+	})
+
 	t.Run("get prompt", func(t *testing.T) {
 		for _, tc := range []struct{ name, want string }{
 			{"w_greet", "user http-upstream: hello bob"}, {"l_greet", "user stdio-upstream: hello bob"},

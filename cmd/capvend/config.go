@@ -115,6 +115,13 @@ type UpstreamConfig struct {
 	URL     string                `yaml:"url"`
 	Prefix  string                `yaml:"prefix"`
 	Tools   map[string]ToolConfig `yaml:"tools"`
+	// Prompts prices prompts by their name on the upstream (prompts/get),
+	// Resources resources by URI or URI template (resources/read of the
+	// URI, or of any URI the template matches). Only a flat price
+	// (price_sats or price_msat) and free_per_day apply: per-argument
+	// prices, min and max are for tools. Not listed: free.
+	Prompts   map[string]ToolConfig `yaml:"prompts"`
+	Resources map[string]ToolConfig `yaml:"resources"`
 }
 
 // ToolConfig prices one tool. A tool not listed is free. Every amount is
@@ -253,8 +260,43 @@ func (t ToolConfig) rule() (pricing.Rule, error) {
 	return r, r.Validate()
 }
 
-// PriceBook builds the price book of the upstreams' tools. It fails, naming
-// the tool, only on a configuration Validate refuses.
+// itemRule converts the price of a prompt or resource: a flat price and
+// free_per_day only.
+func (t ToolConfig) itemRule() (pricing.Rule, error) {
+	if p, key, _, err := t.per(); err != nil || p != nil {
+		if err == nil {
+			err = &fieldError{key, "per-argument prices are for tools only: set price_sats or price_msat"}
+		}
+		return pricing.Rule{}, err
+	}
+	switch {
+	case t.MinSats != 0 || t.MinMsat != 0:
+		return pricing.Rule{}, &fieldError{"min_sats", "min is for tools with a per-argument price: set price_sats or price_msat"}
+	case t.MaxSats != 0 || t.MaxMsat != 0:
+		return pricing.Rule{}, &fieldError{"max_sats", "max is for tools with a per-argument price: set price_sats or price_msat"}
+	case t.NotIdempotent:
+		return pricing.Rule{}, &fieldError{"not_idempotent", "prompt gets and resource reads are always treated as idempotent"}
+	}
+	return t.rule()
+}
+
+// itemPrices are an upstream's priced prompts and resources: the config
+// key ("prompts", "resources"), the book key of a name, and the prices.
+func (u UpstreamConfig) itemPrices() []struct {
+	field string
+	key   func(string) string
+	items map[string]ToolConfig
+} {
+	return []struct {
+		field string
+		key   func(string) string
+		items map[string]ToolConfig
+	}{{"prompts", pricing.PromptKey, u.Prompts}, {"resources", pricing.ResourceKey, u.Resources}}
+}
+
+// PriceBook builds the price book of the upstreams' tools, prompts and
+// resources (the latter under pricing.PromptKey and ResourceKey). It
+// fails, naming the item, only on a configuration Validate refuses.
 func (c *Config) PriceBook() (*pricing.Book, error) {
 	rules := map[string]map[string]pricing.Rule{}
 	for i, u := range c.Upstreams {
@@ -265,6 +307,15 @@ func (c *Config) PriceBook() (*pricing.Book, error) {
 				return nil, fmt.Errorf("upstreams[%d].tools.%s: %w", i, name, err)
 			}
 			m[name] = r
+		}
+		for _, ip := range u.itemPrices() {
+			for name, t := range ip.items {
+				r, err := t.itemRule()
+				if err != nil {
+					return nil, fmt.Errorf("upstreams[%d].%s.%s: %w", i, ip.field, name, err)
+				}
+				m[ip.key(name)] = r
+			}
 		}
 		rules[u.Name] = m
 	}
@@ -370,7 +421,7 @@ func expandEnv(data []byte, getenv func(string) string) ([]byte, error) {
 var yamlTypeSection = map[string]string{
 	"Config": "the top level", "LedgerConfig": "ledger", "ServerConfig": "server", "HTTPConfig": "http",
 	"NostrConfig": "nostr", "LNDConfig": "lnd", "CashuConfig": "cashu", "PaymentsConfig": "payments",
-	"LimitsConfig": "limits", "UpstreamConfig": "an upstream", "ToolConfig": "a tool", "PerConfig": "a per-argument price",
+	"LimitsConfig": "limits", "UpstreamConfig": "an upstream", "ToolConfig": "a tool, prompt or resource", "PerConfig": "a per-argument price",
 }
 
 var yamlUnknownField = regexp.MustCompile(`field (\S+) not found in type main\.(\w+)`)
@@ -597,13 +648,43 @@ func (c *Config) Validate() error {
 				bad(tf, "%v", err)
 				continue
 			}
+			if strings.HasPrefix(name, "prompt:") || strings.HasPrefix(name, "resource:") {
+				bad(tf, "a tool name cannot start with prompt: or resource: (price prompts and resources under %s.prompts, %s.resources)", field, field)
+			}
 			if r.Price > 0 || r.Per != nil || r.Min > 0 {
 				priced = true
 			}
 		}
+		for _, ip := range u.itemPrices() {
+			names := make([]string, 0, len(ip.items))
+			for name := range ip.items {
+				names = append(names, name)
+			}
+			sort.Strings(names)
+			for _, name := range names {
+				tf := fmt.Sprintf("%s.%s.%s", field, ip.field, name)
+				if name == "" {
+					bad(tf, "the %s name must not be empty", strings.TrimSuffix(ip.field, "s"))
+					continue
+				}
+				r, err := ip.items[name].itemRule()
+				var fe *fieldError
+				switch {
+				case errors.As(err, &fe):
+					bad(tf+"."+fe.key, "%s", fe.msg)
+					continue
+				case err != nil:
+					bad(tf, "%v", err)
+					continue
+				}
+				if r.Price > 0 {
+					priced = true
+				}
+			}
+		}
 	}
 	if priced && c.LND.Host == "" && len(c.Cashu.Mints) == 0 {
-		bad("lnd.host", "a tool has a price but no payment backend is configured: set lnd.host or cashu.mints")
+		bad("lnd.host", "a tool (prompt, resource) has a price but no payment backend is configured: set lnd.host or cashu.mints")
 	}
 	return errors.Join(errs...)
 }

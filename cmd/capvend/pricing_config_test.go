@@ -42,6 +42,78 @@ func TestExampleConfigPrices(t *testing.T) {
 	}
 }
 
+func TestExampleConfigPricesPromptsAndResources(t *testing.T) {
+	cfg, err := parseConfig(filepath.Join(t.TempDir(), "capvend.yaml"), exampleConfig, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := cfg.PriceBook()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		key   string
+		price pricing.Msat
+		free  int
+	}{
+		{pricing.PromptKey("daily_briefing"), 3_000, 0},
+		{pricing.ResourceKey("weather://stations"), 1_500, 0},
+		{pricing.ResourceKey("weather://radar/{region}"), 2_000, 10},
+		{pricing.PromptKey("forecast"), 0, 0}, // the tool's price is not the prompt's
+		{"daily_briefing", 0, 0},              // nor the prompt's the tool's
+	} {
+		q, err := b.Quote("weather", tc.key, json.RawMessage(`{}`))
+		if err != nil || q.Price != tc.price || q.FreePerDay != tc.free || !q.Idempotent {
+			t.Errorf("%s: %+v %v", tc.key, q, err)
+		}
+	}
+}
+
+func TestItemConfigErrorsNameTheField(t *testing.T) {
+	conf := func(section, name, item string) string {
+		return "cashu:\n  mints: [http://m]\nupstreams:\n  - name: a\n    command: x\n    " + section + ":\n      " + name + ": " + item + "\n"
+	}
+	for _, tc := range []struct {
+		name, section, item string
+		want                []string
+	}{
+		{"prompt per kb", "prompts", "{per_kb: {arg: text, sats: 1}, max_sats: 9}", []string{"upstreams[0].prompts.p.per_kb", "per-argument prices are for tools only"}},
+		{"resource per unit", "resources", "{per_unit: {arg: n, sats: 1}, max_sats: 9}", []string{"upstreams[0].resources.p.per_unit", "for tools only"}},
+		{"prompt max", "prompts", "{price_sats: 1, max_sats: 9}", []string{"upstreams[0].prompts.p.max_sats", "for tools"}},
+		{"resource min", "resources", "{min_msat: 9}", []string{"upstreams[0].resources.p.min_sats", "for tools"}},
+		{"prompt not idempotent", "prompts", "{price_sats: 1, not_idempotent: true}", []string{"upstreams[0].prompts.p.not_idempotent", "idempotent"}},
+		{"prompt both amounts", "prompts", "{price_sats: 1, price_msat: 5}", []string{"upstreams[0].prompts.p.price_sats", "not both"}},
+		{"resource negative", "resources", "{price_sats: -1}", []string{"upstreams[0].resources.p.price_sats", "negative"}},
+		{"quota on a free prompt", "prompts", "{free_per_day: 3}", []string{"upstreams[0].prompts.p.free_per_day", "needs a price"}},
+		{"unknown key", "prompts", "{price_sat: 1}", []string{`unknown field "price_sat" in a tool`}},
+		{"tool named like a prompt", "tools", "{price_sats: 1}", []string{"upstreams[0].tools.prompt:p", "cannot start with prompt:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := "p"
+			if tc.section == "tools" {
+				name = `"prompt:p"`
+			}
+			_, err := parseConfig("capvend.yaml", []byte(conf(tc.section, name, tc.item)), func(string) string { return "" })
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestItemPriceNeedsABackend(t *testing.T) {
+	y := "upstreams:\n  - name: a\n    command: x\n    prompts:\n      p: {price_sats: 1}\n"
+	_, err := parseConfig("capvend.yaml", []byte(y), func(string) string { return "" })
+	if err == nil || !strings.Contains(err.Error(), "no payment backend") {
+		t.Fatalf("%v", err)
+	}
+}
+
 func TestToolConfigErrorsNameTheField(t *testing.T) {
 	conf := func(tool string) string {
 		return "cashu:\n  mints: [http://m]\nupstreams:\n  - name: a\n    command: x\n    tools:\n      t: " + tool + "\n"

@@ -116,6 +116,9 @@ type serveOpts struct {
 	// nsecFile, if set, enables the Nostr (ContextVM) front on the stack's
 	// relay with the key in that file.
 	nsecFile string
+	// items prices the stdio upstream's prompt summarize (3 sats) and
+	// resource example://readme (1.5 sats).
+	items bool
 }
 
 func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen string) {
@@ -142,6 +145,10 @@ func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen
 	if o.nsecFile != "" {
 		backends += fmt.Sprintf("nostr:\n  relays: [%s]\n  nsec_file: %s\n", s.RelayURL, o.nsecFile)
 	}
+	var items string
+	if o.items {
+		items = "    prompts:\n      summarize: {price_sats: 3}\n    resources:\n      \"example://readme\": {price_msat: 1500}\n"
+	}
 	cfg := fmt.Sprintf(`
 ledger:
   path: capvend.db
@@ -162,12 +169,12 @@ upstreams:
       sha256: {price_sats: 21}
       always_fails: {price_sats: 5}
       slow_count: {price_sats: 3, not_idempotent: true}
-  - name: web
+%s  - name: web
     url: http://%s/mcp
     prefix: w_
     tools:
       sha256: {price_sats: 13}
-`, listen, backends, toolsBin, httpUpstream)
+`, listen, backends, toolsBin, items, httpUpstream)
 	path = filepath.Join(t.TempDir(), "capvend.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,188 @@
+package mcpfront
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// itemVendor is a fakeVendor that also sells prompts and resources.
+type itemVendor struct{ *fakeVendor }
+
+var _ ItemPricer = itemVendor{}
+
+func (v itemVendor) ItemPrice(kind vend.ItemKind, name string) (lo, hi vend.Msat) {
+	p := map[vend.ItemKind]map[string]vend.Msat{
+		vend.KindPrompt:   {"priced": 3000, "gated": 2000},
+		vend.KindResource: {"test://readme": 1500, "test://item/{id}": 2000},
+	}[kind][name]
+	if kind == vend.KindResource && strings.HasPrefix(name, "test://item/") {
+		p = 2000
+	}
+	return p, p
+}
+
+func (v itemVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+	if r.Kind.Or() == vend.KindTool {
+		return v.fakeVendor.CallTool(ctx, r)
+	}
+	v.mu.Lock()
+	rr := r
+	rr.Notify = nil
+	v.calls = append(v.calls, rr)
+	v.mu.Unlock()
+	if r.Tool == "gated" {
+		return vend.CallResult{}, &vend.PaymentRequiredError{Options: []vend.PaymentOption{
+			{Amount: 2, PayReq: "lnbcrt20n1fake", PMI: vend.PMILightning, Description: "gated: 2 sat per call", TTL: 600}}}
+	}
+	r.Notify(vend.NotifyPaymentRequired, map[string]any{"amount": 3, "pay_req": "lnbcrt30n1fake", "pmi": vend.PMILightning, "description": r.Tool, "ttl": 600})
+	r.Notify(vend.NotifyPaymentAccepted, map[string]any{"amount": 3, "pmi": vend.PMILightning})
+	if r.Kind == vend.KindPrompt {
+		txt, _ := json.Marshal("sold " + r.Tool + " " + string(r.Arguments))
+		return vend.CallResult{Body: json.RawMessage(`{"messages":[{"role":"user","content":{"type":"text","text":` + string(txt) + `}}]}`)}, nil
+	}
+	return vend.CallResult{Body: json.RawMessage(`{"contents":[{"uri":"` + r.Tool + `","text":"sold"}]}`)}, nil
+}
+
+func (v itemVendor) count() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return len(v.calls)
+}
+
+func newItemServer(t *testing.T) (*Server, itemVendor) {
+	fc := newFakeCatalog()
+	fc.prompts = append(fc.prompts, Prompt{Name: "priced", Definition: json.RawMessage(`{"description":"costs 3","_meta":{"k":"v"}}`)},
+		Prompt{Name: "gated"})
+	s, fv := newServer(t, Config{Catalog: fc})
+	iv := itemVendor{fv}
+	s.cfg.Vendor = iv
+	s.Refresh()
+	return s, iv
+}
+
+// listed returns the _meta price amounts of a list's entries by key.
+func listedPrices(t *testing.T, msg json.RawMessage, member, key string) map[string]any {
+	t.Helper()
+	var res struct {
+		Result map[string][]map[string]any `json:"result"`
+	}
+	if err := json.Unmarshal(msg, &res); err != nil {
+		t.Fatalf("%s: %v", msg, err)
+	}
+	out := map[string]any{}
+	for _, e := range res.Result[member] {
+		name, _ := e[key].(string)
+		meta, _ := e["_meta"].(map[string]any)
+		out[name] = meta[MetaPrice]
+	}
+	return out
+}
+
+func TestPricedPromptsAndResourcesOverHTTP(t *testing.T) {
+	s, iv := newItemServer(t)
+	r := newRawSession(t, startHTTP(t, s))
+
+	msgs, _ := r.post(`{"jsonrpc":"2.0","id":1,"method":"prompts/list"}`)
+	got := listedPrices(t, msgs[0], "prompts", "name")
+	if p, _ := got["priced"].(map[string]any); p["amount"] != 3.0 || p["unit"] != "sats" {
+		t.Errorf("priced prompt listed with %v", got["priced"])
+	}
+	if got["greet"] != nil {
+		t.Errorf("free prompt listed with a price: %v", got["greet"])
+	}
+	if !strings.Contains(string(msgs[0]), `"k":"v"`) {
+		t.Errorf("the upstream's own _meta was lost: %s", msgs[0])
+	}
+	msgs, _ = r.post(`{"jsonrpc":"2.0","id":2,"method":"resources/list"}`)
+	got = listedPrices(t, msgs[0], "resources", "uri")
+	if p, _ := got["test://readme"].(map[string]any); p["amount"] != 2.0 {
+		t.Errorf("test://readme listed with %v (1.5 sat rounds up to 2)", got["test://readme"])
+	}
+	if got["test://blob"] != nil {
+		t.Errorf("free resource listed with a price")
+	}
+	msgs, _ = r.post(`{"jsonrpc":"2.0","id":3,"method":"resources/templates/list"}`)
+	got = listedPrices(t, msgs[0], "resourceTemplates", "uriTemplate")
+	if p, _ := got["test://item/{id}"].(map[string]any); p["amount"] != 2.0 {
+		t.Errorf("template listed with %v", got["test://item/{id}"])
+	}
+
+	// A priced prompt: payment notifications on the request's stream, then
+	// the result; the Vendor got the prompt request.
+	msgs, _ = r.post(`{"jsonrpc":"2.0","id":"g1","method":"prompts/get","params":{"name":"priced","arguments":{"who":"bob"},"_meta":{"capvend/pmi":["bitcoin-lightning-bolt11"]}}}`)
+	if len(msgs) != 3 || !strings.Contains(string(msgs[0]), vend.NotifyPaymentRequired) ||
+		!strings.Contains(string(msgs[1]), vend.NotifyPaymentAccepted) || !strings.Contains(string(msgs[2]), `sold priced {\"who\":\"bob\"}`) {
+		t.Fatalf("prompts/get: %s", msgs)
+	}
+	last := iv.last()
+	if last.Kind != vend.KindPrompt || last.Tool != "priced" || last.RequestID != `"g1"` || last.Transport != TransportHTTP ||
+		last.Client == "" || len(last.PMIs) != 1 {
+		t.Fatalf("vendor request %+v", last)
+	}
+
+	// Explicit gating: -32042 with the payment options.
+	msgs, _ = r.post(`{"jsonrpc":"2.0","id":5,"method":"prompts/get","params":{"name":"gated"}}`)
+	var e struct {
+		Error struct {
+			Code int
+			Data struct {
+				PaymentOptions []vend.PaymentOption `json:"payment_options"`
+			}
+		}
+	}
+	if len(msgs) != 1 || json.Unmarshal(msgs[0], &e) != nil || e.Error.Code != -32042 || len(e.Error.Data.PaymentOptions) != 1 {
+		t.Fatalf("gated prompt: %s", msgs)
+	}
+
+	// A read of a URI matching a priced template.
+	msgs, _ = r.post(`{"jsonrpc":"2.0","id":6,"method":"resources/read","params":{"uri":"test://item/7"}}`)
+	if len(msgs) != 3 || !strings.Contains(string(msgs[2]), `"text":"sold"`) {
+		t.Fatalf("resources/read: %s", msgs)
+	}
+	if last := iv.last(); last.Kind != vend.KindResource || last.Tool != "test://item/7" {
+		t.Fatalf("vendor request %+v", last)
+	}
+
+	// Free ones never reach the Vendor.
+	n := iv.count()
+	msgs, _ = r.post(`{"jsonrpc":"2.0","id":7,"method":"prompts/get","params":{"name":"greet","arguments":{"who":"x"}}}`)
+	if len(msgs) != 1 || !strings.Contains(string(msgs[0]), "hello x") {
+		t.Fatalf("free prompt: %s", msgs)
+	}
+	msgs, _ = r.post(`{"jsonrpc":"2.0","id":8,"method":"resources/read","params":{"uri":"test://blob"}}`)
+	if len(msgs) != 1 || !strings.Contains(string(msgs[0]), "AAEC") {
+		t.Fatalf("free resource: %s", msgs)
+	}
+	if iv.count() != n {
+		t.Fatal("a free prompt or resource went through the Vendor")
+	}
+}
+
+// TestPricedPromptOverStdio: over stdio the payment notifications precede
+// the prompt's result on the output, and the request id reaches the Vendor.
+func TestPricedPromptOverStdio(t *testing.T) {
+	s, iv := newItemServer(t)
+	c, stop := startStdio(t, s)
+	defer stop()
+	n := newNotes()
+	c.OnNotification(n.add)
+	if _, err := c.Initialize(context.Background(), mcp.InitializeRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.GetPrompt(context.Background(), mcp.GetPromptRequest{Params: mcp.GetPromptParams{Name: "priced", Arguments: map[string]string{"who": "x"}}})
+	if err != nil || len(res.Messages) != 1 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if got := strings.Join(n.payment(), ","); got != vend.NotifyPaymentRequired+","+vend.NotifyPaymentAccepted {
+		t.Fatalf("notifications %s", got)
+	}
+	if last := iv.last(); last.Kind != vend.KindPrompt || last.Transport != TransportStdio || last.RequestID == "" {
+		t.Fatalf("vendor request %+v", last)
+	}
+}
