@@ -750,18 +750,35 @@ loop:
 }
 
 // publishPool publishes ev to every relay and returns nil on the first
-// relay's OK, or the last error when none accepted it.
+// relay's OK (the others still get it, in the background, within
+// PublishTimeout), or the last error when none accepted it.
 func (s *Server) publishPool(ctx context.Context, pool *nostr.SimplePool, ev nostr.Event) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
-	defer cancel()
+	// Until the first OK the caller's ctx bounds the publication; after
+	// it only the timeout does: callers cancel their ctx once we return.
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PublishTimeout)
+	stop := context.AfterFunc(ctx, cancel)
+	results := pool.PublishMany(pctx, s.cfg.Relays, ev)
 	var last error = errors.New("no relay")
-	for r := range pool.PublishMany(ctx, s.cfg.Relays, ev) {
+	for r := range results {
 		if r.Error == nil {
+			// The caller goes on; the other relays still get the event
+			// (a relay still connecting too), within the timeout.
+			stop()
+			go func() {
+				defer cancel()
+				for r := range results {
+					if r.Error != nil {
+						s.log.Debug("relay refused an event", logKeyRelay, r.RelayURL, logKeyErr, r.Error)
+					}
+				}
+			}()
 			return nil
 		}
 		s.log.Debug("relay refused an event", logKeyRelay, r.RelayURL, logKeyErr, r.Error)
 		last = r.Error
 	}
+	stop()
+	cancel()
 	return last
 }
 
