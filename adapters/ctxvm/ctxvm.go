@@ -336,8 +336,10 @@
 // blocks); failures are logged, not retried, and a round stops after 3
 // failures in a row. DVMCP and NIP-90 clients are not notified.
 //
-// Not done yet: oversized transfer (CEP-22), the
-// DVMCP d tag on initialize answers.
+// DVMCP initialize answers carry ["d", ServerID] (clients name the server
+// with it in later requests' s tags).
+//
+// Not done yet: oversized transfer (CEP-22).
 package ctxvm
 
 import (

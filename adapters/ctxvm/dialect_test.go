@@ -176,6 +176,12 @@ func TestRev1(t *testing.T) {
 	if got := r.handle(r.event(KindMessage, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, nostr.Tag{"method", "notifications/initialized"})); len(got) != 0 {
 		t.Errorf("notification answered %v", got)
 	}
+
+	// initialize answers carry the server id DVMCP clients put in s tags.
+	init := r.handle(r.event(KindMessage, `{"jsonrpc":"2.0","id":10,"method":"initialize","params":{"protocolVersion":"2025-03-26"}}`, nostr.Tag{"method", "initialize"}))
+	if len(init) != 1 || init[0].Kind != KindDVMCPResponse || !hasTag(init[0].Tags, "d", ServerID(r.s.PublicKey())) {
+		t.Errorf("initialize answer %v", init)
+	}
 }
 
 func TestRev11(t *testing.T) {

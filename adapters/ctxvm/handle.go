@@ -179,7 +179,13 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 	}
 	switch r.msg.Method {
 	case "initialize":
-		out.answer(s.initializeResult(r.msg.Params), nil, nil, true)
+		var tags nostr.Tags
+		if r.dialect == dialectRev1 || r.dialect == dialectRev11 {
+			// DVMCP clients put this server id in the s tag of
+			// their later requests.
+			tags = nostr.Tags{{"d", ServerID(s.pk)}}
+		}
+		out.answer(s.initializeResult(r.msg.Params), nil, tags, true)
 	case "ping":
 		out.answer(json.RawMessage(`{}`), nil, nil, false)
 	case "completion/complete":
