@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -173,7 +174,8 @@ func (v *Vendor) Run(ctx context.Context) error {
 // is canceled at once: the money goes back to the client by Lightning.
 func (v *Vendor) onPayment(e PaymentEvent) {
 	v.mu.Lock()
-	chans := v.waiters[e.Payment.Ref]
+	// A copy: unwait edits the list in place once the lock is released.
+	chans := slices.Clone(v.waiters[e.Payment.Ref])
 	v.mu.Unlock()
 	for _, ch := range chans {
 		select {
