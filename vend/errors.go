@@ -29,6 +29,11 @@ var (
 	// ErrUnderpaid: a settlement smaller than the payment's amount; it
 	// was not recorded.
 	ErrUnderpaid = errors.New("payment is less than the amount asked")
+	// ErrForeignMint: a Cashu token from a mint the server does not trust.
+	ErrForeignMint = errors.New("cashu token from an untrusted mint")
+	// ErrBadToken: a Cashu token that is malformed, not in sats, or
+	// locked to spending conditions.
+	ErrBadToken = errors.New("cashu token is not a usable sat bearer token")
 )
 
 // TransitionError describes a refused state change. It matches

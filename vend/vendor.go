@@ -820,7 +820,9 @@ func (v *Vendor) payWithToken(ctx context.Context, call *Call, t *Tool, args jso
 		receipt, err := ta.AcceptToken(ctx, call.ID, call.Price, r.CashuToken)
 		if err != nil {
 			v.endUnpaid(ctx, call, "token refused")
-			return CallResult{}, fmt.Errorf("%w: %v", ErrPaymentFailed, err)
+			// Both wrapped: fronts tell the client why (ErrProofSpent,
+			// ErrUnderpaid, ErrForeignMint, ErrBadToken), never more.
+			return CallResult{}, fmt.Errorf("%w: %w", ErrPaymentFailed, err)
 		}
 		r.Notify(NotifyPaymentAccepted, map[string]any{"amount": receipt.Payment.Amount.SatsCeil(), "pmi": PMICashu,
 			"_meta": map[string]any{"change": receipt.Change}})

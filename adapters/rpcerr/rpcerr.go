@@ -62,7 +62,7 @@ func FromVend(err error, tool string) Error {
 	case errors.Is(err, vend.ErrPaymentExpired):
 		return Error{Code: CodePaymentExpired, Message: "Payment expired"}
 	case errors.Is(err, vend.ErrPaymentFailed):
-		return Error{Code: CodePaymentFailed, Message: "Payment failed"}
+		return Error{Code: CodePaymentFailed, Message: "Payment failed" + paymentFailure(err)}
 	case errors.Is(err, vend.ErrNoPaymentMethod):
 		return Error{Code: CodeNoPaymentMethod, Message: "No payment method in common"}
 	case errors.Is(err, vend.ErrLimit):
@@ -72,4 +72,20 @@ func FromVend(err error, tool string) Error {
 	default:
 		return Error{Code: CodeInternal, Message: "Internal error"}
 	}
+}
+
+// paymentFailure says, in words safe for the client, why a Cashu token
+// was refused: "" when the reason is not one the client can act on.
+func paymentFailure(err error) string {
+	switch {
+	case errors.Is(err, vend.ErrProofSpent):
+		return ": the Cashu token was already spent"
+	case errors.Is(err, vend.ErrUnderpaid):
+		return ": the Cashu token does not cover the price and the mint's fees"
+	case errors.Is(err, vend.ErrForeignMint):
+		return ": the Cashu token is from a mint this server does not accept"
+	case errors.Is(err, vend.ErrBadToken):
+		return ": the Cashu token is malformed, not in sats, or locked"
+	}
+	return ""
 }

@@ -39,15 +39,15 @@ import (
 var (
 	// ErrMalformedToken: the token does not decode, or its content is not
 	// a well-formed set of proofs.
-	ErrMalformedToken = errors.New("cashu: malformed token")
+	ErrMalformedToken = fmt.Errorf("cashu: malformed token: %w", vend.ErrBadToken)
 	// ErrUntrustedMint: the token's mint is not one of the configured
 	// mints.
-	ErrUntrustedMint = errors.New("cashu: token from an untrusted mint")
+	ErrUntrustedMint = fmt.Errorf("cashu: token from an untrusted mint: %w", vend.ErrForeignMint)
 	// ErrWrongUnit: the token is not denominated in sat.
-	ErrWrongUnit = errors.New("cashu: token unit is not sat")
+	ErrWrongUnit = fmt.Errorf("cashu: token unit is not sat: %w", vend.ErrBadToken)
 	// ErrLockedToken: the token's proofs carry spending conditions
 	// (NUT-10/11/14); capvend only takes bearer proofs.
-	ErrLockedToken = errors.New("cashu: token is locked to spending conditions")
+	ErrLockedToken = fmt.Errorf("cashu: token is locked to spending conditions: %w", vend.ErrBadToken)
 	// ErrTokenUnderpaid: the token is worth less than the price plus the
 	// mint's input fees. It matches vend.ErrUnderpaid too.
 	ErrTokenUnderpaid = fmt.Errorf("cashu: token underpays: %w", vend.ErrUnderpaid)

@@ -404,7 +404,7 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 	if len(d.bill) > 0 || after != before {
 		return fmt.Errorf("demo: an invalid call was charged (balance %d -> %d msat)", before, after)
 	}
-	d.say("  - sha256 with text=42 (not a string): refused before any charge: %v", invalid)
+	d.say("  - sha256 with text=42 (not a string): refused before any charge: %s", strings.TrimPrefix(invalid.Error(), "invalid params: "))
 
 	// The failing tool: its hold invoice is canceled, the money goes back.
 	before, err = d.balance(ctx)
