@@ -18,14 +18,19 @@
 // served is dropped too. Later, a replayed tools/call, prompts/get or
 // resources/read is answered with the stored first answer (Config.Replies,
 // kept in the ledger across restarts; errors are not kept), and a priced
-// call is anyway the same vend call (same RequestID), never charged twice. So a client repeating a call (explicit gating)
-// must send a new event: the same content, tags and created_at second
-// make the same event. Every answer is signed with the server key and
-// tagged ["p", <client pubkey>] and ["e", <request event id>]. It is
-// published to every relay; publishing succeeds when one relay accepts
-// it. A relay that is down does not stop the service: go-nostr's
-// SimplePool reconnects and resubscribes (since the time the connection
-// broke).
+// call is anyway the same vend call (same RequestID), never charged
+// twice. So a client repeating a call (explicit gating) must send a new
+// event: the same content, tags and created_at second make the same
+// event. Every answer is signed with the server key and tagged
+// ["p", <client pubkey>] and ["e", <request event id>]. It is published to
+// every relay; publishing succeeds when one relay accepts it (the others
+// still get it). A relay that is down does not stop the service:
+// go-nostr's SimplePool reconnects and resubscribes (since the time the
+// connection broke). The first event to a client not answered before is
+// held for Config.FirstAnswerDelay (200 ms): a relay may register a
+// client's subscription after handling its first request (khatru handles
+// each message on its own goroutine), and an ephemeral answer published
+// before that is lost.
 //
 // # Dialects
 //
@@ -373,13 +378,14 @@ const Transport = "nostr-ctxvm"
 
 // Defaults of Config fields left zero.
 const (
-	DefaultWindow          = 5 * time.Minute
-	DefaultMaxContentBytes = 64 << 10
-	DefaultPublishTimeout  = 10 * time.Second
-	DefaultShutdownGrace   = 30 * time.Second
-	DefaultMaxInFlight     = 10_000
-	DefaultAnnounceDelay   = time.Second
-	latestProtocol         = "2025-11-25"
+	DefaultWindow           = 5 * time.Minute
+	DefaultMaxContentBytes  = 64 << 10
+	DefaultPublishTimeout   = 10 * time.Second
+	DefaultShutdownGrace    = 30 * time.Second
+	DefaultMaxInFlight      = 10_000
+	DefaultFirstAnswerDelay = 200 * time.Millisecond
+	DefaultAnnounceDelay    = time.Second
+	latestProtocol          = "2025-11-25"
 )
 
 // Encryption is the server's encryption policy.
@@ -451,6 +457,14 @@ type Config struct {
 	// ShutdownGrace is how long Run lets requests in flight finish after
 	// its context ends. 0: DefaultShutdownGrace.
 	ShutdownGrace time.Duration
+	// FirstAnswerDelay holds the first event to a client not answered
+	// before for this long. Relays handle a client's subscription and
+	// its first request concurrently (khatru runs each message on its own
+	// goroutine), and kind 25910 is ephemeral: an answer published
+	// before the client's subscription is in place is lost, and the
+	// client waits for nothing. 0: DefaultFirstAnswerDelay; negative:
+	// none.
+	FirstAnswerDelay time.Duration
 	// MaxInFlight bounds the requests served at once (calls waiting for
 	// payment included); events arriving beyond it are dropped.
 	// 0: DefaultMaxInFlight.
@@ -485,6 +499,8 @@ type Server struct {
 
 	// publish sends one event to the relays (tests replace it).
 	publish func(ctx context.Context, ev nostr.Event) error
+	// sleep waits d or until ctx ends (tests replace it).
+	sleep func(ctx context.Context, d time.Duration)
 
 	mu       sync.Mutex
 	seen     map[string]bool // clients that got their discovery tags
@@ -567,6 +583,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxInFlight == 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	}
+	if cfg.FirstAnswerDelay == 0 {
+		cfg.FirstAnswerDelay = DefaultFirstAnswerDelay
+	}
 	if cfg.AnnounceDelay == 0 {
 		cfg.AnnounceDelay = DefaultAnnounceDelay
 	}
@@ -588,6 +607,14 @@ func New(cfg Config) (*Server, error) {
 	priv, _ := btcec.PrivKeyFromBytes(skBytes)
 	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, inflight: map[string]bool{}, ready: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight), ann: newAnnouncer(), lists: newListWatch(), access: access}
+	s.sleep = func(ctx context.Context, d time.Duration) {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
 	return s, nil
 }
 
@@ -839,6 +866,14 @@ func (s *Server) discoveryTags() nostr.Tags {
 		add("pmi", p)
 	}
 	return tags
+}
+
+// newClient says whether client has not had an answer yet (not marking
+// it: firstAnswer does).
+func (s *Server) newClient(client string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.seen[client]
 }
 
 // firstAnswer says whether client has not had an answer yet, and

@@ -152,7 +152,7 @@ func startServer(t *testing.T, relay string, v Vendor, mod func(*Config)) *Serve
 // server (idempotent).
 func startStoppable(t *testing.T, relay string, v Vendor, mod func(*Config)) (*Server, func()) {
 	t.Helper()
-	cfg := Config{Vendor: v, SecretKey: nostr.GeneratePrivateKey(), Relays: []string{relay}, Name: "test server",
+	cfg := Config{Vendor: v, SecretKey: nostr.GeneratePrivateKey(), Relays: []string{relay}, Name: "test server", FirstAnswerDelay: -1,
 		About: "sells echoes", PMIs: []string{vend.PMILightning}, Logger: quietLog(), ShutdownGrace: time.Second}
 	if mod != nil {
 		mod(&cfg)
@@ -643,7 +643,7 @@ func wrapKind(t testing.TB, ev nostr.Event, recipient string, kind int) *nostr.E
 
 // recorder is a Server whose publications are recorded instead of sent.
 func recorder(t testing.TB, mod func(*Config)) (*Server, *[]nostr.Event) {
-	cfg := Config{Vendor: &fakeVendor{}, SecretKey: nostr.GeneratePrivateKey(), Relays: []string{"ws://127.0.0.1:1"}, Logger: quietLog(),
+	cfg := Config{Vendor: &fakeVendor{}, SecretKey: nostr.GeneratePrivateKey(), Relays: []string{"ws://127.0.0.1:1"}, Logger: quietLog(), FirstAnswerDelay: -1,
 		MaxContentBytes: 1 << 10}
 	if mod != nil {
 		mod(&cfg)

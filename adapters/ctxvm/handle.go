@@ -339,6 +339,8 @@ type outbox struct {
 
 	mu     sync.Mutex // guards ch's closing against late notifications
 	closed bool
+
+	hold bool // a new client: wait FirstAnswerDelay before the first event (run's goroutine only)
 }
 
 type outEvent struct {
@@ -355,6 +357,7 @@ type outEvent struct {
 
 func (s *Server) newOutbox(ctx context.Context, r *request) *outbox {
 	o := &outbox{s: s, r: r, ctx: ctx, ch: make(chan outEvent, outboxSize), done: make(chan struct{})}
+	o.hold = s.cfg.FirstAnswerDelay > 0 && s.newClient(r.ev.PubKey)
 	go o.run()
 	return o
 }
@@ -426,6 +429,12 @@ func (o *outbox) answer(result json.RawMessage, rerr *rpcError, tags nostr.Tags,
 // encrypted request) each event and publishes them in order.
 func (o *outbox) send(e outEvent) error {
 	client := o.r.ev.PubKey
+	if o.hold {
+		// A new client: its subscription may not be in place at the
+		// relay yet (see Config.FirstAnswerDelay).
+		o.hold = false
+		o.s.sleep(o.ctx, o.s.cfg.FirstAnswerDelay)
+	}
 	for _, d := range o.drafts(e) {
 		tags := d.tags
 		if d.response && (o.s.firstAnswer(client) || e.discovery) {

@@ -3,6 +3,7 @@ package ctxvm
 import (
 	"context"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -55,5 +56,30 @@ func TestAnswerReachesEveryRelay(t *testing.T) {
 		case <-timeout:
 			t.Fatal("the slow relay never got the answer")
 		}
+	}
+}
+
+// TestFirstAnswerHeld: the first event to a client never answered waits
+// FirstAnswerDelay (its subscription may not be in place at the relay
+// yet); later answers to it do not, and another new client waits again.
+func TestFirstAnswerHeld(t *testing.T) {
+	s, out := recorder(t, func(c *Config) { c.FirstAnswerDelay = 200 * time.Millisecond })
+	var slept []time.Duration
+	s.sleep = func(_ context.Context, d time.Duration) { slept = append(slept, d) }
+	ping := func(sk string, id int) {
+		ev := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}},
+			Content: `{"jsonrpc":"2.0","id":` + strconv.Itoa(id) + `,"method":"ping"}`}
+		ev.Sign(sk)
+		s.handle(context.Background(), ev)
+	}
+	a, b := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
+	ping(a, 1)
+	ping(a, 2)
+	ping(b, 3)
+	if len(*out) != 3 {
+		t.Fatalf("%d answers, want 3", len(*out))
+	}
+	if len(slept) != 2 || slept[0] != 200*time.Millisecond || slept[1] != 200*time.Millisecond {
+		t.Fatalf("held %v, want two holds of 200ms (one per new client)", slept)
 	}
 }
