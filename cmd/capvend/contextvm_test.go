@@ -230,9 +230,23 @@ func serveStoppable(t testing.TB, path, listen string) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	stderr := &lockedWriter{w: &strings.Builder{}}
+	// capvend's debug log (why an event was dropped ...), shown when the
+	// test fails.
+	logs := &lockedWriter{w: &strings.Builder{}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			logs.mu.Lock()
+			text := logs.w.(*strings.Builder).String()
+			logs.mu.Unlock()
+			if len(text) > 20_000 {
+				text = "…" + text[len(text)-20_000:]
+			}
+			t.Logf("capvend serve log (%s):\n%s", path, text)
+		}
+	})
 	go func() {
 		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: stderr,
-			Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 		done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
 	}()
 	var once sync.Once
