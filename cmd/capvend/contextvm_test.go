@@ -53,28 +53,14 @@ func TestContextVM(t *testing.T) {
 	// A priced call paid from the customer node.
 	req := c.request(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t_sha256","arguments":{"text":"hi"}}}`,
 		nostr.Tag{"pmi", vend.PMILightning})
-	var notes []string
-	paid := make(chan error, 1)
-	res := c.until(req, func(m cvmMessage) {
-		notes = append(notes, m.Method)
-		if m.Method == vend.NotifyPaymentRequired {
-			var p vend.PaymentOption
-			json.Unmarshal(m.Params, &p)
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				defer cancel()
-				_, err := s.Pay(ctx, p.PayReq)
-				paid <- err
-			}()
-		}
-	})
+	res, notes, paid := c.untilPaid(s, req)
 	if res.Error != nil || !strings.Contains(string(res.Result), sha256Hi) {
 		t.Fatalf("paid call: %s %+v (notifications %v)", res.Result, res.Error, notes)
 	}
 	if len(notes) == 0 || notes[0] != vend.NotifyPaymentRequired {
 		t.Fatalf("notifications %v", notes)
 	}
-	if err := <-paid; err != nil {
+	if err := paid(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -396,6 +382,29 @@ func (c *cvmClient) until(req *nostr.Event, note func(cvmMessage)) cvmMessage {
 		}
 		note(m)
 	}
+}
+
+// untilPaid is until for a priced request: each payment_required is paid
+// from the stack's customer node. It returns the answer, the notification
+// methods in order, and a function waiting for the payment's outcome.
+func (c *cvmClient) untilPaid(s *testnet.Stack, req *nostr.Event) (cvmMessage, []string, func() error) {
+	c.t.Helper()
+	var notes []string
+	paid := make(chan error, 1)
+	res := c.until(req, func(m cvmMessage) {
+		notes = append(notes, m.Method)
+		if m.Method == vend.NotifyPaymentRequired {
+			var p vend.PaymentOption
+			json.Unmarshal(m.Params, &p)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				_, err := s.Pay(ctx, p.PayReq)
+				paid <- err
+			}()
+		}
+	})
+	return res, notes, func() error { return <-paid }
 }
 
 // waitReady pings until the server answers (it subscribes after starting).

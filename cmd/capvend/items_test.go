@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -142,28 +141,14 @@ func TestContextVMSellsPrompts(t *testing.T) {
 
 	req := c.request(`{"jsonrpc":"2.0","id":2,"method":"prompts/get","params":{"name":"t_summarize","arguments":{"text":"paid over nostr"}}}`,
 		nostr.Tag{"pmi", vend.PMILightning})
-	var notes []string
-	paid := make(chan error, 1)
-	res := c.until(req, func(m cvmMessage) {
-		notes = append(notes, m.Method)
-		if m.Method == vend.NotifyPaymentRequired {
-			var p vend.PaymentOption
-			json.Unmarshal(m.Params, &p)
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				defer cancel()
-				_, err := s.Pay(ctx, p.PayReq)
-				paid <- err
-			}()
-		}
-	})
+	res, notes, paid := c.untilPaid(s, req)
 	if res.Error != nil || !strings.Contains(string(res.Result), "paid over nostr") {
 		t.Fatalf("prompts/get: %s %+v (notifications %v)", res.Result, res.Error, notes)
 	}
 	if len(notes) == 0 || notes[0] != vend.NotifyPaymentRequired {
 		t.Fatalf("notifications %v", notes)
 	}
-	if err := <-paid; err != nil {
+	if err := paid(); err != nil {
 		t.Fatal(err)
 	}
 

@@ -348,11 +348,14 @@ func upstreamServers(cfg *Config) []upstream.ServerConfig {
 	return out
 }
 
-// upstreamCatalog serves the upstreams' prompts and resources, free, on the
-// MCP front.
+// upstreamCatalog serves the upstreams' prompts and resources on the MCP
+// and Nostr fronts (priced ones are sold through the Vendor instead).
 type upstreamCatalog struct{ m *upstream.Manager }
 
-var _ mcpfront.Catalog = upstreamCatalog{}
+var (
+	_ mcpfront.Catalog = upstreamCatalog{}
+	_ ctxvm.Catalog    = upstreamCatalog{}
+)
 
 func (c upstreamCatalog) Prompts() []mcpfront.Prompt {
 	ps := c.m.Prompts()
