@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"slices"
 	"sync"
 
@@ -301,13 +300,7 @@ func (s *Server) sell(ctx context.Context, cr vend.CallRequest) (json.RawMessage
 	res, err := s.cfg.Vendor.CallTool(ctx, cr)
 	if err != nil {
 		w := toWire(err, cr.Tool)
-		lvl := slog.LevelInfo
-		switch w.Code {
-		case rpcerr.CodePaymentRequired, rpcerr.CodePaymentPending:
-			lvl = slog.LevelDebug
-		case rpcerr.CodeInternal:
-			lvl = slog.LevelError
-		}
+		lvl := rpcerr.LogLevel(w.Code)
 		s.log.Log(ctx, lvl, string(cr.Kind.Or())+" request answered with an error", logKeyTool, cr.Tool, logKeyClient, cr.Client, logKeyCode, w.Code, logKeyErr, err)
 		return nil, w
 	}

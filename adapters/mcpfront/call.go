@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strings"
 
@@ -168,13 +167,7 @@ func (s *Server) priced(kind vend.ItemKind, name string) (lo, hi vend.Msat) {
 func (s *Server) answer(ctx context.Context, cr vend.CallRequest, res vend.CallResult, err error) (*mcp.CallToolResult, error) {
 	if err != nil {
 		w := toWire(err, cr.Tool)
-		lvl := slog.LevelInfo
-		switch w.Code {
-		case rpcerr.CodePaymentRequired, rpcerr.CodePaymentPending:
-			lvl = slog.LevelDebug // the normal explicit-gating flow
-		case rpcerr.CodeInternal:
-			lvl = slog.LevelError
-		}
+		lvl := rpcerr.LogLevel(w.Code)
 		s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
 		return nil, s.markError(err, cr.Tool)
 	}

@@ -261,13 +261,7 @@ func (s *Server) sell(ctx context.Context, cr vend.CallRequest) (json.RawMessage
 	}
 	if err != nil {
 		w := toWire(err, cr.Tool)
-		lvl := slog.LevelInfo
-		switch w.Code {
-		case rpcerr.CodePaymentRequired, rpcerr.CodePaymentPending:
-			lvl = slog.LevelDebug
-		case rpcerr.CodeInternal:
-			lvl = slog.LevelError
-		}
+		lvl := rpcerr.LogLevel(w.Code)
 		s.log.Log(ctx, lvl, "priced "+string(cr.Kind)+" answered with an error", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
 		return nil, s.markError(err, cr.Tool)
 	}

@@ -5,6 +5,7 @@ package rpcerr
 
 import (
 	"errors"
+	"log/slog"
 
 	"github.com/capvend/capvend/vend"
 )
@@ -88,4 +89,18 @@ func paymentFailure(err error) string {
 		return ": the Cashu token is malformed, not in sats, or locked"
 	}
 	return ""
+}
+
+// LogLevel is how loudly a front logs a call answered with the error of
+// code: explicit gating's -32042/-32043 are the normal flow (debug), an
+// internal error is a fault (error), the rest are the client's or the
+// payment's doing (info).
+func LogLevel(code int) slog.Level {
+	switch code {
+	case CodePaymentRequired, CodePaymentPending:
+		return slog.LevelDebug
+	case CodeInternal:
+		return slog.LevelError
+	}
+	return slog.LevelInfo
 }

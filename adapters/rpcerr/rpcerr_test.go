@@ -3,6 +3,7 @@ package rpcerr_test
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 
 	"github.com/capvend/capvend/adapters/rpcerr"
@@ -43,5 +44,19 @@ func TestFromVend(t *testing.T) {
 	data := rpcerr.FromVend(&vend.PaymentRequiredError{}, "x").Data.(map[string]any)
 	if opts, ok := data["payment_options"].([]vend.PaymentOption); !ok || opts == nil || data["instructions"] != rpcerr.InstructionsRequired {
 		t.Fatalf("-32042 data %+v: payment_options must be a non-nil list", data)
+	}
+}
+
+func TestLogLevel(t *testing.T) {
+	for code, want := range map[int]slog.Level{
+		rpcerr.CodePaymentRequired: slog.LevelDebug,
+		rpcerr.CodePaymentPending:  slog.LevelDebug,
+		rpcerr.CodeInternal:        slog.LevelError,
+		rpcerr.CodeInvalidParams:   slog.LevelInfo,
+		rpcerr.CodePaymentFailed:   slog.LevelInfo,
+	} {
+		if got := rpcerr.LogLevel(code); got != want {
+			t.Errorf("LogLevel(%d) = %v, want %v", code, got, want)
+		}
 	}
 }
