@@ -177,19 +177,29 @@ func (s *Server) announceLoop(ctx context.Context) {
 			return
 		case <-retry.C:
 		case <-s.ann.kick:
-			t := time.NewTimer(s.cfg.AnnounceDelay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !s.settle(ctx, s.ann.kick) {
 				return
-			case <-t.C:
-			}
-			select { // kicks during the delay are this round's
-			case <-s.ann.kick:
-			default:
 			}
 		}
 	}
+}
+
+// settle waits AnnounceDelay after a Refresh's kick, so that Refreshes
+// coming close together make one round: kicks during the wait are taken
+// as this round's. It returns false when ctx ended first.
+func (s *Server) settle(ctx context.Context, kick <-chan struct{}) bool {
+	t := time.NewTimer(s.cfg.AnnounceDelay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	}
+	select {
+	case <-kick:
+	default:
+	}
+	return true
 }
 
 // announceRound publishes every announcement whose content or tags

@@ -212,16 +212,8 @@ func (s *Server) listWatchLoop(ctx context.Context) {
 			return
 		case <-s.lists.kick:
 		}
-		t := time.NewTimer(s.cfg.AnnounceDelay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !s.settle(ctx, s.lists.kick) {
 			return
-		case <-t.C:
-		}
-		select { // kicks during the delay are this round's
-		case <-s.lists.kick:
-		default:
 		}
 		now := s.listFingerprints()
 		var changed []string
