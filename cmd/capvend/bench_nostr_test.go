@@ -42,13 +42,8 @@ const nostrBenchInFlight = 16
 // Needs node and `npm ci` in cmd/capvend/testdata/contextvm (else skipped).
 func BenchmarkNostrFreeCall(b *testing.B) {
 	dir := filepath.Join("testdata", "contextvm")
-	if _, err := exec.LookPath("node"); err != nil {
-		b.Skip("node is not installed")
-	}
-	for _, pkg := range []string{"@contextvm/sdk", "@modelcontextprotocol/sdk", "zod"} {
-		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg)); err != nil {
-			b.Skip("stock ContextVM server: run `npm ci` in cmd/capvend/testdata/contextvm")
-		}
+	if missing := sdkMissing(); missing != "" {
+		b.Skip("stock ContextVM server: " + missing)
 	}
 	relay := runRelay(b)
 

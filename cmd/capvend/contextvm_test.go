@@ -135,17 +135,7 @@ func TestContextVM(t *testing.T) {
 func runSDKClient(t *testing.T, s *testnet.Stack, relay, server, encryption string) bool {
 	t.Helper()
 	dir := filepath.Join("testdata", "contextvm")
-	missing := ""
-	if _, err := exec.LookPath("node"); err != nil {
-		missing = "node is not installed"
-	} else if _, err := os.Stat(filepath.Join(dir, "node_modules", "@contextvm", "sdk")); err != nil {
-		missing = "run `npm ci` in cmd/capvend/testdata/contextvm"
-	}
-	if missing != "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("stock ContextVM client: " + missing)
-		}
-		t.Log("stock ContextVM client not run: " + missing)
+	if !needSDK(t) {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute) // a hang guard
@@ -545,6 +535,35 @@ func TestContextVMCatalog(t *testing.T) {
 	}
 }
 
+// sdkMissing says what is missing to run the stock @contextvm/sdk scripts
+// of testdata/contextvm, or "".
+func sdkMissing() string {
+	if _, err := exec.LookPath("node"); err != nil {
+		return "node is not installed"
+	}
+	for _, pkg := range []string{"@contextvm/sdk", "@modelcontextprotocol/sdk", "zod"} {
+		if _, err := os.Stat(filepath.Join("testdata", "contextvm", "node_modules", pkg)); err != nil {
+			return "run `npm ci` in cmd/capvend/testdata/contextvm"
+		}
+	}
+	return ""
+}
+
+// needSDK says whether the stock SDK scripts can run; when they cannot,
+// the test fails in CI and is logged as not run elsewhere.
+func needSDK(t *testing.T) bool {
+	t.Helper()
+	missing := sdkMissing()
+	if missing == "" {
+		return true
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("stock ContextVM client: " + missing)
+	}
+	t.Log("stock ContextVM client not run: " + missing)
+	return false
+}
+
 // runSDKScript runs node on a script of testdata/contextvm with args and
 // returns its output lines "<WORD> <rest>" by word, and whether it ran:
 // without node or its packages it does not (fails in CI). The script must
@@ -552,17 +571,7 @@ func TestContextVMCatalog(t *testing.T) {
 func runSDKScript(t *testing.T, script string, args ...string) (map[string]string, bool) {
 	t.Helper()
 	dir := filepath.Join("testdata", "contextvm")
-	missing := ""
-	if _, err := exec.LookPath("node"); err != nil {
-		missing = "node is not installed"
-	} else if _, err := os.Stat(filepath.Join(dir, "node_modules", "@contextvm", "sdk")); err != nil {
-		missing = "run `npm ci` in cmd/capvend/testdata/contextvm"
-	}
-	if missing != "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("stock ContextVM client: " + missing)
-		}
-		t.Log("stock ContextVM client not run: " + missing)
+	if !needSDK(t) {
 		return nil, false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
