@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -53,24 +51,7 @@ func TestAnnounceGolden(t *testing.T) {
 			if a.content != "" && !json.Valid([]byte(a.content)) {
 				t.Fatalf("content is not JSON: %s", a.content)
 			}
-			got := announceGolden(ev)
-			path := filepath.Join("testdata", "golden", name+".json")
-			if *update {
-				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run with -update to create it)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("%s differs (run with -update and read the diff):\n%s", path, got)
-			}
+			checkGolden(t, name, announceGolden(ev))
 		})
 	}
 }

@@ -178,25 +178,31 @@ func TestGolden(t *testing.T) {
 				}
 				steps = append(steps, step)
 			}
-			got := renderGolden(t, steps)
-			path := filepath.Join("testdata", "golden", sc.name+".json")
-			if *update {
-				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run with -update to create it)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("%s differs from the wire (run with -update if the change is intended); got:\n%s", path, got)
-			}
+			checkGolden(t, sc.name, renderGolden(t, steps))
 		})
+	}
+}
+
+// checkGolden compares got with testdata/golden/<name>.json, or writes it
+// there with -update.
+func checkGolden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", "golden", name+".json")
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the wire (run with -update if the change is intended); got:\n%s", path, got)
 	}
 }
 
