@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -496,6 +497,14 @@ func (s *Stack) waitLND(ctx context.Context, n NodeInfo) (string, error) {
 	})
 	if err != nil {
 		return "", &ComponentError{Component: "lnd " + n.Name, Log: n.Log, Err: err}
+	}
+	// lnd writes invoice.macaroon and readonly.macaroon world-readable
+	// (0644) and admin.macaroon group-readable (0640); capvend refuses
+	// secrets others can read, so the stack keeps them owner-only.
+	for _, mac := range []string{n.AdminMacaroon, n.InvoiceMacaroon, n.ReadonlyMacaroon} {
+		if err := os.Chmod(mac, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return "", &ComponentError{Component: "lnd " + n.Name, Log: n.Log, Err: err}
+		}
 	}
 	return pubkey, nil
 }

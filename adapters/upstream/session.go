@@ -532,7 +532,7 @@ func (u *upstream) dial(ctx context.Context) (*client.Client, <-chan error, func
 	// capvend owns its Wait and learns at once when it dies.
 	cmd := exec.Command(u.cfg.Command, u.cfg.Args...)
 	cmd.Dir = u.cfg.Dir
-	cmd.Env = append(os.Environ(), u.cfg.Env...)
+	cmd.Env = childEnv(os.Getenv, u.cfg.Env)
 	cmd.Stderr = &logWriter{log: u.log}
 	cmd.WaitDelay = u.m.cfg.StopTimeout
 	stdin, err := cmd.StdinPipe()
@@ -596,3 +596,21 @@ func (w *logWriter) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = (*logWriter)(nil)
+
+// inheritedEnv are the only variables of capvend's own environment a stdio
+// upstream gets: capvend's environment holds its secrets' paths and
+// whatever its operator exported, which an upstream (someone else's code,
+// maybe) has no business reading.
+var inheritedEnv = []string{"PATH", "HOME"}
+
+// childEnv is the environment of a stdio upstream: PATH and HOME from
+// capvend's (getenv), then the configured "KEY=value" pairs, which win.
+func childEnv(getenv func(string) string, configured []string) []string {
+	env := make([]string, 0, len(inheritedEnv)+len(configured))
+	for _, k := range inheritedEnv {
+		if v := getenv(k); v != "" {
+			env = append(env, k+"="+v)
+		}
+	}
+	return append(env, configured...)
+}

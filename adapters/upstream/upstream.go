@@ -84,8 +84,9 @@ type ServerConfig struct {
 	// the names clients see (may be empty). Resource URIs keep theirs.
 	Prefix string
 
-	// Command, Args, Env ("KEY=value", added to capvend's environment) and
-	// Dir start a stdio upstream.
+	// Command, Args, Env and Dir start a stdio upstream. The child's
+	// environment is PATH and HOME from capvend's and Env ("KEY=value",
+	// winning over those two): nothing else of capvend's environment.
 	Command string
 	Args    []string
 	Env     []string

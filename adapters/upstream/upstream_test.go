@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -53,6 +54,12 @@ func newTestServer(name string) *server.MCPServer {
 	// mcp-go's stdio server may write notifications after the result, so
 	// the test releases slow only once it has seen them.
 	release := make(chan struct{}, 1)
+	s.AddTool(mcp.NewTool("environ", mcp.WithDescription("its own environment, one KEY=value per line")),
+		func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			env := os.Environ()
+			sort.Strings(env)
+			return mcp.NewToolResultText(strings.Join(env, "\n")), nil
+		})
 	s.AddTool(mcp.NewTool("release"), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		select {
 		case release <- struct{}{}:

@@ -38,6 +38,9 @@ func (f *cashuFlags) open(ctx context.Context, e *env) (l *ledger.Ledger, wallet
 	if walletDir == "" {
 		return nil, "", nil, usageError("no wallet directory: set cashu.wallet_dir or pass --wallet-dir")
 	}
+	if err := checkSecretDir("cashu.wallet_dir", walletDir); err != nil {
+		return nil, "", nil, err
+	}
 	path := cfg.Ledger.Path
 	if f.db != "" {
 		path = f.db

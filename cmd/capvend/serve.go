@@ -81,6 +81,9 @@ then kills itself with SIGKILL there.`,
 // serve wires the concrete parts together and runs them until ctx ends.
 func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	log := e.Log
+	if err := cfg.checkSecrets(); err != nil {
+		return err
+	}
 	l, err := ledger.Open(ctx, cfg.Ledger.Path, ledger.Options{})
 	if err != nil {
 		return err
@@ -339,7 +342,7 @@ func upstreamServers(cfg *Config) []upstream.ServerConfig {
 				keys = append(keys, k)
 			}
 			sort.Strings(keys)
-			for _, k := range keys { // added to capvend's own environment
+			for _, k := range keys { // with PATH and HOME, the child's whole environment
 				sc.Env = append(sc.Env, k+"="+u.Env[k])
 			}
 		}

@@ -52,6 +52,9 @@ Example:
 			if len(cfg.Nostr.Relays) == 0 {
 				return errors.New("nostr.relays is empty: no relay to ask")
 			}
+			if err := checkSecretFile("nostr.nsec_file", cfg.Nostr.NsecFile); err != nil {
+				return err
+			}
 			sk, err := ctxvm.LoadSecretKey(cfg.Nostr.NsecFile)
 			if err != nil {
 				return fmt.Errorf("nostr.nsec_file: %w", err)
