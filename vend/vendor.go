@@ -14,8 +14,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/capvend/capvend/pricing"
 )
 
 // Config wires a Vendor.
@@ -448,15 +446,7 @@ func (v *Vendor) item(kind ItemKind, name string) (Tool, bool) {
 // priceKey is the name t's price is looked up by in the price book (and
 // its daily free quota counted by): the tool's upstream name, or
 // pricing.PromptKey, pricing.ResourceKey of it.
-func priceKey(t *Tool) string {
-	switch t.Kind {
-	case KindPrompt:
-		return pricing.PromptKey(t.UpstreamName)
-	case KindResource:
-		return pricing.ResourceKey(t.UpstreamName)
-	}
-	return t.UpstreamName
-}
+func priceKey(t *Tool) string { return itemPriceKey(t.Kind, t.UpstreamName) }
 
 // method is the JSON-RPC method a request for t is, and its params without
 // _meta, for CanonicalHash.

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/capvend/capvend/vend"
 )
@@ -33,12 +34,38 @@ func reloadPrices(cur *Config, getenv func(string) string, v priceSetter, refres
 		log.Warn("config reload: these settings changed but only take effect after a restart", "sections", changed)
 	}
 	v.SetPrices(book)
+	endFreedGrants(v, log)
 	refresh()
 	return next, nil
 }
 
+// grantEnder is the optional ability of a priceSetter (vend.Vendor) to end
+// the explicit-gating grants its new prices made free.
+type grantEnder interface {
+	RefundFreedGrants(ctx context.Context) (int, error)
+}
+
+// endFreedGrants refunds the paid grants of items v's prices made free
+// (see vend.Vendor.RefundFreedGrants), so their money is owed back rather
+// than kept for calls that now run free.
+func endFreedGrants(v any, log *slog.Logger) {
+	ge, ok := v.(grantEnder)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := ge.RefundFreedGrants(ctx)
+	if err != nil {
+		log.Error("grants of items that became free: some were not ended; they are retried at the next reload or start", "err", err)
+	}
+	if n > 0 {
+		log.Info("grants of items that became free were ended (paid ones are owed back)", "grants", n)
+	}
+}
+
 // restartSections names the sections of next that differ from cur other
-// than the tools' prices.
+// than the prices of tools, prompts and resources.
 func restartSections(cur, next *Config) []string {
 	var out []string
 	a, b := *cur, *next
@@ -60,10 +87,12 @@ func restartSections(cur, next *Config) []string {
 	return out
 }
 
+// withoutPrices returns ups without their price sections (tools, prompts
+// and resources: all of them reload).
 func withoutPrices(ups []UpstreamConfig) []UpstreamConfig {
 	out := make([]UpstreamConfig, len(ups))
 	for i, u := range ups {
-		u.Tools = nil
+		u.Tools, u.Prompts, u.Resources = nil, nil, nil
 		out[i] = u
 	}
 	return out

@@ -75,3 +75,31 @@ func TestReloadPrices(t *testing.T) {
 		t.Fatalf("unchanged config: %v", got)
 	}
 }
+
+// Prices of prompts and resources reload like tools' prices: changing
+// them is not reported as needing a restart.
+func TestReloadItemPricesNeedNoRestart(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "capvend.yaml")
+	base := "ledger:\n  path: capvend.db\nlnd:\n  host: 127.0.0.1:10009\n  tls_cert_file: tls.cert\n  macaroon_file: invoice.macaroon\n" +
+		"upstreams:\n  - name: tools\n    command: ./tools\n    prompts:\n      brief: {price_sats: PROMPT}\n    resources:\n      \"ex://r/{id}\": {price_sats: RES}\n"
+	load := func(prompt, res string) *Config {
+		t.Helper()
+		body := strings.NewReplacer("PROMPT", prompt, "RES", res).Replace(base)
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := loadConfig(path, func(string) string { return "" })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	cur := load("3", "2")
+	if got := restartSections(cur, load("5", "2")); len(got) != 0 {
+		t.Fatalf("a prompt price change is reported as needing a restart: %v", got)
+	}
+	if got := restartSections(cur, load("3", "7")); len(got) != 0 {
+		t.Fatalf("a resource price change is reported as needing a restart: %v", got)
+	}
+}

@@ -42,10 +42,13 @@ paid, and are recorded in the ledger; see the README for how clients pay. With -
 standard input and output instead (for desktop MCP clients that launch
 their servers); logs then go to standard error only.
 
-SIGHUP reloads the prices (the tools: sections of the upstreams): a valid
-file takes effect for new calls at once (calls already quoted keep their
-price), tool lists change and Nostr announcements are republished; an
-invalid one is logged and the old prices stay. Other changes need a restart.
+SIGHUP reloads the prices (the tools:, prompts: and resources: sections of
+the upstreams): a valid file takes effect for new calls at once (calls
+already quoted keep their price), tool lists change and Nostr announcements
+are republished; an invalid one is logged and the old prices stay. An
+explicit-gating grant paid for an item that became free is refunded (owed
+back, see the ledger's liabilities:refunds); an unpaid one is withdrawn.
+Other changes need a restart.
 
 Stops on SIGINT or SIGTERM: it stops accepting calls, lets running ones
 finish (up to 30 s), stops watching payments, and closes the ledger last.
@@ -195,6 +198,7 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	}
 	runPart("upstreams", ups.Run)
 	runPart("payments", v.Run)
+	endFreedGrants(v, log) // the prices may have changed while capvend was stopped
 	if cfg.path != "" {
 		reloadOnHUP(ctx, &wg, cfg, e.Getenv, v, refresh, log)
 	}
