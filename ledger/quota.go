@@ -43,11 +43,16 @@ func (l *Ledger) ClaimFreeUse(ctx context.Context, u vend.FreeUse) (bool, error)
 			return err
 		}
 		day := now.Format(time.DateOnly)
+		// The client's count, and with PerDayTotal everyone's: both in
+		// this one immediate transaction, so concurrent claims never
+		// exceed either.
 		res, err := tx.ExecContext(ctx, `INSERT INTO free_uses (transport, client, request_id, server, tool, day, created_at)
 			SELECT ?, ?, ?, ?, ?, ?, ?
-			WHERE (SELECT count(*) FROM free_uses WHERE transport = ? AND client = ? AND server = ? AND tool = ? AND day = ?) < ?`,
+			WHERE (SELECT count(*) FROM free_uses WHERE transport = ? AND client = ? AND server = ? AND tool = ? AND day = ?) < ?
+			AND (? <= 0 OR (SELECT count(*) FROM free_uses WHERE server = ? AND tool = ? AND day = ?) < ?)`,
 			u.Transport, u.Client, u.RequestID, u.Server, u.Tool, day, ms(now),
-			u.Transport, u.Client, u.Server, u.Tool, day, u.PerDay)
+			u.Transport, u.Client, u.Server, u.Tool, day, u.PerDay,
+			u.PerDayTotal, u.Server, u.Tool, day, u.PerDayTotal)
 		if err != nil {
 			return err
 		}

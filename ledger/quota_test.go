@@ -207,3 +207,45 @@ func TestFreeUseRefusesBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestFreeUseTotalCapAcrossClients: fresh identities cost nothing, so a
+// tool's free calls of a day are also bounded across all clients, counted
+// in the same transaction as the client's own quota.
+func TestFreeUseTotalCapAcrossClients(t *testing.T) {
+	l := openLedger(t, "")
+	var wg sync.WaitGroup
+	var free atomic.Int32
+	for i := 0; i < 40; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			u := use(fmt.Sprint("fresh-key-", i), "req-1")
+			u.Transport = []string{"nostr-ctxvm", "mcp-http"}[i%2] // every transport counts
+			u.PerDayTotal = 7
+			ok, err := l.ClaimFreeUse(context.Background(), u)
+			if err != nil {
+				t.Error(err)
+			}
+			if ok {
+				free.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if free.Load() != 7 {
+		t.Fatalf("%d of 40 fresh clients got a free call, want the total cap of 7", free.Load())
+	}
+	// A replay of a request that holds a use is still free.
+	u := use("fresh-key-0", "req-1")
+	u.Transport, u.PerDayTotal = "nostr-ctxvm", 7
+	first, _ := l.ClaimFreeUse(context.Background(), u)
+	if again := claim(t, l, u); again != first {
+		t.Fatalf("replay: %v, first %v", again, first)
+	}
+	// Another tool has its own total.
+	o := use("fresh-key-1", "req-2")
+	o.Tool, o.PerDayTotal = "other", 7
+	if !claim(t, l, o) {
+		t.Fatal("another tool's total was used up too")
+	}
+}

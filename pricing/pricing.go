@@ -73,6 +73,11 @@ type Rule struct {
 	// FreePerDay calls per client and UTC day are free (counted by the
 	// caller, see Quote.FreePerDay); 0: none.
 	FreePerDay int
+	// FreePerDayTotal bounds the free calls of the tool per UTC day
+	// across all clients (fresh Nostr keys cost nothing, so a per-client
+	// quota alone gives away unlimited calls); 0: no such bound. Only
+	// meaningful with FreePerDay.
+	FreePerDayTotal int
 	// NotIdempotent tools are refunded, never re-run, after capvend was
 	// interrupted while they ran.
 	NotIdempotent bool
@@ -80,8 +85,9 @@ type Rule struct {
 
 // Validate reports the first thing wrong with r: a negative amount, an
 // amount above MaxPrice, Min above Max, a base price above Max, a Per
-// without argument name, kind or a positive price, a negative FreePerDay,
-// or a FreePerDay on a free tool.
+// without argument name, kind or a positive price, a negative FreePerDay
+// or FreePerDayTotal, a FreePerDay on a free tool, or a FreePerDayTotal
+// without a FreePerDay.
 func (r Rule) Validate() error {
 	for _, a := range []struct {
 		name string
@@ -122,6 +128,12 @@ func (r Rule) Validate() error {
 	if r.FreePerDay > 0 && r.free() {
 		return errors.New("free calls per day on a tool that is free anyway")
 	}
+	if r.FreePerDayTotal < 0 {
+		return fmt.Errorf("free calls per day in all is negative (%d)", r.FreePerDayTotal)
+	}
+	if r.FreePerDayTotal > 0 && r.FreePerDay == 0 {
+		return errors.New("free calls per day in all without free calls per client")
+	}
 	return nil
 }
 
@@ -154,6 +166,9 @@ type Quote struct {
 	// Price > 0, the caller may serve the call free if the client has
 	// used fewer than FreePerDay free calls of this tool today (UTC).
 	FreePerDay int
+	// FreePerDayTotal, when > 0, bounds those free calls per UTC day
+	// across all clients.
+	FreePerDayTotal int
 	// Description says how the price was computed, for people: "21 sat
 	// per call", "3 KB of text × 2 sat/KB + 1 sat = 7 sat".
 	Description string
@@ -212,7 +227,7 @@ func (b *Book) Quote(server, tool string, args json.RawMessage) (Quote, error) {
 	if !ok || r.free() {
 		return Quote{Idempotent: !r.NotIdempotent, Description: "free"}, nil
 	}
-	q := Quote{Idempotent: !r.NotIdempotent, FreePerDay: r.FreePerDay}
+	q := Quote{Idempotent: !r.NotIdempotent, FreePerDay: r.FreePerDay, FreePerDayTotal: r.FreePerDayTotal}
 	if r.Per == nil {
 		q.Price = r.clamp(r.Price)
 		q.Description = fmtMsat(q.Price) + " per call"

@@ -62,7 +62,7 @@ func TestQuote(t *testing.T) {
 		"batch":     {Per: items, Max: 100_000},
 		"forecast":  {Per: units, Max: 10_000},
 		"unbounded": {Per: units},
-		"quota":     {Price: 1000, FreePerDay: 5},
+		"quota":     {Price: 1000, FreePerDay: 5, FreePerDayTotal: 50},
 		"minonly":   {Min: 4000},
 	})
 	text := func(n int) string { return `{"text": "` + strings.Repeat("a", n) + `"}` }
@@ -112,7 +112,7 @@ func TestQuote(t *testing.T) {
 			}
 		})
 	}
-	if q, _ := b.Quote("s", "quota", nil); q.FreePerDay != 5 {
+	if q, _ := b.Quote("s", "quota", nil); q.FreePerDay != 5 || q.FreePerDayTotal != 50 {
 		t.Errorf("free per day %d", q.FreePerDay)
 	}
 }
@@ -204,6 +204,8 @@ func TestRuleValidate(t *testing.T) {
 		{"negative per", pricing.Rule{Per: per(pricing.PerItem, "t", -5)}, "must be positive"},
 		{"negative quota", pricing.Rule{Price: 1, FreePerDay: -1}, "negative"},
 		{"quota on free tool", pricing.Rule{FreePerDay: 3}, "free anyway"},
+		{"negative total quota", pricing.Rule{Price: 1, FreePerDay: 1, FreePerDayTotal: -1}, "negative"},
+		{"total quota without a per-client one", pricing.Rule{Price: 1, FreePerDayTotal: 100}, "without free calls per client"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.r.Validate()

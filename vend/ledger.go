@@ -138,6 +138,9 @@ type FreeUse struct {
 	Server    string // upstream server name
 	Tool      string // tool name on that server; pricing.PromptKey or ResourceKey for prompts, resources
 	PerDay    int    // the quota: free uses per Client, tool and UTC day; > 0
+	// PerDayTotal, when > 0, also bounds the free uses of the tool per
+	// UTC day across every client and transport.
+	PerDayTotal int
 }
 
 // Ledger records every state change of calls and payments durably. Every
@@ -222,7 +225,10 @@ type Ledger interface {
 	// are counted, so of any number of concurrent claims at most PerDay
 	// succeed. A request that holds a use already (same transport, client
 	// and request id, same tool) is free again and counts nothing new; one
-	// recorded as a priced call (RecordCall) is never free. free=false
+	// recorded as a priced call (RecordCall) is never free. With
+	// u.PerDayTotal > 0 a new use is counted only while fewer than that
+	// are counted for the tool and day across all clients, in the same
+	// transaction. free=false
 	// means the call is priced normally. A free use books no money.
 	ClaimFreeUse(ctx context.Context, u FreeUse) (free bool, err error)
 }
