@@ -139,9 +139,18 @@ type CallRequest struct {
 	// they are not used to find replays, and an explicit-gating grant is
 	// only released against PaymentProof.
 	Anonymous bool
-	// Source is where the request came from for rate limiting (an IP
-	// address); empty means Client. Anonymous clients are limited by it.
+	// Source is who the limits count when not empty (see the package
+	// doc, Limits): "ip:<address>" for a request from that address, or
+	// "id:<client id>" for a client a trusted proxy identified. Empty:
+	// Client counts (a Nostr pubkey, "stdio").
 	Source string
+	// Work is the request's proof of work (NIP-13 for Nostr events: the
+	// leading zero bits of the request event's id, at most its committed
+	// target), and WorkRequired the least the front demands of a request
+	// that gets a free call or an unpaid quote (0: none). A request with
+	// less is refused with a *WorkRequiredError, unless it pays with a
+	// Cashu token (it is then not offered a free use either).
+	Work, WorkRequired int
 	// PaymentProof is the hex preimage of a paid Lightning invoice
 	// (_meta[MetaPaymentProof]): it releases the explicit-gating grant
 	// that invoice paid for, to whoever presents it.
@@ -245,6 +254,18 @@ type InvalidParamsError struct {
 
 func (e *InvalidParamsError) Error() string {
 	return fmt.Sprintf("invalid arguments for %s: %s", e.Tool, e.Reason)
+}
+
+// WorkRequiredError refuses a request that would get a free call or an
+// unpaid quote without the proof of work its front requires (Nostr:
+// nostr.pow_difficulty). Nothing was recorded or charged.
+type WorkRequiredError struct {
+	Required int // the difficulty required, in leading zero bits
+	Work     int // the request's
+}
+
+func (e *WorkRequiredError) Error() string {
+	return fmt.Sprintf("proof of work required: difficulty %d, the request has %d", e.Required, e.Work)
 }
 
 // PaymentRequiredError is explicit gating's answer to an unpaid call

@@ -33,6 +33,39 @@
 // start. A prompt's arguments are checked against the schema its
 // ItemSource gives (strings, the required ones present) before it is
 // quoted (-32602 otherwise); a read has no arguments.
+//
+// # Limits
+//
+// Every limit counts a request by CallRequest.Source when the front set
+// it, else by CallRequest.Client: the MCP HTTP front sets Source to
+// "ip:<address>" (or "id:<client id>" a trusted proxy vouched for), so
+// every session from one address is one client; Nostr requests have no
+// Source and count by pubkey; stdio by "stdio".
+//
+//   - RequestsPerMinute: calls (free or priced) per client in each clock
+//     minute. Only the keys of the current minute are held, at most
+//     DefaultMaxRateKeys; a key first seen beyond that is not counted.
+//   - MaxUnpaidPerClient: open unpaid payment requests per client. A
+//     request counts from its quote until it is paid, canceled or expired
+//     (the backend's report), whether or not its client still waits: a
+//     dropped connection or an explicit-gating quote holds its slot while
+//     its invoice is payable. Beyond it: ErrLimit (-32053).
+//   - MaxUnpaidTotal: open unpaid payment requests in all. When it is
+//     reached, the oldest request of the client(s) holding the most is
+//     withdrawn (shed) so the newest customer still gets a quote: its
+//     invoice is canceled at its backend (its call becomes canceled) and
+//     a client waiting for it gets notifications/payment_rejected and
+//     ErrLimit. Requests of a previous run are not counted (they expire
+//     within the TTL).
+//   - Daily free quotas (PriceBook's FreePerDay) count per transport and
+//     client, a Source as "source:<source>"; FreePerDayTotal bounds a
+//     tool's free calls per UTC day across all clients and transports (a
+//     fresh Nostr key is free to make), in the same ledger transaction.
+//   - Proof of work: a front may require it (CallRequest.WorkRequired; the
+//     Nostr front's NIP-13 difficulty). A request with less Work gets no
+//     free use (it is priced instead); if it would get a free call or an
+//     unpaid quote it is refused with *WorkRequiredError; one paying with a
+//     Cashu token is not refused.
 package vend
 
 import "github.com/capvend/capvend/pricing"

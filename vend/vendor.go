@@ -33,11 +33,12 @@ type Config struct {
 	Heartbeat time.Duration
 	// ExecTimeout bounds one upstream execution (default 10 min).
 	ExecTimeout time.Duration
-	// MaxUnpaidPerClient and MaxUnpaidTotal bound open payment requests
-	// (defaults 10 and 10,000).
+	// MaxUnpaidPerClient and MaxUnpaidTotal bound the open unpaid
+	// payment requests of one client and of all (see the package doc,
+	// Limits; defaults DefaultMaxUnpaidPerClient, DefaultMaxUnpaidTotal).
 	MaxUnpaidPerClient, MaxUnpaidTotal int
 	// RequestsPerMinute bounds the calls (free or priced) of one client
-	// (or, for anonymous clients, one source address); 0: unlimited.
+	// (Source, else Client); 0: unlimited.
 	RequestsPerMinute int
 	Log               *slog.Logger
 	// Failpoint, if set, is called at the named steps of a priced call
@@ -71,15 +72,15 @@ type Vendor struct {
 	schemas schemaCache
 	prices  atomic.Pointer[bookRef] // the current price book; cfg.Prices is only the first
 
-	mu          sync.Mutex
-	waiters     map[string][]chan PaymentEvent // by payment ref
-	unpaid      map[string]int                 // open payment requests by client
-	unpaidTotal int
-	running     map[CallID]chan struct{} // calls executing in this process; closed when done
-	rate        map[string]*window       // requests per client in the current minute
-	bg          context.Context          // Run's context, for work started by payment reports
-	bgWG        sync.WaitGroup           // that work; Run waits for it
-	started     time.Time                // calls created before this are a previous run's
+	unpaid *unpaidBook  // open unpaid payment requests (limits.go)
+	rate   *rateLimiter // calls per client and minute (limits.go)
+
+	mu      sync.Mutex
+	waiters map[string][]chan PaymentEvent // by payment ref
+	running map[CallID]chan struct{}       // calls executing in this process; closed when done
+	bg      context.Context                // Run's context, for work started by payment reports
+	bgWG    sync.WaitGroup                 // that work; Run waits for it
+	started time.Time                      // calls created before this are a previous run's
 }
 
 // New checks cfg and returns a Vendor. It starts nothing.
@@ -97,18 +98,20 @@ func New(cfg Config) (*Vendor, error) {
 		cfg.ExecTimeout = 10 * time.Minute
 	}
 	if cfg.MaxUnpaidPerClient <= 0 {
-		cfg.MaxUnpaidPerClient = 10
+		cfg.MaxUnpaidPerClient = DefaultMaxUnpaidPerClient
 	}
 	if cfg.MaxUnpaidTotal <= 0 {
-		cfg.MaxUnpaidTotal = 10_000
+		cfg.MaxUnpaidTotal = DefaultMaxUnpaidTotal
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	v := &Vendor{cfg: cfg, waiters: map[string][]chan PaymentEvent{}, unpaid: map[string]int{},
+	v := &Vendor{cfg: cfg, waiters: map[string][]chan PaymentEvent{},
+		unpaid: newUnpaidBook(cfg.MaxUnpaidPerClient, cfg.MaxUnpaidTotal),
+		rate:   &rateLimiter{perMinute: cfg.RequestsPerMinute, maxKeys: DefaultMaxRateKeys},
 		// The ledger stamps milliseconds: a call of this run is stamped at
 		// or after the millisecond New runs in.
-		running: map[CallID]chan struct{}{}, rate: map[string]*window{}, started: time.Now().Truncate(time.Millisecond).Add(-time.Millisecond)}
+		running: map[CallID]chan struct{}{}, started: time.Now().Truncate(time.Millisecond).Add(-time.Millisecond)}
 	v.SetPrices(cfg.Prices)
 	return v, nil
 }
@@ -171,6 +174,9 @@ func (v *Vendor) Run(ctx context.Context) error {
 // invoice locked in for a call nobody waits for any more (the client left)
 // is canceled at once: the money goes back to the client by Lightning.
 func (v *Vendor) onPayment(e PaymentEvent) {
+	if e.Payment.State != PaymentOpen {
+		v.unpaid.end(e.Payment.Ref)
+	}
 	v.mu.Lock()
 	// A copy: unwait edits the list in place once the lock is released.
 	chans := slices.Clone(v.waiters[e.Payment.Ref])
@@ -543,6 +549,9 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
 	if q.Price <= 0 {
+		if err := checkWork(r); err != nil {
+			return nil, CallResult{}, err
+		}
 		res, err := v.runFree(ctx, &t, args, r)
 		return nil, res, err
 	}
@@ -560,9 +569,9 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		// one as a replay of another client's call.
 		r.RequestID += "#" + randomHex(8)
 	}
-	if q.FreePerDay > 0 {
+	if q.FreePerDay > 0 && checkWork(r) == nil { // too little work: priced
 		free, err := v.cfg.Ledger.ClaimFreeUse(ctx, FreeUse{Transport: r.Transport, Client: quotaKey(r),
-			RequestID: r.RequestID, Server: t.Server, Tool: priceKey(&t), PerDay: q.FreePerDay})
+			RequestID: r.RequestID, Server: t.Server, Tool: priceKey(&t), PerDay: q.FreePerDay, PerDayTotal: q.FreePerDayTotal})
 		if err != nil {
 			return nil, CallResult{}, err
 		}
@@ -571,6 +580,9 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 			res, err := v.runFree(ctx, &t, args, r)
 			return nil, res, err
 		}
+	}
+	if err := checkWork(r); err != nil && r.CashuToken == "" {
+		return nil, CallResult{}, err // it would get an unpaid quote
 	}
 	call, created, err := v.cfg.Ledger.RecordCall(ctx, NewCall{
 		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Kind: t.Kind.Or(), Tool: t.UpstreamName,
@@ -590,18 +602,6 @@ func (v *Vendor) runFree(ctx context.Context, t *Tool, args json.RawMessage, r *
 		return CallResult{}, err
 	}
 	return CallResult{Body: body, IsError: isErrorResult(body)}, nil
-}
-
-// quotaKey is who a daily free quota counts: the client, or an anonymous
-// client's source address (an anonymous client has no stable identity).
-func quotaKey(r *CallRequest) string {
-	switch {
-	case r.Anonymous && r.Source != "" || r.Client == "" && r.Source != "":
-		return "source:" + r.Source
-	case r.Client != "":
-		return r.Client
-	}
-	return "anonymous"
 }
 
 // findGrant finds the paid (or still awaited) explicit-gating call a
@@ -645,13 +645,13 @@ func (v *Vendor) quote(ctx context.Context, call *Call, t *Tool, args json.RawMe
 	if p == nil {
 		return res, err
 	}
-	defer v.release(r.Client)
+	// The request stays counted (limits.go) until it is paid or ends.
 	return v.awaitPayment(ctx, call, p, t, args, r)
 }
 
 // requestPayment asks a backend for the call's payment. A nil payment
 // means the call is answered by res and err (explicit gating, a limit, no
-// backend); otherwise the caller releases the client's unpaid slot.
+// backend). The request holds an unpaid slot until it is paid or ends.
 //
 //go:noinline
 func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *CallRequest) (*Payment, CallResult, error) {
@@ -661,9 +661,10 @@ func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *Cal
 		v.endUnpaid(ctx, call, "no payment method")
 		return nil, CallResult{}, ErrNoPaymentMethod
 	}
-	if !v.reserve(r.Client) {
+	slot, err := v.reserveUnpaid(r)
+	if err != nil {
 		v.endUnpaid(ctx, call, "too many unpaid requests")
-		return nil, CallResult{}, fmt.Errorf("%w: too many unpaid payment requests (at most %d per client)", ErrLimit, v.cfg.MaxUnpaidPerClient)
+		return nil, CallResult{}, err
 	}
 	hs, canHold := b.(HoldSettler)
 	p, err := b.Request(ctx, PaymentRequest{
@@ -671,13 +672,13 @@ func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *Cal
 		Hold: canHold && hs.CanHold() && !r.Explicit,
 	})
 	if err != nil {
-		v.release(r.Client)
+		v.unpaid.release(slot)
 		v.endUnpaid(ctx, call, "payment request failed")
 		v.cfg.Log.Error("vend: payment request failed", "tool", t.Name, "backend", b.Backend(), "err", err)
 		return nil, CallResult{}, fmt.Errorf("%w: the payment backend is unavailable", ErrPaymentFailed)
 	}
-	if r.Explicit {
-		v.release(r.Client) // a grant waits in the ledger, not in memory
+	v.unpaid.bind(slot, &p)
+	if r.Explicit { // a grant waits in the ledger, not in memory
 		return nil, CallResult{}, &PaymentRequiredError{Options: v.options(t, &p, r)}
 	}
 	return &p, CallResult{}, nil
@@ -705,7 +706,10 @@ func (v *Vendor) options(t *Tool, p *Payment, r *CallRequest) []PaymentOption {
 func (v *Vendor) awaitPayment(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
 	p, err := v.waitPaid(ctx, p, t, r)
 	if err != nil {
-		return CallResult{}, err // the client left; the request stays payable
+		return CallResult{}, err // the client left (the request stays payable), or it was withdrawn
+	}
+	if p.State != PaymentOpen {
+		v.unpaid.end(p.Ref)
 	}
 	return v.afterPayment(ctx, call, p, t, args, r)
 }
@@ -727,6 +731,7 @@ func (v *Vendor) waitPaid(ctx context.Context, p *Payment, t *Tool, r *CallReque
 	defer heartbeat.Stop()
 	expiry := time.NewTimer(time.Until(p.ExpiresAt) + time.Minute) // the backend reports expiry; this is a backstop
 	defer expiry.Stop()
+	shed := v.unpaid.shedOf(p.Ref)
 	beats := 0
 	for {
 		select {
@@ -739,6 +744,8 @@ func (v *Vendor) waitPaid(ctx context.Context, p *Payment, t *Tool, r *CallReque
 			}
 		case <-expiry.C:
 			return v.expireUnreported(ctx, p), nil
+		case <-shed:
+			return v.withdrawn(ctx, p, r)
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -1015,66 +1022,6 @@ func (v *Vendor) chooseBackend(pmis []string, from Backend) PaymentBackend {
 		}
 	}
 	return v.cfg.Backends[0]
-}
-
-// window counts one client's calls in a one-minute window.
-type window struct {
-	start time.Time
-	n     int
-}
-
-// allow applies the per-client rate limit: a fixed one-minute window.
-func (v *Vendor) allow(r *CallRequest) bool {
-	if v.cfg.RequestsPerMinute <= 0 {
-		return true
-	}
-	key := r.Client
-	if r.Anonymous && r.Source != "" || key == "" {
-		key = r.Source
-	}
-	now := time.Now()
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if len(v.rate) > 100_000 { // forget finished windows rather than grow
-		for k, w := range v.rate {
-			if now.Sub(w.start) >= time.Minute {
-				delete(v.rate, k)
-			}
-		}
-	}
-	w := v.rate[key]
-	if w == nil || now.Sub(w.start) >= time.Minute {
-		w = &window{start: now}
-		v.rate[key] = w
-	}
-	if w.n >= v.cfg.RequestsPerMinute {
-		return false
-	}
-	w.n++
-	return true
-}
-
-func (v *Vendor) reserve(client string) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.unpaid[client] >= v.cfg.MaxUnpaidPerClient || v.unpaidTotal >= v.cfg.MaxUnpaidTotal {
-		return false
-	}
-	v.unpaid[client]++
-	v.unpaidTotal++
-	return true
-}
-
-func (v *Vendor) release(client string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.unpaid[client] > 0 {
-		v.unpaid[client]--
-		v.unpaidTotal--
-		if v.unpaid[client] == 0 {
-			delete(v.unpaid, client)
-		}
-	}
 }
 
 func (v *Vendor) wait(ref string) chan PaymentEvent {

@@ -172,6 +172,7 @@
 //	vend.ErrNoPaymentMethod       -32052 "No payment method in common"
 //	vend.ErrLimit                 -32053 "Limit reached"
 //	vend.ErrUpstream              -32054 "Upstream server failed"
+//	*vend.WorkRequiredError       -32055 "Proof of work required" data {difficulty, work, instructions}
 //	anything else                 -32603 "Internal error"
 //
 // Bad tools/call params (not an object, no name) are -32602 "Invalid

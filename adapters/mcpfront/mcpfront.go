@@ -42,6 +42,7 @@
 //	vend.ErrNoPaymentMethod       -32052 "No payment method in common"
 //	vend.ErrLimit                 -32053 "Limit reached"
 //	vend.ErrUpstream              -32054 "Upstream server failed"
+//	*vend.WorkRequiredError       -32055 "Proof of work required" (only fronts that require work)
 //	anything else                 -32603 "Internal error"
 //
 // Messages are fixed strings (plus the tool name or the schema reason the

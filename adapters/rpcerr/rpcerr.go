@@ -24,6 +24,7 @@ const (
 	CodeNoPaymentMethod = -32052
 	CodeLimit           = -32053
 	CodeUpstream        = -32054
+	CodeWorkRequired    = -32055
 )
 
 // Instructions sent with -32042 and -32043.
@@ -45,6 +46,7 @@ func FromVend(err error, tool string) Error {
 	var ip *vend.InvalidParamsError
 	var pr *vend.PaymentRequiredError
 	var pp *vend.PaymentPendingError
+	var wr *vend.WorkRequiredError
 	switch {
 	case errors.As(err, &pr):
 		opts := pr.Options
@@ -58,6 +60,10 @@ func FromVend(err error, tool string) Error {
 			"instructions": InstructionsPending, "retry_after": pp.RetryAfter}}
 	case errors.As(err, &ip):
 		return Error{Code: CodeInvalidParams, Message: "Invalid params: " + ip.Reason}
+	case errors.As(err, &wr):
+		return Error{CodeWorkRequired, "Proof of work required", map[string]any{
+			"difficulty": wr.Required, "work": wr.Work,
+			"instructions": "Mine the request event to the difficulty (NIP-13: leading zero bits of its id, committed in a nonce tag), or pay with a Cashu token."}}
 	case errors.Is(err, vend.ErrUnknownTool):
 		return Error{Code: CodeInvalidParams, Message: "Unknown tool: " + tool}
 	case errors.Is(err, vend.ErrPaymentExpired):

@@ -34,6 +34,7 @@ func TestFromVend(t *testing.T) {
 		{vend.ErrNoPaymentMethod, rpcerr.CodeNoPaymentMethod, "No payment method in common"},
 		{vend.ErrLimit, rpcerr.CodeLimit, "Limit reached"},
 		{vend.ErrUpstream, rpcerr.CodeUpstream, "Upstream server failed"},
+		{&vend.WorkRequiredError{Required: 20, Work: 3}, rpcerr.CodeWorkRequired, "Proof of work required"},
 		{errors.New("sqlite: disk I/O error at /var/lib/capvend.db"), rpcerr.CodeInternal, "Internal error"},
 	} {
 		got := rpcerr.FromVend(tc.err, "x")

@@ -1,0 +1,341 @@
+package vend
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Limits (see the package doc): who is counted, the per-minute rate, the
+// open unpaid payment requests per client and in all (with shedding of the
+// oldest), and proof of work.
+
+// Defaults of the limits left zero in Config.
+const (
+	DefaultMaxUnpaidPerClient = 10
+	DefaultMaxUnpaidTotal     = 1_000
+	// DefaultMaxRateKeys bounds the clients the rate limit tracks in one
+	// minute.
+	DefaultMaxRateKeys = 100_000
+)
+
+// deadAfter is how long past its expiry an unpaid request whose end no
+// backend reported still counts: then it is forgotten.
+const deadAfter = time.Minute
+
+// limitKey is who the limits count: the request's Source when set (an
+// address, or a client id a trusted proxy vouched for), else its Client
+// (a Nostr pubkey, "stdio").
+func limitKey(r *CallRequest) string {
+	switch {
+	case r.Source != "":
+		return r.Source
+	case r.Client != "":
+		return r.Client
+	}
+	return "anonymous"
+}
+
+// quotaKey is who a daily free quota counts, as limitKey, with a Source
+// written "source:<source>" (the form the ledger's free uses have always
+// had for addresses).
+func quotaKey(r *CallRequest) string {
+	if r.Source != "" {
+		return "source:" + r.Source
+	}
+	return limitKey(r)
+}
+
+// allow applies the rate limit to r.
+func (v *Vendor) allow(r *CallRequest) bool {
+	return v.rate.allow(limitKey(r), time.Now())
+}
+
+// checkWork refuses a request with less proof of work than its front
+// requires.
+func checkWork(r *CallRequest) error {
+	if r.WorkRequired > 0 && r.Work < r.WorkRequired {
+		return &WorkRequiredError{Required: r.WorkRequired, Work: r.Work}
+	}
+	return nil
+}
+
+// rateLimiter counts each key's calls in fixed one-minute windows aligned
+// to the clock's minutes. The counts are dropped when a minute ends, so the
+// map holds only the keys seen this minute, and at most maxKeys of them:
+// a key first seen when it is full is not counted (every key beyond is a
+// fresh identity, which the rate limit cannot stop anyway; the unpaid
+// limits still hold).
+type rateLimiter struct {
+	perMinute, maxKeys int
+
+	mu     sync.Mutex
+	minute time.Time
+	n      map[string]int
+}
+
+func (l *rateLimiter) allow(key string, now time.Time) bool {
+	if l.perMinute <= 0 {
+		return true
+	}
+	m := now.Truncate(time.Minute)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !m.Equal(l.minute) || l.n == nil {
+		l.minute = m
+		if len(l.n) > 1024 || l.n == nil {
+			l.n = map[string]int{} // give the memory back
+		} else {
+			clear(l.n)
+		}
+	}
+	c, ok := l.n[key]
+	if !ok && len(l.n) >= l.maxKeys {
+		return true
+	}
+	if c >= l.perMinute {
+		return false
+	}
+	l.n[key] = c + 1
+	return true
+}
+
+// keys is how many keys the limiter holds (tests).
+func (l *rateLimiter) keys() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.n)
+}
+
+// unpaidQuote is one open payment request a client was given (or is
+// being given: ref is "" until the backend issued it).
+type unpaidQuote struct {
+	key     string
+	ref     string
+	backend Backend
+	expires time.Time
+	shed    chan struct{} // closed when it is withdrawn to make room
+	el      *list.Element // in unpaidBook.order; nil once removed
+}
+
+// unpaidBook counts the open unpaid payment requests: per key (at most
+// perKey) and in all (at most total), from the request to the backend
+// until the payment leaves the open state (paid, canceled, expired; a
+// backend's report, or vend's own cancel). A client that stops waiting
+// (a dropped connection, explicit gating) still holds its request while
+// the invoice is payable: otherwise connect-and-drop would make unbounded
+// open invoices. When the total is reached, the oldest request of the
+// key(s) holding the most is withdrawn (shed) to make room.
+type unpaidBook struct {
+	perKey, total int
+
+	mu       sync.Mutex
+	byKey    map[string]int
+	keysWith []int     // keysWith[c] is how many keys hold exactly c requests
+	order    list.List // of *unpaidQuote, oldest first
+	byRef    map[string]*unpaidQuote
+}
+
+func newUnpaidBook(perKey, total int) *unpaidBook {
+	return &unpaidBook{perKey: perKey, total: total, byKey: map[string]int{}, keysWith: make([]int, perKey+1),
+		byRef: map[string]*unpaidQuote{}}
+}
+
+// Errors of reserve.
+var (
+	errUnpaidPerClient = errors.New("too many unpaid payment requests of this client")
+	errUnpaidTotal     = errors.New("too many unpaid payment requests")
+)
+
+// reserve takes a slot for a new payment request of key. When every slot
+// is taken it withdraws the oldest request of the key(s) holding the most
+// (victim, removed from the book: the caller cancels it at its backend).
+// It fails when key holds perKey requests already, or when nothing can be
+// withdrawn (every slot is a request still being issued).
+func (b *unpaidBook) reserve(key string, now time.Time) (q, victim *unpaidQuote, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.byKey[key] >= b.perKey {
+		return nil, nil, errUnpaidPerClient
+	}
+	if b.order.Len() >= b.total {
+		b.dropDead(now)
+	}
+	if b.order.Len() >= b.total {
+		victim = b.victim()
+		if victim == nil {
+			return nil, nil, errUnpaidTotal
+		}
+		b.remove(victim)
+		close(victim.shed)
+	}
+	q = &unpaidQuote{key: key, shed: make(chan struct{})}
+	q.el = b.order.PushBack(q)
+	b.move(key, +1)
+	return q, victim, nil
+}
+
+// victim is the oldest issued request of the keys holding the most, else
+// the oldest issued request; nil if none is issued.
+func (b *unpaidBook) victim() *unpaidQuote {
+	most := 0
+	for c := len(b.keysWith) - 1; c > 0; c-- {
+		if b.keysWith[c] > 0 {
+			most = c
+			break
+		}
+	}
+	var oldest *unpaidQuote
+	for e := b.order.Front(); e != nil; e = e.Next() {
+		q := e.Value.(*unpaidQuote)
+		if q.ref == "" {
+			continue
+		}
+		if b.byKey[q.key] == most {
+			return q
+		}
+		if oldest == nil {
+			oldest = q
+		}
+	}
+	return oldest
+}
+
+// dropDead forgets requests past their expiry whose end no backend
+// reported (they are not payable any more).
+func (b *unpaidBook) dropDead(now time.Time) {
+	for e := b.order.Front(); e != nil; {
+		next := e.Next()
+		if q := e.Value.(*unpaidQuote); q.ref != "" && now.Sub(q.expires) > deadAfter {
+			b.remove(q)
+		}
+		e = next
+	}
+}
+
+// move changes key's count by d, keeping keysWith.
+func (b *unpaidBook) move(key string, d int) {
+	c := b.byKey[key]
+	if c > 0 && c < len(b.keysWith) {
+		b.keysWith[c]--
+	}
+	c += d
+	if c <= 0 {
+		delete(b.byKey, key)
+		return
+	}
+	b.byKey[key] = c
+	if c < len(b.keysWith) {
+		b.keysWith[c]++
+	}
+}
+
+func (b *unpaidBook) remove(q *unpaidQuote) {
+	if q.el == nil {
+		return
+	}
+	b.order.Remove(q.el)
+	q.el = nil
+	if q.ref != "" && b.byRef[q.ref] == q {
+		delete(b.byRef, q.ref)
+	}
+	b.move(q.key, -1)
+}
+
+// bind records the payment request issued for q.
+func (b *unpaidBook) bind(q *unpaidQuote, p *Payment) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if q.el == nil {
+		return
+	}
+	q.ref, q.backend, q.expires = p.Ref, p.Backend, p.ExpiresAt
+	b.byRef[p.Ref] = q
+}
+
+// release gives q's slot back (its request was never issued).
+func (b *unpaidBook) release(q *unpaidQuote) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.remove(q)
+}
+
+// end gives back the slot of the request ref once it is no longer open.
+// Unknown refs are ignored.
+func (b *unpaidBook) end(ref string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if q := b.byRef[ref]; q != nil {
+		b.remove(q)
+	}
+}
+
+// shedOf is the channel closed when the request ref is withdrawn; nil
+// (never ready) if the book does not hold it.
+func (b *unpaidBook) shedOf(ref string) <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if q := b.byRef[ref]; q != nil {
+		return q.shed
+	}
+	return nil
+}
+
+// counts returns the requests held in all and by key (tests).
+func (b *unpaidBook) counts(key string) (total, ofKey int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.order.Len(), b.byKey[key]
+}
+
+// reserveUnpaid takes an unpaid slot for r's new payment request,
+// withdrawing the oldest request of the busiest client when every slot
+// is taken. The error wraps ErrLimit.
+func (v *Vendor) reserveUnpaid(r *CallRequest) (*unpaidQuote, error) {
+	q, victim, err := v.unpaid.reserve(limitKey(r), time.Now())
+	if err != nil {
+		if errors.Is(err, errUnpaidPerClient) {
+			return nil, fmt.Errorf("%w: too many unpaid payment requests (at most %d per client)", ErrLimit, v.cfg.MaxUnpaidPerClient)
+		}
+		return nil, fmt.Errorf("%w: too many unpaid payment requests", ErrLimit)
+	}
+	if victim != nil {
+		v.cfg.Log.Info("vend: unpaid payment requests at their limit: withdrawing the oldest of the busiest client",
+			"payment", victim.ref, "limit", v.cfg.MaxUnpaidTotal)
+		v.background(func(ctx context.Context) { v.withdraw(ctx, victim.backend, victim.ref) })
+	}
+	return q, nil
+}
+
+// withdraw cancels an unpaid request at its backend, which records it
+// canceled (and its call canceled). A payment that arrived meanwhile is
+// left to its normal course.
+func (v *Vendor) withdraw(ctx context.Context, backend Backend, ref string) {
+	b := v.backend(backend)
+	if b == nil {
+		return
+	}
+	if cur := v.currentPayment(ctx, ref); cur == nil || cur.State != PaymentOpen {
+		return
+	}
+	if err := b.Cancel(context.WithoutCancel(ctx), ref); err != nil {
+		v.cfg.Log.Warn("vend: could not withdraw an unpaid payment request", "payment", ref, "err", err)
+	}
+}
+
+// withdrawn answers a waiting call whose payment request was shed: it
+// cancels the request (if the shedder has not yet), and unless the
+// payment arrived meanwhile (then it is returned, to run the call) tells
+// the client. The error wraps ErrLimit.
+func (v *Vendor) withdrawn(ctx context.Context, p *Payment, r *CallRequest) (*Payment, error) {
+	v.withdraw(ctx, p.Backend, p.Ref)
+	if cur := v.currentPayment(context.WithoutCancel(ctx), p.Ref); cur != nil && (cur.State == PaymentAccepted || cur.State == PaymentSettled) {
+		return cur, nil
+	}
+	r.Notify(NotifyPaymentRejected, map[string]any{"amount": p.Amount.SatsCeil(), "pmi": PMILightning,
+		"message": "the payment request was withdrawn unpaid: the server has too many unpaid requests; ask again"})
+	return nil, fmt.Errorf("%w: the payment request was withdrawn unpaid (too many unpaid requests)", ErrLimit)
+}
