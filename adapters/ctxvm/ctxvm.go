@@ -114,7 +114,9 @@
 // form (one JSON object; "jsonrpc", when present, "2.0"; a string or
 // number id), a method tag disagrees with the content, it is not tagged p
 // with the server's pubkey, or when Config.MaxInFlight requests are being
-// served already. Notifications and responses from clients get no answer;
+// served already (a call waiting for its payment counts only until its
+// payment_required: see Proof of work and load). Notifications and
+// responses from clients get no answer;
 // a ContextVM response may answer an elicitation (see Elicitation).
 //
 // # Methods
@@ -190,6 +192,25 @@
 // lists are empty. Catalog errors wrapping vend.ErrUpstream are -32054
 // "Upstream server failed", other errors and results that are not JSON
 // objects -32603 "Internal error".
+//
+// # Proof of work and load
+//
+// Every vend.CallRequest carries Work, the request event's NIP-13 proof
+// of work: the leading zero bits of its id (the signed request inside a
+// ContextVM gift wrap, the rumor of a NIP-59 one), counted only when a
+// ["nonce", <n>, <target>] tag commits to a target, and then only up to
+// the target (a target above what the id shows counts 0). WorkRequired is
+// Config.PowDifficulty (nostr.pow_difficulty); the Vendor refuses a
+// request with less that would get a free call or an unpaid quote
+// (-32055 "Proof of work required", data {difficulty, work,
+// instructions}); a request paying with a Cashu token needs none.
+//
+// Config.MaxInFlight bounds the requests being served, not the calls
+// waiting for a payment: a request gives its slot back when the Vendor
+// sends its payment_required, so a flood of unpaid quotes cannot drop
+// new clients' events. Waiting calls are bounded by the Vendor (vend's
+// MaxUnpaidTotal, which withdraws the oldest quote of the busiest client
+// to make room; vend's MaxUnpaidPerClient counts per pubkey).
 //
 // # Encryption
 //
@@ -466,10 +487,18 @@ type Config struct {
 	// client waits for nothing. 0: DefaultFirstAnswerDelay; negative:
 	// none.
 	FirstAnswerDelay time.Duration
-	// MaxInFlight bounds the requests served at once (calls waiting for
-	// payment included); events arriving beyond it are dropped.
+	// MaxInFlight bounds the requests being served at once: parsed,
+	// quoted, run, answered. A call waiting for its payment holds no
+	// slot from its payment_required on (the Vendor bounds those: vend's
+	// MaxUnpaidTotal, shedding the oldest), so unpaid quotes cannot
+	// starve new requests. Events arriving beyond it are dropped.
 	// 0: DefaultMaxInFlight.
 	MaxInFlight int
+	// PowDifficulty is the NIP-13 proof of work (leading zero bits of the
+	// request event's id, committed in its nonce tag) required of a
+	// request that gets a free call or an unpaid quote; 0: none. See
+	// Proof of work in the package doc.
+	PowDifficulty int
 
 	// Announce publishes the announcements (see the package doc) at start
 	// and after each Refresh that changed them.
@@ -520,6 +549,10 @@ type Server struct {
 	lists   listWatch    // list_changed (sessions.go)
 	elicits elicitations // elicitations waiting for an answer (elicit.go)
 }
+
+// slotKey is the context key of the function that gives a request's
+// MaxInFlight slot back before the request ends (see outbox.notify).
+type slotKey struct{}
 
 // Log attribute keys.
 const (
@@ -758,8 +791,10 @@ loop:
 			}
 			wg.Add(1)
 			go func() {
-				defer func() { <-s.slots; wg.Done() }()
-				s.handle(work, ev.Event)
+				var once sync.Once
+				free := func() { once.Do(func() { <-s.slots }) }
+				defer func() { free(); wg.Done() }()
+				s.handle(context.WithValue(work, slotKey{}, free), ev.Event)
 			}()
 		}
 	}

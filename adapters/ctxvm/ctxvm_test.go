@@ -67,6 +67,10 @@ func (f *fakeVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.Cal
 	case "progress":
 		r.Notify(vend.NotifyProgress, map[string]any{"progressToken": r.ProgressToken, "progress": 1, "message": "waiting for payment"})
 		return vend.CallResult{Body: json.RawMessage(`{"content":[]}`)}, nil
+	case "await": // waits for a payment that the test makes (closing block)
+		r.Notify(vend.NotifyPaymentRequired, vend.PaymentOption{Amount: 21, PayReq: "lnbcrt210n1fake", PMI: vend.PMILightning, Description: "await", TTL: 600})
+		<-f.block
+		return vend.CallResult{Body: json.RawMessage(`{"content":[]}`)}, nil
 	case "block":
 		<-f.block
 		return vend.CallResult{Body: json.RawMessage(`{"content":[]}`)}, nil

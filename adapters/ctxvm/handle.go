@@ -248,13 +248,15 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 // prompts/get, resources/read) of r: see the package doc.
 func (s *Server) callRequest(r *request, out *outbox, kind vend.ItemKind, name string, args json.RawMessage, meta map[string]any) vend.CallRequest {
 	cr := vend.CallRequest{
-		Kind:      kind,
-		Transport: r.dialect.transport(),
-		Client:    r.ev.PubKey,
-		RequestID: r.ev.ID,
-		Tool:      name,
-		Arguments: args,
-		Notify:    out.notify,
+		Kind:         kind,
+		Transport:    r.dialect.transport(),
+		Client:       r.ev.PubKey,
+		RequestID:    r.ev.ID,
+		Tool:         name,
+		Arguments:    args,
+		Notify:       out.notify,
+		Work:         work(r.ev),
+		WorkRequired: s.cfg.PowDifficulty,
 	}
 	if len(cr.Arguments) == 0 || string(cr.Arguments) == "null" {
 		cr.Arguments = json.RawMessage(`{}`)
@@ -334,6 +336,10 @@ type outbox struct {
 	closed bool
 
 	hold bool // a new client: wait FirstAnswerDelay before the first event (run's goroutine only)
+
+	// free gives the request's MaxInFlight slot back (idempotent; nil
+	// when it holds none): the request now waits for a payment.
+	free func()
 }
 
 type outEvent struct {
@@ -350,6 +356,7 @@ type outEvent struct {
 
 func (s *Server) newOutbox(ctx context.Context, r *request) *outbox {
 	o := &outbox{s: s, r: r, ctx: ctx, ch: make(chan outEvent, outboxSize), done: make(chan struct{})}
+	o.free, _ = ctx.Value(slotKey{}).(func())
 	o.hold = s.cfg.FirstAnswerDelay > 0 && s.newClient(r.ev.PubKey)
 	go o.run()
 	return o
@@ -382,6 +389,11 @@ func (o *outbox) close() {
 // request's dialect. It never blocks: when the queue is full the
 // notification is dropped.
 func (o *outbox) notify(method string, params any) {
+	if method == vend.NotifyPaymentRequired && o.free != nil {
+		// Waiting for a payment holds no slot: vend bounds waiting
+		// calls (limits.max_unpaid_total, shedding the oldest).
+		o.free()
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
