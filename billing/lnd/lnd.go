@@ -7,9 +7,31 @@
 // index stored in the ledger, so a settlement that happened while capvend was
 // down is found at start; hold invoices are watched one by one with
 // SubscribeSingleInvoice (LND's all-invoices stream reports only additions
-// and settlements, not acceptance); and anything still unsettled past its
-// expiry is looked up invoice by invoice. Every change is recorded in the
-// ledger exactly once, then reported.
+// and settlements: lnd v0.20.2's invoice registry dispatches neither
+// ACCEPTED nor CANCELED to it, for backwards compatibility); and anything
+// still unsettled past its expiry is looked up invoice by invoice (the
+// reconcile sweep, which also restarts a hold invoice's watcher whose
+// stream broke). Every change is recorded in the ledger exactly once, then
+// reported.
+//
+// # Bounds
+//
+// At most Config.MaxHold hold invoices are open at once (issued and not
+// yet settled or canceled), so at most that many SubscribeSingleInvoice
+// streams (and goroutines) run. Beyond it Request issues a plain invoice
+// instead, followed by the one SubscribeInvoices stream: the call is
+// served the same, but if it fails after payment its refund is owed
+// (liabilities:refunds) rather than returned by Lightning. vend's unpaid
+// limits withdraw the oldest unpaid quotes before this bound is reached
+// with the default settings.
+//
+// An unpaid invoice capvend cancels (withdrawn, or past its expiry) or
+// finds canceled by LND's own expiry is then deleted from LND with
+// DeleteCanceledInvoice, so an invoice flood leaves nothing there. New
+// probes that the macaroon allows it (invoices:write, as for canceling:
+// LND's invoice.macaroon does); if not, it logs once and canceled invoices
+// stay at LND. A hold invoice canceled after its payment was locked in (a
+// refund) is kept.
 package lnd
 
 import (
@@ -39,6 +61,7 @@ type Lightning interface {
 	AddInvoice(ctx context.Context, in *lnrpc.Invoice, opts ...grpc.CallOption) (*lnrpc.AddInvoiceResponse, error)
 	LookupInvoice(ctx context.Context, in *lnrpc.PaymentHash, opts ...grpc.CallOption) (*lnrpc.Invoice, error)
 	SubscribeInvoices(ctx context.Context, in *lnrpc.InvoiceSubscription, opts ...grpc.CallOption) (lnrpc.Lightning_SubscribeInvoicesClient, error)
+	DeleteCanceledInvoice(ctx context.Context, in *lnrpc.DelCanceledInvoiceReq, opts ...grpc.CallOption) (*lnrpc.DelCanceledInvoiceResp, error)
 }
 
 // Invoices is the part of invoicesrpc.InvoicesClient the backend calls.
@@ -65,6 +88,10 @@ type Config struct {
 	// Hold makes Request issue hold invoices when asked (and invoicesrpc
 	// is available). Default on: see New.
 	Hold bool
+	// MaxHold bounds the open hold invoices, and so the
+	// SubscribeSingleInvoice streams (see Bounds in the package doc);
+	// beyond it Request issues plain invoices. 0: DefaultMaxHold.
+	MaxHold int
 	// Sweep is how often unsettled payments past their expiry are looked
 	// up one by one (default 1 s).
 	Sweep time.Duration
@@ -74,6 +101,9 @@ type Config struct {
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
+
+// DefaultMaxHold is Config.MaxHold's default.
+const DefaultMaxHold = 1_000
 
 // Errors.
 var (
@@ -85,11 +115,12 @@ var (
 
 // Backend is the LND payment backend. It is safe for concurrent use.
 type Backend struct {
-	ln      Lightning
-	inv     Invoices
-	led     Ledger
-	cfg     Config
-	canHold bool
+	ln        Lightning
+	inv       Invoices
+	led       Ledger
+	cfg       Config
+	canHold   bool
+	canDelete bool // the macaroon allows DeleteCanceledInvoice
 
 	// applyMu serializes recording what LND reports, so a change seen by
 	// two watchers (the stream, a hold watcher, a sweep, SettleHeld) is
@@ -98,8 +129,9 @@ type Backend struct {
 
 	mu       sync.Mutex
 	report   func(vend.PaymentEvent)
-	watchCtx context.Context // the running Run's context, nil when not running
-	watching map[string]bool // hold invoices with a live SubscribeSingleInvoice
+	watchCtx context.Context      // the running Run's context, nil when not running
+	watching map[string]bool      // hold invoices with a live SubscribeSingleInvoice
+	holds    map[string]time.Time // open hold invoices (when taken): at most cfg.MaxHold new ones
 	wg       sync.WaitGroup
 }
 
@@ -120,13 +152,16 @@ func New(ctx context.Context, ln Lightning, inv Invoices, led Ledger, cfg Config
 	if cfg.Sweep <= 0 {
 		cfg.Sweep = time.Second
 	}
+	if cfg.MaxHold <= 0 {
+		cfg.MaxHold = DefaultMaxHold
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	b := &Backend{ln: ln, inv: inv, led: led, cfg: cfg, watching: map[string]bool{}}
+	b := &Backend{ln: ln, inv: inv, led: led, cfg: cfg, watching: map[string]bool{}, holds: map[string]time.Time{}}
 	probe := make([]byte, 32)
 	rand.Read(probe)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -146,7 +181,54 @@ func New(ctx context.Context, ln Lightning, inv Invoices, led Ledger, cfg Config
 		}
 		b.canHold = cfg.Hold
 	}
+	_, err = ln.DeleteCanceledInvoice(ctx, &lnrpc.DelCanceledInvoiceReq{InvoiceHash: hex.EncodeToString(probe)})
+	switch perr := permission(err, "invoices:write", "delete canceled invoices"); {
+	case perr == nil:
+		b.canDelete = true
+	case errors.Is(perr, ErrPermission):
+		cfg.Log.Warn("lnd: the macaroon does not allow DeleteCanceledInvoice: canceled unpaid invoices stay at LND")
+	default:
+		cfg.Log.Warn("lnd: DeleteCanceledInvoice unavailable: canceled unpaid invoices stay at LND", "err", perr)
+	}
 	return b, nil
+}
+
+// OpenHolds is how many hold invoices are open (see Bounds).
+func (b *Backend) OpenHolds() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.holds)
+}
+
+// takeHold reserves room for the hold invoice ref: false when MaxHold are
+// open.
+func (b *Backend) takeHold(ref string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.holds) >= b.cfg.MaxHold {
+		return false
+	}
+	b.holds[ref] = time.Now()
+	return true
+}
+
+func (b *Backend) dropHold(ref string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.holds, ref)
+}
+
+// deleteCanceled deletes a canceled unpaid invoice from LND, where the
+// macaroon allows it. Failures are logged at debug level: the invoice
+// just stays at LND.
+func (b *Backend) deleteCanceled(ctx context.Context, hash []byte) {
+	if !b.canDelete {
+		return
+	}
+	_, err := b.ln.DeleteCanceledInvoice(context.WithoutCancel(ctx), &lnrpc.DelCanceledInvoiceReq{InvoiceHash: hex.EncodeToString(hash)})
+	if err != nil && !isNotFound(err) {
+		b.cfg.Log.Debug("lnd: could not delete a canceled invoice", "payment_hash", hex.EncodeToString(hash), "err", rpcError(err))
+	}
 }
 
 // permission maps a probe's error: "not found" is what a permitted probe of
@@ -185,17 +267,18 @@ func (b *Backend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Paym
 	np := vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice, Amount: r.Amount,
 		ExpiresAt: b.cfg.Now().Add(time.Duration(expiry) * time.Second)}
 	var hash []byte
-	if r.Hold && b.canHold {
-		pre := make([]byte, 32)
-		if _, err := rand.Read(pre); err != nil {
-			return vend.Payment{}, err
-		}
-		sum := sha256.Sum256(pre)
+	pre := make([]byte, 32)
+	if _, err := rand.Read(pre); err != nil {
+		return vend.Payment{}, err
+	}
+	sum := sha256.Sum256(pre)
+	if r.Hold && b.canHold && b.takeHold(hex.EncodeToString(sum[:])) {
 		hash = sum[:]
 		resp, err := b.inv.AddHoldInvoice(ctx, &invoicesrpc.AddHoldInvoiceRequest{
 			Memo: r.Memo, Hash: hash, ValueMsat: int64(r.Amount), Expiry: expiry,
 		})
 		if err != nil {
+			b.dropHold(hex.EncodeToString(hash))
 			return vend.Payment{}, fmt.Errorf("lnd: add hold invoice: %w", rpcError(err))
 		}
 		np.Kind, np.Bolt11, np.HoldPreimage = vend.KindHoldInvoice, resp.PaymentRequest, pre
@@ -212,7 +295,10 @@ func (b *Backend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Paym
 		// Withdraw the invoice the client will never see.
 		if _, cerr := b.inv.CancelInvoice(context.WithoutCancel(ctx), &invoicesrpc.CancelInvoiceMsg{PaymentHash: hash}); cerr != nil {
 			b.cfg.Log.Warn("lnd: could not cancel an unrecorded invoice; it will expire", "payment_hash", np.Ref, "err", cerr)
+		} else {
+			b.deleteCanceled(ctx, hash)
 		}
+		b.dropHold(np.Ref)
 		return vend.Payment{}, err
 	}
 	if p.Kind == vend.KindHoldInvoice {
@@ -257,6 +343,9 @@ func (b *Backend) Cancel(ctx context.Context, ref string) error {
 		}
 		return b.led.EndPayment(ctx, ref, vend.PaymentCanceled, "canceled")
 	})
+	if p.State == vend.PaymentOpen { // unpaid: nothing to keep at LND
+		b.deleteCanceled(ctx, hash)
+	}
 	return nil
 }
 
@@ -393,10 +482,12 @@ func (b *Backend) runOnce(ctx context.Context) error {
 // expiredOnly those past their expiry) and records what changed; it makes
 // sure every unsettled hold invoice has a watcher.
 func (b *Backend) reconcile(ctx context.Context, expiredOnly bool) error {
+	asked := time.Now()
 	ps, err := b.led.UnsettledPayments(ctx, vend.BackendLND)
 	if err != nil {
 		return err
 	}
+	b.countHolds(ps, asked)
 	now := b.cfg.Now()
 	for _, p := range ps {
 		if p.Kind == vend.KindHoldInvoice {
@@ -434,6 +525,30 @@ func (b *Backend) reconcile(ctx context.Context, expiredOnly bool) error {
 		b.apply(ctx, inv)
 	}
 	return nil
+}
+
+// countHolds makes the open hold invoices those of ps, the ledger's
+// unsettled payments as of asked, plus those taken since: a hold invoice
+// of a previous run counts, and one whose end was missed stops counting.
+func (b *Backend) countHolds(ps []vend.Payment, asked time.Time) {
+	open := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		if p.Kind == vend.KindHoldInvoice {
+			open[p.Ref] = true
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for ref, taken := range b.holds {
+		if !open[ref] && taken.Before(asked) {
+			delete(b.holds, ref)
+		}
+	}
+	for ref := range open {
+		if _, ok := b.holds[ref]; !ok {
+			b.holds[ref] = asked
+		}
+	}
 }
 
 // watchHold follows one hold invoice with SubscribeSingleInvoice until it
@@ -478,6 +593,7 @@ func (b *Backend) watchHold(ref string) {
 // apply records what LND says of one invoice, if it is ours and changed.
 func (b *Backend) apply(ctx context.Context, inv *lnrpc.Invoice) {
 	ref := hex.EncodeToString(inv.RHash)
+	var unpaid bool // canceled while open: delete it from LND
 	switch inv.State {
 	case lnrpc.Invoice_SETTLED:
 		b.record(ctx, ref, func() (vend.Payment, error) {
@@ -502,8 +618,12 @@ func (b *Backend) apply(ctx context.Context, inv *lnrpc.Invoice) {
 			if !b.cfg.Now().Before(p.ExpiresAt) {
 				to, why = vend.PaymentExpired, "invoice expired unpaid"
 			}
+			unpaid = p.State == vend.PaymentOpen
 			return b.led.EndPayment(ctx, ref, to, why)
 		})
+		if unpaid {
+			b.deleteCanceled(ctx, inv.RHash)
+		}
 	}
 }
 
@@ -518,6 +638,9 @@ func (b *Backend) record(ctx context.Context, ref string, change func() (vend.Pa
 	b.applyMu.Unlock()
 	switch {
 	case err == nil:
+		if p.State != vend.PaymentOpen && p.State != vend.PaymentAccepted {
+			b.dropHold(ref)
+		}
 		b.cfg.Log.Info("lnd: payment "+string(p.State), "payment_hash", ref, "amount_msat", int64(p.Amount), "call", int64(p.CallID))
 		b.mu.Lock()
 		report := b.report

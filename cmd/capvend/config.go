@@ -74,6 +74,10 @@ type NostrConfig struct {
 	// Window is how far a request's created_at may be from now (either
 	// way); requests outside it are dropped.
 	Window time.Duration `yaml:"window"`
+	// PowDifficulty is the NIP-13 proof of work (leading zero bits,
+	// committed in a nonce tag) a request needs to get a free call or an
+	// unpaid quote; 0: none. Requests paying with a Cashu token need none.
+	PowDifficulty int `yaml:"pow_difficulty"`
 }
 
 // LNDConfig is the LND payment backend.
@@ -82,6 +86,9 @@ type LNDConfig struct {
 	TLSCertFile  string `yaml:"tls_cert_file"`
 	MacaroonFile string `yaml:"macaroon_file"`
 	HoldInvoices bool   `yaml:"hold_invoices"`
+	// MaxHoldInvoices bounds the open hold invoices (each watched by one
+	// SubscribeSingleInvoice stream); beyond it quotes get plain invoices.
+	MaxHoldInvoices int `yaml:"max_hold_invoices"`
 }
 
 // CashuConfig is the Cashu payment backend.
@@ -97,7 +104,9 @@ type PaymentsConfig struct {
 	TTL time.Duration `yaml:"ttl"` // how long a payment request stays payable
 }
 
-// LimitsConfig bounds what one client, and everyone, may hold open.
+// LimitsConfig bounds what one client, and everyone, may hold open. A
+// client is an HTTP request's source address (every session from it), a
+// Nostr pubkey, or stdio: see the README, Limits.
 type LimitsConfig struct {
 	MaxUnpaidPerClient int `yaml:"max_unpaid_per_client"`
 	MaxUnpaidTotal     int `yaml:"max_unpaid_total"`
@@ -148,6 +157,9 @@ type ToolConfig struct {
 	// FreePerDay calls per client and UTC day are free (anonymous HTTP
 	// clients are counted by address); later calls are priced normally.
 	FreePerDay int `yaml:"free_per_day"`
+	// FreePerDayTotal bounds those free calls per UTC day across all
+	// clients (0: no bound): fresh Nostr keys cost nothing.
+	FreePerDayTotal int `yaml:"free_per_day_total"`
 	// NotIdempotent tools are refunded, never re-run, when capvend was
 	// interrupted while they ran.
 	NotIdempotent bool `yaml:"not_idempotent"`
@@ -255,7 +267,14 @@ func (t ToolConfig) rule() (pricing.Rule, error) {
 	case t.FreePerDay > 0 && r.Price == 0 && r.Per == nil && r.Min == 0:
 		return r, &fieldError{"free_per_day", "needs a price: without one the tool is free anyway"}
 	}
+	switch {
+	case t.FreePerDayTotal < 0:
+		return r, &fieldError{"free_per_day_total", fmt.Sprintf("must be 0 or more, got %d", t.FreePerDayTotal)}
+	case t.FreePerDayTotal > 0 && t.FreePerDay == 0:
+		return r, &fieldError{"free_per_day_total", "needs free_per_day: it bounds those free calls across all clients"}
+	}
 	r.FreePerDay = t.FreePerDay
+	r.FreePerDayTotal = t.FreePerDayTotal
 	r.NotIdempotent = t.NotIdempotent
 	return r, r.Validate()
 }
@@ -329,10 +348,10 @@ func defaultConfig() Config {
 		Server:   ServerConfig{Name: "capvend"},
 		HTTP:     HTTPConfig{MaxRequestBytes: 1 << 20},
 		Nostr:    NostrConfig{Encryption: "optional", Announce: true, Window: 5 * time.Minute},
-		LND:      LNDConfig{HoldInvoices: true},
+		LND:      LNDConfig{HoldInvoices: true, MaxHoldInvoices: 1_000},
 		Cashu:    CashuConfig{WalletDir: "cashu-wallet", AcceptTokens: true, MintQuotes: true},
 		Payments: PaymentsConfig{TTL: 10 * time.Minute},
-		Limits:   LimitsConfig{MaxUnpaidPerClient: 10, MaxUnpaidTotal: 10_000, RequestsPerMinute: 120},
+		Limits:   LimitsConfig{MaxUnpaidPerClient: 10, MaxUnpaidTotal: 1_000, RequestsPerMinute: 120},
 	}
 }
 
@@ -552,6 +571,9 @@ func (c *Config) Validate() error {
 	if c.Nostr.Window < 10*time.Second || c.Nostr.Window > time.Hour {
 		bad("nostr.window", "%s is outside 10s .. 1h", c.Nostr.Window)
 	}
+	if c.Nostr.PowDifficulty < 0 || c.Nostr.PowDifficulty > 64 {
+		bad("nostr.pow_difficulty", "%d is outside 0 (off) .. 64 leading zero bits", c.Nostr.PowDifficulty)
+	}
 	switch c.Nostr.Encryption {
 	case "optional", "required", "disabled":
 	default:
@@ -573,6 +595,9 @@ func (c *Config) Validate() error {
 		}
 		if c.LND.TLSCertFile == "" {
 			bad("lnd.tls_cert_file", "required when lnd.host is set: the path of LND's tls.cert")
+		}
+		if c.LND.MaxHoldInvoices < 1 {
+			bad("lnd.max_hold_invoices", "must be at least 1, got %d (set hold_invoices: false for plain invoices only)", c.LND.MaxHoldInvoices)
 		}
 		if c.LND.MacaroonFile == "" {
 			bad("lnd.macaroon_file", "required when lnd.host is set: the path of invoice.macaroon (or a macaroon with invoices:read and invoices:write)")

@@ -107,7 +107,7 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 		}
 		closers = append(closers, conn.Close)
 		b, err := lnd.New(ctx, lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn), l,
-			lnd.Config{Node: cfg.LND.Host, Hold: cfg.LND.HoldInvoices, Log: log})
+			lnd.Config{Node: cfg.LND.Host, Hold: cfg.LND.HoldInvoices, MaxHold: cfg.LND.MaxHoldInvoices, Log: log})
 		if err != nil {
 			return fmt.Errorf("lnd %s: %w", cfg.LND.Host, err)
 		}
@@ -319,6 +319,7 @@ func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.Re
 		Name: cfg.Server.Name, Version: buildVersion(), About: cfg.Server.About, Website: cfg.Server.Website, Picture: cfg.Server.Picture,
 		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: e.Log,
 		Announce: cfg.Nostr.Announce, Allow: hexPubkeys(cfg.Nostr.Allow), Deny: hexPubkeys(cfg.Nostr.Deny),
+		PowDifficulty: cfg.Nostr.PowDifficulty,
 	})
 }
 
