@@ -22,6 +22,25 @@ const (
 	DefaultMaxRateKeys = 100_000
 )
 
+// maxIssuing bounds the payment requests being issued at once (a backend
+// round trip each): under a flood the rest wait their turn here instead of
+// piling up at the backend, and at most this many unpaid slots are taken
+// by requests not yet issued (which cannot be shed).
+const maxIssuing = 16
+
+// startIssuing waits for a turn to issue a payment request; ctx's error if
+// the client leaves first.
+func (v *Vendor) startIssuing(ctx context.Context) error {
+	select {
+	case v.issuing <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (v *Vendor) doneIssuing() { <-v.issuing }
+
 // deadAfter is how long past its expiry an unpaid request whose end no
 // backend reported still counts: then it is forgotten.
 const deadAfter = time.Minute

@@ -72,8 +72,9 @@ type Vendor struct {
 	schemas schemaCache
 	prices  atomic.Pointer[bookRef] // the current price book; cfg.Prices is only the first
 
-	unpaid *unpaidBook  // open unpaid payment requests (limits.go)
-	rate   *rateLimiter // calls per client and minute (limits.go)
+	unpaid  *unpaidBook   // open unpaid payment requests (limits.go)
+	issuing chan struct{} // payment requests being issued (limits.go)
+	rate    *rateLimiter  // calls per client and minute (limits.go)
 
 	mu      sync.Mutex
 	waiters map[string][]chan PaymentEvent // by payment ref
@@ -107,8 +108,8 @@ func New(cfg Config) (*Vendor, error) {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	v := &Vendor{cfg: cfg, waiters: map[string][]chan PaymentEvent{},
-		unpaid: newUnpaidBook(cfg.MaxUnpaidPerClient, cfg.MaxUnpaidTotal),
-		rate:   &rateLimiter{perMinute: cfg.RequestsPerMinute, maxKeys: DefaultMaxRateKeys},
+		unpaid: newUnpaidBook(cfg.MaxUnpaidPerClient, cfg.MaxUnpaidTotal), issuing: make(chan struct{}, maxIssuing),
+		rate: &rateLimiter{perMinute: cfg.RequestsPerMinute, maxKeys: DefaultMaxRateKeys},
 		// The ledger stamps milliseconds: a call of this run is stamped at
 		// or after the millisecond New runs in.
 		running: map[CallID]chan struct{}{}, started: time.Now().Truncate(time.Millisecond).Add(-time.Millisecond)}
@@ -661,6 +662,11 @@ func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *Cal
 		v.endUnpaid(ctx, call, "no payment method")
 		return nil, CallResult{}, ErrNoPaymentMethod
 	}
+	if err := v.startIssuing(ctx); err != nil {
+		v.endUnpaid(context.WithoutCancel(ctx), call, "client left")
+		return nil, CallResult{}, err
+	}
+	defer v.doneIssuing()
 	slot, err := v.reserveUnpaid(r)
 	if err != nil {
 		v.endUnpaid(ctx, call, "too many unpaid requests")

@@ -404,7 +404,7 @@ const (
 	DefaultMaxContentBytes  = 64 << 10
 	DefaultPublishTimeout   = 10 * time.Second
 	DefaultShutdownGrace    = 30 * time.Second
-	DefaultMaxInFlight      = 10_000
+	DefaultMaxInFlight      = 1_000
 	DefaultFirstAnswerDelay = 200 * time.Millisecond
 	DefaultAnnounceDelay    = time.Second
 	latestProtocol          = "2025-11-25"

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// flood sends priced calls it never pays for: fresh Nostr keys, and fresh
+// MCP HTTP sessions from several loopback addresses.
+type flood struct {
+	o  *options
+	tg *target
+
+	nostrSent, nostrErrs, httpSent atomic.Int64
+
+	mu       sync.Mutex
+	outcomes map[string]int // HTTP answers by kind
+}
+
+func (f *flood) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); f.nostr(ctx) }()
+	go func() { defer wg.Done(); f.http(ctx) }()
+	wg.Wait()
+}
+
+// nostr publishes keys x calls tools/call events, each key fresh, over
+// o.workers relay connections.
+func (f *flood) nostr(ctx context.Context) {
+	keys := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < f.o.workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := nostr.RelayConnect(ctx, f.tg.relay)
+			if err != nil {
+				f.nostrErrs.Add(1)
+				for range keys {
+				}
+				return
+			}
+			defer r.Close()
+			for k := range keys {
+				sk := nostr.GeneratePrivateKey()
+				for i := 0; i < f.o.calls; i++ {
+					body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": i + 1, "method": "tools/call",
+						"params": map[string]any{"name": f.o.tool, "arguments": map[string]any{"text": fmt.Sprintf("spam %d/%d", k, i)}}})
+					ev := nostr.Event{Kind: 25910, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", f.tg.serverPK}}, Content: string(body)}
+					ev.Sign(sk)
+					pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					err := r.Publish(pctx, ev)
+					cancel()
+					if err != nil {
+						f.nostrErrs.Add(1)
+					}
+					f.nostrSent.Add(1)
+				}
+			}
+		}()
+	}
+	for k := 0; k < f.o.keys && ctx.Err() == nil; k++ {
+		keys <- k
+	}
+	close(keys)
+	wg.Wait()
+}
+
+// http opens sessions x calls priced calls from 127.0.0.2 .. 127.0.0.(1+sources),
+// reading each answer only until its payment_required (or an error), then
+// dropping the connection.
+func (f *flood) http(ctx context.Context) {
+	sessions := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < f.o.workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := range sessions {
+				src := fmt.Sprintf("127.0.0.%d", 2+s%max(f.o.sources, 1))
+				c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+					DialContext:       (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}).DialContext,
+					DisableKeepAlives: true,
+				}}
+				f.session(ctx, c, s)
+				c.CloseIdleConnections()
+			}
+		}()
+	}
+	for s := 0; s < f.o.sessions && ctx.Err() == nil; s++ {
+		sessions <- s
+	}
+	close(sessions)
+	wg.Wait()
+}
+
+func (f *flood) session(ctx context.Context, c *http.Client, s int) {
+	sid, kind := post(ctx, c, f.tg.mcpURL, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"flood","version":"1"}}}`)
+	if sid == "" {
+		f.count("initialize: " + kind)
+		return
+	}
+	post(ctx, c, f.tg.mcpURL, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	for i := 0; i < f.o.calls && ctx.Err() == nil; i++ {
+		body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":%q,"arguments":{"text":"http spam %d/%d"}}}`, i+1, f.o.tool, s, i)
+		_, kind := post(ctx, c, f.tg.mcpURL, sid, body)
+		f.count(kind)
+		f.httpSent.Add(1)
+	}
+}
+
+func (f *flood) count(kind string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.outcomes == nil {
+		f.outcomes = map[string]int{}
+	}
+	f.outcomes[kind]++
+}
+
+func (f *flood) httpOutcomes() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var parts []string
+	for k, n := range f.outcomes {
+		parts = append(parts, fmt.Sprintf("%d %s", n, k))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+// post sends one JSON-RPC message and reads the answer until it knows
+// what it is: "payment_required" (then it hangs up, never paying),
+// "error <code>", "result", or a transport failure. It returns the
+// session id the server gave.
+func post(ctx context.Context, c *http.Client, url, sid, body string) (string, string) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if sid != "" {
+		req.Header.Set("Mcp-Session-Id", sid)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", "transport error"
+	}
+	defer resp.Body.Close()
+	newSID := resp.Header.Get("Mcp-Session-Id")
+	if resp.StatusCode >= 300 {
+		return newSID, fmt.Sprintf("http %d", resp.StatusCode)
+	}
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 1<<20))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := bytes.TrimPrefix(sc.Bytes(), []byte("data: "))
+		var m struct {
+			Method string `json:"method"`
+			Result any    `json:"result"`
+			Error  *struct {
+				Code int `json:"code"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(line, &m) != nil {
+			continue
+		}
+		switch {
+		case m.Method == "notifications/payment_required":
+			return newSID, "payment_required"
+		case m.Error != nil:
+			return newSID, fmt.Sprintf("error %d", m.Error.Code)
+		case m.Result != nil:
+			return newSID, "result"
+		}
+	}
+	return newSID, "no answer"
+}

@@ -1,0 +1,93 @@
+// Command capvend-flood is a load generator for capvend's invoice-spam
+// defences (issue #11, hole 4). Against a running `capvend serve` on the
+// regtest stack (`capvend testnet up`) it floods with fresh Nostr keys and
+// fresh MCP HTTP sessions asking priced calls and never paying, while an
+// honest customer (a ContextVM client with one key, and an MCP HTTP client
+// from 127.0.0.1) buys calls paid from the stack's customer node. It
+// prints the honest customer's paid-call latency (p50, p99) without the
+// flood and under it, capvend's peak resident memory (from
+// /proc/<pid>/status), and the open invoices at the vendor's LND.
+//
+// It sends only to 127.0.0.0/8 (the relay and capvend of the stack), and
+// every loop is bounded in count and time.
+//
+//	capvend-flood -write-config DIR -example-tools PATH   # a capvend.yaml for the stack
+//	capvend serve --config DIR/capvend.yaml &
+//	capvend-flood -config DIR/capvend.yaml -pid $!
+//
+// See the README, "Invoice flood", for a run and its figures.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"time"
+
+	"github.com/capvend/capvend/testnet"
+)
+
+func main() {
+	var o options
+	flag.StringVar(&o.config, "config", "", "the `capvend.yaml` of the capvend serve under test (http.listen, nostr.relays, nostr.nsec_file are read)")
+	flag.StringVar(&o.testnetDir, "testnet", "", "the regtest stack's `DIR` (default $CAPVEND_TESTNET_DIR, else <user cache dir>/capvend/testnet)")
+	flag.IntVar(&o.pid, "pid", 0, "capvend's `PID`, to read its memory from /proc (0: not measured)")
+	flag.StringVar(&o.tool, "tool", "sha256", "the priced `TOOL` the flood and the customer call")
+	flag.IntVar(&o.keys, "keys", 1000, "fresh Nostr keys in the flood")
+	flag.IntVar(&o.sessions, "sessions", 200, "fresh MCP HTTP sessions in the flood")
+	flag.IntVar(&o.calls, "calls", 10, "priced calls per flooding key or session")
+	flag.IntVar(&o.sources, "sources", 8, "source addresses of the HTTP flood: 127.0.0.2 .. 127.0.0.(1+N)")
+	flag.IntVar(&o.honest, "honest", 20, "paid calls of each honest customer (Nostr, HTTP) per phase")
+	flag.IntVar(&o.workers, "workers", 16, "concurrent senders per flood")
+	flag.DurationVar(&callTimeout, "call-timeout", callTimeout, "an honest call not answered within this is not served")
+	flag.DurationVar(&o.limit, "timeout", 20*time.Minute, "give up after this long")
+	flag.IntVar(&o.pow, "pow", 0, "NIP-13 `BITS`: with -write-config, nostr.pow_difficulty; else the work the honest Nostr customer mines into each request (the flood does none)")
+	writeConfig := flag.String("write-config", "", "write a capvend.yaml (and nsec) for the stack into `DIR` and exit")
+	exampleTools := flag.String("example-tools", "", "with -write-config: the example-tools `BINARY` capvend sells (go build ./cmd/example-tools)")
+	flag.Parse()
+
+	dir := o.testnetDir
+	if dir == "" {
+		dir = os.Getenv("CAPVEND_TESTNET_DIR")
+	}
+	if dir == "" {
+		c, err := os.UserCacheDir()
+		if err != nil {
+			fatal(err)
+		}
+		dir = filepath.Join(c, "capvend", "testnet")
+	}
+	st, err := testnet.Load(dir, os.Stderr)
+	if err != nil {
+		fatal(fmt.Errorf("the regtest stack in %s: %w (start it with 'capvend testnet up')", dir, err))
+	}
+	if *writeConfig != "" {
+		if *exampleTools == "" {
+			fatal(fmt.Errorf("-write-config needs -example-tools"))
+		}
+		path, err := writeStackConfig(*writeConfig, st, *exampleTools, o.pow)
+		if err != nil {
+			fatal(err)
+		}
+		fmt.Println(path)
+		return
+	}
+	if o.config == "" {
+		fatal(fmt.Errorf("-config is required (the capvend.yaml of the capvend serve under test)"))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, o.limit)
+	defer cancel()
+	if err := run(ctx, st, &o); err != nil {
+		fatal(err)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "capvend-flood:", err)
+	os.Exit(1)
+}
