@@ -140,8 +140,33 @@ func (l *Ledger) RecordCall(ctx context.Context, nc vend.NewCall) (vend.Call, bo
 		created = n == 1
 		call, err = scanCall(tx.QueryRowContext(ctx, "SELECT "+callColumns+` FROM calls
 			WHERE transport = ? AND client = ? AND request_id = ?`, nc.Transport, nc.Client, nc.RequestID))
-		if err != nil || !created || nc.ToolName == "" {
+		if err != nil {
 			return err
+		}
+		if !created {
+			if call.Binding() != nc.Binding() {
+				return fmt.Errorf("%w: request %q of %s is call %d (%s %s/%s)", vend.ErrRequestReused,
+					nc.RequestID, nc.Client, call.ID, call.Kind.Or(), call.Server, call.Tool)
+			}
+			return nil
+		}
+		// A request that was answered free under its quota may come back
+		// priced (the quota is used up or gone), but only as the same
+		// request.
+		var freeServer string
+		var freeHash sql.NullString
+		err = tx.QueryRowContext(ctx, `SELECT server, args_hash FROM free_uses WHERE transport = ? AND client = ? AND request_id = ?`,
+			nc.Transport, nc.Client, nc.RequestID).Scan(&freeServer, &freeHash)
+		switch {
+		case err == nil:
+			if freeServer != nc.Server || !freeHash.Valid || freeHash.String != nc.ArgsHash {
+				return fmt.Errorf("%w: request %q of %s was a free call with other parameters", vend.ErrRequestReused, nc.RequestID, nc.Client)
+			}
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
+		if nc.ToolName == "" {
+			return nil
 		}
 		args := nc.Arguments
 		if args == nil {

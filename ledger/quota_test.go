@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -44,7 +45,7 @@ func openAt(t *testing.T, path string, c *fixedClock) *ledger.Ledger {
 }
 
 func use(client, req string) vend.FreeUse {
-	return vend.FreeUse{Transport: "mcp-http", Client: client, RequestID: req, Server: "demo", Tool: "echo", PerDay: 3}
+	return vend.FreeUse{Transport: "mcp-http", Client: client, RequestID: req, Server: "demo", Tool: "echo", ArgsHash: hash(req), PerDay: 3}
 }
 
 func claim(t *testing.T, l *ledger.Ledger, u vend.FreeUse) bool {
@@ -106,11 +107,12 @@ func TestFreeUseReplay(t *testing.T) {
 	if claim(t, l, use("c", "d")) {
 		t.Fatal("a fourth request was free")
 	}
-	// A request id reused for another tool is not a replay.
+	// A request id reused for another tool is not a replay (see
+	// TestFreeUseIsBoundToItsArguments).
 	u := use("c", "a")
 	u.Tool = "reverse"
-	if claim(t, l, u) {
-		t.Error("a request id's free use was reused for another tool")
+	if free, err := l.ClaimFreeUse(context.Background(), u); !errors.Is(err, vend.ErrRequestReused) || free {
+		t.Errorf("a request id's free use was reused for another tool: free=%v err=%v", free, err)
 	}
 }
 

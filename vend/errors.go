@@ -34,6 +34,11 @@ var (
 	// ErrBadToken: a Cashu token that is malformed, not in sats, or
 	// locked to spending conditions.
 	ErrBadToken = errors.New("cashu token is not a usable sat bearer token")
+	// ErrRequestReused: a request key (transport, client, request id)
+	// already names a call or free use of another kind, item or
+	// arguments. The request is refused: it never attaches to, waits on
+	// or replays that call. Fronts answer JSON-RPC -32600.
+	ErrRequestReused = errors.New("request id reused with different parameters")
 )
 
 // TransitionError describes a refused state change. It matches

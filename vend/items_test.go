@@ -228,7 +228,7 @@ func TestRecoverRedoesAnInterruptedPrompt(t *testing.T) {
 	}
 	defer l.Close()
 	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: "p1", Server: "demo",
-		Kind: vend.KindPrompt, Tool: "summarize", ArgsHash: strings.Repeat("b", 64), Price: 3_000, Idempotent: true,
+		Kind: vend.KindPrompt, Tool: "summarize", ArgsHash: argsHash(t, "prompts/get", "demo_summarize", `{"text":"again"}`), Price: 3_000, Idempotent: true,
 		ToolName: "demo_summarize", Arguments: []byte(`{"text":"again"}`)})
 	if err != nil {
 		t.Fatal(err)

@@ -58,6 +58,23 @@ type NewCall struct {
 	Explicit bool
 }
 
+// Binding is exactly what a priced call sells: its kind, the upstream
+// server and tool (prompt name, resource price key) and the canonical hash
+// of its method and arguments. A request key that comes back with another
+// Binding is not that call (ErrRequestReused), and an execution must send
+// exactly the call's Binding upstream.
+type Binding struct {
+	Kind     ItemKind // never "": KindTool for tools
+	Server   string
+	Tool     string
+	ArgsHash string
+}
+
+// Binding returns what c sells.
+func (c NewCall) Binding() Binding {
+	return Binding{Kind: c.Kind.Or(), Server: c.Server, Tool: c.Tool, ArgsHash: c.ArgsHash}
+}
+
 // Call is a recorded priced request.
 type Call struct {
 	NewCall
@@ -137,6 +154,7 @@ type FreeUse struct {
 	RequestID string
 	Server    string // upstream server name
 	Tool      string // tool name on that server; pricing.PromptKey or ResourceKey for prompts, resources
+	ArgsHash  string // the request's CanonicalHash: a replay must repeat it exactly
 	PerDay    int    // the quota: free uses per Client, tool and UTC day; > 0
 	// PerDayTotal, when > 0, also bounds the free uses of the tool per
 	// UTC day across every client and transport.
@@ -150,7 +168,10 @@ type FreeUse struct {
 type Ledger interface {
 	// RecordCall stores a new priced call in state quoted. It is
 	// idempotent on (Transport, Client, RequestID): a replayed request
-	// returns the existing call and created=false.
+	// (the same key with the same Binding) returns the existing call and
+	// created=false. The same key with another Binding, or a key that
+	// holds a free use of other parameters, is refused with an error
+	// matching ErrRequestReused and changes nothing.
 	RecordCall(ctx context.Context, c NewCall) (call Call, created bool, err error)
 	// Call returns a call by id, or ErrNotFound.
 	Call(ctx context.Context, id CallID) (Call, error)
@@ -224,11 +245,13 @@ type Ledger interface {
 	// current UTC day (by the ledger's clock) only if fewer than u.PerDay
 	// are counted, so of any number of concurrent claims at most PerDay
 	// succeed. A request that holds a use already (same transport, client
-	// and request id, same tool) is free again and counts nothing new; one
-	// recorded as a priced call (RecordCall) is never free. With
-	// u.PerDayTotal > 0 a new use is counted only while fewer than that
-	// are counted for the tool and day across all clients, in the same
-	// transaction. free=false
-	// means the call is priced normally. A free use books no money.
+	// and request id, same server, tool and ArgsHash) is free again and
+	// counts nothing new; the same key with other parameters (or a use
+	// recorded without a hash) is refused with an error matching
+	// ErrRequestReused. One recorded as a priced call (RecordCall) is
+	// never free. With u.PerDayTotal > 0 a new use is counted only while
+	// fewer than that are counted for the tool and day across all
+	// clients, in the same transaction. free=false means the call is
+	// priced normally. A free use books no money.
 	ClaimFreeUse(ctx context.Context, u FreeUse) (free bool, err error)
 }

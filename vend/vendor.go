@@ -484,7 +484,7 @@ func (v *Vendor) ItemPrice(kind ItemKind, name string) (lo, hi Msat) {
 // CallTool serves one tools/call: see the package documentation for the
 // flow. It returns the tool's result (possibly with isError when the tool
 // ran and failed: a paid call is then refunded), or an error a front maps
-// to a JSON-RPC error: ErrUnknownTool, *InvalidParamsError,
+// to a JSON-RPC error: ErrUnknownTool, *InvalidParamsError, ErrRequestReused,
 // *PaymentRequiredError, *PaymentPendingError, ErrPaymentExpired,
 // ErrPaymentFailed, ErrNoPaymentMethod, ErrLimit, ErrUpstream.
 func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, error) {
@@ -572,7 +572,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	}
 	if q.FreePerDay > 0 && checkWork(r) == nil { // too little work: priced
 		free, err := v.cfg.Ledger.ClaimFreeUse(ctx, FreeUse{Transport: r.Transport, Client: quotaKey(r),
-			RequestID: r.RequestID, Server: t.Server, Tool: priceKey(&t), PerDay: q.FreePerDay, PerDayTotal: q.FreePerDayTotal})
+			RequestID: r.RequestID, Server: t.Server, Tool: priceKey(&t), ArgsHash: hash, PerDay: q.FreePerDay, PerDayTotal: q.FreePerDayTotal})
 		if err != nil {
 			return nil, CallResult{}, err
 		}

@@ -131,6 +131,16 @@ func (f *fakeBackend) AcceptToken(ctx context.Context, id vend.CallID, price ven
 // fakeTools is a tool source with counted executions.
 type fakeTools struct {
 	calls sync.Map // tool name -> *atomic.Int32
+
+	mu   sync.Mutex
+	sent []string // "upstream-name arguments" of every call, in order
+}
+
+// sentArgs returns what every call sent upstream: "tool arguments".
+func (f *fakeTools) sentArgs() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.sent...)
 }
 
 var echoSchema = json.RawMessage(`{"type":"object","properties":{"text":{"type":"string","maxLength":100}},"required":["text"]}`)
@@ -151,6 +161,9 @@ func (f *fakeTools) count(tool string) int32 {
 func (f *fakeTools) CallTool(ctx context.Context, t vend.Tool, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
 	c, _ := f.calls.LoadOrStore(t.UpstreamName, new(atomic.Int32))
 	c.(*atomic.Int32).Add(1)
+	f.mu.Lock()
+	f.sent = append(f.sent, t.UpstreamName+" "+string(args))
+	f.mu.Unlock()
 	var a struct{ Text string }
 	json.Unmarshal(args, &a)
 	if progress != nil {
@@ -610,6 +623,18 @@ func waitState(t *testing.T, l *ledger.Ledger, id vend.CallID, want vend.CallSta
 	}
 }
 
+// argsHash is the canonical hash vend records for a request of method
+// for name with the arguments object args.
+func argsHash(t testing.TB, method, name, args string) string {
+	t.Helper()
+	params, _ := json.Marshal(map[string]any{"name": name, "arguments": json.RawMessage(args)})
+	h, err := vend.CanonicalHash(method, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 // crashedCall leaves a call as a crash at some step would: the ledger
 // rows only, no process.
 func crashedCall(t *testing.T, l *ledger.Ledger, id, tool string, idempotent, hold, explicit bool, steps int) (vend.Call, vend.Payment) {
@@ -619,10 +644,10 @@ func crashedCall(t *testing.T, l *ledger.Ledger, id, tool string, idempotent, ho
 	if tool == "demo_fail" {
 		price = 10_000
 	}
-	h := sha256.Sum256([]byte(id))
+	args := `{"text":"` + id + `"}`
 	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: id, Server: "demo",
-		Tool: strings.TrimPrefix(tool, "demo_"), ArgsHash: hex.EncodeToString(h[:]), Price: price, Idempotent: idempotent,
-		ToolName: tool, Arguments: []byte(`{"text":"` + id + `"}`), Explicit: explicit})
+		Tool: strings.TrimPrefix(tool, "demo_"), ArgsHash: argsHash(t, "tools/call", tool, args), Price: price, Idempotent: idempotent,
+		ToolName: tool, Arguments: []byte(args), Explicit: explicit})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,6 +64,8 @@ func FromVend(err error, tool string) Error {
 		return Error{CodeWorkRequired, "Proof of work required", map[string]any{
 			"difficulty": wr.Required, "work": wr.Work,
 			"instructions": "Mine the request event to the difficulty (NIP-13: leading zero bits of its id, committed in a nonce tag), or pay with a Cashu token."}}
+	case errors.Is(err, vend.ErrRequestReused):
+		return Error{Code: CodeInvalidRequest, Message: "Invalid Request: request id reused with different parameters"}
 	case errors.Is(err, vend.ErrUnknownTool):
 		return Error{Code: CodeInvalidParams, Message: "Unknown tool: " + tool}
 	case errors.Is(err, vend.ErrPaymentExpired):

@@ -35,6 +35,8 @@ func TestFromVend(t *testing.T) {
 		{vend.ErrLimit, rpcerr.CodeLimit, "Limit reached"},
 		{vend.ErrUpstream, rpcerr.CodeUpstream, "Upstream server failed"},
 		{&vend.WorkRequiredError{Required: 20, Work: 3}, rpcerr.CodeWorkRequired, "Proof of work required"},
+		{fmt.Errorf("record call: %w: request \"7\" is call 3 (tool ex/slow_count)", vend.ErrRequestReused), rpcerr.CodeInvalidRequest,
+			"Invalid Request: request id reused with different parameters"},
 		{errors.New("sqlite: disk I/O error at /var/lib/capvend.db"), rpcerr.CodeInternal, "Internal error"},
 	} {
 		got := rpcerr.FromVend(tc.err, "x")

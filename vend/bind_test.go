@@ -1,0 +1,86 @@
+package vend_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/capvend/capvend/pricing"
+	"github.com/capvend/capvend/vend"
+)
+
+// TestReusedRequestIDIsRefused is issue 11's first hole at the
+// mechanism: request 7 is quoted for a 1-sat call, the client drops, and
+// sends request 7 again as a 21-sat call (or the same tool with other
+// arguments). The second request is refused with ErrRequestReused at once:
+// it never attaches to the first call's invoice. Paying that invoice runs
+// the first call with its own, stored arguments; nothing else runs.
+func TestReusedRequestIDIsRefused(t *testing.T) {
+	for _, tc := range []struct{ name, tool, args string }{
+		{"another tool", "demo_echo", `{"text":"EXPENSIVE"}`},
+		{"other arguments", "demo_free", `{"text":"EXPENSIVE"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, false, withPrices(t, map[string]pricing.Rule{"free": {Price: 1_000}, "echo": {Price: 21_000}}))
+			ctx, cancel := context.WithCancel(context.Background())
+			first := make(chan error, 1)
+			go func() {
+				_, err := h.v.CallTool(ctx, req("7", "demo_free", `{"text":"1"}`, nil))
+				first <- err
+			}()
+			p := h.nextPayment(t)
+			if p.Amount != 1_000 {
+				t.Fatalf("quoted %d msat", p.Amount)
+			}
+			cancel() // the client drops the stream
+			if err := <-first; !errors.Is(err, context.Canceled) {
+				t.Fatal(err)
+			}
+			o := result(t, h.callAsync(req("7", tc.tool, tc.args, nil)))
+			if !errors.Is(o.err, vend.ErrRequestReused) {
+				t.Fatalf("reused request id: %s %v, want ErrRequestReused", o.res.Body, o.err)
+			}
+			select {
+			case p := <-h.be.last:
+				t.Fatalf("the reused id was quoted: %+v", p)
+			default:
+			}
+			h.be.pay(p.Ref) // the first invoice is paid after all: the first call runs
+			waitState(t, h.l, p.CallID, vend.CallDelivered)
+			if got := h.tools.sentArgs(); !slices.Equal(got, []string{`free {"text":"1"}`}) {
+				t.Fatalf("sent upstream: %q", got)
+			}
+			res, err := h.v.CallTool(context.Background(), req("7", "demo_free", `{"text":"1"}`, nil))
+			if err != nil || string(res.Body) != `{"content":[{"type":"text","text":"echo:1"}]}` {
+				t.Fatalf("replay of the first call: %s %v", res.Body, err)
+			}
+			verify(t, h.l)
+		})
+	}
+}
+
+// TestFreeQuotaIsNotReplayableWithOtherArguments is issue 11's third
+// hole: with one free call a day, the same request id with other
+// arguments is refused, not answered free again.
+func TestFreeQuotaIsNotReplayableWithOtherArguments(t *testing.T) {
+	h := newHarness(t, false, withPrices(t, map[string]pricing.Rule{"echo": {Price: 21_000, FreePerDay: 1}}))
+	ctx := context.Background()
+	if _, err := h.v.CallTool(ctx, req("f", "demo_echo", `{"text":"a"}`, nil)); err != nil {
+		t.Fatal(err)
+	}
+	for _, text := range []string{"b", "c"} {
+		res, err := h.v.CallTool(ctx, req("f", "demo_echo", `{"text":"`+text+`"}`, nil))
+		if !errors.Is(err, vend.ErrRequestReused) {
+			t.Fatalf("text %s: %s %v, want ErrRequestReused", text, res.Body, err)
+		}
+	}
+	if got := h.tools.sentArgs(); !slices.Equal(got, []string{`echo {"text":"a"}`}) {
+		t.Fatalf("sent upstream: %q", got)
+	}
+	select {
+	case p := <-h.be.last:
+		t.Fatalf("quoted: %+v", p)
+	default:
+	}
+}
