@@ -124,3 +124,30 @@ func TestLegacyFreeUseNeverMatches(t *testing.T) {
 		t.Fatalf("free=%v err=%v, want ErrRequestReused", free, err)
 	}
 }
+
+// TestFindGrantMatchesTheWholeBinding: a grant is found only for exactly
+// what it sold.
+func TestFindGrantMatchesTheWholeBinding(t *testing.T) {
+	ctx := context.Background()
+	l := openLedger(t, "")
+	c, _ := quote(t, l, 1)
+	b := c.Binding()
+	if got, err := l.FindGrant(ctx, "client-1", b); err != nil || got.ID != c.ID {
+		t.Fatalf("grant %+v %v", got, err)
+	}
+	for _, mod := range []func(*vend.Binding){
+		func(b *vend.Binding) { b.Kind = vend.KindPrompt },
+		func(b *vend.Binding) { b.Server = "other" },
+		func(b *vend.Binding) { b.Tool = "sha256" },
+		func(b *vend.Binding) { b.ArgsHash = hash("other") },
+	} {
+		o := b
+		mod(&o)
+		if got, err := l.FindGrant(ctx, "client-1", o); !errors.Is(err, vend.ErrNotFound) {
+			t.Errorf("%+v found %+v %v", o, got, err)
+		}
+	}
+	if _, err := l.FindGrant(ctx, "client-2", b); !errors.Is(err, vend.ErrNotFound) {
+		t.Errorf("another client's grant found: %v", err)
+	}
+}

@@ -272,10 +272,11 @@ func (l *Ledger) RecordPayment(ctx context.Context, id vend.CallID, np vend.NewP
 }
 
 // FindGrant implements vend.Ledger.
-func (l *Ledger) FindGrant(ctx context.Context, client, argsHash string) (vend.Call, error) {
+func (l *Ledger) FindGrant(ctx context.Context, client string, b vend.Binding) (vend.Call, error) {
 	c, err := scanCall(l.rdb.QueryRowContext(ctx, "SELECT "+callColumns+` FROM calls
 		WHERE client = ? AND args_hash = ? AND state IN ('awaiting_payment', 'paid')
-		ORDER BY id DESC LIMIT 1`, client, argsHash))
+		AND kind = ? AND server = ? AND tool = ?
+		ORDER BY id DESC LIMIT 1`, client, b.ArgsHash, string(b.Kind.Or()), b.Server, b.Tool))
 	if err != nil {
 		return c, fmt.Errorf("grant: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/capvend/capvend/pricing"
@@ -82,5 +83,59 @@ func TestFreeQuotaIsNotReplayableWithOtherArguments(t *testing.T) {
 	case p := <-h.be.last:
 		t.Fatalf("quoted: %+v", p)
 	default:
+	}
+}
+
+// remapTools serves the exposed name demo_echo from the upstream tool
+// "fail" once moved is set: a reload that points a name elsewhere.
+type remapTools struct {
+	*fakeTools
+	moved atomic.Bool
+}
+
+func (r *remapTools) Tools() []vend.Tool {
+	ts := r.fakeTools.Tools()
+	if r.moved.Load() {
+		ts[0].UpstreamName = "fail" // demo_echo
+	}
+	return ts
+}
+
+// TestGrantIsBoundToWhatWasPaidFor: an explicit-gating grant is released
+// only to a repeat that asks for exactly what was paid for (kind, server,
+// upstream tool, arguments), found by the client or by the preimage. The
+// same exposed name and arguments now served by another upstream tool do
+// not use it.
+func TestGrantIsBoundToWhatWasPaidFor(t *testing.T) {
+	for _, byPreimage := range []bool{false, true} {
+		t.Run(map[bool]string{false: "by client", true: "by preimage"}[byPreimage], func(t *testing.T) {
+			tools := &remapTools{fakeTools: &fakeTools{}}
+			h := newHarness(t, false, func(c *vend.Config) { c.Tools = tools })
+			r := req("1", "demo_echo", `{"text":"g"}`, nil)
+			r.Explicit = true
+			var pr *vend.PaymentRequiredError
+			if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+				t.Fatal(err)
+			}
+			p := h.nextPayment(t)
+			h.be.pay(p.Ref)
+			tools.moved.Store(true)
+			r.RequestID = "2"
+			if byPreimage {
+				h.be.mu.Lock()
+				r.PaymentProof = h.be.preimages[p.Ref]
+				h.be.mu.Unlock()
+			}
+			res, err := h.v.CallTool(context.Background(), r)
+			if !errors.As(err, &pr) || pr.Options[0].Amount != 10 {
+				t.Fatalf("repeat for another upstream tool: %s %v, want a new 10-sat quote", res.Body, err)
+			}
+			if got := h.tools.sentArgs(); len(got) != 0 {
+				t.Fatalf("ran %q on the grant", got)
+			}
+			if c, _ := h.l.Call(context.Background(), p.CallID); c.State != vend.CallPaid {
+				t.Fatalf("the grant is %s, want paid (unused)", c.State)
+			}
+		})
 	}
 }

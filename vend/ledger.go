@@ -175,10 +175,10 @@ type Ledger interface {
 	RecordCall(ctx context.Context, c NewCall) (call Call, created bool, err error)
 	// Call returns a call by id, or ErrNotFound.
 	Call(ctx context.Context, id CallID) (Call, error)
-	// FindGrant returns the newest call of client with argsHash that is
-	// awaiting payment or paid and not yet executed (an explicit-gating
-	// grant), or ErrNotFound.
-	FindGrant(ctx context.Context, client, argsHash string) (Call, error)
+	// FindGrant returns the newest call of client selling exactly b
+	// (kind, server, tool and args hash) that is awaiting payment or paid
+	// and not yet executed (an explicit-gating grant), or ErrNotFound.
+	FindGrant(ctx context.Context, client string, b Binding) (Call, error)
 	// CallPayments returns the payments recorded for a call, oldest
 	// first.
 	CallPayments(ctx context.Context, id CallID) ([]Payment, error)

@@ -560,8 +560,9 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	if err != nil {
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
+	bind := Binding{Kind: t.Kind.Or(), Server: t.Server, Tool: t.UpstreamName, ArgsHash: hash}
 	if r.Explicit && r.CashuToken == "" {
-		if grant, ok := v.findGrant(ctx, r, hash); ok {
+		if grant, ok := v.findGrant(ctx, r, bind); ok {
 			return &admitted{call: grant, t: t, args: args, known: true}, CallResult{}, nil
 		}
 	}
@@ -608,8 +609,8 @@ func (v *Vendor) runFree(ctx context.Context, t *Tool, args json.RawMessage, r *
 // findGrant finds the paid (or still awaited) explicit-gating call a
 // repeated call may use: the one whose invoice's preimage the client
 // presents, else, for an identified client, its own newest one for the
-// same call.
-func (v *Vendor) findGrant(ctx context.Context, r *CallRequest, hash string) (Call, bool) {
+// same call. Either must sell exactly bind.
+func (v *Vendor) findGrant(ctx context.Context, r *CallRequest, bind Binding) (Call, bool) {
 	if r.PaymentProof != "" {
 		pre, err := hex.DecodeString(r.PaymentProof)
 		if err != nil || len(pre) != 32 {
@@ -621,7 +622,7 @@ func (v *Vendor) findGrant(ctx context.Context, r *CallRequest, hash string) (Ca
 			return Call{}, false
 		}
 		c, err := v.cfg.Ledger.Call(ctx, p.CallID)
-		if err != nil || c.ArgsHash != hash || (c.State != CallAwaitingPayment && c.State != CallPaid) {
+		if err != nil || c.Binding() != bind || (c.State != CallAwaitingPayment && c.State != CallPaid) {
 			return Call{}, false
 		}
 		return c, true
@@ -629,7 +630,7 @@ func (v *Vendor) findGrant(ctx context.Context, r *CallRequest, hash string) (Ca
 	if r.Anonymous {
 		return Call{}, false
 	}
-	c, err := v.cfg.Ledger.FindGrant(ctx, r.Client, hash)
+	c, err := v.cfg.Ledger.FindGrant(ctx, r.Client, bind)
 	return c, err == nil
 }
 
