@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -137,5 +138,55 @@ func TestGrantIsBoundToWhatWasPaidFor(t *testing.T) {
 				t.Fatalf("the grant is %s, want paid (unused)", c.State)
 			}
 		})
+	}
+}
+
+// TestArgumentsAreParsedOnceStrictly: an arguments object with a
+// duplicate key, or keys that differ only in case, at any depth, is
+// refused (-32602) before anything is quoted: a validator, a price rule
+// and an upstream could each read a different one of them. What is
+// forwarded upstream is the one re-encoding of the parsed arguments that
+// was validated, priced and hashed.
+func TestArgumentsAreParsedOnceStrictly(t *testing.T) {
+	h := newHarness(t, false, withPrices(t, map[string]pricing.Rule{
+		"free": {Price: 0},
+		"echo": {Price: 1_000, Per: &pricing.Per{Arg: "text", Kind: pricing.PerKB, Price: 1_000_000}},
+	}))
+	ctx := context.Background()
+	for _, args := range []string{
+		`{"text":"a","text":"` + strings.Repeat("x", 90) + `"}`,
+		`{"text":"a","Text":"b"}`,
+		`{"text":"a","TEXT":"b"}`,
+		`{"text":"a","o":{"k":1,"K":2}}`,
+		`{"text":"a","o":{"k":1,"k":1}}`,
+		`{"text":"a","l":[1,{"x":1,"x":2}]}`,
+		`{"text":"a","ſ":1,"s":2}`, // U+017F folds to s
+		`{"text":"a","K":1,"k":2}`, // U+212A KELVIN SIGN folds to k
+		`{"text":"a"} {"text":"b"}`,
+	} {
+		for _, tool := range []string{"demo_echo", "demo_free"} {
+			_, err := h.v.CallTool(ctx, req("x", tool, args, nil))
+			var ip *vend.InvalidParamsError
+			if !errors.As(err, &ip) {
+				t.Errorf("%s %s: %v, want invalid params", tool, args, err)
+			}
+		}
+	}
+	if got := h.tools.sentArgs(); len(got) != 0 {
+		t.Fatalf("sent upstream: %q", got)
+	}
+	select {
+	case p := <-h.be.last:
+		t.Fatalf("quoted: %+v", p)
+	default:
+	}
+	// A well-formed object is re-encoded once (compact, keys sorted,
+	// numbers and strings as sent) and that is what runs.
+	res, err := h.v.CallTool(ctx, req("y", "demo_free", ` { "z" : 1.50, "text" : "a<b", "o" : { "b" : [ 1e3 ] , "a" : null } } `, nil))
+	if err != nil {
+		t.Fatalf("%s %v", res.Body, err)
+	}
+	if got := h.tools.sentArgs(); !slices.Equal(got, []string{`free {"o":{"a":null,"b":[1e3]},"text":"a<b","z":1.50}`}) {
+		t.Fatalf("sent upstream: %q", got)
 	}
 }

@@ -132,3 +132,29 @@ func FuzzCanonicalHash(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseArgs: the strict arguments parser never panics; what it
+// accepts it re-encodes to a fixed point that hashes as the input did.
+func FuzzParseArgs(f *testing.F) {
+	for _, s := range []string{`{"a":[1,2,{"b":null}]}`, `{"a":1,"A":2}`, `{"a":1.50e3,"s":"<\u00e9>"}`, `null`, ``, `{"a":{"a":{"a":{}}}}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, args string) {
+		out, err := vend.ParseArgsForTest(json.RawMessage(args))
+		if err != nil {
+			return
+		}
+		again, err := vend.ParseArgsForTest(out)
+		if err != nil || string(again) != string(out) {
+			t.Fatalf("%q -> %s -> %s %v", args, out, again, err)
+		}
+		if strings.TrimSpace(args) == "" || strings.TrimSpace(args) == "null" {
+			return
+		}
+		h1, err1 := vend.CanonicalHash("tools/call", json.RawMessage(`{"arguments":`+args+`}`))
+		h2, err2 := vend.CanonicalHash("tools/call", json.RawMessage(`{"arguments":`+string(out)+`}`))
+		if (err1 == nil) != (err2 == nil) || h1 != h2 {
+			t.Fatalf("%q hashes %s %v, its encoding %s %s %v", args, h1, err1, out, h2, err2)
+		}
+	})
+}

@@ -530,7 +530,9 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	if !ok {
 		return nil, CallResult{}, fmt.Errorf("%w: %q", ErrUnknownTool, r.Tool)
 	}
-	args, err := normalizeArgs(r.Arguments)
+	// Parsed once: this one encoding is validated, priced, hashed,
+	// recorded and sent upstream; the live request carries it from here.
+	args, err := parseArgs(r.Arguments)
 	if err == nil {
 		switch t.Kind {
 		case KindPrompt:
@@ -542,6 +544,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	if err != nil {
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
+	r.Arguments = args
 	if err := v.schemas.validate(&t, args); err != nil {
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
@@ -1091,18 +1094,6 @@ func contains(list []string, s string) bool {
 func mustJSON(v any) json.RawMessage {
 	b, _ := json.Marshal(v)
 	return b
-}
-
-// normalizeArgs returns args as a JSON object ({} when absent).
-func normalizeArgs(args json.RawMessage) (json.RawMessage, error) {
-	if len(args) == 0 || string(args) == "null" {
-		return json.RawMessage("{}"), nil
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(args, &m); err != nil {
-		return nil, errors.New("arguments must be a JSON object")
-	}
-	return args, nil
 }
 
 // promptArgs returns a prompts/get arguments object (JSON) as the string

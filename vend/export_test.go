@@ -1,0 +1,4 @@
+package vend
+
+// ParseArgsForTest exposes parseArgs to the fuzz target.
+var ParseArgsForTest = parseArgs
