@@ -68,7 +68,7 @@ func benchPaidCalls(b *testing.B, dir string) {
 		if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount}); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := l.StartExecution(ctx, c.ID); err != nil {
+		if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
 			b.Fatal(err)
 		}
 		if err := l.Deliver(ctx, c.ID, vend.Result{Body: body}); err != nil {

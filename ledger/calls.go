@@ -326,7 +326,7 @@ func (l *Ledger) CallsIn(ctx context.Context, states ...vend.CallState) ([]vend.
 }
 
 // ResumeExecution implements vend.Ledger.
-func (l *Ledger) ResumeExecution(ctx context.Context, id vend.CallID) (vend.Call, error) {
+func (l *Ledger) ResumeExecution(ctx context.Context, id vend.CallID, b vend.Binding) (vend.Call, error) {
 	var c vend.Call
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		var err error
@@ -336,11 +336,14 @@ func (l *Ledger) ResumeExecution(ctx context.Context, id vend.CallID) (vend.Call
 		if c.State != vend.CallExecuting || !c.Idempotent {
 			return &vend.TransitionError{What: fmt.Sprintf("call %d (resume)", c.ID), From: string(c.State), To: string(vend.CallExecuting)}
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE calls SET executions = executions + 1, updated_at = ? WHERE id = ?", ms(now), c.ID); err != nil {
+		if err := checkBinding(c, b); err != nil {
 			return err
 		}
-		c.Executions++
-		return nil
+		if err := recordExecution(ctx, tx, &c, b, now); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, "UPDATE calls SET updated_at = ? WHERE id = ?", ms(now), c.ID)
+		return err
 	})
 	if err != nil {
 		return vend.Call{}, fmt.Errorf("resume execution: %w", err)
@@ -529,8 +532,32 @@ func coveringPayment(ctx context.Context, q querier, c vend.Call) (vend.Payment,
 	return p, err
 }
 
+// checkBinding refuses an execution that would send anything but what c
+// sold.
+func checkBinding(c vend.Call, b vend.Binding) error {
+	if want := c.Binding(); b != want {
+		return fmt.Errorf("%w: call %d sold %s %s/%s (args %.12s…), the execution would send %s %s/%s (args %.12s…)",
+			vend.ErrExecutionMismatch, c.ID, want.Kind, want.Server, want.Tool, want.ArgsHash, b.Kind, b.Server, b.Tool, b.ArgsHash)
+	}
+	return nil
+}
+
+// recordExecution writes the record of one more execution of c, which
+// sends b, and counts it (the schema checks both against the call).
+func recordExecution(ctx context.Context, tx *wtx, c *vend.Call, b vend.Binding, now time.Time) error {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO executions (call_id, seq, kind, server, tool, args_hash, started_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`, c.ID, c.Executions+1, string(b.Kind), b.Server, b.Tool, b.ArgsHash, ms(now)); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "UPDATE calls SET executions = executions + 1 WHERE id = ?", c.ID); err != nil {
+		return err
+	}
+	c.Executions++
+	return nil
+}
+
 // StartExecution implements vend.Ledger.
-func (l *Ledger) StartExecution(ctx context.Context, id vend.CallID) (vend.Call, error) {
+func (l *Ledger) StartExecution(ctx context.Context, id vend.CallID, b vend.Binding) (vend.Call, error) {
 	var c vend.Call
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		var err error
@@ -539,6 +566,9 @@ func (l *Ledger) StartExecution(ctx context.Context, id vend.CallID) (vend.Call,
 		}
 		if c.State != vend.CallPaid {
 			return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(vend.CallExecuting)}
+		}
+		if err := checkBinding(c, b); err != nil {
+			return err
 		}
 		p, err := coveringPayment(ctx, tx, c)
 		if err != nil {
@@ -555,11 +585,7 @@ func (l *Ledger) StartExecution(ctx context.Context, id vend.CallID) (vend.Call,
 		if err := setCallState(ctx, tx, &c, vend.CallExecuting, "", now); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE calls SET executions = executions + 1 WHERE id = ?", c.ID); err != nil {
-			return err
-		}
-		c.Executions++
-		return nil
+		return recordExecution(ctx, tx, &c, b, now)
 	})
 	if err != nil {
 		return vend.Call{}, fmt.Errorf("start execution: %w", err)

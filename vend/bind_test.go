@@ -2,11 +2,13 @@ package vend_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/capvend/capvend/pricing"
 	"github.com/capvend/capvend/vend"
@@ -131,7 +133,7 @@ func TestGrantIsBoundToWhatWasPaidFor(t *testing.T) {
 			if !errors.As(err, &pr) || pr.Options[0].Amount != 10 {
 				t.Fatalf("repeat for another upstream tool: %s %v, want a new 10-sat quote", res.Body, err)
 			}
-			if got := h.tools.sentArgs(); len(got) != 0 {
+			if got := tools.sentArgs(); len(got) != 0 {
 				t.Fatalf("ran %q on the grant", got)
 			}
 			if c, _ := h.l.Call(context.Background(), p.CallID); c.State != vend.CallPaid {
@@ -189,4 +191,89 @@ func TestArgumentsAreParsedOnceStrictly(t *testing.T) {
 	if got := h.tools.sentArgs(); !slices.Equal(got, []string{`free {"o":{"a":null,"b":[1e3]},"text":"a<b","z":1.50}`}) {
 		t.Fatalf("sent upstream: %q", got)
 	}
+}
+
+// TestExecutionUsesTheStoredArguments: whatever path runs a recorded
+// call (a replay that waited for the payment, an explicit-gating grant),
+// it runs with the arguments recorded with the call, never the live
+// request's (which may hash the same and still be other bytes).
+func TestExecutionUsesTheStoredArguments(t *testing.T) {
+	t.Run("replay", func(t *testing.T) {
+		h := newHarness(t, false, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		first := make(chan error, 1)
+		go func() {
+			_, err := h.v.CallTool(ctx, req("5", "demo_echo", `{"text":"a","n":2}`, nil))
+			first <- err
+		}()
+		p := h.nextPayment(t)
+		cancel()
+		<-first
+		ch := h.callAsync(req("5", "demo_echo", `{"n":2.0,"text":"a"}`, nil)) // the same call, spelled otherwise
+		waitWaiting(t, h, p.Ref)
+		h.be.pay(p.Ref)
+		if o := result(t, ch); o.err != nil {
+			t.Fatal(o.err)
+		}
+		if got := h.tools.sentArgs(); !slices.Equal(got, []string{`echo {"n":2,"text":"a"}`}) {
+			t.Fatalf("sent upstream: %q", got)
+		}
+	})
+	t.Run("grant", func(t *testing.T) {
+		h := newHarness(t, false, nil)
+		r := req("1", "demo_echo", `{"text":"g","n":2}`, nil)
+		r.Explicit = true
+		h.v.CallTool(context.Background(), r)
+		h.be.pay(h.nextPayment(t).Ref)
+		r.RequestID, r.Arguments = "2", json.RawMessage(`{"n":2e0,"text":"g"}`)
+		if res, err := h.v.CallTool(context.Background(), r); err != nil {
+			t.Fatalf("%s %v", res.Body, err)
+		}
+		if got := h.tools.sentArgs(); !slices.Equal(got, []string{`echo {"n":2,"text":"g"}`}) {
+			t.Fatalf("sent upstream: %q", got)
+		}
+	})
+}
+
+// waitWaiting waits until a request waits for the payment ref (the
+// Vendor registered it), so that paying reaches it rather than the
+// orphan path.
+func waitWaiting(t *testing.T, h *harness, ref string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !h.v.WaitingForTest(ref) {
+		if time.Now().After(deadline) {
+			t.Fatal("nobody waits for the payment")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestExecutionIsBoundToTheCall: what is sent upstream must be exactly
+// what the call sold. A paid call whose exposed name now leads to another
+// upstream tool is not run (neither tool runs on its payment): it is
+// refunded.
+func TestExecutionIsBoundToTheCall(t *testing.T) {
+	tools := &remapTools{fakeTools: &fakeTools{}}
+	h := newHarness(t, false, func(c *vend.Config) { c.Tools = tools })
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() {
+		_, err := h.v.CallTool(ctx, req("1", "demo_echo", `{"text":"x"}`, nil))
+		first <- err
+	}()
+	p := h.nextPayment(t)
+	cancel()
+	<-first
+	tools.moved.Store(true)
+	h.be.pay(p.Ref) // nobody waits: the paid call is run from the ledger
+	c := waitState(t, h.l, p.CallID, vend.CallRefunded)
+	if got := tools.sentArgs(); len(got) != 0 || c.Executions != 0 {
+		t.Fatalf("sent upstream: %q, executions %d", got, c.Executions)
+	}
+	b, _ := h.l.Balance(context.Background())
+	if b.Pending.RefundsOwed != 21_000 {
+		t.Fatalf("refunds owed %d msat, want 21000", b.Pending.RefundsOwed)
+	}
+	verify(t, h.l)
 }

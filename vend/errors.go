@@ -39,6 +39,10 @@ var (
 	// arguments. The request is refused: it never attaches to, waits on
 	// or replays that call. Fronts answer JSON-RPC -32600.
 	ErrRequestReused = errors.New("request id reused with different parameters")
+	// ErrExecutionMismatch: an execution would send upstream something
+	// other than what its call sold (another kind, server, tool or
+	// arguments); it was not started and nothing was recorded.
+	ErrExecutionMismatch = errors.New("execution does not match what the call sold")
 )
 
 // TransitionError describes a refused state change. It matches

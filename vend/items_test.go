@@ -241,7 +241,7 @@ func TestRecoverRedoesAnInterruptedPrompt(t *testing.T) {
 	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: 3_000}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.StartExecution(ctx, c.ID); err != nil {
+	if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Millisecond)

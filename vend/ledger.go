@@ -188,9 +188,11 @@ type Ledger interface {
 	// CallsIn returns the calls in any of the states, oldest first (what
 	// capvend reconciles at start).
 	CallsIn(ctx context.Context, states ...CallState) ([]Call, error)
-	// ResumeExecution counts another execution of an idempotent call
-	// left executing by a crash; ErrIllegalTransition for any other call.
-	ResumeExecution(ctx context.Context, id CallID) (Call, error)
+	// ResumeExecution counts and records another execution of an
+	// idempotent call left executing by a crash, which sends b upstream;
+	// ErrIllegalTransition for any other call, ErrExecutionMismatch (and
+	// nothing recorded) if b is not the call's Binding.
+	ResumeExecution(ctx context.Context, id CallID, b Binding) (Call, error)
 	// CancelQuote ends a quoted call that never got a payment request
 	// (no backend, a limit, a backend error): quoted -> canceled.
 	CancelQuote(ctx context.Context, id CallID, reason string) error
@@ -222,12 +224,15 @@ type Ledger interface {
 	// and nothing is recorded.
 	ClaimProofs(ctx context.Context, payment PaymentID, proofs []Proof) error
 	// StartExecution claims the call's payment and moves the call from
-	// paid to executing, counting the execution. The claim is
+	// paid to executing, counting the execution and recording that it
+	// sends b upstream (the kind, server, tool and canonical args hash
+	// of exactly what the caller is about to send). The claim is
 	// exactly-once: of any number of concurrent callers for one call (or
 	// one payment) exactly one succeeds; the others get ErrAlreadyClaimed
 	// or an ErrIllegalTransition. ErrUnpaid if no settled or accepted
-	// payment covers the call's price.
-	StartExecution(ctx context.Context, id CallID) (Call, error)
+	// payment covers the call's price; ErrExecutionMismatch if b is not
+	// the call's Binding. A refused start changes nothing.
+	StartExecution(ctx context.Context, id CallID, b Binding) (Call, error)
 	// Deliver stores the call's result and moves it to delivered. The
 	// call's payment must be settled (hold invoices are settled first).
 	Deliver(ctx context.Context, id CallID, r Result) error

@@ -33,6 +33,10 @@ type Config struct {
 	Heartbeat time.Duration
 	// ExecTimeout bounds one upstream execution (default 10 min).
 	ExecTimeout time.Duration
+	// ToolWait is how long a paid call run from the ledger (at start,
+	// or paid after its client left) waits for an upstream to offer its
+	// tool (prompt, resource) before it is refunded (default 1 min).
+	ToolWait time.Duration
 	// MaxUnpaidPerClient and MaxUnpaidTotal bound the open unpaid
 	// payment requests of one client and of all (see the package doc,
 	// Limits; defaults DefaultMaxUnpaidPerClient, DefaultMaxUnpaidTotal).
@@ -97,6 +101,9 @@ func New(cfg Config) (*Vendor, error) {
 	}
 	if cfg.ExecTimeout <= 0 {
 		cfg.ExecTimeout = 10 * time.Minute
+	}
+	if cfg.ToolWait <= 0 {
+		cfg.ToolWait = time.Minute
 	}
 	if cfg.MaxUnpaidPerClient <= 0 {
 		cfg.MaxUnpaidPerClient = DefaultMaxUnpaidPerClient
@@ -197,7 +204,7 @@ func (v *Vendor) onPayment(e PaymentEvent) {
 	case e.Payment.State == PaymentSettled && e.Payment.Kind != KindHoldInvoice:
 		// Paid, and nobody waits (the client left, or capvend restarted):
 		// run it now and keep the answer for the client's replay.
-		v.background(func(ctx context.Context) { v.runStored(ctx, e.Payment.CallID, false) })
+		v.background(func(ctx context.Context) { v.runStored(ctx, e.Payment.CallID, false, time.Now().Add(v.cfg.ToolWait)) })
 	}
 }
 
@@ -227,6 +234,7 @@ func (v *Vendor) Recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	until := time.Now().Add(v.cfg.ToolWait) // one wait for the upstreams, not one per call
 	var wg sync.WaitGroup
 	for _, c := range calls {
 		if c.CreatedAt.After(v.started) {
@@ -255,9 +263,9 @@ func (v *Vendor) Recover(ctx context.Context) error {
 					v.abandonHold(ps[len(ps)-1])
 					return
 				}
-				v.runStored(ctx, c.ID, false)
+				v.runStored(ctx, c.ID, false, until)
 			default:
-				v.runStored(ctx, c.ID, true)
+				v.runStored(ctx, c.ID, true, until)
 			}
 		}()
 	}
@@ -266,29 +274,21 @@ func (v *Vendor) Recover(ctx context.Context) error {
 }
 
 // runStored runs a paid call from its recorded arguments (resume: a call
-// left executing by a crash, idempotent) and stores the answer.
-func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool) {
+// left executing by a crash, idempotent) and stores the answer. It waits
+// until until for an upstream to offer the call's tool; a call that
+// cannot run as recorded (no recorded arguments, the tool not offered,
+// its name now leading elsewhere) is refunded with the reason, so it is
+// never left paid or executing to fail the same way at every start.
+func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool, until time.Time) {
 	log := v.cfg.Log.With("call", int64(id))
 	call, err := v.cfg.Ledger.Call(ctx, id)
 	if err != nil {
 		log.Error("vend: recover: load call", "err", err)
 		return
 	}
-	name, args, explicit, err := v.cfg.Ledger.CallArguments(ctx, id)
+	name, args, explicit, aerr := v.cfg.Ledger.CallArguments(ctx, id)
 	if explicit && !resume {
 		return // a paid explicit-gating grant waits for its client's repeat
-	}
-	if err != nil {
-		log.Error("vend: recover: no recorded arguments; refunding", "err", err)
-		if resume {
-			v.refundInterrupted(ctx, call)
-		}
-		return
-	}
-	t, ok := v.awaitTool(ctx, call.Kind.Or(), name)
-	if !ok {
-		log.Warn("vend: recover: tool unavailable; the call stays paid until it returns", "kind", string(call.Kind.Or()), "tool", name)
-		return
 	}
 	ps, err := v.cfg.Ledger.CallPayments(ctx, id)
 	if err != nil || len(ps) == 0 {
@@ -296,6 +296,13 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool) {
 		return
 	}
 	p := ps[len(ps)-1]
+	t := Tool{Kind: call.Kind.Or(), Name: name}
+	if aerr == nil {
+		var ok bool
+		if t, ok = v.awaitTool(ctx, call.Kind.Or(), name, until); !ok && ctx.Err() != nil {
+			return // stopping: the next start takes it up
+		}
+	}
 	r := CallRequest{Kind: call.Kind, Transport: call.Transport, Client: call.Client, RequestID: call.RequestID, Tool: name, Arguments: args,
 		Notify: func(string, any) {}}
 	if !resume {
@@ -304,32 +311,80 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool) {
 		}
 		return
 	}
-	v.mu.Lock()
-	if _, busy := v.running[id]; busy {
-		v.mu.Unlock()
+	done := v.startRunning(id)
+	if done == nil {
 		return
 	}
-	done := make(chan struct{})
-	v.running[id] = done
-	v.mu.Unlock()
-	defer func() {
-		v.mu.Lock()
-		delete(v.running, id)
-		v.mu.Unlock()
-		close(done)
-	}()
-	if _, err := v.cfg.Ledger.ResumeExecution(ctx, id); err != nil {
+	defer v.stopRunning(id, done)
+	t, args, bind, err := v.storedItem(ctx, &call)
+	if err == nil {
+		_, err = v.cfg.Ledger.ResumeExecution(ctx, id, bind)
+	}
+	if err != nil && !errors.Is(err, errNoArguments) && !errors.Is(err, errItemGone) && !errors.Is(err, ErrExecutionMismatch) {
 		log.Error("vend: recover: resume", "err", err)
+		return
+	}
+	if err != nil {
+		log.Error("vend: recover: an interrupted call cannot run again as recorded; refunding", "err", err)
+		v.fail(ctx, &call, &p, nil, "interrupted by a restart, and "+unrunnable(err))
 		return
 	}
 	log.Info("vend: recover: running an interrupted idempotent call again", "tool", name)
 	v.finish(ctx, &call, &p, &t, args, &r)
 }
 
-// awaitTool waits (up to a minute) for an upstream to offer the tool
+// Why a recorded call cannot run (storedItem's errors).
+var (
+	errNoArguments = errors.New("no recorded arguments")
+	errItemGone    = errors.New("its tool (prompt, resource) is not offered")
+)
+
+// unrunnable says in a few words why a paid call could not run: the
+// reason recorded with its refund.
+func unrunnable(err error) string {
+	switch {
+	case errors.Is(err, errNoArguments):
+		return "it cannot run: no arguments were recorded with it"
+	case errors.Is(err, errItemGone):
+		return "it cannot run: its tool is no longer offered"
+	case errors.Is(err, ErrExecutionMismatch):
+		return "it cannot run: its name now leads to another upstream tool"
+	}
+	return "it cannot run: " + err.Error()
+}
+
+// storedItem returns what running call sends upstream: the item its
+// recorded name leads to now, its recorded arguments, and the Binding of
+// the two (which StartExecution checks against the call). Errors:
+// errNoArguments, errItemGone, or a ledger error.
+func (v *Vendor) storedItem(ctx context.Context, call *Call) (Tool, json.RawMessage, Binding, error) {
+	name, args, _, err := v.cfg.Ledger.CallArguments(ctx, call.ID)
+	if errors.Is(err, ErrNotFound) {
+		return Tool{}, nil, Binding{}, fmt.Errorf("call %d: %w", call.ID, errNoArguments)
+	}
+	if err != nil {
+		return Tool{}, nil, Binding{}, err
+	}
+	t, ok := v.item(call.Kind.Or(), name)
+	if !ok {
+		return Tool{}, nil, Binding{}, fmt.Errorf("call %d: %s %q: %w", call.ID, call.Kind.Or(), name, errItemGone)
+	}
+	bind, err := bindingOf(&t, args)
+	return t, args, bind, err
+}
+
+// bindingOf is what a call of t with args sends upstream.
+func bindingOf(t *Tool, args json.RawMessage) (Binding, error) {
+	hash, err := CanonicalHash(method(t, args))
+	if err != nil {
+		return Binding{}, err
+	}
+	return Binding{Kind: t.Kind.Or(), Server: t.Server, Tool: t.UpstreamName, ArgsHash: hash}, nil
+}
+
+// awaitTool waits until deadline for an upstream to offer the tool
 // (prompt, resource).
-func (v *Vendor) awaitTool(ctx context.Context, kind ItemKind, name string) (Tool, bool) {
-	deadline := time.Now().Add(time.Minute)
+func (v *Vendor) awaitTool(ctx context.Context, kind ItemKind, name string, deadline time.Time) (Tool, bool) {
 	for {
 		if t, ok := v.item(kind, name); ok {
 			return t, true
@@ -379,17 +434,32 @@ func (v *Vendor) refundFailed(ctx context.Context, c Call) {
 func (v *Vendor) abandonHold(p Payment) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b := v.backend(p.Backend)
-	if b == nil {
-		return
+	if err := v.refundPaid(ctx, p.CallID, "client left before the call ran; hold invoice canceled"); err != nil {
+		v.cfg.Log.Warn("vend: refund of an abandoned call", "call", int64(p.CallID), "payment_hash", p.Ref, "err", err)
 	}
-	if err := b.Cancel(ctx, p.Ref); err != nil {
-		v.cfg.Log.Warn("vend: could not cancel an abandoned hold invoice", "payment_hash", p.Ref, "err", err)
-		return
+}
+
+// refundPaid gives back the money of a paid call that never ran: a
+// locked-in hold invoice is canceled (Lightning returns the money), a
+// settled payment is booked as owed; the call becomes refunded with
+// reason.
+func (v *Vendor) refundPaid(ctx context.Context, id CallID, reason string) error {
+	ps, err := v.cfg.Ledger.CallPayments(ctx, id)
+	if err != nil {
+		return err
 	}
-	if err := v.cfg.Ledger.Refund(ctx, p.CallID, "client left before the call ran; hold invoice canceled"); err != nil {
-		v.cfg.Log.Warn("vend: refund of an abandoned call", "call", int64(p.CallID), "err", err)
+	for _, p := range ps {
+		if p.Kind == KindHoldInvoice && p.State == PaymentAccepted {
+			b := v.backend(p.Backend)
+			if b == nil {
+				return fmt.Errorf("hold invoice %s: no %s backend to cancel it", p.Ref, p.Backend)
+			}
+			if err := b.Cancel(ctx, p.Ref); err != nil {
+				return fmt.Errorf("canceling hold invoice %s: %w", p.Ref, err)
+			}
+		}
 	}
+	return v.cfg.Ledger.Refund(ctx, id, reason)
 }
 
 func (v *Vendor) backend(name Backend) PaymentBackend {
@@ -884,33 +954,52 @@ func (v *Vendor) resume(ctx context.Context, call *Call, t *Tool, args json.RawM
 	return v.awaitPayment(ctx, call, &p, t, args, r)
 }
 
-// run executes a paid call exactly once and records its end: delivered
-// (a hold invoice settled first), or failed and refunded (a hold invoice
-// canceled, returning the money).
-func (v *Vendor) run(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+// run executes a paid call exactly once, with the tool and arguments
+// recorded with it, and records its end: delivered (a hold invoice
+// settled first), or failed and refunded (a hold invoice canceled,
+// returning the money). live and liveArgs are the request's own: they only
+// answer a request that finds the call running or run already, never
+// execute. A call that cannot run as recorded is refunded (ErrUpstream).
+func (v *Vendor) run(ctx context.Context, call *Call, p *Payment, live *Tool, liveArgs json.RawMessage, r *CallRequest) (CallResult, error) {
 	// Requests for the same call in this process queue behind the first;
 	// the ledger's claim keeps other processes out.
-	v.mu.Lock()
-	if _, busy := v.running[call.ID]; busy {
-		v.mu.Unlock()
-		return v.resume(ctx, call, t, args, r)
+	done := v.startRunning(call.ID)
+	if done == nil {
+		return v.resume(ctx, call, live, liveArgs, r)
 	}
-	done := make(chan struct{})
-	v.running[call.ID] = done
-	v.mu.Unlock()
-	defer func() {
-		v.mu.Lock()
-		delete(v.running, call.ID)
-		v.mu.Unlock()
-		close(done)
-	}()
-	if _, err := v.cfg.Ledger.StartExecution(ctx, call.ID); err != nil {
-		if c, cerr := v.cfg.Ledger.Call(ctx, call.ID); cerr == nil && c.State != CallPaid && c.State != CallExecuting {
-			return v.resume(ctx, &c, t, args, r) // it ran already: its stored answer
-		}
-		return CallResult{}, err
+	res, ranAlready, err := v.claimAndFinish(ctx, call, p, r)
+	// Unregistered before resuming: resume waits for a running call's
+	// channel, and this run's own would never close.
+	v.stopRunning(call.ID, done)
+	if ranAlready != nil {
+		return v.resume(ctx, ranAlready, live, liveArgs, r) // its stored answer
 	}
-	return v.finish(ctx, call, p, t, args, r)
+	return res, err
+}
+
+// claimAndFinish claims the call for an execution of its recorded tool
+// and arguments and runs it. A non-nil *Call is the call as it is now
+// when it was not paid any more (it ran, or ended, elsewhere).
+func (v *Vendor) claimAndFinish(ctx context.Context, call *Call, p *Payment, r *CallRequest) (CallResult, *Call, error) {
+	t, args, bind, err := v.storedItem(ctx, call)
+	if err == nil {
+		_, err = v.cfg.Ledger.StartExecution(ctx, call.ID, bind)
+	}
+	if err == nil {
+		res, err := v.finish(ctx, call, p, &t, args, r)
+		return res, nil, err
+	}
+	if c, cerr := v.cfg.Ledger.Call(ctx, call.ID); cerr == nil && c.State != CallPaid && c.State != CallExecuting {
+		return CallResult{}, &c, nil
+	}
+	if !errors.Is(err, errNoArguments) && !errors.Is(err, errItemGone) && !errors.Is(err, ErrExecutionMismatch) {
+		return CallResult{}, nil, err
+	}
+	v.cfg.Log.Error("vend: a paid call cannot run as recorded; refunding", "call", int64(call.ID), "err", err)
+	if rerr := v.refundPaid(ctx, call.ID, unrunnable(err)); rerr != nil {
+		return CallResult{}, nil, rerr
+	}
+	return CallResult{}, nil, fmt.Errorf("%w: the call could not run; the payment is refunded", ErrUpstream)
 }
 
 // finish runs a claimed call on its upstream and records its end.
@@ -1057,6 +1146,27 @@ func (v *Vendor) unwait(ref string, ch chan PaymentEvent) {
 	} else {
 		v.waiters[ref] = list
 	}
+}
+
+// startRunning registers the call as running in this process and returns
+// the channel stopRunning closes; nil if it runs already.
+func (v *Vendor) startRunning(id CallID) chan struct{} {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, busy := v.running[id]; busy {
+		return nil
+	}
+	done := make(chan struct{})
+	v.running[id] = done
+	return done
+}
+
+// stopRunning ends what startRunning registered, waking whoever waits.
+func (v *Vendor) stopRunning(id CallID, done chan struct{}) {
+	v.mu.Lock()
+	delete(v.running, id)
+	v.mu.Unlock()
+	close(done)
 }
 
 func (v *Vendor) runningDone(id CallID) chan struct{} {

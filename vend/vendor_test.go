@@ -674,7 +674,7 @@ func crashedCall(t *testing.T, l *ledger.Ledger, id, tool string, idempotent, ho
 		}
 	}
 	if steps >= 2 { // executing
-		if _, err := l.StartExecution(ctx, c.ID); err != nil {
+		if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
 			t.Fatal(err)
 		}
 	}
