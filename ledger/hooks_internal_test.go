@@ -1,6 +1,10 @@
 package ledger
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"time"
+)
 
 // ExecForTest runs q on the writer connection outside the ledger's
 // methods: tests use it to write what an older capvend (or a damaged
@@ -10,4 +14,33 @@ func (l *Ledger) ExecForTest(ctx context.Context, q string, args ...any) error {
 	defer l.wmu.Unlock()
 	_, err := l.wconn.ExecContext(ctx, q, args...)
 	return err
+}
+
+// BypassForTest runs q with the named triggers out of the way, the way a
+// person editing the file by hand (or a bug below the schema) would: it
+// drops them, runs q and puts them back, in one transaction. Tests use it
+// to break a ledger and see verify notice.
+func (l *Ledger) BypassForTest(ctx context.Context, triggers []string, q string, args ...any) error {
+	return l.write(ctx, func(tx *wtx, _ time.Time) error {
+		var defs []string
+		for _, name := range triggers {
+			var def string
+			if err := l.wconn.QueryRowContext(ctx, "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = ?", name).Scan(&def); err != nil {
+				return fmt.Errorf("trigger %s: %w", name, err)
+			}
+			defs = append(defs, def)
+			if _, err := l.wconn.ExecContext(ctx, "DROP TRIGGER "+name); err != nil {
+				return err
+			}
+		}
+		if _, err := l.wconn.ExecContext(ctx, q, args...); err != nil {
+			return err
+		}
+		for _, def := range defs {
+			if _, err := l.wconn.ExecContext(ctx, def); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }

@@ -101,15 +101,39 @@ var invariants = []invariant{
 	},
 	{
 		name: "no call executed without payment",
+		// A claimed payment that was canceled covers a run only when the
+		// run failed: its hold invoice was canceled to return the money.
 		query: `SELECT c.id, c.state FROM calls c WHERE (c.executions > 0 OR c.state IN ('executing', 'delivered', 'failed'))
 			AND NOT EXISTS (SELECT 1 FROM payment_claims pc JOIN payments p ON p.id = pc.payment_id
-				WHERE pc.call_id = c.id AND p.state IN ('settled', 'accepted', 'canceled'))`,
+				WHERE pc.call_id = c.id AND (p.state IN ('settled', 'accepted')
+					OR p.state = 'canceled' AND p.kind = 'hold_invoice' AND c.state IN ('failed', 'refunded')))`,
 		format: "call %v (%v) ran without a claimed payment",
 	},
 	{
 		name:   "no non-idempotent call executed twice",
 		query:  `SELECT id, executions FROM calls WHERE idempotent = 0 AND executions > 1`,
 		format: "call %v executed %v times",
+	},
+	{
+		name: "every execution sent exactly what its call sold (kind, server, tool, args hash)",
+		query: `SELECT e.call_id, e.seq, e.kind, e.server, e.tool, e.args_hash,
+				coalesce(c.kind, '(no call)'), coalesce(c.server, ''), coalesce(c.tool, ''), coalesce(c.args_hash, '')
+			FROM executions e LEFT JOIN calls c ON c.id = e.call_id
+			WHERE c.id IS NULL OR e.kind <> c.kind OR e.server <> c.server OR e.tool <> c.tool OR e.args_hash <> c.args_hash`,
+		format: "call %v execution %v sent %v %v/%v (args %.12v…); the call sold %v %v/%v (args %.12v…)",
+	},
+	{
+		name: "each call's execution count equals its execution records",
+		query: `SELECT c.id, c.executions, count(e.id) FROM calls c LEFT JOIN executions e ON e.call_id = c.id
+			GROUP BY c.id HAVING c.executions <> count(e.id)`,
+		format: "call %v counts %v executions but %v are recorded",
+	},
+	{
+		name: "every call that ran keeps its stored result",
+		query: `SELECT c.id, c.state FROM calls c
+			WHERE (c.state IN ('delivered', 'failed') OR c.state = 'refunded' AND c.executions > 0)
+			AND NOT EXISTS (SELECT 1 FROM results r WHERE r.call_id = c.id)`,
+		format: "call %v is %v but its result is gone",
 	},
 	{
 		name:   "no payment claimed twice",
@@ -131,29 +155,46 @@ var invariants = []invariant{
 	},
 	{
 		name: "paid calls have a settled or locked-in payment",
+		// Canceled covers nothing: it is legitimate only for a failed
+		// call whose hold invoice was canceled to return the money (the
+		// call is refunded next).
 		query: `SELECT c.id, c.state FROM calls c WHERE c.state IN ('paid', 'executing', 'delivered', 'failed')
-			AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.call_id = c.id AND p.state IN ('settled', 'accepted', 'canceled'))`,
-		format: "call %v is %v but has no settled or accepted payment",
+			AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.call_id = c.id AND p.amount_msat >= c.price_msat
+				AND (p.state IN ('settled', 'accepted') OR p.state = 'canceled' AND p.kind = 'hold_invoice' AND c.state = 'failed'))`,
+		format: "call %v is %v but has no settled or accepted payment covering it",
 	},
 	{
 		name: "the schema's money rules are in place",
 		query: `SELECT t.name FROM (SELECT 'postings_no_update' AS name UNION ALL SELECT 'postings_no_delete'
 				UNION ALL SELECT 'entries_seal_requires_balance' UNION ALL SELECT 'entries_seal_balanced'
 				UNION ALL SELECT 'calls_state_machine' UNION ALL SELECT 'payments_state_machine'
-				UNION ALL SELECT 'postings_only_into_open_entries') t
+				UNION ALL SELECT 'postings_only_into_open_entries' UNION ALL SELECT 'results_immutable'
+				UNION ALL SELECT 'results_no_delete' UNION ALL SELECT 'executions_match_call'
+				UNION ALL SELECT 'executions_immutable' UNION ALL SELECT 'executions_no_delete'
+				UNION ALL SELECT 'calls_executions_recorded') t
 			WHERE NOT EXISTS (SELECT 1 FROM sqlite_master m WHERE m.type = 'trigger' AND m.name = t.name)`,
 		format: "trigger %v is missing",
 	},
 }
 
 // Verify checks every invariant of the ledger on one consistent snapshot
-// and reports each violation. A non-nil error means the checks could not
-// run; violations are in the report.
-func (l *Ledger) Verify(ctx context.Context) (*Report, error) {
+// and reports each violation, with SQLite's quick_check for the file
+// itself. A non-nil error means the checks could not run; violations are
+// in the report.
+func (l *Ledger) Verify(ctx context.Context) (*Report, error) { return l.verify(ctx, "quick_check") }
+
+// VerifyFull is Verify with SQLite's integrity_check in place of
+// quick_check: it also checks every index against its table (and reads
+// the whole file, so it takes longer on a large ledger).
+func (l *Ledger) VerifyFull(ctx context.Context) (*Report, error) {
+	return l.verify(ctx, "integrity_check")
+}
+
+func (l *Ledger) verify(ctx context.Context, pragma string) (*Report, error) {
 	r := &Report{Path: l.path}
 	err := l.read(ctx, func(tx *sql.Tx) error {
-		integrity := Check{Name: "SQLite integrity check"}
-		rows, err := tx.QueryContext(ctx, "PRAGMA quick_check")
+		integrity := Check{Name: "SQLite integrity check (" + pragma + ")"}
+		rows, err := tx.QueryContext(ctx, "PRAGMA "+pragma)
 		if err != nil {
 			return l.fileError(err)
 		}

@@ -150,20 +150,32 @@ func writeFileAtomic(path string, write func(*os.File) error) error {
 
 func ledgerVerifyCommand() *command {
 	var lf ledgerFlags
+	var full bool
 	return &command{
 		Name:    "verify",
 		Summary: "check every invariant of the ledger; exit 1 if any fails",
 		Help: `Checks, on one consistent snapshot:
-  - SQLite's own integrity check;
+  - SQLite's own integrity check (quick_check; with --full, integrity_check,
+    which also checks every index against its table and reads the whole
+    file: slower on a large ledger);
   - every journal entry balances (postings sum to zero) and is sealed;
   - each settled payment has exactly one income entry, others none;
   - no delivered priced call without a settled payment;
   - no call executed without a claimed payment, none executed twice;
+  - every execution sent upstream exactly what its call sold and was paid
+    for (kind, server, tool, argument hash), and each call's execution
+    count equals its execution records;
+  - paid, executing and delivered calls have a settled or locked-in
+    payment (a canceled one covers only a failed call being refunded);
+  - every call that ran keeps its stored result;
   - no payment claimed twice, no Cashu proof received twice;
   - refunds of settled payments are booked exactly once;
   - the schema's triggers that enforce these are in place.
 Prints a report; exits 0 when all hold, 1 when any fails.`,
-		Flags: lf.register,
+		Flags: func(fs *flag.FlagSet) {
+			lf.register(fs)
+			fs.BoolVar(&full, "full", false, "run SQLite's full integrity_check instead of quick_check")
+		},
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) > 0 {
 				return usageError("verify takes no arguments")
@@ -173,7 +185,11 @@ Prints a report; exits 0 when all hold, 1 when any fails.`,
 				return err
 			}
 			defer l.Close()
-			r, err := l.Verify(ctx)
+			verify := l.Verify
+			if full {
+				verify = l.VerifyFull
+			}
+			r, err := verify(ctx)
 			if err != nil {
 				return err
 			}

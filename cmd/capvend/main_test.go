@@ -243,8 +243,12 @@ func TestLedgerCommands(t *testing.T) {
 	bookSomething(t, filepath.Join(dir, "capvend.db"))
 
 	out, _, code := run(t, nil, "ledger", "verify")
-	if code != 0 || !strings.Contains(out, "checks passed") {
+	if code != 0 || !strings.Contains(out, "checks passed") || !strings.Contains(out, "(quick_check)") {
 		t.Fatalf("verify: exit %d\n%s", code, out)
+	}
+	out, _, code = run(t, nil, "ledger", "verify", "--full")
+	if code != 0 || !strings.Contains(out, "checks passed") || !strings.Contains(out, "(integrity_check)") {
+		t.Fatalf("verify --full: exit %d\n%s", code, out)
 	}
 	out, _, code = run(t, nil, "ledger", "balance")
 	if code != 0 || !strings.Contains(out, "income:tools:weather:forecast") || !strings.Contains(out, "21.000") {
