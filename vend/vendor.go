@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -185,17 +184,21 @@ func (v *Vendor) onPayment(e PaymentEvent) {
 	if e.Payment.State != PaymentOpen {
 		v.unpaid.end(e.Payment.Ref)
 	}
+	// Delivered under the lock (the sends never block): a waiter is
+	// either still registered and gets the event in its channel, or has
+	// unwaited and the event takes the orphan path below. A waiter that
+	// leaves looks in its channel after unwaiting (waitPaid), so an event
+	// is never dropped between the two.
 	v.mu.Lock()
-	// A copy: unwait edits the list in place once the lock is released.
-	chans := slices.Clone(v.waiters[e.Payment.Ref])
-	v.mu.Unlock()
-	for _, ch := range chans {
+	waiting := len(v.waiters[e.Payment.Ref])
+	for _, ch := range v.waiters[e.Payment.Ref] {
 		select {
 		case ch <- e:
 		default: // the waiter has what it needs already
 		}
 	}
-	if len(chans) > 0 {
+	v.mu.Unlock()
+	if waiting > 0 {
 		return
 	}
 	switch {
@@ -797,7 +800,9 @@ func (v *Vendor) awaitPayment(ctx context.Context, call *Call, p *Payment, t *To
 // waitPaid sends payment_required and waits for the payment's next state,
 // sending progress heartbeats meanwhile. It returns ctx's error if the
 // client leaves first: the request then stays payable, and a replay of
-// the same request (or the orphan path of onPayment) picks it up.
+// the same request (or the orphan path of onPayment) picks it up. A
+// payment reported by the time the client leaves is returned as if the
+// client had stayed: the caller runs (or refunds) the call.
 func (v *Vendor) waitPaid(ctx context.Context, p *Payment, t *Tool, r *CallRequest) (*Payment, error) {
 	events := v.wait(p.Ref)
 	defer v.unwait(p.Ref, events)
@@ -827,7 +832,17 @@ func (v *Vendor) waitPaid(ctx context.Context, p *Payment, t *Tool, r *CallReque
 		case <-shed:
 			return v.withdrawn(ctx, p, r)
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			// The client left, perhaps at the instant its payment was
+			// reported: once unwaited, a report either is in events
+			// already (then this call takes it on, as if the client
+			// stayed) or finds nobody waiting (the orphan path).
+			v.unwait(p.Ref, events)
+			select {
+			case e := <-events:
+				return &e.Payment, nil
+			default:
+				return nil, ctx.Err()
+			}
 		}
 	}
 }
@@ -967,7 +982,9 @@ func (v *Vendor) run(ctx context.Context, call *Call, p *Payment, live *Tool, li
 	if done == nil {
 		return v.resume(ctx, call, live, liveArgs, r)
 	}
-	res, ranAlready, err := v.claimAndFinish(ctx, call, p, r)
+	// The money is in: the claim, the run and its records go ahead even
+	// if the client leaves now (its answer waits for the replay).
+	res, ranAlready, err := v.claimAndFinish(context.WithoutCancel(ctx), call, p, r)
 	// Unregistered before resuming: resume waits for a running call's
 	// channel, and this run's own would never close.
 	v.stopRunning(call.ID, done)
