@@ -102,6 +102,7 @@ func TestPricedPromptIsQuotedPaidRunOnceAndReplayed(t *testing.T) {
 	if items.prompts.Load() != 0 {
 		t.Fatal("rendered before payment")
 	}
+	n.waitFor(t, vend.NotifyPaymentRequired) // paid before that, there is nothing to ask
 	h.be.pay(p.Ref)
 	o := result(t, ch)
 	if o.err != nil || !strings.Contains(string(o.res.Body), "summarize: hi") {

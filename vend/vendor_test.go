@@ -262,6 +262,18 @@ func (n *notes) notify(method string, params any) {
 	n.got = append(n.got, method)
 }
 
+// waitFor waits until method was sent.
+func (n *notes) waitFor(t *testing.T, method string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for countOf(n.methods(), method) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s; got %v", method, n.methods())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func (n *notes) methods() []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -343,6 +355,7 @@ func TestPricedCallIsPaidThenRunOnceAndReplaysFromTheLedger(t *testing.T) {
 	if h.tools.count("echo") != 0 {
 		t.Fatal("ran before payment")
 	}
+	n.waitFor(t, vend.NotifyPaymentRequired) // paid before that, there is nothing to ask
 	h.be.pay(p.Ref)
 	o := result(t, ch)
 	if o.err != nil || !strings.Contains(string(o.res.Body), "echo:hi") {
