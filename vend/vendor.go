@@ -227,18 +227,36 @@ func (v *Vendor) background(fn func(ctx context.Context)) {
 	}()
 }
 
+// recoverWorkers bounds how many calls Recover handles at once.
+const recoverWorkers = 8
+
 // Recover finishes what a previous run of capvend left: paid calls that
 // never ran are run, idempotent calls interrupted while running are run
 // again, and other interrupted calls are refunded (a hold invoice is
-// canceled). Their answers wait in the ledger for the clients' replays.
-// Run calls it once the backends watch.
+// canceled); a paid call that cannot run as recorded (no recorded
+// arguments, its tool not offered within Config.ToolWait) is refunded
+// with the reason rather than left paid for the next start. Their answers
+// wait in the ledger for the clients' replays. At most recoverWorkers
+// calls are handled at once. Run calls it once the backends watch.
 func (v *Vendor) Recover(ctx context.Context) error {
 	calls, err := v.cfg.Ledger.CallsIn(ctx, CallQuoted, CallPaid, CallExecuting, CallFailed)
 	if err != nil {
 		return err
 	}
 	until := time.Now().Add(v.cfg.ToolWait) // one wait for the upstreams, not one per call
+	work := make(chan Call)
 	var wg sync.WaitGroup
+	for range min(recoverWorkers, len(calls)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range work {
+				v.recoverCall(ctx, c, until)
+			}
+		}()
+	}
+	defer wg.Wait()
+	defer close(work)
 	for _, c := range calls {
 		if c.CreatedAt.After(v.started) {
 			continue // this run's own
@@ -251,29 +269,33 @@ func (v *Vendor) Recover(ctx context.Context) error {
 			}
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			switch {
-			case c.State == CallFailed:
-				v.refundFailed(ctx, c)
-			case c.State == CallExecuting && !c.Idempotent:
-				v.refundInterrupted(ctx, c)
-			case c.State == CallPaid:
-				if ps, err := v.cfg.Ledger.CallPayments(ctx, c.ID); err == nil && len(ps) > 0 &&
-					ps[len(ps)-1].State == PaymentAccepted && v.runningDone(c.ID) == nil {
-					// A locked-in hold invoice whose client is gone.
-					v.abandonHold(ps[len(ps)-1])
-					return
-				}
-				v.runStored(ctx, c.ID, false, until)
-			default:
-				v.runStored(ctx, c.ID, true, until)
-			}
-		}()
+		select {
+		case work <- c:
+		case <-ctx.Done():
+			return ctx.Err() // stopping: the next start goes on
+		}
 	}
-	wg.Wait()
 	return nil
+}
+
+// recoverCall finishes one call a previous run left (see Recover).
+func (v *Vendor) recoverCall(ctx context.Context, c Call, until time.Time) {
+	switch {
+	case c.State == CallFailed:
+		v.refundFailed(ctx, c)
+	case c.State == CallExecuting && !c.Idempotent:
+		v.refundInterrupted(ctx, c)
+	case c.State == CallPaid:
+		if ps, err := v.cfg.Ledger.CallPayments(ctx, c.ID); err == nil && len(ps) > 0 &&
+			ps[len(ps)-1].State == PaymentAccepted && v.runningDone(c.ID) == nil {
+			// A locked-in hold invoice whose client is gone.
+			v.abandonHold(ps[len(ps)-1])
+			return
+		}
+		v.runStored(ctx, c.ID, false, until)
+	default:
+		v.runStored(ctx, c.ID, true, until)
+	}
 }
 
 // runStored runs a paid call from its recorded arguments (resume: a call

@@ -1,0 +1,144 @@
+package vend_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/vend"
+)
+
+// gatedTools holds every tool call until the gate opens.
+type gatedTools struct {
+	*fakeTools
+	gate    chan struct{}
+	entered atomic.Int32
+}
+
+func (g *gatedTools) CallTool(ctx context.Context, t vend.Tool, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
+	g.entered.Add(1)
+	<-g.gate
+	return g.fakeTools.CallTool(ctx, t, args, tok, progress)
+}
+
+// goroutines returns the stacks of all goroutines.
+func goroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Split(string(buf[:n]), "\n\n")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// TestRecoverFanOutIsBounded: Recover runs the paid calls a crash left
+// with a bounded pool of workers, not one goroutine per call.
+func TestRecoverFanOutIsBounded(t *testing.T) {
+	const calls, bound = 30, 8
+	l, err := ledger.Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var ids []vend.CallID
+	for i := 0; i < calls; i++ {
+		c, _ := crashedCall(t, l, fmt.Sprint("c", i), "demo_echo", true, false, false, 1)
+		ids = append(ids, c.ID)
+	}
+	time.Sleep(2 * time.Millisecond) // the ledger stamps milliseconds: these are a previous run's
+	tools := &gatedTools{fakeTools: &fakeTools{}, gate: make(chan struct{})}
+	h := harnessOn(t, l, false, func(c *vend.Config) { c.Tools = tools })
+	var open sync.Once
+	release := func() { open.Do(func() { close(tools.gate) }) }
+	t.Cleanup(release) // before the harness stops: its Run waits for Recover
+	// Wait until Recover has handed out all it can: its own goroutine
+	// blocks (handing out the next call, or waiting for its workers).
+	deadline := time.Now().Add(10 * time.Second)
+	var workers int
+	for {
+		parked, n := false, 0
+		for _, g := range goroutines() {
+			if strings.Contains(g, "vend.(*Vendor).Recover.func") {
+				n++
+			} else if head, _, _ := strings.Cut(g, "\n"); strings.Contains(g, "vend.(*Vendor).Recover(") &&
+				(strings.Contains(g, "sync.(*WaitGroup).Wait") || strings.Contains(head, "[chan send") || strings.Contains(head, "[select")) {
+				parked = true // handing out the next call, or waiting for the workers
+			}
+		}
+		if parked && tools.entered.Load() >= bound {
+			workers = n
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Recover did not settle: %d calls running", tools.entered.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if workers > bound || tools.entered.Load() > bound {
+		t.Fatalf("Recover runs %d goroutines, %d calls at once; want at most %d", workers, tools.entered.Load(), bound)
+	}
+	release()
+	for _, id := range ids {
+		waitState(t, l, id, vend.CallDelivered)
+	}
+	if n := h.tools.count("echo") + tools.count("echo"); n != calls {
+		t.Fatalf("echo ran %d times, want %d", n, calls)
+	}
+	verify(t, l)
+}
+
+// TestRecoverRefundsWhatItCannotRun: a paid call Recover cannot run as
+// recorded (no recorded arguments, a tool no longer offered) is refunded
+// with the reason instead of staying paid, to fail the same way at every
+// start.
+func TestRecoverRefundsWhatItCannotRun(t *testing.T) {
+	ctx := context.Background()
+	l, err := ledger.Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	gone, _ := crashedCall(t, l, "gone", "demo_gone", true, false, false, 1)
+	goneRunning, _ := crashedCall(t, l, "gone-running", "demo_gone", true, false, false, 2)
+	bare, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: "bare", Server: "demo",
+		Tool: "echo", ArgsHash: argsHash(t, "tools/call", "demo_echo", `{"text":"bare"}`), Price: 21_000, Idempotent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.RecordPayment(ctx, bare.ID, vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice,
+		Ref: strings.Repeat("b", 64), Bolt11: "lnbcrt1", Amount: 21_000, ExpiresAt: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: 21_000}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Millisecond)
+	h := harnessOn(t, l, false, func(c *vend.Config) { c.ToolWait = 50 * time.Millisecond })
+	for id, reason := range map[vend.CallID]string{
+		gone.ID:        "its tool is no longer offered",
+		goneRunning.ID: "its tool is no longer offered",
+		bare.ID:        "no arguments were recorded",
+	} {
+		if c := waitState(t, l, id, vend.CallRefunded); !strings.Contains(c.Reason, reason) {
+			t.Errorf("call %d refunded for %q, want %q", id, c.Reason, reason)
+		}
+	}
+	if b, _ := l.Balance(ctx); b.Pending.RefundsOwed != 21_000+21_000+21_000 {
+		t.Fatalf("refunds owed %d msat", b.Pending.RefundsOwed)
+	}
+	if h.tools.count("echo") != 0 {
+		t.Fatal("something ran")
+	}
+	verify(t, l)
+}
