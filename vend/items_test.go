@@ -40,6 +40,8 @@ func (f *fakeItems) ResourceItem(uri string) (vend.Tool, bool) {
 	switch {
 	case uri == "docs://guide":
 		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: uri}, true
+	case uri == "docs://pages/intro", uri == "docs://pages/special": // listed, and matching the template
+		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: uri, Templates: []string{"docs://pages/{id}"}}, true
 	case uri == "docs://pages/{id}" || strings.HasPrefix(uri, "docs://pages/"):
 		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: "docs://pages/{id}"}, true
 	}
@@ -74,6 +76,8 @@ func itemHarness(t *testing.T, hold bool) (*harness, *fakeItems) {
 			pricing.PromptKey("broken"):              {Price: 2_000},
 			pricing.ResourceKey("docs://guide"):      {Price: 1_500},
 			pricing.ResourceKey("docs://pages/{id}"): {Price: 2_000},
+			// A listed URI with its own price, matching the template.
+			pricing.ResourceKey("docs://pages/special"): {Price: 5_000},
 		})
 	})
 	return h, items
@@ -284,6 +288,35 @@ func TestPromptDailyFreeQuota(t *testing.T) {
 	b, _ := h.l.Balance(context.Background())
 	if len(b.Free) != 1 || b.Free[0].Tool != pricing.PromptKey("summarize") || b.Free[0].Uses != 1 || items.prompts.Load() != 2 {
 		t.Fatalf("free uses %+v, renders %d", b.Free, items.prompts.Load())
+	}
+	verify(t, h.l)
+}
+
+// TestListedResourceMatchingAPricedTemplateIsPriced: a resource an
+// upstream lists, whose URI matches a priced URI template, costs the
+// template's price (unless it has a price of its own); before, the
+// listed URI was looked up alone and read free.
+func TestListedResourceMatchingAPricedTemplateIsPriced(t *testing.T) {
+	h, items := itemHarness(t, false)
+	for _, tc := range []struct {
+		uri  string
+		want vend.Msat
+	}{{"docs://pages/intro", 2_000}, {"docs://pages/special", 5_000}, {"docs://guide", 1_500}} {
+		if lo, hi := h.v.ItemPrice(vend.KindResource, tc.uri); lo != tc.want || hi != tc.want {
+			t.Errorf("%s listed at %d-%d msat, want %d", tc.uri, lo, hi, tc.want)
+		}
+	}
+	ch := h.callAsync(readReq("r1", "docs://pages/intro", nil))
+	p := h.nextPayment(t)
+	if p.Amount != 2_000 || items.reads.Load() != 0 {
+		t.Fatalf("quoted %d msat, %d reads before payment", p.Amount, items.reads.Load())
+	}
+	h.be.pay(p.Ref)
+	if o := result(t, ch); o.err != nil || !strings.Contains(string(o.res.Body), "docs://pages/intro") {
+		t.Fatalf("%s %v", o.res.Body, o.err)
+	}
+	if c, _ := h.l.Call(context.Background(), p.CallID); c.Tool != "docs://pages/{id}" || c.State != vend.CallDelivered {
+		t.Fatalf("recorded %+v", c)
 	}
 	verify(t, h.l)
 }

@@ -42,6 +42,11 @@ type Tool struct {
 	Annotations  json.RawMessage // the upstream's tool annotations, if any
 	Price        Msat            // 0: free
 	Idempotent   bool            // may be re-run after a crash during execution
+	// Templates (resources only) are further keys the resource may be
+	// priced under, in order: the URI templates of Server that Name
+	// matches. The first key the price book prices is used, so a listed
+	// URI without a price of its own is priced by its template.
+	Templates []string
 }
 
 // ToolSource is the set of upstream MCP servers: their current tools, and a
@@ -73,9 +78,11 @@ type ItemSource interface {
 	PromptItem(name string) (t Tool, ok bool)
 	// ResourceItem returns the resource read as uri as a Tool of
 	// KindResource: Name uri, Server the upstream that serves the read,
-	// UpstreamName the key its price is looked up by (uri itself when an
-	// upstream lists it or it is a listed URI template, else the first
-	// listed URI template uri matches). ok=false if neither.
+	// UpstreamName the key its price is looked up by first (uri itself
+	// when an upstream lists it or it is a listed URI template, else the
+	// first listed URI template uri matches), and Templates the further
+	// URI templates of Server that uri matches (vend prices the read by
+	// the first of these keys the book prices). ok=false if neither.
 	ResourceItem(uri string) (t Tool, ok bool)
 	// GetPrompt renders the prompt exposed as name with args and returns
 	// the MCP GetPromptResult as JSON. An error means it could not be

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -394,6 +395,11 @@ func (v *Vendor) storedItem(ctx context.Context, call *Call) (Tool, json.RawMess
 	if !ok {
 		return Tool{}, nil, Binding{}, fmt.Errorf("call %d: %s %q: %w", call.ID, call.Kind.Or(), name, errItemGone)
 	}
+	if t.Kind == KindResource && t.UpstreamName != call.Tool && (call.Tool == t.Name || slices.Contains(t.Templates, call.Tool)) {
+		// Still a key this URI may be priced under: the book changed
+		// since the quote, not what is read.
+		t.UpstreamName = call.Tool
+	}
 	bind, err := bindingOf(&t, args)
 	return t, args, bind, err
 }
@@ -537,12 +543,28 @@ func (v *Vendor) item(kind ItemKind, name string) (Tool, bool) {
 	case KindResource:
 		t, ok = items.ResourceItem(name)
 		t.InputSchema = nil // a read has no arguments
+		t.UpstreamName = v.resourceKey(&t)
 	}
 	if !ok {
 		return Tool{}, false
 	}
 	t.Kind, t.Name, t.Idempotent = kind, name, true
 	return t, true
+}
+
+// resourceKey is the key a resource is priced under: the first of its
+// UpstreamName (a listed URI, or the template its ItemSource chose) and
+// its Templates that the price book prices, else UpstreamName (free). A
+// listed URI without a price of its own is priced by the template it
+// matches.
+func (v *Vendor) resourceKey(t *Tool) string {
+	book := v.book()
+	for _, k := range append([]string{t.UpstreamName}, t.Templates...) {
+		if _, hi := book.Listed(t.Server, itemPriceKey(KindResource, k)); hi > 0 {
+			return k
+		}
+	}
+	return t.UpstreamName
 }
 
 // priceKey is the name t's price is looked up by in the price book (and

@@ -113,23 +113,31 @@ func (m *Manager) PromptItem(name string) (vend.Tool, bool) {
 }
 
 // ResourceItem implements vend.ItemSource: the upstream server
-// ReadResource would read uri on (Server), and the key it is priced by
-// (UpstreamName): uri when an upstream lists it, or when it is a listed
+// ReadResource would read uri on (Server), and the keys it may be priced
+// by: UpstreamName, uri when an upstream lists it or when it is a listed
 // URI template itself (for prices in lists), else the first listed
-// template (in ReadResource's order) that matches it. No I/O.
+// template (in ReadResource's order) that matches it; then Templates, the
+// (further) templates of Server that uri matches, so that a listed URI
+// without a price of its own is priced by its template. No I/O.
 func (m *Manager) ResourceItem(uri string) (vend.Tool, bool) {
 	m.mu.RLock()
 	cat := m.cat
 	m.mu.RUnlock()
 	item := func(server, key string) (vend.Tool, bool) {
-		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: server, UpstreamName: key}, true
+		t := vend.Tool{Kind: vend.KindResource, Name: uri, Server: server, UpstreamName: key}
+		for _, tp := range cat.templates {
+			if tp.Server == server && tp.URITemplate != key && tp.tmpl != nil && tp.tmpl.Regexp().MatchString(uri) {
+				t.Templates = append(t.Templates, tp.URITemplate)
+			}
+		}
+		return t, true
 	}
 	if r, ok := cat.uriBy[uri]; ok {
 		return item(r.Server, uri)
 	}
 	for _, t := range cat.templates {
 		if t.URITemplate == uri {
-			return item(t.Server, uri)
+			return vend.Tool{Kind: vend.KindResource, Name: uri, Server: t.Server, UpstreamName: uri}, true
 		}
 	}
 	for _, t := range cat.templates {

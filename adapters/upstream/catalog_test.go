@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +46,12 @@ func addCatalog(s *server.MCPServer, name string) {
 	s.AddResource(mcp.NewResource(name+"://readme", "readme", mcp.WithResourceDescription("the readme")),
 		func(ctx context.Context, r mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
 			return text(r.Params.URI, "readme of "+name), nil
+		})
+	// Listed, and matching the template below: priced by the template
+	// unless it has a price of its own.
+	s.AddResource(mcp.NewResource(name+"://item/featured", "featured item"),
+		func(ctx context.Context, r mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
+			return text(r.Params.URI, "featured of "+name), nil
 		})
 	s.AddResourceTemplate(mcp.NewResourceTemplate(name+"://item/{id}", "item"),
 		func(ctx context.Context, r mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
@@ -183,14 +190,20 @@ func TestCatalog(t *testing.T) {
 		if _, ok := m.PromptItem("greet"); ok {
 			t.Error("PromptItem(greet): an unprefixed name found")
 		}
-		for _, tc := range []struct{ uri, server, key string }{
-			{"test://shared", "web", "test://shared"},
-			{"stdio-upstream://readme", "local", "stdio-upstream://readme"},
-			{"stdio-upstream://item/42", "local", "stdio-upstream://item/{id}"},
-			{"http-upstream://item/{id}", "web", "http-upstream://item/{id}"},
+		for _, tc := range []struct {
+			uri, server, key string
+			templates        []string
+		}{
+			{"test://shared", "web", "test://shared", nil},
+			{"stdio-upstream://readme", "local", "stdio-upstream://readme", nil},
+			{"stdio-upstream://item/42", "local", "stdio-upstream://item/{id}", nil},
+			{"http-upstream://item/{id}", "web", "http-upstream://item/{id}", nil},
+			// A listed URI matching a template: the template is a price key too.
+			{"stdio-upstream://item/featured", "local", "stdio-upstream://item/featured", []string{"stdio-upstream://item/{id}"}},
 		} {
-			if r, ok := m.ResourceItem(tc.uri); !ok || r.Kind != vend.KindResource || r.Name != tc.uri || r.Server != tc.server || r.UpstreamName != tc.key {
-				t.Errorf("ResourceItem(%s) = %+v %v, want %q %q", tc.uri, r, ok, tc.server, tc.key)
+			if r, ok := m.ResourceItem(tc.uri); !ok || r.Kind != vend.KindResource || r.Name != tc.uri || r.Server != tc.server ||
+				r.UpstreamName != tc.key || !slices.Equal(r.Templates, tc.templates) {
+				t.Errorf("ResourceItem(%s) = %+v %v, want %q %q %q", tc.uri, r, ok, tc.server, tc.key, tc.templates)
 			}
 		}
 		if _, ok := m.ResourceItem("nowhere://x"); ok {
