@@ -5,34 +5,56 @@
 // backends. It imports no adapter, no Lightning or Cashu library and no SQL:
 // those implement vend's interfaces from the outside.
 //
-// A priced tools/call (Vendor.CallTool) goes: validate the arguments
+// A priced tools/call (Vendor.CallTool) goes: parse the arguments once,
+// strictly (a duplicate key, or keys that differ only in case, at any
+// depth, is -32602), and re-encode them once: that one encoding is what is
+// validated, priced, hashed, recorded and sent upstream; validate it
 // against the tool's input schema (-32602 before anything is quoted);
 // quote it with the price book (Vendor.SetPrices swaps the book; a call
-// keeps the price it was quoted); if the tool has a daily free quota and the
-// client has some left (counted in the ledger, atomically, once per
+// keeps the price it was quoted); if the tool has a daily free quota and
+// the client has some left (counted in the ledger, atomically, once per
 // request), run it free; otherwise record the call, keyed by transport,
 // client and request id, so a replay finds it; ask a payment backend for
 // a payment (a hold invoice where the backend can) and send
 // notifications/payment_required, whose description says how the price
-// was computed; on the backend's report send notifications/payment_accepted, claim the payment and run the
-// tool once; then settle a hold invoice and store the result (delivered),
-// or on failure store the error, cancel the hold invoice or book the refund
+// was computed; on the backend's report send
+// notifications/payment_accepted, claim the payment and run the tool once;
+// then settle a hold invoice and store the result (delivered), or on
+// failure store the error, cancel the hold invoice or book the refund
 // (failed -> refunded). With explicit gating the call instead fails with
 // PaymentRequiredError; the client pays and repeats the call, which finds
-// its single-use grant by client and canonical hash. A Cashu token in
-// _meta pays at once.
+// its single-use grant by client (or invoice preimage) and Binding. A
+// Cashu token in _meta pays at once.
+//
+// A request is bound to what it asked for. A request key (transport,
+// client, request id) names one call or free use and its Binding (kind,
+// server, tool, canonical argument hash): the same key with anything else
+// is refused with ErrRequestReused (JSON-RPC -32600) by the ledger, in the
+// transaction that would record it; it never attaches to, waits on or
+// replays the other call. Whatever path runs a recorded call (the first
+// request, a replay, an explicit-gating grant, a payment reported after
+// the client left, Recover), it runs the tool and arguments recorded with
+// the call, never the live request's, and the ledger records each
+// execution's Binding (StartExecution, ResumeExecution), refusing one
+// that differs from the call's (ErrExecutionMismatch: the call is then
+// refunded). Once a payment is in, the claim, the run and its records go
+// ahead even if the client leaves at that instant (its answer waits for
+// the replay); a paid call that cannot run as recorded is refunded.
+// Recover, at start, finishes what a previous run left with a bounded
+// pool of workers.
 //
 // Prompts and resources are sold the same way (CallRequest.Kind): a
 // prompts/get of a priced prompt or a resources/read of a priced resource
-// (a listed URI, or one matching a priced URI template) goes through
-// CallTool with the same guarantees, run by the ToolSource's optional
-// ItemSource. Their prices are the book's rules under pricing.PromptKey
-// and pricing.ResourceKey, so they never collide with tool names; the
-// ledger records the kind, so income is booked per kind. Prompt gets and
-// resource reads are idempotent: one a crash interrupted is run again at
-// start. A prompt's arguments are checked against the schema its
-// ItemSource gives (strings, the required ones present) before it is
-// quoted (-32602 otherwise); a read has no arguments.
+// (a listed URI, or one matching a priced URI template: a listed URI
+// without a price of its own is priced by the template it matches) goes
+// through CallTool with the same guarantees, run by the ToolSource's
+// optional ItemSource. Their prices are the book's rules under
+// pricing.PromptKey and pricing.ResourceKey, so they never collide with
+// tool names; the ledger records the kind, so income is booked per kind.
+// Prompt gets and resource reads are idempotent: one a crash interrupted
+// is run again at start. A prompt's arguments are checked against the
+// schema its ItemSource gives (strings, the required ones present) before
+// it is quoted (-32602 otherwise); a read has no arguments.
 //
 // # Limits
 //
