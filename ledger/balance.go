@@ -39,8 +39,12 @@ type Pending struct {
 	OpenAmount    vend.Msat // their total
 	HeldPayments  int       // hold invoices locked in, not settled yet
 	HeldAmount    vend.Msat
-	AwaitingCalls int       // calls waiting for their payment
-	RefundsOwed   vend.Msat // balance of liabilities:refunds
+	AwaitingCalls int // calls waiting for their payment
+	// RefundsOwed is the sum of the refunds owed (capvend refunds lists
+	// them); ledger verify checks it equals the balance of
+	// liabilities:refunds.
+	RefundsOwed      vend.Msat
+	RefundsOwedCount int
 }
 
 // FreeUses counts the calls of one tool served free under its daily quota.
@@ -111,9 +115,6 @@ func (l *Ledger) Balance(ctx context.Context) (*Balance, error) {
 				rows.Close()
 				return err
 			}
-			if a.Account == AccountRefunds {
-				b.Pending.RefundsOwed = -a.Balance
-			}
 			b.Accounts = append(b.Accounts, a)
 		}
 		rows.Close()
@@ -136,6 +137,10 @@ func (l *Ledger) Balance(ctx context.Context) (*Balance, error) {
 			count(*) FILTER (WHERE state = 'accepted'), coalesce(sum(amount_msat) FILTER (WHERE state = 'accepted'), 0)
 			FROM payments`, now, now).Scan(&b.Pending.OpenPayments, &b.Pending.OpenAmount,
 			&b.Pending.HeldPayments, &b.Pending.HeldAmount); err != nil {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(amount_msat), 0) FROM refunds WHERE state = 'owed'`).
+			Scan(&b.Pending.RefundsOwedCount, &b.Pending.RefundsOwed); err != nil {
 			return err
 		}
 		return tx.QueryRowContext(ctx, `SELECT count(*) FROM calls WHERE state = 'awaiting_payment'`).Scan(&b.Pending.AwaitingCalls)
@@ -177,7 +182,7 @@ func (b *Balance) WriteTo(w io.Writer) (int64, error) {
 	fmt.Fprintf(tw, "\topen payment requests\t%d\t%s sat\t\n", p.OpenPayments, p.OpenAmount.AppendSats(nil))
 	fmt.Fprintf(tw, "\thold invoices locked in\t%d\t%s sat\t\n", p.HeldPayments, p.HeldAmount.AppendSats(nil))
 	fmt.Fprintf(tw, "\tcalls awaiting payment\t%d\t\t\n", p.AwaitingCalls)
-	fmt.Fprintf(tw, "\trefunds owed\t\t%s sat\t\n", p.RefundsOwed.AppendSats(nil))
+	fmt.Fprintf(tw, "\trefunds owed (capvend refunds)\t%d\t%s sat\t\n", p.RefundsOwedCount, p.RefundsOwed.AppendSats(nil))
 	tw.Flush()
 	if len(b.Free) > 0 {
 		fmt.Fprintln(&sb, "\nFree calls (daily quotas):")

@@ -128,11 +128,11 @@ func (l *Ledger) RecordCall(ctx context.Context, nc vend.NewCall) (vend.Call, bo
 	var created bool
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO calls (transport, client, request_id, server, tool, args_hash,
-			price_msat, idempotent, state, created_at, updated_at, kind)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?, ?)
+			price_msat, idempotent, state, created_at, updated_at, kind, refund_invoice)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?, ?, ?)
 			ON CONFLICT (transport, client, request_id) DO NOTHING`,
 			nc.Transport, nc.Client, nc.RequestID, nc.Server, nc.Tool, nc.ArgsHash, nc.Price, nc.Idempotent, ms(now), ms(now),
-			string(nc.Kind.Or()))
+			string(nc.Kind.Or()), nc.RefundInvoice)
 		if err != nil {
 			return err
 		}
@@ -237,31 +237,8 @@ func (l *Ledger) RecordPayment(ctx context.Context, id vend.CallID, np vend.NewP
 	}
 	var p vend.Payment
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
-		c, err := getCall(ctx, tx, id)
-		if err != nil {
-			return err
-		}
-		if np.Amount < c.Price {
-			return fmt.Errorf("payment amount %d msat is below the call's price %d msat", np.Amount, c.Price)
-		}
-		if err := setCallState(ctx, tx, &c, vend.CallAwaitingPayment, "", now); err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO payments (backend, kind, ref, call_id, bolt11, mint_url, amount_msat,
-			state, expires_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)`,
-			string(np.Backend), string(np.Kind), np.Ref, id, np.Bolt11, np.MintURL, np.Amount, ms(np.ExpiresAt), ms(now), ms(now))
-		if isUnique(err) {
-			return fmt.Errorf("%w: %s", vend.ErrDuplicatePayment, np.Ref)
-		}
-		if err != nil {
-			return err
-		}
-		if p, err = getPayment(ctx, tx, np.Ref); err != nil {
-			return err
-		}
-		if np.Kind == vend.KindHoldInvoice {
-			_, err = tx.ExecContext(ctx, "INSERT INTO hold_preimages (payment_id, preimage) VALUES (?, ?)", p.ID, np.HoldPreimage)
-		}
+		var err error
+		p, err = recordPayment(ctx, tx, id, np, now)
 		return err
 	})
 	if err != nil {
@@ -269,6 +246,37 @@ func (l *Ledger) RecordPayment(ctx context.Context, id vend.CallID, np vend.NewP
 	}
 	p.HoldPreimage = nil
 	return p, nil
+}
+
+// recordPayment is RecordPayment inside tx.
+func recordPayment(ctx context.Context, tx *wtx, id vend.CallID, np vend.NewPayment, now time.Time) (vend.Payment, error) {
+	c, err := getCall(ctx, tx, id)
+	if err != nil {
+		return vend.Payment{}, err
+	}
+	if np.Amount < c.Price {
+		return vend.Payment{}, fmt.Errorf("payment amount %d msat is below the call's price %d msat", np.Amount, c.Price)
+	}
+	if err := setCallState(ctx, tx, &c, vend.CallAwaitingPayment, "", now); err != nil {
+		return vend.Payment{}, err
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO payments (backend, kind, ref, call_id, bolt11, mint_url, amount_msat,
+		state, expires_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)`,
+		string(np.Backend), string(np.Kind), np.Ref, id, np.Bolt11, np.MintURL, np.Amount, ms(np.ExpiresAt), ms(now), ms(now))
+	if isUnique(err) {
+		return vend.Payment{}, fmt.Errorf("%w: %s", vend.ErrDuplicatePayment, np.Ref)
+	}
+	if err != nil {
+		return vend.Payment{}, err
+	}
+	p, err := getPayment(ctx, tx, np.Ref)
+	if err != nil {
+		return p, err
+	}
+	if np.Kind == vend.KindHoldInvoice {
+		_, err = tx.ExecContext(ctx, "INSERT INTO hold_preimages (payment_id, preimage) VALUES (?, ?)", p.ID, np.HoldPreimage)
+	}
+	return p, err
 }
 
 // FindGrant implements vend.Ledger.
@@ -436,55 +444,68 @@ func (l *Ledger) SettlePayment(ctx context.Context, s vend.Settlement) (vend.Pay
 	var p vend.Payment
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		var err error
-		if p, err = getPayment(ctx, tx, s.Ref); err != nil {
-			return err
-		}
-		if p.State == vend.PaymentSettled {
-			return fmt.Errorf("%w: %s", vend.ErrAlreadySettled, s.Ref)
-		}
-		if s.Amount < p.Amount {
-			return fmt.Errorf("%w: %d msat received, %d msat asked", vend.ErrUnderpaid, s.Amount, p.Amount)
-		}
-		late := p.State == vend.PaymentExpired || p.State == vend.PaymentCanceled
-		if !p.State.CanTransition(vend.PaymentSettled) || (late && !vend.LatePayable(p.Kind)) {
-			return &vend.TransitionError{What: "payment " + p.Ref, From: string(p.State), To: string(vend.PaymentSettled)}
-		}
-		// The state condition in the WHERE clause is the exactly-once
-		// claim: of concurrent settlements only one sees a row to update.
-		res, err := tx.ExecContext(ctx, `UPDATE payments SET state = 'settled', settled_at = ?, settled_msat = ?,
-			fee_msat = ?, add_index = max(add_index, ?), settle_index = max(settle_index, ?), updated_at = ?
-			WHERE id = ? AND state IN ('open', 'accepted', 'expired', 'canceled')`,
-			ms(now), s.Amount, s.Fee, s.AddIndex, s.SettleIndex, ms(now), p.ID)
-		if err != nil {
-			return err
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return fmt.Errorf("%w: %s", vend.ErrAlreadySettled, s.Ref)
-		}
-		c, err := getCall(ctx, tx, p.CallID)
-		if err != nil {
-			return err
-		}
-		if err := postSettlement(ctx, tx, p, c, s, now); err != nil {
-			return err
-		}
-		if c.State == vend.CallExpired || c.State == vend.CallCanceled {
-			// Paid after capvend gave up: the call never runs and the
-			// money is owed back.
-			if err := postRefund(ctx, tx, p, c, "paid after the request "+string(c.State), now); err != nil {
-				return err
-			}
-		}
-		if err := markCallPaid(ctx, tx, p.CallID, now); err != nil {
-			return err
-		}
-		p, err = getPayment(ctx, tx, s.Ref)
+		p, err = settlePayment(ctx, tx, s, now)
 		return err
 	})
 	if err != nil {
 		return vend.Payment{}, fmt.Errorf("settle payment: %w", err)
 	}
 	return p, nil
+}
+
+// settlePayment is SettlePayment inside tx. A token payment's proofs
+// recorded swapping become swapped.
+func settlePayment(ctx context.Context, tx *wtx, s vend.Settlement, now time.Time) (vend.Payment, error) {
+	p, err := getPayment(ctx, tx, s.Ref)
+	if err != nil {
+		return p, err
+	}
+	if p.State == vend.PaymentSettled {
+		return p, fmt.Errorf("%w: %s", vend.ErrAlreadySettled, s.Ref)
+	}
+	if s.Amount < p.Amount {
+		return p, fmt.Errorf("%w: %d msat received, %d msat asked", vend.ErrUnderpaid, s.Amount, p.Amount)
+	}
+	late := p.State == vend.PaymentExpired || p.State == vend.PaymentCanceled
+	if !p.State.CanTransition(vend.PaymentSettled) || (late && !vend.LatePayable(p.Kind)) {
+		return p, &vend.TransitionError{What: "payment " + p.Ref, From: string(p.State), To: string(vend.PaymentSettled)}
+	}
+	// The state condition in the WHERE clause is the exactly-once
+	// claim: of concurrent settlements only one sees a row to update.
+	res, err := tx.ExecContext(ctx, `UPDATE payments SET state = 'settled', settled_at = ?, settled_msat = ?,
+		fee_msat = ?, add_index = max(add_index, ?), settle_index = max(settle_index, ?), updated_at = ?
+		WHERE id = ? AND state IN ('open', 'accepted', 'expired', 'canceled')`,
+		ms(now), s.Amount, s.Fee, s.AddIndex, s.SettleIndex, ms(now), p.ID)
+	if err != nil {
+		return p, err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return p, fmt.Errorf("%w: %s", vend.ErrAlreadySettled, s.Ref)
+	}
+	if p.Kind == vend.KindToken {
+		if _, err := tx.ExecContext(ctx, `UPDATE cashu_proofs SET state = 'swapped', updated_at = ?
+			WHERE payment_id = ? AND state = 'swapping'`, ms(now), p.ID); err != nil {
+			return p, err
+		}
+	}
+	c, err := getCall(ctx, tx, p.CallID)
+	if err != nil {
+		return p, err
+	}
+	if err := postSettlement(ctx, tx, p, c, s, now); err != nil {
+		return p, err
+	}
+	if c.State == vend.CallExpired || c.State == vend.CallCanceled {
+		// Paid after capvend gave up: the call never runs and the
+		// money is owed back.
+		if err := postRefund(ctx, tx, p, c, "paid after the request "+string(c.State), now); err != nil {
+			return p, err
+		}
+	}
+	if err := markCallPaid(ctx, tx, p.CallID, now); err != nil {
+		return p, err
+	}
+	return getPayment(ctx, tx, s.Ref)
 }
 
 // EndPayment implements vend.Ledger.
@@ -498,26 +519,31 @@ func (l *Ledger) EndPayment(ctx context.Context, ref string, to vend.PaymentStat
 		if p, err = getPayment(ctx, tx, ref); err != nil {
 			return err
 		}
-		if err := setPaymentState(ctx, tx, &p, to, now); err != nil {
-			return err
-		}
-		c, err := getCall(ctx, tx, p.CallID)
-		if err != nil {
-			return err
-		}
-		next := vend.CallCanceled
-		if to == vend.PaymentExpired {
-			next = vend.CallExpired
-		}
-		if c.State == vend.CallAwaitingPayment || c.State == vend.CallQuoted {
-			return setCallState(ctx, tx, &c, next, reason, now)
-		}
-		return nil
+		return endPayment(ctx, tx, &p, to, reason, now)
 	})
 	if err != nil {
 		return vend.Payment{}, fmt.Errorf("end payment: %w", err)
 	}
 	return p, nil
+}
+
+// endPayment is EndPayment of p inside tx.
+func endPayment(ctx context.Context, tx *wtx, p *vend.Payment, to vend.PaymentState, reason string, now time.Time) error {
+	if err := setPaymentState(ctx, tx, p, to, now); err != nil {
+		return err
+	}
+	c, err := getCall(ctx, tx, p.CallID)
+	if err != nil {
+		return err
+	}
+	next := vend.CallCanceled
+	if to == vend.PaymentExpired {
+		next = vend.CallExpired
+	}
+	if c.State == vend.CallAwaitingPayment || c.State == vend.CallQuoted {
+		return setCallState(ctx, tx, &c, next, reason, now)
+	}
+	return nil
 }
 
 // coveringPayment returns the call's payment that pays for it: settled, or
@@ -692,29 +718,10 @@ func (l *Ledger) Refund(ctx context.Context, id vend.CallID, reason string) erro
 
 // ClaimProofs implements vend.Ledger.
 func (l *Ledger) ClaimProofs(ctx context.Context, payment vend.PaymentID, proofs []vend.Proof) error {
-	if len(proofs) == 0 {
-		return errors.New("claim proofs: no proofs")
+	if err := checkProofs(proofs); err != nil {
+		return fmt.Errorf("claim proofs: %w", err)
 	}
-	for _, p := range proofs {
-		if len(p.SecretHash) != 64 || p.AmountSat <= 0 || p.KeysetID == "" || p.MintURL == "" {
-			return errors.New("claim proofs: each proof needs a secret hash, a positive amount, a keyset id and a mint URL")
-		}
-	}
-	err := l.write(ctx, func(tx *wtx, now time.Time) error {
-		for _, p := range proofs {
-			res, err := tx.ExecContext(ctx, `INSERT INTO cashu_proofs (secret_hash, amount_sat, keyset_id, mint_url,
-				payment_id, state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'received', ?, ?)
-				ON CONFLICT (secret_hash) DO NOTHING`,
-				p.SecretHash, p.AmountSat, p.KeysetID, p.MintURL, payment, ms(now), ms(now))
-			if err != nil {
-				return err
-			}
-			if n, _ := res.RowsAffected(); n != 1 {
-				return fmt.Errorf("%w (secret hash %s…)", vend.ErrProofSpent, p.SecretHash[:12])
-			}
-		}
-		return nil
-	})
+	err := l.write(ctx, func(tx *wtx, now time.Time) error { return claimProofs(ctx, tx, payment, proofs, now) })
 	if err != nil {
 		return fmt.Errorf("claim proofs: %w", err)
 	}

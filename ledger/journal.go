@@ -126,42 +126,48 @@ func (l *Ledger) Post(ctx context.Context, e Entry) error {
 // post writes an entry, its postings, and seals it: the schema refuses the
 // seal unless the postings sum to zero.
 func post(ctx context.Context, tx *wtx, e Entry, now time.Time) error {
+	_, err := postEntry(ctx, tx, e, now)
+	return err
+}
+
+// postEntry is post, returning the entry's id.
+func postEntry(ctx context.Context, tx *wtx, e Entry, now time.Time) (int64, error) {
 	var sum vend.Msat
 	for _, p := range e.Postings {
 		if p.Amount == 0 {
-			return fmt.Errorf("post: zero posting on %s", p.Account)
+			return 0, fmt.Errorf("post: zero posting on %s", p.Account)
 		}
 		sum += p.Amount
 	}
 	if len(e.Postings) < 2 || sum != 0 {
-		return fmt.Errorf("post %q: %w (%d postings, sum %d msat)", e.Description, ErrUnbalanced, len(e.Postings), sum)
+		return 0, fmt.Errorf("post %q: %w (%d postings, sum %d msat)", e.Description, ErrUnbalanced, len(e.Postings), sum)
 	}
 	res, err := tx.ExecContext(ctx, `INSERT INTO entries (ts, kind, description, call_id, payment_id) VALUES (?, ?, ?, ?, ?)`,
 		ms(now), e.Kind, e.Description, nullID(int64(e.CallID)), nullID(int64(e.PaymentID)))
 	if err != nil {
-		return fmt.Errorf("post: %w", err)
+		return 0, fmt.Errorf("post: %w", err)
 	}
 	entryID, err := res.LastInsertId()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	for _, p := range e.Postings {
 		acct, err := ensureAccount(ctx, tx, p.Account, now)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if _, err := tx.ExecContext(ctx, "INSERT INTO postings (entry_id, account_id, amount_msat) VALUES (?, ?, ?)",
 			entryID, acct, p.Amount); err != nil {
-			return fmt.Errorf("post: %w", err)
+			return 0, fmt.Errorf("post: %w", err)
 		}
 	}
 	if _, err := tx.ExecContext(ctx, "UPDATE entries SET sealed = 1 WHERE id = ?", entryID); err != nil {
 		if isConstraint(err) {
-			return fmt.Errorf("post %q: %w", e.Description, ErrUnbalanced)
+			return 0, fmt.Errorf("post %q: %w", e.Description, ErrUnbalanced)
 		}
-		return fmt.Errorf("post: %w", err)
+		return 0, fmt.Errorf("post: %w", err)
 	}
-	return nil
+	return entryID, nil
 }
 
 func nullID(v int64) sql.NullInt64 { return sql.NullInt64{Int64: v, Valid: v != 0} }
@@ -213,25 +219,6 @@ func postSettlement(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, s
 		e.Postings = append(e.Postings, Posting{AccountOverpayment, -over})
 	}
 	return post(ctx, tx, e, now)
-}
-
-// postRefund reverses a settled call's income into a refund owed to the
-// client.
-func postRefund(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, reason string, now time.Time) error {
-	desc := fmt.Sprintf("%s%s/%s call %d refunded", kindPrefix(c.Kind), c.Server, c.Tool, c.ID)
-	if reason != "" {
-		desc += ": " + reason
-	}
-	return post(ctx, tx, Entry{
-		Kind:        "refund",
-		Description: desc,
-		CallID:      c.ID,
-		PaymentID:   p.ID,
-		Postings: []Posting{
-			{ItemIncomeAccount(c.Kind, c.Server, c.Tool), c.Price},
-			{AccountRefunds, -c.Price},
-		},
-	}, now)
 }
 
 // kindPrefix starts the description of a prompt's or resource's entry

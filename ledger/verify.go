@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -142,7 +143,7 @@ var invariants = []invariant{
 	},
 	{
 		name:   "no Cashu proof received twice",
-		query:  `SELECT secret_hash, count(*) FROM cashu_proofs GROUP BY secret_hash HAVING count(*) > 1`,
+		query:  `SELECT secret_hash, count(*) FROM cashu_proofs WHERE state <> 'released' GROUP BY secret_hash HAVING count(*) > 1`,
 		format: "proof %.12v… received %v times",
 	},
 	{
@@ -213,7 +214,7 @@ func (l *Ledger) verify(ctx context.Context, pragma string) (*Report, error) {
 		}
 		rows.Close()
 		r.Checks = append(r.Checks, integrity)
-		for _, inv := range invariants {
+		for _, inv := range slices.Concat(invariants, refundInvariants) {
 			c, err := runInvariant(ctx, tx, inv)
 			if err != nil {
 				return fmt.Errorf("check %q: %w", inv.name, err)

@@ -56,6 +56,10 @@ type NewCall struct {
 	// grant that waits for the client to repeat the call, rather than
 	// being run at once.
 	Explicit bool
+	// RefundInvoice is the bolt11 the client gave for a refund
+	// (CallRequest.RefundInvoice), "" if none; a refund owed for the
+	// call is paid to it.
+	RefundInvoice string
 }
 
 // Binding is exactly what a priced call sells: its kind, the upstream
@@ -131,9 +135,12 @@ type Settlement struct {
 // is ever stored.
 type Proof struct {
 	SecretHash string // hex SHA-256 of the proof's secret
-	AmountSat  int64
-	KeysetID   string
-	MintURL    string
+	// Y is hash_to_curve(secret), hex (compressed point): the proof's
+	// public id, by which the mint reports its state (NUT-07).
+	Y         string
+	AmountSat int64
+	KeysetID  string
+	MintURL   string
 }
 
 // Result is the stored answer of a call.
@@ -220,8 +227,10 @@ type Ledger interface {
 	// call still waiting for it to the matching final state.
 	EndPayment(ctx context.Context, ref string, to PaymentState, reason string) (Payment, error)
 	// ClaimProofs records the Cashu proofs received for a payment, all or
-	// none: if any proof was received before, ErrProofSpent is returned
-	// and nothing is recorded.
+	// none, as being swapped at the mint: if any proof was received
+	// before (and not released after a swap that did not happen),
+	// ErrProofSpent is returned and nothing is recorded. The payment's
+	// settlement marks them swapped.
 	ClaimProofs(ctx context.Context, payment PaymentID, proofs []Proof) error
 	// StartExecution claims the call's payment and moves the call from
 	// paid to executing, counting the execution and recording that it

@@ -77,15 +77,18 @@ var paymentTransitions = map[PaymentState][]PaymentState{
 	PaymentOpen:     {PaymentAccepted, PaymentSettled, PaymentCanceled, PaymentExpired},
 	PaymentAccepted: {PaymentSettled, PaymentCanceled},
 	// A late payment: only a Cashu mint quote, whose invoice stays
-	// payable at the mint after capvend gave up on it (see LatePayable).
+	// payable at the mint after capvend gave up on it, or a token whose
+	// swap's outcome was learned late (see LatePayable).
 	PaymentExpired:  {PaymentSettled},
 	PaymentCanceled: {PaymentSettled},
 }
 
 // LatePayable reports whether a payment of kind k can still be paid after
 // capvend expired or canceled it: a mint quote's invoice belongs to the
-// mint and cannot be withdrawn. Such money is recorded and owed back.
-func LatePayable(k PaymentKind) bool { return k == KindMintQuote }
+// mint and cannot be withdrawn; a token's swap whose answer capvend never
+// got (a crash, a timeout) may turn out to have happened. Such money is
+// recorded and owed back.
+func LatePayable(k PaymentKind) bool { return k == KindMintQuote || k == KindToken }
 
 // PaymentStates lists every payment state.
 func PaymentStates() []PaymentState {

@@ -162,6 +162,11 @@ type CallRequest struct {
 	// (_meta[MetaPaymentProof]): it releases the explicit-gating grant
 	// that invoice paid for, to whoever presents it.
 	PaymentProof string
+	// RefundInvoice is a bolt11 invoice (_meta[MetaRefundInvoice]) to
+	// pay a refund to if the call fails after an LND payment (a Cashu
+	// payment is refunded at once as ecash; a hold invoice is canceled).
+	// It is recorded with the call; its amount is checked when paid.
+	RefundInvoice string
 	// Notify sends a notification to the client on this call's stream.
 	// It must not block for long; errors are ignored (the client may be
 	// gone, the call goes on).
