@@ -21,7 +21,10 @@
 // notifications/payment_accepted, claim the payment and run the tool once;
 // then settle a hold invoice and store the result (delivered), or on
 // failure store the error, cancel the hold invoice or book the refund
-// (failed -> refunded). With explicit gating the call instead fails with
+// (failed -> refunded): a refund owed to the client (RefundLedger), paid
+// back at once as a Cashu token for a Cashu payment (RefundPayer) and
+// handed over in the answer (RefundError, or _meta[MetaRefund] of an
+// isError result; see refund.go). With explicit gating the call instead fails with
 // PaymentRequiredError; the client pays and repeats the call, which finds
 // its single-use grant by client (or invoice preimage) and Binding. A
 // Cashu token in _meta pays at once.

@@ -603,7 +603,10 @@ func (v *Vendor) ItemPrice(kind ItemKind, name string) (lo, hi Msat) {
 // ran and failed: a paid call is then refunded), or an error a front maps
 // to a JSON-RPC error: ErrUnknownTool, *InvalidParamsError, ErrRequestReused,
 // *PaymentRequiredError, *PaymentPendingError, ErrPaymentExpired,
-// ErrPaymentFailed, ErrNoPaymentMethod, ErrLimit, ErrUpstream.
+// ErrPaymentFailed, ErrNoPaymentMethod, ErrLimit, ErrUpstream; a paid call
+// that failed and was refunded answers with *RefundError (wrapping
+// ErrUpstream) or, when the tool answered isError, that result with the
+// refund in _meta[MetaRefund].
 func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, error) {
 	// A call waiting for payment keeps the frames of CallTool, quote,
 	// awaitPayment and waitPaid on its goroutine's stack: they are kept
@@ -615,6 +618,10 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	}
 	if !v.allow(r) {
 		return CallResult{}, fmt.Errorf("%w: more than %d calls a minute", ErrLimit, v.cfg.RequestsPerMinute)
+	}
+	var err error
+	if r.RefundInvoice, err = checkRefundInvoice(r.RefundInvoice); err != nil {
+		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
 	a, res, err := v.admit(ctx, r)
 	if a == nil {
@@ -709,6 +716,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	call, created, err := v.cfg.Ledger.RecordCall(ctx, NewCall{
 		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Kind: t.Kind.Or(), Tool: t.UpstreamName,
 		ArgsHash: hash, Price: q.Price, Idempotent: q.Idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
+		RefundInvoice: r.RefundInvoice,
 	})
 	if err != nil {
 		return nil, CallResult{}, err
@@ -985,7 +993,10 @@ func (v *Vendor) resume(ctx context.Context, call *Call, t *Tool, args json.RawM
 	case CallDelivered, CallFailed, CallRefunded:
 		res, err := v.cfg.Ledger.Result(ctx, call.ID)
 		if err != nil {
-			return CallResult{}, fmt.Errorf("%w: the call was refunded before it ran", ErrPaymentFailed)
+			return v.refunded(ctx, call, CallResult{}, fmt.Errorf("%w: the call was refunded before it ran", ErrPaymentFailed))
+		}
+		if call.State == CallRefunded {
+			return v.refunded(ctx, call, CallResult{Body: res.Body, IsError: res.IsError}, nil)
 		}
 		return CallResult{Body: res.Body, IsError: res.IsError}, nil
 	case CallExpired, CallCanceled:
@@ -1123,9 +1134,9 @@ func (v *Vendor) fail(ctx context.Context, call *Call, p *Payment, body json.Raw
 		return CallResult{}, err
 	}
 	if body == nil {
-		return CallResult{}, fmt.Errorf("%w: %s", ErrUpstream, "the tool could not run; the payment is refunded")
+		return v.refunded(ctx, call, CallResult{}, fmt.Errorf("%w: %s", ErrUpstream, "the tool could not run; the payment is refunded"))
 	}
-	return CallResult{Body: body, IsError: true}, nil
+	return v.refunded(ctx, call, CallResult{Body: body, IsError: true}, nil)
 }
 
 // execute runs the tool on its upstream, forwarding progress and passing
