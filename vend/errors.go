@@ -43,6 +43,10 @@ var (
 	// other than what its call sold (another kind, server, tool or
 	// arguments); it was not started and nothing was recorded.
 	ErrExecutionMismatch = errors.New("execution does not match what the call sold")
+	// ErrMintUnavailable: the Cashu mint could not be reached (or failed)
+	// while a token was taken; the token was not spent by this server,
+	// and the same token may pay again once the mint is back.
+	ErrMintUnavailable = errors.New("cashu mint unavailable")
 )
 
 // TransitionError describes a refused state change. It matches

@@ -153,7 +153,8 @@
 // answered from the stored result, never charged twice. Tool and
 // Arguments from params ({} when absent), ProgressToken
 // params._meta.progressToken, CashuToken params._meta["capvend/cashu"],
-// PaymentProof params._meta["capvend/preimage"], PMIs the request's
+// PaymentProof params._meta["capvend/preimage"], RefundInvoice
+// params._meta["capvend/refund_invoice"], PMIs the request's
 // ["pmi", ...] tags (and params._meta["capvend/pmi"]), Explicit when the
 // request has ["payment_interaction","explicit_gating"] (or
 // params._meta["capvend/payment_interaction"] is "explicit_gating"). The

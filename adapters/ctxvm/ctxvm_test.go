@@ -436,7 +436,7 @@ func TestCalls(t *testing.T) {
 		}
 	})
 	t.Run("priced: notifications first", func(t *testing.T) {
-		req := c.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"paid","arguments":{"text":"yo"},"_meta":{"progressToken":7,"capvend/cashu":"cashuBxyz"}}}`,
+		req := c.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"paid","arguments":{"text":"yo"},"_meta":{"progressToken":7,"capvend/cashu":"cashuBxyz","capvend/refund_invoice":"lnbcrt1refund"}}}`,
 			nostr.Tag{"pmi", vend.PMILightning}, nostr.Tag{"pmi", "bitcoin-cashu-token"})
 		var methods []string
 		for range 2 {
@@ -457,7 +457,8 @@ func TestCalls(t *testing.T) {
 			t.Fatalf("answer %s", ev.Content)
 		}
 		got := v.lastCall()
-		if strings.Join(got.PMIs, ",") != vend.PMILightning+",bitcoin-cashu-token" || string(got.ProgressToken) != "7" || got.CashuToken != "cashuBxyz" {
+		if strings.Join(got.PMIs, ",") != vend.PMILightning+",bitcoin-cashu-token" || string(got.ProgressToken) != "7" || got.CashuToken != "cashuBxyz" ||
+			got.RefundInvoice != "lnbcrt1refund" {
 			t.Errorf("call request %+v", got)
 		}
 	})

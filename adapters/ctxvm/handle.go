@@ -282,6 +282,9 @@ func (s *Server) callRequest(r *request, out *outbox, kind vend.ItemKind, name s
 		if from, ok := m[vend.MetaInvoiceFrom].(string); ok {
 			cr.InvoiceFrom = vend.Backend(from)
 		}
+		if inv, ok := m[vend.MetaRefundInvoice].(string); ok {
+			cr.RefundInvoice = inv
+		}
 		if v, ok := m[metaPaymentInteraction].(string); ok && v == explicitGating {
 			cr.Explicit = true
 		}

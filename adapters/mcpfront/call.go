@@ -111,7 +111,8 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 }
 
 // readMeta fills cr from a request's _meta: progress token, Cashu token,
-// payment proof, invoice backend, explicit gating, payment methods.
+// payment proof, invoice backend, refund invoice, explicit gating, payment
+// methods.
 func readMeta(cr *vend.CallRequest, m *mcp.Meta) {
 	if m == nil {
 		return
@@ -127,6 +128,9 @@ func readMeta(cr *vend.CallRequest, m *mcp.Meta) {
 	}
 	if from, ok := m.AdditionalFields[vend.MetaInvoiceFrom].(string); ok {
 		cr.InvoiceFrom = vend.Backend(from)
+	}
+	if inv, ok := m.AdditionalFields[vend.MetaRefundInvoice].(string); ok {
+		cr.RefundInvoice = inv
 	}
 	if v, ok := m.AdditionalFields[MetaPaymentInteraction].(string); ok && v == ExplicitGating {
 		cr.Explicit = true

@@ -644,10 +644,11 @@ func TestHTTPWireGolden(t *testing.T) {
 	}
 
 	t.Run("request fields", func(t *testing.T) {
-		r.post(call(`7`, "free", `,"arguments":{"n":12345678901234567890,"s":"x"},"_meta":{"progressToken":3,"capvend/cashu":"cashuAabc"}`))
+		r.post(call(`7`, "free", `,"arguments":{"n":12345678901234567890,"s":"x"},"_meta":{"progressToken":3,"capvend/cashu":"cashuAabc","capvend/refund_invoice":"lnbcrt1refund"}`))
 		got := fv.last()
 		if got.RequestID != `7` || got.Client != r.sid || got.Transport != TransportHTTP ||
-			string(got.Arguments) != `{"n":12345678901234567890,"s":"x"}` || string(got.ProgressToken) != `3` || got.CashuToken != "cashuAabc" {
+			string(got.Arguments) != `{"n":12345678901234567890,"s":"x"}` || string(got.ProgressToken) != `3` || got.CashuToken != "cashuAabc" ||
+			got.RefundInvoice != "lnbcrt1refund" {
 			t.Errorf("%+v", got)
 		}
 		r.post(call(`"7"`, "free", ``))

@@ -1,6 +1,8 @@
 // Package rpcerr is the one JSON-RPC form of vend's errors that every front
 // (MCP HTTP and stdio, Nostr) sends: the codes, the fixed messages, and the
-// data of explicit gating. Messages never carry internal details.
+// data of explicit gating and of refunds (data.refund: the Cashu token that
+// pays a failed call back, or that its refund is owed). Messages never
+// carry internal details.
 package rpcerr
 
 import (
@@ -43,6 +45,9 @@ type Error struct {
 // FromVend maps an error of vend.Vendor.CallTool (for tool) to the error the
 // client gets. Errors vend does not define become -32603 "Internal error".
 func FromVend(err error, tool string) Error {
+	if re, ok := errors.AsType[*vend.RefundError](err); ok {
+		return withRefund(FromVend(re.Err, tool), re.Refund)
+	}
 	var ip *vend.InvalidParamsError
 	var pr *vend.PaymentRequiredError
 	var pp *vend.PaymentPendingError
@@ -95,6 +100,8 @@ func paymentFailure(err error) string {
 		return ": the Cashu token is from a mint this server does not accept"
 	case errors.Is(err, vend.ErrBadToken):
 		return ": the Cashu token is malformed, not in sats, or locked"
+	case errors.Is(err, vend.ErrMintUnavailable):
+		return ": the Cashu mint could not be reached; retry later with the same token"
 	}
 	return ""
 }
