@@ -9,8 +9,16 @@
 //   - Tokens: AcceptToken takes a cashuA/cashuB token handed over with a
 //     call, checks it offline (trusted mint, unit sat, amount covering the
 //     price and the mint's input fees, not seen before), claims its proofs
-//     in the ledger, swaps them at the mint (NUT-03) and records the
-//     payment settled, returning any change as a new token.
+//     in the ledger (swapping, before the swap), swaps them at the mint
+//     (NUT-03) and records the payment settled, returning any change as a
+//     new token. A swap whose outcome capvend did not learn (a crash, the
+//     mint failing) is settled from the mint's word on the proofs (NUT-07)
+//     later: never a silent gain, never a burnt token (swap.go).
+//
+// It also pays refunds (vend.RefundPayer): a failed call paid in Cashu is
+// paid back at once with a token made by the wallet (refund.go), and the
+// operator's `capvend refunds pay` uses PayRefundToken and
+// PayRefundInvoice on the wallet file.
 //
 // The wallet is gonuts' bbolt wallet in Config.WalletDir. Loading it contacts
 // the mint, so a Backend never loads it in New: the first operation that
@@ -62,9 +70,11 @@ var (
 	// reason other than spent proofs (invalid proof, unknown keyset ...),
 	// or a quote (amount limits, minting disabled ...).
 	ErrMintRejected = errors.New("cashu: the mint refused the request")
-	// ErrMintUnavailable: the mint could not be reached; nothing was
-	// recorded as settled. Retrying later may succeed.
-	ErrMintUnavailable = errors.New("cashu: mint unavailable")
+	// ErrMintUnavailable: the mint could not be reached (or failed);
+	// nothing was recorded as settled. Retrying later may succeed: a
+	// token refused with it was not spent by capvend and may be sent
+	// again. It matches vend.ErrMintUnavailable too.
+	ErrMintUnavailable = fmt.Errorf("cashu: mint unavailable: %w", vend.ErrMintUnavailable)
 	// ErrDisabled: the operation is switched off in the configuration
 	// (AcceptTokens or MintQuotes).
 	ErrDisabled = errors.New("cashu: disabled by configuration")
@@ -118,6 +128,10 @@ type Config struct {
 	// keysets, proof state); nil means a client with a 15 s timeout.
 	// gonuts' wallet uses http.DefaultClient for its own calls.
 	HTTPClient *http.Client
+	// Failpoint, if set, is called at the named steps (FailAfterSwap,
+	// FailAfterMint): between the mint's answer and its record. Crash
+	// tests make it kill the process; production leaves it nil.
+	Failpoint func(step string)
 }
 
 // Log attribute keys.
@@ -139,6 +153,8 @@ type Backend struct {
 	cfg    Config
 	mints  []string // normalised, cfg.Mints order
 	ledger vend.Ledger
+	tl     tokenLedger // the same ledger: token swaps and refunds
+	born   time.Time   // token payments open from before were a previous run's
 	log    *slog.Logger
 	now    func() time.Time
 	http   *http.Client
@@ -151,6 +167,9 @@ type Backend struct {
 	wmu    sync.RWMutex
 	w      *wallet.Wallet
 	closed bool
+
+	// refundMu serializes refund payouts: one token per refund.
+	refundMu sync.Mutex
 
 	// fees caches input_fee_ppk per keyset id, per mint.
 	feeMu sync.Mutex
@@ -167,6 +186,7 @@ type Backend struct {
 var (
 	_ vend.PaymentBackend = (*Backend)(nil)
 	_ vend.TokenAcceptor  = (*Backend)(nil)
+	_ vend.RefundPayer    = (*Backend)(nil)
 )
 
 // New returns a Backend recording into l. It validates cfg and touches
@@ -181,9 +201,14 @@ func New(cfg Config, l vend.Ledger) (*Backend, error) {
 	if cfg.WalletDir == "" {
 		return nil, errors.New("cashu: no wallet directory configured")
 	}
+	tl, ok := l.(tokenLedger)
+	if !ok {
+		return nil, errors.New("cashu: the ledger cannot record token swaps and refunds (use *ledger.Ledger)")
+	}
 	b := &Backend{
 		cfg:     cfg,
 		ledger:  l,
+		tl:      tl,
 		log:     cfg.Log,
 		now:     cfg.Now,
 		http:    cfg.HTTPClient,
@@ -209,6 +234,8 @@ func New(cfg Config, l vend.Ledger) (*Backend, error) {
 	if b.now == nil {
 		b.now = time.Now
 	}
+	// The ledger stamps milliseconds.
+	b.born = b.now().Truncate(time.Millisecond)
 	if b.http == nil {
 		b.http = &http.Client{Timeout: 15 * time.Second}
 	}

@@ -30,6 +30,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(crashEnv) != "" {
+		crashChild() // a crash test's child process: see swap_test.go
+	}
 	flag.Parse()
 	if testing.Short() {
 		os.Exit(m.Run()) // stack tests skip themselves

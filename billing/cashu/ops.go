@@ -154,6 +154,64 @@ func Balances(ctx context.Context, dir string, mints []string, j Journal) ([]Min
 	return out, nil
 }
 
+// meltableInvoice decodes a bolt11 a melt can pay: with an amount in whole
+// sats. It returns the invoice trimmed and its amount.
+func meltableInvoice(invoice string) (string, vend.Msat, error) {
+	invoice = strings.ToLower(strings.TrimPrefix(strings.TrimSpace(invoice), "lightning:"))
+	inv, err := decodepay.Decodepay(invoice)
+	if err != nil {
+		return "", 0, fmt.Errorf("cashu: melt: invalid invoice: %w", err)
+	}
+	if inv.MSatoshi <= 0 {
+		return "", 0, errors.New("cashu: melt: the invoice has no amount")
+	}
+	if inv.MSatoshi%vend.MsatPerSat != 0 {
+		return "", 0, errors.New("cashu: melt: the invoice's amount is not whole sats")
+	}
+	return invoice, vend.Msat(inv.MSatoshi), nil
+}
+
+// melt pays invoice (amount checked by the caller) from the ecash w holds
+// at mint (NUT-05) and returns the payment with spent, what left the
+// wallet (at least the invoice's amount). An error means the mint did not
+// report it paid (a pending payment says so; nothing is to be booked).
+func melt(w *wallet.Wallet, mint, invoice string) (MeltResult, vend.Msat, error) {
+	q, err := w.RequestMeltQuote(invoice, mint)
+	if err != nil {
+		return MeltResult{}, 0, fmt.Errorf("cashu: melt quote at %s: %w", mint, err)
+	}
+	res := MeltResult{Mint: mint, Quote: q.Quote, Amount: vend.Msat(q.Amount * vend.MsatPerSat)}
+	before := w.GetBalanceByMints()[mint]
+	if before < q.Amount+q.FeeReserve {
+		return res, 0, fmt.Errorf("%w: %s holds %d sat, the melt needs %d sat + %d sat fee reserve", ErrInsufficientFunds, mint, before, q.Amount, q.FeeReserve)
+	}
+	mr, err := w.Melt(q.Quote)
+	if err != nil {
+		if errors.Is(err, wallet.ErrInsufficientMintBalance) {
+			return res, 0, fmt.Errorf("%w: %v", ErrInsufficientFunds, err)
+		}
+		return res, 0, fmt.Errorf("cashu: melt at %s: %w", mint, err)
+	}
+	switch mr.State {
+	case nut05.Paid:
+	case nut05.Pending:
+		return res, 0, fmt.Errorf("cashu: melt quote %s is pending at the mint: nothing booked yet; the proofs stay pending in the wallet", q.Quote)
+	default:
+		return res, 0, fmt.Errorf("cashu: the mint could not pay the invoice (quote %s is %s); the proofs were returned to the wallet", q.Quote, mr.State)
+	}
+	res.Preimage = mr.Preimage
+	after := w.GetBalanceByMints()[mint]
+	spent := vend.Msat(0)
+	if before > after {
+		spent = vend.Msat((before - after) * vend.MsatPerSat)
+	}
+	if spent < res.Amount {
+		spent = res.Amount // the mint paid; never book less than the invoice
+	}
+	res.Fee = spent - res.Amount
+	return res, spent, nil
+}
+
 // MeltResult is a Lightning payment made from the wallet's ecash.
 type MeltResult struct {
 	Mint     string
@@ -179,16 +237,9 @@ func Melt(ctx context.Context, dir, mint, invoice string, j Journal) (MeltResult
 	if err != nil {
 		return MeltResult{}, err
 	}
-	invoice = strings.TrimPrefix(strings.TrimSpace(invoice), "lightning:")
-	inv, err := decodepay.Decodepay(invoice)
+	invoice, _, err = meltableInvoice(invoice)
 	if err != nil {
-		return MeltResult{}, fmt.Errorf("cashu: melt: invalid invoice: %w", err)
-	}
-	if inv.MSatoshi <= 0 {
-		return MeltResult{}, errors.New("cashu: melt: the invoice has no amount")
-	}
-	if inv.MSatoshi%vend.MsatPerSat != 0 {
-		return MeltResult{}, errors.New("cashu: melt: the invoice's amount is not whole sats")
+		return MeltResult{}, err
 	}
 	if err := checkWalletFree(dir); err != nil {
 		return MeltResult{}, err
@@ -201,42 +252,13 @@ func Melt(ctx context.Context, dir, mint, invoice string, j Journal) (MeltResult
 		return MeltResult{}, err
 	}
 	defer w.Shutdown()
-	q, err := w.RequestMeltQuote(invoice, mint)
+	res, spent, err := melt(w, mint, invoice)
 	if err != nil {
-		return MeltResult{}, fmt.Errorf("cashu: melt quote at %s: %w", mint, err)
+		return res, err
 	}
-	res := MeltResult{Mint: mint, Quote: q.Quote, Amount: vend.Msat(q.Amount * vend.MsatPerSat)}
-	before := w.GetBalanceByMints()[mint]
-	if before < q.Amount+q.FeeReserve {
-		return res, fmt.Errorf("%w: %s holds %d sat, the melt needs %d sat + %d sat fee reserve", ErrInsufficientFunds, mint, before, q.Amount, q.FeeReserve)
-	}
-	mr, err := w.Melt(q.Quote)
-	if err != nil {
-		if errors.Is(err, wallet.ErrInsufficientMintBalance) {
-			return res, fmt.Errorf("%w: %v", ErrInsufficientFunds, err)
-		}
-		return res, fmt.Errorf("cashu: melt at %s: %w", mint, err)
-	}
-	switch mr.State {
-	case nut05.Paid:
-	case nut05.Pending:
-		return res, fmt.Errorf("cashu: melt quote %s is pending at the mint: nothing booked yet; the proofs stay pending in the wallet", q.Quote)
-	default:
-		return res, fmt.Errorf("cashu: the mint could not pay the invoice (quote %s is %s); the proofs were returned to the wallet", q.Quote, mr.State)
-	}
-	res.Preimage = mr.Preimage
-	after := w.GetBalanceByMints()[mint]
-	spent := vend.Msat(0)
-	if before > after {
-		spent = vend.Msat((before - after) * vend.MsatPerSat)
-	}
-	if spent < res.Amount {
-		spent = res.Amount // the mint paid; never book less than the invoice
-	}
-	res.Fee = spent - res.Amount
 	e := ledger.Entry{
 		Kind:        "melt",
-		Description: fmt.Sprintf("melt %s at %s: paid %s", q.Quote, mint, res.Amount),
+		Description: fmt.Sprintf("melt %s at %s: paid %s", res.Quote, mint, res.Amount),
 		Postings: []ledger.Posting{
 			{Account: ledger.CashuAccount(mint), Amount: -spent},
 			{Account: "equity:withdrawals", Amount: res.Amount},
@@ -248,7 +270,7 @@ func Melt(ctx context.Context, dir, mint, invoice string, j Journal) (MeltResult
 	// Not ctx: the money left; the booking must not be skipped because
 	// the operator pressed ^C.
 	if err := j.Post(context.Background(), e); err != nil {
-		return res, fmt.Errorf("cashu: the invoice was PAID (melt quote %s, %s + %s fee) but booking it failed: %w; book it by hand", q.Quote, res.Amount, res.Fee, err)
+		return res, fmt.Errorf("cashu: the invoice was PAID (melt quote %s, %s + %s fee) but booking it failed: %w; book it by hand", res.Quote, res.Amount, res.Fee, err)
 	}
 	return res, nil
 }

@@ -272,8 +272,6 @@ func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error
 			b.log.Error("a mint call did not return within the shutdown grace; the wallet closes when it does", "grace", shutdownWait)
 		}
 	}()
-	started := b.now()
-
 	var repMu sync.Mutex
 	emit := func(p vend.Payment) {
 		repMu.Lock()
@@ -299,7 +297,7 @@ func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error
 		backoff = min(backoff*2, b.cfg.MaxBackoff)
 	}
 	for {
-		err := b.reconcile(ctx, started)
+		err := b.reconcile(ctx)
 		if err == nil {
 			break
 		}
@@ -318,7 +316,13 @@ func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error
 	}
 	sem := make(chan struct{}, 8)
 	interval := b.cfg.PollInterval
+	nextSwapCheck := b.now().Add(b.cfg.SafetyPoll)
 	for {
+		if now := b.now(); now.After(nextSwapCheck) {
+			// Swaps whose outcome the mint could not tell before.
+			b.resolveSwapping(ctx)
+			nextSwapCheck = now.Add(b.cfg.SafetyPoll)
+		}
 		due := b.dueQuotes(emit)
 		var failures, checks int
 		var fmu sync.Mutex
@@ -410,12 +414,21 @@ func (b *Backend) nextWake(limit time.Duration) time.Duration {
 // reconcile finds what happened while capvend was not watching: every
 // unsettled mint quote of the ledger is watched again; mint quotes capvend
 // expired or canceled whose mint expiry has not passed are found in the
-// wallet's quote store and watched for a late payment; token payments left
-// open by a crash (before started) are ended.
-func (b *Backend) reconcile(ctx context.Context, started time.Time) error {
+// wallet's quote store and watched for a late payment; token swaps left
+// unrecorded by a crash are settled from the mint's proof states
+// (resolveSwapping).
+func (b *Backend) reconcile(ctx context.Context) error {
 	ps, err := b.ledger.UnsettledPayments(ctx, vend.BackendCashu)
 	if err != nil {
 		return err
+	}
+	sts, err := b.tl.SwappingTokens(ctx, nil)
+	if err != nil {
+		return err
+	}
+	swapping := map[vend.PaymentID]bool{}
+	for _, st := range sts {
+		swapping[st.Payment.ID] = true
 	}
 	var stored []storage.MintQuote
 	b.wmu.RLock()
@@ -439,18 +452,25 @@ func (b *Backend) reconcile(ctx context.Context, started time.Time) error {
 			}
 			b.watch(&watchedQuote{ref: p.Ref, mint: p.MintURL, callID: p.CallID, expiresAt: p.ExpiresAt, quoteExpiry: qe, created: p.CreatedAt})
 		case vend.KindToken:
-			if !p.CreatedAt.Before(started) {
-				continue // AcceptToken is handling it right now
+			if !p.CreatedAt.Before(b.born) || swapping[p.ID] {
+				continue // AcceptToken is handling it right now; or resolved below
 			}
-			// Interrupted between claiming the proofs and recording
-			// the settlement: whether the swap happened is unknown
-			// here. The proofs stay claimed (never accepted again);
-			// `capvend cashu balance` shows any ecash the wallet got.
+			// Interrupted between claiming the proofs and recording the
+			// settlement by a capvend from before the swapping state
+			// (its proofs are not swapping): the outcome is unknown. The
+			// proofs stay claimed (never accepted again); `capvend
+			// cashu balance` shows any ecash the wallet got.
 			if _, err := b.ledger.EndPayment(ctx, p.Ref, vend.PaymentCanceled, "interrupted before settlement"); err != nil && !errors.Is(err, vend.ErrIllegalTransition) {
 				return err
 			}
 			b.log.Warn("token payment interrupted before settlement: ended canceled; reconcile with 'capvend cashu balance'", logRef, short(p.Ref), logCall, int64(p.CallID))
 		}
+	}
+	// Token swaps a crash (or an unreachable mint) left unrecorded: the
+	// mint's proof states say what happened (swap.go). One the mint
+	// cannot tell yet is tried again while Run runs.
+	if n := b.resolveSwapping(ctx); n > 0 {
+		b.log.Warn("token swaps whose outcome the mint cannot tell yet; checked again later", "swaps", n)
 	}
 	for _, q := range stored {
 		if q.State == nut04.Issued {
@@ -568,6 +588,11 @@ func (b *Backend) check(ctx context.Context, q *watchedQuote, emit func(vend.Pay
 			b.log.Warn("minting a paid quote failed; will retry", logRef, short(q.ref), logErr, err)
 			return true
 		}
+		// Minted: a crash before the settlement below is recorded finds
+		// the quote ISSUED at the mint and in the wallet at the next
+		// start, and records it then (the mint's quote state is this
+		// path's durable "swapping" record).
+		b.failpoint(FailAfterMint)
 	case nut04.Issued:
 		// Minted already: by this wallet before a crash (its quote
 		// store says issued), or the answer to our mint request was

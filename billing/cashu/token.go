@@ -11,6 +11,7 @@ import (
 	"math/bits"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,7 +19,6 @@ import (
 	"github.com/elnosh/gonuts/cashu/nuts/nut02"
 	"github.com/elnosh/gonuts/cashu/nuts/nut07"
 	"github.com/elnosh/gonuts/crypto"
-	"github.com/elnosh/gonuts/wallet"
 
 	"github.com/capvend/capvend/vend"
 )
@@ -172,24 +172,36 @@ func (t *Token) Serialize() (string, error) {
 //
 //  1. parses the token offline: ErrMalformedToken, ErrLockedToken,
 //     ErrUntrustedMint, ErrWrongUnit;
-//  2. refuses a token whose ref is already in the ledger, or any of whose
-//     proofs was received before (if the ledger can tell: ProofsReceived),
-//     with ErrTokenReplayed, without contacting the mint;
+//  2. refuses a token any of whose proofs was received before with
+//     ErrTokenReplayed, without contacting the mint, unless they are only
+//     recorded swapping by an earlier attempt whose swap's outcome is not
+//     known (the mint was unreachable): then the mint is asked first (see
+//     resolveSwap): unspent, they are released and the token pays this
+//     call; spent by that attempt, its refund is owed and the token is
+//     refused (ErrTokenReplayed); still no answer, ErrMintUnavailable;
 //  3. checks the amount covers the price (rounded up to whole sats) plus the
 //     mint's input fees (NUT-02 input_fee_ppk): ErrTokenUnderpaid;
 //  4. asks the mint whether the proofs are spent (NUT-07): ErrTokenSpent, or
 //     ErrMintUnavailable, with nothing recorded;
-//  5. records the payment (KindToken) for the call and claims the proofs'
-//     secret hashes: a proof received before ends the payment canceled and
-//     returns ErrTokenReplayed;
-//  6. swaps the proofs at the mint (NUT-03): spent proofs give ErrTokenSpent,
-//     other refusals ErrMintRejected, no answer ErrMintUnavailable; each ends
-//     the payment canceled (the proofs stay claimed: whether a swap without
-//     an answer happened is unknown);
-//  7. splits off what was paid beyond the price and the input fees as a new
-//     token (TokenReceipt.Change);
-//  8. records the settlement: the asset gets what was kept, fees are an
-//     expense.
+//  5. records the payment (KindToken) for the call and its proofs in state
+//     swapping, in one transaction (a proof claimed meanwhile:
+//     ErrTokenReplayed);
+//  6. swaps the proofs at the mint (NUT-03) and splits off what was paid
+//     beyond the price and the input fees as a new token
+//     (TokenReceipt.Change);
+//  7. records the settlement: the asset gets what was kept, fees are an
+//     expense, the proofs are swapped.
+//
+// A failed swap is never a silent loss or gain (see swapFailed): the mint
+// is asked for the proofs' state. Unspent: the swap did not happen, the
+// proofs are released, and the error is ErrMintRejected (the mint refused
+// them) or ErrMintUnavailable (it failed: the client may send the same
+// token again). Spent although the mint did not answer "already spent":
+// the swap happened and its answer was lost; the ecash is restored from
+// the mint (NUT-09) and the payment settles as usual. Spent by someone
+// else: ErrTokenSpent. No answer: the payment ends canceled with its
+// proofs still swapping, ErrMintUnavailable; the outcome is settled later
+// (Run, or the same token coming again).
 //
 // Not idempotent: the same token a second time is ErrTokenReplayed.
 func (b *Backend) AcceptToken(ctx context.Context, id vend.CallID, price vend.Msat, token string) (vend.TokenReceipt, error) {
@@ -211,24 +223,29 @@ func (b *Backend) AcceptToken(ctx context.Context, id vend.CallID, price vend.Ms
 		return vend.TokenReceipt{}, fmt.Errorf("%w: %q", ErrWrongUnit, tok.Unit)
 	}
 	tok.Mint = mint
-	ref := tok.Ref()
-	if _, err := b.ledger.Payment(ctx, ref); err == nil {
-		return vend.TokenReceipt{}, ErrTokenReplayed
-	} else if !errors.Is(err, vend.ErrNotFound) {
-		return vend.TokenReceipt{}, fmt.Errorf("cashu: accept token: %w", err)
-	}
 	claims := make([]vend.Proof, len(tok.Proofs))
 	hashes := make([]string, len(tok.Proofs))
 	for i, pr := range tok.Proofs {
-		hashes[i] = secretHash(pr.Secret)
-		claims[i] = vend.Proof{SecretHash: hashes[i], AmountSat: int64(pr.Amount), KeysetID: pr.Id, MintURL: mint}
-	}
-	if pl, ok := b.ledger.(proofLookup); ok {
-		n, err := pl.ProofsReceived(ctx, hashes)
+		y, err := proofY(pr.Secret)
 		if err != nil {
-			return vend.TokenReceipt{}, fmt.Errorf("cashu: accept token: %w", err)
+			return vend.TokenReceipt{}, fmt.Errorf("%w: proof %d: %v", ErrMalformedToken, i, err)
 		}
-		if n > 0 {
+		hashes[i] = secretHash(pr.Secret)
+		claims[i] = vend.Proof{SecretHash: hashes[i], Y: y, AmountSat: int64(pr.Amount), KeysetID: pr.Id, MintURL: mint}
+	}
+	n, err := b.tl.ProofsReceived(ctx, hashes)
+	if err != nil {
+		return vend.TokenReceipt{}, fmt.Errorf("cashu: accept token: %w", err)
+	}
+	if n > 0 {
+		// Received before. Only a swap whose outcome is unknown can
+		// free them: settle that first.
+		if err := b.resolveEarlier(ctx, hashes); err != nil {
+			return vend.TokenReceipt{}, err
+		}
+		if n, err := b.tl.ProofsReceived(ctx, hashes); err != nil {
+			return vend.TokenReceipt{}, fmt.Errorf("cashu: accept token: %w", err)
+		} else if n > 0 {
 			return vend.TokenReceipt{}, ErrTokenReplayed
 		}
 	}
@@ -247,109 +264,47 @@ func (b *Backend) AcceptToken(ctx context.Context, id vend.CallID, price vend.Ms
 		if errors.Is(err, ErrMintUnavailable) {
 			return vend.TokenReceipt{}, err
 		}
-		return vend.TokenReceipt{}, fmt.Errorf("%w: proof state: %v", ErrMintRejected, err)
+		return vend.TokenReceipt{}, fmt.Errorf("%w: proof state: %v", ErrMintUnavailable, err)
 	} else if spent {
 		return vend.TokenReceipt{}, ErrTokenSpent
 	}
 	if err := b.loadWallet(); err != nil {
 		return vend.TokenReceipt{}, err
 	}
+	ref := tok.Ref()
+	if _, err := b.ledger.Payment(ctx, ref); err == nil {
+		// The same proofs paid an earlier call whose swap did not
+		// happen (they were released): this payment needs its own ref.
+		ref += "." + strconv.FormatInt(int64(id), 10)
+	} else if !errors.Is(err, vend.ErrNotFound) {
+		return vend.TokenReceipt{}, fmt.Errorf("cashu: accept token: %w", err)
+	}
 	amount, _ := vend.FromSats(int64(priceSats))
-	p, err := b.ledger.RecordPayment(ctx, id, vend.NewPayment{
+	p, err := b.tl.ClaimToken(ctx, id, vend.NewPayment{
 		Backend:   vend.BackendCashu,
 		Kind:      vend.KindToken,
 		Ref:       ref,
 		MintURL:   mint,
 		Amount:    amount,
 		ExpiresAt: b.now().Add(5 * time.Minute),
-	})
-	if errors.Is(err, vend.ErrDuplicatePayment) {
+	}, claims)
+	if errors.Is(err, vend.ErrProofSpent) || errors.Is(err, vend.ErrDuplicatePayment) {
 		return vend.TokenReceipt{}, ErrTokenReplayed
 	}
 	if err != nil {
 		return vend.TokenReceipt{}, fmt.Errorf("cashu: accept token: %w", err)
 	}
-	fail := func(reason string, err error) (vend.TokenReceipt, error) {
-		// Not ctx: the payment must end even if the caller gave up.
-		if _, e := b.ledger.EndPayment(context.Background(), ref, vend.PaymentCanceled, reason); e != nil {
-			b.log.Error("ending refused token payment", logRef, short(ref), logErr, e)
-		}
-		b.log.Info("token refused", logRef, short(ref), logCall, int64(id), logMint, mint, "reason", reason)
-		return vend.TokenReceipt{}, err
-	}
-	if err := b.ledger.ClaimProofs(ctx, p.ID, claims); err != nil {
-		if errors.Is(err, vend.ErrProofSpent) {
-			return fail("token replayed", ErrTokenReplayed)
-		}
-		return fail("claiming proofs failed", fmt.Errorf("cashu: accept token: %w", err))
-	}
-
-	var received, change, changeFee uint64
-	var changeToken string
-	swap := func(w *wallet.Wallet) error {
-		v3, err := cashu.NewTokenV3(append(cashu.Proofs(nil), tok.Proofs...), mint, cashu.Sat, true)
-		if err != nil {
-			return err
-		}
-		if received, err = w.Receive(v3, false); err != nil {
-			return err
-		}
-		if received <= priceSats {
-			return nil
-		}
-		// Change: everything beyond the price that the swap left us.
-		change = received - priceSats
-		before := w.GetBalanceByMints()[mint]
-		cps, err := w.Send(change, mint, false)
-		if err != nil {
-			b.log.Warn("making change failed; the overpayment is kept", logRef, short(ref), logErr, err)
-			change = 0
-			return nil
-		}
-		after := w.GetBalanceByMints()[mint]
-		if spent := before - after; before >= after && spent > change {
-			changeFee = spent - change
-		}
-		ct := &Token{Mint: mint, Unit: cashu.Sat.String(), Proofs: cps}
-		if changeToken, err = ct.Serialize(); err != nil {
-			b.log.Error("serializing change failed; the overpayment is kept", logRef, short(ref), logErr, err)
-			change, changeToken = 0, ""
-		}
-		return nil
-	}
-	err = b.withWallet(swap)
-	if alreadySigned(err) {
-		// The wallet's counter is behind the mint: repair and retry.
-		if _, rerr := b.recoverWallet(ctx, mint, ""); rerr == nil {
-			err = b.withWallet(swap)
-		}
-	}
-	if err != nil {
-		return fail("swap refused", b.classifySwapError(ctx, mint, tok.Proofs, err))
-	}
-	swapFee := tok.Amount - received
-	s := vend.Settlement{
-		Ref:    ref,
-		Amount: vend.Msat((tok.Amount - change) * vend.MsatPerSat),
-		Fee:    vend.Msat((swapFee + changeFee) * vend.MsatPerSat),
-	}
-	sp, err := b.ledger.SettlePayment(context.Background(), s)
-	if err != nil {
-		// The ecash is in the wallet but the ledger does not say so:
-		// `capvend cashu balance` shows the difference.
-		b.log.Error("token swapped but its settlement was not recorded", logRef, short(ref), logCall, int64(id), logErr, err)
-		return vend.TokenReceipt{}, fmt.Errorf("cashu: accept token: recording settlement: %w", err)
-	}
-	b.log.Info("token accepted", logRef, short(ref), logCall, int64(id), logMint, mint,
-		logAmount, int64(s.Amount), logFee, int64(s.Fee), "change_sat", change)
-	return vend.TokenReceipt{Payment: sp, Change: changeToken}, nil
+	return b.swapToken(ctx, p, tok, priceSats, fee)
 }
 
-// proofLookup is a ledger that can tell, without claiming, whether proofs
-// were received before (*ledger.Ledger can): a partly replayed token is then
-// refused before the mint is asked anything.
-type proofLookup interface {
-	ProofsReceived(ctx context.Context, secretHashes []string) (int, error)
+// proofY is a proof's Y = hash_to_curve(secret), hex: its public id at the
+// mint (NUT-00), what NUT-07 state checks ask by.
+func proofY(secret string) (string, error) {
+	y, err := crypto.HashToCurve([]byte(secret))
+	if err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(y.SerializeCompressed()), nil
 }
 
 // trusted returns the configured mint URL matching u.
@@ -370,16 +325,25 @@ func (b *Backend) trusted(u string) (string, bool) {
 // input_fee_ppk, rounded up to whole sats (NUT-02). Keysets are cached per
 // mint and fetched again when a proof names an unknown one.
 func (b *Backend) inputFee(ctx context.Context, mint string, proofs cashu.Proofs) (uint64, error) {
+	ids := make([]string, len(proofs))
+	for i, p := range proofs {
+		ids[i] = p.Id
+	}
+	return b.inputFeeIDs(ctx, mint, ids)
+}
+
+// inputFeeIDs is inputFee for proofs of the keysets ids (one per proof).
+func (b *Backend) inputFeeIDs(ctx context.Context, mint string, ids []string) (uint64, error) {
 	b.feeMu.Lock()
 	known := b.fees[mint]
 	b.feeMu.Unlock()
 	for refreshed := false; ; refreshed = true {
 		var ppk uint64
 		missing := ""
-		for _, p := range proofs {
-			v, ok := known[p.Id]
+		for _, id := range ids {
+			v, ok := known[id]
 			if !ok {
-				missing = p.Id
+				missing = id
 				break
 			}
 			ppk += uint64(v)
@@ -409,25 +373,6 @@ func (b *Backend) inputFee(ctx context.Context, mint string, proofs cashu.Proofs
 	}
 }
 
-// classifySwapError turns a failed swap into a sentinel: it asks the mint
-// for the proofs' state (NUT-07) and reports spent proofs as ErrTokenSpent.
-func (b *Backend) classifySwapError(ctx context.Context, mint string, proofs cashu.Proofs, swapErr error) error {
-	spent, err := b.anySpent(ctx, mint, proofs)
-	switch {
-	case err == nil && spent:
-		return ErrTokenSpent
-	case err != nil && errors.Is(err, ErrMintUnavailable):
-		return fmt.Errorf("%w: swap: %v", ErrMintUnavailable, swapErr)
-	case errors.Is(swapErr, ErrClosed):
-		return swapErr
-	}
-	var ce cashu.Error
-	if errors.As(swapErr, &ce) && ce.Code == cashu.ProofAlreadyUsedErrCode {
-		return ErrTokenSpent
-	}
-	return fmt.Errorf("%w: %v", ErrMintRejected, swapErr)
-}
-
 // anySpent asks the mint whether any of proofs is spent or pending.
 func (b *Backend) anySpent(ctx context.Context, mint string, proofs cashu.Proofs) (bool, error) {
 	states, err := b.proofStates(ctx, mint, proofs)
@@ -445,14 +390,23 @@ func (b *Backend) anySpent(ctx context.Context, mint string, proofs cashu.Proofs
 // proofStates asks the mint for the state of each proof (NUT-07), in order.
 func (b *Backend) proofStates(ctx context.Context, mint string, proofs cashu.Proofs) ([]nut07.State, error) {
 	ys := make([]string, len(proofs))
-	at := make(map[string]int, len(proofs))
 	for i, p := range proofs {
-		y, err := crypto.HashToCurve([]byte(p.Secret))
+		y, err := proofY(p.Secret)
 		if err != nil {
 			return nil, err
 		}
-		ys[i] = hex.EncodeToString(y.SerializeCompressed())
-		at[ys[i]] = i
+		ys[i] = y
+	}
+	return b.statesByY(ctx, mint, ys)
+}
+
+// statesByY asks the mint for the state of the proofs whose Ys (hex) are
+// given (NUT-07), in order. A mint that cannot be reached gives an error
+// matching ErrMintUnavailable; one that answers with an error, a mintError.
+func (b *Backend) statesByY(ctx context.Context, mint string, ys []string) ([]nut07.State, error) {
+	at := make(map[string]int, len(ys))
+	for i, y := range ys {
+		at[y] = i
 	}
 	body, _ := json.Marshal(nut07.PostCheckStateRequest{Ys: ys})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, mint+"/v1/checkstate", bytes.NewReader(body))
@@ -464,7 +418,7 @@ func (b *Backend) proofStates(ctx context.Context, mint string, proofs cashu.Pro
 	if err := b.doJSON(req, &resp); err != nil {
 		return nil, err
 	}
-	states := make([]nut07.State, len(proofs))
+	states := make([]nut07.State, len(ys))
 	seen := 0
 	for _, s := range resp.States {
 		if i, ok := at[s.Y]; ok {
@@ -472,8 +426,8 @@ func (b *Backend) proofStates(ctx context.Context, mint string, proofs cashu.Pro
 			seen++
 		}
 	}
-	if seen != len(proofs) {
-		return nil, fmt.Errorf("mint answered %d of %d proof states", seen, len(proofs))
+	if seen != len(ys) {
+		return nil, fmt.Errorf("mint answered %d of %d proof states", seen, len(ys))
 	}
 	return states, nil
 }
