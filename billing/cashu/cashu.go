@@ -74,7 +74,7 @@ var (
 	// nothing was recorded as settled. Retrying later may succeed: a
 	// token refused with it was not spent by capvend and may be sent
 	// again. It matches vend.ErrMintUnavailable too.
-	ErrMintUnavailable = fmt.Errorf("cashu: mint unavailable: %w", vend.ErrMintUnavailable)
+	ErrMintUnavailable error = &matching{"cashu: mint unavailable", vend.ErrMintUnavailable}
 	// ErrDisabled: the operation is switched off in the configuration
 	// (AcceptTokens or MintQuotes).
 	ErrDisabled = errors.New("cashu: disabled by configuration")
@@ -82,6 +82,16 @@ var (
 	// wallet is closed.
 	ErrClosed = errors.New("cashu: backend closed")
 )
+
+// matching is a sentinel error with its own text that also matches a
+// vend sentinel.
+type matching struct {
+	msg string
+	is  error
+}
+
+func (e *matching) Error() string { return e.msg }
+func (e *matching) Unwrap() error { return e.is }
 
 // Config configures a Backend. Mints and WalletDir are required.
 type Config struct {

@@ -21,6 +21,7 @@ Cashu mints and Nostr relays, and how clients pay.`,
 			ledgerCommand(),
 			testnetCommand(),
 			cashuCommand(),
+			refundsCommand(),
 		},
 	}
 }

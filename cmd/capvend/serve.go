@@ -55,8 +55,14 @@ finish (up to 30 s), stops watching payments, and closes the ledger last.
 What was paid and not yet answered is finished at the next start.
 
 Crash tests set CAPVEND_FAILPOINT to a step of a paid call (after_quote,
-after_invoice, after_settlement, during_execution, after_result): capvend
-then kills itself with SIGKILL there.`,
+after_invoice, after_settlement, during_execution, after_result; Cashu:
+after_swap, between a token's swap and its record, and after_mint, between
+minting a paid quote and its record): capvend then kills itself with
+SIGKILL there.
+
+A paid call that fails is refunded: a hold invoice is canceled; a Cashu
+payment is paid back at once with a token from the wallet, in the answer;
+a plain invoice's payment is owed ('capvend refunds').`,
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&configFile, "config", "", "configuration `FILE` (default $CAPVEND_CONFIG, else ./capvend.yaml)")
 			fs.StringVar(&listen, "listen", "", "`ADDR` to serve MCP HTTP on, overriding http.listen")
@@ -93,6 +99,15 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	}
 	defer l.Close() // last: everything else has stopped by then
 
+	var failpoint func(string)
+	if step := e.Getenv("CAPVEND_FAILPOINT"); step != "" {
+		// Crash tests: die like a power cut at that step of a paid call.
+		failpoint = func(s string) {
+			if s == step {
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
+		}
+	}
 	var backends []vend.PaymentBackend
 	var closers []func() error
 	defer func() {
@@ -120,7 +135,7 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 			http.DefaultClient.Timeout = 30 * time.Second
 		}
 		b, err := cashu.New(cashu.Config{Mints: cfg.Cashu.Mints, WalletDir: cfg.Cashu.WalletDir,
-			AcceptTokens: cfg.Cashu.AcceptTokens, MintQuotes: cfg.Cashu.MintQuotes, Log: log}, l)
+			AcceptTokens: cfg.Cashu.AcceptTokens, MintQuotes: cfg.Cashu.MintQuotes, Log: log, Failpoint: failpoint}, l)
 		if err != nil {
 			return err
 		}
@@ -153,15 +168,7 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	vcfg := vend.Config{
 		Ledger: l, Backends: backends, Tools: ups, Prices: prices, TTL: cfg.Payments.TTL,
 		MaxUnpaidPerClient: cfg.Limits.MaxUnpaidPerClient, MaxUnpaidTotal: cfg.Limits.MaxUnpaidTotal,
-		RequestsPerMinute: cfg.Limits.RequestsPerMinute, Log: log,
-	}
-	if step := e.Getenv("CAPVEND_FAILPOINT"); step != "" {
-		// Crash tests: die like a power cut at that step of a paid call.
-		vcfg.Failpoint = func(s string) {
-			if s == step {
-				syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			}
-		}
+		RequestsPerMinute: cfg.Limits.RequestsPerMinute, Log: log, Failpoint: failpoint,
 	}
 	v, err := vend.New(vcfg)
 	if err != nil {

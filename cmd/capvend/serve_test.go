@@ -25,13 +25,15 @@ import (
 )
 
 // The regtest stack is started once, by the first test that needs it, and
-// stopped by TestMain.
+// stopped by TestMain; with CAPVEND_TEST_STACK=DIR it is the stack already
+// running in DIR (`capvend testnet up --dir DIR`), left running.
 var (
-	stackOnce  sync.Once
-	stack      *testnet.Stack
-	stackErr   error
-	stackTmp   string
-	capvendBin string
+	stackLoaded bool
+	stackOnce   sync.Once
+	stack       *testnet.Stack
+	stackErr    error
+	stackTmp    string
+	capvendBin  string
 	// lastHTTPUpstream is the example-tools --http address of the last
 	// configuration written (benchmarks call it directly).
 	lastHTTPUpstream string
@@ -39,7 +41,9 @@ var (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if stack != nil {
+	if stack != nil && stackLoaded {
+		stack.Release()
+	} else if stack != nil {
 		stack.Close()
 	}
 	if stackTmp != "" {
@@ -67,6 +71,11 @@ func needStack(t testing.TB) *testnet.Stack {
 			return
 		}
 		capvendBin = exe
+		if dir := os.Getenv("CAPVEND_TEST_STACK"); dir != "" {
+			stack, stackErr = testnet.Load(dir, os.Stderr)
+			stackLoaded = stackErr == nil
+			return
+		}
 		stack, stackErr = testnet.Start(ctx, testnet.Options{Dir: filepath.Join(stackTmp, "stack"), Executable: exe, Progress: os.Stderr})
 	})
 	if stackErr != nil {

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/capvend/capvend/billing/cashu"
+	"github.com/capvend/capvend/vend"
+)
+
+func refundsCommand() *command {
+	var lf ledgerFlags
+	var all bool
+	return &command{
+		Name:    "refunds",
+		Summary: "list the refunds owed to clients (--all: paid ones too); 'refunds pay ID' pays one",
+		Help: `A paid call that fails (the tool fails, a crash interrupts a call that must
+not run twice, a payment arrives after the request expired) is refunded:
+  - a hold invoice is canceled: Lightning returns the money, nothing is owed;
+  - a Cashu payment (a token, or a mint quote's invoice) is paid back at once
+    with a Cashu token from capvend's wallet, handed to the client in the
+    answer (error data.refund, or _meta["capvend/refund"] of the result);
+    if the wallet cannot make one (the mint is down) it stays owed, and is
+    paid when the client repeats the request;
+  - a plain LND invoice's payment stays owed: listed here, paid with
+    'capvend refunds pay'.
+An owed refund is money in liabilities:refunds; 'ledger balance' shows the
+same total, and 'ledger verify' checks the two agree.
+
+Lists, one line each: the refund's id, its call, the amount owed (sats with
+millisatoshi precision), to whom (the call's transport and client: an MCP
+session id or a Nostr pubkey), the refund invoice the client gave with the
+call (_meta["capvend/refund_invoice"]), when and why. With --all, paid
+refunds too, with how they were paid. Safe while 'capvend serve' runs.
+
+Examples:
+  capvend refunds
+  capvend refunds --all
+  capvend refunds pay 3`,
+		Flags: func(fs *flag.FlagSet) {
+			lf.register(fs)
+			fs.BoolVar(&all, "all", false, "list paid refunds too")
+		},
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) > 0 {
+				return usageError("unknown command %q for 'capvend refunds'; commands: pay", args[0])
+			}
+			l, err := lf.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			rs, err := l.Refunds(ctx, all)
+			if err != nil {
+				return err
+			}
+			return writeRefunds(e.Stdout, rs, all)
+		},
+		Subs: []*command{refundsPayCommand()},
+	}
+}
+
+// writeRefunds prints refunds as a table and a total of what is owed.
+func writeRefunds(w io.Writer, rs []vend.Refund, all bool) error {
+	var owed vend.Msat
+	n := 0
+	for _, r := range rs {
+		if r.State == vend.RefundOwed {
+			owed += r.Amount
+			n++
+		}
+	}
+	if len(rs) > 0 {
+		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tCALL\tAMOUNT (sat)\tSTATE\tTO\tREFUND INVOICE\tSINCE\tREASON")
+		for _, r := range rs {
+			state := string(r.State)
+			if r.State == vend.RefundPaid {
+				state = "paid by " + string(r.Method)
+				if r.Method == vend.RefundBolt11 {
+					state += " (" + string(r.Paid.AppendSats(nil)) + ")"
+				}
+			}
+			inv := "-"
+			if r.Invoice != "" {
+				inv = abbreviate(r.Invoice, 24)
+			}
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s %s\t%s\t%s\t%s\n", r.ID, r.CallID, r.Amount.AppendSats(nil), state,
+				r.Transport, r.Client, inv, r.CreatedAt.Format("2006-01-02 15:04Z"), r.Reason)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	switch {
+	case n == 0 && !all:
+		_, err := fmt.Fprintln(w, "no refunds owed")
+		return err
+	default:
+		_, err := fmt.Fprintf(w, "%d refund(s) owed, %s sat in all\n", n, owed.AppendSats(nil))
+		return err
+	}
+}
+
+func abbreviate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+func refundsPayCommand() *command {
+	var cf cashuFlags
+	var payCashu bool
+	var invoice, mint string
+	register := func(fs *flag.FlagSet) {
+		cf.register(fs)
+		fs.BoolVar(&payCashu, "cashu", false, "pay with a Cashu token from the wallet, printed for you to hand to the client")
+		fs.StringVar(&invoice, "invoice", "", "pay this bolt11 `INVOICE` (at most the amount owed) instead of the client's")
+		fs.StringVar(&mint, "mint", "", "pay from the ecash of mint `URL` (default the refund's mint if configured, else the first of cashu.mints)")
+	}
+	return &command{
+		Name:    "pay",
+		Args:    "ID",
+		Summary: "pay an owed refund: to the client's bolt11, another bolt11, or as a Cashu token",
+		Help: `Pays refund ID (see 'capvend refunds') from capvend's Cashu wallet, once:
+  (default)          to the bolt11 invoice the client gave with the call
+                     (_meta["capvend/refund_invoice"]), through the mint (a
+                     melt, NUT-05); an error if it gave none;
+  --invoice BOLT11   to that invoice instead;
+  --cashu            as a Cashu token of the amount (rounded up to a whole
+                     sat), printed for you to hand to the client.
+An invoice must carry an amount in whole sats, at most what is owed (one
+asking more is refused; one asking less settles the refund, the rest staying
+income:overpayments). The payout is booked in one entry:
+  Dr liabilities:refunds        the amount owed
+  Dr expenses:fees:cashu:<mint> what paying cost (mint and Lightning fees)
+  Cr assets:cashu:<mint>        the ecash that left the wallet
+A refund is paid once: paying it again is refused (the ledger's schema
+refuses a second payout). The wallet is opened like 'capvend cashu melt':
+stop 'capvend serve' first.
+
+Examples:
+  capvend refunds pay 3
+  capvend refunds pay 3 --invoice lnbc210n1...
+  capvend refunds pay 3 --cashu`,
+		Flags: register,
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) == 0 {
+				return usageError("pay takes the refund's ID (see 'capvend refunds')")
+			}
+			// Flags may follow the ID: parse them again.
+			fs := flag.NewFlagSet("capvend refunds pay", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			register(fs)
+			if err := fs.Parse(args[1:]); err != nil {
+				return usageError("%v (see 'capvend refunds pay --help')", err)
+			}
+			if fs.NArg() > 0 {
+				return usageError("pay takes one ID, got %q too", fs.Arg(0))
+			}
+			id, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil || id <= 0 {
+				return usageError("refund ID %q: want a number from 'capvend refunds'", args[0])
+			}
+			if payCashu && invoice != "" {
+				return usageError("--cashu and --invoice exclude each other")
+			}
+			if invoice != "" && strings.TrimSpace(invoice) == "" {
+				return usageError("--invoice is empty")
+			}
+			l, dir, mints, err := cf.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			if payCashu {
+				r, err := cashu.PayRefundToken(ctx, dir, mints, mint, vend.RefundID(id), l)
+				if err != nil {
+					return refundError(err)
+				}
+				fmt.Fprintf(e.Stdout, "refund %d (call %d) paid: %s to %s %s (fee %s)\nhand this Cashu token to the client:\n%s\n",
+					r.ID, r.CallID, r.Paid, r.Transport, r.Client, r.Fee, r.Token)
+				return nil
+			}
+			r, res, err := cashu.PayRefundInvoice(ctx, dir, mints, mint, vend.RefundID(id), invoice, l)
+			if err != nil {
+				if errors.Is(err, cashu.ErrNoRefundInvoice) {
+					return &exitError{code: 1, err: fmt.Errorf("refund %d: the client gave no refund invoice: pass --invoice BOLT11 or --cashu", id)}
+				}
+				return refundError(err)
+			}
+			fmt.Fprintf(e.Stdout, "refund %d (call %d) paid: %s to %s %s's invoice (fee %s) from %s\nmelt quote %s\npreimage   %s\n",
+				r.ID, r.CallID, res.Amount, r.Transport, r.Client, res.Fee, res.Mint, res.Quote, res.Preimage)
+			return nil
+		},
+	}
+}
+
+// refundError words a refused payout for the operator.
+func refundError(err error) error {
+	switch {
+	case errors.Is(err, vend.ErrNotFound):
+		return &exitError{code: 1, err: fmt.Errorf("%w (see 'capvend refunds')", err)}
+	case errors.Is(err, vend.ErrRefundPaid):
+		return &exitError{code: 1, err: err}
+	}
+	return err
+}
