@@ -1,7 +1,9 @@
 // Package ledger is capvend's durable record of money: priced calls, payment
-// requests and their settlement, Cashu proofs received, stored results, the
-// record of every execution (what was sent upstream, checked against what
-// the call sold), and a double-entry journal in millisatoshis. It implements vend.Ledger on a
+// requests and their settlement, Cashu proofs received (recorded swapping
+// before the mint swaps them), stored results, the record of every
+// execution (what was sent upstream, checked against what the call sold),
+// refunds owed to clients and their payouts (refunds.go), and a
+// double-entry journal in millisatoshis. It implements vend.Ledger on a
 // SQLite file (mattn/go-sqlite3) opened with WAL, synchronous=FULL, foreign
 // keys and immediate write transactions; every state change is one
 // transaction. The schema's own constraints and triggers enforce the money

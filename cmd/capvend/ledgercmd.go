@@ -170,6 +170,9 @@ func ledgerVerifyCommand() *command {
   - every call that ran keeps its stored result;
   - no payment claimed twice, no Cashu proof received twice;
   - refunds of settled payments are booked exactly once;
+  - refunds owed (capvend refunds) sum to the balance of
+    liabilities:refunds; each refund entry has its refund record; each
+    paid refund has exactly one payout entry;
   - the schema's triggers that enforce these are in place.
 Prints a report; exits 0 when all hold, 1 when any fails.`,
 		Flags: func(fs *flag.FlagSet) {
@@ -209,7 +212,9 @@ func ledgerBalanceCommand() *command {
 		Summary: "show revenue per tool and per day, account balances and pending amounts",
 		Help: `Revenue is net of refunds, in sats with millisatoshi precision. Pending shows
 payment requests not yet paid (and not expired), hold invoices locked in but
-not yet settled, calls waiting for payment, and refunds owed to clients.`,
+not yet settled, calls waiting for payment, and refunds owed to clients
+(how many and their total: what 'capvend refunds' lists; ledger verify
+checks it is the balance of liabilities:refunds).`,
 		Flags: lf.register,
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) > 0 {

@@ -251,6 +251,18 @@ func TestREADME(t *testing.T) {
 			t.Errorf("verify:\n%s", out)
 		}
 	})
+	// The demo's failed call was paid by a hold invoice: canceled, nothing
+	// owed.
+	ledgerCmd("capvend refunds", func(t *testing.T, out string) {
+		if !strings.Contains(out, "no refunds owed") {
+			t.Errorf("refunds:\n%s", out)
+		}
+	})
+	ledgerCmd("capvend refunds --all", func(t *testing.T, out string) {
+		if !strings.Contains(out, "0 refund(s) owed") {
+			t.Errorf("refunds --all:\n%s", out)
+		}
+	})
 }
 
 // runCapvend runs capvend in-process with args in the current folder and
