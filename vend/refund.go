@@ -215,7 +215,7 @@ func (v *Vendor) refunded(ctx context.Context, call *Call, res CallResult, err e
 		}
 		return res, err
 	}
-	if r.State == RefundOwed && r.Backend == BackendCashu {
+	if r.State == RefundOwed && r.Backend == BackendCashu && ctx.Value(noClientKey{}) == nil {
 		r = v.payRefund(ctx, r)
 	}
 	info := r.Info()
@@ -224,6 +224,16 @@ func (v *Vendor) refunded(ctx context.Context, call *Call, res CallResult, err e
 	}
 	res.Body = withRefundMeta(res.Body, info)
 	return res, nil
+}
+
+type noClientKey struct{}
+
+// withoutClient marks ctx as serving no client: work started by a payment
+// report or by Recover, whose answer waits in the ledger for a replay. A
+// Cashu refund is then left owed rather than made into a token nobody
+// receives; the client's repeat of the request pays it.
+func withoutClient(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noClientKey{}, true)
 }
 
 // payRefund pays an owed Cashu refund as ecash through a backend that can,

@@ -18,9 +18,11 @@ import (
 // tokens and pays refunds with made-up tokens, booked in the real ledger;
 // down makes the wallet unable to make one (the mint is unreachable).
 type fakeCashu struct {
-	led  *ledger.Ledger
-	down atomic.Bool
-	made atomic.Int32 // refund tokens made
+	led    *ledger.Ledger
+	down   atomic.Bool
+	made   atomic.Int32 // refund tokens made
+	report atomic.Pointer[func(vend.PaymentEvent)]
+	quotes chan vend.Payment // each mint quote requested
 }
 
 var (
@@ -29,11 +31,31 @@ var (
 )
 
 func (f *fakeCashu) Backend() vend.Backend { return vend.BackendCashu }
+
+// Request issues a mint quote (a made-up bolt11); payQuote pays it.
 func (f *fakeCashu) Request(ctx context.Context, r vend.PaymentRequest) (vend.Payment, error) {
-	return vend.Payment{}, errors.New("no mint quotes")
+	p, err := f.led.RecordPayment(ctx, r.CallID, vend.NewPayment{Backend: vend.BackendCashu, Kind: vend.KindMintQuote,
+		Ref: fmt.Sprintf("quote-%d", r.CallID), Bolt11: "lnbcrt-quote", MintURL: "http://mint", Amount: r.Amount, ExpiresAt: time.Now().Add(r.Expiry)})
+	if err == nil && f.quotes != nil {
+		f.quotes <- p
+	}
+	return p, err
 }
+
+func (f *fakeCashu) payQuote(t *testing.T, ref string) {
+	p, err := f.led.Payment(context.Background(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = f.led.SettlePayment(context.Background(), vend.Settlement{Ref: ref, Amount: p.Amount}); err != nil {
+		t.Fatal(err)
+	}
+	(*f.report.Load())(vend.PaymentEvent{Payment: p})
+}
+
 func (f *fakeCashu) Cancel(ctx context.Context, ref string) error { return nil }
 func (f *fakeCashu) Run(ctx context.Context, report func(vend.PaymentEvent)) error {
+	f.report.Store(&report)
 	<-ctx.Done()
 	return ctx.Err()
 }
@@ -236,4 +258,42 @@ func TestFailedInvoiceCallIsOwedToTheRefundInvoice(t *testing.T) {
 	if owed, _ := hh.l.Refunds(ctx, true); len(owed) != 0 {
 		t.Fatalf("refunds %+v", owed)
 	}
+}
+
+// TestCashuRefundWaitsForItsClient: a mint quote paid after its client
+// left runs in the background and fails: the refund is not made into a
+// token nobody would receive; it stays owed until the client repeats its
+// request, which gets the token.
+func TestCashuRefundWaitsForItsClient(t *testing.T) {
+	c := &fakeCashu{quotes: make(chan vend.Payment, 1)}
+	h := newHarness(t, false, withCashu(c, true))
+	c.led = h.l
+	for c.report.Load() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := req("1", "demo_fail", `{"text":"x"}`, nil)
+	r.InvoiceFrom = vend.BackendCashu
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.v.CallTool(ctx, r)
+		done <- err
+	}()
+	p := <-c.quotes
+	cancel() // the client leaves
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	c.payQuote(t, p.Ref) // and its invoice is paid anyway
+	waitState(t, h.l, p.CallID, vend.CallRefunded)
+	if rf, err := h.l.CallRefund(context.Background(), p.CallID); err != nil || rf.State != vend.RefundOwed || c.made.Load() != 0 {
+		t.Fatalf("refund %+v %v, tokens made %d", rf, err, c.made.Load())
+	}
+	verify(t, h.l)
+	res, err := h.v.CallTool(context.Background(), r)
+	info, ok := refundMeta(t, res.Body)
+	if err != nil || !ok || info.Owed || info.Cashu == "" || c.made.Load() != 1 {
+		t.Fatalf("the client's repeat: %s %v", res.Body, err)
+	}
+	verify(t, h.l)
 }

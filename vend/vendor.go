@@ -224,7 +224,7 @@ func (v *Vendor) background(fn func(ctx context.Context)) {
 	v.bgWG.Add(1)
 	go func() {
 		defer v.bgWG.Done()
-		fn(ctx)
+		fn(withoutClient(ctx))
 	}()
 }
 
@@ -240,6 +240,7 @@ const recoverWorkers = 8
 // wait in the ledger for the clients' replays. At most recoverWorkers
 // calls are handled at once. Run calls it once the backends watch.
 func (v *Vendor) Recover(ctx context.Context) error {
+	ctx = withoutClient(ctx)
 	calls, err := v.cfg.Ledger.CallsIn(ctx, CallQuoted, CallPaid, CallExecuting, CallFailed)
 	if err != nil {
 		return err
