@@ -1001,7 +1001,8 @@ func (v *Vendor) resume(ctx context.Context, call *Call, t *Tool, args json.RawM
 		}
 		return CallResult{Body: res.Body, IsError: res.IsError}, nil
 	case CallExpired, CallCanceled:
-		return CallResult{}, ErrPaymentExpired
+		// Paid after all (late, or a swap learned late): owed back.
+		return v.refunded(ctx, call, CallResult{}, ErrPaymentExpired)
 	case CallQuoted:
 		return v.quote(ctx, call, t, args, r)
 	case CallExecuting:
