@@ -59,7 +59,8 @@ func cashuCommand() *command {
 		Help: `capvend keeps the ecash it earns (minted from paid mint quotes, or swapped
 from tokens clients hand over) in a gonuts wallet in cashu.wallet_dir. These
 commands open that wallet, which only one process may hold at a time: stop
-'capvend serve' first (they fail at once, rather than wait, while it runs).`,
+'capvend serve' first (they fail at once, rather than wait, while it runs).
+Refunds owed to clients are paid from this wallet too ('capvend refunds').`,
 		Subs: []*command{cashuBalanceCommand(), cashuMeltCommand()},
 	}
 }
