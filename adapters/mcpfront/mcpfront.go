@@ -214,6 +214,14 @@ type Config struct {
 	// take to answer an elicitation (to call again with the answer);
 	// then the upstream gets "cancel". 0: DefaultElicitTimeout.
 	ElicitTimeout time.Duration
+
+	// SessionIdle ends an MCP session (protocols before 2026-07-28) that
+	// had no request in flight for this long. 0: DefaultSessionIdle.
+	SessionIdle time.Duration
+	// MaxSessions bounds the live MCP sessions: at the bound, a new
+	// initialize evicts the session idle the longest, or gets 503 when
+	// every session has a request in flight. 0: DefaultMaxSessions.
+	MaxSessions int
 }
 
 // Server is the client-facing MCP server. Create it with New.
@@ -227,6 +235,8 @@ type Server struct {
 	inStdi bool
 
 	catalog catalogState // what Refresh registered of the Catalog
+
+	sessions *sessions // the MCP sessions issued (protocols before 2026-07-28)
 
 	// elicits are the elicitations handed to clients on protocol
 	// 2026-07-28, by requestState token, until answered or expired.
@@ -267,6 +277,15 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ElicitTimeout == 0 {
 		cfg.ElicitTimeout = DefaultElicitTimeout
 	}
+	if cfg.SessionIdle < 0 || cfg.MaxSessions < 0 {
+		return nil, errors.New("mcpfront: SessionIdle or MaxSessions is negative")
+	}
+	if cfg.SessionIdle == 0 {
+		cfg.SessionIdle = DefaultSessionIdle
+	}
+	if cfg.MaxSessions == 0 {
+		cfg.MaxSessions = DefaultMaxSessions
+	}
 	if cfg.Name == "" {
 		cfg.Name = "capvend"
 	}
@@ -283,7 +302,8 @@ func New(cfg Config) (*Server, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, nonce: hex.EncodeToString(b[:]), elicits: map[string]*pendingAsk{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, nonce: hex.EncodeToString(b[:]), elicits: map[string]*pendingAsk{},
+		sessions: newSessions(cfg.SessionIdle, cfg.MaxSessions)}
 	s.streams, s.closeStreams = context.WithCancel(context.Background())
 
 	hooks := &server.Hooks{}
@@ -303,6 +323,7 @@ func New(cfg Config) (*Server, error) {
 	s.mcp = server.NewMCPServer(cfg.Name, cfg.Version, opts...)
 	s.http = server.NewStreamableHTTPServer(s.mcp,
 		server.WithEndpointPath("/mcp"),
+		server.WithSessionIdManagerResolver(sessionResolver{s}),
 		server.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
 			ctx = context.WithValue(ctx, keyTransport, TransportHTTP)
 			id := ""

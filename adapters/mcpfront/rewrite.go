@@ -183,7 +183,16 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = io.NopCloser(bytes.NewReader(body))
 	}
 	r.Header.Del(rpcIDHeader) // only the BeforeCallTool hook sets it
-	rw := &rewriteWriter{s: s, w: w, modern: isModern(r, body)}
+	modern := isModern(r, body)
+	if !modern {
+		var done func()
+		var ok bool
+		if r, done, ok = s.serveSession(w, r, body); !ok {
+			return
+		}
+		defer done()
+	}
+	rw := &rewriteWriter{s: s, w: w, modern: modern}
 	defer rw.finish()
 	ctx := context.WithValue(r.Context(), keyHTTPWriter, rw)
 	if r.Method == http.MethodGet || isListen(body) {

@@ -1,0 +1,325 @@
+package mcpfront
+
+import (
+	"container/list"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/mark3labs/mcp-go/server"
+)
+
+// JSON-RPC codes of the transport's own refusals, as the MCP SDKs send
+// them (the TypeScript SDK answers an unknown session with -32001 and other
+// transport errors with -32000).
+const (
+	codeTransport       = -32000
+	codeSessionNotFound = -32001
+)
+
+// Session defaults (Config.SessionIdle, Config.MaxSessions).
+const (
+	DefaultSessionIdle = 30 * time.Minute
+	DefaultMaxSessions = 10_000
+)
+
+// sessionIDPrefix starts every session id (as mcp-go's own ids do); 32
+// random bytes follow, base64url.
+const sessionIDPrefix = "mcp-session-"
+
+var (
+	// errSessionsFull: every one of MaxSessions sessions has a request in
+	// flight, so none can be evicted for a new one (503).
+	errSessionsFull = errors.New("too many sessions")
+	// errUnknownSession: a session id this Server did not issue, or
+	// issued and then ended (expired, evicted, terminated by DELETE).
+	errUnknownSession = errors.New("unknown session")
+)
+
+// sessions are the MCP sessions (protocols before 2026-07-28) this Server
+// issued. A session is live from its initialize until DELETE, until it was
+// idle (no request in flight) for idle, or until it is evicted: when max
+// sessions are live, a new initialize evicts the one idle the longest, and
+// is refused (503) when every session has a request in flight. Ids are 256
+// random bits; nothing else is accepted.
+type sessions struct {
+	idle time.Duration
+	max  int
+	now  func() time.Time // the clock; tests move it
+
+	mu   sync.Mutex
+	byID map[string]*session
+	lru  *list.List // sessions with no request in flight, least recently active at the back
+}
+
+type session struct {
+	id       string
+	last     time.Time     // the end of its last request (or its start)
+	inflight int           // requests being served
+	elem     *list.Element // its place in lru; nil while a request is in flight
+}
+
+func newSessions(idle time.Duration, max int) *sessions {
+	return &sessions{idle: idle, max: max, now: time.Now, byID: map[string]*session{}, lru: list.New()}
+}
+
+// newSessionID returns a fresh session id.
+func newSessionID() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return sessionIDPrefix + base64.RawURLEncoding.EncodeToString(b[:]), nil
+}
+
+// admit issues a new session for an initialize request, with that request
+// in flight (call end when it is answered). It returns the ids of the
+// sessions that expired or were evicted, for the caller to clean up
+// (outside any lock); errSessionsFull if none could be evicted.
+func (ss *sessions) admit() (id string, gone []string, err error) {
+	id, err = newSessionID()
+	if err != nil {
+		return "", nil, err
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	gone = ss.sweep(nil)
+	if len(ss.byID) >= ss.max {
+		back := ss.lru.Back()
+		if back == nil {
+			return "", gone, errSessionsFull
+		}
+		victim := back.Value.(*session)
+		ss.remove(victim)
+		gone = append(gone, victim.id)
+	}
+	ss.byID[id] = &session{id: id, last: ss.now(), inflight: 1}
+	return id, gone, nil
+}
+
+// begin marks a request of session id in flight: until end, the session
+// neither expires nor is evicted. errUnknownSession if id is not live (an
+// id found expired is ended now and returned in gone, with any others).
+func (ss *sessions) begin(id string) (gone []string, err error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	gone = ss.sweep(nil)
+	s := ss.byID[id]
+	if s == nil {
+		return gone, errUnknownSession
+	}
+	if s.elem != nil {
+		ss.lru.Remove(s.elem)
+		s.elem = nil
+	}
+	s.inflight++
+	return gone, nil
+}
+
+// end ends a request begin (or admit) started. The session's idle time
+// counts from now when it was its last request in flight. A session that
+// was terminated meanwhile stays ended.
+func (ss *sessions) end(id string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	s := ss.byID[id]
+	if s == nil || s.inflight == 0 {
+		return
+	}
+	s.inflight--
+	if s.inflight == 0 {
+		s.last = ss.now()
+		s.elem = ss.lru.PushFront(s)
+	}
+}
+
+// live reports whether id is a live session (not expired).
+func (ss *sessions) live(id string) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	s := ss.byID[id]
+	return s != nil && !(s.elem != nil && ss.expired(s))
+}
+
+// terminate ends session id (DELETE). It reports whether it was live.
+func (ss *sessions) terminate(id string) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	s := ss.byID[id]
+	if s == nil {
+		return false
+	}
+	ss.remove(s)
+	return true
+}
+
+// count returns the number of live (or not yet swept) sessions.
+func (ss *sessions) count() int {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return len(ss.byID)
+}
+
+// sweep ends the sessions idle for longer than ss.idle, appending their
+// ids to gone. The lru list is in order of last activity, so this stops at
+// the first session still fresh: amortised O(1) per request.
+func (ss *sessions) sweep(gone []string) []string {
+	for back := ss.lru.Back(); back != nil; back = ss.lru.Back() {
+		s := back.Value.(*session)
+		if !ss.expired(s) {
+			break
+		}
+		ss.remove(s)
+		gone = append(gone, s.id)
+	}
+	return gone
+}
+
+func (ss *sessions) expired(s *session) bool { return ss.now().Sub(s.last) >= ss.idle }
+
+func (ss *sessions) remove(s *session) {
+	if s.elem != nil {
+		ss.lru.Remove(s.elem)
+		s.elem = nil
+	}
+	delete(ss.byID, s.id)
+}
+
+// ctxNewSession carries the id admit issued for an initialize request to
+// the session id manager mcp-go asks for it (see sessionManager.Generate).
+type ctxNewSession struct{}
+
+// sessionResolver gives mcp-go, per request, the session id manager that
+// knows the id admitted for that request.
+type sessionResolver struct{ s *Server }
+
+func (r sessionResolver) ResolveSessionIdManager(req *http.Request) server.SessionIdManager {
+	m := sessionManager{s: r.s}
+	if req != nil {
+		m.issued, _ = req.Context().Value(ctxNewSession{}).(string)
+	}
+	return m
+}
+
+// sessionManager is mcp-go's view of the sessions. The front's handler
+// checks every request before mcp-go sees it (serveSession); this is the
+// second lock on the same door.
+type sessionManager struct {
+	s      *Server
+	issued string // the id admitted for this request, if it is an initialize
+}
+
+// Generate returns the id admitted for this initialize request. mcp-go
+// calls it only for a legacy initialize, which serveSession admitted; any
+// other caller gets an id that was never issued, so it is refused later.
+func (m sessionManager) Generate() string {
+	if m.issued != "" {
+		return m.issued
+	}
+	id, err := newSessionID()
+	if err != nil {
+		return sessionIDPrefix + "unissued"
+	}
+	return id
+}
+
+// Validate refuses (404 in mcp-go) every id that is not a live session.
+func (m sessionManager) Validate(id string) (isTerminated bool, err error) {
+	if !m.s.sessions.live(id) {
+		return false, errUnknownSession
+	}
+	return false, nil
+}
+
+// Terminate ends id (mcp-go's DELETE, or its own sweeps). Ending an id
+// that is not live is allowed: the caller then only cleans up mcp-go's
+// state of it.
+func (m sessionManager) Terminate(id string) (isNotAllowed bool, err error) {
+	m.s.sessions.terminate(id)
+	return false, nil
+}
+
+// forget removes mcp-go's state of sessions that ended without a DELETE
+// (expired, evicted): mcp-go keeps a registered session per initialize
+// and cleans it up only on DELETE, so a DELETE is sent to it, in process.
+func (s *Server) forget(ids []string) {
+	for _, id := range ids {
+		req, err := http.NewRequestWithContext(context.Background(), http.MethodDelete, "/mcp", nil)
+		if err != nil {
+			continue
+		}
+		req.Header.Set(server.HeaderKeySessionID, id)
+		s.http.ServeHTTP(discardResponse{h: http.Header{}}, req)
+		s.log.Debug("mcp session ended", logKeyReason, "idle or evicted")
+	}
+}
+
+// discardResponse is the ResponseWriter of forget's DELETEs.
+type discardResponse struct{ h http.Header }
+
+func (d discardResponse) Header() http.Header         { return d.h }
+func (d discardResponse) Write(p []byte) (int, error) { return len(p), nil }
+func (d discardResponse) WriteHeader(int)             {}
+
+// serveSession applies the session rules to a request of a protocol
+// before 2026-07-28 and, if it may go on, returns the session id it runs
+// in (call done when it is answered) and the request to hand to mcp-go.
+// Otherwise it has answered: 400 without a session id (except initialize),
+// 404 for an id that is not a live session, 503 when no session can be
+// made for an initialize. Every refusal has a JSON-RPC error body.
+func (s *Server) serveSession(w http.ResponseWriter, r *http.Request, body []byte) (*http.Request, func(), bool) {
+	var id string
+	var gone []string
+	var err error
+	switch {
+	case r.Method == http.MethodPost && isInitialize(body):
+		id, gone, err = s.sessions.admit()
+		if err == nil {
+			r = r.WithContext(context.WithValue(r.Context(), ctxNewSession{}, id))
+		}
+	case r.Method == http.MethodPost || r.Method == http.MethodGet || r.Method == http.MethodDelete:
+		id = r.Header.Get(server.HeaderKeySessionID)
+		if id == "" {
+			writeRPCError(w, http.StatusBadRequest, rpcID(body), codeTransport, "Bad Request: Mcp-Session-Id header is required")
+			return nil, nil, false
+		}
+		gone, err = s.sessions.begin(id)
+	default:
+		return r, func() {}, true // mcp-go refuses other methods
+	}
+	s.forget(gone)
+	switch {
+	case errors.Is(err, errUnknownSession):
+		s.log.Debug("mcp session refused", logKeyReason, "unknown, expired or terminated")
+		writeRPCError(w, http.StatusNotFound, rpcID(body), codeSessionNotFound, "Session not found")
+		return nil, nil, false
+	case errors.Is(err, errSessionsFull):
+		s.log.Warn("mcp initialize refused: every session is busy", "max_sessions", s.sessions.max)
+		w.Header().Set("Retry-After", strconv.Itoa(1))
+		writeRPCError(w, http.StatusServiceUnavailable, rpcID(body), codeTransport, "Service Unavailable: too many sessions")
+		return nil, nil, false
+	case err != nil:
+		s.log.Error("mcp session not issued", logKeyErr, err)
+		writeRPCError(w, http.StatusInternalServerError, rpcID(body), rpcerrInternal, "Internal error")
+		return nil, nil, false
+	}
+	return r, func() { s.sessions.end(id) }, true
+}
+
+// writeRPCError answers with a JSON-RPC error and HTTP status.
+func writeRPCError(w http.ResponseWriter, status int, id []byte, code int, msg string) {
+	if len(id) == 0 {
+		id = []byte("null")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Del("Content-Length")
+	w.WriteHeader(status)
+	m, _ := jsonString(msg)
+	fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":%s}}`+"\n", id, code, m)
+}
