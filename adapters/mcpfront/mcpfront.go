@@ -128,8 +128,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -222,6 +222,15 @@ type Config struct {
 	// initialize evicts the session idle the longest, or gets 503 when
 	// every session has a request in flight. 0: DefaultMaxSessions.
 	MaxSessions int
+
+	// TrustedProxies are the peers whose X-Forwarded-For (and
+	// ClientIDHeader) are believed: see Source in the package doc.
+	TrustedProxies []netip.Prefix
+	// ClientIDHeader, if set, names a header a trusted proxy sets to who
+	// the client is (e.g. after its own authentication): a request from
+	// a trusted proxy carrying it counts as "id:<value>". It requires
+	// TrustedProxies.
+	ClientIDHeader string
 }
 
 // Server is the client-facing MCP server. Create it with New.
@@ -283,6 +292,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.SessionIdle == 0 {
 		cfg.SessionIdle = DefaultSessionIdle
 	}
+	if cfg.ClientIDHeader != "" && len(cfg.TrustedProxies) == 0 {
+		return nil, errors.New("mcpfront: ClientIDHeader needs TrustedProxies: only a trusted proxy may say who the client is")
+	}
+	cfg.ClientIDHeader = http.CanonicalHeaderKey(cfg.ClientIDHeader)
 	if cfg.MaxSessions == 0 {
 		cfg.MaxSessions = DefaultMaxSessions
 	}
@@ -336,9 +349,7 @@ func New(cfg Config) (*Server, error) {
 			if id == "" {
 				id = anonClient
 			}
-			if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-				ctx = context.WithValue(ctx, keySource, "ip:"+host)
-			}
+			ctx = context.WithValue(ctx, keySource, s.source(r))
 			return context.WithValue(ctx, keyClient, id)
 		}),
 		server.WithStreamableHTTPLogger(cfg.Logger),
