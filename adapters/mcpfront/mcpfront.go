@@ -123,9 +123,11 @@ package mcpfront
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -231,6 +233,19 @@ type Config struct {
 	// a trusted proxy carrying it counts as "id:<value>". It requires
 	// TrustedProxies.
 	ClientIDHeader string
+
+	// AllowedOrigins are the web origins whose requests are served; a
+	// request with another Origin header gets 403 (one without Origin,
+	// from anything but a browser, is served). An entry is an origin
+	// ("https://app.example.com", "http://localhost:3000"), an origin
+	// with any port ("http://localhost:*"), or "*" (any). nil:
+	// DefaultAllowedOrigins (loopback only).
+	AllowedOrigins []string
+	// BearerToken, if not empty, must be presented by every HTTP request
+	// as "Authorization: Bearer <token>" (401 otherwise). A secret: only
+	// its hash is kept, compared in constant time, never logged. At
+	// least 16 bytes.
+	BearerToken []byte
 }
 
 // Server is the client-facing MCP server. Create it with New.
@@ -245,7 +260,9 @@ type Server struct {
 
 	catalog catalogState // what Refresh registered of the Catalog
 
-	sessions *sessions // the MCP sessions issued (protocols before 2026-07-28)
+	sessions  *sessions    // the MCP sessions issued (protocols before 2026-07-28)
+	origins   []originRule // Config.AllowedOrigins
+	tokenHash []byte       // SHA-256 of Config.BearerToken; nil: no token
 
 	// elicits are the elicitations handed to clients on protocol
 	// 2026-07-28, by requestState token, until answered or expired.
@@ -296,6 +313,26 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("mcpfront: ClientIDHeader needs TrustedProxies: only a trusted proxy may say who the client is")
 	}
 	cfg.ClientIDHeader = http.CanonicalHeaderKey(cfg.ClientIDHeader)
+	if cfg.AllowedOrigins == nil {
+		cfg.AllowedOrigins = DefaultAllowedOrigins()
+	}
+	var origins []originRule
+	for _, o := range cfg.AllowedOrigins {
+		rule, err := parseOriginRule(o)
+		if err != nil {
+			return nil, fmt.Errorf("mcpfront: %w", err)
+		}
+		origins = append(origins, rule)
+	}
+	var tokenHash []byte
+	if len(cfg.BearerToken) > 0 {
+		if len(cfg.BearerToken) < minBearerToken {
+			return nil, fmt.Errorf("mcpfront: BearerToken is shorter than %d bytes", minBearerToken)
+		}
+		sum := sha256.Sum256(cfg.BearerToken)
+		tokenHash = sum[:]
+		cfg.BearerToken = nil // keep only the hash
+	}
 	if cfg.MaxSessions == 0 {
 		cfg.MaxSessions = DefaultMaxSessions
 	}
@@ -316,7 +353,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, nonce: hex.EncodeToString(b[:]), elicits: map[string]*pendingAsk{},
-		sessions: newSessions(cfg.SessionIdle, cfg.MaxSessions)}
+		sessions: newSessions(cfg.SessionIdle, cfg.MaxSessions), origins: origins, tokenHash: tokenHash}
 	s.streams, s.closeStreams = context.WithCancel(context.Background())
 
 	hooks := &server.Hooks{}

@@ -163,6 +163,9 @@ func (l *lineWriter) Write(p []byte) (int, error) {
 // serveHTTP bounds the body, then hands the request to mcp-go with a
 // response writer that rewrites placeholders.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.guard(w, r) {
+		return
+	}
 	var body []byte
 	if r.Method == http.MethodPost {
 		if r.ContentLength > s.cfg.MaxBodyBytes {
