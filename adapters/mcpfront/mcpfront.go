@@ -241,6 +241,14 @@ type Config struct {
 	// with any port ("http://localhost:*"), or "*" (any). nil:
 	// DefaultAllowedOrigins (loopback only).
 	AllowedOrigins []string
+	// WriteTimeout bounds each write to an HTTP client: before every
+	// write the front moves the connection's write deadline to now +
+	// WriteTimeout. A response stream may so stay open and quiet for as
+	// long as its call needs (a payment wait, up to the payment TTL),
+	// while a client that stops reading is cut off. Give the http.Server
+	// the same WriteTimeout: it covers what the front does not write. 0:
+	// the front sets no deadline.
+	WriteTimeout time.Duration
 	// BearerToken, if not empty, must be presented by every HTTP request
 	// as "Authorization: Bearer <token>" (401 otherwise). A secret: only
 	// its hash is kept, compared in constant time, never logged. At

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
 
@@ -195,7 +196,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		defer done()
 	}
-	rw := &rewriteWriter{s: s, w: w, modern: modern}
+	rw := &rewriteWriter{s: s, w: w, modern: modern, rc: http.NewResponseController(w)}
+	rw.extend()
 	defer rw.finish()
 	ctx := context.WithValue(r.Context(), keyHTTPWriter, rw)
 	if r.Method == http.MethodGet || isListen(body) {
@@ -250,8 +252,9 @@ func tooLarge(w http.ResponseWriter) {
 // placeholder are rewritten. It also lets Notify write events on the
 // request's own stream (see notify), so every write is serialised.
 type rewriteWriter struct {
-	s *Server
-	w http.ResponseWriter
+	s  *Server
+	w  http.ResponseWriter
+	rc *http.ResponseController // moves the write deadline (Config.WriteTimeout)
 
 	// modern requests (protocol 2026-07-28) map error codes to HTTP
 	// statuses; their status is held until the body shows the real code.
@@ -289,7 +292,19 @@ func (rw *rewriteWriter) Flush() {
 	rw.flush()
 }
 
+// extend moves the connection's write deadline to now + WriteTimeout,
+// before a write: only a client that stops reading runs into it, not a
+// stream that is quiet while its call waits. Never once the handler
+// returned: the connection may serve the next request by then. Called
+// with rw.mu held (or before any other use of rw).
+func (rw *rewriteWriter) extend() {
+	if d := rw.s.cfg.WriteTimeout; d > 0 && !rw.finished {
+		_ = rw.rc.SetWriteDeadline(time.Now().Add(d)) // ErrNotSupported: nothing to move
+	}
+}
+
 func (rw *rewriteWriter) flush() {
+	rw.extend()
 	rw.commitPending(nil)
 	if f, ok := rw.w.(http.Flusher); ok && !rw.finished {
 		f.Flush()
@@ -340,6 +355,7 @@ func (rw *rewriteWriter) Write(p []byte) (int, error) {
 	}
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
+	rw.extend()
 	rw.commitPending(bytes.TrimSpace(out))
 	rw.wroteHeader = true
 	if _, err := rw.w.Write(out); err != nil {
@@ -362,6 +378,7 @@ func (rw *rewriteWriter) notify(msg []byte) bool {
 	if rw.finished {
 		return false
 	}
+	rw.extend()
 	if !rw.wroteHeader {
 		h := rw.w.Header()
 		h.Set("Content-Type", "text/event-stream")
