@@ -36,6 +36,8 @@ func toWire(err error, tool string) wireError {
 		return wireError{Code: rpcerr.CodeInvalidParams, Message: "Unknown or expired request state"}
 	case errors.Is(err, errInputResponse):
 		return wireError{Code: rpcerr.CodeInvalidParams, Message: "Invalid params: " + errInputResponse.Error()}
+	case errors.Is(err, errReused):
+		return wireError{Code: rpcerr.CodeInvalidRequest, Message: "Invalid Request: request id reused with different parameters"}
 	}
 	return rpcerr.FromVend(err, tool)
 }
@@ -105,7 +107,7 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 	cr.Notify = s.notifier(ctx)
 
 	if req.Params.RequestState != "" {
-		return s.resume(ctx, req, cr.Client)
+		return s.resume(ctx, req, cr)
 	}
 	return s.await(ctx, s.startCall(ctx, cr))
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -19,6 +20,13 @@ import (
 // when Config.ElicitTimeout is 0.
 const DefaultElicitTimeout = 10 * time.Minute
 
+// Bounds of the parked elicitations when Config.MaxElicitsPerClient or
+// Config.MaxElicits is 0.
+const (
+	DefaultMaxElicitsPerClient = 16
+	DefaultMaxElicits          = 1024
+)
+
 // elicitKey is the key of capvend's one input request in an input_required
 // result (the client echoes it in inputResponses).
 const elicitKey = "capvend/elicit"
@@ -30,6 +38,14 @@ var errRequestState = errors.New("unknown or expired request state")
 // errInputResponse: a retry lacks the answer to the elicitation (-32602).
 var errInputResponse = errors.New("inputResponses lack the answer to " + elicitKey)
 
+// errReused: a retry's requestState names a call of another tool or other
+// arguments (-32600): it must not continue, nor answer, that call.
+var errReused = errors.New("request state reused with different parameters")
+
+// errElicitLimit: too many elicitations are parked for the source, or in
+// total; the upstream gets "cancel".
+var errElicitLimit = errors.New("too many elicitations waiting for an answer")
+
 var (
 	answerCancel  = json.RawMessage(`{"action":"cancel"}`)
 	answerDecline = json.RawMessage(`{"action":"decline"}`)
@@ -40,6 +56,7 @@ var (
 // 2026-07-28 (the result asks for input; the client calls again).
 type vcall struct {
 	cr     vend.CallRequest
+	hash   string         // canonical hash of cr.Arguments: a retry must match it
 	asks   chan elicitAsk // the Vendor's Elicit to the waiting handler
 	done   chan struct{}  // closed when the Vendor's CallTool returned
 	res    vend.CallResult
@@ -63,6 +80,7 @@ type elicitAsk struct {
 type pendingAsk struct {
 	c     *vcall
 	ask   elicitAsk
+	by    string // the source it counts for (Config.MaxElicitsPerClient)
 	timer *time.Timer
 }
 
@@ -80,6 +98,7 @@ func (s *Server) startCall(ctx context.Context, cr vend.CallRequest) *vcall {
 	}
 	cr.Elicit = c.elicit
 	c.cr = cr
+	c.hash = argsHash(cr.Arguments)
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
 	go func() {
@@ -160,6 +179,9 @@ func (s *Server) await(ctx context.Context, c *vcall) (*mcp.CallToolResult, erro
 			}
 			tok, err := s.park(c, ask)
 			if err != nil {
+				// The call goes on (it may be paid): the upstream is
+				// refused, the client gets the call's outcome.
+				s.log.Warn("upstream elicitation cancelled", logKeyTool, c.cr.Tool, logKeyErr, err)
 				ask.answer <- answerCancel
 				continue
 			}
@@ -204,15 +226,28 @@ func clientCanElicit(ctx context.Context) bool {
 
 // park records ask under a new unguessable token until the client's retry
 // or the timeout, which answers it "cancel" and abandons the call.
+// errElicitLimit when the call's source, or everyone, has as many parked
+// as allowed.
 func (s *Server) park(c *vcall, ask elicitAsk) (string, error) {
 	var b [32]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", err
 	}
 	tok := base64.RawURLEncoding.EncodeToString(b[:])
+	by := c.cr.Source
+	if by == "" {
+		by = c.cr.Client
+	}
 	s.elicitMu.Lock()
 	defer s.elicitMu.Unlock()
-	s.elicits[tok] = &pendingAsk{c: c, ask: ask, timer: time.AfterFunc(s.cfg.ElicitTimeout, func() {
+	if len(s.elicits) >= s.cfg.MaxElicits {
+		return "", fmt.Errorf("%w: %d in total", errElicitLimit, len(s.elicits))
+	}
+	if s.elicitBy[by] >= s.cfg.MaxElicitsPerClient {
+		return "", fmt.Errorf("%w: %d for the client", errElicitLimit, s.elicitBy[by])
+	}
+	s.elicitBy[by]++
+	s.elicits[tok] = &pendingAsk{c: c, ask: ask, by: by, timer: time.AfterFunc(s.cfg.ElicitTimeout, func() {
 		if p := s.take(tok); p != nil {
 			p.ask.answer <- answerCancel
 			p.c.abandon()
@@ -230,21 +265,30 @@ func (s *Server) take(tok string) *pendingAsk {
 	if p != nil {
 		delete(s.elicits, tok)
 		p.timer.Stop()
+		if s.elicitBy[p.by]--; s.elicitBy[p.by] <= 0 {
+			delete(s.elicitBy, p.by)
+		}
 	}
 	return p
 }
 
 // resume continues the call a retry's requestState names, for the same
-// client only: the answer goes to the waiting elicitation, and no new
-// Vendor call is made.
-func (s *Server) resume(ctx context.Context, req mcp.CallToolRequest, client string) (*mcp.CallToolResult, error) {
+// client, tool and canonical arguments only: the answer goes to the
+// waiting elicitation, and no new Vendor call is made. A retry that names
+// another tool or other arguments is refused and leaves the call waiting
+// for the right one.
+func (s *Server) resume(ctx context.Context, req mcp.CallToolRequest, cr vend.CallRequest) (*mcp.CallToolResult, error) {
 	tok := req.Params.RequestState
 	s.elicitMu.Lock()
 	p := s.elicits[tok]
 	s.elicitMu.Unlock()
-	if p == nil || p.c.cr.Client != client || p.c.cr.Tool != req.Params.Name {
+	if p == nil || p.c.cr.Client != cr.Client {
 		s.log.Info("tool call retry refused", logKeyTool, req.Params.Name, logKeyErr, errRequestState)
 		return nil, s.markError(errRequestState, req.Params.Name)
+	}
+	if p.c.cr.Tool != cr.Tool || p.c.hash == "" || p.c.hash != argsHash(cr.Arguments) {
+		s.log.Info("tool call retry refused", logKeyTool, req.Params.Name, logKeyErr, errReused)
+		return nil, s.markError(errReused, req.Params.Name)
 	}
 	ans := server.ElicitationResponse(req.Params.InputResponses, elicitKey)
 	if ans == nil {
@@ -259,4 +303,14 @@ func (s *Server) resume(ctx context.Context, req mcp.CallToolRequest, client str
 	}
 	p.ask.answer <- b
 	return s.await(ctx, p.c)
+}
+
+// argsHash is the canonical hash of a call's arguments (key order, white
+// space and number spelling do not matter), "" if they are not JSON.
+func argsHash(args []byte) string {
+	h, err := vend.CanonicalHash("tools/call", args)
+	if err != nil {
+		return ""
+	}
+	return h
 }

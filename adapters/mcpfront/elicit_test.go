@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,7 +30,7 @@ type elicitVendor struct {
 }
 
 func (v *elicitVendor) Tools() []vend.Tool {
-	return []vend.Tool{{Name: "confirm", Price: 21000}}
+	return []vend.Tool{{Name: "confirm", Price: 21000}, {Name: "confirm2", Price: 21000}}
 }
 
 func (v *elicitVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
@@ -195,16 +196,25 @@ func TestElicitationClientWithoutCapability(t *testing.T) {
 // JSON-RPC response.
 func modernPost(t *testing.T, url, clientName, params string) map[string]any {
 	t.Helper()
+	return modernPostTool(t, url, clientName, "confirm", params)
+}
+
+// modernPostTool is modernPost for another tool.
+func modernPostTool(t *testing.T, url, clientName, tool, params string, header ...string) map[string]any {
+	t.Helper()
 	meta := `"_meta":{"` + mcp.MetaKeyProtocolVersion + `":"` + mcp.LATEST_PROTOCOL_VERSION + `","` +
 		mcp.MetaKeyClientCapabilities + `":{"elicitation":{}},"` + mcp.MetaKeyClientInfo + `":{"name":"raw","version":"1"}}`
-	body := `{"jsonrpc":"2.0","id":"r1","method":"tools/call","params":{"name":"confirm",` + meta + params + `}}`
+	body := `{"jsonrpc":"2.0","id":"r1","method":"tools/call","params":{"name":"` + tool + `",` + meta + params + `}}`
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Mcp-Protocol-Version", mcp.LATEST_PROTOCOL_VERSION)
 	req.Header.Set("Mcp-Method", "tools/call")
-	req.Header.Set("Mcp-Name", "confirm")
+	req.Header.Set("Mcp-Name", tool)
 	req.Header.Set("X-Client", clientName)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -303,5 +313,76 @@ func TestElicitationExpires(t *testing.T) {
 	}
 	if n := v.calls.Load(); n != 1 {
 		t.Errorf("%d Vendor calls, want 1", n)
+	}
+}
+
+// A requestState continues only the call it was issued for: a retry with
+// another tool or other arguments is refused (-32600) and the call stays
+// pending for the right retry; key order and _meta do not matter.
+func TestElicitationStateBoundToTheCall(t *testing.T) {
+	s, v := newElicitServer(t, Config{})
+	url := startHTTP(t, s)
+	st := state(t, modernPost(t, url, "", `,"arguments":{"a":1,"b":"x"}`))
+	for _, tc := range []struct{ name, tool, params string }{
+		{"other arguments", "confirm", `,"arguments":{"a":2,"b":"x"}` + answerParams(st, "x")},
+		{"no arguments", "confirm", answerParams(st, "x")},
+		{"other tool", "confirm2", `,"arguments":{"a":1,"b":"x"}` + answerParams(st, "x")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, msg := errCode(modernPostTool(t, url, "", tc.tool, tc.params))
+			if code != rpcerr.CodeInvalidRequest || msg != "Invalid Request: request id reused with different parameters" {
+				t.Errorf("%v %q", code, msg)
+			}
+		})
+	}
+	select {
+	case a := <-v.answers:
+		t.Fatalf("the call got an answer from a mismatched retry: %s", a)
+	default:
+	}
+	st2 := state(t, modernPost(t, url, "", `,"arguments":{"b":"x","a":1.0}`+answerParams(st, "ada")))
+	final := modernPost(t, url, "", `,"arguments":{"a":1,"b":"x"}`+answerParams(st2, "yes"))
+	res, _ := final["result"].(map[string]any)
+	if content, _ := res["content"].([]any); len(content) != 1 {
+		t.Errorf("final %v", final)
+	}
+	if n := v.calls.Load(); n != 1 {
+		t.Errorf("%d Vendor calls, want 1", n)
+	}
+}
+
+// Parked elicitations are bounded per source and in total; beyond, the
+// upstream gets "cancel" at once (the call goes on to its outcome, which
+// the client gets: a paid call's result is never withheld).
+func TestElicitationsBounded(t *testing.T) {
+	s, v := newElicitServer(t, Config{MaxElicitsPerClient: 2, MaxElicits: 3,
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	url := startHTTP(t, s)
+	from := func(ip string) []string { return []string{"X-Forwarded-For", ip} }
+	for i := 0; i < 2; i++ {
+		state(t, modernPostTool(t, url, "", "confirm", "", from("198.51.100.1")...))
+	}
+	refused := func(ip string) {
+		t.Helper()
+		m := modernPostTool(t, url, "", "confirm", "", from(ip)...)
+		res, _ := m["result"].(map[string]any)
+		if res["resultType"] == string(mcp.ResultTypeInputRequired) {
+			t.Fatalf("%s: elicitation parked beyond the bound", ip)
+		}
+		if got := <-v.answers; got != string(answerCancel) {
+			t.Errorf("%s: upstream got %s, want cancel", ip, got)
+		}
+		if content, _ := res["content"].([]any); len(content) != 1 || !strings.Contains(content[0].(map[string]any)["text"].(string), "cancel") {
+			t.Errorf("%s: outcome %v", ip, m)
+		}
+	}
+	refused("198.51.100.1") // its third
+	state(t, modernPostTool(t, url, "", "confirm", "", from("198.51.100.2")...))
+	refused("198.51.100.3") // the fourth in total
+	s.elicitMu.Lock()
+	n, by := len(s.elicits), len(s.elicitBy)
+	s.elicitMu.Unlock()
+	if n != 3 || by != 2 {
+		t.Errorf("%d parked for %d sources", n, by)
 	}
 }

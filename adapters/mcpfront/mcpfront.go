@@ -216,6 +216,12 @@ type Config struct {
 	// take to answer an elicitation (to call again with the answer);
 	// then the upstream gets "cancel". 0: DefaultElicitTimeout.
 	ElicitTimeout time.Duration
+	// MaxElicitsPerClient and MaxElicits bound the elicitations waiting
+	// for clients on protocol 2026-07-28 to call again, per source (see
+	// Source in the package doc) and in total; beyond, the upstream gets
+	// "cancel" at once. 0: DefaultMaxElicitsPerClient,
+	// DefaultMaxElicits.
+	MaxElicitsPerClient, MaxElicits int
 
 	// SessionIdle ends an MCP session (protocols before 2026-07-28) that
 	// had no request in flight for this long. 0: DefaultSessionIdle.
@@ -276,6 +282,7 @@ type Server struct {
 	// 2026-07-28, by requestState token, until answered or expired.
 	elicitMu sync.Mutex
 	elicits  map[string]*pendingAsk
+	elicitBy map[string]int // parked elicitations by source
 
 	// streams ends long-lived listening streams (see CloseStreams).
 	streams      context.Context
@@ -310,6 +317,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ElicitTimeout == 0 {
 		cfg.ElicitTimeout = DefaultElicitTimeout
+	}
+	if cfg.MaxElicitsPerClient < 0 || cfg.MaxElicits < 0 {
+		return nil, errors.New("mcpfront: MaxElicitsPerClient or MaxElicits is negative")
+	}
+	if cfg.MaxElicitsPerClient == 0 {
+		cfg.MaxElicitsPerClient = DefaultMaxElicitsPerClient
+	}
+	if cfg.MaxElicits == 0 {
+		cfg.MaxElicits = DefaultMaxElicits
 	}
 	if cfg.SessionIdle < 0 || cfg.MaxSessions < 0 {
 		return nil, errors.New("mcpfront: SessionIdle or MaxSessions is negative")
@@ -360,7 +376,7 @@ func New(cfg Config) (*Server, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, nonce: hex.EncodeToString(b[:]), elicits: map[string]*pendingAsk{},
+	s := &Server{cfg: cfg, log: cfg.Logger, nonce: hex.EncodeToString(b[:]), elicits: map[string]*pendingAsk{}, elicitBy: map[string]int{},
 		sessions: newSessions(cfg.SessionIdle, cfg.MaxSessions), origins: origins, tokenHash: tokenHash}
 	s.streams, s.closeStreams = context.WithCancel(context.Background())
 

@@ -311,8 +311,9 @@ func (rw *rewriteWriter) flush() {
 	}
 }
 
-// commitPending writes a held status, as 400 if msg is an invalid-params
-// error (as mcp-go does for its own errors on modern requests).
+// commitPending writes a held status, as 400 if msg is an invalid-request
+// or invalid-params error (as mcp-go does for its own errors on modern
+// requests).
 func (rw *rewriteWriter) commitPending(msg []byte) {
 	if rw.pending == 0 || rw.wroteHeader {
 		return
@@ -323,7 +324,8 @@ func (rw *rewriteWriter) commitPending(msg []byte) {
 			Code int `json:"code"`
 		} `json:"error"`
 	}
-	if msg != nil && json.Unmarshal(msg, &e) == nil && e.Error != nil && e.Error.Code == rpcerr.CodeInvalidParams {
+	if msg != nil && json.Unmarshal(msg, &e) == nil && e.Error != nil &&
+		(e.Error.Code == rpcerr.CodeInvalidParams || e.Error.Code == rpcerr.CodeInvalidRequest) {
 		status = http.StatusBadRequest
 	}
 	rw.pending = 0
