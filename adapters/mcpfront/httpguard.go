@@ -246,3 +246,11 @@ func (s *Server) guard(w http.ResponseWriter, r *http.Request) bool {
 	}
 	return true
 }
+
+// CheckAllowedOrigin reports whether s is a valid Config.AllowedOrigins
+// entry: "*", "scheme://host", "scheme://host:port" or "scheme://host:*"
+// with scheme http or https.
+func CheckAllowedOrigin(s string) error {
+	_, err := parseOriginRule(s)
+	return err
+}

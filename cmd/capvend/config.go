@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip19"
 	"gopkg.in/yaml.v3"
 
+	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/pricing"
 )
 
@@ -57,6 +59,52 @@ type ServerConfig struct {
 type HTTPConfig struct {
 	Listen          string `yaml:"listen"` // host:port; empty disables the front
 	MaxRequestBytes int64  `yaml:"max_request_bytes"`
+	// SessionIdle ends an MCP session without a request in flight for
+	// this long; MaxSessions bounds the live sessions (a new one evicts
+	// the longest idle, or gets 503 when all are busy).
+	SessionIdle time.Duration `yaml:"session_idle"`
+	MaxSessions int           `yaml:"max_sessions"`
+	// MaxConnections bounds the open TCP connections; one more is
+	// answered 503 and closed.
+	MaxConnections int `yaml:"max_connections"`
+	// ReadTimeout bounds reading a request (headers and body);
+	// WriteTimeout each write of a response (a stream waiting for a
+	// payment may stay quiet longer); IdleTimeout a keep-alive
+	// connection waiting for its next request.
+	ReadTimeout  time.Duration `yaml:"read_timeout"`
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	IdleTimeout  time.Duration `yaml:"idle_timeout"`
+	// AllowedOrigins are the browser origins served (scheme://host[:port],
+	// :* for any port, or *); absent: loopback origins only.
+	AllowedOrigins []string `yaml:"allowed_origins"`
+	// AuthTokenFile, if set, names a file holding a bearer token every
+	// request to /mcp must carry. A secret: mode 0600, never logged.
+	AuthTokenFile string `yaml:"auth_token_file"`
+	// TrustedProxies (CIDRs or addresses) are the reverse proxies whose
+	// X-Forwarded-For (and ClientIDHeader) are believed.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	// ClientIDHeader names a header a trusted proxy sets to the client's
+	// identity: limits then count by it. Only with TrustedProxies.
+	ClientIDHeader string `yaml:"client_id_header"`
+}
+
+// Prefixes returns the trusted proxies as prefixes (an address is a
+// single-address prefix). It fails, naming the entry, on one Validate
+// refuses.
+func (h HTTPConfig) Prefixes() ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(h.TrustedProxies))
+	for i, s := range h.TrustedProxies {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("http.trusted_proxies[%d]: %q is not an address or CIDR (e.g. 10.0.0.1 or 10.0.0.0/8)", i, s)
+		}
+		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+	}
+	return out, nil
 }
 
 // NostrConfig is the ContextVM / DVMCP front.
@@ -344,9 +392,10 @@ func (c *Config) PriceBook() (*pricing.Book, error) {
 // defaultConfig is what a missing field means.
 func defaultConfig() Config {
 	return Config{
-		Ledger:   LedgerConfig{Path: "capvend.db"},
-		Server:   ServerConfig{Name: "capvend"},
-		HTTP:     HTTPConfig{MaxRequestBytes: 1 << 20},
+		Ledger: LedgerConfig{Path: "capvend.db"},
+		Server: ServerConfig{Name: "capvend"},
+		HTTP: HTTPConfig{MaxRequestBytes: 1 << 20, SessionIdle: 30 * time.Minute, MaxSessions: 10_000, MaxConnections: 1000,
+			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute},
 		Nostr:    NostrConfig{Encryption: "optional", Announce: true, Window: 5 * time.Minute},
 		LND:      LNDConfig{HoldInvoices: true, MaxHoldInvoices: 1_000},
 		Cashu:    CashuConfig{WalletDir: "cashu-wallet", AcceptTokens: true, MintQuotes: true},
@@ -514,6 +563,7 @@ func (c *Config) resolvePaths(dir string) {
 		*p = filepath.Join(dir, *p)
 	}
 	abs(&c.Ledger.Path)
+	abs(&c.HTTP.AuthTokenFile)
 	abs(&c.Nostr.NsecFile)
 	abs(&c.LND.TLSCertFile)
 	abs(&c.LND.MacaroonFile)
@@ -527,6 +577,7 @@ var (
 	upstreamName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 	toolPrefix   = regexp.MustCompile(`^[A-Za-z0-9_.-]{0,32}$`)
 	hex64        = regexp.MustCompile(`^[0-9a-fA-F]{64,}$`)
+	headerName   = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 )
 
 // Validate checks the configuration and names the first bad field with what
@@ -555,6 +606,44 @@ func (c *Config) Validate() error {
 	if c.HTTP.MaxRequestBytes < 1024 || c.HTTP.MaxRequestBytes > 64<<20 {
 		bad("http.max_request_bytes", "%d is outside 1024 .. 67108864", c.HTTP.MaxRequestBytes)
 	}
+	if c.HTTP.SessionIdle < time.Minute || c.HTTP.SessionIdle > 24*time.Hour {
+		bad("http.session_idle", "%s is outside 1m .. 24h", c.HTTP.SessionIdle)
+	}
+	if c.HTTP.MaxSessions < 1 || c.HTTP.MaxSessions > 1_000_000 {
+		bad("http.max_sessions", "%d is outside 1 .. 1000000", c.HTTP.MaxSessions)
+	}
+	if c.HTTP.MaxConnections < 1 || c.HTTP.MaxConnections > 1_000_000 {
+		bad("http.max_connections", "%d is outside 1 .. 1000000", c.HTTP.MaxConnections)
+	}
+	for _, d := range []struct {
+		name      string
+		v, lo, hi time.Duration
+	}{
+		{"http.read_timeout", c.HTTP.ReadTimeout, time.Second, 10 * time.Minute},
+		{"http.write_timeout", c.HTTP.WriteTimeout, time.Second, 10 * time.Minute},
+		{"http.idle_timeout", c.HTTP.IdleTimeout, time.Second, time.Hour},
+	} {
+		if d.v < d.lo || d.v > d.hi {
+			bad(d.name, "%s is outside %s .. %s", d.v, d.lo, d.hi)
+		}
+	}
+	for i, o := range c.HTTP.AllowedOrigins {
+		if err := mcpfront.CheckAllowedOrigin(o); err != nil {
+			bad(fmt.Sprintf("http.allowed_origins[%d]", i), "%q is not an origin: write scheme://host[:port] (e.g. https://app.example.com, http://localhost:*), or *", o)
+		}
+	}
+	if _, err := c.HTTP.Prefixes(); err != nil {
+		errs = append(errs, err)
+	}
+	if h := c.HTTP.ClientIDHeader; h != "" {
+		if len(c.HTTP.TrustedProxies) == 0 {
+			bad("http.client_id_header", "needs http.trusted_proxies: only a trusted proxy may say who the client is, anyone could send %s", h)
+		}
+		if !headerName.MatchString(h) {
+			bad("http.client_id_header", "%q is not a header name", h)
+		}
+	}
+
 	if len(c.Nostr.Relays) > 0 {
 		if c.Nostr.NsecFile == "" {
 			bad("nostr.nsec_file", "required when nostr.relays is set: a file holding the server's secret key")

@@ -38,7 +38,11 @@ func serveCommand() *command {
 (http.listen) and Nostr clients (ContextVM, DVMCP) on nostr.relays, where it
 also announces its tools and prices (nostr.announce). Priced tool calls
 send notifications/payment_required with a Lightning invoice, run once
-paid, and are recorded in the ledger; see the README for how clients pay. With --stdio it serves one MCP client on
+paid, and are recorded in the ledger; see the README for how clients pay.
+Over HTTP only MCP sessions it issued are served (404 otherwise), browser
+origins are checked (http.allowed_origins), a bearer token can be required
+(http.auth_token_file), and limits count clients by address
+(http.trusted_proxies for X-Forwarded-For). With --stdio it serves one MCP client on
 standard input and output instead (for desktop MCP clients that launch
 their servers); logs then go to standard error only.
 
@@ -174,8 +178,12 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	if err != nil {
 		return err
 	}
-	f, err := mcpfront.New(mcpfront.Config{Vendor: v, Catalog: upstreamCatalog{ups}, Name: cfg.Server.Name, Version: buildVersion(),
-		Logger: log, MaxBodyBytes: cfg.HTTP.MaxRequestBytes})
+	fcfg, err := frontConfig(cfg)
+	if err != nil {
+		return err
+	}
+	fcfg.Vendor, fcfg.Catalog, fcfg.Version, fcfg.Logger = v, upstreamCatalog{ups}, buildVersion(), log
+	f, err := mcpfront.New(fcfg)
 	if err != nil {
 		return err
 	}
@@ -250,9 +258,9 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/mcp", f.Handler())
-		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		srv = httpServer(cfg.HTTP, mux)
 		fmt.Fprintf(e.Stderr, "capvend: serving MCP at http://%s/mcp (%s)\n", ln.Addr(), describeBackends(backends))
-		go func() { serveErr <- srv.Serve(ln) }()
+		go func() { serveErr <- srv.Serve(newLimitListener(ln, cfg.HTTP.MaxConnections)) }()
 	}
 	select {
 	case <-ctx.Done():
@@ -270,6 +278,43 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// frontConfig is the MCP front's configuration from cfg's server and http
+// sections (the bearer token read from its file).
+func frontConfig(cfg *Config) (mcpfront.Config, error) {
+	proxies, err := cfg.HTTP.Prefixes()
+	if err != nil {
+		return mcpfront.Config{}, err
+	}
+	fc := mcpfront.Config{
+		Name: cfg.Server.Name, MaxBodyBytes: cfg.HTTP.MaxRequestBytes,
+		SessionIdle: cfg.HTTP.SessionIdle, MaxSessions: cfg.HTTP.MaxSessions,
+		TrustedProxies: proxies, ClientIDHeader: cfg.HTTP.ClientIDHeader,
+		AllowedOrigins: cfg.HTTP.AllowedOrigins, WriteTimeout: cfg.HTTP.WriteTimeout,
+	}
+	if cfg.HTTP.AuthTokenFile != "" {
+		if fc.BearerToken, err = readTokenFile(cfg.HTTP.AuthTokenFile); err != nil {
+			return mcpfront.Config{}, err
+		}
+	}
+	return fc, nil
+}
+
+// httpServer is the MCP front's http.Server: every phase of a connection
+// is bounded. The write timeout is per write: the front moves the
+// deadline before each one (mcpfront.Config.WriteTimeout), so a response
+// stream may wait quietly for a payment (up to payments.ttl) while a
+// client that stops reading is cut off.
+func httpServer(h HTTPConfig, handler http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: min(10*time.Second, h.ReadTimeout),
+		ReadTimeout:       h.ReadTimeout,
+		WriteTimeout:      h.WriteTimeout,
+		IdleTimeout:       h.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
+	}
 }
 
 // awaitUpstreams returns once every upstream has connected or failed once,
