@@ -21,7 +21,9 @@
 //
 // A call becomes a vend.CallRequest: Transport "mcp-http" or "mcp-stdio";
 // Client the MCP session id (HTTP before protocol 2026-07-28), the
-// Config.ClientID of the HTTP request, or "stdio"; RequestID the JSON-RPC id
+// Config.ClientID of the HTTP request, or "stdio" (an HTTP request with
+// neither is Anonymous, Client "anonymous"); Source, over HTTP, who the
+// request counts as for limits (see below); RequestID the JSON-RPC id
 // as JSON text (1 and "1" differ); Arguments the raw arguments object ({}
 // when absent); ProgressToken params._meta.progressToken as JSON; CashuToken
 // params._meta["capvend/cashu"]; PMIs params._meta["capvend/pmi"] (array of
@@ -45,6 +47,10 @@
 //	*vend.WorkRequiredError       -32055 "Proof of work required" (only fronts that require work)
 //	anything else                 -32603 "Internal error"
 //
+// and the front's own: a requestState retry naming another call -32600
+// "Invalid Request: request id reused with different parameters", an
+// unknown or expired requestState -32602 (see Elicitation).
+//
 // Messages are fixed strings (plus the tool name or the schema reason the
 // client's own arguments caused): no internals leak; the full error is
 // logged. -32042 is also MCP's URLElicitationRequired code (protocol
@@ -62,14 +68,66 @@
 // random token (256 bits); its retry with inputResponses and that
 // requestState continues the same Vendor call (no new quote or charge),
 // and waits again. A token is good once, for the client (Config.ClientID
-// or session) and tool it was issued for, until Config.ElicitTimeout;
-// anything else is -32602 "Unknown or expired request state". An
-// unanswered elicitation gets "cancel" at the timeout. A client on an
+// or session) it was issued to, until Config.ElicitTimeout; anything else
+// is -32602 "Unknown or expired request state". It continues only the call
+// it was issued for: a retry with another tool or other canonical
+// arguments (vend.CanonicalHash) is -32600 "Invalid Request: request id
+// reused with different parameters" and leaves the call waiting for the
+// right retry. An unanswered elicitation gets "cancel" at the timeout. At
+// most Config.MaxElicitsPerClient elicitations wait per Source and
+// Config.MaxElicits in all; beyond, the upstream gets "cancel" at once and
+// the client the call's outcome (never an error in its place: the call may
+// be paid, and a client without a session cannot ask for it again). A client on an
 // earlier protocol is asked with a server-initiated elicitation/create
 // within the same request; a failure there is answered "cancel". A client
 // without the capability is not asked: the answer is "decline". If the
 // client leaves while the handler waits, the call is cancelled as before
 // (a paid call still runs to its end in the Vendor).
+//
+// # HTTP: sessions, origins, token, write deadlines
+//
+// Every HTTP request is checked in this order, each refusal answered with
+// a JSON-RPC error body (id null unless the request's id is known):
+//
+//   - Origin: a request whose Origin header is not in
+//     Config.AllowedOrigins (default: http(s)://localhost, 127.0.0.1 and
+//     [::1] on any port) gets 403, -32000. A request without Origin (any
+//     client that is not a browser) passes.
+//   - Token: with Config.BearerToken, a request without "Authorization:
+//     Bearer <token>" gets 401 with WWW-Authenticate: Bearer, -32000. Only
+//     the token's SHA-256 is kept and compared in constant time.
+//   - Body: larger than MaxBodyBytes, 413.
+//   - Session (protocols before 2026-07-28): only session ids this Server
+//     issued at initialize are served. A request without Mcp-Session-Id
+//     (other than initialize) gets 400, -32000; an id never issued, ended
+//     by DELETE, idle (no request in flight) for Config.SessionIdle, or
+//     evicted, gets 404, -32001 "Session not found" (the client must
+//     initialize again). At most Config.MaxSessions live at once: a new
+//     initialize evicts the session idle the longest, and gets 503,
+//     -32000, with Retry-After, only when every session has a request in
+//     flight. Ids are 256 random bits. Requests of protocol 2026-07-28
+//     have no session (an Mcp-Session-Id is ignored): each is its own
+//     client.
+//
+// With Config.WriteTimeout, every write of a response first moves the
+// connection's write deadline to now + WriteTimeout: a stream may stay
+// quiet while its call waits for a payment, but a client that stops
+// reading is cut off.
+//
+// # Who a request counts as
+//
+// Client makes request ids unique: the session for a legacy client, so a
+// repeated request of the same session is a replay; session-less clients
+// are Anonymous, their request ids are never matched across requests and
+// an explicit-gating grant is released only by its preimage. Source is who
+// the request counts as for the Vendor's limits, unpaid quotes and free
+// quotas, and a client cannot pick it: "ip:<address>" of the TCP peer (an
+// IPv6 client by its /64);
+// when the peer is one of Config.TrustedProxies, the right-most
+// X-Forwarded-For address that is not a trusted proxy (the peer's own if
+// there is none); when Config.ClientIDHeader is set (only together with
+// TrustedProxies) and a trusted proxy sent it, "id:<value>". Parked
+// elicitations are bounded by Source too.
 //
 // # Prompts and resources
 //
@@ -116,8 +174,16 @@
 // and before protocol 2026-07-28 a session's GET and POST streams read the
 // same queue, so a notification may go out on either.
 //
-// With protocol 2026-07-28 a -32602 error is answered with HTTP 400, as
-// mcp-go does for its own errors; other errors with 200.
+// Sessions: mcp-go v1.2.1's default session id manager only checks an id's
+// format. The Server gives mcp-go a SessionIdManagerResolver whose manager
+// knows the issued ids (Validate fails for any other: mcp-go answers 404),
+// and checks every request itself before mcp-go sees it, to answer with
+// JSON-RPC bodies and to count requests in flight. mcp-go drops its own
+// state of a session only on DELETE, so an expired or evicted session is
+// sent a DELETE in process.
+//
+// With protocol 2026-07-28 a -32600 or -32602 error is answered with HTTP
+// 400, as mcp-go does for its own errors; other errors with 200.
 package mcpfront
 
 import (
@@ -496,10 +562,11 @@ func withPrice(m *mcp.Meta, lo, hi vend.Msat) *mcp.Meta {
 }
 
 // Handler returns the Streamable HTTP handler. It serves every path it is
-// mounted on (the wiring mounts it at /mcp), answers bodies larger than
-// MaxBodyBytes with 413, and listens nowhere by itself. mcp-go rejects
-// requests arriving on a loopback connection with a non-localhost Host
-// header (DNS rebinding protection).
+// mounted on (the wiring mounts it at /mcp), checks Origin, token, body
+// size and session first (see the package doc), and listens nowhere by
+// itself. mcp-go rejects requests arriving on a loopback connection with a
+// non-localhost Host header (DNS rebinding protection). Connection limits
+// and timeouts are the http.Server's.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(s.serveHTTP)
 }
