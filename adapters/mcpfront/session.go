@@ -114,6 +114,10 @@ func (ss *sessions) begin(id string) (gone []string, err error) {
 	if s == nil {
 		return gone, errUnknownSession
 	}
+	if s.elem != nil && ss.expired(s) {
+		ss.remove(s)
+		return append(gone, id), errUnknownSession
+	}
 	if s.elem != nil {
 		ss.lru.Remove(s.elem)
 		s.elem = nil
