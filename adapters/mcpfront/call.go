@@ -36,8 +36,6 @@ func toWire(err error, tool string) wireError {
 		return wireError{Code: rpcerr.CodeInvalidParams, Message: "Unknown or expired request state"}
 	case errors.Is(err, errInputResponse):
 		return wireError{Code: rpcerr.CodeInvalidParams, Message: "Invalid params: " + errInputResponse.Error()}
-	case errors.Is(err, errReused):
-		return wireError{Code: rpcerr.CodeInvalidRequest, Message: "Invalid Request: request id reused with different parameters"}
 	}
 	return rpcerr.FromVend(err, tool)
 }

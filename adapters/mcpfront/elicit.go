@@ -39,8 +39,8 @@ var errRequestState = errors.New("unknown or expired request state")
 var errInputResponse = errors.New("inputResponses lack the answer to " + elicitKey)
 
 // errReused: a retry's requestState names a call of another tool or other
-// arguments (-32600): it must not continue, nor answer, that call.
-var errReused = errors.New("request state reused with different parameters")
+// arguments (vend's -32600): it must not continue, nor answer, that call.
+var errReused = fmt.Errorf("request state: %w", vend.ErrRequestReused)
 
 // errElicitLimit: too many elicitations are parked for the source, or in
 // total; the upstream gets "cancel".
