@@ -130,21 +130,6 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 	})
 }
 
-// TestServeRefusesAnOpenTokenFile: a token file others can read is refused
-// at start, with how to fix it, like ssh does.
-func TestServeRefusesAnOpenTokenFile(t *testing.T) {
-	dir := t.TempDir()
-	tokenFile := filepath.Join(dir, "http.token")
-	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef0123456789abcdef"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	path, _ := httpFrontConfig(t, "  auth_token_file: "+tokenFile+"\n")
-	_, errOut, code := run(t, nil, "serve", "--config", path)
-	if code == 0 || !strings.Contains(errOut, "chmod 600 "+tokenFile) || strings.Contains(errOut, "0123456789abcdef") {
-		t.Errorf("exit %d: %s", code, errOut)
-	}
-}
-
 // TestServeConnectionCap: beyond http.max_connections open connections a
 // new one is answered 503 at once; a freed slot serves again.
 func TestServeConnectionCap(t *testing.T) {

@@ -85,25 +85,22 @@ func (c *limitConn) Close() error {
 	return err
 }
 
-// readTokenFile reads the bearer token of http.auth_token_file: the file
-// must be readable by its owner only (like ssh's keys) and hold at least
-// 16 characters (surrounding white space is dropped). Errors never carry
-// the file's content.
+// readTokenFile reads the bearer token of http.auth_token_file: at least
+// 16 characters, no spaces (surrounding white space is dropped). Its
+// permissions are checkSecrets' business. Errors never carry the file's
+// content, nor the path when it does not exist (it may be a token written
+// in its place).
 func readTokenFile(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
+	if err := checkSecretFile("http.auth_token_file", path); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(path)
 	if err != nil {
 		var pe *os.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err
 		}
 		return nil, fmt.Errorf("http.auth_token_file: cannot read it (%v): it must be the path of a file holding the token", err)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("http.auth_token_file %s is accessible by group or others (mode %04o): run chmod 600 %s", path, fi.Mode().Perm(), path)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("http.auth_token_file %s: cannot read it", path)
 	}
 	tok := strings.TrimSpace(string(b))
 	if len(tok) < 16 || strings.ContainsAny(tok, " \t\r\n") {

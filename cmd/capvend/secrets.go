@@ -69,7 +69,7 @@ func checkSecretDir(field, dir string) error {
 }
 
 // checkSecrets refuses a configuration whose secret files (the Nostr key,
-// the LND macaroon, the Cashu wallet) others may read: capvend will not
+// the LND macaroon, the Cashu wallet, the HTTP bearer token) others may read: capvend will not
 // start with them. Only the parts cfg uses are checked.
 func (c *Config) checkSecrets() error {
 	var errs []error
@@ -82,5 +82,6 @@ func (c *Config) checkSecrets() error {
 	if len(c.Cashu.Mints) > 0 {
 		errs = append(errs, checkSecretDir("cashu.wallet_dir", c.Cashu.WalletDir))
 	}
+	errs = append(errs, checkSecretFile("http.auth_token_file", c.HTTP.AuthTokenFile))
 	return errors.Join(errs...)
 }

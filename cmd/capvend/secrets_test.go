@@ -8,8 +8,9 @@ import (
 )
 
 // capvend refuses to start while a secret file (the Nostr key, the LND
-// macaroon, the Cashu wallet) is accessible by group or others, and says
-// which file and how to fix it, like ssh.
+// macaroon, the Cashu wallet, the HTTP bearer token) is accessible by group
+// or others, and says which file and how to fix it, like ssh, never what
+// it holds.
 func TestServeRefusesSecretsOthersCanRead(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -29,6 +30,8 @@ func TestServeRefusesSecretsOthersCanRead(t *testing.T) {
 			secret: "wallet", isDir: true, mode: 0o755, field: "cashu.wallet_dir"},
 		{name: "wallet file readable", config: "cashu:\n  mints: [http://127.0.0.1:9]\n  wallet_dir: wallet\n",
 			secret: "wallet/wallet.db", mode: 0o604, field: "cashu.wallet_dir"},
+		{name: "HTTP bearer token", config: "  auth_token_file: http.token\n", // in the http section
+			secret: "http.token", mode: 0o644, field: "http.auth_token_file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -50,7 +53,7 @@ func TestServeRefusesSecretsOthersCanRead(t *testing.T) {
 			}
 			_, errOut, code := run(t, nil, "serve", "--config", cfg)
 			if code != 1 || !strings.Contains(errOut, tc.field+":") || !strings.Contains(errOut, secret) ||
-				!strings.Contains(errOut, "too open") || !strings.Contains(errOut, "chmod ") {
+				!strings.Contains(errOut, "too open") || !strings.Contains(errOut, "chmod ") || strings.Contains(errOut, "00000000000000000") {
 				t.Fatalf("exit %d, stderr:\n%s", code, errOut)
 			}
 			if _, err := os.Stat(filepath.Join(dir, "capvend.db")); err == nil {
