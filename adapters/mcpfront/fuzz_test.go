@@ -42,8 +42,9 @@ import (
 //
 // A sequence is text, one step a line (see (*fuzzHarness).step); lines
 // that do not parse are skipped, so the fuzzer's mutations stay
-// meaningful. The seeds cover issue 11's holes 1-3 as far as they are
-// closed on main (the rest: TestFuzzSeedsKnownHoles).
+// meaningful. The seeds cover issue 11's holes 1-3 and the run -> resume
+// self-deadlock; on main before request binding (vend) and per-source
+// limits, the four marked "main before bind" failed.
 func FuzzHTTPFront(f *testing.F) {
 	for _, s := range fuzzSeeds {
 		f.Add(s.seq)
@@ -53,25 +54,8 @@ func FuzzHTTPFront(f *testing.F) {
 	})
 }
 
-// TestFuzzSeedsKnownHoles runs the sequences of issue 11's holes that the
-// front cannot close alone: vend on main matches a repeated request id
-// without comparing tool and arguments (holes 1 and 3, closed by request
-// binding in vend), counts the free quota per session, which a client
-// mints at will with initialize (hole 2, closed by counting limits per
-// Source in vend), and can deadlock a paid call sent twice (the run ->
-// resume self-deadlock). IT FAILS until that work lands; then move each
-// seed that passes into fuzzSeeds.
-func TestFuzzSeedsKnownHoles(t *testing.T) {
-	for _, s := range knownHoleSeeds {
-		t.Run(s.name, func(t *testing.T) {
-			runSequence(t, s.seq).check(t)
-		})
-	}
-}
-
 type fuzzSeed struct{ name, seq string }
 
-// fuzzSeeds hold on main with this front.
 var fuzzSeeds = []fuzzSeed{
 	{"paid call", "init\ncall 0 1 cheap a\npay 0\nwait 0\ncall 0 1 cheap a\nwait 1"},
 	// Hole 2: made-up session ids get 404, so each cannot claim a free use.
@@ -90,21 +74,19 @@ var fuzzSeeds = []fuzzSeed{
 	{"free tool", "init\ncall 0 1 free a\ncall 0 1 free b\ncall - 1 free a\nwait 0\nwait 1\nwait 2"},
 	{"eviction", "init\ninit\ninit\ninit\ninit\ncall 0 1 cheap a\ncall 4 1 cheap a\npay 0\nwait 1"},
 	{"hold invoices", "hold\ninit\ncall 0 1 dear a\npay 0\nwait 0\ncall - 2 cheap b explicit\nwait 1\npay 1\ncall - 3 cheap b explicit proof 1\nwait 2"},
-}
-
-// knownHoleSeeds fail on main: see TestFuzzSeedsKnownHoles.
-var knownHoleSeeds = []fuzzSeed{
-	// Hole 1: id 7 quoted for cheap, the stream dropped, id 7 sent again
-	// as dear with other arguments gets the first (1 sat) invoice; paying
-	// it runs dear(X).
+	// Hole 1 (main before bind: failed): id 7 quoted for cheap, the stream
+	// dropped, id 7 sent again as dear with other arguments got the first
+	// (1 sat) invoice; paying it ran dear(X), booked as cheap.
 	{"hole 1: reused id, other tool", "init\ncall 0 7 cheap a\ndrop 0\ncall 0 7 dear X\npay 0\nwait 1"},
-	// Hole 3: the same id with other arguments is "already free".
+	// Hole 3 (main before bind: failed): the same id with other arguments
+	// was "already free".
 	{"hole 3: free quota replayed", "init\ncall 0 1 quota a\nwait 0\ncall 0 1 quota b\nwait 1\ncall 0 1 quota X\nwait 2"},
-	// Hole 2: every initialize is a new client for the free quota.
+	// Hole 2 (main before per-source limits: failed): every initialize
+	// was a new client for the free quota.
 	{"hole 2: sessions minted for free uses", "init\ninit\ninit\ncall 0 1 quota a\ncall 1 1 quota b\ncall 2 1 quota X\nwait 0\nwait 1\nwait 2"},
-	// The same request sent again while its invoice is paid hangs now and
-	// then in vend (run -> resume waits on the call's own done channel:
-	// issue 11's self-deadlock); then "sequence stuck" after 30 s.
+	// Main before bind: hung (run -> resume waited on the call's own
+	// done channel): the same request sent three times while its invoice
+	// is paid.
 	{"run-resume self-deadlock", selfDeadlockSeq()},
 }
 
