@@ -138,8 +138,7 @@ func (l *Ledger) RecordCall(ctx context.Context, nc vend.NewCall) (vend.Call, bo
 		}
 		n, _ := res.RowsAffected()
 		created = n == 1
-		call, err = scanCall(tx.QueryRowContext(ctx, "SELECT "+callColumns+` FROM calls
-			WHERE transport = ? AND client = ? AND request_id = ?`, nc.Transport, nc.Client, nc.RequestID))
+		call, err = callByRequest(ctx, tx, nc.Transport, nc.Client, nc.RequestID)
 		if err != nil {
 			return err
 		}
@@ -217,6 +216,21 @@ func (l *Ledger) CancelQuote(ctx context.Context, id vend.CallID, reason string)
 // Call implements vend.Ledger.
 func (l *Ledger) Call(ctx context.Context, id vend.CallID) (vend.Call, error) {
 	return getCall(ctx, l.rdb, id)
+}
+
+// callByRequest reads the call recorded for a request key.
+func callByRequest(ctx context.Context, q querier, transport, client, requestID string) (vend.Call, error) {
+	return scanCall(q.QueryRowContext(ctx, "SELECT "+callColumns+` FROM calls
+		WHERE transport = ? AND client = ? AND request_id = ?`, transport, client, requestID))
+}
+
+// CallByRequest implements vend.Ledger.
+func (l *Ledger) CallByRequest(ctx context.Context, transport, client, requestID string) (vend.Call, error) {
+	c, err := callByRequest(ctx, l.rdb, transport, client, requestID)
+	if err != nil {
+		return c, fmt.Errorf("call of request %s: %w", requestID, err)
+	}
+	return c, nil
 }
 
 // Payment implements vend.Ledger.

@@ -182,6 +182,9 @@ type Ledger interface {
 	RecordCall(ctx context.Context, c NewCall) (call Call, created bool, err error)
 	// Call returns a call by id, or ErrNotFound.
 	Call(ctx context.Context, id CallID) (Call, error)
+	// CallByRequest returns the call recorded for a request key
+	// (transport, client, request id), or ErrNotFound. Read only.
+	CallByRequest(ctx context.Context, transport, client, requestID string) (Call, error)
 	// FindGrant returns the newest call of client selling exactly b
 	// (kind, server, tool and args hash) that is awaiting payment or paid
 	// and not yet executed (an explicit-gating grant), or ErrNotFound.

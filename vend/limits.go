@@ -23,23 +23,11 @@ const (
 )
 
 // maxIssuing bounds the payment requests being issued at once (a backend
-// round trip each): under a flood the rest wait their turn here instead of
-// piling up at the backend, and at most this many unpaid slots are taken
-// by requests not yet issued (which cannot be shed).
+// round trip each): under a flood the rest wait their turn (issue.go)
+// instead of piling up at the backend, and at most this many unpaid slots
+// of the total are taken by requests not yet issued (which cannot be
+// shed).
 const maxIssuing = 16
-
-// startIssuing waits for a turn to issue a payment request; ctx's error if
-// the client leaves first.
-func (v *Vendor) startIssuing(ctx context.Context) error {
-	select {
-	case v.issuing <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (v *Vendor) doneIssuing() { <-v.issuing }
 
 // deadAfter is how long past its expiry an unpaid request whose end no
 // backend reported still counts: then it is forgotten.
@@ -138,6 +126,7 @@ type unpaidQuote struct {
 	expires time.Time
 	shed    chan struct{} // closed when it is withdrawn to make room
 	el      *list.Element // in unpaidBook.order; nil once removed
+	held    bool          // counted for its key, not yet in the total (under unpaidBook.mu)
 }
 
 // unpaidBook counts the open unpaid payment requests: per key (at most
@@ -169,16 +158,31 @@ var (
 	errUnpaidTotal     = errors.New("too many unpaid payment requests")
 )
 
-// reserve takes a slot for a new payment request of key. When every slot
-// is taken it withdraws the oldest request of the key(s) holding the most
-// (victim, removed from the book: the caller cancels it at its backend).
-// It fails when key holds perKey requests already, or when nothing can be
-// withdrawn (every slot is a request still being issued).
-func (b *unpaidBook) reserve(key string, now time.Time) (q, victim *unpaidQuote, err error) {
+// hold takes a slot of key's own limit for a new payment request, before
+// anything is written for it: a client at its limit is refused at once
+// (errUnpaidPerClient), for free. The slot counts toward the total only
+// once enter admits it; release gives it back at any point.
+func (b *unpaidBook) hold(key string) (*unpaidQuote, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.byKey[key] >= b.perKey {
-		return nil, nil, errUnpaidPerClient
+		return nil, errUnpaidPerClient
+	}
+	q := &unpaidQuote{key: key, shed: make(chan struct{}), held: true}
+	b.move(key, +1)
+	return q, nil
+}
+
+// enter admits a held slot into the total, right before its request is
+// issued. When every slot of the total is taken it withdraws the oldest
+// request of the key(s) holding the most (victim, removed from the book:
+// the caller cancels it at its backend). It fails when nothing can be
+// withdrawn (every slot is a request still being issued); q stays held.
+func (b *unpaidBook) enter(q *unpaidQuote, now time.Time) (victim *unpaidQuote, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !q.held {
+		return nil, errUnpaidTotal // released meanwhile
 	}
 	if b.order.Len() >= b.total {
 		b.dropDead(now)
@@ -186,14 +190,26 @@ func (b *unpaidBook) reserve(key string, now time.Time) (q, victim *unpaidQuote,
 	if b.order.Len() >= b.total {
 		victim = b.victim()
 		if victim == nil {
-			return nil, nil, errUnpaidTotal
+			return nil, errUnpaidTotal
 		}
 		b.remove(victim)
 		close(victim.shed)
 	}
-	q = &unpaidQuote{key: key, shed: make(chan struct{})}
+	q.held = false
 	q.el = b.order.PushBack(q)
-	b.move(key, +1)
+	return victim, nil
+}
+
+// reserve is hold then enter (tests, and a request quoted without an
+// earlier hold).
+func (b *unpaidBook) reserve(key string, now time.Time) (q, victim *unpaidQuote, err error) {
+	if q, err = b.hold(key); err != nil {
+		return nil, nil, err
+	}
+	if victim, err = b.enter(q, now); err != nil {
+		b.release(q)
+		return nil, nil, err
+	}
 	return q, victim, nil
 }
 
@@ -253,6 +269,11 @@ func (b *unpaidBook) move(key string, d int) {
 }
 
 func (b *unpaidBook) remove(q *unpaidQuote) {
+	if q.held {
+		q.held = false
+		b.move(q.key, -1)
+		return
+	}
 	if q.el == nil {
 		return
 	}
@@ -275,11 +296,28 @@ func (b *unpaidBook) bind(q *unpaidQuote, p *Payment) {
 	b.byRef[p.Ref] = q
 }
 
-// release gives q's slot back (its request was never issued).
+// release gives q's slot back (its request was never issued), held or
+// entered; releasing twice, or a nil q, is harmless.
 func (b *unpaidBook) release(q *unpaidQuote) {
+	if q == nil {
+		return
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.remove(q)
+}
+
+// unhold gives q's slot back if it is still only held: no payment request
+// was issued for it. A nil q is fine.
+func (b *unpaidBook) unhold(q *unpaidQuote) {
+	if q == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if q.held {
+		b.remove(q)
+	}
 }
 
 // end gives back the slot of the request ref once it is no longer open.
@@ -310,23 +348,37 @@ func (b *unpaidBook) counts(key string) (total, ofKey int) {
 	return b.order.Len(), b.byKey[key]
 }
 
-// reserveUnpaid takes an unpaid slot for r's new payment request,
-// withdrawing the oldest request of the busiest client when every slot
-// is taken. The error wraps ErrLimit.
-func (v *Vendor) reserveUnpaid(r *CallRequest) (*unpaidQuote, error) {
-	q, victim, err := v.unpaid.reserve(limitKey(r), time.Now())
+// holdUnpaid takes a slot of r's client's own limit for a new payment
+// request (see unpaidBook.hold). The error wraps ErrLimit.
+func (v *Vendor) holdUnpaid(r *CallRequest) (*unpaidQuote, error) {
+	q, err := v.unpaid.hold(limitKey(r))
 	if err != nil {
-		if errors.Is(err, errUnpaidPerClient) {
-			return nil, fmt.Errorf("%w: too many unpaid payment requests (at most %d per client)", ErrLimit, v.cfg.MaxUnpaidPerClient)
-		}
-		return nil, fmt.Errorf("%w: too many unpaid payment requests", ErrLimit)
+		return nil, v.unpaidError(err)
+	}
+	return q, nil
+}
+
+// enterUnpaid admits r's held slot q into the total right before its
+// payment request is issued, withdrawing the oldest request of the
+// busiest client when every slot is taken. The error wraps ErrLimit.
+func (v *Vendor) enterUnpaid(q *unpaidQuote) error {
+	victim, err := v.unpaid.enter(q, time.Now())
+	if err != nil {
+		return v.unpaidError(err)
 	}
 	if victim != nil {
 		v.cfg.Log.Info("vend: unpaid payment requests at their limit: withdrawing the oldest of the busiest client",
 			"payment", victim.ref, "limit", v.cfg.MaxUnpaidTotal)
 		v.background(func(ctx context.Context) { v.withdraw(ctx, victim.backend, victim.ref) })
 	}
-	return q, nil
+	return nil
+}
+
+func (v *Vendor) unpaidError(err error) error {
+	if errors.Is(err, errUnpaidPerClient) {
+		return fmt.Errorf("%w: too many unpaid payment requests (at most %d per client)", ErrLimit, v.cfg.MaxUnpaidPerClient)
+	}
+	return fmt.Errorf("%w: too many unpaid payment requests", ErrLimit)
 }
 
 // withdraw cancels an unpaid request at its backend, which records it

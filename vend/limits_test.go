@@ -187,3 +187,34 @@ func TestFreePerDayTotal(t *testing.T) {
 	}
 	verify(t, h.l)
 }
+
+// A client at its unpaid limit is refused before anything is written for
+// the request (a flood from one address costs no ledger write), while a
+// replay of a request it holds still finds its call.
+func TestRefusedAtTheClientLimitWritesNothing(t *testing.T) {
+	h := newHarness(t, false, func(c *vend.Config) { c.MaxUnpaidPerClient = 1 })
+	ctx := context.Background()
+	n := &notes{}
+	first := from("1", "session-a", "ip:10.0.0.1", n)
+	ch := h.callAsync(first)
+	p := h.nextPayment(t)
+	if _, err := h.v.CallTool(ctx, from("2", "session-a", "ip:10.0.0.1", nil)); !errors.Is(err, vend.ErrLimit) {
+		t.Fatalf("a second unpaid quote: %v", err)
+	}
+	if c, err := h.l.CallByRequest(ctx, "test", "session-a", "2"); !errors.Is(err, vend.ErrNotFound) {
+		t.Fatalf("the refused request was recorded: %+v %v", c, err)
+	}
+	// The client repeats its first request (say, after a dropped
+	// connection): it is its own call, not a new quote.
+	again := h.callAsync(first)
+	h.be.pay(p.Ref)
+	for _, c := range []<-chan outcome{ch, again} {
+		if o := result(t, c); o.err != nil {
+			t.Fatalf("paid call: %v", o.err)
+		}
+	}
+	if got := h.tools.count("echo"); got != 1 {
+		t.Fatalf("ran %d times", got)
+	}
+	verify(t, h.l)
+}

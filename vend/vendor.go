@@ -76,9 +76,10 @@ type Vendor struct {
 	schemas schemaCache
 	prices  atomic.Pointer[bookRef] // the current price book; cfg.Prices is only the first
 
-	unpaid  *unpaidBook   // open unpaid payment requests (limits.go)
-	issuing chan struct{} // payment requests being issued (limits.go)
-	rate    *rateLimiter  // calls per client and minute (limits.go)
+	unpaid *unpaidBook  // open unpaid payment requests (limits.go)
+	issue  *issueQueue  // turns to issue a payment request (issue.go)
+	payers payerSet     // limit keys that paid in this run (issue.go)
+	rate   *rateLimiter // calls per client and minute (limits.go)
 
 	mu      sync.Mutex
 	waiters map[string][]chan PaymentEvent // by payment ref
@@ -115,7 +116,7 @@ func New(cfg Config) (*Vendor, error) {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	v := &Vendor{cfg: cfg, waiters: map[string][]chan PaymentEvent{},
-		unpaid: newUnpaidBook(cfg.MaxUnpaidPerClient, cfg.MaxUnpaidTotal), issuing: make(chan struct{}, maxIssuing),
+		unpaid: newUnpaidBook(cfg.MaxUnpaidPerClient, cfg.MaxUnpaidTotal), issue: newIssueQueue(maxIssuing),
 		rate: &rateLimiter{perMinute: cfg.RequestsPerMinute, maxKeys: DefaultMaxRateKeys},
 		// The ledger stamps milliseconds: a call of this run is stamped at
 		// or after the millisecond New runs in.
@@ -628,13 +629,14 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	if a == nil {
 		return res, err
 	}
+	defer v.unpaid.unhold(a.slot) // a slot no payment request took
 	switch {
 	case a.known:
 		return v.resume(ctx, &a.call, &a.t, a.args, r)
 	case r.CashuToken != "":
 		return v.payWithToken(ctx, &a.call, &a.t, a.args, r)
 	}
-	return v.quote(ctx, &a.call, &a.t, a.args, r)
+	return v.quote(ctx, &a.call, &a.t, a.args, r, a.slot)
 }
 
 // admitted is a priced call recorded in the ledger.
@@ -643,6 +645,9 @@ type admitted struct {
 	t     Tool
 	args  json.RawMessage
 	known bool // a replay, or an explicit-gating grant: not a new call
+	// slot is the unpaid slot held for a new call's payment request (see
+	// unpaidBook.hold), nil if none.
+	slot *unpaidQuote
 }
 
 // admit checks a call, runs it at once if it is free, and otherwise records
@@ -714,15 +719,31 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	if err := checkWork(r); err != nil && r.CashuToken == "" {
 		return nil, CallResult{}, err // it would get an unpaid quote
 	}
+	var slot *unpaidQuote
+	if r.CashuToken == "" {
+		// A new quote takes a slot of its client's unpaid limit before
+		// anything is written: a client at its limit is refused for free
+		// (a flood from one address costs no ledger write), unless this
+		// is a replay of a call it holds already.
+		if slot, err = v.holdUnpaid(r); err != nil {
+			if _, ferr := v.cfg.Ledger.CallByRequest(ctx, r.Transport, r.Client, r.RequestID); ferr != nil {
+				return nil, CallResult{}, err
+			}
+		}
+	}
 	call, created, err := v.cfg.Ledger.RecordCall(ctx, NewCall{
 		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Kind: t.Kind.Or(), Tool: t.UpstreamName,
 		ArgsHash: hash, Price: q.Price, Idempotent: q.Idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
 		RefundInvoice: r.RefundInvoice,
 	})
+	if err != nil || !created {
+		v.unpaid.release(slot)
+		slot = nil
+	}
 	if err != nil {
 		return nil, CallResult{}, err
 	}
-	return &admitted{call: call, t: t, args: args, known: !created}, CallResult{}, nil
+	return &admitted{call: call, t: t, args: args, known: !created, slot: slot}, CallResult{}, nil
 }
 
 // runFree runs a call nobody pays for: a free tool, or one within its
@@ -771,8 +792,8 @@ func randomHex(n int) string {
 
 // quote asks a backend for a payment and waits for it (or, with explicit
 // gating, answers with the ways to pay).
-func (v *Vendor) quote(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
-	p, res, err := v.requestPayment(ctx, call, t, r)
+func (v *Vendor) quote(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest, slot *unpaidQuote) (CallResult, error) {
+	p, res, err := v.requestPayment(ctx, call, t, r, slot)
 	if p == nil {
 		return res, err
 	}
@@ -782,23 +803,32 @@ func (v *Vendor) quote(ctx context.Context, call *Call, t *Tool, args json.RawMe
 
 // requestPayment asks a backend for the call's payment. A nil payment
 // means the call is answered by res and err (explicit gating, a limit, no
-// backend). The request holds an unpaid slot until it is paid or ends.
+// backend). The request holds an unpaid slot (slot, held by admit, or
+// taken here when nil) until it is paid or ends.
 //
 //go:noinline
-func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *CallRequest) (*Payment, CallResult, error) {
+func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *CallRequest, slot *unpaidQuote) (*Payment, CallResult, error) {
 	v.failpoint(FailAfterQuote)
 	b := v.chooseBackend(r.PMIs, r.InvoiceFrom)
 	if b == nil {
 		v.endUnpaid(ctx, call, "no payment method")
 		return nil, CallResult{}, ErrNoPaymentMethod
 	}
-	if err := v.startIssuing(ctx); err != nil {
+	if slot == nil {
+		var err error
+		if slot, err = v.holdUnpaid(r); err != nil {
+			v.endUnpaid(ctx, call, "too many unpaid requests")
+			return nil, CallResult{}, err
+		}
+	}
+	if err := v.startIssuing(ctx, r); err != nil {
+		v.unpaid.release(slot)
 		v.endUnpaid(context.WithoutCancel(ctx), call, "client left")
 		return nil, CallResult{}, err
 	}
 	defer v.doneIssuing()
-	slot, err := v.reserveUnpaid(r)
-	if err != nil {
+	if err := v.enterUnpaid(slot); err != nil {
+		v.unpaid.release(slot)
 		v.endUnpaid(ctx, call, "too many unpaid requests")
 		return nil, CallResult{}, err
 	}
@@ -945,6 +975,7 @@ func (v *Vendor) afterPayment(ctx context.Context, call *Call, p *Payment, t *To
 	switch p.State {
 	case PaymentAccepted, PaymentSettled:
 		v.failpoint(FailAfterSettlement)
+		v.paid(r)
 		r.Notify(NotifyPaymentAccepted, map[string]any{"amount": p.Amount.SatsCeil(), "pmi": PMILightning,
 			"_meta": map[string]any{"payment_hash": p.Ref}})
 		return v.run(ctx, call, p, t, args, r)
@@ -969,6 +1000,7 @@ func (v *Vendor) payWithToken(ctx context.Context, call *Call, t *Tool, args jso
 			// ErrUnderpaid, ErrForeignMint, ErrBadToken), never more.
 			return CallResult{}, fmt.Errorf("%w: %w", ErrPaymentFailed, err)
 		}
+		v.paid(r)
 		r.Notify(NotifyPaymentAccepted, map[string]any{"amount": receipt.Payment.Amount.SatsCeil(), "pmi": PMICashu,
 			"_meta": map[string]any{"change": receipt.Change}})
 		return v.run(ctx, call, &receipt.Payment, t, args, r)
@@ -1004,7 +1036,7 @@ func (v *Vendor) resume(ctx context.Context, call *Call, t *Tool, args json.RawM
 		// Paid after all (late, or a swap learned late): owed back.
 		return v.refunded(ctx, call, CallResult{}, ErrPaymentExpired)
 	case CallQuoted:
-		return v.quote(ctx, call, t, args, r)
+		return v.quote(ctx, call, t, args, r, nil)
 	case CallExecuting:
 		return CallResult{}, &PaymentPendingError{RetryAfter: 5}
 	}

@@ -3,6 +3,8 @@ package lnd_test
 import (
 	"context"
 	"encoding/hex"
+	"runtime/pprof"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,5 +88,55 @@ func TestCanceledUnpaidInvoicesAreDeleted(t *testing.T) {
 		if got, _ := l.Payment(ctx, p.Ref); got.State != vend.PaymentCanceled {
 			t.Fatalf("hold %v: ledger says %s", hold, got.State)
 		}
+	}
+}
+
+// grpcStreams counts the client streams gRPC keeps open in this process
+// (each has a goroutine watching its context until it ends).
+func grpcStreams() int {
+	var b strings.Builder
+	pprof.Lookup("goroutine").WriteTo(&b, 2)
+	return strings.Count(b.String(), "grpc.newClientStreamWithParams.func")
+}
+
+// TestEndedHoldInvoicesCloseTheirStreams: a hold invoice's
+// SubscribeSingleInvoice stream is closed once the invoice is settled or
+// canceled. It used to stay open (watchHold returned after the final
+// state without ending the stream), one gRPC stream per ended hold
+// invoice for as long as capvend ran: under an invoice flood, thousands.
+func TestEndedHoldInvoicesCloseTheirStreams(t *testing.T) {
+	needStack(t)
+	l := newLedger(t)
+	be := open(t, l, vendor(t).RPCHost, lnd.Config{Hold: true})
+	runBackend(t, be)
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for grpcStreams() < 1 { // Run's SubscribeInvoices
+		if time.Now().After(deadline) {
+			t.Fatal("the backend never subscribed to its invoices")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	before := grpcStreams()
+	const n = 10
+	for i := 0; i < n; i++ {
+		c := recordCall(t, l, i)
+		p, err := be.Request(ctx, vend.PaymentRequest{CallID: c.ID, Amount: 1000, Memo: "stream", Expiry: time.Hour, Hold: true})
+		if err != nil || p.Kind != vend.KindHoldInvoice {
+			t.Fatalf("%s %v", p.Kind, err)
+		}
+		if err := be.Cancel(ctx, p.Ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for be.Watching() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d hold invoices still watched after they were canceled", be.Watching())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if after := grpcStreams(); after > before {
+		t.Fatalf("%d gRPC streams open after %d hold invoices ended, %d before", after, n, before)
 	}
 }

@@ -200,6 +200,14 @@ func (b *Backend) OpenHolds() int {
 	return len(b.holds)
 }
 
+// Watching is how many hold invoices have a SubscribeSingleInvoice stream
+// open now.
+func (b *Backend) Watching() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.watching)
+}
+
 // takeHold reserves room for the hold invoice ref: false when MaxHold are
 // open.
 func (b *Backend) takeHold(ref string) bool {
@@ -573,6 +581,11 @@ func (b *Backend) watchHold(ref string) {
 			delete(b.watching, ref)
 			b.mu.Unlock()
 		}()
+		// The stream ends with this function: gRPC keeps a stream (and a
+		// goroutine) until its context ends or Recv returns an error, and
+		// we stop reading at the invoice's final state.
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
 		stream, err := b.inv.SubscribeSingleInvoice(ctx, &invoicesrpc.SubscribeSingleInvoiceRequest{RHash: hash})
 		if err != nil {
 			return // the next reconcile retries

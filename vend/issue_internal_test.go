@@ -1,0 +1,124 @@
+package vend
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+)
+
+// line queues requests and reports each grant, in order.
+type line struct {
+	q       *issueQueue
+	granted chan string
+}
+
+func newLine(t *testing.T) *line {
+	q := newIssueQueue(1)
+	if err := q.acquire(context.Background(), "x", false); err != nil { // the one turn is taken
+		t.Fatal(err)
+	}
+	return &line{q: q, granted: make(chan string, 1000)}
+}
+
+// wait queues a request of key, and returns once it is in the line.
+func (l *line) wait(t *testing.T, key string, known bool) {
+	before := l.q.waiting()
+	go func() {
+		if err := l.q.acquire(context.Background(), key, known); err != nil {
+			t.Error(err)
+		}
+		l.granted <- key
+	}()
+	for l.q.waiting() == before {
+		runtime.Gosched()
+	}
+}
+
+// next gives the turn back and returns whom it went to.
+func (l *line) next() string {
+	l.q.release()
+	return <-l.granted
+}
+
+func (q *issueQueue) waiting() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 0
+	for _, l := range q.known.byKey {
+		n += l.Len()
+	}
+	for _, l := range q.others.byKey {
+		n += l.Len()
+	}
+	return n
+}
+
+// A customer who asks while a few flooding addresses have many requests
+// queued gets a turn within one round of the waiting keys, not after the
+// whole flood (the queue used to be first come, first served: 150 turns).
+func TestIssueTurnsGoRoundRobinByKey(t *testing.T) {
+	l := newLine(t)
+	for i := 0; i < 50; i++ {
+		for _, k := range []string{"ip:flood-a", "ip:flood-b", "ip:flood-c"} {
+			l.wait(t, k, false)
+		}
+	}
+	l.wait(t, "ip:customer", false)
+	var got []string
+	for range 151 {
+		got = append(got, l.next())
+		if got[len(got)-1] == "ip:customer" {
+			if len(got) > 4 {
+				t.Fatalf("the customer got turn %d: %v", len(got), got)
+			}
+			return
+		}
+	}
+	t.Fatal("the customer never got a turn")
+}
+
+// A client that paid before is served before fresh identities, however
+// many of them wait (on Nostr identities are free; a payment is not).
+func TestIssueTurnsGoToKnownPayersFirst(t *testing.T) {
+	l := newLine(t)
+	for i := 0; i < 200; i++ {
+		l.wait(t, fmt.Sprint("fresh-", i), false)
+	}
+	l.wait(t, "customer", true)
+	if got := l.next(); got != "customer" {
+		t.Fatalf("first turn went to %s, want the known payer", got)
+	}
+	for range 200 {
+		l.next()
+	}
+}
+
+// A request whose client leaves gives up its place, and a turn handed to
+// it as it left goes on to the next.
+func TestIssueTurnOfALeavingClientGoesOn(t *testing.T) {
+	l := newLine(t)
+	q := l.q
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	before := q.waiting()
+	go func() { left <- q.acquire(ctx, "gone", false) }()
+	for q.waiting() == before {
+		runtime.Gosched()
+	}
+	l.wait(t, "next", false)
+	cancel()
+	if err := <-left; err == nil {
+		t.Fatal("a canceled wait got a turn")
+	}
+	if got := l.next(); got != "next" {
+		t.Fatalf("the turn went to %s", got)
+	}
+	q.release()
+	q.mu.Lock()
+	free := q.free
+	q.mu.Unlock()
+	if free != 1 {
+		t.Fatalf("%d free turns after all were given back, want 1", free)
+	}
+}
