@@ -3,6 +3,8 @@ package vend
 import (
 	"container/list"
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 )
 
@@ -17,24 +19,40 @@ import (
 // flood from a few addresses gets a few turns per round, not all of them),
 // and keys that have paid before in this run (known payers) are served
 // first: identities are free on Nostr, a payment history is not.
+//
+// The line is bounded (maxWaiting for each of the two): a request waiting
+// here holds its front's resources (a Nostr request slot, an HTTP
+// connection), so an unbounded line would let a flood crowd out the
+// customers at the fronts' doors instead. A request that finds the line
+// full takes the place of the oldest waiting request of the key with the
+// most waiting, if that key has more than one and is not its own; else it
+// is refused at once (ErrLimit): the server is busy.
 
 // issueQueue hands out turns to issue a payment request.
 type issueQueue struct {
-	mu     sync.Mutex
-	free   int      // turns not handed out
-	known  fairLine // waiting requests of known payers: served first
-	others fairLine
+	mu         sync.Mutex
+	free       int      // turns not handed out
+	maxWaiting int      // bound of each line
+	known      fairLine // waiting requests of known payers: served first
+	others     fairLine
 }
 
-func newIssueQueue(turns int) *issueQueue {
-	return &issueQueue{free: turns, known: newFairLine(), others: newFairLine()}
+// maxWaiting bounds the requests waiting for a turn, in each line.
+const maxWaiting = 128
+
+// errBusy: the line for turns is full (see issueQueue).
+var errBusy = errors.New("too many payment requests waiting to be issued")
+
+func newIssueQueue(turns, waiting int) *issueQueue {
+	return &issueQueue{free: turns, maxWaiting: waiting, known: newFairLine(), others: newFairLine()}
 }
 
 // ticket is one request waiting for a turn.
 type ticket struct {
 	key     string
-	ready   chan struct{} // closed when the turn is granted
+	ready   chan struct{} // closed when the turn is granted, or the ticket evicted
 	granted bool          // under issueQueue.mu
+	evicted bool          // under issueQueue.mu: its place went to another key
 	line    *fairLine
 	el      *list.Element // in its key's list
 }
@@ -45,6 +63,7 @@ type fairLine struct {
 	byKey map[string]*list.List // key -> *ticket, oldest first
 	ring  list.List             // keys with tickets, next to serve first
 	where map[string]*list.Element
+	n     int // tickets in all
 }
 
 func newFairLine() fairLine {
@@ -59,6 +78,7 @@ func (f *fairLine) push(t *ticket) {
 		f.where[t.key] = f.ring.PushBack(t.key)
 	}
 	t.line, t.el = f, l.PushBack(t)
+	f.n++
 }
 
 // pop takes the oldest ticket of the next key, and moves that key to the
@@ -72,6 +92,7 @@ func (f *fairLine) pop() *ticket {
 	l := f.byKey[key]
 	t := l.Remove(l.Front()).(*ticket)
 	t.el = nil
+	f.n--
 	if l.Len() == 0 {
 		f.drop(key)
 	} else {
@@ -88,6 +109,7 @@ func (f *fairLine) remove(t *ticket) {
 	l := f.byKey[t.key]
 	l.Remove(t.el)
 	t.el = nil
+	f.n--
 	if l.Len() == 0 {
 		f.drop(t.key)
 	}
@@ -101,8 +123,28 @@ func (f *fairLine) drop(key string) {
 
 func (f *fairLine) len() int { return f.ring.Len() }
 
+// waiting is how many tickets the line holds.
+func (f *fairLine) waiting() int { return f.n }
+
+// victim is the oldest ticket of the key with the most waiting, if that
+// key has more than one and is not key; nil otherwise.
+func (f *fairLine) victim(key string) *ticket {
+	var most *list.List
+	for k, l := range f.byKey {
+		if k != key && l.Len() > 1 && (most == nil || l.Len() > most.Len()) {
+			most = l
+		}
+	}
+	if most == nil {
+		return nil
+	}
+	return most.Front().Value.(*ticket)
+}
+
 // acquire waits for a turn for a request of key (known: a known payer).
-// It returns ctx's error, holding no turn, if ctx ends first.
+// It returns errBusy at once, or later if its place is taken (see
+// issueQueue), holding no turn; and ctx's error, holding no turn, if ctx
+// ends first.
 func (q *issueQueue) acquire(ctx context.Context, key string, known bool) error {
 	q.mu.Lock()
 	if q.free > 0 && q.known.len() == 0 && q.others.len() == 0 {
@@ -110,15 +152,31 @@ func (q *issueQueue) acquire(ctx context.Context, key string, known bool) error 
 		q.mu.Unlock()
 		return nil
 	}
-	t := &ticket{key: key, ready: make(chan struct{})}
+	line := &q.others
 	if known {
-		q.known.push(t)
-	} else {
-		q.others.push(t)
+		line = &q.known
 	}
+	if line.waiting() >= q.maxWaiting {
+		v := line.victim(key)
+		if v == nil {
+			q.mu.Unlock()
+			return errBusy
+		}
+		line.remove(v)
+		v.evicted = true
+		close(v.ready)
+	}
+	t := &ticket{key: key, ready: make(chan struct{})}
+	line.push(t)
 	q.mu.Unlock()
 	select {
 	case <-t.ready:
+		q.mu.Lock()
+		evicted := t.evicted
+		q.mu.Unlock()
+		if evicted {
+			return errBusy
+		}
 		return nil
 	case <-ctx.Done():
 		q.mu.Lock()
@@ -186,11 +244,40 @@ func (p *payerSet) has(key string) bool {
 	return ok
 }
 
-// startIssuing waits for a turn to issue r's payment request; ctx's error
-// if the client leaves first.
+// busy reports whether a request of key would be refused a place in the
+// line now (see issueQueue): checked before anything is written for it.
+func (q *issueQueue) busy(key string, known bool) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	line := &q.others
+	if known {
+		line = &q.known
+	}
+	return line.waiting() >= q.maxWaiting && line.victim(key) == nil
+}
+
+// startIssuing waits for a turn to issue r's payment request: ctx's error
+// if the client leaves first, an error wrapping ErrLimit if the server is
+// too busy.
 func (v *Vendor) startIssuing(ctx context.Context, r *CallRequest) error {
 	key := limitKey(r)
-	return v.issue.acquire(ctx, key, v.payers.has(key))
+	if err := v.issue.acquire(ctx, key, v.payers.has(key)); err != nil {
+		if errors.Is(err, errBusy) {
+			return fmt.Errorf("%w: %w; ask again shortly", ErrLimit, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// issueBusy reports whether r would be refused a turn now (see
+// issueQueue.busy), as an error wrapping ErrLimit.
+func (v *Vendor) issueBusy(r *CallRequest) error {
+	key := limitKey(r)
+	if v.issue.busy(key, v.payers.has(key)) {
+		return fmt.Errorf("%w: %w; ask again shortly", ErrLimit, errBusy)
+	}
+	return nil
 }
 
 func (v *Vendor) doneIssuing() { v.issue.release() }

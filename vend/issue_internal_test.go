@@ -2,6 +2,7 @@ package vend
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"testing"
@@ -14,7 +15,7 @@ type line struct {
 }
 
 func newLine(t *testing.T) *line {
-	q := newIssueQueue(1)
+	q := newIssueQueue(1, 1000)
 	if err := q.acquire(context.Background(), "x", false); err != nil { // the one turn is taken
 		t.Fatal(err)
 	}
@@ -120,5 +121,51 @@ func TestIssueTurnOfALeavingClientGoesOn(t *testing.T) {
 	q.mu.Unlock()
 	if free != 1 {
 		t.Fatalf("%d free turns after all were given back, want 1", free)
+	}
+}
+
+// The line is bounded: a newcomer takes the place of the oldest request
+// of the key with the most waiting; when every key waits with one
+// request, the newcomer is refused at once (the server is busy).
+func TestIssueLineIsBounded(t *testing.T) {
+	q := newIssueQueue(1, 4)
+	if err := q.acquire(context.Background(), "x", false); err != nil {
+		t.Fatal(err)
+	}
+	outcomes := make(chan error, 100)
+	waitOn := func(key string) {
+		before := q.waiting()
+		go func() { outcomes <- q.acquire(context.Background(), key, false) }()
+		for q.waiting() == before {
+			runtime.Gosched()
+		}
+	}
+	for range 4 {
+		waitOn("ip:flood")
+	}
+	// Full. Newcomers evict the flood's oldest while it has two waiting.
+	// (The line stays at 4, so wait for the evicted one's answer: it is
+	// given after the newcomer took its place.)
+	for _, k := range []string{"b", "c", "d"} {
+		go func() { outcomes <- q.acquire(context.Background(), k, false) }()
+		if err := <-outcomes; !errors.Is(err, errBusy) {
+			t.Fatalf("the evicted request got %v, want errBusy", err)
+		}
+	}
+	if q.busy("e", false) == false {
+		t.Fatal("busy says a place is free")
+	}
+	if err := q.acquire(context.Background(), "e", false); !errors.Is(err, errBusy) {
+		t.Fatalf("a newcomer to a line of one request per key: %v", err)
+	}
+	// A known payer has its own line.
+	if q.busy("payer", true) {
+		t.Fatal("the known payers' line is busy")
+	}
+	for range 4 {
+		q.release()
+		if err := <-outcomes; err != nil {
+			t.Fatal(err)
+		}
 	}
 }

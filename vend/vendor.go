@@ -116,7 +116,7 @@ func New(cfg Config) (*Vendor, error) {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	v := &Vendor{cfg: cfg, waiters: map[string][]chan PaymentEvent{},
-		unpaid: newUnpaidBook(cfg.MaxUnpaidPerClient, cfg.MaxUnpaidTotal), issue: newIssueQueue(maxIssuing),
+		unpaid: newUnpaidBook(cfg.MaxUnpaidPerClient, cfg.MaxUnpaidTotal), issue: newIssueQueue(maxIssuing, maxWaiting),
 		rate: &rateLimiter{perMinute: cfg.RequestsPerMinute, maxKeys: DefaultMaxRateKeys},
 		// The ledger stamps milliseconds: a call of this run is stamped at
 		// or after the millisecond New runs in.
@@ -725,7 +725,12 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		// anything is written: a client at its limit is refused for free
 		// (a flood from one address costs no ledger write), unless this
 		// is a replay of a call it holds already.
-		if slot, err = v.holdUnpaid(r); err != nil {
+		if slot, err = v.holdUnpaid(r); err == nil {
+			err = v.issueBusy(r) // a line too long to join: refused as free
+		}
+		if err != nil {
+			v.unpaid.release(slot)
+			slot = nil
 			if _, ferr := v.cfg.Ledger.CallByRequest(ctx, r.Transport, r.Client, r.RequestID); ferr != nil {
 				return nil, CallResult{}, err
 			}

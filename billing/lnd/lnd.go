@@ -131,7 +131,7 @@ type Backend struct {
 	report   func(vend.PaymentEvent)
 	watchCtx context.Context      // the running Run's context, nil when not running
 	watching map[string]bool      // hold invoices with a live SubscribeSingleInvoice
-	holds    map[string]time.Time // open hold invoices (when taken): at most cfg.MaxHold new ones
+	holds    map[string]time.Time // open hold invoices (when recorded; zero while being issued): at most cfg.MaxHold new ones
 	wg       sync.WaitGroup
 }
 
@@ -209,15 +209,26 @@ func (b *Backend) Watching() int {
 }
 
 // takeHold reserves room for the hold invoice ref: false when MaxHold are
-// open.
+// open. Until heldHold marks it recorded, countHolds keeps it: the ledger
+// does not list it yet.
 func (b *Backend) takeHold(ref string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.holds) >= b.cfg.MaxHold {
 		return false
 	}
-	b.holds[ref] = time.Now()
+	b.holds[ref] = time.Time{}
 	return true
+}
+
+// heldHold marks the hold invoice ref recorded in the ledger: from now on a
+// reconcile that does not find it unsettled there stops counting it.
+func (b *Backend) heldHold(ref string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.holds[ref]; ok {
+		b.holds[ref] = time.Now()
+	}
 }
 
 func (b *Backend) dropHold(ref string) {
@@ -308,6 +319,9 @@ func (b *Backend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Paym
 		}
 		b.dropHold(np.Ref)
 		return vend.Payment{}, err
+	}
+	if np.Kind == vend.KindHoldInvoice {
+		b.heldHold(np.Ref)
 	}
 	if p.Kind == vend.KindHoldInvoice {
 		b.watchHold(p.Ref)
@@ -536,8 +550,9 @@ func (b *Backend) reconcile(ctx context.Context, expiredOnly bool) error {
 }
 
 // countHolds makes the open hold invoices those of ps, the ledger's
-// unsettled payments as of asked, plus those taken since: a hold invoice
-// of a previous run counts, and one whose end was missed stops counting.
+// unsettled payments as of asked, plus those being issued or recorded
+// since: a hold invoice of a previous run counts, and one whose end was
+// missed stops counting.
 func (b *Backend) countHolds(ps []vend.Payment, asked time.Time) {
 	open := make(map[string]bool, len(ps))
 	for _, p := range ps {
@@ -548,7 +563,7 @@ func (b *Backend) countHolds(ps []vend.Payment, asked time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for ref, taken := range b.holds {
-		if !open[ref] && taken.Before(asked) {
+		if !open[ref] && !taken.IsZero() && taken.Before(asked) {
 			delete(b.holds, ref)
 		}
 	}
