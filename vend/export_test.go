@@ -1,5 +1,7 @@
 package vend
 
+import "context"
+
 // ParseArgsForTest exposes parseArgs to the fuzz target.
 var ParseArgsForTest = parseArgs
 
@@ -8,4 +10,18 @@ func (v *Vendor) WaitingForTest(ref string) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return len(v.waiters[ref]) > 0
+}
+
+// SetIssueLineForTest gives v a line for turns to issue payment requests
+// of turns turns and waiting places (before any call).
+func SetIssueLineForTest(v *Vendor, turns, waiting int) { v.issue = newIssueQueue(turns, waiting) }
+
+// TakeIssueTurnForTest takes a turn to issue a payment request, as a
+// request being issued would; the returned func gives it back.
+func TakeIssueTurnForTest(v *Vendor) (func(), error) {
+	t, err := v.issue.join("test-holder", false)
+	if err != nil {
+		return nil, err
+	}
+	return func() { v.issue.leave(t) }, v.issue.wait(context.Background(), t)
 }

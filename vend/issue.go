@@ -25,8 +25,12 @@ import (
 // connection), so an unbounded line would let a flood crowd out the
 // customers at the fronts' doors instead. A request that finds the line
 // full takes the place of the oldest waiting request of the key with the
-// most waiting, if that key has more than one and is not its own; else it
-// is refused at once (ErrLimit): the server is busy.
+// most waiting, if that key has at least two more waiting than its own;
+// else it is refused at once (ErrLimit): the server is busy. So places
+// move only towards an even share: once every key waits with about as
+// many as any other, a flood's newcomers are refused for free instead of
+// each displacing another (a displaced request has cost a ledger write to
+// record and costs one to end).
 
 // issueQueue hands out turns to issue a payment request.
 type issueQueue struct {
@@ -51,7 +55,7 @@ func newIssueQueue(turns, waiting int) *issueQueue {
 type ticket struct {
 	key     string
 	ready   chan struct{} // closed when the turn is granted, or the ticket evicted
-	granted bool          // under issueQueue.mu
+	granted bool          // under issueQueue.mu: it holds a turn
 	evicted bool          // under issueQueue.mu: its place went to another key
 	line    *fairLine
 	el      *list.Element // in its key's list
@@ -127,11 +131,15 @@ func (f *fairLine) len() int { return f.ring.Len() }
 func (f *fairLine) waiting() int { return f.n }
 
 // victim is the oldest ticket of the key with the most waiting, if that
-// key has more than one and is not key; nil otherwise.
+// key has at least two more waiting than key; nil otherwise.
 func (f *fairLine) victim(key string) *ticket {
+	own := 0
+	if l := f.byKey[key]; l != nil {
+		own = l.Len()
+	}
 	var most *list.List
-	for k, l := range f.byKey {
-		if k != key && l.Len() > 1 && (most == nil || l.Len() > most.Len()) {
+	for _, l := range f.byKey {
+		if l.Len() > own+1 && (most == nil || l.Len() > most.Len()) {
 			most = l
 		}
 	}
@@ -141,16 +149,28 @@ func (f *fairLine) victim(key string) *ticket {
 	return most.Front().Value.(*ticket)
 }
 
-// acquire waits for a turn for a request of key (known: a known payer).
-// It returns errBusy at once, or later if its place is taken (see
-// issueQueue), holding no turn; and ctx's error, holding no turn, if ctx
-// ends first.
+// acquire waits for a turn for a request of key (known: a known payer):
+// join, then wait.
 func (q *issueQueue) acquire(ctx context.Context, key string, known bool) error {
+	t, err := q.join(key, known)
+	if err != nil {
+		return err
+	}
+	return q.wait(ctx, t)
+}
+
+// join takes a place in the line for a request of key (known: a known
+// payer), or a turn at once if one is free and nobody waits. It returns
+// errBusy when the line is full and no place can be taken (see
+// issueQueue). The caller then waits for its turn, or leaves.
+func (q *issueQueue) join(key string, known bool) (*ticket, error) {
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	if q.free > 0 && q.known.len() == 0 && q.others.len() == 0 {
 		q.free--
-		q.mu.Unlock()
-		return nil
+		t := &ticket{key: key, ready: make(chan struct{}), granted: true}
+		close(t.ready)
+		return t, nil
 	}
 	line := &q.others
 	if known {
@@ -159,8 +179,7 @@ func (q *issueQueue) acquire(ctx context.Context, key string, known bool) error 
 	if line.waiting() >= q.maxWaiting {
 		v := line.victim(key)
 		if v == nil {
-			q.mu.Unlock()
-			return errBusy
+			return nil, errBusy
 		}
 		line.remove(v)
 		v.evicted = true
@@ -168,7 +187,13 @@ func (q *issueQueue) acquire(ctx context.Context, key string, known bool) error 
 	}
 	t := &ticket{key: key, ready: make(chan struct{})}
 	line.push(t)
-	q.mu.Unlock()
+	return t, nil
+}
+
+// wait waits for t's turn. It returns errBusy if t's place was taken (see
+// issueQueue), holding no turn; and ctx's error, holding no turn, if ctx
+// ends first.
+func (q *issueQueue) wait(ctx context.Context, t *ticket) error {
 	select {
 	case <-t.ready:
 		q.mu.Lock()
@@ -179,16 +204,27 @@ func (q *issueQueue) acquire(ctx context.Context, key string, known bool) error 
 		}
 		return nil
 	case <-ctx.Done():
-		q.mu.Lock()
-		granted := t.granted
-		if !granted {
-			t.line.remove(t)
-		}
-		q.mu.Unlock()
-		if granted {
-			q.release() // handed over as ctx ended: pass it on
-		}
+		q.leave(t)
 		return ctx.Err()
+	}
+}
+
+// leave gives up t: its place in the line, or the turn it was handed
+// (which goes on to the next). Leaving twice, or an evicted or nil
+// ticket, is harmless.
+func (q *issueQueue) leave(t *ticket) {
+	if t == nil {
+		return
+	}
+	q.mu.Lock()
+	granted := t.granted
+	t.granted = false
+	if !granted && t.line != nil {
+		t.line.remove(t)
+	}
+	q.mu.Unlock()
+	if granted {
+		q.release()
 	}
 }
 
@@ -244,43 +280,45 @@ func (p *payerSet) has(key string) bool {
 	return ok
 }
 
-// busy reports whether a request of key would be refused a place in the
-// line now (see issueQueue): checked before anything is written for it.
-func (q *issueQueue) busy(key string, known bool) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	line := &q.others
-	if known {
-		line = &q.known
+// joinIssuing takes r's place in the line for a turn to issue its payment
+// request (see issueQueue), before anything is written for it: an error
+// wrapping ErrLimit when the server is too busy. The place is waited on
+// by startIssuing, or given up with leaveIssuing.
+func (v *Vendor) joinIssuing(r *CallRequest) (*ticket, error) {
+	key := limitKey(r)
+	t, err := v.issue.join(key, v.payers.has(key))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w; ask again shortly", ErrLimit, err)
 	}
-	return line.waiting() >= q.maxWaiting && line.victim(key) == nil
+	return t, nil
 }
 
-// startIssuing waits for a turn to issue r's payment request: ctx's error
-// if the client leaves first, an error wrapping ErrLimit if the server is
-// too busy.
-func (v *Vendor) startIssuing(ctx context.Context, r *CallRequest) error {
-	key := limitKey(r)
-	if err := v.issue.acquire(ctx, key, v.payers.has(key)); err != nil {
-		if errors.Is(err, errBusy) {
-			return fmt.Errorf("%w: %w; ask again shortly", ErrLimit, err)
+// startIssuing waits for the turn of r's place t (taken now when nil):
+// ctx's error if the client leaves first, an error wrapping ErrLimit if
+// the server is too busy or the place was taken. With a nil error the
+// caller holds the returned ticket's turn: doneIssuing gives it back.
+func (v *Vendor) startIssuing(ctx context.Context, r *CallRequest, t *ticket) (*ticket, error) {
+	if t == nil {
+		var err error
+		if t, err = v.joinIssuing(r); err != nil {
+			return nil, err
 		}
-		return err
 	}
-	return nil
+	if err := v.issue.wait(ctx, t); err != nil {
+		if errors.Is(err, errBusy) {
+			return nil, fmt.Errorf("%w: %w; ask again shortly", ErrLimit, err)
+		}
+		return nil, err
+	}
+	return t, nil
 }
 
-// issueBusy reports whether r would be refused a turn now (see
-// issueQueue.busy), as an error wrapping ErrLimit.
-func (v *Vendor) issueBusy(r *CallRequest) error {
-	key := limitKey(r)
-	if v.issue.busy(key, v.payers.has(key)) {
-		return fmt.Errorf("%w: %w; ask again shortly", ErrLimit, errBusy)
-	}
-	return nil
-}
+// leaveIssuing gives up a place in the line, or the turn it holds; nil,
+// or leaving twice, is harmless.
+func (v *Vendor) leaveIssuing(t *ticket) { v.issue.leave(t) }
 
-func (v *Vendor) doneIssuing() { v.issue.release() }
+// doneIssuing gives back the turn startIssuing returned.
+func (v *Vendor) doneIssuing(t *ticket) { v.issue.leave(t) }
 
 // paid notes that r's client paid: its later requests are served first
 // when payment requests queue.

@@ -125,8 +125,9 @@ func TestIssueTurnOfALeavingClientGoesOn(t *testing.T) {
 }
 
 // The line is bounded: a newcomer takes the place of the oldest request
-// of the key with the most waiting; when every key waits with one
-// request, the newcomer is refused at once (the server is busy).
+// of the key with the most waiting, if that key has at least two more
+// waiting than the newcomer's; otherwise the newcomer is refused at once
+// (the server is busy), so places do not churn between keys.
 func TestIssueLineIsBounded(t *testing.T) {
 	q := newIssueQueue(1, 4)
 	if err := q.acquire(context.Background(), "x", false); err != nil {
@@ -152,15 +153,40 @@ func TestIssueLineIsBounded(t *testing.T) {
 			t.Fatalf("the evicted request got %v, want errBusy", err)
 		}
 	}
-	if q.busy("e", false) == false {
-		t.Fatal("busy says a place is free")
-	}
 	if err := q.acquire(context.Background(), "e", false); !errors.Is(err, errBusy) {
 		t.Fatalf("a newcomer to a line of one request per key: %v", err)
 	}
 	// A known payer has its own line.
-	if q.busy("payer", true) {
-		t.Fatal("the known payers' line is busy")
+	tk, err := q.join("payer", true)
+	if err != nil {
+		t.Fatalf("the known payers' line: %v", err)
+	}
+	q.leave(tk)
+	for range 4 {
+		q.release()
+		if err := <-outcomes; err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// No churn: a key waiting with one takes a place from a key waiting
+	// with three, but not from one waiting with two.
+	q = newIssueQueue(1, 4)
+	if err := q.acquire(context.Background(), "x", false); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a", "a", "a", "b"} {
+		waitOn(k)
+	}
+	go func() { outcomes <- q.acquire(context.Background(), "b", false) }()
+	if err := <-outcomes; !errors.Is(err, errBusy) {
+		t.Fatalf("a's oldest request got %v, want errBusy", err)
+	}
+	if err := q.acquire(context.Background(), "b", false); !errors.Is(err, errBusy) {
+		t.Fatalf("b's third request, with a and b waiting two each: %v, want errBusy at once", err)
+	}
+	if err := q.acquire(context.Background(), "a", false); !errors.Is(err, errBusy) {
+		t.Fatalf("a's fourth request: %v, want errBusy at once", err)
 	}
 	for range 4 {
 		q.release()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/pricing"
 	"github.com/capvend/capvend/vend"
 )
@@ -217,4 +218,62 @@ func TestRefusedAtTheClientLimitWritesNothing(t *testing.T) {
 		t.Fatalf("ran %d times", got)
 	}
 	verify(t, h.l)
+}
+
+// gatedLedger holds each RecordCall until the test opens its gate, and
+// says which request reached it.
+type gatedLedger struct {
+	*ledger.Ledger
+	reached chan string
+	gate    chan struct{}
+}
+
+func (g *gatedLedger) RecordCall(ctx context.Context, c vend.NewCall) (vend.Call, bool, error) {
+	g.reached <- c.RequestID
+	<-g.gate
+	return g.Ledger.RecordCall(ctx, c)
+}
+
+// A request takes its place in the line to issue a payment request before
+// its call is recorded, so requests being recorded cannot all find the
+// line open and then overfill it: the next one is refused at once, with
+// nothing written. (Checking the line, then recording, then joining let a
+// flood's requests, queued behind the ledger's writer, pass the check
+// together; each then cost a record and a cancel: 781 goroutines waited on
+// the writer under capvend-flood.)
+func TestPlaceInTheIssueLineIsTakenBeforeRecording(t *testing.T) {
+	gl := &gatedLedger{reached: make(chan string, 10), gate: make(chan struct{})}
+	h := newHarness(t, false, func(c *vend.Config) {
+		gl.Ledger = c.Ledger.(*ledger.Ledger)
+		c.Ledger = gl
+	})
+	vend.SetIssueLineForTest(h.v, 1, 1)
+	giveBack, err := vend.TakeIssueTurnForTest(h.v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := h.callAsync(from("b", "client-b", "", nil))
+	if got := <-gl.reached; got != "b" {
+		t.Fatalf("%s reached the ledger", got)
+	}
+	c := h.callAsync(from("c", "client-c", "", nil))
+	select {
+	case got := <-gl.reached:
+		close(gl.gate)
+		t.Fatalf("request %s was recorded though b holds the line's only place", got)
+	case o := <-c:
+		if !errors.Is(o.err, vend.ErrLimit) {
+			t.Fatalf("c: %v, want ErrLimit", o.err)
+		}
+	}
+	close(gl.gate)
+	giveBack()
+	h.be.pay(h.nextPayment(t).Ref)
+	if o := result(t, b); o.err != nil {
+		t.Fatalf("b, paid: %v", o.err)
+	}
+	if _, err := gl.Ledger.CallByRequest(context.Background(), "test", "client-c", "c"); !errors.Is(err, vend.ErrNotFound) {
+		t.Fatalf("the refused request was recorded: %v", err)
+	}
+	verify(t, gl.Ledger)
 }

@@ -636,7 +636,7 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	case r.CashuToken != "":
 		return v.payWithToken(ctx, &a.call, &a.t, a.args, r)
 	}
-	return v.quote(ctx, &a.call, &a.t, a.args, r, a.slot)
+	return v.quote(ctx, &a.call, &a.t, a.args, r, a.slot, a.turn)
 }
 
 // admitted is a priced call recorded in the ledger.
@@ -646,8 +646,10 @@ type admitted struct {
 	args  json.RawMessage
 	known bool // a replay, or an explicit-gating grant: not a new call
 	// slot is the unpaid slot held for a new call's payment request (see
-	// unpaidBook.hold), nil if none.
+	// unpaidBook.hold), nil if none; turn its place in the line to issue
+	// it (see issueQueue), nil if none.
 	slot *unpaidQuote
+	turn *ticket
 }
 
 // admit checks a call, runs it at once if it is free, and otherwise records
@@ -720,13 +722,15 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		return nil, CallResult{}, err // it would get an unpaid quote
 	}
 	var slot *unpaidQuote
+	var turn *ticket
 	if r.CashuToken == "" {
-		// A new quote takes a slot of its client's unpaid limit before
-		// anything is written: a client at its limit is refused for free
-		// (a flood from one address costs no ledger write), unless this
-		// is a replay of a call it holds already.
+		// A new quote takes a slot of its client's unpaid limit, and a
+		// place in the line to issue its payment request, before anything
+		// is written: a client at its limit, or a request finding the
+		// line full, is refused for free (a flood costs no ledger write),
+		// unless this is a replay of a call it holds already.
 		if slot, err = v.holdUnpaid(r); err == nil {
-			err = v.issueBusy(r) // a line too long to join: refused as free
+			turn, err = v.joinIssuing(r)
 		}
 		if err != nil {
 			v.unpaid.release(slot)
@@ -743,12 +747,13 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	})
 	if err != nil || !created {
 		v.unpaid.release(slot)
-		slot = nil
+		v.leaveIssuing(turn)
+		slot, turn = nil, nil
 	}
 	if err != nil {
 		return nil, CallResult{}, err
 	}
-	return &admitted{call: call, t: t, args: args, known: !created, slot: slot}, CallResult{}, nil
+	return &admitted{call: call, t: t, args: args, known: !created, slot: slot, turn: turn}, CallResult{}, nil
 }
 
 // runFree runs a call nobody pays for: a free tool, or one within its
@@ -797,8 +802,8 @@ func randomHex(n int) string {
 
 // quote asks a backend for a payment and waits for it (or, with explicit
 // gating, answers with the ways to pay).
-func (v *Vendor) quote(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest, slot *unpaidQuote) (CallResult, error) {
-	p, res, err := v.requestPayment(ctx, call, t, r, slot)
+func (v *Vendor) quote(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest, slot *unpaidQuote, turn *ticket) (CallResult, error) {
+	p, res, err := v.requestPayment(ctx, call, t, r, slot, turn)
 	if p == nil {
 		return res, err
 	}
@@ -812,26 +817,29 @@ func (v *Vendor) quote(ctx context.Context, call *Call, t *Tool, args json.RawMe
 // taken here when nil) until it is paid or ends.
 //
 //go:noinline
-func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *CallRequest, slot *unpaidQuote) (*Payment, CallResult, error) {
+func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *CallRequest, slot *unpaidQuote, turn *ticket) (*Payment, CallResult, error) {
 	v.failpoint(FailAfterQuote)
 	b := v.chooseBackend(r.PMIs, r.InvoiceFrom)
 	if b == nil {
+		v.leaveIssuing(turn)
 		v.endUnpaid(ctx, call, "no payment method")
 		return nil, CallResult{}, ErrNoPaymentMethod
 	}
 	if slot == nil {
 		var err error
 		if slot, err = v.holdUnpaid(r); err != nil {
+			v.leaveIssuing(turn)
 			v.endUnpaid(ctx, call, "too many unpaid requests")
 			return nil, CallResult{}, err
 		}
 	}
-	if err := v.startIssuing(ctx, r); err != nil {
+	turn, err := v.startIssuing(ctx, r, turn)
+	if err != nil {
 		v.unpaid.release(slot)
 		v.endUnpaid(context.WithoutCancel(ctx), call, "client left")
 		return nil, CallResult{}, err
 	}
-	defer v.doneIssuing()
+	defer v.doneIssuing(turn)
 	if err := v.enterUnpaid(slot); err != nil {
 		v.unpaid.release(slot)
 		v.endUnpaid(ctx, call, "too many unpaid requests")
@@ -1041,7 +1049,7 @@ func (v *Vendor) resume(ctx context.Context, call *Call, t *Tool, args json.RawM
 		// Paid after all (late, or a swap learned late): owed back.
 		return v.refunded(ctx, call, CallResult{}, ErrPaymentExpired)
 	case CallQuoted:
-		return v.quote(ctx, call, t, args, r, nil)
+		return v.quote(ctx, call, t, args, r, nil, nil)
 	case CallExecuting:
 		return CallResult{}, &PaymentPendingError{RetryAfter: 5}
 	}
