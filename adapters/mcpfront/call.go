@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"fmt"
 	"net/http"
 	"strings"
@@ -172,6 +173,9 @@ func (s *Server) answer(ctx context.Context, cr vend.CallRequest, res vend.CallR
 	if err != nil {
 		w := toWire(err, cr.Tool)
 		lvl := rpcerr.LogLevel(w.Code)
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			lvl = slog.LevelInfo // the client hung up: nothing went wrong here
+		}
 		s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
 		return nil, s.markError(err, cr.Tool)
 	}

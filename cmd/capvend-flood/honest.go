@@ -31,6 +31,12 @@ func honestNostr(ctx context.Context, st *testnet.Stack, tg *target, o *options,
 	}
 	defer r.Close()
 	sk := nostr.GeneratePrivateKey()
+	if o.returning {
+		if o.customerKey == "" {
+			o.customerKey = sk
+		}
+		sk = o.customerKey
+	}
 	pk, _ := nostr.GetPublicKey(sk)
 	since := nostr.Now()
 	sub, err := r.Subscribe(ctx, nostr.Filters{{Kinds: []int{25910}, Tags: nostr.TagMap{"p": {pk}}, Since: &since}})

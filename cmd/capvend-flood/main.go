@@ -32,22 +32,26 @@ import (
 
 func main() {
 	var o options
-	flag.StringVar(&o.config, "config", "", "the `capvend.yaml` of the capvend serve under test (http.listen, nostr.relays, nostr.nsec_file are read)")
-	flag.StringVar(&o.testnetDir, "testnet", "", "the regtest stack's `DIR` (default $CAPVEND_TESTNET_DIR, else <user cache dir>/capvend/testnet)")
-	flag.IntVar(&o.pid, "pid", 0, "capvend's `PID`, to read its memory from /proc (0: not measured)")
-	flag.StringVar(&o.tool, "tool", "sha256", "the priced `TOOL` the flood and the customer call")
-	flag.IntVar(&o.keys, "keys", 1000, "fresh Nostr keys in the flood")
-	flag.IntVar(&o.sessions, "sessions", 200, "fresh MCP HTTP sessions in the flood")
-	flag.IntVar(&o.calls, "calls", 10, "priced calls per flooding key or session")
-	flag.IntVar(&o.sources, "sources", 8, "source addresses of the HTTP flood: 127.0.0.2 .. 127.0.0.(1+N)")
-	flag.IntVar(&o.honest, "honest", 20, "paid calls of each honest customer (Nostr, HTTP) per phase")
-	flag.IntVar(&o.workers, "workers", 16, "concurrent senders per flood")
-	flag.DurationVar(&callTimeout, "call-timeout", callTimeout, "an honest call not answered within this is not served")
-	flag.DurationVar(&o.limit, "timeout", 20*time.Minute, "give up after this long")
-	flag.IntVar(&o.pow, "pow", 0, "NIP-13 `BITS`: with -write-config, nostr.pow_difficulty; else the work the honest Nostr customer mines into each request (the flood does none)")
-	writeConfig := flag.String("write-config", "", "write a capvend.yaml (and nsec) for the stack into `DIR` and exit")
-	exampleTools := flag.String("example-tools", "", "with -write-config: the example-tools `BINARY` capvend sells (go build ./cmd/example-tools)")
-	flag.Parse()
+	// Its own flag set: lnd's lnwire (imported through testnet) registers
+	// pgregory.net/rapid's test flags on the global one.
+	fs := flag.NewFlagSet("capvend-flood", flag.ExitOnError)
+	fs.StringVar(&o.config, "config", "", "the `capvend.yaml` of the capvend serve under test (http.listen, nostr.relays, nostr.nsec_file are read)")
+	fs.StringVar(&o.testnetDir, "testnet", "", "the regtest stack's `DIR` (default $CAPVEND_TESTNET_DIR, else <user cache dir>/capvend/testnet)")
+	fs.IntVar(&o.pid, "pid", 0, "capvend's `PID`, to read its memory from /proc (0: not measured)")
+	fs.StringVar(&o.tool, "tool", "sha256", "the priced `TOOL` the flood and the customer call")
+	fs.IntVar(&o.keys, "keys", 1000, "fresh Nostr keys in the flood")
+	fs.IntVar(&o.sessions, "sessions", 200, "fresh MCP HTTP sessions in the flood")
+	fs.IntVar(&o.calls, "calls", 10, "priced calls per flooding key or session")
+	fs.IntVar(&o.sources, "sources", 8, "source addresses of the HTTP flood: 127.0.0.2 .. 127.0.0.(1+N)")
+	fs.IntVar(&o.honest, "honest", 20, "paid calls of each honest customer (Nostr, HTTP) per phase")
+	fs.IntVar(&o.workers, "workers", 16, "concurrent senders per flood")
+	fs.DurationVar(&callTimeout, "call-timeout", callTimeout, "an honest call not answered within this is not served")
+	fs.DurationVar(&o.limit, "timeout", 20*time.Minute, "give up after this long")
+	fs.BoolVar(&o.returning, "returning", false, "the honest Nostr customer under the flood is the one who paid without it (same key: a known payer); default a fresh key, indistinguishable from the flood")
+	fs.IntVar(&o.pow, "pow", 0, "NIP-13 `BITS`: with -write-config, nostr.pow_difficulty; else the work the honest Nostr customer mines into each request (the flood does none)")
+	writeConfig := fs.String("write-config", "", "write a capvend.yaml (and nsec) for the stack into `DIR` and exit")
+	exampleTools := fs.String("example-tools", "", "with -write-config: the example-tools `BINARY` capvend sells (go build ./cmd/example-tools)")
+	fs.Parse(os.Args[1:])
 
 	dir := o.testnetDir
 	if dir == "" {

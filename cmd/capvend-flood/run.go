@@ -26,6 +26,8 @@ type options struct {
 	pid, keys, sessions, calls, sources int
 	honest, workers, pow                int
 	limit                               time.Duration
+	returning                           bool   // -returning
+	customerKey                         string // the returning Nostr customer's key, made in the first phase
 }
 
 // target is the capvend serve under test, read from its capvend.yaml.
