@@ -80,6 +80,7 @@ func nostrCall(ctx context.Context, st *testnet.Stack, r *nostr.Relay, sub *nost
 		return 0, fmt.Errorf("publish: %w", err)
 	}
 	paid := make(chan error, 1)
+	var quoted time.Duration // when the invoice came
 	for {
 		select {
 		case in, ok := <-sub.Events:
@@ -105,12 +106,15 @@ func nostrCall(ctx context.Context, st *testnet.Stack, r *nostr.Relay, sub *nost
 			}
 			switch {
 			case m.Method == vend.NotifyPaymentRequired:
+				quoted = time.Since(start)
 				go func() { _, err := st.Pay(ctx, m.Params.PayReq); paid <- err }()
 			case m.Method != "":
 			case m.Error != nil:
 				return 0, fmt.Errorf("error %d %s", m.Error.Code, m.Error.Message)
 			default:
-				return time.Since(start), nil
+				d := time.Since(start)
+				slowCall("nostr", text, d, quoted)
+				return d, nil
 			}
 		case err := <-paid:
 			if err != nil {
@@ -176,9 +180,11 @@ func httpCall(ctx context.Context, st *testnet.Stack, c *client.Client, bills ch
 	start := time.Now()
 	go func() { res, err := c.CallTool(ctx, req); ans <- answer{res, err} }()
 	paid := make(chan error, 1)
+	var quoted time.Duration // when the invoice came
 	for {
 		select {
 		case pr := <-bills:
+			quoted = time.Since(start)
 			go func() { _, err := st.Pay(ctx, pr); paid <- err }()
 		case err := <-paid:
 			if err != nil {
@@ -191,7 +197,20 @@ func httpCall(ctx context.Context, st *testnet.Stack, c *client.Client, bills ch
 			if a.res.IsError {
 				return 0, errors.New("tool error")
 			}
-			return time.Since(start), nil
+			d := time.Since(start)
+			slowCall("http", text, d, quoted)
+			return d, nil
 		}
 	}
+}
+
+// slowCall says where a paid call that took over a second spent its time:
+// until its invoice came (capvend admitting, recording and issuing it),
+// and from there to the result (paying, capvend settling and running it).
+func slowCall(front, text string, d, quoted time.Duration) {
+	if d < time.Second {
+		return
+	}
+	say("  %s customer, slow call (%s): %v = %v to the invoice + %v paying and running", front, text,
+		d.Round(time.Millisecond), quoted.Round(time.Millisecond), (d - quoted).Round(time.Millisecond))
 }
