@@ -18,7 +18,9 @@ import (
 // go round-robin by limit key (one request of each waiting key in turn: a
 // flood from a few addresses gets a few turns per round, not all of them),
 // and keys that have paid before in this run (known payers) are served
-// first: identities are free on Nostr, a payment history is not.
+// first: identities are free on Nostr, a payment history is not. Others
+// hold at most a quarter of the turns at once, so the backend (LND adding
+// invoices to its database) keeps room for the customers who pay.
 //
 // The line is bounded (maxWaiting for each of the two): a request waiting
 // here holds its front's resources (a Nostr request slot, an HTTP
@@ -39,6 +41,11 @@ type issueQueue struct {
 	maxWaiting int      // bound of each line
 	known      fairLine // waiting requests of known payers: served first
 	others     fairLine
+	// othersBusy counts the turns held by requests of others (not known
+	// payers), at most maxOthers: the rest of the backend's capacity
+	// stays with the customers who pay (LND adding a flood's invoices
+	// is LND slower to settle a customer's payment).
+	othersBusy, maxOthers int
 }
 
 // maxWaiting bounds the requests waiting for a turn, in each line.
@@ -47,8 +54,11 @@ const maxWaiting = 128
 // errBusy: the line for turns is full (see issueQueue).
 var errBusy = errors.New("too many payment requests waiting to be issued")
 
+// newIssueQueue hands out turns turns, a quarter of them (at least one)
+// at most to others than known payers, with lines of waiting places.
 func newIssueQueue(turns, waiting int) *issueQueue {
-	return &issueQueue{free: turns, maxWaiting: waiting, known: newFairLine(), others: newFairLine()}
+	return &issueQueue{free: turns, maxWaiting: waiting, known: newFairLine(), others: newFairLine(),
+		maxOthers: max(1, turns/4)}
 }
 
 // ticket is one request waiting for a turn.
@@ -56,6 +66,7 @@ type ticket struct {
 	key     string
 	ready   chan struct{} // closed when the turn is granted, or the ticket evicted
 	granted bool          // under issueQueue.mu: it holds a turn
+	known   bool          // a known payer's (see issueQueue.othersBusy)
 	evicted bool          // under issueQueue.mu: its place went to another key
 	line    *fairLine
 	el      *list.Element // in its key's list
@@ -166,10 +177,9 @@ func (q *issueQueue) acquire(ctx context.Context, key string, known bool) error 
 func (q *issueQueue) join(key string, known bool) (*ticket, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.free > 0 && q.known.len() == 0 && q.others.len() == 0 {
-		q.free--
-		t := &ticket{key: key, ready: make(chan struct{}), granted: true}
-		close(t.ready)
+	if q.free > 0 && q.known.len() == 0 && (known || q.others.len() == 0 && q.othersBusy < q.maxOthers) {
+		t := &ticket{key: key, ready: make(chan struct{}), known: known}
+		q.grant(t)
 		return t, nil
 	}
 	line := &q.others
@@ -185,7 +195,7 @@ func (q *issueQueue) join(key string, known bool) (*ticket, error) {
 		v.evicted = true
 		close(v.ready)
 	}
-	t := &ticket{key: key, ready: make(chan struct{})}
+	t := &ticket{key: key, ready: make(chan struct{}), known: known}
 	line.push(t)
 	return t, nil
 }
@@ -217,31 +227,44 @@ func (q *issueQueue) leave(t *ticket) {
 		return
 	}
 	q.mu.Lock()
-	granted := t.granted
+	defer q.mu.Unlock()
+	if !t.granted {
+		if t.line != nil {
+			t.line.remove(t)
+		}
+		return
+	}
 	t.granted = false
-	if !granted && t.line != nil {
-		t.line.remove(t)
+	q.free++
+	if !t.known {
+		q.othersBusy--
 	}
-	q.mu.Unlock()
-	if granted {
-		q.release()
-	}
+	q.next()
 }
 
-// release gives a turn back: to the next waiting request, if any.
-func (q *issueQueue) release() {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	t := q.known.pop()
-	if t == nil {
-		t = q.others.pop()
-	}
-	if t == nil {
-		q.free++
-		return
+// grant hands a free turn to t; q.mu is held.
+func (q *issueQueue) grant(t *ticket) {
+	q.free--
+	if !t.known {
+		q.othersBusy++
 	}
 	t.granted = true
 	close(t.ready)
+}
+
+// next hands the free turns to waiting requests: known payers first, then
+// others while fewer than maxOthers of theirs are held; q.mu is held.
+func (q *issueQueue) next() {
+	for q.free > 0 {
+		t := q.known.pop()
+		if t == nil && q.othersBusy < q.maxOthers {
+			t = q.others.pop()
+		}
+		if t == nil {
+			return
+		}
+		q.grant(t)
+	}
 }
 
 // maxPayers bounds the known payers remembered; the oldest are forgotten.
@@ -323,3 +346,8 @@ func (v *Vendor) doneIssuing(t *ticket) { v.issue.leave(t) }
 // paid notes that r's client paid: its later requests are served first
 // when payment requests queue.
 func (v *Vendor) paid(r *CallRequest) { v.payers.add(limitKey(r)) }
+
+// KnownPayer reports whether client (a front's client id: a Nostr pubkey)
+// paid for a call in this run, counted as limitKey counts a request with
+// no source address.
+func (v *Vendor) KnownPayer(client string) bool { return v.payers.has(client) }

@@ -11,35 +11,54 @@ import (
 // line queues requests and reports each grant, in order.
 type line struct {
 	q       *issueQueue
-	granted chan string
+	granted chan grant
+	holder  *ticket // the request holding the one turn
+}
+
+type grant struct {
+	key string
+	t   *ticket
 }
 
 func newLine(t *testing.T) *line {
 	q := newIssueQueue(1, 1000)
-	if err := q.acquire(context.Background(), "x", false); err != nil { // the one turn is taken
-		t.Fatal(err)
+	tk, err := q.join("x", false) // the one turn is taken
+	if err != nil || !tk.granted {
+		t.Fatal("the first request got no turn", err)
 	}
-	return &line{q: q, granted: make(chan string, 1000)}
+	return &line{q: q, granted: make(chan grant, 1000), holder: tk}
 }
 
 // wait queues a request of key, and returns once it is in the line.
 func (l *line) wait(t *testing.T, key string, known bool) {
-	before := l.q.waiting()
+	tk, err := l.q.join(key, known)
+	if err != nil {
+		t.Fatal(err)
+	}
 	go func() {
-		if err := l.q.acquire(context.Background(), key, known); err != nil {
+		if err := l.q.wait(context.Background(), tk); err != nil {
 			t.Error(err)
 		}
-		l.granted <- key
+		l.granted <- grant{key, tk}
 	}()
-	for l.q.waiting() == before {
-		runtime.Gosched()
-	}
 }
 
 // next gives the turn back and returns whom it went to.
 func (l *line) next() string {
-	l.q.release()
-	return <-l.granted
+	l.q.leave(l.holder)
+	g := <-l.granted
+	l.holder = g.t
+	return g.key
+}
+
+// releaseOthers gives back a turn held by a request of others (not a
+// known payer), as its leave would.
+func (q *issueQueue) releaseOthers() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.free++
+	q.othersBusy--
+	q.next()
 }
 
 func (q *issueQueue) waiting() int {
@@ -115,7 +134,7 @@ func TestIssueTurnOfALeavingClientGoesOn(t *testing.T) {
 	if got := l.next(); got != "next" {
 		t.Fatalf("the turn went to %s", got)
 	}
-	q.release()
+	q.leave(l.holder)
 	q.mu.Lock()
 	free := q.free
 	q.mu.Unlock()
@@ -163,7 +182,7 @@ func TestIssueLineIsBounded(t *testing.T) {
 	}
 	q.leave(tk)
 	for range 4 {
-		q.release()
+		q.releaseOthers()
 		if err := <-outcomes; err != nil {
 			t.Fatal(err)
 		}
@@ -189,9 +208,38 @@ func TestIssueLineIsBounded(t *testing.T) {
 		t.Fatalf("a's fourth request: %v, want errBusy at once", err)
 	}
 	for range 4 {
-		q.release()
+		q.releaseOthers()
 		if err := <-outcomes; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// Requests of others than known payers hold at most a quarter of the
+// turns: however many of them wait, a known payer finds a turn free.
+func TestIssueTurnsLeaveRoomForKnownPayers(t *testing.T) {
+	q := newIssueQueue(4, 100)
+	a, err := q.join("a", false)
+	if err != nil || !a.granted {
+		t.Fatalf("the first request: %v", err)
+	}
+	b, err := q.join("b", false)
+	if err != nil || b.granted {
+		t.Fatalf("a second request of others got a turn beside the first (granted %v, %v)", b.granted, err)
+	}
+	k, err := q.join("customer", true)
+	if err != nil || !k.granted {
+		t.Fatalf("a known payer waits while turns are free: %v", err)
+	}
+	q.leave(a)
+	if err := q.wait(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	q.leave(b)
+	q.leave(k)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.free != 4 || q.othersBusy != 0 {
+		t.Fatalf("after all left: %d free, %d held by others; want 4, 0", q.free, q.othersBusy)
 	}
 }

@@ -431,6 +431,14 @@ type Vendor interface {
 	ListedPrice(t vend.Tool) (lo, hi vend.Msat)
 }
 
+// PayerKnower is what a Vendor may also do: tell whether a client (a
+// pubkey) paid for a call before. Such a client's requests still enter
+// when MaxInFlight requests are in flight, up to a reserve of a tenth
+// more: identities are free on Nostr, a payment history is not.
+type PayerKnower interface {
+	KnownPayer(client string) bool
+}
+
 // Catalog is the free, pass-through part of what the server offers:
 // prompts, resources and resource templates (the same contract as
 // mcpfront.Catalog).
@@ -492,8 +500,9 @@ type Config struct {
 	// quoted, run, answered. A call waiting for its payment holds no
 	// slot from its payment_required on (the Vendor bounds those: vend's
 	// MaxUnpaidTotal, shedding the oldest), so unpaid quotes cannot
-	// starve new requests. Events arriving beyond it are dropped.
-	// 0: DefaultMaxInFlight.
+	// starve new requests. Events arriving beyond it are dropped, but
+	// those of a client the Vendor knows paid before (see PayerKnower),
+	// which have a reserve of a tenth more. 0: DefaultMaxInFlight.
 	MaxInFlight int
 	// PowDifficulty is the NIP-13 proof of work (leading zero bits of the
 	// request event's id, committed in its nonce tag) required of a
@@ -539,6 +548,9 @@ type Server struct {
 
 	ready chan struct{} // closed once every relay confirmed the subscription
 	slots chan struct{} // one token per request in flight
+	// paying holds the tokens of requests of known payers let in beyond
+	// MaxInFlight (see PayerKnower).
+	paying chan struct{}
 
 	// started is when Run started: gift wraps older than that are
 	// relays' stored copies of requests a previous run had.
@@ -641,7 +653,7 @@ func New(cfg Config) (*Server, error) {
 	skBytes, _ := hex.DecodeString(cfg.SecretKey)
 	priv, _ := btcec.PrivKeyFromBytes(skBytes)
 	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, inflight: map[string]bool{}, ready: make(chan struct{}),
-		slots: make(chan struct{}, cfg.MaxInFlight), ann: newAnnouncer(), lists: newListWatch(), access: access}
+		slots: make(chan struct{}, cfg.MaxInFlight), paying: make(chan struct{}, max(1, cfg.MaxInFlight/10)), ann: newAnnouncer(), lists: newListWatch(), access: access}
 	s.sleep = func(ctx context.Context, d time.Duration) {
 		t := time.NewTimer(d)
 		defer t.Stop()
@@ -784,16 +796,15 @@ loop:
 			if ev.Event == nil {
 				continue
 			}
-			select {
-			case s.slots <- struct{}{}:
-			default:
+			slots := s.slot(ev.Event)
+			if slots == nil {
 				s.log.Warn("nostr event dropped: too many requests in flight", logKeyEvent, ev.ID)
 				continue
 			}
 			wg.Add(1)
 			go func() {
 				var once sync.Once
-				free := func() { once.Do(func() { <-s.slots }) }
+				free := func() { once.Do(func() { <-slots }) }
 				defer func() { free(); wg.Done() }()
 				s.handle(context.WithValue(work, slotKey{}, free), ev.Event)
 			}()
@@ -813,6 +824,27 @@ loop:
 		<-done
 	}
 	return nil
+}
+
+// slot takes a MaxInFlight slot for ev and returns the channel to give
+// it back to: s.slots, or when they are all taken and ev's author paid
+// before, s.paying; nil when ev is to be dropped. (A gift wrap's author
+// is a throwaway key: it gets a slot or nothing.)
+func (s *Server) slot(ev *nostr.Event) chan struct{} {
+	select {
+	case s.slots <- struct{}{}:
+		return s.slots
+	default:
+	}
+	if pk, ok := s.cfg.Vendor.(PayerKnower); !ok || !pk.KnownPayer(ev.PubKey) {
+		return nil
+	}
+	select {
+	case s.paying <- struct{}{}:
+		return s.paying
+	default:
+		return nil
+	}
 }
 
 // publishPool publishes ev to every relay and returns nil on the first

@@ -31,9 +31,16 @@ import (
 // fakeVendor sells "free" (0), "paid" (21 sats, notifies payment_required
 // then payment_accepted) and "gated" (always payment required).
 type fakeVendor struct {
-	mu    sync.Mutex
-	calls []vend.CallRequest
-	block chan struct{} // the tool "block" waits for it
+	mu     sync.Mutex
+	calls  []vend.CallRequest
+	block  chan struct{}   // the tool "block" waits for it
+	payers map[string]bool // pubkeys KnownPayer says paid before
+}
+
+func (f *fakeVendor) KnownPayer(client string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.payers[client]
 }
 
 var fakeTools = []vend.Tool{

@@ -2,6 +2,7 @@ package ctxvm
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -89,4 +90,41 @@ func TestProofOfWorkReachesTheVendor(t *testing.T) {
 	if w := work(ev); w != 0 {
 		t.Fatalf("work %d, want 0", w)
 	}
+}
+
+// With every MaxInFlight slot taken, a stranger's request is dropped but
+// one from a client who paid before still enters (its reserve).
+func TestKnownPayerEntersWhenSlotsAreTaken(t *testing.T) {
+	relay := startRelay(t)
+	logs := &lockedBuffer{}
+	v := &fakeVendor{block: make(chan struct{}), payers: map[string]bool{}}
+	s := startServer(t, relay, v, func(c *Config) {
+		c.MaxInFlight = 1
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	stranger := newClient(t, relay, s.PublicKey())
+	customer := newClient(t, relay, s.PublicKey())
+	v.mu.Lock()
+	v.payers[customer.pk] = true
+	v.mu.Unlock()
+	call := stranger.send(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"block"}}`)
+	for {
+		v.mu.Lock()
+		n := len(v.calls)
+		v.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stranger.send(`{"jsonrpc":"2.0","id":2,"method":"ping"}`) // no slot: dropped
+	for !strings.Contains(logs.String(), "too many requests in flight") {
+		time.Sleep(10 * time.Millisecond)
+	}
+	ping := customer.send(`{"jsonrpc":"2.0","id":3,"method":"ping"}`)
+	if r, _ := customer.expect(ping); string(r.Result) != `{}` {
+		t.Fatalf("the known payer's ping: %+v", r)
+	}
+	close(v.block)
+	stranger.expect(call) // fails on an answer to the dropped ping
 }
