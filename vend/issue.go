@@ -25,8 +25,11 @@ import (
 // The line is bounded (maxWaiting for each of the two): a request waiting
 // here holds its front's resources (a Nostr request slot, an HTTP
 // connection), so an unbounded line would let a flood crowd out the
-// customers at the fronts' doors instead. A request that finds the line
-// full takes the place of the oldest waiting request of the key with the
+// customers at the fronts' doors instead. Once a line is a quarter full,
+// a key holds at most perKeyOthers places in the line of others
+// (perKeyKnown in the known payers'): a request beyond is refused at once
+// (ErrLimit). (A quiet server lets one client queue many calls.) A request
+// that finds the line full takes the place of the oldest waiting request of the key with the
 // most waiting, if that key has at least two more waiting than its own;
 // else it is refused at once (ErrLimit): the server is busy. So places
 // move only towards an even share: once every key waits with about as
@@ -57,7 +60,7 @@ var errBusy = errors.New("too many payment requests waiting to be issued")
 // newIssueQueue hands out turns turns, a quarter of them (at least one)
 // at most to others than known payers, with lines of waiting places.
 func newIssueQueue(turns, waiting int) *issueQueue {
-	return &issueQueue{free: turns, maxWaiting: waiting, known: newFairLine(), others: newFairLine(),
+	return &issueQueue{free: turns, maxWaiting: waiting, known: newFairLine(perKeyKnown), others: newFairLine(perKeyOthers),
 		maxOthers: max(1, turns/4)}
 }
 
@@ -75,15 +78,26 @@ type ticket struct {
 // fairLine is a round-robin queue over keys: each key has its own FIFO of
 // tickets, and keys take turns in the order they first waited.
 type fairLine struct {
-	byKey map[string]*list.List // key -> *ticket, oldest first
-	ring  list.List             // keys with tickets, next to serve first
-	where map[string]*list.Element
-	n     int // tickets in all
+	byKey  map[string]*list.List // key -> *ticket, oldest first
+	ring   list.List             // keys with tickets, next to serve first
+	where  map[string]*list.Element
+	n      int // tickets in all
+	perKey int // places one key may hold
 }
 
-func newFairLine() fairLine {
-	return fairLine{byKey: map[string]*list.List{}, where: map[string]*list.Element{}}
+func newFairLine(perKey int) fairLine {
+	return fairLine{byKey: map[string]*list.List{}, where: map[string]*list.Element{}, perKey: perKey}
 }
+
+// Places a key may hold in a busy line. A stranger (not a known payer)
+// holds one: its other requests are refused at once while it waits, so a flood
+// key's burst costs nothing, instead of taking places that newcomers
+// would then take back (each displaced request has cost a ledger write to
+// record and costs one to end: under capvend-flood, hundreds waited to).
+const (
+	perKeyOthers = 1
+	perKeyKnown  = 4
+)
 
 func (f *fairLine) push(t *ticket) {
 	l := f.byKey[t.key]
@@ -185,6 +199,9 @@ func (q *issueQueue) join(key string, known bool) (*ticket, error) {
 	line := &q.others
 	if known {
 		line = &q.known
+	}
+	if l := line.byKey[key]; l != nil && l.Len() >= line.perKey && line.waiting() >= q.maxWaiting/4 {
+		return nil, errBusy
 	}
 	if line.waiting() >= q.maxWaiting {
 		v := line.victim(key)

@@ -22,6 +22,7 @@ type grant struct {
 
 func newLine(t *testing.T) *line {
 	q := newIssueQueue(1, 1000)
+	q.others.perKey, q.known.perKey = 1000, 1000 // the line's order, not its bounds
 	tk, err := q.join("x", false) // the one turn is taken
 	if err != nil || !tk.granted {
 		t.Fatal("the first request got no turn", err)
@@ -149,6 +150,7 @@ func TestIssueTurnOfALeavingClientGoesOn(t *testing.T) {
 // (the server is busy), so places do not churn between keys.
 func TestIssueLineIsBounded(t *testing.T) {
 	q := newIssueQueue(1, 4)
+	q.others.perKey = 4
 	if err := q.acquire(context.Background(), "x", false); err != nil {
 		t.Fatal(err)
 	}
@@ -191,6 +193,7 @@ func TestIssueLineIsBounded(t *testing.T) {
 	// No churn: a key waiting with one takes a place from a key waiting
 	// with three, but not from one waiting with two.
 	q = newIssueQueue(1, 4)
+	q.others.perKey = 4
 	if err := q.acquire(context.Background(), "x", false); err != nil {
 		t.Fatal(err)
 	}
@@ -241,5 +244,36 @@ func TestIssueTurnsLeaveRoomForKnownPayers(t *testing.T) {
 	defer q.mu.Unlock()
 	if q.free != 4 || q.othersBusy != 0 {
 		t.Fatalf("after all left: %d free, %d held by others; want 4, 0", q.free, q.othersBusy)
+	}
+}
+
+// In a busy line a stranger holds one place: while it waits its other
+// requests are refused at once, so a burst from a fresh key costs no
+// ledger write; a known payer may wait with a few. A quiet line lets a
+// client queue several.
+func TestIssueLineHoldsOnePlacePerStranger(t *testing.T) {
+	q := newIssueQueue(1, 8)
+	holder, err := q.join("x", false)
+	if err != nil || !holder.granted {
+		t.Fatalf("the first request: %v", err)
+	}
+	for i := range 2 {
+		if _, err := q.join("flood", false); err != nil { // quiet: fewer than 8/4 wait
+			t.Fatalf("request %d of a client in a quiet line: %v", i+1, err)
+		}
+	}
+	if _, err := q.join("flood", false); !errors.Is(err, errBusy) {
+		t.Fatalf("a stranger's second waiting request: %v, want errBusy", err)
+	}
+	for i := range perKeyKnown {
+		if _, err := q.join("k", true); err != nil { // make the known line busy
+			t.Fatal(err)
+		}
+		if _, err := q.join("customer", true); err != nil {
+			t.Fatalf("a known payer's request %d: %v", i+1, err)
+		}
+	}
+	if _, err := q.join("customer", true); !errors.Is(err, errBusy) {
+		t.Fatalf("a known payer's request beyond %d: %v, want errBusy", perKeyKnown, err)
 	}
 }
