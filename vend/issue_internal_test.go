@@ -23,7 +23,7 @@ type grant struct {
 func newLine(t *testing.T) *line {
 	q := newIssueQueue(1, 1000)
 	q.others.perKey, q.known.perKey = 1000, 1000 // the line's order, not its bounds
-	tk, err := q.join("x", false) // the one turn is taken
+	tk, err := q.join("x", false)                // the one turn is taken
 	if err != nil || !tk.granted {
 		t.Fatal("the first request got no turn", err)
 	}
