@@ -6,14 +6,22 @@
 // (example://readme), which capvend passes through for free.
 // cmd/example-tools serves it as a program; `capvend demo` runs it
 // in-process.
+//
+// With Options.CallsLog it writes one JSON line (a Record) per tools/call,
+// prompts/get and resources/read it executes, before it answers: the
+// upstream's own account of what ran, which tests (redteam) hold against
+// capvend's ledger.
 package exampletools
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -26,12 +34,115 @@ const (
 	readme    = "example-tools: word_count, sha256, slow_count and always_fails; prompt summarize(text).\n"
 )
 
+// Methods of the Records a calls log holds.
+const (
+	MethodStart = "start" // the process started; Env is its environment
+	MethodTool  = "tools/call"
+	MethodGet   = "prompts/get"
+	MethodRead  = "resources/read"
+)
+
+// Record is one line of a calls log: a request the server executed (the
+// handler ran), or the start of the process.
+type Record struct {
+	Method string `json:"method"` // MethodTool, MethodGet, MethodRead, or MethodStart
+	// Name is the tool's or prompt's name, or the resource's URI, as the
+	// server received it.
+	Name string `json:"name,omitempty"`
+	// Arguments are the tool's arguments exactly as received (the raw
+	// JSON object, duplicate keys and all), or a prompt's arguments.
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+	// Time is when the server received the request (or started).
+	Time time.Time `json:"time"`
+	PID  int       `json:"pid,omitempty"` // MethodStart only
+	Env  []string  `json:"env,omitempty"` // MethodStart only: the process's environment
+}
+
+// Options configure NewServerWith.
+type Options struct {
+	// CallsLog, if set, gets one JSON line (a Record) per execution,
+	// written with a single Write before the handler runs, so that it is
+	// there when the answer is. Write errors fail the request.
+	CallsLog io.Writer
+}
+
 // NewServer returns the example MCP server: tools word_count, sha256,
 // slow_count, always_fails and confirm, prompt summarize and resource
 // example://readme. Serve it with mcp-go (stdio or Streamable HTTP).
-func NewServer() *server.MCPServer {
-	s := server.NewMCPServer("example-tools", "1.0.0", server.WithToolCapabilities(true),
-		server.WithPromptCapabilities(true), server.WithResourceCapabilities(false, true))
+func NewServer() *server.MCPServer { return NewServerWith(Options{}) }
+
+// callsLog writes Records, one line per Write (atomic for an O_APPEND
+// file shared by several processes).
+type callsLog struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *callsLog) record(r Record) error {
+	if r.Time.IsZero() {
+		r.Time = time.Now().UTC()
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, err = l.w.Write(append(b, '\n'))
+	return err
+}
+
+// WriteRecord writes r to w as one calls-log line (cmd/example-tools
+// writes its MethodStart line with it).
+func WriteRecord(w io.Writer, r Record) error { return (&callsLog{w: w}).record(r) }
+
+// logging returns the server options that write every execution to o.CallsLog.
+func (o Options) logging() []server.ServerOption {
+	if o.CallsLog == nil {
+		return nil
+	}
+	l := &callsLog{w: o.CallsLog}
+	return []server.ServerOption{
+		server.WithToolHandlerMiddleware(func(next server.ToolHandlerFunc) server.ToolHandlerFunc {
+			return func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				args := r.Params.RawArguments
+				if len(args) == 0 && r.Params.Arguments != nil {
+					args, _ = json.Marshal(r.Params.Arguments)
+				}
+				if err := l.record(Record{Method: MethodTool, Name: r.Params.Name, Arguments: args}); err != nil {
+					return nil, fmt.Errorf("calls log: %w", err)
+				}
+				return next(ctx, r)
+			}
+		}),
+		server.WithPromptHandlerMiddleware(func(next server.PromptHandlerFunc) server.PromptHandlerFunc {
+			return func(ctx context.Context, r mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+				var args json.RawMessage
+				if r.Params.Arguments != nil {
+					args, _ = json.Marshal(r.Params.Arguments)
+				}
+				if err := l.record(Record{Method: MethodGet, Name: r.Params.Name, Arguments: args}); err != nil {
+					return nil, fmt.Errorf("calls log: %w", err)
+				}
+				return next(ctx, r)
+			}
+		}),
+		server.WithResourceHandlerMiddleware(func(next server.ResourceHandlerFunc) server.ResourceHandlerFunc {
+			return func(ctx context.Context, r mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
+				if err := l.record(Record{Method: MethodRead, Name: r.Params.URI}); err != nil {
+					return nil, fmt.Errorf("calls log: %w", err)
+				}
+				return next(ctx, r)
+			}
+		}),
+	}
+}
+
+// NewServerWith is NewServer with options.
+func NewServerWith(o Options) *server.MCPServer {
+	opts := append([]server.ServerOption{server.WithToolCapabilities(true),
+		server.WithPromptCapabilities(true), server.WithResourceCapabilities(false, true)}, o.logging()...)
+	s := server.NewMCPServer("example-tools", "1.0.0", opts...)
 	s.AddPrompt(mcp.NewPrompt("summarize",
 		mcp.WithPromptDescription("Ask for a short summary of a text."),
 		mcp.WithArgument("text", mcp.RequiredArgument(), mcp.ArgumentDescription("the text to summarize")),

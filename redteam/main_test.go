@@ -1,0 +1,80 @@
+package redteam
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/capvend/capvend/testnet"
+)
+
+// One regtest stack and one build of each binary per package run: started
+// by the first test that needs them, stopped by TestMain.
+var (
+	setupOnce sync.Once
+	setupErr  error
+	tmpDir    string
+	stack     *testnet.Stack
+	capvend   string // the capvend binary
+	tools     string // the example-tools binary
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if stack != nil {
+		if err := stack.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "redteam: stopping the stack:", err)
+		}
+	}
+	if tmpDir != "" {
+		os.RemoveAll(tmpDir)
+	}
+	os.Exit(code)
+}
+
+// binaries builds capvend and example-tools once.
+func binaries(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("redteam drives the real binaries on the regtest stack (not in -short mode)")
+	}
+	setupOnce.Do(func() {
+		ctx := context.Background()
+		if tmpDir, setupErr = os.MkdirTemp("", "capvend-redteam-"); setupErr != nil {
+			return
+		}
+		if capvend, setupErr = testnet.BuildCapvend(ctx, tmpDir); setupErr != nil {
+			return
+		}
+		tools = filepath.Join(tmpDir, "example-tools")
+		if out, err := exec.Command("go", "build", "-o", tools, "../cmd/example-tools").CombinedOutput(); err != nil {
+			setupErr = fmt.Errorf("build example-tools: %v\n%s", err, out)
+		}
+	})
+	if setupErr != nil {
+		t.Fatal(setupErr)
+	}
+}
+
+var (
+	stackOnce sync.Once
+	stackErr  error
+)
+
+// needStack returns the regtest stack, starting it on first use.
+func needStack(t testing.TB) *testnet.Stack {
+	t.Helper()
+	binaries(t)
+	stackOnce.Do(func() {
+		stack, stackErr = testnet.Start(context.Background(), testnet.Options{
+			Dir: filepath.Join(tmpDir, "stack"), Executable: capvend, Progress: os.Stderr})
+	})
+	if stackErr != nil {
+		t.Fatal(stackErr)
+	}
+	return stack
+}
