@@ -119,13 +119,13 @@ func classify(t *testing.T, sh *shop, r exampletools.Record) execution {
 
 // ledgerCall is a row of the ledger's calls with its payments.
 type ledgerCall struct {
-	id                          int64
-	kind, server, tool, hash    string
-	transport, client, request  string
-	price                       int64
-	state                       string
-	executions                  int
-	payments                    []ledgerPayment
+	id                         int64
+	kind, server, tool, hash   string
+	transport, client, request string
+	price                      int64
+	state                      string
+	executions                 int
+	payments                   []ledgerPayment
 }
 
 type ledgerPayment struct {
