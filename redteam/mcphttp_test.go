@@ -323,3 +323,42 @@ func resultText(raw json.RawMessage) string {
 	}
 	return b.String()
 }
+
+// modernProtocol is MCP's session-less protocol version: no initialize,
+// no session; capvend counts such clients by address (or a client id
+// header behind a trusted proxy).
+const modernProtocol = "2026-07-28"
+
+// tryModernCall sends one session-less tools/call with extra headers and
+// reads its stream to the response.
+func (c *httpClient) tryModernCall(id any, tool string, args, meta map[string]any, hdr http.Header) (rpcMessage, error) {
+	m := map[string]any{
+		"io.modelcontextprotocol/protocolVersion":    modernProtocol,
+		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "redteam", "version": "1"},
+		"io.modelcontextprotocol/clientCapabilities": map[string]any{},
+	}
+	for k, v := range meta {
+		m[k] = v
+	}
+	h := http.Header{}
+	for k, vs := range hdr {
+		h[k] = vs
+	}
+	h.Set("MCP-Protocol-Version", modernProtocol)
+	h.Set("Mcp-Method", "tools/call")
+	h.Set("Mcp-Name", tool)
+	st, err := c.postRaw("", request(id, "tools/call", callParams(tool, args, m)), h)
+	if err != nil {
+		return rpcMessage{}, err
+	}
+	defer st.close()
+	for {
+		msg, ok := st.next(3 * time.Minute)
+		if !ok {
+			return rpcMessage{}, errors.New("the stream ended without a response")
+		}
+		if msg.Method == "" {
+			return msg, nil
+		}
+	}
+}
