@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/capvend/capvend/internal/racesupp"
 	"github.com/capvend/capvend/testnet"
 )
 
@@ -19,11 +20,13 @@ var (
 	setupErr  error
 	tmpDir    string
 	stack     *testnet.Stack
-	capvend   string // the capvend binary
+	capvend   string // the capvend binary (runs the stack's mint and relay, and the ledger commands)
+	serveBin  string // the capvend that serves: built with -race when the tests are
 	tools     string // the example-tools binary
 )
 
 func TestMain(m *testing.M) {
+	racesupp.Reexec() // go-nostr races inside itself: see package racesupp
 	code := m.Run()
 	if stack != nil {
 		if err := stack.Close(); err != nil {
@@ -53,6 +56,16 @@ func binaries(t testing.TB) {
 		tools = filepath.Join(tmpDir, "example-tools")
 		if out, err := exec.Command("go", "build", "-o", tools, "../cmd/example-tools").CombinedOutput(); err != nil {
 			setupErr = fmt.Errorf("build example-tools: %v\n%s", err, out)
+			return
+		}
+		serveBin = capvend
+		if racesupp.Enabled {
+			// The binary under attack runs with the race detector too;
+			// finish fails the test on any report in its output.
+			serveBin = filepath.Join(tmpDir, "capvend-race")
+			if out, err := exec.Command("go", "build", "-race", "-o", serveBin, "../cmd/capvend").CombinedOutput(); err != nil {
+				setupErr = fmt.Errorf("build capvend -race: %v\n%s", err, out)
+			}
 		}
 	})
 	if setupErr != nil {

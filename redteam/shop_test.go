@@ -257,7 +257,7 @@ func (sh *shop) pricesAt(at time.Time) prices {
 // answered a tools/list through it).
 func (sh *shop) start() {
 	sh.t.Helper()
-	cmd := exec.Command(capvend, "serve", "--config", sh.config)
+	cmd := exec.Command(serveBin, "serve", "--config", sh.config)
 	cmd.Env = append(os.Environ(), sh.opts.env...)
 	logs := &logBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
@@ -398,6 +398,9 @@ func (sh *shop) reload(p prices, listed func() bool) {
 func (sh *shop) finish() {
 	t := sh.t
 	sh.stop()
+	if sh.logs != nil && strings.Contains(sh.logs.String(), "WARNING: DATA RACE") {
+		t.Errorf("the race detector reported a data race in capvend serve")
+	}
 	if t.Failed() && sh.logs != nil {
 		t.Logf("capvend output (%s):\n%s", sh.config, tail(sh.logs.String(), 30_000))
 	}

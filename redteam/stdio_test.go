@@ -24,7 +24,7 @@ func startStdioShop(t *testing.T, o shopOpts) (*shop, *stdioClient) {
 	t.Helper()
 	sh := newShop(t, o)
 	t.Cleanup(sh.finish)
-	cmd := exec.Command(capvend, "serve", "--stdio", "--config", sh.config)
+	cmd := exec.Command(serveBin, "serve", "--stdio", "--config", sh.config)
 	cmd.Env = append(os.Environ(), o.env...)
 	logs := &logBuffer{}
 	cmd.Stderr = logs

@@ -192,6 +192,10 @@ type harness struct {
 	l     *ledger.Ledger
 	be    *fakeBackend
 	tools *fakeTools
+	// ctx ends when the test does: calls still waiting then (for a
+	// payment nobody makes) return, and calls tracks them.
+	ctx   context.Context
+	calls sync.WaitGroup
 }
 
 func newHarness(t testing.TB, hold bool, mod func(*vend.Config)) *harness {
@@ -236,7 +240,8 @@ func harnessOn(t testing.TB, l *ledger.Ledger, hold bool, mod func(*vend.Config)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { v.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	h := &harness{v: v, l: l, be: be, tools: tools, ctx: ctx}
+	t.Cleanup(func() { cancel(); <-done; h.calls.Wait() })
 	// Run registers the report function asynchronously.
 	for i := 0; i < 1000; i++ {
 		be.mu.Lock()
@@ -247,7 +252,7 @@ func harnessOn(t testing.TB, l *ledger.Ledger, hold bool, mod func(*vend.Config)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	return &harness{v: v, l: l, be: be, tools: tools}
+	return h
 }
 
 // notes records notifications sent to one client.
@@ -295,8 +300,10 @@ type outcome struct {
 
 func (h *harness) callAsync(r vend.CallRequest) <-chan outcome {
 	ch := make(chan outcome, 1)
+	h.calls.Add(1)
 	go func() {
-		res, err := h.v.CallTool(context.Background(), r)
+		defer h.calls.Done()
+		res, err := h.v.CallTool(h.ctx, r)
 		ch <- outcome{res, err}
 	}()
 	return ch

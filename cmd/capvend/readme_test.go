@@ -72,7 +72,7 @@ func readmeCommands(t *testing.T) []string {
 //     hledger and bean-check read the exports.
 //   - `capvend init` and `capvend serve` run in a fresh folder: the
 //     written configuration validates, and serve answers an MCP client.
-//   - `go test -timeout 60m ./...` is what .ci/run runs; this test checks
+//   - `go test -race -timeout 60m ./...` is what .ci/run runs; this test checks
 //     that it does.
 func TestREADME(t *testing.T) {
 	cmds := readmeCommands(t)
@@ -95,12 +95,12 @@ func TestREADME(t *testing.T) {
 		}
 	}()
 
-	run("go test -timeout 60m ./...", func(t *testing.T) {
+	run("go test -race -timeout 60m ./...", func(t *testing.T) {
 		b, err := os.ReadFile("../../.ci/run")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(string(b), "\ngo test -timeout 60m ./...\n") {
+		if !strings.Contains(string(b), "\ngo test -race -timeout 60m ./...\n") {
 			t.Fatal(".ci/run does not run the README's test command")
 		}
 	})

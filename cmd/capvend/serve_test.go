@@ -19,6 +19,7 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/racesupp"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
@@ -40,6 +41,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	racesupp.Reexec() // go-nostr and khatru race inside themselves: see package racesupp
 	code := m.Run()
 	if stack != nil && stackLoaded {
 		stack.Release()

@@ -1,0 +1,5 @@
+//go:build race
+
+package racesupp
+
+const raceEnabled = true

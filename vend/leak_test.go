@@ -1,0 +1,14 @@
+package vend_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package's tests if any goroutine is still running
+// when they end: every goroutine vend starts must stop with its context or
+// Close.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
