@@ -1,0 +1,92 @@
+package exampletools_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/testnet/exampletools"
+)
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// TestCallsLog executes a tool, a prompt and a resource: each is one
+// calls-log line, written before the answer, with what the server got.
+func TestCallsLog(t *testing.T) {
+	var log lockedBuffer
+	c, err := client.NewInProcessClient(exampletools.NewServerWith(exampletools.Options{CallsLog: &log}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	lines := func() []exampletools.Record {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		var out []exampletools.Record
+		sc := bufio.NewScanner(bytes.NewReader(log.b.Bytes()))
+		for sc.Scan() {
+			var r exampletools.Record
+			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+				t.Fatalf("calls log line %q: %v", sc.Text(), err)
+			}
+			out = append(out, r)
+		}
+		return out
+	}
+	if _, err := c.ListTools(ctx, mcp.ListToolsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(lines()); n != 0 {
+		t.Fatalf("tools/list wrote %d lines: only executions are logged", n)
+	}
+	if _, err := c.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "sha256", Arguments: map[string]any{"text": "hi"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := lines(); len(got) != 1 {
+		t.Fatalf("after the call: %+v", got)
+	}
+	if _, err := c.GetPrompt(ctx, mcp.GetPromptRequest{Params: mcp.GetPromptParams{Name: "summarize", Arguments: map[string]string{"text": "t"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ReadResource(ctx, mcp.ReadResourceRequest{Params: mcp.ReadResourceParams{URI: "example://readme"}}); err != nil {
+		t.Fatal(err)
+	}
+	got := lines()
+	if len(got) != 3 {
+		t.Fatalf("%d lines, want 3: %+v", len(got), got)
+	}
+	for i, want := range []struct{ method, name, args string }{
+		{exampletools.MethodTool, "sha256", `{"text":"hi"}`},
+		{exampletools.MethodGet, "summarize", `{"text":"t"}`},
+		{exampletools.MethodRead, "example://readme", ``},
+	} {
+		r := got[i]
+		if r.Method != want.method || r.Name != want.name || string(r.Arguments) != want.args || r.Time.IsZero() {
+			t.Errorf("line %d: %+v, want %s %s %s", i, r, want.method, want.name, want.args)
+		}
+	}
+}
