@@ -209,10 +209,10 @@ func readLedger(t *testing.T, path string) ([]ledgerCall, []freeUse) {
 // checkInvariant holds the upstream's executions against the ledger: for
 // every execution of a priced item there is exactly one ledger call of
 // that kind, name and argument hash, quoted at least the configured
-// price, whose payment was settled for at least its quote (a call that
-// failed may instead have had its hold invoice canceled: the money went
-// back); each call covers as many executions as the ledger counts, no
-// more. An execution within a daily free quota must match a free_uses row
+// price, with exactly one settled payment, for at least its quote (a call
+// that failed may instead have had its hold invoice canceled: the money
+// went back); each call covers as many executions as the ledger counts,
+// no more, and a delivered call must have run. An execution within a daily free quota must match a free_uses row
 // of that tool (and argument hash, once the ledger records it). Free
 // items are exempt. Every violation is reported with t.Errorf.
 func checkInvariant(t *testing.T, sh *shop) {
@@ -282,6 +282,15 @@ func checkInvariant(t *testing.T, sh *shop) {
 		problems = append(problems, fmt.Sprintf("%s %s %s (at %s) ran with no paid call of that kind, name and argument hash (%.12s…) and no free use",
 			e.rec.Method, e.rec.Name, e.rec.Arguments, e.rec.Time.Format("15:04:05.000"), e.hash))
 	}
+	// The other way: a call the ledger says was delivered must have run
+	// upstream (a paid call is never lost behind a stored answer).
+	for _, covers := range byKey {
+		for _, c := range covers {
+			if c.call.state == "delivered" && c.left == c.call.executions {
+				problems = append(problems, fmt.Sprintf("call %d (%s %s/%s) is delivered but the upstream never ran a request of its hash", c.call.id, c.call.kind, c.call.server, c.call.tool))
+			}
+		}
+	}
 	if len(problems) > 0 {
 		var b strings.Builder
 		for _, c := range calls {
@@ -301,6 +310,15 @@ func checkInvariant(t *testing.T, sh *shop) {
 // paymentProblem says why a call that ran is not covered by its payment,
 // or "".
 func paymentProblem(c *ledgerCall) string {
+	settled := 0
+	for _, p := range c.payments {
+		if p.state == "settled" {
+			settled++
+		}
+	}
+	if settled > 1 {
+		return fmt.Sprintf("%d settled payments for one call (payments %+v)", settled, c.payments)
+	}
 	for _, p := range c.payments {
 		if p.state == "settled" && p.settled >= c.price {
 			return ""
