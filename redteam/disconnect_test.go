@@ -24,7 +24,8 @@ import (
 // restart (Recover).
 func TestDisconnectAtPayment(t *testing.T) {
 	const attempts = 24
-	sh := startShop(t, shopOpts{})
+	// One client (one address) holds all of them unpaid for a moment.
+	sh := startShop(t, shopOpts{limits: "  requests_per_minute: 100000\n  max_unpaid_per_client: 100\n"})
 	var wg sync.WaitGroup
 	defer func() {
 		// The payments end once capvend settled or canceled their

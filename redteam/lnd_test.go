@@ -11,6 +11,8 @@ import (
 	"github.com/lightningnetwork/lnd/zpay32"
 
 	"github.com/btcsuite/btcd/chaincfg"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/capvend/capvend/testnet"
 )
@@ -25,7 +27,8 @@ func paymentHash(t testing.TB, bolt11 string) string {
 	return hex.EncodeToString(inv.PaymentHash[:])
 }
 
-// vendorInvoiceState returns the state of an invoice of the vendor node.
+// vendorInvoiceState returns the state of an invoice of the vendor node;
+// an invoice capvend deleted (a canceled unpaid one) counts as CANCELED.
 func vendorInvoiceState(t testing.TB, s *testnet.Stack, hash string) lnrpc.Invoice_InvoiceState {
 	t.Helper()
 	conn, err := s.Conn(testnet.Vendor)
@@ -35,6 +38,9 @@ func vendorInvoiceState(t testing.TB, s *testnet.Stack, hash string) lnrpc.Invoi
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	inv, err := lnrpc.NewLightningClient(conn).LookupInvoice(ctx, &lnrpc.PaymentHash{RHashStr: hash})
+	if status.Code(err) == codes.NotFound {
+		return lnrpc.Invoice_CANCELED
+	}
 	if err != nil {
 		t.Fatalf("lookup invoice %s: %v", hash, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -67,6 +68,14 @@ type httpClient struct {
 func newHTTPClient(t testing.TB, sh *shop) *httpClient {
 	return &httpClient{t: t, url: sh.url, header: http.Header{},
 		hc: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
+}
+
+// newHTTPClientFrom is newHTTPClient connecting from the loopback address
+// ip (127.0.0.2 ...): another client by address, as capvend counts them.
+func newHTTPClientFrom(t testing.TB, sh *shop, ip string) *httpClient {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	return &httpClient{t: t, url: sh.url, header: http.Header{},
+		hc: &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: d.DialContext}}}
 }
 
 // stream is an open response: the messages it carries, in order.

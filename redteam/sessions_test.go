@@ -19,6 +19,7 @@ import (
 func TestMadeUpSession(t *testing.T) {
 	sh := startShop(t, shopOpts{})
 	c := newHTTPClient(t, sh)
+	id := 0
 	for i, sess := range []string{
 		"mcp-session-" + uuid.NewString(), // the form mcp-go issues
 		uuid.NewString(),
@@ -29,10 +30,11 @@ func TestMadeUpSession(t *testing.T) {
 			params any
 		}{
 			{"tools/list", nil},
-			{"tools/call", callParams("word_count", map[string]any{"text": fmt.Sprintf("made-up session %d", i)}, nil)},
+			{"tools/call", callParams("word_count", map[string]any{"text": fmt.Sprintf("made-up session %d", i)}, explicit())},
 			{"tools/call", callParams("sha256", map[string]any{"text": "made up"}, explicit())},
 		} {
-			_, err := c.tryRPC(sess, i+1, call.method, call.params, nil)
+			id++
+			_, err := c.tryRPC(sess, id, call.method, call.params, nil)
 			if got := statusOf(err); got != http.StatusNotFound {
 				t.Errorf("%s with made-up session %q: HTTP %d (%v), want 404", call.method, sess, got, err)
 			}

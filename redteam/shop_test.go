@@ -401,7 +401,13 @@ func (sh *shop) finish() {
 		t.Errorf("the race detector reported a data race in capvend serve")
 	}
 	if t.Failed() && sh.logs != nil {
-		t.Logf("capvend output (%s):\n%s", sh.config, tail(sh.logs.String(), 30_000))
+		full := sh.logs.String()
+		// The whole output outlives the test's directories.
+		name := filepath.Join(os.TempDir(), "redteam-"+strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())+".log")
+		if err := os.WriteFile(name, []byte(full), 0o600); err == nil {
+			t.Logf("capvend output: %s", name)
+		}
+		t.Logf("capvend output (%s), its end:\n%s", sh.config, tail(full, 8_000))
 	}
 	if _, err := os.Stat(sh.db); err != nil {
 		return // it never opened a ledger (a start that had to fail)

@@ -3,7 +3,6 @@ package redteam
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -115,9 +114,9 @@ func TestInvoiceSpamNostr(t *testing.T) {
 }
 
 func TestInvoiceSpamHTTP(t *testing.T) {
-	// Over HTTP, from one loopback address, only a trusted proxy's
-	// X-Forwarded-For tells the flood's clients from the customer.
-	sh := startShop(t, shopOpts{limits: spamLimitsYA, http: "  trusted_proxies: [127.0.0.1/32]\n"})
+	// capvend counts HTTP clients by address: the flood comes from
+	// 127.0.0.2 ... 127.0.0.21, the customer from 127.0.0.1.
+	sh := startShop(t, shopOpts{limits: spamLimitsYA})
 	const clients = 20
 	var streams []*stream
 	var mu sync.Mutex
@@ -126,8 +125,7 @@ func TestInvoiceSpamHTTP(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := newHTTPClient(t, sh)
-			c.header.Set("X-Forwarded-For", fmt.Sprintf("10.0.%d.1", k))
+			c := newHTTPClientFrom(t, sh, fmt.Sprintf("127.0.0.%d", k+2))
 			sess, err := c.tryInitialize()
 			if err != nil {
 				return
@@ -151,9 +149,8 @@ func TestInvoiceSpamHTTP(t *testing.T) {
 		}
 	}()
 	c := newHTTPClient(t, sh)
-	c.header.Set("X-Forwarded-For", "10.9.9.9")
 	sess := c.initialize()
-	st, err := c.postRaw(sess, request(1, "tools/call", callParams("sha256", map[string]any{"text": "honest"}, nil)), http.Header{})
+	st, err := c.postRaw(sess, request(1, "tools/call", callParams("sha256", map[string]any{"text": "honest"}, nil)), nil)
 	if err != nil {
 		t.Fatalf("the honest customer under the flood: %v", err)
 	}
