@@ -190,11 +190,33 @@ func TestHTTPClientIdentity(t *testing.T) {
 			t.Fatalf("%d free calls from one address with forged X-Forwarded-For, want 1", n)
 		}
 	})
+	ids := []http.Header{{"X-Client-Id": {"alice"}}, {"X-Client-Id": {"bob"}}, {"X-Client-Id": {"carol"}}}
 	t.Run("client id header untrusted", func(t *testing.T) {
-		sh := startShop(t, shopOpts{http: "  client_id_header: X-Client-Id\n"})
-		ids := []http.Header{{"X-Client-Id": {"alice"}}, {"X-Client-Id": {"bob"}}, {"X-Client-Id": {"carol"}}}
+		// Refusing the configuration is as good as ignoring the header.
+		sh := newShop(t, shopOpts{http: "  client_id_header: X-Client-Id\n"})
+		t.Cleanup(sh.finish)
+		sh.opts.noWait = true
+		sh.start()
+		for !strings.Contains(sh.logs.String(), "capvend: serving") {
+			select {
+			case <-sh.exited:
+				if out := sh.logs.String(); !strings.Contains(out, "client_id_header") {
+					t.Fatalf("capvend refused the configuration without naming http.client_id_header:\n%s", out)
+				}
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		sh.opts.noWait = false
+		sh.restart() // serving: wait for the upstream's tools too
 		if n := countFree(t, sh, ids); n > 1 {
 			t.Fatalf("%d free calls from one address with made-up client ids (no trusted proxy), want 1", n)
+		}
+	})
+	t.Run("client id header behind a trusted proxy", func(t *testing.T) {
+		sh := startShop(t, shopOpts{http: "  trusted_proxies: [127.0.0.1/32]\n  client_id_header: X-Client-Id\n"})
+		if n := countFree(t, sh, ids); n != len(ids) {
+			t.Fatalf("%d free calls for %d clients named by a trusted proxy, want one each", n, len(ids))
 		}
 	})
 	t.Run("X-Forwarded-For behind a trusted proxy", func(t *testing.T) {

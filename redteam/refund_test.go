@@ -104,23 +104,35 @@ func TestRefundCashuTokenAsMoney(t *testing.T) {
 // TestRefundPlainInvoiceOwed pays always_fails with a plain (non-hold)
 // LND invoice, giving a refund invoice in _meta["capvend/refund_invoice"].
 // The refund stays owed (liabilities:refunds), `capvend refunds` lists
-// it, and `capvend refunds pay` pays the client's invoice.
+// it, and `capvend refunds pay ID` pays the client's invoice from
+// capvend's Cashu wallet (funded first by a call paid with a token).
 func TestRefundPlainInvoiceOwed(t *testing.T) {
-	sh := startShop(t, shopOpts{lnd: plainInvoices})
+	sh := startShop(t, shopOpts{lnd: plainInvoices, cashu: true})
 	ctx := context.Background()
+	c := newHTTPClient(t, sh)
+	sess := c.initialize()
+
+	token, err := sh.s.CashuMint(ctx, 21)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.tryRPC(sess, 1, "tools/call", callParams("sha256", map[string]any{"text": "fund the wallet"},
+		map[string]any{"capvend/cashu": token}), nil)
+	if err != nil || !strings.Contains(string(m.Result), sha256Hex("fund the wallet")) {
+		t.Fatalf("sha256 paid with a token: %s %v", m, err)
+	}
+
 	inv, err := sh.s.InvoiceOn(ctx, testnet.Customer, 5, "capvend refund")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newHTTPClient(t, sh)
-	sess := c.initialize()
-	st, err := c.postRaw(sess, request(1, "tools/call", callParams("always_fails", map[string]any{"text": "x"},
+	st, err := c.postRaw(sess, request(2, "tools/call", callParams("always_fails", map[string]any{"text": "x"},
 		map[string]any{"capvend/refund_invoice": inv.PaymentRequest})), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var paid <-chan error
-	m, _ := untilResponse(t, st, func(b string) { paid = payAsync(sh.s, b) })
+	m, _ = untilResponse(t, st, func(b string) { paid = payAsync(sh.s, b) })
 	st.close()
 	if paid == nil {
 		t.Fatalf("always_fails was not asked to pay: %s", m)
@@ -135,12 +147,19 @@ func TestRefundPlainInvoiceOwed(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("capvend refunds: exit %d\n%s", code, out)
 	}
-	if !strings.Contains(out, "5") || !strings.Contains(strings.ToLower(out), "owed") && !strings.Contains(out, "refund") {
-		t.Errorf("capvend refunds does not list the 5-sat refund owed:\n%s", out)
+	id := ""
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 2 && f[0] != "ID" && strings.Contains(line, "5.000") {
+			id = f[0]
+		}
 	}
-	out, code = runCapvend(t, "refunds", "pay", "--config", sh.config)
+	if id == "" {
+		t.Fatalf("capvend refunds does not list the 5-sat refund owed:\n%s", out)
+	}
+	sh.stop() // refunds pay opens the wallet
+	out, code = runCapvend(t, "refunds", "pay", id, "--config", sh.config)
 	if code != 0 {
-		t.Fatalf("capvend refunds pay: exit %d\n%s", code, out)
+		t.Fatalf("capvend refunds pay %s: exit %d\n%s", id, code, out)
 	}
 	conn, err := sh.s.Conn(testnet.Customer)
 	if err != nil {

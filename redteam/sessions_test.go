@@ -42,10 +42,11 @@ func TestMadeUpSession(t *testing.T) {
 	}
 }
 
-// TestSessionIdleExpiry configures http.session_idle and checks that an
-// idle session is forgotten (404), while a fresh one works.
+// TestSessionIdleExpiry configures http.session_idle (its least value, a
+// minute) and checks that an idle session is forgotten (404), while a
+// fresh one works.
 func TestSessionIdleExpiry(t *testing.T) {
-	const idle = 2 * time.Second
+	const idle = time.Minute
 	sh := startShop(t, shopOpts{http: fmt.Sprintf("  session_idle: %s\n", idle)})
 	c := newHTTPClient(t, sh)
 	sess := c.initialize()
