@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"testing"
 )
 
@@ -13,6 +14,10 @@ type line struct {
 	q       *issueQueue
 	granted chan grant
 	holder  *ticket // the request holding the one turn
+	// ctx ends when the test does: requests still waiting then leave the
+	// line, and the test's cleanup waits for them (wg).
+	ctx context.Context
+	wg  sync.WaitGroup
 }
 
 type grant struct {
@@ -27,7 +32,13 @@ func newLine(t *testing.T) *line {
 	if err != nil || !tk.granted {
 		t.Fatal("the first request got no turn", err)
 	}
-	return &line{q: q, granted: make(chan grant, 1000), holder: tk}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &line{q: q, granted: make(chan grant, 1000), holder: tk, ctx: ctx}
+	t.Cleanup(func() {
+		cancel()
+		l.wg.Wait()
+	})
+	return l
 }
 
 // wait queues a request of key, and returns once it is in the line.
@@ -36,9 +47,14 @@ func (l *line) wait(t *testing.T, key string, known bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	l.wg.Add(1)
 	go func() {
-		if err := l.q.wait(context.Background(), tk); err != nil {
-			t.Error(err)
+		defer l.wg.Done()
+		if err := l.q.wait(l.ctx, tk); err != nil {
+			if l.ctx.Err() == nil {
+				t.Error(err)
+			}
+			return
 		}
 		l.granted <- grant{key, tk}
 	}()
