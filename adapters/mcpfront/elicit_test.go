@@ -358,6 +358,7 @@ func TestElicitationsBounded(t *testing.T) {
 	s, v := newElicitServer(t, Config{MaxElicitsPerClient: 2, MaxElicits: 3,
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
 	url := startHTTP(t, s)
+	t.Cleanup(func() { expireParked(s) })
 	from := func(ip string) []string { return []string{"X-Forwarded-For", ip} }
 	for i := 0; i < 2; i++ {
 		state(t, modernPostTool(t, url, "", "confirm", "", from("198.51.100.1")...))
@@ -384,5 +385,23 @@ func TestElicitationsBounded(t *testing.T) {
 	s.elicitMu.Unlock()
 	if n != 3 || by != 2 {
 		t.Errorf("%d parked for %d sources", n, by)
+	}
+}
+
+// expireParked answers every parked elicitation "cancel" at once, as its
+// timeout (Config.ElicitTimeout, 10 minutes by default) would, so that the
+// Vendor calls waiting on them end with the test (goleak).
+func expireParked(s *Server) {
+	s.elicitMu.Lock()
+	var toks []string
+	for tok := range s.elicits {
+		toks = append(toks, tok)
+	}
+	s.elicitMu.Unlock()
+	for _, tok := range toks {
+		if p := s.take(tok); p != nil {
+			p.ask.answer <- answerCancel
+			p.c.abandon()
+		}
 	}
 }
