@@ -13,11 +13,11 @@ import (
 
 	"github.com/elnosh/gonuts/mint"
 	"github.com/elnosh/gonuts/mint/lightning"
-	"github.com/fiatjaf/eventstore/slicestore"
 	"github.com/fiatjaf/khatru"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/capvend/capvend/billing/lnd"
+	"github.com/capvend/capvend/internal/memstore"
 )
 
 // MintConfig configures RunMint.
@@ -115,19 +115,10 @@ func RunRelay(ctx context.Context, listen string, log *slog.Logger) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	store := &slicestore.SliceStore{}
-	if err := store.Init(); err != nil {
-		return fmt.Errorf("testnet relay: %w", err)
-	}
-	defer store.Close()
 	rl := khatru.NewRelay()
 	rl.Info.Name = "capvend testnet relay"
 	rl.Info.Description = "in-memory relay of the capvend testnet stack"
-	rl.StoreEvent = append(rl.StoreEvent, store.SaveEvent)
-	rl.QueryEvents = append(rl.QueryEvents, store.QueryEvents)
-	rl.CountEvents = append(rl.CountEvents, store.CountEvents)
-	rl.DeleteEvent = append(rl.DeleteEvent, store.DeleteEvent)
-	rl.ReplaceEvent = append(rl.ReplaceEvent, store.ReplaceEvent)
+	new(memstore.Store).Attach(rl) // not slicestore: see package memstore
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("testnet relay: %w", err)

@@ -16,13 +16,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fiatjaf/eventstore/slicestore"
 	"github.com/fiatjaf/khatru"
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip19"
 	"github.com/nbd-wtf/go-nostr/nip44"
 
 	"github.com/capvend/capvend/adapters/rpcerr"
+	"github.com/capvend/capvend/internal/memstore"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -96,15 +96,8 @@ func (f *fakeVendor) lastCall() vend.CallRequest {
 // newRelay returns an in-memory khatru relay.
 func newRelay(t *testing.T) *khatru.Relay {
 	t.Helper()
-	store := &slicestore.SliceStore{}
-	if err := store.Init(); err != nil {
-		t.Fatal(err)
-	}
 	rl := khatru.NewRelay()
-	rl.StoreEvent = append(rl.StoreEvent, store.SaveEvent)
-	rl.QueryEvents = append(rl.QueryEvents, store.QueryEvents)
-	rl.DeleteEvent = append(rl.DeleteEvent, store.DeleteEvent)
-	rl.ReplaceEvent = append(rl.ReplaceEvent, store.ReplaceEvent)
+	new(memstore.Store).Attach(rl) // not slicestore: see package memstore
 	return rl
 }
 

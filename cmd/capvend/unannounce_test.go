@@ -10,27 +10,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fiatjaf/eventstore/slicestore"
 	"github.com/fiatjaf/khatru"
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip19"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/internal/memstore"
 )
 
 // memRelay serves an in-memory khatru relay until the test ends; reject,
 // when set, refuses events.
 func memRelay(t *testing.T, reject func(*nostr.Event) bool) string {
 	t.Helper()
-	store := &slicestore.SliceStore{}
-	if err := store.Init(); err != nil {
-		t.Fatal(err)
-	}
 	rl := khatru.NewRelay()
-	rl.StoreEvent = append(rl.StoreEvent, store.SaveEvent)
-	rl.QueryEvents = append(rl.QueryEvents, store.QueryEvents)
-	rl.DeleteEvent = append(rl.DeleteEvent, store.DeleteEvent)
-	rl.ReplaceEvent = append(rl.ReplaceEvent, store.ReplaceEvent)
+	new(memstore.Store).Attach(rl) // not slicestore: see package memstore
 	if reject != nil {
 		rl.RejectEvent = append(rl.RejectEvent, func(_ context.Context, ev *nostr.Event) (bool, string) {
 			return reject(ev), "blocked: not here"
