@@ -36,8 +36,12 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/yosida95/uritemplate/v3"
 )
 
 // MaxPrice is the highest price any rule can produce: 21 million bitcoin
@@ -184,6 +188,15 @@ var ErrBadArgument = errors.New("bad argument")
 // concurrent use; a new configuration builds a new Book.
 type Book struct {
 	rules map[string]map[string]Rule
+	// templates are, by server, the priced resource keys that are URI
+	// templates (see ResourceTemplates), in key order.
+	templates map[string][]pricedTemplate
+}
+
+// pricedTemplate is a priced resource URI template and what its URIs match.
+type pricedTemplate struct {
+	template string
+	re       *regexp.Regexp
 }
 
 // NewBook builds a book from rules[server][tool]. It fails, naming the
@@ -201,10 +214,33 @@ func NewBook(rules map[string]map[string]Rule) (*Book, error) {
 				r.Per = &p
 			}
 			m[tool] = r
+			if tpl, ok := strings.CutPrefix(tool, resourcePrefix); ok && strings.Contains(tpl, "{") {
+				if ut, err := uritemplate.New(tpl); err == nil {
+					if b.templates == nil {
+						b.templates = map[string][]pricedTemplate{}
+					}
+					b.templates[server] = append(b.templates[server], pricedTemplate{template: tpl, re: ut.Regexp()})
+				}
+			}
 		}
 		b.rules[server] = m
+		slices.SortFunc(b.templates[server], func(a, b pricedTemplate) int { return strings.Compare(a.template, b.template) })
 	}
 	return b, nil
+}
+
+// ResourceTemplates returns the URI templates the book prices resources of
+// server by (ResourceKey of a template) that uri matches, in lexical
+// order; nil if none. A template the uritemplate package cannot parse
+// matches nothing.
+func (b *Book) ResourceTemplates(server, uri string) []string {
+	var out []string
+	for _, t := range b.templates[server] {
+		if t.re.MatchString(uri) {
+			out = append(out, t.template)
+		}
+	}
+	return out
 }
 
 // PromptKey and ResourceKey are the names under which a Book holds the
@@ -215,7 +251,9 @@ func NewBook(rules map[string]map[string]Rule) (*Book, error) {
 func PromptKey(name string) string { return "prompt:" + name }
 
 // ResourceKey: see PromptKey.
-func ResourceKey(uri string) string { return "resource:" + uri }
+func ResourceKey(uri string) string { return resourcePrefix + uri }
+
+const resourcePrefix = "resource:"
 
 // Quote prices a call of tool on server with args (a JSON object; empty or
 // null means no arguments). It returns an error wrapping ErrBadArgument if

@@ -3,6 +3,7 @@ package pricing_test
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -226,5 +227,37 @@ func TestBookDoesNotShareRules(t *testing.T) {
 	per.Price = 50_000
 	if q, _ := b.Quote("s", "t", json.RawMessage(`{"ids": [1]}`)); q.Price != 1000 {
 		t.Errorf("a changed Per changed the book: %d", q.Price)
+	}
+}
+
+func TestResourceTemplates(t *testing.T) {
+	b, err := pricing.NewBook(map[string]map[string]pricing.Rule{
+		"ex": {
+			pricing.ResourceKey("example://{name}"):       pricing.Rule{Price: 2_000},
+			pricing.ResourceKey("example://readme"):       pricing.Rule{Price: 1_000}, // a URI, not a template
+			pricing.ResourceKey("example://docs/{+path}"): pricing.Rule{Price: 3_000},
+			pricing.ResourceKey("other://{x}"):            pricing.Rule{Price: 1_000},
+			"example://{name}":                            pricing.Rule{Price: 9_000}, // a tool's key: not a resource
+			pricing.PromptKey("{name}"):                   pricing.Rule{Price: 9_000},
+		},
+		"else": {pricing.ResourceKey("example://{id}"): pricing.Rule{Price: 1_000}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		server, uri string
+		want        []string
+	}{
+		{"ex", "example://readme", []string{"example://{name}"}},
+		{"ex", "example://docs/a/b", []string{"example://docs/{+path}"}},
+		{"ex", "other://1", []string{"other://{x}"}},
+		{"ex", "nothing://1", nil},
+		{"else", "example://readme", []string{"example://{id}"}},
+		{"none", "example://readme", nil},
+	} {
+		if got := b.ResourceTemplates(tc.server, tc.uri); !slices.Equal(got, tc.want) {
+			t.Errorf("ResourceTemplates(%s, %s) = %q, want %q", tc.server, tc.uri, got, tc.want)
+		}
 	}
 }

@@ -42,6 +42,8 @@ func (f *fakeItems) ResourceItem(uri string) (vend.Tool, bool) {
 		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: uri}, true
 	case uri == "docs://pages/intro", uri == "docs://pages/special": // listed, and matching the template
 		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: uri, Templates: []string{"docs://pages/{id}"}}, true
+	case uri == "notes://today": // listed; the upstream has no template, the configuration has one
+		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: uri}, true
 	case uri == "docs://pages/{id}" || strings.HasPrefix(uri, "docs://pages/"):
 		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: "docs://pages/{id}"}, true
 	}
@@ -78,6 +80,8 @@ func itemHarness(t *testing.T, hold bool) (*harness, *fakeItems) {
 			pricing.ResourceKey("docs://pages/{id}"): {Price: 2_000},
 			// A listed URI with its own price, matching the template.
 			pricing.ResourceKey("docs://pages/special"): {Price: 5_000},
+			// A template no upstream lists.
+			pricing.ResourceKey("notes://{day}"): {Price: 4_000},
 		})
 	})
 	return h, items
@@ -316,6 +320,31 @@ func TestListedResourceMatchingAPricedTemplateIsPriced(t *testing.T) {
 		t.Fatalf("%s %v", o.res.Body, o.err)
 	}
 	if c, _ := h.l.Call(context.Background(), p.CallID); c.Tool != "docs://pages/{id}" || c.State != vend.CallDelivered {
+		t.Fatalf("recorded %+v", c)
+	}
+	verify(t, h.l)
+}
+
+// TestResourceMatchingAConfiguredTemplateIsPriced: a listed resource whose
+// URI matches a URI template that only the configuration names (the
+// upstream declares no such template) costs the template's price; before,
+// only templates an upstream lists were matched, and it was read free
+// (redteam TestPricedURITemplate).
+func TestResourceMatchingAConfiguredTemplateIsPriced(t *testing.T) {
+	h, items := itemHarness(t, false)
+	if lo, hi := h.v.ItemPrice(vend.KindResource, "notes://today"); lo != 4_000 || hi != 4_000 {
+		t.Errorf("notes://today listed at %d-%d msat, want 4000", lo, hi)
+	}
+	ch := h.callAsync(readReq("r1", "notes://today", nil))
+	p := h.nextPayment(t)
+	if p.Amount != 4_000 || items.reads.Load() != 0 {
+		t.Fatalf("quoted %d msat, %d reads before payment", p.Amount, items.reads.Load())
+	}
+	h.be.pay(p.Ref)
+	if o := result(t, ch); o.err != nil || !strings.Contains(string(o.res.Body), "notes://today") {
+		t.Fatalf("%s %v", o.res.Body, o.err)
+	}
+	if c, _ := h.l.Call(context.Background(), p.CallID); c.Tool != "notes://{day}" || c.State != vend.CallDelivered {
 		t.Fatalf("recorded %+v", c)
 	}
 	verify(t, h.l)

@@ -44,8 +44,9 @@ type Tool struct {
 	Idempotent   bool            // may be re-run after a crash during execution
 	// Templates (resources only) are further keys the resource may be
 	// priced under, in order: the URI templates of Server that Name
-	// matches. The first key the price book prices is used, so a listed
-	// URI without a price of its own is priced by its template.
+	// matches (the ItemSource's; vend adds the price book's, see
+	// TemplatePricer). The first key the price book prices is used, so a
+	// listed URI without a price of its own is priced by its template.
 	Templates []string
 }
 
@@ -108,6 +109,16 @@ type PriceBook interface {
 	// Listed returns the price shown in tool lists and announcements:
 	// the minimum and maximum a call can cost (equal for a flat price).
 	Listed(server, tool string) (lo, hi Msat)
+}
+
+// TemplatePricer is an optional ability of a PriceBook (pricing.Book has
+// it): the URI templates it prices resources of server by that uri
+// matches. A resource is priced by such a template when neither its own
+// URI nor a template its upstream lists has a price, so that a template
+// of the configuration prices every URI it matches, whether or not the
+// upstream declares that template.
+type TemplatePricer interface {
+	ResourceTemplates(server, uri string) []string
 }
 
 // CallRequest is one tools/call (or priced prompts/get or resources/read)

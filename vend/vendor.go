@@ -545,6 +545,13 @@ func (v *Vendor) item(kind ItemKind, name string) (Tool, bool) {
 	case KindResource:
 		t, ok = items.ResourceItem(name)
 		t.InputSchema = nil // a read has no arguments
+		if tp, isTP := v.book().(TemplatePricer); ok && isTP {
+			for _, k := range tp.ResourceTemplates(t.Server, t.Name) {
+				if k != t.UpstreamName && !slices.Contains(t.Templates, k) {
+					t.Templates = append(t.Templates, k)
+				}
+			}
+		}
 		t.UpstreamName = v.resourceKey(&t)
 	}
 	if !ok {
@@ -556,7 +563,8 @@ func (v *Vendor) item(kind ItemKind, name string) (Tool, bool) {
 
 // resourceKey is the key a resource is priced under: the first of its
 // UpstreamName (a listed URI, or the template its ItemSource chose) and
-// its Templates that the price book prices, else UpstreamName (free). A
+// its Templates (its upstream's, then the price book's, see
+// TemplatePricer) that the price book prices, else UpstreamName (free). A
 // listed URI without a price of its own is priced by the template it
 // matches.
 func (v *Vendor) resourceKey(t *Tool) string {
