@@ -95,6 +95,71 @@ func TestHTTPBearerToken(t *testing.T) {
 	}
 }
 
+// TestHTTPConnectionCap configures http.max_connections: with that many
+// connections open, one more is answered 503 and closed; once they close,
+// a new one is served.
+func TestHTTPConnectionCap(t *testing.T) {
+	const max = 4
+	sh := startShop(t, shopOpts{http: fmt.Sprintf("  max_connections: %d\n", max)})
+	body := request(0, "initialize", map[string]any{"protocolVersion": protocolVersion, "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "redteam", "version": "1"}})
+	// open dials, sends an initialize and reads the answer's status; the
+	// connection stays open (kept alive) unless the server closes it.
+	open := func() (net.Conn, int) {
+		conn, err := net.Dial("tcp", sh.listen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(time.Minute)) // a hang guard
+		fmt.Fprintf(conn, "POST /mcp HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: %d\r\n\r\n%s", sh.listen, len(body), body)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			conn.Close()
+			return nil, 0 // closed without an answer
+		}
+		resp.Body.Close()
+		return conn, resp.StatusCode
+	}
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	refused := false
+	// Connections of the shop's start may still be counted: at most max
+	// are served, and one beyond max+2 must have been refused.
+	for range max + 3 {
+		conn, code := open()
+		if code == http.StatusServiceUnavailable {
+			refused = true
+			conn.Close()
+			break
+		}
+		if code != http.StatusOK {
+			t.Fatalf("a connection under the cap: HTTP %d", code)
+		}
+		held = append(held, conn)
+	}
+	if len(held) > max {
+		t.Errorf("%d connections served at once with http.max_connections %d", len(held), max)
+	}
+	if !refused {
+		t.Fatalf("no connection refused with %d open and http.max_connections %d", len(held), max)
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	held = nil
+	waitUntil(t, "a new connection served once the others closed", func() bool {
+		conn, code := open()
+		if conn != nil {
+			conn.Close()
+		}
+		return code == http.StatusOK
+	})
+}
+
 // closedByServer reports whether the server closes conn (EOF, or an
 // error status then EOF) within the hang guard.
 func closedByServer(t *testing.T, conn net.Conn) bool {
