@@ -100,7 +100,7 @@ type shopOpts struct {
 	nostr  bool    // the Nostr front on the stack's relay, with a fresh key
 	// Extra YAML lines, indented for their section (two spaces; four
 	// under the upstream).
-	http, nostrExtra, limits, upstream, top string
+	http, nostrExtra, lndExtra, limits, upstream, top string
 	// nsecMode is the mode of the nsec file (default 0600).
 	nsecMode os.FileMode
 	// env is added to capvend's environment.
@@ -213,8 +213,8 @@ func (sh *shop) writeConfig(p prices) {
 	fmt.Fprintf(&b, "http:\n  listen: %s\n%s", sh.listen, o.http)
 	switch o.lnd {
 	case "", holdInvoices, plainInvoices:
-		fmt.Fprintf(&b, "lnd:\n  host: %s\n  tls_cert_file: %s\n  macaroon_file: %s\n  hold_invoices: %v\n",
-			vendor.RPCHost, vendor.TLSCert, vendor.InvoiceMacaroon, o.lnd != plainInvoices)
+		fmt.Fprintf(&b, "lnd:\n  host: %s\n  tls_cert_file: %s\n  macaroon_file: %s\n  hold_invoices: %v\n%s",
+			vendor.RPCHost, vendor.TLSCert, vendor.InvoiceMacaroon, o.lnd != plainInvoices, o.lndExtra)
 	}
 	if o.cashu {
 		fmt.Fprintf(&b, "cashu:\n  mints: [%s]\n  wallet_dir: %s\n", sh.s.MintURL, filepath.Join(sh.dir, "cashu-wallet"))
