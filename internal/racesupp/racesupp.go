@@ -15,10 +15,12 @@
 // needs no environment of its own.
 //
 // Only races whose stacks run through the functions listed in
-// suppressions.txt are suppressed; each entry says which upstream bug it
-// stands for. Races in capvend's own code, and between capvend's code and
-// a library, are still reported. Production code never imports this
-// package.
+// suppressions.txt are suppressed: each entry is anchored (^...$) to one
+// function that only the library's own goroutines run and that calls no
+// code of capvend, and says which upstream bug it stands for. Races in
+// capvend's own code, and between capvend's code and a library (including
+// capvend's hooks called by the library), are still reported. Production
+// code never imports this package.
 package racesupp
 
 import (
