@@ -54,5 +54,7 @@
 // is bounded. It takes about 8 minutes on a 2-core machine. Without the
 // regtest binaries, or those loopback addresses, the tests that need them
 // are skipped saying what is missing, and fail when CI is set; with
-// -short all are skipped.
+// -short all are skipped. CAPVEND_REDTEAM_SERVE=/path/to/capvend attacks
+// that build instead of this tree's (e.g. an older commit's, to see which
+// tests fail where the holes are open).
 package redteam

@@ -85,7 +85,12 @@ func binaries(t testing.TB) {
 			return
 		}
 		serveBin = capvend
-		if racesupp.Enabled {
+		if bin := os.Getenv("CAPVEND_REDTEAM_SERVE"); bin != "" {
+			// Another build to attack (an older one, to see a test
+			// fail where its hole is open); the suite's own capvend
+			// still runs the stack and the ledger commands.
+			serveBin = bin
+		} else if racesupp.Enabled {
 			// The binary under attack runs with the race detector too;
 			// finish fails the test on any report in its output.
 			serveBin = filepath.Join(tmpDir, "capvend-race")
