@@ -15,7 +15,8 @@ import (
 var leakOptions = []goleak.Option{
 	// khatru v0.19.1's NewRelay starts its NIP-40 expiration manager with
 	// context.Background() and has no way to stop it: one per test relay
-	// (relays are test fixtures; capvend itself runs none).
+	// (relays are test fixtures here; capvend serve runs none, and the
+	// relay of capvend testnet lives as long as its process).
 	goleak.IgnoreTopFunction("github.com/fiatjaf/khatru.(*expirationManager).start"),
 }
 
