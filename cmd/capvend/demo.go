@@ -338,9 +338,22 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 	d.mcp = c
 	d.say("")
 	d.say("  over MCP Streamable HTTP:")
-	list, err := c.ListTools(ctx, mcp.ListToolsRequest{})
-	if err != nil {
-		return fmt.Errorf("demo: tools/list: %w", err)
+	// serve answers before its upstream has connected (in the background):
+	// ask until the example server's tools are listed, as a client would
+	// after notifications/tools/list_changed (30 s, serve's own wait).
+	var list *mcp.ListToolsResult
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if list, err = c.ListTools(ctx, mcp.ListToolsRequest{}); err != nil {
+			return fmt.Errorf("demo: tools/list: %w", err)
+		}
+		if len(list.Tools) > 0 || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	var names []string
 	for _, t := range list.Tools {
