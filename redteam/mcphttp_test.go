@@ -70,16 +70,25 @@ func newHTTPClient(t testing.TB, sh *shop) *httpClient {
 		hc: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
 }
 
-// newHTTPClientFrom is newHTTPClient connecting from the loopback address
-// ip (127.0.0.2 ...): another client by address, as capvend counts them.
-// The test is skipped (failed under CI) where ip is not a local address
-// (Linux routes all of 127.0.0.0/8 to lo; other systems need aliases).
-func newHTTPClientFrom(t testing.TB, sh *shop, ip string) *httpClient {
-	if ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0")); err != nil {
-		missingPart(t, fmt.Sprintf("loopback address %s is not usable here: %v", ip, err))
-	} else {
+// needLoopback skips t (fails it under CI) unless every ip is a local
+// address this machine can connect from (Linux routes all of 127.0.0.0/8
+// to lo; other systems need aliases). Call it from the test's goroutine
+// before newHTTPClientFrom.
+func needLoopback(t testing.TB, ips ...string) {
+	t.Helper()
+	for _, ip := range ips {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			missingPart(t, fmt.Sprintf("loopback address %s is not usable here: %v", ip, err))
+		}
 		ln.Close()
 	}
+}
+
+// newHTTPClientFrom is newHTTPClient connecting from the loopback address
+// ip (127.0.0.2 ...): another client by address, as capvend counts them.
+// See needLoopback.
+func newHTTPClientFrom(t testing.TB, sh *shop, ip string) *httpClient {
 	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
 	return &httpClient{t: t, url: sh.url, header: http.Header{},
 		hc: &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: d.DialContext}}}
