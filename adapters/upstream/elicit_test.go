@@ -136,13 +136,19 @@ func TestElicitation(t *testing.T) {
 	run(t, m)
 	waitTools(t, m, e, "w_ask", "o_ask", "l_ask", "os_ask")
 	// Both eras are exercised: the old upstreams elicit with
-	// elicitation/create, the others with input_required.
+	// elicitation/create, the others with input_required. ("upstream
+	// connected" is logged just after an upstream's tools are listed, so
+	// it may still be on its way when waitTools returns.)
+	deadline := time.Now().Add(10 * time.Second)
 	for _, want := range []string{
 		"upstream=web protocol=" + mcp.LATEST_PROTOCOL_VERSION,
 		"upstream=local protocol=" + mcp.LATEST_PROTOCOL_VERSION,
 		"upstream=old protocol=" + mcp.ProtocolVersion20251125,
 		"upstream=oldstdio protocol=" + mcp.ProtocolVersion20251125,
 	} {
+		for !strings.Contains(logs.String(), want) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("no %q in the log:\n%s", want, logs)
 		}
