@@ -537,6 +537,20 @@ func TestMaxInFlight(t *testing.T) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	})
 	c := newClient(t, relay, s.PublicKey())
+	call := takeTheOnlySlot(v, logs, c)
+	close(v.block)
+	c.expect(call)         // fails on an answer to the dropped ping
+	for len(s.slots) > 0 { // the call's handler returns after its answer is out
+		time.Sleep(10 * time.Millisecond)
+	}
+	ping := c.send(`{"jsonrpc":"2.0","id":3,"method":"ping"}`)
+	c.expect(ping)
+}
+
+// takeTheOnlySlot has c start a call of the tool "block" (holding a server
+// with MaxInFlight 1's only slot until v.block closes), then send a ping,
+// and returns the call once the ping was dropped for want of a slot.
+func takeTheOnlySlot(v *fakeVendor, logs *lockedBuffer, c *client) *nostr.Event {
 	call := c.send(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"block"}}`)
 	for {
 		v.mu.Lock()
@@ -551,13 +565,7 @@ func TestMaxInFlight(t *testing.T) {
 	for !strings.Contains(logs.String(), "too many requests in flight") {
 		time.Sleep(10 * time.Millisecond)
 	}
-	close(v.block)
-	c.expect(call)         // fails on an answer to the dropped ping
-	for len(s.slots) > 0 { // the call's handler returns after its answer is out
-		time.Sleep(10 * time.Millisecond)
-	}
-	ping := c.send(`{"jsonrpc":"2.0","id":3,"method":"ping"}`)
-	c.expect(ping)
+	return call
 }
 
 // A request event seen again by a restarted server (same key) is the same

@@ -107,20 +107,7 @@ func TestKnownPayerEntersWhenSlotsAreTaken(t *testing.T) {
 	v.mu.Lock()
 	v.payers[customer.pk] = true
 	v.mu.Unlock()
-	call := stranger.send(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"block"}}`)
-	for {
-		v.mu.Lock()
-		n := len(v.calls)
-		v.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	stranger.send(`{"jsonrpc":"2.0","id":2,"method":"ping"}`) // no slot: dropped
-	for !strings.Contains(logs.String(), "too many requests in flight") {
-		time.Sleep(10 * time.Millisecond)
-	}
+	call := takeTheOnlySlot(v, logs, stranger)
 	ping := customer.send(`{"jsonrpc":"2.0","id":3,"method":"ping"}`)
 	if r, _ := customer.expect(ping); string(r.Result) != `{}` {
 		t.Fatalf("the known payer's ping: %+v", r)
