@@ -174,16 +174,6 @@ func (f *fairLine) victim(key string) *ticket {
 	return most.Front().Value.(*ticket)
 }
 
-// acquire waits for a turn for a request of key (known: a known payer):
-// join, then wait.
-func (q *issueQueue) acquire(ctx context.Context, key string, known bool) error {
-	t, err := q.join(key, known)
-	if err != nil {
-		return err
-	}
-	return q.wait(ctx, t)
-}
-
 // join takes a place in the line for a request of key (known: a known
 // payer), or a turn at once if one is free and nobody waits. It returns
 // errBusy when the line is full and no place can be taken (see
@@ -336,7 +326,7 @@ func (v *Vendor) joinIssuing(r *CallRequest) (*ticket, error) {
 // startIssuing waits for the turn of r's place t (taken now when nil):
 // ctx's error if the client leaves first, an error wrapping ErrLimit if
 // the server is too busy or the place was taken. With a nil error the
-// caller holds the returned ticket's turn: doneIssuing gives it back.
+// caller holds the returned ticket's turn: leaveIssuing gives it back.
 func (v *Vendor) startIssuing(ctx context.Context, r *CallRequest, t *ticket) (*ticket, error) {
 	if t == nil {
 		var err error
@@ -353,12 +343,10 @@ func (v *Vendor) startIssuing(ctx context.Context, r *CallRequest, t *ticket) (*
 	return t, nil
 }
 
-// leaveIssuing gives up a place in the line, or the turn it holds; nil,
-// or leaving twice, is harmless.
+// leaveIssuing gives up a place in the line, or the turn it holds (the
+// one startIssuing returned, once issued); nil, or leaving twice, is
+// harmless.
 func (v *Vendor) leaveIssuing(t *ticket) { v.issue.leave(t) }
-
-// doneIssuing gives back the turn startIssuing returned.
-func (v *Vendor) doneIssuing(t *ticket) { v.issue.leave(t) }
 
 // paid notes that r's client paid: its later requests are served first
 // when payment requests queue.

@@ -68,6 +68,15 @@ func (l *line) next() string {
 	return g.key
 }
 
+// acquire waits for a turn for a request of key: join, then wait.
+func (q *issueQueue) acquire(ctx context.Context, key string, known bool) error {
+	t, err := q.join(key, known)
+	if err != nil {
+		return err
+	}
+	return q.wait(ctx, t)
+}
+
 // releaseOthers gives back a turn held by a request of others (not a
 // known payer), as its leave would.
 func (q *issueQueue) releaseOthers() {

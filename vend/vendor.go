@@ -847,7 +847,7 @@ func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *Cal
 		v.endUnpaid(context.WithoutCancel(ctx), call, "client left")
 		return nil, CallResult{}, err
 	}
-	defer v.doneIssuing(turn)
+	defer v.leaveIssuing(turn)
 	if err := v.enterUnpaid(slot); err != nil {
 		v.unpaid.release(slot)
 		v.endUnpaid(ctx, call, "too many unpaid requests")
