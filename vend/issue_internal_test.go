@@ -243,8 +243,8 @@ func TestIssueLineIsBounded(t *testing.T) {
 	}
 }
 
-// Requests of others than known payers hold at most a quarter of the
-// turns: however many of them wait, a known payer finds a turn free.
+// Requests of others than known payers hold one turn at a time: however
+// many of them wait, a known payer finds a turn free.
 func TestIssueTurnsLeaveRoomForKnownPayers(t *testing.T) {
 	q := newIssueQueue(4, 100)
 	a, err := q.join("a", false)
@@ -300,5 +300,23 @@ func TestIssueLineHoldsOnePlacePerStranger(t *testing.T) {
 	}
 	if _, err := q.join("customer", true); !errors.Is(err, errBusy) {
 		t.Fatalf("a known payer's request beyond %d: %v, want errBusy", perKeyKnown, err)
+	}
+}
+
+// RecentPayers lists the most recently paid first, at most n, and a key
+// that pays again moves to the front.
+func TestRecentPayers(t *testing.T) {
+	var p payerSet
+	if got := p.recent(3); len(got) != 0 {
+		t.Fatalf("no payers yet: %v", got)
+	}
+	for _, k := range []string{"a", "b", "c", "a"} {
+		p.add(k)
+	}
+	if got := fmt.Sprint(p.recent(2)); got != "[a c]" {
+		t.Fatalf("recent(2) = %s, want [a c]", got)
+	}
+	if got := fmt.Sprint(p.recent(10)); got != "[a c b]" {
+		t.Fatalf("recent(10) = %s, want [a c b]", got)
 	}
 }

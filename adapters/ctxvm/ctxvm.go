@@ -213,6 +213,11 @@
 // MaxUnpaidTotal, which withdraws the oldest quote of the busiest client
 // to make room; vend's MaxUnpaidPerClient counts per pubkey).
 //
+// Requests of clients that paid before (PayerLister), and with
+// PowDifficulty those that did the work, also come by subscriptions of
+// their own, so they do not queue behind a flood's events inside
+// go-nostr (see Lanes in lanes.go); each event is served once.
+//
 // # Encryption
 //
 // A kind 1059 or 21059 (ephemeral: relays do not store it) event is a gift
@@ -510,6 +515,11 @@ type Config struct {
 	// Proof of work in the package doc.
 	PowDifficulty int
 
+	// slowMain, when set, drops the events of the main subscription it
+	// returns true for, as if they were still queued there (tests of the
+	// lanes, lanes.go).
+	slowMain func(*nostr.Event) bool
+
 	// Announce publishes the announcements (see the package doc) at start
 	// and after each Refresh that changed them.
 	Announce bool
@@ -744,6 +754,10 @@ func ParseSecretKey(s string) (string, error) {
 // for up to ShutdownGrace (their publications included), cancels the rest,
 // closes its relay connections and returns nil.
 func (s *Server) Run(ctx context.Context) error {
+	// The lanes end with the subscription, but one may be connecting to a
+	// relay: closing the pool ends that, so they are waited for after.
+	var lanesWG sync.WaitGroup
+	defer lanesWG.Wait()
 	// The pool outlives ctx by the grace period: answers still go out.
 	poolCtx, closePool := context.WithCancel(context.WithoutCancel(ctx))
 	defer closePool()
@@ -776,6 +790,8 @@ func (s *Server) Run(ctx context.Context) error {
 	subCtx, stopSub := context.WithCancel(ctx)
 	defer stopSub()
 	events := pool.SubscribeManyNotifyEOSE(subCtx, append([]string(nil), s.cfg.Relays...), filter, s.ready)
+	fast := s.startLanes(subCtx, pool, filter, &lanesWG) // see Lanes in lanes.go
+	var seen laneSeen
 
 	// Requests run on work, which ends ShutdownGrace after ctx.
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
@@ -786,29 +802,38 @@ func (s *Server) Run(ctx context.Context) error {
 	watched := s.startListWatch(ctx)
 loop:
 	for {
+		var ev *nostr.Event
 		select {
-		case <-ctx.Done():
-			break loop
-		case ev, ok := <-events:
-			if !ok {
+		case ev = <-fast: // the lanes first
+		default:
+			select {
+			case <-ctx.Done():
 				break loop
+			case ev = <-fast:
+			case rev, ok := <-events:
+				if !ok {
+					break loop
+				}
+				if ev = rev.Event; ev != nil && s.cfg.slowMain != nil && s.cfg.slowMain(ev) {
+					continue
+				}
 			}
-			if ev.Event == nil {
-				continue
-			}
-			slots := s.slot(ev.Event)
-			if slots == nil {
-				s.log.Warn("nostr event dropped: too many requests in flight", logKeyEvent, ev.ID)
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				var once sync.Once
-				free := func() { once.Do(func() { <-slots }) }
-				defer func() { free(); wg.Done() }()
-				s.handle(context.WithValue(work, slotKey{}, free), ev.Event)
-			}()
 		}
+		if ev == nil || !seen.admit(ev.ID, time.Now()) {
+			continue
+		}
+		slots := s.slot(ev)
+		if slots == nil {
+			s.log.Warn("nostr event dropped: too many requests in flight", logKeyEvent, ev.ID)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			var once sync.Once
+			free := func() { once.Do(func() { <-slots }) }
+			defer func() { free(); wg.Done() }()
+			s.handle(context.WithValue(work, slotKey{}, free), ev)
+		}()
 	}
 	stopSub()
 	<-announced

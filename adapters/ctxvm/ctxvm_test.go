@@ -43,6 +43,16 @@ func (f *fakeVendor) KnownPayer(client string) bool {
 	return f.payers[client]
 }
 
+func (f *fakeVendor) RecentPayers(n int) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var keys []string
+	for k := range f.payers {
+		keys = append(keys, k)
+	}
+	return keys[:min(n, len(keys))]
+}
+
 var fakeTools = []vend.Tool{
 	{Name: "free", Description: "free echo", InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}}}`)},
 	{Name: "paid", Description: "paid echo", Price: 21_000},

@@ -204,11 +204,14 @@ func httpCall(ctx context.Context, st *testnet.Stack, c *client.Client, bills ch
 	}
 }
 
-// slowCall says where a paid call that took over a second spent its time:
+// slowAfter is the latency past which slowCall reports a call (-slow).
+var slowAfter = time.Second
+
+// slowCall says where a paid call that took over slowAfter spent its time:
 // until its invoice came (capvend admitting, recording and issuing it),
 // and from there to the result (paying, capvend settling and running it).
 func slowCall(front, text string, d, quoted time.Duration) {
-	if d < time.Second {
+	if d < slowAfter {
 		return
 	}
 	say("  %s customer, slow call (%s): %v = %v to the invoice + %v paying and running", front, text,

@@ -46,6 +46,7 @@ func main() {
 	fs.IntVar(&o.honest, "honest", 20, "paid calls of each honest customer (Nostr, HTTP) per phase")
 	fs.IntVar(&o.workers, "workers", 16, "concurrent senders per flood")
 	fs.DurationVar(&callTimeout, "call-timeout", callTimeout, "an honest call not answered within this is not served")
+	fs.DurationVar(&slowAfter, "slow", slowAfter, "say where each honest call slower than this spent its time (to the invoice, paying and running)")
 	fs.DurationVar(&o.limit, "timeout", 20*time.Minute, "give up after this long")
 	fs.BoolVar(&o.returning, "returning", false, "the honest Nostr customer under the flood is the one who paid without it (same key: a known payer); default a fresh key, indistinguishable from the flood")
 	fs.IntVar(&o.pow, "pow", 0, "NIP-13 `BITS`: with -write-config, nostr.pow_difficulty; else the work the honest Nostr customer mines into each request (the flood does none)")

@@ -353,6 +353,13 @@ func pruneReplies(ctx context.Context, l *ledger.Ledger, window time.Duration, l
 	}
 }
 
+// The Vendor gives known payers their reserve of request slots and their
+// own subscription (see ctxvm's PayerKnower and PayerLister).
+var (
+	_ ctxvm.PayerKnower = (*vend.Vendor)(nil)
+	_ ctxvm.PayerLister = (*vend.Vendor)(nil)
+)
+
 // nostrFront returns the ContextVM front of cfg.Nostr, selling v's tools.
 func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.ReplyStore, backends []vend.PaymentBackend, e *env) (*ctxvm.Server, error) {
 	sk, err := ctxvm.LoadSecretKey(cfg.Nostr.NsecFile)

@@ -1,0 +1,238 @@
+package ctxvm
+
+import (
+	"context"
+	"encoding/hex"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+	"github.com/nbd-wtf/go-nostr/nip13"
+)
+
+// Lanes: requests that do not queue behind a flood.
+//
+// go-nostr hands each event of a subscription to its reader from a
+// goroutine of its own, and those goroutines take the subscription's
+// mutex in turn. Under a flood the line before Run is thousands of events
+// long (capvend-flood: about 3,000, from 1,000 fresh keys), and a
+// customer's request waits behind all of it: 2 to 4 seconds, before the
+// Vendor sees it and can put a known payer first. So beside the
+// subscription to every request, Run keeps lanes, subscriptions on the
+// same relay connections that carry only what should not wait:
+//
+//   - payers: the same filter for the authors who paid for a call in this
+//     run (PayerLister), the maxLaneAuthors most recent, subscribed again
+//     when they change: identities are free on Nostr, a payment history
+//     is not;
+//   - work (with Config.PowDifficulty): the same filter, with go-nostr's
+//     duplicate check (which its relay reader runs on each event's id
+//     before queueing it) dropping every event whose id has fewer leading
+//     zero bits than the difficulty, so only requests that did the work
+//     queue there. (A request needs none to pay with a Cashu token, or
+//     for a method that is neither a free call nor an unpaid quote: those
+//     come by the main subscription as before.)
+//
+// An event that came by one subscription is dropped when it comes by
+// another (laneSeen), so each is served once. A lane that fails is tried
+// again; everything it would carry still comes by the main subscription.
+
+// PayerLister is what a Vendor may also do: list the clients that paid
+// for a call in this run, the most recently paid first, at most n (limit
+// keys: Nostr pubkeys among them). Their requests come by a lane of
+// their own (see Lanes in lanes.go).
+type PayerLister interface {
+	RecentPayers(n int) []string
+}
+
+const (
+	// maxLaneAuthors bounds the authors of the payers lane's filter
+	// (relays bound a filter's size).
+	maxLaneAuthors = 100
+	// laneRefresh is how often the payers lane looks for new payers.
+	laneRefresh = time.Second
+	// laneRetry is the wait before a lane subscribes again after its
+	// subscription failed or ended.
+	laneRetry = 5 * time.Second
+	// seenFor is how long an event id is remembered (go-nostr's pool
+	// forgets the ids it saw after a minute too), and maxSeen bounds how
+	// many are.
+	seenFor = time.Minute
+	maxSeen = 1 << 16
+)
+
+type lane uint8
+
+const (
+	laneMain lane = iota
+	lanePayers
+	laneWork
+)
+
+// startLanes subscribes the lanes on every relay of the pool with filter
+// (see Lanes); their events come on the returned channel until ctx ends.
+// wg counts the lanes' goroutines.
+func (s *Server) startLanes(ctx context.Context, pool *nostr.SimplePool, filter nostr.Filter, wg *sync.WaitGroup) <-chan *nostr.Event {
+	out := make(chan *nostr.Event)
+	var lanes []lane
+	if _, ok := s.cfg.Vendor.(PayerLister); ok {
+		lanes = append(lanes, lanePayers)
+	}
+	if s.cfg.PowDifficulty > 0 {
+		lanes = append(lanes, laneWork)
+	}
+	for _, url := range s.cfg.Relays {
+		for _, l := range lanes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.runLane(ctx, pool, url, l, filter, out)
+			}()
+		}
+	}
+	return out
+}
+
+// runLane keeps lane l subscribed on relay url until ctx ends.
+func (s *Server) runLane(ctx context.Context, pool *nostr.SimplePool, url string, l lane, base nostr.Filter, out chan<- *nostr.Event) {
+	for ctx.Err() == nil {
+		f := base
+		// From now on: what was sent before came by the main subscription.
+		since := nostr.Timestamp(s.cfg.Now().Unix())
+		f.Since = &since
+		var opts []nostr.SubscriptionOption
+		var authors []string
+		switch l {
+		case lanePayers:
+			if authors = s.payerAuthors(); len(authors) == 0 {
+				sleepCtx(ctx, laneRefresh)
+				continue
+			}
+			f.Authors = authors
+		case laneWork:
+			d := s.cfg.PowDifficulty
+			opts = append(opts, nostr.WithCheckDuplicate(func(id, _ string) bool { return nip13.Difficulty(id) < d }))
+		}
+		relay, err := pool.EnsureRelay(url)
+		if err != nil {
+			sleepCtx(ctx, laneRetry)
+			continue
+		}
+		subCtx, cancel := context.WithCancel(ctx)
+		sub, err := relay.Subscribe(subCtx, nostr.Filters{f}, opts...)
+		if err != nil {
+			cancel()
+			sleepCtx(ctx, laneRetry)
+			continue
+		}
+		ended := s.readLane(ctx, sub, authors, out)
+		sub.Unsub()
+		cancel()
+		if ended {
+			sleepCtx(ctx, laneRetry)
+		}
+	}
+}
+
+// readLane passes sub's events to out until ctx ends (false), sub ends
+// (true), or, when authors is set, the payers to follow changed (false).
+func (s *Server) readLane(ctx context.Context, sub *nostr.Subscription, authors []string, out chan<- *nostr.Event) (ended bool) {
+	var tick <-chan time.Time
+	if authors != nil {
+		t := time.NewTicker(laneRefresh)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case ev, ok := <-sub.Events:
+			if !ok {
+				return true
+			}
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				return false
+			}
+		case <-tick:
+			if !slices.Equal(authors, s.payerAuthors()) {
+				return false
+			}
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// payerAuthors is the payers lane's authors: the Vendor's most recent
+// payers that are Nostr pubkeys, sorted.
+func (s *Server) payerAuthors() []string {
+	pl, ok := s.cfg.Vendor.(PayerLister)
+	if !ok {
+		return nil
+	}
+	var authors []string
+	for _, k := range pl.RecentPayers(4 * maxLaneAuthors) {
+		if nostr.IsValid32ByteHex(k) {
+			authors = append(authors, k)
+			if len(authors) == maxLaneAuthors {
+				break
+			}
+		}
+	}
+	slices.Sort(authors)
+	return authors
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// laneSeen remembers the ids of the events Run let in for seenFor, at
+// most maxSeen of them, so that an event that comes by a lane and by the
+// main subscription (or from two relays) is served once.
+type laneSeen struct {
+	mu   sync.Mutex
+	at   map[[32]byte]time.Time
+	ring [][32]byte // the ids in at, oldest at next once full
+	next int
+}
+
+// admit reports whether the event id is new (or last seen over seenFor
+// ago), and remembers it.
+func (l *laneSeen) admit(id string, now time.Time) bool {
+	var k [32]byte
+	if len(id) != 64 {
+		return true // not an event id: parse drops it
+	}
+	if _, err := hex.Decode(k[:], []byte(id)); err != nil {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.at == nil {
+		l.at = make(map[[32]byte]time.Time)
+	}
+	if t, ok := l.at[k]; ok {
+		if now.Sub(t) < seenFor {
+			return false
+		}
+		l.at[k] = now // it keeps its place in the ring
+		return true
+	}
+	if len(l.ring) < maxSeen {
+		l.ring = append(l.ring, k)
+	} else {
+		delete(l.at, l.ring[l.next])
+		l.ring[l.next] = k
+		l.next = (l.next + 1) % maxSeen
+	}
+	l.at[k] = now
+	return true
+}
