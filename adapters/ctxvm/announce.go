@@ -438,12 +438,7 @@ func Unannounce(ctx context.Context, sk string, relays []string, reason string, 
 	poolCtx, closePool := context.WithCancel(ctx)
 	defer closePool()
 	pool := nostr.NewSimplePool(poolCtx)
-	defer pool.Relays.Range(func(_ string, r *nostr.Relay) bool {
-		if r != nil {
-			r.Close()
-		}
-		return true
-	})
+	defer closeRelays(pool)
 
 	addrs := AnnouncementAddresses(pk)
 	var kinds []int

@@ -762,13 +762,7 @@ func (s *Server) Run(ctx context.Context) error {
 	poolCtx, closePool := context.WithCancel(context.WithoutCancel(ctx))
 	defer closePool()
 	pool := nostr.NewSimplePool(poolCtx, nostr.WithRelayOptions(trustRelays{}))
-	// The pool's relays are not tied to its context.
-	defer pool.Relays.Range(func(_ string, r *nostr.Relay) bool {
-		if r != nil {
-			r.Close()
-		}
-		return true
-	})
+	defer closeRelays(pool)
 	if s.publish == nil {
 		s.publish = func(ctx context.Context, ev nostr.Event) error { return s.publishPool(ctx, pool, ev) }
 	}

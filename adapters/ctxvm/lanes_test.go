@@ -135,3 +135,11 @@ func TestLaneSeen(t *testing.T) {
 		t.Fatal("a malformed id is left to parse")
 	}
 }
+
+// CloseRelay survives go-nostr's close race, whose loser dereferences a
+// nil connection (here a connection without its websocket).
+func TestCloseRelayRecoversTheCloseRace(t *testing.T) {
+	r := nostr.NewRelay(context.Background(), "ws://127.0.0.1:1")
+	r.Connection = &nostr.Connection{}
+	CloseRelay(r)
+}

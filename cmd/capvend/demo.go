@@ -21,6 +21,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/testnet/exampletools"
 	"github.com/capvend/capvend/vend"
@@ -676,7 +677,7 @@ func newCtxvmClient(ctx context.Context, relayURL, serverPK string) (*ctxvmClien
 
 func (c *ctxvmClient) close() {
 	c.sub.Unsub()
-	c.relay.Close()
+	ctxvm.CloseRelay(c.relay)
 }
 
 // request sends one JSON-RPC request and returns its result and the
