@@ -215,7 +215,7 @@ func (l *Ledger) CancelQuote(ctx context.Context, id vend.CallID, reason string)
 
 // Call implements vend.Ledger.
 func (l *Ledger) Call(ctx context.Context, id vend.CallID) (vend.Call, error) {
-	return getCall(ctx, l.rdb, id)
+	return getCall(ctx, l.reader(ctx), id)
 }
 
 // callByRequest reads the call recorded for a request key.
@@ -226,7 +226,7 @@ func callByRequest(ctx context.Context, q querier, transport, client, requestID 
 
 // CallByRequest implements vend.Ledger.
 func (l *Ledger) CallByRequest(ctx context.Context, transport, client, requestID string) (vend.Call, error) {
-	c, err := callByRequest(ctx, l.rdb, transport, client, requestID)
+	c, err := callByRequest(ctx, l.reader(ctx), transport, client, requestID)
 	if err != nil {
 		return c, fmt.Errorf("call of request %s: %w", requestID, err)
 	}
@@ -235,7 +235,7 @@ func (l *Ledger) CallByRequest(ctx context.Context, transport, client, requestID
 
 // Payment implements vend.Ledger.
 func (l *Ledger) Payment(ctx context.Context, ref string) (vend.Payment, error) {
-	return getPayment(ctx, l.rdb, ref)
+	return getPayment(ctx, l.reader(ctx), ref)
 }
 
 // RecordPayment implements vend.Ledger.
@@ -295,7 +295,7 @@ func recordPayment(ctx context.Context, tx *wtx, id vend.CallID, np vend.NewPaym
 
 // FindGrant implements vend.Ledger.
 func (l *Ledger) FindGrant(ctx context.Context, client string, b vend.Binding) (vend.Call, error) {
-	c, err := scanCall(l.rdb.QueryRowContext(ctx, "SELECT "+callColumns+` FROM calls
+	c, err := scanCall(l.reader(ctx).QueryRowContext(ctx, "SELECT "+callColumns+` FROM calls
 		WHERE client = ? AND args_hash = ? AND state IN ('awaiting_payment', 'paid')
 		AND kind = ? AND server = ? AND tool = ?
 		ORDER BY id DESC LIMIT 1`, client, b.ArgsHash, string(b.Kind.Or()), b.Server, b.Tool))
@@ -310,7 +310,7 @@ func (l *Ledger) CallArguments(ctx context.Context, id vend.CallID) (string, []b
 	var tool string
 	var args []byte
 	var explicit bool
-	err := l.rdb.QueryRowContext(ctx, "SELECT tool_name, arguments, explicit FROM call_arguments WHERE call_id = ?", id).
+	err := l.reader(ctx).QueryRowContext(ctx, "SELECT tool_name, arguments, explicit FROM call_arguments WHERE call_id = ?", id).
 		Scan(&tool, &args, &explicit)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil, false, fmt.Errorf("arguments of call %d: %w", id, vend.ErrNotFound)
@@ -331,7 +331,7 @@ func (l *Ledger) CallsIn(ctx context.Context, states ...vend.CallState) ([]vend.
 	for i, s := range states {
 		args[i] = string(s)
 	}
-	rows, err := l.rdb.QueryContext(ctx, q, args...)
+	rows, err := l.reader(ctx).QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("calls: %w", err)
 	}
@@ -380,7 +380,7 @@ func (l *Ledger) CallPayments(ctx context.Context, id vend.CallID) ([]vend.Payme
 
 // payments lists payments matching where (with args), oldest first.
 func (l *Ledger) payments(ctx context.Context, where string, args ...any) ([]vend.Payment, error) {
-	rows, err := l.rdb.QueryContext(ctx, "SELECT "+paymentColumns+" FROM payments WHERE "+where+" ORDER BY id", args...)
+	rows, err := l.reader(ctx).QueryContext(ctx, "SELECT "+paymentColumns+" FROM payments WHERE "+where+" ORDER BY id", args...)
 	if err != nil {
 		return nil, fmt.Errorf("payments: %w", err)
 	}
@@ -404,7 +404,7 @@ func (l *Ledger) UnsettledPayments(ctx context.Context, backend vend.Backend) ([
 // HoldPreimage implements vend.Ledger.
 func (l *Ledger) HoldPreimage(ctx context.Context, ref string) ([]byte, error) {
 	var pre []byte
-	err := l.rdb.QueryRowContext(ctx, `SELECT h.preimage FROM hold_preimages h JOIN payments p ON p.id = h.payment_id
+	err := l.reader(ctx).QueryRowContext(ctx, `SELECT h.preimage FROM hold_preimages h JOIN payments p ON p.id = h.payment_id
 		WHERE p.ref = ?`, ref).Scan(&pre)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("hold preimage of %s: %w", ref, vend.ErrNotFound)
@@ -746,7 +746,7 @@ func (l *Ledger) ClaimProofs(ctx context.Context, payment vend.PaymentID, proofs
 func (l *Ledger) Result(ctx context.Context, id vend.CallID) (vend.Result, error) {
 	var r vend.Result
 	var stored int64
-	err := l.rdb.QueryRowContext(ctx, "SELECT is_error, body, stored_at FROM results WHERE call_id = ?", id).
+	err := l.reader(ctx).QueryRowContext(ctx, "SELECT is_error, body, stored_at FROM results WHERE call_id = ?", id).
 		Scan(&r.IsError, &r.Body, &stored)
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, fmt.Errorf("result of call %d: %w", id, vend.ErrNotFound)

@@ -69,7 +69,10 @@ type Ledger struct {
 	path string
 	db   *sql.DB // the writer's pool: one connection
 	rdb  *sql.DB // reads: a pool of query-only connections
-	now  func() time.Time
+	// udb serves the reads of urgent contexts (vend.Urgent: money in
+	// motion) on query-only connections of their own (see reader).
+	udb *sql.DB
+	now func() time.Time
 
 	// SQLite has one writer at a time: capvend's writes queue on wmu and
 	// run on wconn, in BEGIN IMMEDIATE transactions, with statements
@@ -119,7 +122,14 @@ func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
 		return nil, fmt.Errorf("ledger %s: %w", path, err)
 	}
 	rdb.SetMaxOpenConns(4)
-	l := &Ledger{path: path, db: db, rdb: rdb, now: opts.Now}
+	udb, err := sql.Open("sqlite3", base+"&_txlock=deferred&_query_only=1")
+	if err != nil {
+		db.Close()
+		rdb.Close()
+		return nil, fmt.Errorf("ledger %s: %w", path, err)
+	}
+	udb.SetMaxOpenConns(2)
+	l := &Ledger{path: path, db: db, rdb: rdb, udb: udb, now: opts.Now}
 	if l.now == nil {
 		l.now = time.Now
 	}
@@ -192,7 +202,18 @@ func (l *Ledger) Close() error {
 	l.wmu.Unlock()
 	err1 := l.db.Close()
 	err2 := l.rdb.Close()
-	return errors.Join(err1, err2)
+	err3 := l.udb.Close()
+	return errors.Join(err1, err2, err3)
+}
+
+// reader is the pool for ctx's reads: the urgent one for a context
+// marked vend.Urgent (a paid call, a known payer), so that those do not
+// wait behind a flood's lookups; the shared one otherwise.
+func (l *Ledger) reader(ctx context.Context) *sql.DB {
+	if vend.IsUrgent(ctx) {
+		return l.udb
+	}
+	return l.rdb
 }
 
 // inspect looks at an existing file through a query-only connection, before

@@ -8,15 +8,23 @@ import (
 	"time"
 )
 
+// openTemp opens a new ledger in the test's temporary directory, closed
+// when the test ends.
+func openTemp(t *testing.T) *Ledger {
+	t.Helper()
+	l, err := Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
 // TestWriteRelaxedRestoresFullSync: money transactions after a stored
 // reply (or a failed relaxed write) are fsynced again.
 func TestWriteRelaxedRestoresFullSync(t *testing.T) {
 	ctx := context.Background()
-	l, err := Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openTemp(t)
 	sync := func() int {
 		t.Helper()
 		l.wmu.Lock()

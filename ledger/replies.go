@@ -17,7 +17,7 @@ const MaxReplyBytes = 1 << 20
 // there is one. It only reads.
 func (l *Ledger) Reply(ctx context.Context, key string) ([]byte, bool, error) {
 	var reply []byte
-	err := l.rdb.QueryRowContext(ctx, "SELECT reply FROM request_replies WHERE request_key = ?", key).Scan(&reply)
+	err := l.reader(ctx).QueryRowContext(ctx, "SELECT reply FROM request_replies WHERE request_key = ?", key).Scan(&reply)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, false, nil
 	}

@@ -626,6 +626,9 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	if r.Notify == nil {
 		r.Notify = func(string, any) {}
 	}
+	if v.payers.has(limitKey(r)) {
+		ctx = Urgent(ctx)
+	}
 	if !v.allow(r) {
 		return CallResult{}, fmt.Errorf("%w: more than %d calls a minute", ErrLimit, v.cfg.RequestsPerMinute)
 	}
@@ -993,6 +996,7 @@ func (v *Vendor) expireUnreported(ctx context.Context, p *Payment) *Payment {
 //
 //go:noinline
 func (v *Vendor) afterPayment(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+	ctx = Urgent(ctx) // the money is in
 	switch p.State {
 	case PaymentAccepted, PaymentSettled:
 		v.failpoint(FailAfterSettlement)
@@ -1009,6 +1013,7 @@ func (v *Vendor) afterPayment(ctx context.Context, call *Call, p *Payment, t *To
 
 // payWithToken takes a Cashu token for the call, then runs it.
 func (v *Vendor) payWithToken(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+	ctx = Urgent(ctx) // the money is in the request
 	for _, b := range v.cfg.Backends {
 		ta, ok := b.(TokenAcceptor)
 		if !ok {
@@ -1086,6 +1091,7 @@ func (v *Vendor) resume(ctx context.Context, call *Call, t *Tool, args json.RawM
 // answer a request that finds the call running or run already, never
 // execute. A call that cannot run as recorded is refunded (ErrUpstream).
 func (v *Vendor) run(ctx context.Context, call *Call, p *Payment, live *Tool, liveArgs json.RawMessage, r *CallRequest) (CallResult, error) {
+	ctx = Urgent(ctx) // paid
 	// Requests for the same call in this process queue behind the first;
 	// the ledger's claim keeps other processes out.
 	done := v.startRunning(call.ID)

@@ -31,6 +31,21 @@ type fakeBackend struct {
 	report    func(vend.PaymentEvent)
 	last      chan vend.Payment // each Request's payment
 	preimages map[string]string // ref -> hex preimage: what a payer learns
+	urgent    []bool            // vend.IsUrgent of each Request's and SettleHeld's context
+}
+
+// urgency returns vend.IsUrgent of the contexts of every Request and
+// SettleHeld so far, in order.
+func (f *fakeBackend) urgency() []bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]bool(nil), f.urgent...)
+}
+
+func (f *fakeBackend) noteUrgency(ctx context.Context) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.urgent = append(f.urgent, vend.IsUrgent(ctx))
 }
 
 var (
@@ -42,6 +57,7 @@ func (f *fakeBackend) Backend() vend.Backend { return vend.BackendLND }
 func (f *fakeBackend) CanHold() bool         { return f.hold }
 
 func (f *fakeBackend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Payment, error) {
+	f.noteUrgency(ctx)
 	pre := make([]byte, 32)
 	rand.Read(pre)
 	h := sha256.Sum256(pre)
@@ -97,6 +113,7 @@ func (f *fakeBackend) Cancel(ctx context.Context, ref string) error {
 }
 
 func (f *fakeBackend) SettleHeld(ctx context.Context, ref string) (vend.Payment, error) {
+	f.noteUrgency(ctx)
 	p, _ := f.led.Payment(ctx, ref)
 	return f.led.SettlePayment(ctx, vend.Settlement{Ref: ref, Amount: p.Amount})
 }
@@ -468,6 +485,24 @@ func TestHoldInvoiceSettledAfterSuccessCanceledAfterFailure(t *testing.T) {
 		t.Fatalf("balance %+v", b)
 	}
 	verify(t, h.l)
+}
+
+// Work on money in motion is marked vend.Urgent, so the ledger serves
+// its reads ahead of a flood's: a paid call's settlement, and every
+// request of a client that paid before; a stranger's first quote is not.
+func TestPaidWorkIsUrgent(t *testing.T) {
+	h := newHarness(t, true, nil)
+	for i, id := range []string{"1", "2"} {
+		ch := h.callAsync(req(id, "demo_echo", `{"text":"u`+id+`"}`, nil))
+		h.be.pay(h.nextPayment(t).Ref)
+		if o := result(t, ch); o.err != nil {
+			t.Fatalf("call %d: %v", i+1, o.err)
+		}
+	}
+	// Request, SettleHeld of the first call; the same of the second.
+	if got, want := fmt.Sprint(h.be.urgency()), "[false true true true]"; got != want {
+		t.Fatalf("urgency of Request, SettleHeld, Request, SettleHeld: %s, want %s", got, want)
+	}
 }
 
 func TestFailedToolWithPlainInvoiceIsRefundedAsOwed(t *testing.T) {

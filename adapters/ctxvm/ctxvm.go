@@ -826,7 +826,11 @@ loop:
 			var once sync.Once
 			free := func() { once.Do(func() { <-slots }) }
 			defer func() { free(); wg.Done() }()
-			s.handle(context.WithValue(work, slotKey{}, free), ev)
+			ctx := context.WithValue(work, slotKey{}, free)
+			if s.knownPayer(ev.PubKey) {
+				ctx = vend.Urgent(ctx) // its ledger reads go first
+			}
+			s.handle(ctx, ev)
 		}()
 	}
 	stopSub()
@@ -855,7 +859,7 @@ func (s *Server) slot(ev *nostr.Event) chan struct{} {
 		return s.slots
 	default:
 	}
-	if pk, ok := s.cfg.Vendor.(PayerKnower); !ok || !pk.KnownPayer(ev.PubKey) {
+	if !s.knownPayer(ev.PubKey) {
 		return nil
 	}
 	select {
@@ -864,6 +868,13 @@ func (s *Server) slot(ev *nostr.Event) chan struct{} {
 	default:
 		return nil
 	}
+}
+
+// knownPayer reports whether the Vendor knows pubkey paid before (see
+// PayerKnower).
+func (s *Server) knownPayer(pubkey string) bool {
+	pk, ok := s.cfg.Vendor.(PayerKnower)
+	return ok && pk.KnownPayer(pubkey)
 }
 
 // publishPool publishes ev to every relay and returns nil on the first

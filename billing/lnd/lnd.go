@@ -622,6 +622,9 @@ func (b *Backend) watchHold(ref string) {
 func (b *Backend) apply(ctx context.Context, inv *lnrpc.Invoice) {
 	ref := hex.EncodeToString(inv.RHash)
 	var unpaid bool // canceled while open: delete it from LND
+	if inv.State == lnrpc.Invoice_SETTLED || inv.State == lnrpc.Invoice_ACCEPTED {
+		ctx = vend.Urgent(ctx) // money arrived: its reads go first
+	}
 	switch inv.State {
 	case lnrpc.Invoice_SETTLED:
 		b.record(ctx, ref, func() (vend.Payment, error) {

@@ -1,0 +1,41 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// With every shared read connection taken (a flood's lookups), a read
+// for money in motion (vend.Urgent) is served at once on its own, and a
+// plain one waits.
+func TestUrgentReadsDoNotWaitForTheSharedPool(t *testing.T) {
+	ctx := context.Background()
+	l := openTemp(t)
+	if _, err := l.RememberReply(ctx, "k", []byte(`{"ok":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	busy := l.rdb.Stats().MaxOpenConnections
+	for range busy {
+		tx, err := l.rdb.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+	}
+
+	plain, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, _, err := l.Reply(plain, "k"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a plain read with the %d shared connections taken: %v, want it to wait (deadline exceeded)", busy, err)
+	}
+	urgent, cancel := context.WithTimeout(vend.Urgent(ctx), time.Minute) // a hang guard
+	defer cancel()
+	reply, ok, err := l.Reply(urgent, "k")
+	if err != nil || !ok || string(reply) != `{"ok":true}` {
+		t.Fatalf("an urgent read: %s, %v", reply, err)
+	}
+}
