@@ -320,3 +320,31 @@ func TestRecentPayers(t *testing.T) {
 		t.Fatalf("recent(10) = %s, want [a c b]", got)
 	}
 }
+
+// Others are served round-robin while their line is short, newest first
+// once it is a quarter full: a customer arriving during a flood gets the
+// next turn instead of waiting for the whole line.
+func TestIssueLineServesNewestFirstWhenBusy(t *testing.T) {
+	q := newIssueQueue(1, 8)
+	holder, err := q.join("holder", false)
+	if err != nil || !holder.granted {
+		t.Fatalf("the first request: %v", err)
+	}
+	a, _ := q.join("a", false) // quiet: one waits
+	q.leave(holder)
+	if !a.granted {
+		t.Fatal("in a short line the oldest is not served first")
+	}
+	var waiting []*ticket
+	for _, k := range []string{"b", "c", "customer"} { // a quarter of 8 and more
+		tk, err := q.join(k, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting = append(waiting, tk)
+	}
+	q.leave(a)
+	if !waiting[2].granted || waiting[0].granted || waiting[1].granted {
+		t.Fatalf("in a busy line the newest is not served first (b %v, c %v, customer %v)", waiting[0].granted, waiting[1].granted, waiting[2].granted)
+	}
+}

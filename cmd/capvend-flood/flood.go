@@ -9,7 +9,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -187,4 +190,98 @@ func post(ctx context.Context, c *http.Client, url, sid, body string) (string, s
 		}
 	}
 	return newSID, "no answer"
+}
+
+// The flood runs in a child process (this command with -flood-child), at
+// the niceness of -nice: a flood comes from other machines, whose CPU the
+// shop does not share, and on a two-core test machine the generator's
+// own signing and sending would otherwise take a fifth of it from
+// capvend, its relay and the LND nodes. It reports its counts on stdout,
+// one JSON line at a time (floodReport).
+
+// floodReport is what the flood child says of its progress.
+type floodReport struct {
+	Nostr, NostrErrs, HTTP int64
+	Outcomes               map[string]int `json:",omitempty"` // with Done
+	Done                   bool           `json:",omitempty"`
+}
+
+// runChild is the flood child: it floods, reporting every 200 ms and
+// once more when done.
+func runChild(ctx context.Context, o *options) error {
+	tg, err := readTarget(o.config)
+	if err != nil {
+		return err
+	}
+	f := &flood{o: o, tg: tg}
+	enc := json.NewEncoder(os.Stdout)
+	report := func(done bool) {
+		r := floodReport{Nostr: f.nostrSent.Load(), NostrErrs: f.nostrErrs.Load(), HTTP: f.httpSent.Load(), Done: done}
+		if done {
+			f.mu.Lock()
+			r.Outcomes = f.outcomes
+			f.mu.Unlock()
+		}
+		enc.Encode(r)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); f.run(ctx) }()
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			report(true)
+			return nil
+		case <-t.C:
+			report(false)
+		}
+	}
+}
+
+// start runs the flood in a child process at o.nice and returns a
+// channel closed when it is done; f's counts follow its reports.
+func (f *flood) start(ctx context.Context) (<-chan struct{}, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{self, "-flood-child", "-config", f.o.config, "-tool", f.o.tool,
+		"-keys", strconv.Itoa(f.o.keys), "-sessions", strconv.Itoa(f.o.sessions), "-calls", strconv.Itoa(f.o.calls),
+		"-sources", strconv.Itoa(f.o.sources), "-workers", strconv.Itoa(f.o.workers)}
+	if f.o.nice != 0 {
+		args = append([]string{"nice", "-n", strconv.Itoa(f.o.nice)}, args...)
+	}
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("the flood child: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		dec := json.NewDecoder(out)
+		for {
+			var r floodReport
+			if dec.Decode(&r) != nil {
+				break
+			}
+			f.nostrSent.Store(r.Nostr)
+			f.nostrErrs.Store(r.NostrErrs)
+			f.httpSent.Store(r.HTTP)
+			if r.Done {
+				f.mu.Lock()
+				f.outcomes = r.Outcomes
+				f.mu.Unlock()
+			}
+		}
+		if err := cmd.Wait(); err != nil && ctx.Err() == nil {
+			fmt.Fprintln(os.Stderr, "capvend-flood: the flood child:", err)
+		}
+	}()
+	return done, nil
 }

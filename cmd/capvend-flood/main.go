@@ -8,6 +8,10 @@
 // flood and under it, capvend's peak resident memory (from
 // /proc/<pid>/status), and the open invoices at the vendor's LND.
 //
+// The flood runs in a child process at -nice 19 by default: it stands in
+// for attackers on other machines, whose CPU the shop does not share
+// (-nice 0 shares it).
+//
 // It sends only to 127.0.0.0/8 (the relay and capvend of the stack), and
 // every loop is bounded in count and time.
 //
@@ -50,10 +54,20 @@ func main() {
 	fs.DurationVar(&o.limit, "timeout", 20*time.Minute, "give up after this long")
 	fs.BoolVar(&o.returning, "returning", false, "the honest Nostr customer under the flood is the one who paid without it (same key: a known payer); default a fresh key, indistinguishable from the flood")
 	fs.IntVar(&o.pow, "pow", 0, "NIP-13 `BITS`: with -write-config, nostr.pow_difficulty; else the work the honest Nostr customer mines into each request (the flood does none)")
+	fs.IntVar(&o.nice, "nice", 19, "the flood runs in a child process at this `NICENESS` (0: as this one), standing in for attackers on other machines; the honest customers run at this process's")
+	child := fs.Bool("flood-child", false, "run only the flood, reporting on stdout (how the flood's child process is started)")
 	writeConfig := fs.String("write-config", "", "write a capvend.yaml (and nsec) for the stack into `DIR` and exit")
 	exampleTools := fs.String("example-tools", "", "with -write-config: the example-tools `BINARY` capvend sells (go build ./cmd/example-tools)")
 	fs.Parse(os.Args[1:])
 
+	if *child {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+		defer stop()
+		if err := runChild(ctx, &o); err != nil {
+			fatal(err)
+		}
+		return
+	}
 	dir := o.testnetDir
 	if dir == "" {
 		dir = os.Getenv("CAPVEND_TESTNET_DIR")

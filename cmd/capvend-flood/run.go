@@ -24,7 +24,7 @@ import (
 type options struct {
 	config, testnetDir, tool            string
 	pid, keys, sessions, calls, sources int
-	honest, workers, pow                int
+	honest, workers, pow, nice          int
 	limit                               time.Duration
 	returning                           bool   // -returning
 	customerKey                         string // the returning Nostr customer's key, made in the first phase
@@ -136,14 +136,16 @@ func run(ctx context.Context, st *testnet.Stack, o *options) error {
 	}
 	quietRSS, quietOpen := mon.peakRSS(), mon.openInvoices(ctx)
 
-	say("phase 2: flood of %d Nostr keys x %d calls and %d HTTP sessions x %d calls from %d addresses, never paying",
-		o.keys, o.calls, o.sessions, o.calls, o.sources)
+	say("phase 2: flood of %d Nostr keys x %d calls and %d HTTP sessions x %d calls from %d addresses, never paying (a child process at nice %d)",
+		o.keys, o.calls, o.sessions, o.calls, o.sources, o.nice)
 	mon.resetPeak()
 	fl := &flood{o: o, tg: tg}
 	floodCtx, stopFlood := context.WithCancel(ctx)
 	defer stopFlood()
-	floodDone := make(chan struct{})
-	go func() { defer close(floodDone); fl.run(floodCtx) }()
+	floodDone, err := fl.start(floodCtx)
+	if err != nil {
+		return err
+	}
 	// Let the flood fill capvend's unpaid slots before the customer comes.
 	for fl.nostrSent.Load() < int64(min(o.keys*o.calls/3, 3000)) && ctx.Err() == nil {
 		select {
