@@ -74,16 +74,28 @@ func BenchmarkPendingQuotesRSS(b *testing.B) {
 		h.be.last = make(chan vend.Payment, pending)
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
-		for n := 0; n < pending; n++ {
-			wg.Add(1)
-			r := req(fmt.Sprint(n), "demo_echo", `{"text":"`+strconv.Itoa(n)+`"}`, nil)
-			go func() {
-				defer wg.Done()
-				h.v.CallTool(ctx, r)
-			}()
-		}
+		// At most issuing requests wait for their payment request at once:
+		// the line to issue them is bounded (a client holds one place
+		// once it is a quarter full), and all 10,000 at once would be
+		// refused as a flood, never to be quoted.
+		const issuing = 16
+		line := make(chan struct{}, issuing)
+		go func() {
+			for n := 0; n < pending && ctx.Err() == nil; n++ {
+				line <- struct{}{}
+				wg.Add(1)
+				r := req(fmt.Sprint(n), "demo_echo", `{"text":"`+strconv.Itoa(n)+`"}`, nil)
+				go func() {
+					defer wg.Done()
+					if _, err := h.v.CallTool(ctx, r); err != nil && ctx.Err() == nil {
+						b.Errorf("call %s: %v", r.RequestID, err)
+					}
+				}()
+			}
+		}()
 		for n := 0; n < pending; n++ {
 			<-h.be.last
+			<-line
 		}
 		for range 3 {
 			runtime.GC() // each cycle may halve the stacks of waiting goroutines

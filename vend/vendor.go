@@ -666,8 +666,6 @@ type admitted struct {
 // admit checks a call, runs it at once if it is free, and otherwise records
 // it (or finds the call it repeats). A nil *admitted means the call is
 // answered by res and err.
-//
-//go:noinline
 func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResult, error) {
 	t, ok := v.item(r.Kind, r.Tool)
 	if !ok {
@@ -826,8 +824,6 @@ func (v *Vendor) quote(ctx context.Context, call *Call, t *Tool, args json.RawMe
 // means the call is answered by res and err (explicit gating, a limit, no
 // backend). The request holds an unpaid slot (slot, held by admit, or
 // taken here when nil) until it is paid or ends.
-//
-//go:noinline
 func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *CallRequest, slot *unpaidQuote, turn *ticket) (*Payment, CallResult, error) {
 	v.failpoint(FailAfterQuote)
 	b := v.chooseBackend(r.PMIs, r.InvoiceFrom)
@@ -954,7 +950,6 @@ func (v *Vendor) waitPaid(ctx context.Context, p *Payment, t *Tool, r *CallReque
 	}
 }
 
-//go:noinline
 func (v *Vendor) currentPayment(ctx context.Context, ref string) *Payment {
 	p, err := v.cfg.Ledger.Payment(ctx, ref)
 	if err != nil {
@@ -963,12 +958,10 @@ func (v *Vendor) currentPayment(ctx context.Context, ref string) *Payment {
 	return &p
 }
 
-//go:noinline
 func (v *Vendor) notifyRequired(t *Tool, p *Payment, r *CallRequest) {
 	r.Notify(NotifyPaymentRequired, v.options(t, p, r)[0])
 }
 
-//go:noinline
 func notifyHeartbeat(r *CallRequest, beats int) {
 	r.Notify(NotifyProgress, map[string]any{"progressToken": r.ProgressToken, "progress": beats,
 		"message": "waiting for payment"})
@@ -977,8 +970,6 @@ func notifyHeartbeat(r *CallRequest, beats int) {
 // expireUnreported handles a payment whose expiry passed without a report
 // from its backend: it takes what the ledger says, else withdraws the
 // request and calls it expired.
-//
-//go:noinline
 func (v *Vendor) expireUnreported(ctx context.Context, p *Payment) *Payment {
 	if cur := v.currentPayment(ctx, p.Ref); cur != nil && cur.State != PaymentOpen {
 		return cur
@@ -993,8 +984,6 @@ func (v *Vendor) expireUnreported(ctx context.Context, p *Payment) *Payment {
 
 // afterPayment runs a paid call, or tells the client its payment request
 // expired.
-//
-//go:noinline
 func (v *Vendor) afterPayment(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
 	ctx = Urgent(ctx) // the money is in
 	switch p.State {
