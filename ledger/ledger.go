@@ -116,19 +116,17 @@ func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
 	}
 	db.SetMaxOpenConns(1) // SQLite has one writer; queue in Go, not in busy loops
 	db.SetConnMaxIdleTime(0)
-	rdb, err := sql.Open("sqlite3", base+"&_txlock=deferred&_query_only=1")
+	rdb, err := readers(base, 4)
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("ledger %s: %w", path, err)
 	}
-	rdb.SetMaxOpenConns(4)
-	udb, err := sql.Open("sqlite3", base+"&_txlock=deferred&_query_only=1")
+	udb, err := readers(base, 2)
 	if err != nil {
 		db.Close()
 		rdb.Close()
 		return nil, fmt.Errorf("ledger %s: %w", path, err)
 	}
-	udb.SetMaxOpenConns(2)
 	l := &Ledger{path: path, db: db, rdb: rdb, udb: udb, now: opts.Now}
 	if l.now == nil {
 		l.now = time.Now
@@ -204,6 +202,17 @@ func (l *Ledger) Close() error {
 	err2 := l.rdb.Close()
 	err3 := l.udb.Close()
 	return errors.Join(err1, err2, err3)
+}
+
+// readers opens a pool of n query-only connections to the ledger of base
+// (the shared reads, and those of urgent contexts).
+func readers(base string, n int) (*sql.DB, error) {
+	db, err := sql.Open("sqlite3", base+"&_txlock=deferred&_query_only=1")
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(n)
+	return db, nil
 }
 
 // reader is the pool for ctx's reads: the urgent one for a context

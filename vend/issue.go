@@ -126,11 +126,11 @@ func (f *fairLine) popNewest() *ticket { return f.take(f.ring.Back()) }
 
 // take takes the oldest ticket of the key at el in the ring, and moves
 // that key to the back; nil when el is.
-func (f *fairLine) take(front *list.Element) *ticket {
-	if front == nil {
+func (f *fairLine) take(el *list.Element) *ticket {
+	if el == nil {
 		return nil
 	}
-	key := front.Value.(string)
+	key := el.Value.(string)
 	l := f.byKey[key]
 	t := l.Remove(l.Front()).(*ticket)
 	t.el = nil
@@ -138,7 +138,7 @@ func (f *fairLine) take(front *list.Element) *ticket {
 	if l.Len() == 0 {
 		f.drop(key)
 	} else {
-		f.ring.MoveToBack(front)
+		f.ring.MoveToBack(el)
 	}
 	return t
 }

@@ -62,11 +62,11 @@ const (
 	maxSeen = 1 << 16
 )
 
+// lane is a subscription beside the main one (see Lanes).
 type lane uint8
 
 const (
-	laneMain lane = iota
-	lanePayers
+	lanePayers lane = iota
 	laneWork
 )
 
