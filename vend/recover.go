@@ -1,0 +1,241 @@
+package vend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// recoverWorkers bounds how many calls Recover handles at once.
+const recoverWorkers = 8
+
+// Recover finishes what a previous run of capvend left: paid calls that
+// never ran are run, idempotent calls interrupted while running are run
+// again, and other interrupted calls are refunded (a hold invoice is
+// canceled); a paid call that cannot run as recorded (no recorded
+// arguments, its tool not offered within Config.ToolWait) is refunded
+// with the reason rather than left paid for the next start. Their answers
+// wait in the ledger for the clients' replays. At most recoverWorkers
+// calls are handled at once. Run calls it once the backends watch.
+func (v *Vendor) Recover(ctx context.Context) error {
+	ctx = withoutClient(ctx)
+	calls, err := v.cfg.Ledger.CallsIn(ctx, CallQuoted, CallPaid, CallExecuting, CallFailed)
+	if err != nil {
+		return err
+	}
+	until := time.Now().Add(v.cfg.ToolWait) // one wait for the upstreams, not one per call
+	work := make(chan Call)
+	var wg sync.WaitGroup
+	for range min(recoverWorkers, len(calls)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range work {
+				v.recoverCall(ctx, c, until)
+			}
+		}()
+	}
+	defer wg.Wait()
+	defer close(work)
+	for _, c := range calls {
+		if c.CreatedAt.After(v.started) {
+			continue // this run's own
+		}
+		if c.State == CallQuoted {
+			// Stopped before its payment request: nothing was asked
+			// of the client.
+			if err := v.cfg.Ledger.CancelQuote(ctx, c.ID, "interrupted before its payment request"); err != nil {
+				v.cfg.Log.Warn("vend: recover: cancel quote", "call", int64(c.ID), "err", err)
+			}
+			continue
+		}
+		select {
+		case work <- c:
+		case <-ctx.Done():
+			return ctx.Err() // stopping: the next start goes on
+		}
+	}
+	return nil
+}
+
+// recoverCall finishes one call a previous run left (see Recover).
+func (v *Vendor) recoverCall(ctx context.Context, c Call, until time.Time) {
+	switch {
+	case c.State == CallFailed:
+		v.refundFailed(ctx, c)
+	case c.State == CallExecuting && !c.Idempotent:
+		v.refundInterrupted(ctx, c)
+	case c.State == CallPaid:
+		if ps, err := v.cfg.Ledger.CallPayments(ctx, c.ID); err == nil && len(ps) > 0 &&
+			ps[len(ps)-1].State == PaymentAccepted && v.runningDone(c.ID) == nil {
+			// A locked-in hold invoice whose client is gone.
+			v.abandonHold(ps[len(ps)-1])
+			return
+		}
+		v.runStored(ctx, c.ID, false, until)
+	default:
+		v.runStored(ctx, c.ID, true, until)
+	}
+}
+
+// runStored runs a paid call from its recorded arguments (resume: a call
+// left executing by a crash, idempotent) and stores the answer. It waits
+// until until for an upstream to offer the call's tool; a call that
+// cannot run as recorded (no recorded arguments, the tool not offered,
+// its name now leading elsewhere) is refunded with the reason, so it is
+// never left paid or executing to fail the same way at every start.
+func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool, until time.Time) {
+	log := v.cfg.Log.With("call", int64(id))
+	call, err := v.cfg.Ledger.Call(ctx, id)
+	if err != nil {
+		log.Error("vend: recover: load call", "err", err)
+		return
+	}
+	name, args, explicit, aerr := v.cfg.Ledger.CallArguments(ctx, id)
+	if explicit && !resume {
+		return // a paid explicit-gating grant waits for its client's repeat
+	}
+	ps, err := v.cfg.Ledger.CallPayments(ctx, id)
+	if err != nil || len(ps) == 0 {
+		log.Error("vend: recover: no payment", "err", err)
+		return
+	}
+	p := ps[len(ps)-1]
+	t := Tool{Kind: call.Kind.Or(), Name: name}
+	if aerr == nil {
+		var ok bool
+		if t, ok = v.awaitTool(ctx, call.Kind.Or(), name, until); !ok && ctx.Err() != nil {
+			return // stopping: the next start takes it up
+		}
+	}
+	r := CallRequest{Kind: call.Kind, Transport: call.Transport, Client: call.Client, RequestID: call.RequestID, Tool: name, Arguments: args,
+		Notify: func(string, any) {}}
+	if !resume {
+		if _, err := v.run(ctx, &call, &p, &t, args, &r); err != nil && !errors.Is(err, ErrUpstream) {
+			log.Warn("vend: recover: run", "err", err)
+		}
+		return
+	}
+	done := v.startRunning(id)
+	if done == nil {
+		return
+	}
+	defer v.stopRunning(id, done)
+	t, args, bind, err := v.storedItem(ctx, &call)
+	if err == nil {
+		_, err = v.cfg.Ledger.ResumeExecution(ctx, id, bind)
+	}
+	if err != nil && !errors.Is(err, errNoArguments) && !errors.Is(err, errItemGone) && !errors.Is(err, ErrExecutionMismatch) {
+		log.Error("vend: recover: resume", "err", err)
+		return
+	}
+	if err != nil {
+		log.Error("vend: recover: an interrupted call cannot run again as recorded; refunding", "err", err)
+		v.fail(ctx, &call, &p, nil, "interrupted by a restart, and "+unrunnable(err))
+		return
+	}
+	log.Info("vend: recover: running an interrupted idempotent call again", "tool", name)
+	v.finish(ctx, &call, &p, &t, args, &r)
+}
+
+// Why a recorded call cannot run (storedItem's errors).
+var (
+	errNoArguments = errors.New("no recorded arguments")
+	errItemGone    = errors.New("its tool (prompt, resource) is not offered")
+)
+
+// unrunnable says in a few words why a paid call could not run: the
+// reason recorded with its refund.
+func unrunnable(err error) string {
+	switch {
+	case errors.Is(err, errNoArguments):
+		return "it cannot run: no arguments were recorded with it"
+	case errors.Is(err, errItemGone):
+		return "it cannot run: its tool is no longer offered"
+	case errors.Is(err, ErrExecutionMismatch):
+		return "it cannot run: its name now leads to another upstream tool"
+	}
+	return "it cannot run: " + err.Error()
+}
+
+// awaitTool waits until deadline for an upstream to offer the tool
+// (prompt, resource).
+func (v *Vendor) awaitTool(ctx context.Context, kind ItemKind, name string, deadline time.Time) (Tool, bool) {
+	for {
+		if t, ok := v.item(kind, name); ok {
+			return t, true
+		}
+		if time.Now().After(deadline) {
+			return Tool{}, false
+		}
+		select {
+		case <-ctx.Done():
+			return Tool{}, false
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// refundInterrupted refunds a non-idempotent call a crash interrupted: it
+// may or may not have had its effect, so it is never run again.
+func (v *Vendor) refundInterrupted(ctx context.Context, c Call) {
+	ps, err := v.cfg.Ledger.CallPayments(ctx, c.ID)
+	if err != nil || len(ps) == 0 {
+		return
+	}
+	v.cfg.Log.Warn("vend: recover: refunding a call interrupted while it ran", "call", int64(c.ID), "tool", c.Tool)
+	v.fail(ctx, &c, &ps[len(ps)-1], nil, "interrupted by a restart while it ran; not run again")
+}
+
+// refundFailed completes the refund of a call that failed just before a
+// crash.
+func (v *Vendor) refundFailed(ctx context.Context, c Call) {
+	ps, err := v.cfg.Ledger.CallPayments(ctx, c.ID)
+	if err != nil || len(ps) == 0 {
+		return
+	}
+	p := ps[len(ps)-1]
+	if p.Kind == KindHoldInvoice && p.State == PaymentAccepted {
+		if b := v.backend(p.Backend); b != nil {
+			if err := b.Cancel(ctx, p.Ref); err != nil {
+				return
+			}
+		}
+	}
+	if err := v.cfg.Ledger.Refund(ctx, c.ID, c.Reason); err != nil {
+		v.cfg.Log.Warn("vend: recover: refund", "call", int64(c.ID), "err", err)
+	}
+}
+
+func (v *Vendor) abandonHold(p Payment) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := v.refundPaid(ctx, p.CallID, "client left before the call ran; hold invoice canceled"); err != nil {
+		v.cfg.Log.Warn("vend: refund of an abandoned call", "call", int64(p.CallID), "payment_hash", p.Ref, "err", err)
+	}
+}
+
+// refundPaid gives back the money of a paid call that never ran: a
+// locked-in hold invoice is canceled (Lightning returns the money), a
+// settled payment is booked as owed; the call becomes refunded with
+// reason.
+func (v *Vendor) refundPaid(ctx context.Context, id CallID, reason string) error {
+	ps, err := v.cfg.Ledger.CallPayments(ctx, id)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		if p.Kind == KindHoldInvoice && p.State == PaymentAccepted {
+			b := v.backend(p.Backend)
+			if b == nil {
+				return fmt.Errorf("hold invoice %s: no %s backend to cancel it", p.Ref, p.Backend)
+			}
+			if err := b.Cancel(ctx, p.Ref); err != nil {
+				return fmt.Errorf("canceling hold invoice %s: %w", p.Ref, err)
+			}
+		}
+	}
+	return v.cfg.Ledger.Refund(ctx, id, reason)
+}
