@@ -1,0 +1,202 @@
+package vend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// storedItem returns what running call sends upstream: the item its
+// recorded name leads to now, its recorded arguments, and the Binding of
+// the two (which StartExecution checks against the call). Errors:
+// errNoArguments, errItemGone, or a ledger error.
+func (v *Vendor) storedItem(ctx context.Context, call *Call) (Tool, json.RawMessage, Binding, error) {
+	name, args, _, err := v.cfg.Ledger.CallArguments(ctx, call.ID)
+	if errors.Is(err, ErrNotFound) {
+		return Tool{}, nil, Binding{}, fmt.Errorf("call %d: %w", call.ID, errNoArguments)
+	}
+	if err != nil {
+		return Tool{}, nil, Binding{}, err
+	}
+	t, ok := v.item(call.Kind.Or(), name)
+	if !ok {
+		return Tool{}, nil, Binding{}, fmt.Errorf("call %d: %s %q: %w", call.ID, call.Kind.Or(), name, errItemGone)
+	}
+	if t.Kind == KindResource && t.UpstreamName != call.Tool && (call.Tool == t.Name || slices.Contains(t.Templates, call.Tool)) {
+		// Still a key this URI may be priced under: the book changed
+		// since the quote, not what is read.
+		t.UpstreamName = call.Tool
+	}
+	bind, err := bindingOf(&t, args)
+	return t, args, bind, err
+}
+
+// bindingOf is what a call of t with args sends upstream.
+func bindingOf(t *Tool, args json.RawMessage) (Binding, error) {
+	hash, err := CanonicalHash(method(t, args))
+	if err != nil {
+		return Binding{}, err
+	}
+	return Binding{Kind: t.Kind.Or(), Server: t.Server, Tool: t.UpstreamName, ArgsHash: hash}, nil
+}
+
+// Tools returns the upstreams' tools with the prices clients see (the
+// lowest price of a varying one).
+func (v *Vendor) Tools() []Tool {
+	ts := v.cfg.Tools.Tools()
+	book := v.book()
+	out := make([]Tool, len(ts))
+	for i, t := range ts {
+		lo, _ := book.Listed(t.Server, t.UpstreamName)
+		t.Price = lo
+		out[i] = t
+	}
+	return out
+}
+
+func (v *Vendor) tool(name string) (Tool, bool) {
+	for _, t := range v.cfg.Tools.Tools() {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return Tool{}, false
+}
+
+// item returns what a request of kind asks for by name: a tool, or a
+// prompt or resource (as a Tool, see Tool) if the ToolSource is an
+// ItemSource that serves it.
+func (v *Vendor) item(kind ItemKind, name string) (Tool, bool) {
+	if kind.Or() == KindTool {
+		return v.tool(name)
+	}
+	items, ok := v.cfg.Tools.(ItemSource)
+	if !ok {
+		return Tool{}, false
+	}
+	var t Tool
+	switch kind {
+	case KindPrompt:
+		t, ok = items.PromptItem(name)
+	case KindResource:
+		t, ok = items.ResourceItem(name)
+		t.InputSchema = nil // a read has no arguments
+		if tp, isTP := v.book().(TemplatePricer); ok && isTP {
+			for _, k := range tp.ResourceTemplates(t.Server, t.Name) {
+				if k != t.UpstreamName && !slices.Contains(t.Templates, k) {
+					t.Templates = append(t.Templates, k)
+				}
+			}
+		}
+		t.UpstreamName = v.resourceKey(&t)
+	}
+	if !ok {
+		return Tool{}, false
+	}
+	t.Kind, t.Name, t.Idempotent = kind, name, true
+	return t, true
+}
+
+// resourceKey is the key a resource is priced under: the first of its
+// UpstreamName (a listed URI, or the template its ItemSource chose) and
+// its Templates (its upstream's, then the price book's, see
+// TemplatePricer) that the price book prices, else UpstreamName (free). A
+// listed URI without a price of its own is priced by the template it
+// matches.
+func (v *Vendor) resourceKey(t *Tool) string {
+	book := v.book()
+	for _, k := range append([]string{t.UpstreamName}, t.Templates...) {
+		if _, hi := book.Listed(t.Server, itemPriceKey(KindResource, k)); hi > 0 {
+			return k
+		}
+	}
+	return t.UpstreamName
+}
+
+// priceKey is the name t's price is looked up by in the price book (and
+// its daily free quota counted by): the tool's upstream name, or
+// pricing.PromptKey, pricing.ResourceKey of it.
+func priceKey(t *Tool) string { return itemPriceKey(t.Kind, t.UpstreamName) }
+
+// method is the JSON-RPC method a request for t is, and its params without
+// _meta, for CanonicalHash.
+func method(t *Tool, args json.RawMessage) (string, json.RawMessage) {
+	switch t.Kind {
+	case KindPrompt:
+		p, _ := json.Marshal(map[string]json.RawMessage{"name": mustJSON(t.Name), "arguments": args})
+		return "prompts/get", p
+	case KindResource:
+		p, _ := json.Marshal(map[string]json.RawMessage{"uri": mustJSON(t.Name)})
+		return "resources/read", p
+	}
+	p, _ := json.Marshal(map[string]json.RawMessage{"name": mustJSON(t.Name), "arguments": args})
+	return "tools/call", p
+}
+
+// ItemPrice returns the least and most a request for the item of kind
+// named name (a tool name, a prompt name, a resource URI or URI template)
+// costs, for lists and announcements; 0, 0 for a free or unknown item.
+func (v *Vendor) ItemPrice(kind ItemKind, name string) (lo, hi Msat) {
+	t, ok := v.item(kind, name)
+	if !ok {
+		return 0, 0
+	}
+	return v.book().Listed(t.Server, priceKey(&t))
+}
+
+// describe says what a call of t with args costs and why, for a client
+// asked to pay price: the price book's description ("summarize: 3 KB of
+// text × 2 sat/KB + 1 sat = 7 sat"). When the book would price the call
+// differently now (it was replaced since the call was quoted), just the
+// price the call was recorded with.
+func (v *Vendor) describe(t *Tool, args json.RawMessage, price Msat) string {
+	if q, err := v.book().Quote(t.Server, priceKey(t), args); err == nil && q.Price == price && q.Description != "" {
+		return t.Name + ": " + q.Description
+	}
+	return describe(t, price)
+}
+
+// describe is a call's price without its computation, for invoice memos.
+func describe(t *Tool, price Msat) string {
+	return fmt.Sprintf("%s: %s", t.Name, price)
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// promptArgs returns a prompts/get arguments object (JSON) as the string
+// map MCP defines it to be; an error if a value is not a string.
+func promptArgs(args json.RawMessage) (map[string]string, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(args, &raw); err != nil {
+		return nil, errors.New("arguments must be a JSON object")
+	}
+	m := make(map[string]string, len(raw))
+	for k, v := range raw {
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			return nil, fmt.Errorf("argument %q must be a string", k)
+		}
+		m[k] = s
+	}
+	return m, nil
+}
+
+// isErrorResult reports whether a CallToolResult has isError set.
+func isErrorResult(body json.RawMessage) bool {
+	var r struct {
+		IsError bool `json:"isError"`
+	}
+	json.Unmarshal(body, &r)
+	return r.IsError
+}
+
+// ListedPrice returns the least and most a call of t can cost, for tool
+// lists and announcements.
+func (v *Vendor) ListedPrice(t Tool) (lo, hi Msat) {
+	return v.book().Listed(t.Server, t.UpstreamName)
+}
