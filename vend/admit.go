@@ -1,0 +1,211 @@
+package vend
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+)
+
+// CallTool serves one tools/call: see the package documentation for the
+// flow. It returns the tool's result (possibly with isError when the tool
+// ran and failed: a paid call is then refunded), or an error a front maps
+// to a JSON-RPC error: ErrUnknownTool, *InvalidParamsError, ErrRequestReused,
+// *PaymentRequiredError, *PaymentPendingError, ErrPaymentExpired,
+// ErrPaymentFailed, ErrNoPaymentMethod, ErrLimit, ErrUpstream; a paid call
+// that failed and was refunded answers with *RefundError (wrapping
+// ErrUpstream) or, when the tool answered isError, that result with the
+// refund in _meta[MetaRefund].
+func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, error) {
+	// A call waiting for payment keeps the frames of CallTool, quote,
+	// awaitPayment and waitPaid on its goroutine's stack: they are kept
+	// small (the work is in functions that have returned by then), so
+	// 10,000 waiting calls fit in little memory.
+	r := &req
+	if r.Notify == nil {
+		r.Notify = func(string, any) {}
+	}
+	if v.payers.has(limitKey(r)) {
+		ctx = Urgent(ctx)
+	}
+	if !v.allow(r) {
+		return CallResult{}, fmt.Errorf("%w: more than %d calls a minute", ErrLimit, v.cfg.RequestsPerMinute)
+	}
+	var err error
+	if r.RefundInvoice, err = checkRefundInvoice(r.RefundInvoice); err != nil {
+		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	}
+	a, res, err := v.admit(ctx, r)
+	if a == nil {
+		return res, err
+	}
+	defer v.unpaid.unhold(a.slot) // a slot no payment request took
+	switch {
+	case a.known:
+		return v.resume(ctx, &a.call, &a.t, a.args, r)
+	case r.CashuToken != "":
+		return v.payWithToken(ctx, &a.call, &a.t, a.args, r)
+	}
+	return v.quote(ctx, &a.call, &a.t, a.args, r, a.slot, a.turn)
+}
+
+// admitted is a priced call recorded in the ledger.
+type admitted struct {
+	call  Call
+	t     Tool
+	args  json.RawMessage
+	known bool // a replay, or an explicit-gating grant: not a new call
+	// slot is the unpaid slot held for a new call's payment request (see
+	// unpaidBook.hold), nil if none; turn its place in the line to issue
+	// it (see issueQueue), nil if none.
+	slot *unpaidQuote
+	turn *ticket
+}
+
+// admit checks a call, runs it at once if it is free, and otherwise records
+// it (or finds the call it repeats). A nil *admitted means the call is
+// answered by res and err.
+func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResult, error) {
+	t, ok := v.item(r.Kind, r.Tool)
+	if !ok {
+		return nil, CallResult{}, fmt.Errorf("%w: %q", ErrUnknownTool, r.Tool)
+	}
+	// Parsed once: this one encoding is validated, priced, hashed,
+	// recorded and sent upstream; the live request carries it from here.
+	args, err := parseArgs(r.Arguments)
+	if err == nil {
+		switch t.Kind {
+		case KindPrompt:
+			_, err = promptArgs(args)
+		case KindResource:
+			args = json.RawMessage("{}") // a read has no arguments
+		}
+	}
+	if err != nil {
+		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	}
+	r.Arguments = args
+	if err := v.schemas.validate(&t, args); err != nil {
+		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	}
+	q, err := v.book().Quote(t.Server, priceKey(&t), args)
+	if err != nil {
+		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	}
+	if q.Price <= 0 {
+		if err := checkWork(r); err != nil {
+			return nil, CallResult{}, err
+		}
+		res, err := v.runFree(ctx, &t, args, r)
+		return nil, res, err
+	}
+	hash, err := CanonicalHash(method(&t, args))
+	if err != nil {
+		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	}
+	bind := Binding{Kind: t.Kind.Or(), Server: t.Server, Tool: t.UpstreamName, ArgsHash: hash}
+	if r.Explicit && r.CashuToken == "" {
+		if grant, ok := v.findGrant(ctx, r, bind); ok {
+			return &admitted{call: grant, t: t, args: args, known: true}, CallResult{}, nil
+		}
+	}
+	if r.Anonymous {
+		// Anonymous request ids collide between clients: never treat
+		// one as a replay of another client's call.
+		r.RequestID += "#" + randomHex(8)
+	}
+	if q.FreePerDay > 0 && checkWork(r) == nil { // too little work: priced
+		free, err := v.cfg.Ledger.ClaimFreeUse(ctx, FreeUse{Transport: r.Transport, Client: quotaKey(r),
+			RequestID: r.RequestID, Server: t.Server, Tool: priceKey(&t), ArgsHash: hash, PerDay: q.FreePerDay, PerDayTotal: q.FreePerDayTotal})
+		if err != nil {
+			return nil, CallResult{}, err
+		}
+		if free {
+			v.cfg.Log.Info("vend: free call (daily quota)", "tool", t.Name, "price_msat", int64(q.Price))
+			res, err := v.runFree(ctx, &t, args, r)
+			return nil, res, err
+		}
+	}
+	if err := checkWork(r); err != nil && r.CashuToken == "" {
+		return nil, CallResult{}, err // it would get an unpaid quote
+	}
+	var slot *unpaidQuote
+	var turn *ticket
+	if r.CashuToken == "" {
+		// A new quote takes a slot of its client's unpaid limit, and a
+		// place in the line to issue its payment request, before anything
+		// is written: a client at its limit, or a request finding the
+		// line full, is refused for free (a flood costs no ledger write),
+		// unless this is a replay of a call it holds already.
+		if slot, err = v.holdUnpaid(r); err == nil {
+			turn, err = v.joinIssuing(r)
+		}
+		if err != nil {
+			v.unpaid.release(slot)
+			slot = nil
+			if _, ferr := v.cfg.Ledger.CallByRequest(ctx, r.Transport, r.Client, r.RequestID); ferr != nil {
+				return nil, CallResult{}, err
+			}
+		}
+	}
+	call, created, err := v.cfg.Ledger.RecordCall(ctx, NewCall{
+		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Kind: t.Kind.Or(), Tool: t.UpstreamName,
+		ArgsHash: hash, Price: q.Price, Idempotent: q.Idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
+		RefundInvoice: r.RefundInvoice,
+	})
+	if err != nil || !created {
+		v.unpaid.release(slot)
+		v.leaveIssuing(turn)
+		slot, turn = nil, nil
+	}
+	if err != nil {
+		return nil, CallResult{}, err
+	}
+	return &admitted{call: call, t: t, args: args, known: !created, slot: slot, turn: turn}, CallResult{}, nil
+}
+
+// runFree runs a call nobody pays for: a free tool, or one within its
+// daily free quota. Nothing is recorded.
+func (v *Vendor) runFree(ctx context.Context, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+	body, err := v.execute(ctx, t, args, r)
+	if err != nil {
+		return CallResult{}, err
+	}
+	return CallResult{Body: body, IsError: isErrorResult(body)}, nil
+}
+
+// findGrant finds the paid (or still awaited) explicit-gating call a
+// repeated call may use: the one whose invoice's preimage the client
+// presents, else, for an identified client, its own newest one for the
+// same call. Either must sell exactly bind.
+func (v *Vendor) findGrant(ctx context.Context, r *CallRequest, bind Binding) (Call, bool) {
+	if r.PaymentProof != "" {
+		pre, err := hex.DecodeString(r.PaymentProof)
+		if err != nil || len(pre) != 32 {
+			return Call{}, false
+		}
+		sum := sha256.Sum256(pre)
+		p, err := v.cfg.Ledger.Payment(ctx, hex.EncodeToString(sum[:]))
+		if err != nil {
+			return Call{}, false
+		}
+		c, err := v.cfg.Ledger.Call(ctx, p.CallID)
+		if err != nil || c.Binding() != bind || (c.State != CallAwaitingPayment && c.State != CallPaid) {
+			return Call{}, false
+		}
+		return c, true
+	}
+	if r.Anonymous {
+		return Call{}, false
+	}
+	c, err := v.cfg.Ledger.FindGrant(ctx, r.Client, bind)
+	return c, err == nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
