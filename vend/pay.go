@@ -1,0 +1,269 @@
+package vend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+func (v *Vendor) backend(name Backend) PaymentBackend {
+	for _, b := range v.cfg.Backends {
+		if b.Backend() == name {
+			return b
+		}
+	}
+	return nil
+}
+
+// quote asks a backend for a payment and waits for it (or, with explicit
+// gating, answers with the ways to pay).
+func (v *Vendor) quote(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest, slot *unpaidQuote, turn *ticket) (CallResult, error) {
+	p, res, err := v.requestPayment(ctx, call, t, r, slot, turn)
+	if p == nil {
+		return res, err
+	}
+	// The request stays counted (limits.go) until it is paid or ends.
+	return v.awaitPayment(ctx, call, p, t, args, r)
+}
+
+// requestPayment asks a backend for the call's payment. A nil payment
+// means the call is answered by res and err (explicit gating, a limit, no
+// backend). The request holds an unpaid slot (slot, held by admit, or
+// taken here when nil) until it is paid or ends.
+func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *CallRequest, slot *unpaidQuote, turn *ticket) (*Payment, CallResult, error) {
+	v.failpoint(FailAfterQuote)
+	b := v.chooseBackend(r.PMIs, r.InvoiceFrom)
+	if b == nil {
+		v.leaveIssuing(turn)
+		v.endUnpaid(ctx, call, "no payment method")
+		return nil, CallResult{}, ErrNoPaymentMethod
+	}
+	if slot == nil {
+		var err error
+		if slot, err = v.holdUnpaid(r); err != nil {
+			v.leaveIssuing(turn)
+			v.endUnpaid(ctx, call, "too many unpaid requests")
+			return nil, CallResult{}, err
+		}
+	}
+	turn, err := v.startIssuing(ctx, r, turn)
+	if err != nil {
+		v.unpaid.release(slot)
+		v.endUnpaid(context.WithoutCancel(ctx), call, "client left")
+		return nil, CallResult{}, err
+	}
+	defer v.leaveIssuing(turn)
+	if err := v.enterUnpaid(slot); err != nil {
+		v.unpaid.release(slot)
+		v.endUnpaid(ctx, call, "too many unpaid requests")
+		return nil, CallResult{}, err
+	}
+	hs, canHold := b.(HoldSettler)
+	p, err := b.Request(ctx, PaymentRequest{
+		CallID: call.ID, Amount: call.Price, Memo: describe(t, call.Price), Expiry: v.cfg.TTL,
+		Hold: canHold && hs.CanHold() && !r.Explicit,
+	})
+	if err != nil {
+		v.unpaid.release(slot)
+		v.endUnpaid(ctx, call, "payment request failed")
+		v.cfg.Log.Error("vend: payment request failed", "tool", t.Name, "backend", b.Backend(), "err", err)
+		return nil, CallResult{}, fmt.Errorf("%w: the payment backend is unavailable", ErrPaymentFailed)
+	}
+	v.unpaid.bind(slot, &p)
+	if r.Explicit { // a grant waits in the ledger, not in memory
+		return nil, CallResult{}, &PaymentRequiredError{Options: v.options(t, &p, r)}
+	}
+	return &p, CallResult{}, nil
+}
+
+// options are the ways to pay for a call: its payment request, and a Cashu
+// token when a backend takes tokens. Their description says how the price
+// was computed.
+func (v *Vendor) options(t *Tool, p *Payment, r *CallRequest) []PaymentOption {
+	ttl := int64(time.Until(p.ExpiresAt).Seconds())
+	desc := v.describe(t, r.Arguments, p.Amount)
+	opts := []PaymentOption{{Amount: p.Amount.SatsCeil(), PayReq: p.Bolt11, PMI: PMILightning, Description: desc, TTL: ttl}}
+	for _, b := range v.cfg.Backends {
+		if _, ok := b.(TokenAcceptor); ok {
+			opts = append(opts, PaymentOption{Amount: p.Amount.SatsCeil(), PMI: PMICashu,
+				Description: desc + "; send a Cashu token in _meta[\"" + MetaCashuToken + "\"]", TTL: ttl})
+			break
+		}
+	}
+	return opts
+}
+
+// awaitPayment tells the client what to pay and waits for the backend to
+// report the payment, then runs the call.
+func (v *Vendor) awaitPayment(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+	p, err := v.waitPaid(ctx, p, t, r)
+	if err != nil {
+		return CallResult{}, err // the client left (the request stays payable), or it was withdrawn
+	}
+	if p.State != PaymentOpen {
+		v.unpaid.end(p.Ref)
+	}
+	return v.afterPayment(ctx, call, p, t, args, r)
+}
+
+// waitPaid sends payment_required and waits for the payment's next state,
+// sending progress heartbeats meanwhile. It returns ctx's error if the
+// client leaves first: the request then stays payable, and a replay of
+// the same request (or the orphan path of onPayment) picks it up. A
+// payment reported by the time the client leaves is returned as if the
+// client had stayed: the caller runs (or refunds) the call.
+func (v *Vendor) waitPaid(ctx context.Context, p *Payment, t *Tool, r *CallRequest) (*Payment, error) {
+	events := v.wait(p.Ref)
+	defer v.unwait(p.Ref, events)
+	// The payment may have arrived already (a replay after a restart).
+	if cur := v.currentPayment(ctx, p.Ref); cur != nil && cur.State != PaymentOpen {
+		return cur, nil
+	}
+	v.failpoint(FailAfterInvoice)
+	v.notifyRequired(t, p, r)
+	heartbeat := time.NewTicker(v.cfg.Heartbeat)
+	defer heartbeat.Stop()
+	expiry := time.NewTimer(time.Until(p.ExpiresAt) + time.Minute) // the backend reports expiry; this is a backstop
+	defer expiry.Stop()
+	shed := v.unpaid.shedOf(p.Ref)
+	beats := 0
+	for {
+		select {
+		case e := <-events:
+			return &e.Payment, nil
+		case <-heartbeat.C:
+			if r.ProgressToken != nil {
+				beats++
+				notifyHeartbeat(r, beats)
+			}
+		case <-expiry.C:
+			return v.expireUnreported(ctx, p), nil
+		case <-shed:
+			return v.withdrawn(ctx, p, r)
+		case <-ctx.Done():
+			// The client left, perhaps at the instant its payment was
+			// reported: once unwaited, a report either is in events
+			// already (then this call takes it on, as if the client
+			// stayed) or finds nobody waiting (the orphan path).
+			v.unwait(p.Ref, events)
+			select {
+			case e := <-events:
+				return &e.Payment, nil
+			default:
+				return nil, ctx.Err()
+			}
+		}
+	}
+}
+
+func (v *Vendor) currentPayment(ctx context.Context, ref string) *Payment {
+	p, err := v.cfg.Ledger.Payment(ctx, ref)
+	if err != nil {
+		return nil
+	}
+	return &p
+}
+
+func (v *Vendor) notifyRequired(t *Tool, p *Payment, r *CallRequest) {
+	r.Notify(NotifyPaymentRequired, v.options(t, p, r)[0])
+}
+
+func notifyHeartbeat(r *CallRequest, beats int) {
+	r.Notify(NotifyProgress, map[string]any{"progressToken": r.ProgressToken, "progress": beats,
+		"message": "waiting for payment"})
+}
+
+// expireUnreported handles a payment whose expiry passed without a report
+// from its backend: it takes what the ledger says, else withdraws the
+// request and calls it expired.
+func (v *Vendor) expireUnreported(ctx context.Context, p *Payment) *Payment {
+	if cur := v.currentPayment(ctx, p.Ref); cur != nil && cur.State != PaymentOpen {
+		return cur
+	}
+	if b := v.backend(p.Backend); b != nil {
+		b.Cancel(context.WithoutCancel(ctx), p.Ref)
+	}
+	expired := *p
+	expired.State = PaymentExpired
+	return &expired
+}
+
+// afterPayment runs a paid call, or tells the client its payment request
+// expired.
+func (v *Vendor) afterPayment(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+	ctx = Urgent(ctx) // the money is in
+	switch p.State {
+	case PaymentAccepted, PaymentSettled:
+		v.failpoint(FailAfterSettlement)
+		v.paid(r)
+		r.Notify(NotifyPaymentAccepted, map[string]any{"amount": p.Amount.SatsCeil(), "pmi": PMILightning,
+			"_meta": map[string]any{"payment_hash": p.Ref}})
+		return v.run(ctx, call, p, t, args, r)
+	default:
+		r.Notify(NotifyPaymentRejected, map[string]any{"amount": p.Amount.SatsCeil(), "pmi": PMILightning,
+			"message": "the payment request expired unpaid"})
+		return CallResult{}, ErrPaymentExpired
+	}
+}
+
+// payWithToken takes a Cashu token for the call, then runs it.
+func (v *Vendor) payWithToken(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+	ctx = Urgent(ctx) // the money is in the request
+	for _, b := range v.cfg.Backends {
+		ta, ok := b.(TokenAcceptor)
+		if !ok {
+			continue
+		}
+		receipt, err := ta.AcceptToken(ctx, call.ID, call.Price, r.CashuToken)
+		if err != nil {
+			v.endUnpaid(ctx, call, "token refused")
+			// Both wrapped: fronts tell the client why (ErrProofSpent,
+			// ErrUnderpaid, ErrForeignMint, ErrBadToken), never more.
+			return CallResult{}, fmt.Errorf("%w: %w", ErrPaymentFailed, err)
+		}
+		v.paid(r)
+		r.Notify(NotifyPaymentAccepted, map[string]any{"amount": receipt.Payment.Amount.SatsCeil(), "pmi": PMICashu,
+			"_meta": map[string]any{"change": receipt.Change}})
+		return v.run(ctx, call, &receipt.Payment, t, args, r)
+	}
+	v.endUnpaid(ctx, call, "no Cashu backend")
+	return CallResult{}, fmt.Errorf("%w: this server takes no Cashu tokens", ErrNoPaymentMethod)
+}
+
+// endUnpaid ends a call that never got a payment request, or whose token
+// was refused (its backend ended the payment; the call is no longer
+// quoted then, which is fine).
+func (v *Vendor) endUnpaid(ctx context.Context, call *Call, reason string) {
+	if err := v.cfg.Ledger.CancelQuote(ctx, call.ID, reason); err != nil && !errors.Is(err, ErrIllegalTransition) {
+		v.cfg.Log.Warn("vend: ending an unpaid call", "call", int64(call.ID), "err", err)
+	}
+}
+
+// chooseBackend returns the backend that issues a call's invoice: the one
+// the client asked for if the server has it, else the first; nil when the
+// client cannot pay a Lightning invoice or there is no backend.
+func (v *Vendor) chooseBackend(pmis []string, from Backend) PaymentBackend {
+	if len(pmis) > 0 && !contains(pmis, PMILightning) {
+		return nil
+	}
+	if len(v.cfg.Backends) == 0 {
+		return nil
+	}
+	for _, b := range v.cfg.Backends {
+		if from != "" && b.Backend() == from {
+			return b
+		}
+	}
+	return v.cfg.Backends[0]
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
