@@ -1,0 +1,203 @@
+package vend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// resume answers a call the ledger knows already: a replayed request, or
+// an explicit-gating grant being used.
+func (v *Vendor) resume(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+	if done := v.runningDone(call.ID); done != nil {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return CallResult{}, ctx.Err()
+		}
+		if c, err := v.cfg.Ledger.Call(ctx, call.ID); err == nil {
+			call = &c
+		}
+	}
+	switch call.State {
+	case CallDelivered, CallFailed, CallRefunded:
+		res, err := v.cfg.Ledger.Result(ctx, call.ID)
+		if err != nil {
+			return v.refunded(ctx, call, CallResult{}, fmt.Errorf("%w: the call was refunded before it ran", ErrPaymentFailed))
+		}
+		if call.State == CallRefunded {
+			return v.refunded(ctx, call, CallResult{Body: res.Body, IsError: res.IsError}, nil)
+		}
+		return CallResult{Body: res.Body, IsError: res.IsError}, nil
+	case CallExpired, CallCanceled:
+		// Paid after all (late, or a swap learned late): owed back.
+		return v.refunded(ctx, call, CallResult{}, ErrPaymentExpired)
+	case CallQuoted:
+		return v.quote(ctx, call, t, args, r, nil, nil)
+	case CallExecuting:
+		return CallResult{}, &PaymentPendingError{RetryAfter: 5}
+	}
+	ps, err := v.cfg.Ledger.CallPayments(ctx, call.ID)
+	if err != nil || len(ps) == 0 {
+		return CallResult{}, fmt.Errorf("call %d has no payment: %w", call.ID, ErrPaymentFailed)
+	}
+	p := ps[len(ps)-1]
+	if call.State == CallPaid {
+		return v.run(ctx, call, &p, t, args, r)
+	}
+	// awaiting_payment
+	if r.Explicit {
+		if p.State == PaymentOpen {
+			return CallResult{}, &PaymentPendingError{RetryAfter: 2}
+		}
+		return CallResult{}, &PaymentRequiredError{Options: v.options(t, &p, r)}
+	}
+	return v.awaitPayment(ctx, call, &p, t, args, r)
+}
+
+// run executes a paid call exactly once, with the tool and arguments
+// recorded with it, and records its end: delivered (a hold invoice
+// settled first), or failed and refunded (a hold invoice canceled,
+// returning the money). live and liveArgs are the request's own: they only
+// answer a request that finds the call running or run already, never
+// execute. A call that cannot run as recorded is refunded (ErrUpstream).
+func (v *Vendor) run(ctx context.Context, call *Call, p *Payment, live *Tool, liveArgs json.RawMessage, r *CallRequest) (CallResult, error) {
+	ctx = Urgent(ctx) // paid
+	// Requests for the same call in this process queue behind the first;
+	// the ledger's claim keeps other processes out.
+	done := v.startRunning(call.ID)
+	if done == nil {
+		return v.resume(ctx, call, live, liveArgs, r)
+	}
+	// The money is in: the claim, the run and its records go ahead even
+	// if the client leaves now (its answer waits for the replay).
+	res, ranAlready, err := v.claimAndFinish(context.WithoutCancel(ctx), call, p, r)
+	// Unregistered before resuming: resume waits for a running call's
+	// channel, and this run's own would never close.
+	v.stopRunning(call.ID, done)
+	if ranAlready != nil {
+		return v.resume(ctx, ranAlready, live, liveArgs, r) // its stored answer
+	}
+	return res, err
+}
+
+// claimAndFinish claims the call for an execution of its recorded tool
+// and arguments and runs it. A non-nil *Call is the call as it is now
+// when it was not paid any more (it ran, or ended, elsewhere).
+func (v *Vendor) claimAndFinish(ctx context.Context, call *Call, p *Payment, r *CallRequest) (CallResult, *Call, error) {
+	t, args, bind, err := v.storedItem(ctx, call)
+	if err == nil {
+		_, err = v.cfg.Ledger.StartExecution(ctx, call.ID, bind)
+	}
+	if err == nil {
+		res, err := v.finish(ctx, call, p, &t, args, r)
+		return res, nil, err
+	}
+	if c, cerr := v.cfg.Ledger.Call(ctx, call.ID); cerr == nil && c.State != CallPaid && c.State != CallExecuting {
+		return CallResult{}, &c, nil
+	}
+	if !errors.Is(err, errNoArguments) && !errors.Is(err, errItemGone) && !errors.Is(err, ErrExecutionMismatch) {
+		return CallResult{}, nil, err
+	}
+	v.cfg.Log.Error("vend: a paid call cannot run as recorded; refunding", "call", int64(call.ID), "err", err)
+	if rerr := v.refundPaid(ctx, call.ID, unrunnable(err)); rerr != nil {
+		return CallResult{}, nil, rerr
+	}
+	return CallResult{}, nil, fmt.Errorf("%w: the call could not run; the payment is refunded", ErrUpstream)
+}
+
+// finish runs a claimed call on its upstream and records its end.
+func (v *Vendor) finish(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+	// The call runs to its end even if the client leaves: it is paid.
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.ExecTimeout)
+	defer cancel()
+	start := time.Now()
+	body, err := v.execute(ectx, t, args, r)
+	v.failpoint(FailDuringExecution)
+	outcome := "delivered"
+	defer func() {
+		v.cfg.Log.Info("vend: priced call", "kind", string(t.Kind.Or()), "tool", t.Name, "price_msat", int64(call.Price), "backend", p.Backend,
+			"payment", p.Ref, "outcome", outcome, "duration", time.Since(start))
+	}()
+	if err == nil && !isErrorResult(body) {
+		if p.Kind == KindHoldInvoice {
+			if hs, ok := v.backend(p.Backend).(HoldSettler); ok {
+				if _, err := hs.SettleHeld(ectx, p.Ref); err != nil {
+					outcome = "settle failed"
+					return v.fail(ectx, call, p, nil, "could not settle the hold invoice: "+err.Error())
+				}
+			}
+		}
+		if err := v.cfg.Ledger.Deliver(ectx, call.ID, Result{Body: body}); err != nil {
+			outcome = "not recorded"
+			return CallResult{}, err
+		}
+		v.failpoint(FailAfterResult)
+		return CallResult{Body: body}, nil
+	}
+	reason := "the tool reported an error"
+	if err != nil {
+		reason = err.Error()
+	}
+	outcome = "failed: refunded"
+	return v.fail(ectx, call, p, body, reason)
+}
+
+// fail records a failed call and gives the money back: a hold invoice is
+// canceled (Lightning returns the money), anything else is booked as owed.
+func (v *Vendor) fail(ctx context.Context, call *Call, p *Payment, body json.RawMessage, reason string) (CallResult, error) {
+	stored := body
+	if stored == nil {
+		stored, _ = json.Marshal(map[string]any{"isError": true, "content": []map[string]string{{"type": "text",
+			"text": "The tool could not run; your payment is refunded."}}})
+	}
+	if err := v.cfg.Ledger.Fail(ctx, call.ID, Result{IsError: true, Body: stored}, reason); err != nil {
+		return CallResult{}, err
+	}
+	if p.Kind == KindHoldInvoice && p.State != PaymentSettled {
+		if b := v.backend(p.Backend); b != nil {
+			if err := b.Cancel(ctx, p.Ref); err != nil {
+				v.cfg.Log.Error("vend: canceling the hold invoice of a failed call", "call", int64(call.ID), "err", err)
+				return CallResult{}, fmt.Errorf("%w: refund pending", ErrUpstream)
+			}
+		}
+	}
+	if err := v.cfg.Ledger.Refund(ctx, call.ID, reason); err != nil {
+		return CallResult{}, err
+	}
+	if body == nil {
+		return v.refunded(ctx, call, CallResult{}, fmt.Errorf("%w: %s", ErrUpstream, "the tool could not run; the payment is refunded"))
+	}
+	return v.refunded(ctx, call, CallResult{Body: body, IsError: true}, nil)
+}
+
+// execute runs the tool on its upstream, forwarding progress and passing
+// the client's Elicit along (in ctx).
+func (v *Vendor) execute(ctx context.Context, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
+	ctx = WithElicit(ctx, r.Elicit)
+	var progress func(json.RawMessage)
+	if r.ProgressToken != nil {
+		progress = func(params json.RawMessage) { r.Notify(NotifyProgress, params) }
+	}
+	var body json.RawMessage
+	var err error
+	switch t.Kind {
+	case KindPrompt, KindResource:
+		items, _ := v.cfg.Tools.(ItemSource) // item() found t through it
+		if t.Kind == KindPrompt {
+			m, _ := promptArgs(args) // checked in admit
+			body, err = items.GetPrompt(ctx, t.Name, m)
+		} else {
+			body, err = items.ReadResource(ctx, t.Name)
+		}
+	default:
+		body, err = v.cfg.Tools.CallTool(ctx, *t, args, r.ProgressToken, progress)
+	}
+	if err != nil {
+		v.cfg.Log.Warn("vend: upstream call failed", "tool", t.Name, "err", err)
+		return nil, fmt.Errorf("%w: %s is unavailable", ErrUpstream, t.Server)
+	}
+	return body, nil
+}
