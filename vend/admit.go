@@ -44,18 +44,16 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	defer v.unpaid.unhold(a.slot) // a slot no payment request took
 	switch {
 	case a.known:
-		return v.resume(ctx, &a.call, &a.t, a.args, r)
+		return a.resume(ctx)
 	case r.CashuToken != "":
-		return v.payWithToken(ctx, &a.call, &a.t, a.args, r)
+		return a.payWithToken(ctx)
 	}
-	return v.quote(ctx, &a.call, &a.t, a.args, r, a.slot, a.turn)
+	return a.quote(ctx, a.slot, a.turn)
 }
 
 // admitted is a priced call recorded in the ledger.
 type admitted struct {
-	call  Call
-	t     Tool
-	args  json.RawMessage
+	pending
 	known bool // a replay, or an explicit-gating grant: not a new call
 	// slot is the unpaid slot held for a new call's payment request (see
 	// unpaidBook.hold), nil if none; turn its place in the line to issue
@@ -108,7 +106,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	bind := Binding{Kind: t.Kind.Or(), Server: t.Server, Tool: t.UpstreamName, ArgsHash: hash}
 	if r.Explicit && r.CashuToken == "" {
 		if grant, ok := v.findGrant(ctx, r, bind); ok {
-			return &admitted{call: grant, t: t, args: args, known: true}, CallResult{}, nil
+			return &admitted{pending: pending{v: v, call: grant, t: t, args: args, r: r}, known: true}, CallResult{}, nil
 		}
 	}
 	if r.Anonymous {
@@ -163,7 +161,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	if err != nil {
 		return nil, CallResult{}, err
 	}
-	return &admitted{call: call, t: t, args: args, known: !created, slot: slot, turn: turn}, CallResult{}, nil
+	return &admitted{pending: pending{v: v, call: call, t: t, args: args, r: r}, known: !created, slot: slot, turn: turn}, CallResult{}, nil
 }
 
 // runFree runs a call nobody pays for: a free tool, or one within its

@@ -7,9 +7,7 @@ var ParseArgsForTest = parseArgs
 
 // WaitingForTest reports whether a request waits for the payment ref.
 func (v *Vendor) WaitingForTest(ref string) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return len(v.waiters[ref]) > 0
+	return v.waiters.waiting(ref)
 }
 
 // SetIssueLineForTest gives v a line for turns to issue payment requests

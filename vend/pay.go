@@ -2,7 +2,6 @@ package vend
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -19,61 +18,64 @@ func (v *Vendor) backend(name Backend) PaymentBackend {
 
 // quote asks a backend for a payment and waits for it (or, with explicit
 // gating, answers with the ways to pay).
-func (v *Vendor) quote(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest, slot *unpaidQuote, turn *ticket) (CallResult, error) {
-	p, res, err := v.requestPayment(ctx, call, t, r, slot, turn)
+func (c *pending) quote(ctx context.Context, slot *unpaidQuote, turn *ticket) (CallResult, error) {
+	p, res, err := c.requestPayment(ctx, slot, turn)
 	if p == nil {
 		return res, err
 	}
+	c.pay = p
 	// The request stays counted (limits.go) until it is paid or ends.
-	return v.awaitPayment(ctx, call, p, t, args, r)
+	return c.awaitPayment(ctx)
 }
 
 // requestPayment asks a backend for the call's payment. A nil payment
 // means the call is answered by res and err (explicit gating, a limit, no
 // backend). The request holds an unpaid slot (slot, held by admit, or
 // taken here when nil) until it is paid or ends.
-func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *CallRequest, slot *unpaidQuote, turn *ticket) (*Payment, CallResult, error) {
+func (c *pending) requestPayment(ctx context.Context, slot *unpaidQuote, turn *ticket) (*Payment, CallResult, error) {
+	v, call, r := c.v, &c.call, c.r
 	v.failpoint(FailAfterQuote)
 	b := v.chooseBackend(r.PMIs, r.InvoiceFrom)
 	if b == nil {
 		v.leaveIssuing(turn)
-		v.endUnpaid(ctx, call, "no payment method")
+		c.endUnpaid(ctx, "no payment method")
 		return nil, CallResult{}, ErrNoPaymentMethod
 	}
 	if slot == nil {
 		var err error
 		if slot, err = v.holdUnpaid(r); err != nil {
 			v.leaveIssuing(turn)
-			v.endUnpaid(ctx, call, "too many unpaid requests")
+			c.endUnpaid(ctx, "too many unpaid requests")
 			return nil, CallResult{}, err
 		}
 	}
 	turn, err := v.startIssuing(ctx, r, turn)
 	if err != nil {
 		v.unpaid.release(slot)
-		v.endUnpaid(context.WithoutCancel(ctx), call, "client left")
+		c.endUnpaid(context.WithoutCancel(ctx), "client left")
 		return nil, CallResult{}, err
 	}
 	defer v.leaveIssuing(turn)
 	if err := v.enterUnpaid(slot); err != nil {
 		v.unpaid.release(slot)
-		v.endUnpaid(ctx, call, "too many unpaid requests")
+		c.endUnpaid(ctx, "too many unpaid requests")
 		return nil, CallResult{}, err
 	}
 	hs, canHold := b.(HoldSettler)
 	p, err := b.Request(ctx, PaymentRequest{
-		CallID: call.ID, Amount: call.Price, Memo: describe(t, call.Price), Expiry: v.cfg.TTL,
+		CallID: call.ID, Amount: call.Price, Memo: describe(&c.t, call.Price), Expiry: v.cfg.TTL,
 		Hold: canHold && hs.CanHold() && !r.Explicit,
 	})
 	if err != nil {
 		v.unpaid.release(slot)
-		v.endUnpaid(ctx, call, "payment request failed")
-		v.cfg.Log.Error("vend: payment request failed", "tool", t.Name, "backend", b.Backend(), "err", err)
+		c.endUnpaid(ctx, "payment request failed")
+		v.cfg.Log.Error("vend: payment request failed", "tool", c.t.Name, "backend", b.Backend(), "err", err)
 		return nil, CallResult{}, fmt.Errorf("%w: the payment backend is unavailable", ErrPaymentFailed)
 	}
 	v.unpaid.bind(slot, &p)
 	if r.Explicit { // a grant waits in the ledger, not in memory
-		return nil, CallResult{}, &PaymentRequiredError{Options: v.options(t, &p, r)}
+		c.pay = &p
+		return nil, CallResult{}, &PaymentRequiredError{Options: c.options()}
 	}
 	return &p, CallResult{}, nil
 }
@@ -81,9 +83,10 @@ func (v *Vendor) requestPayment(ctx context.Context, call *Call, t *Tool, r *Cal
 // options are the ways to pay for a call: its payment request, and a Cashu
 // token when a backend takes tokens. Their description says how the price
 // was computed.
-func (v *Vendor) options(t *Tool, p *Payment, r *CallRequest) []PaymentOption {
+func (c *pending) options() []PaymentOption {
+	v, p := c.v, c.pay
 	ttl := int64(time.Until(p.ExpiresAt).Seconds())
-	desc := v.describe(t, r.Arguments, p.Amount)
+	desc := v.describe(&c.t, c.r.Arguments, p.Amount)
 	opts := []PaymentOption{{Amount: p.Amount.SatsCeil(), PayReq: p.Bolt11, PMI: PMILightning, Description: desc, TTL: ttl}}
 	for _, b := range v.cfg.Backends {
 		if _, ok := b.(TokenAcceptor); ok {
@@ -97,15 +100,16 @@ func (v *Vendor) options(t *Tool, p *Payment, r *CallRequest) []PaymentOption {
 
 // awaitPayment tells the client what to pay and waits for the backend to
 // report the payment, then runs the call.
-func (v *Vendor) awaitPayment(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
-	p, err := v.waitPaid(ctx, p, t, r)
+func (c *pending) awaitPayment(ctx context.Context) (CallResult, error) {
+	p, err := c.waitPaid(ctx)
 	if err != nil {
 		return CallResult{}, err // the client left (the request stays payable), or it was withdrawn
 	}
 	if p.State != PaymentOpen {
-		v.unpaid.end(p.Ref)
+		c.v.unpaid.end(p.Ref)
 	}
-	return v.afterPayment(ctx, call, p, t, args, r)
+	c.pay = p
+	return c.afterPayment(ctx)
 }
 
 // waitPaid sends payment_required and waits for the payment's next state,
@@ -114,15 +118,16 @@ func (v *Vendor) awaitPayment(ctx context.Context, call *Call, p *Payment, t *To
 // the same request (or the orphan path of onPayment) picks it up. A
 // payment reported by the time the client leaves is returned as if the
 // client had stayed: the caller runs (or refunds) the call.
-func (v *Vendor) waitPaid(ctx context.Context, p *Payment, t *Tool, r *CallRequest) (*Payment, error) {
-	events := v.wait(p.Ref)
-	defer v.unwait(p.Ref, events)
+func (c *pending) waitPaid(ctx context.Context) (*Payment, error) {
+	v, p, r := c.v, c.pay, c.r
+	events := v.waiters.add(p.Ref)
+	defer v.waiters.remove(p.Ref, events)
 	// The payment may have arrived already (a replay after a restart).
 	if cur := v.currentPayment(ctx, p.Ref); cur != nil && cur.State != PaymentOpen {
 		return cur, nil
 	}
 	v.failpoint(FailAfterInvoice)
-	v.notifyRequired(t, p, r)
+	c.notifyRequired()
 	heartbeat := time.NewTicker(v.cfg.Heartbeat)
 	defer heartbeat.Stop()
 	expiry := time.NewTimer(time.Until(p.ExpiresAt) + time.Minute) // the backend reports expiry; this is a backstop
@@ -147,7 +152,7 @@ func (v *Vendor) waitPaid(ctx context.Context, p *Payment, t *Tool, r *CallReque
 			// reported: once unwaited, a report either is in events
 			// already (then this call takes it on, as if the client
 			// stayed) or finds nobody waiting (the orphan path).
-			v.unwait(p.Ref, events)
+			v.waiters.remove(p.Ref, events)
 			select {
 			case e := <-events:
 				return &e.Payment, nil
@@ -166,8 +171,8 @@ func (v *Vendor) currentPayment(ctx context.Context, ref string) *Payment {
 	return &p
 }
 
-func (v *Vendor) notifyRequired(t *Tool, p *Payment, r *CallRequest) {
-	r.Notify(NotifyPaymentRequired, v.options(t, p, r)[0])
+func (c *pending) notifyRequired() {
+	c.r.Notify(NotifyPaymentRequired, c.options()[0])
 }
 
 func notifyHeartbeat(r *CallRequest, beats int) {
@@ -192,7 +197,8 @@ func (v *Vendor) expireUnreported(ctx context.Context, p *Payment) *Payment {
 
 // afterPayment runs a paid call, or tells the client its payment request
 // expired.
-func (v *Vendor) afterPayment(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+func (c *pending) afterPayment(ctx context.Context) (CallResult, error) {
+	v, p, r := c.v, c.pay, c.r
 	ctx = Urgent(ctx) // the money is in
 	switch p.State {
 	case PaymentAccepted, PaymentSettled:
@@ -200,7 +206,7 @@ func (v *Vendor) afterPayment(ctx context.Context, call *Call, p *Payment, t *To
 		v.paid(r)
 		r.Notify(NotifyPaymentAccepted, map[string]any{"amount": p.Amount.SatsCeil(), "pmi": PMILightning,
 			"_meta": map[string]any{"payment_hash": p.Ref}})
-		return v.run(ctx, call, p, t, args, r)
+		return c.run(ctx)
 	default:
 		r.Notify(NotifyPaymentRejected, map[string]any{"amount": p.Amount.SatsCeil(), "pmi": PMILightning,
 			"message": "the payment request expired unpaid"})
@@ -209,7 +215,8 @@ func (v *Vendor) afterPayment(ctx context.Context, call *Call, p *Payment, t *To
 }
 
 // payWithToken takes a Cashu token for the call, then runs it.
-func (v *Vendor) payWithToken(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+func (c *pending) payWithToken(ctx context.Context) (CallResult, error) {
+	v, call, r := c.v, &c.call, c.r
 	ctx = Urgent(ctx) // the money is in the request
 	for _, b := range v.cfg.Backends {
 		ta, ok := b.(TokenAcceptor)
@@ -218,7 +225,7 @@ func (v *Vendor) payWithToken(ctx context.Context, call *Call, t *Tool, args jso
 		}
 		receipt, err := ta.AcceptToken(ctx, call.ID, call.Price, r.CashuToken)
 		if err != nil {
-			v.endUnpaid(ctx, call, "token refused")
+			c.endUnpaid(ctx, "token refused")
 			// Both wrapped: fronts tell the client why (ErrProofSpent,
 			// ErrUnderpaid, ErrForeignMint, ErrBadToken), never more.
 			return CallResult{}, fmt.Errorf("%w: %w", ErrPaymentFailed, err)
@@ -226,18 +233,20 @@ func (v *Vendor) payWithToken(ctx context.Context, call *Call, t *Tool, args jso
 		v.paid(r)
 		r.Notify(NotifyPaymentAccepted, map[string]any{"amount": receipt.Payment.Amount.SatsCeil(), "pmi": PMICashu,
 			"_meta": map[string]any{"change": receipt.Change}})
-		return v.run(ctx, call, &receipt.Payment, t, args, r)
+		c.pay = &receipt.Payment
+		return c.run(ctx)
 	}
-	v.endUnpaid(ctx, call, "no Cashu backend")
+	c.endUnpaid(ctx, "no Cashu backend")
 	return CallResult{}, fmt.Errorf("%w: this server takes no Cashu tokens", ErrNoPaymentMethod)
 }
 
 // endUnpaid ends a call that never got a payment request, or whose token
 // was refused (its backend ended the payment; the call is no longer
 // quoted then, which is fine).
-func (v *Vendor) endUnpaid(ctx context.Context, call *Call, reason string) {
-	if err := v.cfg.Ledger.CancelQuote(ctx, call.ID, reason); err != nil && !errors.Is(err, ErrIllegalTransition) {
-		v.cfg.Log.Warn("vend: ending an unpaid call", "call", int64(call.ID), "err", err)
+func (c *pending) endUnpaid(ctx context.Context, reason string) {
+	v := c.v
+	if err := v.cfg.Ledger.CancelQuote(ctx, c.call.ID, reason); err != nil && !errors.Is(err, ErrIllegalTransition) {
+		v.cfg.Log.Warn("vend: ending an unpaid call", "call", int64(c.call.ID), "err", err)
 	}
 }
 

@@ -69,7 +69,7 @@ func (v *Vendor) recoverCall(ctx context.Context, c Call, until time.Time) {
 		v.refundInterrupted(ctx, c)
 	case c.State == CallPaid:
 		if ps, err := v.cfg.Ledger.CallPayments(ctx, c.ID); err == nil && len(ps) > 0 &&
-			ps[len(ps)-1].State == PaymentAccepted && v.runningDone(c.ID) == nil {
+			ps[len(ps)-1].State == PaymentAccepted && v.running.done(c.ID) == nil {
 			// A locked-in hold invoice whose client is gone.
 			v.abandonHold(ps[len(ps)-1])
 			return
@@ -112,17 +112,18 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool, until ti
 	}
 	r := CallRequest{Kind: call.Kind, Transport: call.Transport, Client: call.Client, RequestID: call.RequestID, Tool: name, Arguments: args,
 		Notify: func(string, any) {}}
+	c := &pending{v: v, call: call, pay: &p, t: t, args: args, r: &r}
 	if !resume {
-		if _, err := v.run(ctx, &call, &p, &t, args, &r); err != nil && !errors.Is(err, ErrUpstream) {
+		if _, err := c.run(ctx); err != nil && !errors.Is(err, ErrUpstream) {
 			log.Warn("vend: recover: run", "err", err)
 		}
 		return
 	}
-	done := v.startRunning(id)
+	done := v.running.start(id)
 	if done == nil {
 		return
 	}
-	defer v.stopRunning(id, done)
+	defer v.running.stop(id, done)
 	t, args, bind, err := v.storedItem(ctx, &call)
 	if err == nil {
 		_, err = v.cfg.Ledger.ResumeExecution(ctx, id, bind)
@@ -133,11 +134,11 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool, until ti
 	}
 	if err != nil {
 		log.Error("vend: recover: an interrupted call cannot run again as recorded; refunding", "err", err)
-		v.fail(ctx, &call, &p, nil, "interrupted by a restart, and "+unrunnable(err))
+		c.fail(ctx, nil, "interrupted by a restart, and "+unrunnable(err))
 		return
 	}
 	log.Info("vend: recover: running an interrupted idempotent call again", "tool", name)
-	v.finish(ctx, &call, &p, &t, args, &r)
+	c.finish(ctx, &t, args)
 }
 
 // Why a recorded call cannot run (storedItem's errors).
@@ -186,7 +187,8 @@ func (v *Vendor) refundInterrupted(ctx context.Context, c Call) {
 		return
 	}
 	v.cfg.Log.Warn("vend: recover: refunding a call interrupted while it ran", "call", int64(c.ID), "tool", c.Tool)
-	v.fail(ctx, &c, &ps[len(ps)-1], nil, "interrupted by a restart while it ran; not run again")
+	pc := &pending{v: v, call: c, pay: &ps[len(ps)-1], r: &CallRequest{Notify: func(string, any) {}}}
+	pc.fail(ctx, nil, "interrupted by a restart while it ran; not run again")
 }
 
 // refundFailed completes the refund of a call that failed just before a

@@ -10,75 +10,77 @@ import (
 
 // resume answers a call the ledger knows already: a replayed request, or
 // an explicit-gating grant being used.
-func (v *Vendor) resume(ctx context.Context, call *Call, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
-	if done := v.runningDone(call.ID); done != nil {
+func (c *pending) resume(ctx context.Context) (CallResult, error) {
+	v := c.v
+	if done := v.running.done(c.call.ID); done != nil {
 		select {
 		case <-done:
 		case <-ctx.Done():
 			return CallResult{}, ctx.Err()
 		}
-		if c, err := v.cfg.Ledger.Call(ctx, call.ID); err == nil {
-			call = &c
+		if cur, err := v.cfg.Ledger.Call(ctx, c.call.ID); err == nil {
+			c.call = cur
 		}
 	}
-	switch call.State {
+	switch c.call.State {
 	case CallDelivered, CallFailed, CallRefunded:
-		res, err := v.cfg.Ledger.Result(ctx, call.ID)
+		res, err := v.cfg.Ledger.Result(ctx, c.call.ID)
 		if err != nil {
-			return v.refunded(ctx, call, CallResult{}, fmt.Errorf("%w: the call was refunded before it ran", ErrPaymentFailed))
+			return v.refunded(ctx, &c.call, CallResult{}, fmt.Errorf("%w: the call was refunded before it ran", ErrPaymentFailed))
 		}
-		if call.State == CallRefunded {
-			return v.refunded(ctx, call, CallResult{Body: res.Body, IsError: res.IsError}, nil)
+		if c.call.State == CallRefunded {
+			return v.refunded(ctx, &c.call, CallResult{Body: res.Body, IsError: res.IsError}, nil)
 		}
 		return CallResult{Body: res.Body, IsError: res.IsError}, nil
 	case CallExpired, CallCanceled:
 		// Paid after all (late, or a swap learned late): owed back.
-		return v.refunded(ctx, call, CallResult{}, ErrPaymentExpired)
+		return v.refunded(ctx, &c.call, CallResult{}, ErrPaymentExpired)
 	case CallQuoted:
-		return v.quote(ctx, call, t, args, r, nil, nil)
+		return c.quote(ctx, nil, nil)
 	case CallExecuting:
 		return CallResult{}, &PaymentPendingError{RetryAfter: 5}
 	}
-	ps, err := v.cfg.Ledger.CallPayments(ctx, call.ID)
+	ps, err := v.cfg.Ledger.CallPayments(ctx, c.call.ID)
 	if err != nil || len(ps) == 0 {
-		return CallResult{}, fmt.Errorf("call %d has no payment: %w", call.ID, ErrPaymentFailed)
+		return CallResult{}, fmt.Errorf("call %d has no payment: %w", c.call.ID, ErrPaymentFailed)
 	}
-	p := ps[len(ps)-1]
-	if call.State == CallPaid {
-		return v.run(ctx, call, &p, t, args, r)
+	c.pay = &ps[len(ps)-1]
+	if c.call.State == CallPaid {
+		return c.run(ctx)
 	}
 	// awaiting_payment
-	if r.Explicit {
-		if p.State == PaymentOpen {
+	if c.r.Explicit {
+		if c.pay.State == PaymentOpen {
 			return CallResult{}, &PaymentPendingError{RetryAfter: 2}
 		}
-		return CallResult{}, &PaymentRequiredError{Options: v.options(t, &p, r)}
+		return CallResult{}, &PaymentRequiredError{Options: c.options()}
 	}
-	return v.awaitPayment(ctx, call, &p, t, args, r)
+	return c.awaitPayment(ctx)
 }
 
 // run executes a paid call exactly once, with the tool and arguments
 // recorded with it, and records its end: delivered (a hold invoice
 // settled first), or failed and refunded (a hold invoice canceled,
-// returning the money). live and liveArgs are the request's own: they only
+// returning the money). c.t and c.args are the request's own: they only
 // answer a request that finds the call running or run already, never
 // execute. A call that cannot run as recorded is refunded (ErrUpstream).
-func (v *Vendor) run(ctx context.Context, call *Call, p *Payment, live *Tool, liveArgs json.RawMessage, r *CallRequest) (CallResult, error) {
+func (c *pending) run(ctx context.Context) (CallResult, error) {
 	ctx = Urgent(ctx) // paid
 	// Requests for the same call in this process queue behind the first;
 	// the ledger's claim keeps other processes out.
-	done := v.startRunning(call.ID)
+	done := c.v.running.start(c.call.ID)
 	if done == nil {
-		return v.resume(ctx, call, live, liveArgs, r)
+		return c.resume(ctx)
 	}
 	// The money is in: the claim, the run and its records go ahead even
 	// if the client leaves now (its answer waits for the replay).
-	res, ranAlready, err := v.claimAndFinish(context.WithoutCancel(ctx), call, p, r)
+	res, ranAlready, err := c.claimAndFinish(context.WithoutCancel(ctx))
 	// Unregistered before resuming: resume waits for a running call's
 	// channel, and this run's own would never close.
-	v.stopRunning(call.ID, done)
+	c.v.running.stop(c.call.ID, done)
 	if ranAlready != nil {
-		return v.resume(ctx, ranAlready, live, liveArgs, r) // its stored answer
+		c.call = *ranAlready
+		return c.resume(ctx) // its stored answer
 	}
 	return res, err
 }
@@ -86,35 +88,38 @@ func (v *Vendor) run(ctx context.Context, call *Call, p *Payment, live *Tool, li
 // claimAndFinish claims the call for an execution of its recorded tool
 // and arguments and runs it. A non-nil *Call is the call as it is now
 // when it was not paid any more (it ran, or ended, elsewhere).
-func (v *Vendor) claimAndFinish(ctx context.Context, call *Call, p *Payment, r *CallRequest) (CallResult, *Call, error) {
-	t, args, bind, err := v.storedItem(ctx, call)
+func (c *pending) claimAndFinish(ctx context.Context) (CallResult, *Call, error) {
+	v := c.v
+	t, args, bind, err := v.storedItem(ctx, &c.call)
 	if err == nil {
-		_, err = v.cfg.Ledger.StartExecution(ctx, call.ID, bind)
+		_, err = v.cfg.Ledger.StartExecution(ctx, c.call.ID, bind)
 	}
 	if err == nil {
-		res, err := v.finish(ctx, call, p, &t, args, r)
+		res, err := c.finish(ctx, &t, args)
 		return res, nil, err
 	}
-	if c, cerr := v.cfg.Ledger.Call(ctx, call.ID); cerr == nil && c.State != CallPaid && c.State != CallExecuting {
-		return CallResult{}, &c, nil
+	if cur, cerr := v.cfg.Ledger.Call(ctx, c.call.ID); cerr == nil && cur.State != CallPaid && cur.State != CallExecuting {
+		return CallResult{}, &cur, nil
 	}
 	if !errors.Is(err, errNoArguments) && !errors.Is(err, errItemGone) && !errors.Is(err, ErrExecutionMismatch) {
 		return CallResult{}, nil, err
 	}
-	v.cfg.Log.Error("vend: a paid call cannot run as recorded; refunding", "call", int64(call.ID), "err", err)
-	if rerr := v.refundPaid(ctx, call.ID, unrunnable(err)); rerr != nil {
+	v.cfg.Log.Error("vend: a paid call cannot run as recorded; refunding", "call", int64(c.call.ID), "err", err)
+	if rerr := v.refundPaid(ctx, c.call.ID, unrunnable(err)); rerr != nil {
 		return CallResult{}, nil, rerr
 	}
 	return CallResult{}, nil, fmt.Errorf("%w: the call could not run; the payment is refunded", ErrUpstream)
 }
 
-// finish runs a claimed call on its upstream and records its end.
-func (v *Vendor) finish(ctx context.Context, call *Call, p *Payment, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+// finish runs a claimed call on its upstream, as t with args (what the
+// ledger recorded), and records its end.
+func (c *pending) finish(ctx context.Context, t *Tool, args json.RawMessage) (CallResult, error) {
+	v, call, p := c.v, &c.call, c.pay
 	// The call runs to its end even if the client leaves: it is paid.
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.ExecTimeout)
 	defer cancel()
 	start := time.Now()
-	body, err := v.execute(ectx, t, args, r)
+	body, err := v.execute(ectx, t, args, c.r)
 	v.failpoint(FailDuringExecution)
 	outcome := "delivered"
 	defer func() {
@@ -126,7 +131,7 @@ func (v *Vendor) finish(ctx context.Context, call *Call, p *Payment, t *Tool, ar
 			if hs, ok := v.backend(p.Backend).(HoldSettler); ok {
 				if _, err := hs.SettleHeld(ectx, p.Ref); err != nil {
 					outcome = "settle failed"
-					return v.fail(ectx, call, p, nil, "could not settle the hold invoice: "+err.Error())
+					return c.fail(ectx, nil, "could not settle the hold invoice: "+err.Error())
 				}
 			}
 		}
@@ -142,12 +147,13 @@ func (v *Vendor) finish(ctx context.Context, call *Call, p *Payment, t *Tool, ar
 		reason = err.Error()
 	}
 	outcome = "failed: refunded"
-	return v.fail(ectx, call, p, body, reason)
+	return c.fail(ectx, body, reason)
 }
 
 // fail records a failed call and gives the money back: a hold invoice is
 // canceled (Lightning returns the money), anything else is booked as owed.
-func (v *Vendor) fail(ctx context.Context, call *Call, p *Payment, body json.RawMessage, reason string) (CallResult, error) {
+func (c *pending) fail(ctx context.Context, body json.RawMessage, reason string) (CallResult, error) {
+	v, call, p := c.v, &c.call, c.pay
 	stored := body
 	if stored == nil {
 		stored, _ = json.Marshal(map[string]any{"isError": true, "content": []map[string]string{{"type": "text",

@@ -76,12 +76,11 @@ type Vendor struct {
 	payers payerSet     // limit keys that paid in this run (issue.go)
 	rate   *rateLimiter // calls per client and minute (limits.go)
 
-	mu      sync.Mutex
-	waiters map[string][]chan PaymentEvent // by payment ref
-	running map[CallID]chan struct{}       // calls executing in this process; closed when done
-	bg      context.Context                // Run's context, for work started by payment reports
-	bgWG    sync.WaitGroup                 // that work; Run waits for it
-	started time.Time                      // calls created before this are a previous run's
+	waiters waiterSet                       // requests waiting for a payment's report (waiters.go)
+	running runningSet                      // calls executing in this process (waiters.go)
+	bg      atomic.Pointer[context.Context] // Run's context, for work started by payment reports
+	bgWG    sync.WaitGroup                  // that work; Run waits for it
+	started time.Time                       // calls created before this are a previous run's
 }
 
 // New checks cfg and returns a Vendor. It starts nothing.
@@ -110,12 +109,12 @@ func New(cfg Config) (*Vendor, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	v := &Vendor{cfg: cfg, waiters: map[string][]chan PaymentEvent{},
+	v := &Vendor{cfg: cfg,
 		unpaid: newUnpaidBook(cfg.MaxUnpaidPerClient, cfg.MaxUnpaidTotal), issue: newIssueQueue(maxIssuing, maxWaiting),
 		rate: &rateLimiter{perMinute: cfg.RequestsPerMinute, maxKeys: DefaultMaxRateKeys},
 		// The ledger stamps milliseconds: a call of this run is stamped at
 		// or after the millisecond New runs in.
-		running: map[CallID]chan struct{}{}, started: time.Now().Truncate(time.Millisecond).Add(-time.Millisecond)}
+		started: time.Now().Truncate(time.Millisecond).Add(-time.Millisecond)}
 	v.SetPrices(cfg.Prices)
 	return v, nil
 }
@@ -142,9 +141,7 @@ func (v *Vendor) book() PriceBook { return v.prices.Load().b }
 func (v *Vendor) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	v.mu.Lock()
-	v.bg = ctx
-	v.mu.Unlock()
+	v.bg.Store(&ctx)
 	defer v.bgWG.Wait() // after cancel: background work sees ctx end
 	errs := make(chan error, len(v.cfg.Backends))
 	var wg sync.WaitGroup
@@ -181,21 +178,9 @@ func (v *Vendor) onPayment(e PaymentEvent) {
 	if e.Payment.State != PaymentOpen {
 		v.unpaid.end(e.Payment.Ref)
 	}
-	// Delivered under the lock (the sends never block): a waiter is
-	// either still registered and gets the event in its channel, or has
-	// unwaited and the event takes the orphan path below. A waiter that
-	// leaves looks in its channel after unwaiting (waitPaid), so an event
-	// is never dropped between the two.
-	v.mu.Lock()
-	waiting := len(v.waiters[e.Payment.Ref])
-	for _, ch := range v.waiters[e.Payment.Ref] {
-		select {
-		case ch <- e:
-		default: // the waiter has what it needs already
-		}
-	}
-	v.mu.Unlock()
-	if waiting > 0 {
+	// A waiter either gets the event or has left, and the event takes
+	// the orphan path below (see waiterSet.deliver).
+	if v.waiters.deliver(e) > 0 {
 		return
 	}
 	switch {
@@ -211,11 +196,9 @@ func (v *Vendor) onPayment(e PaymentEvent) {
 // background runs fn in a goroutine tracked by Run, with Run's context
 // (reports only arrive while Run runs).
 func (v *Vendor) background(fn func(ctx context.Context)) {
-	v.mu.Lock()
-	ctx := v.bg
-	v.mu.Unlock()
-	if ctx == nil {
-		ctx = context.Background()
+	ctx := context.Background()
+	if bg := v.bg.Load(); bg != nil {
+		ctx = *bg
 	}
 	v.bgWG.Add(1)
 	go func() {

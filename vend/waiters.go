@@ -1,17 +1,31 @@
 package vend
 
-func (v *Vendor) wait(ref string) chan PaymentEvent {
+import "sync"
+
+// waiterSet holds the requests waiting for a payment's report, by payment
+// ref. It owns its lock.
+type waiterSet struct {
+	mu sync.Mutex
+	m  map[string][]chan PaymentEvent
+}
+
+// add registers a waiter for ref and returns its channel.
+func (w *waiterSet) add(ref string) chan PaymentEvent {
 	ch := make(chan PaymentEvent, 4)
-	v.mu.Lock()
-	v.waiters[ref] = append(v.waiters[ref], ch)
-	v.mu.Unlock()
+	w.mu.Lock()
+	if w.m == nil {
+		w.m = map[string][]chan PaymentEvent{}
+	}
+	w.m[ref] = append(w.m[ref], ch)
+	w.mu.Unlock()
 	return ch
 }
 
-func (v *Vendor) unwait(ref string, ch chan PaymentEvent) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	list := v.waiters[ref]
+// remove ends what add registered. Idempotent.
+func (w *waiterSet) remove(ref string, ch chan PaymentEvent) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	list := w.m[ref]
 	for i, c := range list {
 		if c == ch {
 			list = append(list[:i], list[i+1:]...)
@@ -19,35 +33,73 @@ func (v *Vendor) unwait(ref string, ch chan PaymentEvent) {
 		}
 	}
 	if len(list) == 0 {
-		delete(v.waiters, ref)
+		delete(w.m, ref)
 	} else {
-		v.waiters[ref] = list
+		w.m[ref] = list
 	}
 }
 
-// startRunning registers the call as running in this process and returns
-// the channel stopRunning closes; nil if it runs already.
-func (v *Vendor) startRunning(id CallID) chan struct{} {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if _, busy := v.running[id]; busy {
+// deliver sends e to every waiter of its payment and returns how many
+// there were. The sends happen under the lock and never block: a waiter
+// is either still registered and gets the event in its channel, or has
+// removed itself and is not counted (the event then takes onPayment's
+// orphan path). A waiter that leaves looks in its channel after removing
+// itself (waitPaid), so an event is never dropped between the two.
+func (w *waiterSet) deliver(e PaymentEvent) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	list := w.m[e.Payment.Ref]
+	for _, ch := range list {
+		select {
+		case ch <- e:
+		default: // the waiter has what it needs already
+		}
+	}
+	return len(list)
+}
+
+// waiting reports whether anyone waits for ref.
+func (w *waiterSet) waiting(ref string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.m[ref]) > 0
+}
+
+// runningSet holds the calls executing in this process, each with a
+// channel closed when it is done. It owns its lock.
+type runningSet struct {
+	mu sync.Mutex
+	m  map[CallID]chan struct{}
+}
+
+// start registers the call as running in this process and returns
+// the channel stop closes; nil if it runs already.
+func (s *runningSet) start(id CallID) chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, busy := s.m[id]; busy {
 		return nil
 	}
+	if s.m == nil {
+		s.m = map[CallID]chan struct{}{}
+	}
 	done := make(chan struct{})
-	v.running[id] = done
+	s.m[id] = done
 	return done
 }
 
-// stopRunning ends what startRunning registered, waking whoever waits.
-func (v *Vendor) stopRunning(id CallID, done chan struct{}) {
-	v.mu.Lock()
-	delete(v.running, id)
-	v.mu.Unlock()
+// stop ends what start registered, waking whoever waits.
+func (s *runningSet) stop(id CallID, done chan struct{}) {
+	s.mu.Lock()
+	delete(s.m, id)
+	s.mu.Unlock()
 	close(done)
 }
 
-func (v *Vendor) runningDone(id CallID) chan struct{} {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.running[id]
+// done returns the channel of the call running in this process, nil if it
+// does not run here.
+func (s *runningSet) done(id CallID) chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[id]
 }

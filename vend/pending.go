@@ -1,0 +1,21 @@
+package vend
+
+import "encoding/json"
+
+// pending is one priced call on its way through the flow: the call as the
+// ledger has it, its payment once one is asked for, and the request it
+// answers. Its methods are the steps of the flow (pay.go, run.go); one
+// pending is used by one goroutine at a time.
+type pending struct {
+	v    *Vendor
+	call Call
+	// pay is the call's payment, nil until one is requested or found.
+	pay *Payment
+	// t and args are the request's own item and arguments (or, for a call
+	// run from the ledger, the recorded ones): they describe the call and
+	// answer a request that finds it run already, but are never executed:
+	// a paid call runs what the ledger recorded (claimAndFinish).
+	t    Tool
+	args json.RawMessage
+	r    *CallRequest
+}
