@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // recoverWorkers bounds how many calls Recover handles at once.
@@ -26,19 +27,9 @@ func (v *Vendor) Recover(ctx context.Context) error {
 		return err
 	}
 	until := time.Now().Add(v.cfg.ToolWait) // one wait for the upstreams, not one per call
-	work := make(chan Call)
-	var wg sync.WaitGroup
-	for range min(recoverWorkers, len(calls)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for c := range work {
-				v.recoverCall(ctx, c, until)
-			}
-		}()
-	}
-	defer wg.Wait()
-	defer close(work)
+	var g errgroup.Group
+	g.SetLimit(recoverWorkers)
+	var stopped error
 	for _, c := range calls {
 		if c.CreatedAt.After(v.started) {
 			continue // this run's own
@@ -51,13 +42,21 @@ func (v *Vendor) Recover(ctx context.Context) error {
 			}
 			continue
 		}
-		select {
-		case work <- c:
-		case <-ctx.Done():
-			return ctx.Err() // stopping: the next start goes on
+		if stopped = ctx.Err(); stopped != nil {
+			break // stopping: the next start goes on
 		}
+		g.Go(func() error { // waits for a free worker
+			if err := ctx.Err(); err != nil {
+				return err // stopped while it waited
+			}
+			v.recoverCall(ctx, c, until)
+			return nil
+		})
 	}
-	return nil
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return stopped
 }
 
 // recoverCall finishes one call a previous run left (see Recover).
