@@ -12,7 +12,7 @@ import (
 )
 
 const callColumns = `id, transport, client, request_id, server, tool, args_hash, price_msat,
-	idempotent, state, executions, reason, created_at, updated_at, kind`
+	idempotent, state, executions, reason, created_at, updated_at, kind, run_id`
 
 type rowScanner interface{ Scan(dest ...any) error }
 
@@ -21,7 +21,7 @@ func scanCall(r rowScanner) (vend.Call, error) {
 	var created, updated int64
 	var state, kind string
 	err := r.Scan(&c.ID, &c.Transport, &c.Client, &c.RequestID, &c.Server, &c.Tool, &c.ArgsHash,
-		&c.Price, &c.Idempotent, &state, &c.Executions, &c.Reason, &created, &updated, &kind)
+		&c.Price, &c.Idempotent, &state, &c.Executions, &c.Reason, &created, &updated, &kind, &c.Run)
 	c.Kind = vend.ItemKind(kind)
 	if errors.Is(err, sql.ErrNoRows) {
 		return c, vend.ErrNotFound
@@ -128,11 +128,11 @@ func (l *Ledger) RecordCall(ctx context.Context, nc vend.NewCall) (vend.Call, bo
 	var created bool
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO calls (transport, client, request_id, server, tool, args_hash,
-			price_msat, idempotent, state, created_at, updated_at, kind, refund_invoice)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?, ?, ?)
+			price_msat, idempotent, state, created_at, updated_at, kind, refund_invoice, run_id)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?, ?, ?, ?)
 			ON CONFLICT (transport, client, request_id) DO NOTHING`,
 			nc.Transport, nc.Client, nc.RequestID, nc.Server, nc.Tool, nc.ArgsHash, nc.Price, nc.Idempotent, ms(now), ms(now),
-			string(nc.Kind.Or()), nc.RefundInvoice)
+			string(nc.Kind.Or()), nc.RefundInvoice, nc.Run)
 		if err != nil {
 			return err
 		}

@@ -151,7 +151,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	call, created, err := v.cfg.Ledger.RecordCall(ctx, NewCall{
 		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Kind: t.Kind.Or(), Tool: t.UpstreamName,
 		ArgsHash: hash, Price: q.Price, Idempotent: q.Idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
-		RefundInvoice: r.RefundInvoice,
+		RefundInvoice: r.RefundInvoice, Run: v.runID,
 	})
 	if err != nil || !created {
 		v.unpaid.release(slot)

@@ -60,6 +60,11 @@ type NewCall struct {
 	// (CallRequest.RefundInvoice), "" if none; a refund owed for the
 	// call is paid to it.
 	RefundInvoice string
+	// Run is the run id of the Vendor that recorded the call: Recover
+	// finishes the calls of other runs and leaves its own run's to the
+	// requests serving them. "" for a call recorded by no Vendor (or
+	// before ledger schema 10): always another run's. Written once.
+	Run string
 }
 
 // Binding is exactly what a priced call sells: its kind, the upstream

@@ -31,7 +31,7 @@ func (v *Vendor) Recover(ctx context.Context) error {
 	g.SetLimit(recoverWorkers)
 	var stopped error
 	for _, c := range calls {
-		if c.CreatedAt.After(v.started) {
+		if c.Run == v.runID {
 			continue // this run's own
 		}
 		if c.State == CallQuoted {

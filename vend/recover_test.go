@@ -142,3 +142,85 @@ func TestRecoverRefundsWhatItCannotRun(t *testing.T) {
 	}
 	verify(t, l)
 }
+
+// TestRecoverFinishesAPreviousRunsCallsStampedAhead: a previous run whose
+// clock was ahead (an hour, then stepped back before this start) left a
+// paid call: Recover runs it. Telling runs apart by wall-clock time took
+// it for this run's own and left it paid.
+func TestRecoverFinishesAPreviousRunsCallsStampedAhead(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "capvend.db")
+	ahead, err := ledger.Open(ctx, path, ledger.Options{Now: func() time.Time { return time.Now().Add(time.Hour) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paid, _ := crashedCall(t, ahead, "paid", "demo_echo", true, false, false, 1)
+	if err := ahead.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := ledger.Open(ctx, path, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	h := harnessOn(t, l, false, nil)
+	waitState(t, l, paid.ID, vend.CallDelivered)
+	if n := h.tools.count("echo"); n != 1 {
+		t.Fatalf("echo ran %d times, want 1", n)
+	}
+	verify(t, l)
+}
+
+// recordedLedger is the real ledger, telling each call it records.
+type recordedLedger struct {
+	*ledger.Ledger
+	recorded chan vend.CallID
+}
+
+func (l *recordedLedger) RecordCall(ctx context.Context, c vend.NewCall) (vend.Call, bool, error) {
+	call, created, err := l.Ledger.RecordCall(ctx, c)
+	if err == nil && created {
+		l.recorded <- call.ID
+	}
+	return call, created, err
+}
+
+// TestRecoverLeavesThisRunsCallsAlone: a call this run recorded and is
+// still serving (here quoted, waiting for its turn to issue its payment
+// request) is not a previous run's, even when the ledger's clock stamps it
+// an hour back: Recover leaves it to its request. Telling runs apart by
+// wall-clock time canceled it.
+func TestRecoverLeavesThisRunsCallsAlone(t *testing.T) {
+	ctx := context.Background()
+	l, err := ledger.Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{Now: func() time.Time { return time.Now().Add(-time.Hour) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	rl := &recordedLedger{Ledger: l, recorded: make(chan vend.CallID, 1)}
+	h := harnessOn(t, l, false, func(c *vend.Config) { c.Ledger = rl })
+	vend.SetIssueLineForTest(h.v, 1, 1)
+	giveBack, err := vend.TakeIssueTurnForTest(h.v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := h.callAsync(req("1", "demo_echo", `{"text":"mine"}`, nil))
+	var id vend.CallID
+	select {
+	case id = <-rl.recorded:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call was not recorded")
+	}
+	if err := h.v.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := l.Call(ctx, id); c.State != vend.CallQuoted {
+		t.Fatalf("this run's waiting call is %s (%s) after Recover, want quoted", c.State, c.Reason)
+	}
+	giveBack()
+	h.be.pay(h.nextPayment(t).Ref)
+	if o := result(t, ch); o.err != nil {
+		t.Fatalf("paid: %v", o.err)
+	}
+	verify(t, l)
+}

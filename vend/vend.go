@@ -44,7 +44,9 @@
 // ahead even if the client leaves at that instant (its answer waits for
 // the replay); a paid call that cannot run as recorded is refunded.
 // Recover, at start, finishes what a previous run left with a bounded
-// pool of workers.
+// pool of workers. A previous run's calls are told from this run's by the
+// random run id each Vendor records with its calls (NewCall.Run), never
+// by the clock.
 //
 // Prompts and resources are sold the same way (CallRequest.Kind): a
 // prompts/get of a priced prompt or a resources/read of a priced resource

@@ -80,7 +80,9 @@ type Vendor struct {
 	running runningSet                      // calls executing in this process (waiters.go)
 	bg      atomic.Pointer[context.Context] // Run's context, for work started by payment reports
 	bgWG    sync.WaitGroup                  // that work; Run waits for it
-	started time.Time                       // calls created before this are a previous run's
+	// runID is this Vendor's run id, recorded with every call it records
+	// (NewCall.Run): Recover leaves the calls of its own run alone.
+	runID string
 }
 
 // New checks cfg and returns a Vendor. It starts nothing.
@@ -111,10 +113,8 @@ func New(cfg Config) (*Vendor, error) {
 	}
 	v := &Vendor{cfg: cfg,
 		unpaid: newUnpaidBook(cfg.MaxUnpaidPerClient, cfg.MaxUnpaidTotal), issue: newIssueQueue(maxIssuing, maxWaiting),
-		rate: &rateLimiter{perMinute: cfg.RequestsPerMinute, maxKeys: DefaultMaxRateKeys},
-		// The ledger stamps milliseconds: a call of this run is stamped at
-		// or after the millisecond New runs in.
-		started: time.Now().Truncate(time.Millisecond).Add(-time.Millisecond)}
+		rate:  &rateLimiter{perMinute: cfg.RequestsPerMinute, maxKeys: DefaultMaxRateKeys},
+		runID: randomHex(16)}
 	v.SetPrices(cfg.Prices)
 	return v, nil
 }
