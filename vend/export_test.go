@@ -23,3 +23,7 @@ func TakeIssueTurnForTest(v *Vendor) (func(), error) {
 	}
 	return func() { v.issue.leave(t) }, v.issue.wait(context.Background(), t)
 }
+
+// RecoveredForTest is closed when Run's Recover has returned: all a
+// previous run left is handled then.
+func (v *Vendor) RecoveredForTest() <-chan struct{} { return v.recovered }

@@ -253,7 +253,6 @@ func TestRecoverRedoesAnInterruptedPrompt(t *testing.T) {
 	if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Millisecond)
 	items := &fakeItems{fakeTools: &fakeTools{}}
 	h := harnessOn(t, l, false, func(cfg *vend.Config) {
 		cfg.Tools = items

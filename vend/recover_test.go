@@ -55,7 +55,6 @@ func TestRecoverFanOutIsBounded(t *testing.T) {
 		c, _ := crashedCall(t, l, fmt.Sprint("c", i), "demo_echo", true, false, false, 1)
 		ids = append(ids, c.ID)
 	}
-	time.Sleep(2 * time.Millisecond) // the ledger stamps milliseconds: these are a previous run's
 	tools := &gatedTools{fakeTools: &fakeTools{}, gate: make(chan struct{})}
 	h := harnessOn(t, l, false, func(c *vend.Config) { c.Tools = tools })
 	var open sync.Once
@@ -123,7 +122,6 @@ func TestRecoverRefundsWhatItCannotRun(t *testing.T) {
 	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: 21_000}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Millisecond)
 	h := harnessOn(t, l, false, func(c *vend.Config) { c.ToolWait = 50 * time.Millisecond })
 	for id, reason := range map[vend.CallID]string{
 		gone.ID:        "its tool is no longer offered",

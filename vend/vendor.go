@@ -83,6 +83,9 @@ type Vendor struct {
 	// runID is this Vendor's run id, recorded with every call it records
 	// (NewCall.Run): Recover leaves the calls of its own run alone.
 	runID string
+	// recovered is closed when Run's Recover has returned.
+	recovered     chan struct{}
+	recoveredOnce sync.Once
 }
 
 // New checks cfg and returns a Vendor. It starts nothing.
@@ -114,7 +117,7 @@ func New(cfg Config) (*Vendor, error) {
 	v := &Vendor{cfg: cfg,
 		unpaid: newUnpaidBook(cfg.MaxUnpaidPerClient, cfg.MaxUnpaidTotal), issue: newIssueQueue(maxIssuing, maxWaiting),
 		rate:  &rateLimiter{perMinute: cfg.RequestsPerMinute, maxKeys: DefaultMaxRateKeys},
-		runID: randomHex(16)}
+		runID: randomHex(16), recovered: make(chan struct{})}
 	v.SetPrices(cfg.Prices)
 	return v, nil
 }
@@ -159,6 +162,7 @@ func (v *Vendor) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer v.recoveredOnce.Do(func() { close(v.recovered) })
 		if err := v.Recover(ctx); err != nil && ctx.Err() == nil {
 			v.cfg.Log.Error("vend: recover", "err", err)
 		}

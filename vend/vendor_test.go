@@ -756,7 +756,6 @@ func TestRecoverFinishesWhatACrashLeft(t *testing.T) {
 	quoted, _, _ := l.RecordCall(context.Background(), vend.NewCall{Transport: "test", Client: "client-1", RequestID: "quoted",
 		Server: "demo", Tool: "echo", ArgsHash: strings.Repeat("a", 64), Price: 21_000, Idempotent: true})
 
-	time.Sleep(2 * time.Millisecond)
 	h := harnessOn(t, l, true, nil) // capvend starts again
 	waitState(t, l, paid.ID, vend.CallDelivered)
 	if c := waitState(t, l, rerun.ID, vend.CallDelivered); c.Executions != 2 {
@@ -769,7 +768,11 @@ func TestRecoverFinishesWhatACrashLeft(t *testing.T) {
 	if p, _ := l.Payment(context.Background(), heldPay.Ref); p.State != vend.PaymentCanceled {
 		t.Fatalf("abandoned hold invoice is %s", p.State)
 	}
-	time.Sleep(100 * time.Millisecond)
+	select { // Recover has handled every call the crash left
+	case <-h.v.RecoveredForTest():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Recover did not return")
+	}
 	if c, _ := l.Call(context.Background(), grant.ID); c.State != vend.CallPaid {
 		t.Fatalf("explicit grant is %s, want paid (waiting for its client)", c.State)
 	}
