@@ -18,8 +18,10 @@ const recoverWorkers = 8
 // canceled); a paid call that cannot run as recorded (no recorded
 // arguments, its tool not offered within Config.ToolWait) is refunded
 // with the reason rather than left paid for the next start. Their answers
-// wait in the ledger for the clients' replays. At most recoverWorkers
-// calls are handled at once. Run calls it once the backends watch.
+// wait in the ledger for the clients' replays. The calls this Vendor
+// recorded (its run id, NewCall.Run) are left to the requests serving
+// them. At most recoverWorkers calls are handled at once. Run calls it
+// once the backends watch.
 func (v *Vendor) Recover(ctx context.Context) error {
 	ctx = withoutClient(ctx)
 	calls, err := v.cfg.Ledger.CallsIn(ctx, CallQuoted, CallPaid, CallExecuting, CallFailed)
