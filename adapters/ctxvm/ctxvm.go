@@ -7,14 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/btcsuite/btcd/btcec/v2"
 	"github.com/nbd-wtf/go-nostr"
-	"github.com/nbd-wtf/go-nostr/nip19"
 
 	"github.com/capvend/capvend/pricing"
 	"github.com/capvend/capvend/vend"
@@ -316,63 +313,6 @@ func (s *Server) PublicKey() string { return s.pk }
 // (EOSE): requests published after that are seen. It stays open while a
 // relay is unreachable. For tests and readiness probes.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
-
-// validSecretKey says whether sk is 64 lowercase-or-uppercase hex
-// characters of a non-zero key.
-func validSecretKey(sk string) bool {
-	b, err := hex.DecodeString(sk)
-	if err != nil || len(b) != 32 {
-		return false
-	}
-	for _, c := range b {
-		if c != 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// LoadSecretKey reads a secret key from path: an nsec1… (NIP-19) or 64 hex
-// characters, surrounded by white space at most. It returns the key as
-// lowercase hex. Errors name the path, never the content.
-func LoadSecretKey(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("nostr key: %w", err)
-	}
-	sk, err := ParseSecretKey(string(b))
-	if err != nil {
-		return "", fmt.Errorf("nostr key %s: %w", path, err)
-	}
-	return sk, nil
-}
-
-// ParseSecretKey parses an nsec1… or 64-hex secret key (white space around
-// it is ignored) and returns it as lowercase hex. The error never contains
-// the input.
-func ParseSecretKey(s string) (string, error) {
-	s = strings.TrimSpace(s)
-	bad := errors.New("not an nsec1… or 64-hex secret key")
-	if strings.HasPrefix(s, "nsec1") {
-		prefix, v, err := nip19.Decode(s)
-		if err != nil || prefix != "nsec" {
-			return "", bad
-		}
-		hexKey, ok := v.(string)
-		if !ok {
-			return "", bad
-		}
-		s = hexKey
-	}
-	s = strings.ToLower(s)
-	if !validSecretKey(s) {
-		return "", bad
-	}
-	if _, err := nostr.GetPublicKey(s); err != nil {
-		return "", bad
-	}
-	return s, nil
-}
 
 // Run subscribes to the relays and serves requests until ctx ends; call it
 // once per Server. Then it stops reading, lets requests in flight finish

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/fiatjaf/khatru"
 	"github.com/nbd-wtf/go-nostr"
-	"github.com/nbd-wtf/go-nostr/nip19"
 	"github.com/nbd-wtf/go-nostr/nip44"
 
 	"github.com/capvend/capvend/adapters/rpcerr"
@@ -828,37 +826,6 @@ func TestToWire(t *testing.T) {
 	}
 }
 
-func TestParseSecretKey(t *testing.T) {
-	sk := nostr.GeneratePrivateKey()
-	nsec, _ := nip19.EncodePrivateKey(sk)
-	for _, in := range []string{sk, strings.ToUpper(sk), nsec, "\n " + nsec + "\n"} {
-		if got, err := ParseSecretKey(in); err != nil || got != sk {
-			t.Errorf("%q: %q %v", in, got, err)
-		}
-	}
-	npub, _ := nip19.EncodePublicKey(sk)
-	for _, in := range []string{"", sk[:63], sk + "00", strings.Repeat("0", 64), npub, "nsec1" + sk, badChecksum(nsec)} {
-		_, err := ParseSecretKey(in)
-		if err == nil {
-			t.Errorf("%q accepted", in)
-		} else if len(in) > 8 && strings.Contains(err.Error(), in) {
-			t.Errorf("error quotes the key: %v", err)
-		}
-	}
-	dir := t.TempDir()
-	path := dir + "/key"
-	if err := writeFile(path, nsec+"\n"); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := LoadSecretKey(path); err != nil || got != sk {
-		t.Errorf("LoadSecretKey: %q %v", got, err)
-	}
-	writeFile(path, "nsec1notakey")
-	if _, err := LoadSecretKey(path); err == nil || strings.Contains(err.Error(), "notakey") || !strings.Contains(err.Error(), path) {
-		t.Errorf("LoadSecretKey of a bad key: %v", err)
-	}
-}
-
 func TestNewRejects(t *testing.T) {
 	good := Config{Vendor: &fakeVendor{}, SecretKey: nostr.GeneratePrivateKey(), Relays: []string{"ws://127.0.0.1:1"}}
 	for name, mod := range map[string]func(*Config){
@@ -881,17 +848,6 @@ func TestNewRejects(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
-// badChecksum changes the last character of a bech32 string.
-func badChecksum(s string) string {
-	last := "q"
-	if strings.HasSuffix(s, "q") {
-		last = "p"
-	}
-	return s[:len(s)-1] + last
-}
-
-func writeFile(path, s string) error { return os.WriteFile(path, []byte(s), 0o600) }
 
 type lockedBuffer struct {
 	mu sync.Mutex
