@@ -67,3 +67,20 @@ func ParseSecretKey(s string) (string, error) {
 	}
 	return s, nil
 }
+
+// ParsePublicKey reads an npub1… (NIP-19) or 64-hex pubkey and returns it as
+// lowercase hex (white space around it is ignored).
+func ParsePublicKey(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	if strings.HasPrefix(s, "npub1") {
+		prefix, v, err := nip19.Decode(s)
+		if err != nil || prefix != "npub" {
+			return "", errors.New("not an npub")
+		}
+		s, _ = v.(string)
+	}
+	if b, err := hex.DecodeString(s); err != nil || len(b) != 32 {
+		return "", errors.New("not 64 hex characters")
+	}
+	return strings.ToLower(s), nil
+}

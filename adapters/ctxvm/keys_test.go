@@ -50,3 +50,20 @@ func badChecksum(s string) string {
 }
 
 func writeFile(path, s string) error { return os.WriteFile(path, []byte(s), 0o600) }
+
+func TestParsePublicKey(t *testing.T) {
+	sk := nostr.GeneratePrivateKey()
+	pk, _ := nostr.GetPublicKey(sk)
+	npub, _ := nip19.EncodePublicKey(pk)
+	nsec, _ := nip19.EncodePrivateKey(sk)
+	for _, in := range []string{pk, strings.ToUpper(pk), npub, " " + npub + "\n"} {
+		if got, err := ParsePublicKey(in); err != nil || got != pk {
+			t.Errorf("%q: %q %v", in, got, err)
+		}
+	}
+	for _, in := range []string{"", pk[:63], pk + "00", nsec, "npub1" + pk, badChecksum(npub)} {
+		if got, err := ParsePublicKey(in); err == nil {
+			t.Errorf("%q accepted as %q", in, got)
+		}
+	}
+}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -17,9 +16,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nbd-wtf/go-nostr/nip19"
 	"gopkg.in/yaml.v3"
 
+	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/pricing"
 )
@@ -673,7 +672,7 @@ func (c *Config) Validate() error {
 		keys []string
 	}{{"nostr.allow", c.Nostr.Allow}, {"nostr.deny", c.Nostr.Deny}} {
 		for i, k := range l.keys {
-			if _, err := parsePubkey(k); err != nil {
+			if _, err := ctxvm.ParsePublicKey(k); err != nil {
 				bad(fmt.Sprintf("%s[%d]", l.name, i), "%q is not a pubkey: write an npub1… or 64 hex characters", k)
 			}
 		}
@@ -803,29 +802,12 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// parsePubkey reads an npub1… (NIP-19) or 64-hex pubkey and returns it as
-// lowercase hex.
-func parsePubkey(s string) (string, error) {
-	s = strings.TrimSpace(s)
-	if strings.HasPrefix(s, "npub1") {
-		prefix, v, err := nip19.Decode(s)
-		if err != nil || prefix != "npub" {
-			return "", errors.New("not an npub")
-		}
-		s, _ = v.(string)
-	}
-	if b, err := hex.DecodeString(s); err != nil || len(b) != 32 {
-		return "", errors.New("not 64 hex characters")
-	}
-	return strings.ToLower(s), nil
-}
-
 // hexPubkeys is list (validated: see Validate) as hex pubkeys; entries
 // that do not parse are kept as they are, for ctxvm.New to refuse.
 func hexPubkeys(list []string) []string {
 	out := make([]string, 0, len(list))
 	for _, k := range list {
-		if h, err := parsePubkey(k); err == nil {
+		if h, err := ctxvm.ParsePublicKey(k); err == nil {
 			k = h
 		}
 		out = append(out, k)
