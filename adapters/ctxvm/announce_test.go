@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -236,7 +236,7 @@ func queryAnnouncements(t *testing.T, relay, pubkey string, want int) []nostr.Ev
 }
 
 func TestAnnounceAtStart(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	s := startServer(t, relay, &fakeVendor{}, func(c *Config) {
 		c.Announce = true
 		c.Catalog = newListCatalog()
@@ -410,14 +410,12 @@ func TestAnnounceRetry(t *testing.T) {
 // A relay refusing announcements neither blocks the server nor the other
 // relays; Refresh never blocks.
 func TestAnnounceRelayRefuses(t *testing.T) {
-	refusing := newRelay(t)
+	refusing := testkit.NewRelay()
 	refusing.RejectEvent = append(refusing.RejectEvent, func(_ context.Context, ev *nostr.Event) (bool, string) {
 		return ev.Kind != KindMessage, "blocked: no announcements here"
 	})
-	srv := httptest.NewServer(refusing)
-	t.Cleanup(srv.Close)
-	bad := "ws" + strings.TrimPrefix(srv.URL, "http")
-	good := startRelay(t)
+	bad := testkit.ServeRelay(t, refusing)
+	good := testkit.Relay(t)
 
 	t.Run("other relay", func(t *testing.T) {
 		s := startServer(t, bad, &fakeVendor{}, func(c *Config) { c.Announce = true; c.Relays = []string{bad, good} })
@@ -459,7 +457,7 @@ func TestRefreshWithoutAnnounce(t *testing.T) {
 }
 
 func TestUnannounce(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	sk := nostr.GeneratePrivateKey()
 	s := startServer(t, relay, &fakeVendor{}, func(c *Config) { c.Announce = true; c.Catalog = newListCatalog(); c.SecretKey = sk })
 	pk := s.PublicKey()
@@ -501,11 +499,9 @@ func TestUnannounce(t *testing.T) {
 	queryAnnouncements(t, relay, pk, 0)
 
 	t.Run("refused", func(t *testing.T) {
-		rl := newRelay(t)
+		rl := testkit.NewRelay()
 		rl.RejectEvent = append(rl.RejectEvent, func(context.Context, *nostr.Event) (bool, string) { return true, "blocked: no" })
-		srv := httptest.NewServer(rl)
-		t.Cleanup(srv.Close)
-		_, err := Unannounce(context.Background(), sk, []string{"ws" + strings.TrimPrefix(srv.URL, "http")}, "", 10*time.Second)
+		_, err := Unannounce(context.Background(), sk, []string{testkit.ServeRelay(t, rl)}, "", 10*time.Second)
 		if !errors.Is(err, ErrNotAccepted) || !strings.Contains(err.Error(), "blocked: no") {
 			t.Fatalf("err %v", err)
 		}

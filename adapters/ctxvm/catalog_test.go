@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/capvend/capvend/adapters/rpcerr"
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -78,7 +79,7 @@ func (c *client) ask(t *testing.T, content string) reply {
 }
 
 func TestCatalog(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	s := startServer(t, relay, &fakeVendor{}, func(cfg *Config) { cfg.Catalog = fakeCatalog{} })
 	c := newClient(t, relay, s.PublicKey())
 
@@ -145,7 +146,7 @@ func TestCatalog(t *testing.T) {
 // TestNoCatalog: without a Catalog nothing is advertised, lists are empty
 // and nothing can be got or read.
 func TestNoCatalog(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	s := startServer(t, relay, &fakeVendor{}, nil)
 	c := newClient(t, relay, s.PublicKey())
 	r := c.ask(t, `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}`)

@@ -7,20 +7,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/fiatjaf/khatru"
 	"github.com/nbd-wtf/go-nostr"
-	"github.com/nbd-wtf/go-nostr/nip44"
 
 	"github.com/capvend/capvend/adapters/rpcerr"
-	"github.com/capvend/capvend/internal/memstore"
+	"github.com/capvend/capvend/internal/ctxvmclient"
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -101,56 +97,6 @@ func (f *fakeVendor) lastCall() vend.CallRequest {
 	return f.calls[len(f.calls)-1]
 }
 
-// newRelay returns an in-memory khatru relay.
-func newRelay(t *testing.T) *khatru.Relay {
-	t.Helper()
-	rl := khatru.NewRelay()
-	new(memstore.Store).Attach(rl) // not slicestore: see package memstore
-	return rl
-}
-
-// startRelay runs an in-memory khatru relay under httptest.
-func startRelay(t *testing.T) string {
-	t.Helper()
-	srv := httptest.NewServer(newRelay(t))
-	t.Cleanup(srv.Close)
-	return "ws" + strings.TrimPrefix(srv.URL, "http")
-}
-
-// stoppableRelay serves a fresh relay on addr ("127.0.0.1:0" for any
-// port) and returns its address and a function that stops it, closing
-// its websocket connections too (http.Server.Close leaves hijacked ones).
-func stoppableRelay(t *testing.T, addr string) (string, func()) {
-	t.Helper()
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	srv := &http.Server{Handler: newRelay(t), ConnState: func(c net.Conn, st http.ConnState) {
-		if st == http.StateHijacked {
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}}
-	go srv.Serve(ln)
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			srv.Close()
-			mu.Lock()
-			defer mu.Unlock()
-			for _, c := range conns {
-				c.Close()
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return ln.Addr().String(), stop
-}
-
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // startServer runs a Server on relay until the test ends.
@@ -196,64 +142,35 @@ func startStoppable(t *testing.T, relay string, v Vendor, mod func(*Config)) (*S
 	return s, stop
 }
 
-// client is a ContextVM client on one relay. It reads the relay's
-// messages on one goroutine, so events arrive in the relay's order
-// (go-nostr's Relay dispatches each event on its own goroutine).
+// client is the shared ContextVM client (internal/ctxvmclient) for a
+// test: it keeps every event, in the relay's order, for next and expect,
+// and fails the test where the client returns an error.
 type client struct {
 	t      *testing.T
+	c      *ctxvmclient.Client
 	sk, pk string
 	server string
-	conn   *nostr.Connection
-	events chan *nostr.Event
-	oks    chan nostr.OKEnvelope
+	events <-chan *nostr.Event
 }
 
 func newClient(t *testing.T, url, server string) *client {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	conn, err := nostr.NewConnection(ctx, url, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a deadlock guard
+	defer cancel()
+	c, err := ctxvmclient.Dial(ctx, url, server, ctxvmclient.Options{Events: true,
+		Kinds: []int{KindMessage, KindGiftWrap, KindEphemeralGiftWrap, KindDVMCPResponse, KindDVMCPNotification, KindJobResult, KindJobFeedback}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cancel(); conn.Close() })
-	sk := nostr.GeneratePrivateKey()
-	pk, _ := nostr.GetPublicKey(sk)
-	c := &client{t: t, sk: sk, pk: pk, server: server, conn: conn,
-		events: make(chan *nostr.Event, 100), oks: make(chan nostr.OKEnvelope, 100)}
-	eose := make(chan struct{}, 1)
-	go func() {
-		for {
-			var buf strings.Builder
-			if err := conn.ReadMessage(ctx, &buf); err != nil {
-				return
-			}
-			switch env := nostr.ParseMessage(buf.String()).(type) {
-			case *nostr.EventEnvelope:
-				c.events <- &env.Event
-			case *nostr.OKEnvelope:
-				c.oks <- *env
-			case *nostr.EOSEEnvelope:
-				eose <- struct{}{}
-			}
-		}
-	}()
-	req, _ := json.Marshal(nostr.ReqEnvelope{SubscriptionID: "s", Filters: nostr.Filters{{Kinds: []int{KindMessage, KindGiftWrap, KindEphemeralGiftWrap, KindDVMCPResponse, KindDVMCPNotification, KindJobResult, KindJobFeedback}, Tags: nostr.TagMap{"p": {pk}}}}})
-	if err := conn.WriteMessage(ctx, req); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-eose:
-	case <-time.After(30 * time.Second): // a deadlock guard
-		t.Fatal("no EOSE")
-	}
-	return c
+	t.Cleanup(func() { c.Close() })
+	return &client{t: t, c: c, sk: c.SecretKey, pk: c.PublicKey, server: server, events: c.Events()}
 }
 
 // event returns a signed request event carrying content.
 func (c *client) event(content string, tags ...nostr.Tag) *nostr.Event {
 	ev := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Content: content,
-		Tags: append(nostr.Tags{{"p", c.server}}, tags...)}
-	if err := ev.Sign(c.sk); err != nil {
+		Tags: append(nostr.Tags{{"p", c.server}}, tags...)} // c.server, which a test may set after dialing
+	if err := c.c.Sign(ev); err != nil {
 		c.t.Fatal(err)
 	}
 	return ev
@@ -269,19 +186,9 @@ func (c *client) publish(ev *nostr.Event) {
 // tryPublish publishes ev and returns the relay's refusal, if any (khatru
 // refuses an ephemeral event no one subscribed to).
 func (c *client) tryPublish(ev *nostr.Event) error {
-	b, _ := json.Marshal(nostr.EventEnvelope{Event: *ev})
-	if err := c.conn.WriteMessage(context.Background(), b); err != nil {
-		return err
-	}
-	select {
-	case ok := <-c.oks:
-		if !ok.OK || ok.EventID != ev.ID {
-			return fmt.Errorf("relay refused %s: %s", ev.ID, ok.Reason)
-		}
-		return nil
-	case <-time.After(30 * time.Second): // a deadlock guard
-		return errors.New("no OK from the relay")
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a deadlock guard
+	defer cancel()
+	return c.c.Publish(ctx, ev)
 }
 
 // send publishes a request and returns its event.
@@ -299,22 +206,11 @@ func (c *client) next() (ev *nostr.Event, wrapped bool) {
 	select {
 	case ev := <-c.events:
 		if ev.Kind == KindGiftWrap {
-			ck, err := nip44.GenerateConversationKey(ev.PubKey, c.sk)
+			inner, err := ctxvmclient.Unwrap(ev, c.sk)
 			if err != nil {
 				c.t.Fatal(err)
 			}
-			plain, err := nip44.Decrypt(ev.Content, ck)
-			if err != nil {
-				c.t.Fatal(err)
-			}
-			var inner nostr.Event
-			if err := json.Unmarshal([]byte(plain), &inner); err != nil {
-				c.t.Fatal(err)
-			}
-			if ok, _ := inner.CheckSignature(); !ok || !inner.CheckID() {
-				c.t.Fatal("inner event badly signed")
-			}
-			return &inner, true
+			return inner, true
 		}
 		return ev, false
 	case <-time.After(30 * time.Second): // a deadlock guard
@@ -367,7 +263,7 @@ func hasTag(tags nostr.Tags, want ...string) bool {
 }
 
 func TestInitializeAndList(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	s := startServer(t, relay, &fakeVendor{}, nil)
 	c := newClient(t, relay, s.PublicKey())
 
@@ -423,7 +319,7 @@ func TestInitializeAndList(t *testing.T) {
 }
 
 func TestCalls(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	v := &fakeVendor{}
 	s := startServer(t, relay, v, nil)
 	c := newClient(t, relay, s.PublicKey())
@@ -509,7 +405,7 @@ func TestRelayRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for the pool's reconnection (seconds)")
 	}
-	addr, stopRelay := stoppableRelay(t, "127.0.0.1:0")
+	addr, stopRelay := testkit.StoppableRelay(t, "127.0.0.1:0")
 	url := "ws://" + addr
 	s := startServer(t, url, &fakeVendor{}, nil)
 	c := newClient(t, url, s.PublicKey())
@@ -517,7 +413,7 @@ func TestRelayRestart(t *testing.T) {
 	c.expect(req)
 
 	stopRelay()
-	stoppableRelay(t, addr)
+	testkit.StoppableRelay(t, addr)
 	c = newClient(t, url, s.PublicKey())
 	for i := 0; ; i++ { // until the server is subscribed again
 		req := c.event(`{"jsonrpc":"2.0","id":2,"method":"ping"}`)
@@ -537,7 +433,7 @@ func TestRelayRestart(t *testing.T) {
 
 // Beyond MaxInFlight requests, events are dropped unanswered.
 func TestMaxInFlight(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	v := &fakeVendor{block: make(chan struct{})}
 	logs := &lockedBuffer{}
 	s := startServer(t, relay, v, func(c *Config) {
@@ -580,7 +476,7 @@ func takeTheOnlySlot(v *fakeVendor, logs *lockedBuffer, c *client) *nostr.Event 
 // call: same RequestID, same answers. (The ledger-backed Vendor then
 // answers from the stored result; see cmd/capvend's contextvm test.)
 func TestReplayAfterRestart(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	v := &fakeVendor{}
 	sk := nostr.GeneratePrivateKey()
 	withKey := func(c *Config) { c.SecretKey = sk }
@@ -608,7 +504,7 @@ func TestReplayAfterRestart(t *testing.T) {
 }
 
 func TestEncryption(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	for _, mode := range []Encryption{EncryptionOptional, EncryptionRequired} {
 		t.Run(string(mode), func(t *testing.T) {
 			s := startServer(t, relay, &fakeVendor{}, func(c *Config) { c.Encryption = mode })
@@ -646,17 +542,8 @@ func wrapFor(t testing.TB, ev nostr.Event, recipient string) *nostr.Event {
 
 // wrapKind is wrapFor in a gift wrap of kind (1059 or 21059).
 func wrapKind(t testing.TB, ev nostr.Event, recipient string, kind int) *nostr.Event {
-	sk := nostr.GeneratePrivateKey()
-	ck, err := nip44.GenerateConversationKey(recipient, sk)
+	w, err := ctxvmclient.Wrap(ev, recipient, kind)
 	if err != nil {
-		t.Fatal(err)
-	}
-	ct, err := nip44.Encrypt(ev.String(), ck)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &nostr.Event{Kind: kind, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", recipient}}, Content: ct}
-	if err := w.Sign(sk); err != nil {
 		t.Fatal(err)
 	}
 	return w
@@ -864,4 +751,11 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// The shared client's kinds are the server's.
+func TestClientKinds(t *testing.T) {
+	if ctxvmclient.KindMessage != KindMessage || ctxvmclient.KindGiftWrap != KindGiftWrap || ctxvmclient.KindEphemeralGiftWrap != KindEphemeralGiftWrap {
+		t.Fatal("internal/ctxvmclient's kinds differ from the server's")
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip59"
 
 	"github.com/capvend/capvend/adapters/rpcerr"
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -558,7 +559,7 @@ func mustCK(t testing.TB, pub, sk string) [32]byte {
 // ephemeral gift wraps, and DVMCP answers reach a client subscribed to
 // their kinds.
 func TestDialectsOverRelay(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	s := startServer(t, relay, &fakeVendor{}, nil)
 	c := newClient(t, relay, s.PublicKey())
 	next := func() *nostr.Event {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -134,7 +135,7 @@ func waitCount(t *testing.T, logs *lockedBuffer, s string, n int) {
 }
 
 func TestElicitation(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	v := &elicitVendor{}
 	logs := &lockedBuffer{}
 	s := startServer(t, relay, v, func(c *Config) {
@@ -253,7 +254,7 @@ func first(r reply, _ *nostr.Event) reply { return r }
 // A client that did not declare the elicitation capability, and a DVMCP
 // client, are never asked: the upstream is declined, or has no Elicit.
 func TestElicitationNotAsked(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	v := &elicitVendor{}
 	s := startServer(t, relay, v, nil)
 	c := newClient(t, relay, s.PublicKey())

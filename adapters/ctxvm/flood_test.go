@@ -10,6 +10,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip13"
 
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -17,7 +18,7 @@ import (
 // slot and a call waiting, a new client is still served (the slot used to
 // be held for the whole payment TTL, so unpaid quotes starved everyone).
 func TestWaitingForPaymentHoldsNoSlot(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	v := &fakeVendor{block: make(chan struct{})}
 	s := startServer(t, relay, v, func(c *Config) { c.MaxInFlight = 1 })
 	spammer := newClient(t, relay, s.PublicKey())
@@ -40,7 +41,7 @@ func TestWaitingForPaymentHoldsNoSlot(t *testing.T) {
 // event's for a gift wrap) reaches the Vendor with the difficulty
 // required.
 func TestProofOfWorkReachesTheVendor(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	v := &fakeVendor{}
 	s := startServer(t, relay, v, func(c *Config) { c.PowDifficulty = 8 })
 	c := newClient(t, relay, s.PublicKey())
@@ -95,7 +96,7 @@ func TestProofOfWorkReachesTheVendor(t *testing.T) {
 // With every MaxInFlight slot taken, a stranger's request is dropped but
 // one from a client who paid before still enters (its reserve).
 func TestKnownPayerEntersWhenSlotsAreTaken(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	logs := &lockedBuffer{}
 	v := &fakeVendor{block: make(chan struct{}), payers: map[string]bool{}}
 	s := startServer(t, relay, v, func(c *Config) {

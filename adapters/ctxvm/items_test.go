@@ -8,6 +8,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -47,7 +48,7 @@ func (v itemVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.Call
 }
 
 func TestPricedPromptsAndResources(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	v := itemVendor{&fakeVendor{}}
 	s := startServer(t, relay, v, func(cfg *Config) { cfg.Catalog = fakeCatalog{} })
 	c := newClient(t, relay, s.PublicKey())

@@ -8,6 +8,8 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip13"
+
+	"github.com/capvend/capvend/internal/testkit"
 )
 
 // A known payer's request comes by the payers lane: with the main
@@ -15,7 +17,7 @@ import (
 // customer who paid is served, also one who paid after the server
 // started, and each request is answered once when both deliver it.
 func TestKnownPayerComesByItsLane(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	v := &fakeVendor{payers: map[string]bool{}}
 	customer := newClient(t, relay, "")
 	later := newClient(t, relay, "")
@@ -59,7 +61,7 @@ func servedByLane(t *testing.T, c *client) {
 // An event delivered by a lane and by the main subscription is served
 // once.
 func TestLaneAndMainServeOnce(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	v := &fakeVendor{payers: map[string]bool{}}
 	customer := newClient(t, relay, "")
 	v.payers[customer.pk] = true
@@ -85,7 +87,7 @@ func TestLaneAndMainServeOnce(t *testing.T) {
 // With a proof-of-work difficulty, a request that did the work comes by
 // the work lane when the main subscription holds everything back.
 func TestWorkComesByItsLane(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	v := &fakeVendor{}
 	s := startServer(t, relay, v, func(c *Config) {
 		c.PowDifficulty = 8

@@ -2,30 +2,28 @@ package ctxvm
 
 import (
 	"context"
-	"net/http/httptest"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/internal/testkit"
 )
 
 // TestAnswerReachesEveryRelay: an answer is published on every relay: a
 // relay slower than the first to acknowledge still gets it (publishPool
 // returns at the first OK and leaves the rest running).
 func TestAnswerReachesEveryRelay(t *testing.T) {
-	fast := startRelay(t)
-	slowRelay := newRelay(t)
+	fast := testkit.Relay(t)
+	slowRelay := testkit.NewRelay()
 	slowRelay.RejectEvent = append(slowRelay.RejectEvent, func(ctx context.Context, ev *nostr.Event) (bool, string) {
 		if ev.Kind == KindMessage && ev.Tags.Find("e") != nil {
 			time.Sleep(time.Second) // slower than the fast relay's OK
 		}
 		return false, ""
 	})
-	srv := httptest.NewServer(slowRelay)
-	t.Cleanup(srv.Close)
-	slow := "ws" + strings.TrimPrefix(srv.URL, "http")
+	slow := testkit.ServeRelay(t, slowRelay)
 
 	s := startServer(t, fast, &fakeVendor{}, func(c *Config) { c.Relays = []string{fast, slow} })
 	// Kind 25910 is ephemeral: relays pass it on, never store it, so

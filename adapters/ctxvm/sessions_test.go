@@ -11,6 +11,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -61,7 +62,7 @@ func (c *client) expectListChanged(method string, wantWrapped bool) {
 }
 
 func TestListChanged(t *testing.T) {
-	relay := startRelay(t)
+	relay := testkit.Relay(t)
 	v, cat := newPriceVendor(), newListCatalog()
 	s, rounds := listChangedServer(t, relay, v, cat)
 	plain := newClient(t, relay, s.PublicKey())

@@ -1,0 +1,80 @@
+// Package testkit holds the helpers capvend's tests share: in-process
+// Nostr relays and a bounded wait. It is imported by tests only; what the
+// demo shares with the tests (the ContextVM client, waiting until a
+// server lists its tools) is in internal/ctxvmclient and
+// internal/listed. It imports no adapter, billing or ledger package, so
+// that every package's tests may use it (ledger helpers are in
+// internal/testkit/ledgerkit).
+package testkit
+
+import (
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/fiatjaf/khatru"
+
+	"github.com/capvend/capvend/internal/memstore"
+)
+
+// NewRelay returns an in-memory khatru relay, to adjust (RejectEvent ...)
+// and serve with ServeRelay.
+func NewRelay() *khatru.Relay {
+	rl := khatru.NewRelay()
+	new(memstore.Store).Attach(rl) // not slicestore: see package memstore
+	return rl
+}
+
+// ServeRelay serves rl under httptest until the test ends and returns its
+// ws:// URL.
+func ServeRelay(t testing.TB, rl *khatru.Relay) string {
+	t.Helper()
+	srv := httptest.NewServer(rl)
+	t.Cleanup(srv.Close)
+	return "ws" + strings.TrimPrefix(srv.URL, "http")
+}
+
+// Relay serves a fresh in-memory relay until the test ends and returns its
+// ws:// URL.
+func Relay(t testing.TB) string {
+	t.Helper()
+	return ServeRelay(t, NewRelay())
+}
+
+// StoppableRelay serves a fresh relay on addr ("127.0.0.1:0" for any
+// port) and returns its address and a function that stops it, closing
+// its websocket connections too (http.Server.Close leaves hijacked ones).
+// The test's end stops it too; stop is idempotent.
+func StoppableRelay(t testing.TB, addr string) (string, func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	srv := &http.Server{Handler: NewRelay(), ConnState: func(c net.Conn, st http.ConnState) {
+		if st == http.StateHijacked {
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}}
+	go srv.Serve(ln)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			srv.Close()
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range conns {
+				c.Close()
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return ln.Addr().String(), stop
+}
