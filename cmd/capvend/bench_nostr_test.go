@@ -3,10 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
+	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -18,9 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/btcsuite/btcd/btcec/v2"
-	"github.com/btcsuite/btcd/btcec/v2/schnorr"
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/internal/ctxvmclient"
+	"github.com/capvend/capvend/internal/testkit"
 )
 
 // nostrBenchInFlight is how many calls the load client keeps in flight.
@@ -45,7 +44,7 @@ func BenchmarkNostrFreeCall(b *testing.B) {
 	if missing := sdkMissing(); missing != "" {
 		b.Skip("stock ContextVM server: " + missing)
 	}
-	relay := runRelay(b)
+	relay := testkit.Relay(b)
 
 	sk := nostr.GeneratePrivateKey()
 	ours, _ := nostr.GetPublicKey(sk)
@@ -164,95 +163,34 @@ func startSDKServer(tb testing.TB, dir, relay string) string {
 	return ""
 }
 
-// loadClient is a plaintext ContextVM client for load: one relay
-// connection, one key, answers matched to requests by their e tag. It
-// measures the servers, not itself: it does not check their signatures
-// (AssumeValid) and signs with its key parsed once.
+// loadClient is the shared ContextVM client (internal/ctxvmclient) for
+// load: plaintext, one relay connection, one key, answers matched to
+// requests by their e tag. It measures the servers, not itself: it does
+// not check their signatures (AssumeValid).
 type loadClient struct {
-	sk, pk, server string
-	key            *btcec.PrivateKey
-	relay          *nostr.Relay
-	id             atomic.Int64
-
-	mu      sync.Mutex
-	waiting map[string]chan *nostr.Event // by request event id
+	*ctxvmclient.Client
 }
 
 func newLoadClient(tb testing.TB, url, server string) *loadClient {
 	tb.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	tb.Cleanup(cancel)
-	r := nostr.NewRelay(ctx, url)
-	r.AssumeValid = true
-	if err := r.Connect(ctx); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { r.Close() })
-	sk := nostr.GeneratePrivateKey()
-	pk, _ := nostr.GetPublicKey(sk)
-	since := nostr.Now()
-	sub, err := r.Subscribe(ctx, nostr.Filters{{Kinds: []int{25910}, Authors: []string{server}, Tags: nostr.TagMap{"p": {pk}}, Since: &since}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a deadlock guard
+	defer cancel()
+	c, err := ctxvmclient.Dial(ctx, url, server, ctxvmclient.Options{Kinds: []int{ctxvmclient.KindMessage}, AssumeValid: true})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	<-sub.EndOfStoredEvents
-	skBytes, _ := hex.DecodeString(sk)
-	key, _ := btcec.PrivKeyFromBytes(skBytes)
-	c := &loadClient{sk: sk, pk: pk, key: key, server: server, relay: r, waiting: map[string]chan *nostr.Event{}}
-	go func() {
-		for ev := range sub.Events {
-			e := ev.Tags.GetFirst([]string{"e", ""})
-			if e == nil {
-				continue
-			}
-			c.mu.Lock()
-			ch := c.waiting[(*e)[1]]
-			c.mu.Unlock()
-			if ch != nil {
-				select {
-				case ch <- ev:
-				default:
-				}
-			}
-		}
-	}()
-	return c
+	tb.Cleanup(func() { c.Close() })
+	return &loadClient{c}
 }
 
 // call sends one request (method and params JSON) and returns the content
 // of its response (notifications about it are skipped).
 func (c *loadClient) call(ctx context.Context, method, params string) (string, error) {
-	content := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":%q,"params":%s}`, c.id.Add(1), method, params)
-	ev := nostr.Event{Kind: 25910, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", c.server}}, Content: content, PubKey: c.pk}
-	h := sha256.Sum256(ev.Serialize())
-	sig, err := schnorr.Sign(c.key, h[:], schnorr.FastSign())
+	_, r, err := c.Request(ctx, method, json.RawMessage(params), ctxvmclient.Request{})
 	if err != nil {
 		return "", err
 	}
-	ev.ID, ev.Sig = hex.EncodeToString(h[:]), hex.EncodeToString(sig.Serialize())
-	ch := make(chan *nostr.Event, 8)
-	c.mu.Lock()
-	c.waiting[ev.ID] = ch
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		delete(c.waiting, ev.ID)
-		c.mu.Unlock()
-	}()
-	if err := c.relay.Publish(ctx, ev); err != nil {
-		return "", err
-	}
-	for {
-		select {
-		case r := <-ch:
-			if strings.Contains(r.Content, `"method":`) && !strings.Contains(r.Content, `"result":`) && !strings.Contains(r.Content, `"error":`) {
-				continue // a notification
-			}
-			return r.Content, nil
-		case <-ctx.Done():
-			return "", ctx.Err()
-		}
-	}
+	return r.Event.Content, nil
 }
 
 // wordCountArgs and wordCountAnswer are the benchmark's call and what
@@ -271,9 +209,11 @@ func (c *loadClient) warmUp(tb testing.TB) {
 	if _, err := c.call(ctx, "initialize", `{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}`); err != nil {
 		tb.Fatalf("initialize: %v", err)
 	}
-	n := nostr.Event{Kind: 25910, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", c.server}}, Content: `{"jsonrpc":"2.0","method":"notifications/initialized"}`}
-	n.Sign(c.sk)
-	if err := c.relay.Publish(ctx, n); err != nil {
+	n, err := c.Event(ctxvmclient.KindMessage, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := c.Publish(ctx, n); err != nil {
 		tb.Fatal(err)
 	}
 	last := ""

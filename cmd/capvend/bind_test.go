@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
@@ -126,11 +127,7 @@ func TestReusedRequestIDOverMCPHTTP(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := ledgerkit.Open(t, db, ledger.Options{MustExist: true})
 	calls, err := l.CallsIn(ctx, vend.CallStates()...)
 	if err != nil {
 		t.Fatal(err)
@@ -146,5 +143,5 @@ func TestReusedRequestIDOverMCPHTTP(t *testing.T) {
 	if err != nil || len(b.Tools) != 0 {
 		t.Fatalf("booked %+v %v", b.Tools, err)
 	}
-	verifyLedger(t, l)
+	ledgerkit.Verify(t, l)
 }

@@ -6,10 +6,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,7 +20,10 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/internal/ctxvmclient"
+	"github.com/capvend/capvend/internal/listed"
+	"github.com/capvend/capvend/internal/testkit"
+	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
 )
@@ -48,7 +51,7 @@ func TestContextVM(t *testing.T) {
 
 	c := dialContextVM(t, s.RelayURL, server)
 	c.waitReady()
-	c.waitTools("t_sha256", "t_word_count")
+	c.waitNames("tools/list", "t_sha256", "t_word_count")
 
 	// A priced call paid from the customer node.
 	req := c.request(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t_sha256","arguments":{"text":"hi"}}}`,
@@ -115,12 +118,7 @@ func TestContextVM(t *testing.T) {
 		t.Fatalf("replay answered %s %+v after %v; first %s", again.Result, again.Error, notes, res.Result)
 	}
 
-	l, err := ledger.Open(context.Background(), db, ledger.Options{MustExist: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	verifyLedger(t, l)
+	l := ledgerkit.OpenVerified(t, db)
 	b, _ := l.Balance(context.Background())
 	var revenue int64
 	for _, tr := range b.Tools {
@@ -261,43 +259,29 @@ func (l *lockedWriter) String() string {
 	return l.w.(*strings.Builder).String()
 }
 
-// cvmClient is a minimal ContextVM client (plaintext) on one relay.
+// cvmClient is the shared ContextVM client (internal/ctxvmclient) for a
+// test, plaintext: it fails the test where the client returns an error.
+// Every event it publishes is expected: the messages about it wait for
+// next and until.
 type cvmClient struct {
 	t      *testing.T
-	sk, pk string
-	server string
-	relay  *nostr.Relay
-	events chan *nostr.Event
+	c      *ctxvmclient.Client
+	mu     sync.Mutex
+	expect map[string]*ctxvmclient.Pending // by request event id
 }
 
-type cvmMessage struct {
-	ID     json.RawMessage `json:"id"`
-	Method string          `json:"method"`
-	Params json.RawMessage `json:"params"`
-	Result json.RawMessage `json:"result"`
-	Error  *struct {
-		Code    int             `json:"code"`
-		Message string          `json:"message"`
-		Data    json.RawMessage `json:"data"`
-	} `json:"error"`
-}
+type cvmMessage = ctxvmclient.Message
 
 func dialContextVM(t *testing.T, url, server string) *cvmClient {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	r, err := nostr.RelayConnect(ctx, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a deadlock guard
+	defer cancel()
+	c, err := ctxvmclient.Dial(ctx, url, server, ctxvmclient.Options{Kinds: []int{ctxvmclient.KindMessage}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sk := nostr.GeneratePrivateKey()
-	pk, _ := nostr.GetPublicKey(sk)
-	sub, err := r.Subscribe(ctx, nostr.Filters{{Kinds: []int{25910}, Tags: nostr.TagMap{"p": {pk}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-sub.EndOfStoredEvents
-	return &cvmClient{t: t, sk: sk, pk: pk, server: server, relay: r, events: sub.Events}
+	t.Cleanup(func() { c.Close() })
+	return &cvmClient{t: t, c: c, expect: map[string]*ctxvmclient.Pending{}}
 }
 
 func (c *cvmClient) publish(ev *nostr.Event) {
@@ -310,15 +294,29 @@ func (c *cvmClient) publish(ev *nostr.Event) {
 // tryPublish publishes ev; the relay refuses it ("mute: no one was
 // listening") while the server has not subscribed.
 func (c *cvmClient) tryPublish(ev *nostr.Event) error {
+	c.pending(ev)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return c.relay.Publish(ctx, *ev)
+	return c.c.Publish(ctx, ev)
+}
+
+// pending returns the wait for the messages about ev, registered the
+// first time.
+func (c *cvmClient) pending(ev *nostr.Event) *ctxvmclient.Pending {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.expect[ev.ID]
+	if p == nil {
+		p = c.c.Expect(ev.ID)
+		c.expect[ev.ID] = p
+	}
+	return p
 }
 
 func (c *cvmClient) event(content string, tags ...nostr.Tag) *nostr.Event {
 	c.t.Helper()
-	ev := &nostr.Event{Kind: 25910, CreatedAt: nostr.Now(), Content: content, Tags: append(nostr.Tags{{"p", c.server}}, tags...)}
-	if err := ev.Sign(c.sk); err != nil {
+	ev, err := c.c.Event(ctxvmclient.KindMessage, content, tags...)
+	if err != nil {
 		c.t.Fatal(err)
 	}
 	return ev
@@ -332,29 +330,17 @@ func (c *cvmClient) request(content string, tags ...nostr.Tag) *nostr.Event {
 }
 
 // next returns the next message about req from the server, or false after
-// wait.
+// wait. A badly signed event or one that is no JSON-RPC 2.0 message fails
+// the test.
 func (c *cvmClient) next(req *nostr.Event, wait time.Duration) (cvmMessage, bool) {
 	c.t.Helper()
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for {
-		select {
-		case ev := <-c.events:
-			if ev.PubKey != c.server || ev.Tags.FindWithValue("e", req.ID) == nil {
-				continue // e.g. a late answer to an earlier ping
-			}
-			if ok, _ := ev.CheckSignature(); !ok || !ev.CheckID() {
-				c.t.Fatal("server event badly signed")
-			}
-			var m cvmMessage
-			if err := json.Unmarshal([]byte(ev.Content), &m); err != nil || !strings.Contains(ev.Content, `"jsonrpc":"2.0"`) {
-				c.t.Fatalf("server message %s", ev.Content)
-			}
-			return m, true
-		case <-timer.C:
-			return cvmMessage{}, false
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	m, _, err := c.pending(req).Next(ctx)
+	if errors.Is(err, ctxvmclient.ErrBadEvent) {
+		c.t.Fatal(err)
 	}
+	return m, err == nil
 }
 
 // until reads the messages about req up to its answer, passing
@@ -366,7 +352,7 @@ func (c *cvmClient) until(req *nostr.Event, note func(cvmMessage)) cvmMessage {
 		if !ok {
 			c.t.Fatal("no answer from the server")
 		}
-		if m.Method == "" {
+		if m.IsResponse() {
 			return m
 		}
 		note(m)
@@ -399,35 +385,23 @@ func (c *cvmClient) untilPaid(s *testnet.Stack, req *nostr.Event) (cvmMessage, [
 // waitReady pings until the server answers (it subscribes after starting).
 func (c *cvmClient) waitReady() {
 	c.t.Helper()
-	for range 120 {
-		req := c.event(`{"jsonrpc":"2.0","id":"ready","method":"ping"}`)
-		if err := c.tryPublish(req); err != nil {
-			time.Sleep(500 * time.Millisecond)
-			continue
-		}
-		if _, ok := c.next(req, 500*time.Millisecond); ok {
-			return
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
+	defer cancel()
+	if err := c.c.WaitReady(ctx); err != nil {
+		c.t.Fatal(err)
 	}
-	c.t.Fatal("the ContextVM front never answered a ping")
 }
 
-// waitTools lists tools until every one of names is there.
-func (c *cvmClient) waitTools(names ...string) {
+// waitNames lists with method (tools/list, prompts/list) until every one
+// of names is there.
+func (c *cvmClient) waitNames(method string, names ...string) {
 	c.t.Helper()
-	for range 300 {
-		req := c.request(`{"jsonrpc":"2.0","id":"list","method":"tools/list"}`)
-		m := c.until(req, func(cvmMessage) {})
-		all := true
-		for _, n := range names {
-			all = all && strings.Contains(string(m.Result), `"name":"`+n+`"`)
-		}
-		if all {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
+	defer cancel()
+	list := func(ctx context.Context) ([]string, error) { return c.c.Names(ctx, method, ctxvmclient.Request{}) }
+	if _, err := listed.Until(ctx, list, listed.All(names...)); err != nil {
+		c.t.Fatalf("%s never listed %v: %v", method, names, err)
 	}
-	c.t.Fatalf("tools %v never listed", names)
 }
 
 // TestContextVMCatalog runs `capvend serve` in-process, Nostr front on an
@@ -435,7 +409,7 @@ func (c *cvmClient) waitTools(names ...string) {
 // backend), and lists and gets its prompt and reads its resource over
 // ContextVM.
 func TestContextVMCatalog(t *testing.T) {
-	relay := runRelay(t)
+	relay := testkit.Relay(t)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
 	path, listen := nostrToolsConfig(t, relay, sk, "ex_")
@@ -451,15 +425,8 @@ func TestContextVMCatalog(t *testing.T) {
 	if !strings.Contains(string(init.Result), `"prompts":{"listChanged":true}`) || !strings.Contains(string(init.Result), `"resources":{"listChanged":true}`) {
 		t.Fatalf("initialize %s", init.Result)
 	}
-	// The upstream may still be connecting.
-	var prompts cvmMessage
-	for i := 0; ; i++ {
-		prompts = ask(`{"jsonrpc":"2.0","id":1,"method":"prompts/list"}`)
-		if strings.Contains(string(prompts.Result), `"name":"ex_summarize"`) || i == 300 { // a hang guard
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	c.waitNames("prompts/list", "ex_summarize") // the upstream may still be connecting
+	prompts := ask(`{"jsonrpc":"2.0","id":1,"method":"prompts/list"}`)
 	var pl struct {
 		Prompts []struct {
 			Name      string `json:"name"`
@@ -585,34 +552,6 @@ func runSDKScript(t *testing.T, script string, args ...string) map[string]string
 		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", script, err, out, stderr.String())
 	}
 	return lines
-}
-
-// runRelay runs testnet's in-memory khatru relay on a free loopback port
-// until the test ends and returns its ws:// URL once it accepts
-// connections.
-func runRelay(t testing.TB) string {
-	t.Helper()
-	addr := freeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- testnet.RunRelay(ctx, addr, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
-	t.Cleanup(func() { cancel(); <-done })
-	deadline := time.Now().Add(30 * time.Second) // a deadlock guard
-	for {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return "ws://" + addr
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("relay: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("relay did not listen")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // nostrToolsConfig writes a configuration selling example-tools (a stdio

@@ -22,6 +22,8 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/internal/ctxvmclient"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/testnet/exampletools"
 	"github.com/capvend/capvend/vend"
@@ -299,11 +301,11 @@ func waitListening(ctx context.Context, addr string, served chan error) error {
 
 // demoServerPubkey is the Nostr pubkey of the demo's capvend.
 func demoServerPubkey(cfg *Config) (string, error) {
-	b, err := os.ReadFile(cfg.Nostr.NsecFile)
+	sk, err := ctxvm.LoadSecretKey(cfg.Nostr.NsecFile)
 	if err != nil {
 		return "", fmt.Errorf("demo: %w", err)
 	}
-	return nostr.GetPublicKey(strings.TrimSpace(string(b)))
+	return nostr.GetPublicKey(sk)
 }
 
 // balance is the customer node's spendable balance in msat.
@@ -343,18 +345,13 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 	// ask until the example server's tools are listed, as a client would
 	// after notifications/tools/list_changed (30 s, serve's own wait).
 	var list *mcp.ListToolsResult
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		if list, err = c.ListTools(ctx, mcp.ListToolsRequest{}); err != nil {
-			return fmt.Errorf("demo: tools/list: %w", err)
-		}
-		if len(list.Tools) > 0 || time.Now().After(deadline) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := listed.Until(waitCtx, func(ctx context.Context) (names []string, err error) {
+		list, names, err = listTools(ctx, c)
+		return names, err
+	}, listed.Any); err != nil {
+		return fmt.Errorf("demo: tools/list: %w", err)
 	}
 	var names []string
 	for _, t := range list.Tools {
@@ -531,6 +528,19 @@ func (d *demo) paidCall(ctx context.Context, what, tool string, args, meta map[s
 	return nil
 }
 
+// listTools lists the tools of an MCP server, and their names.
+func listTools(ctx context.Context, c *client.Client) (*mcp.ListToolsResult, []string, error) {
+	list, err := c.ListTools(ctx, mcp.ListToolsRequest{})
+	if err != nil {
+		return nil, nil, err
+	}
+	names := make([]string, 0, len(list.Tools))
+	for _, t := range list.Tools {
+		names = append(names, t.Name)
+	}
+	return list, names, nil
+}
+
 // short shortens s for the transcript.
 func short(s string) string {
 	s = strings.Join(strings.Fields(s), " ")
@@ -572,12 +582,24 @@ func (in *indenter) Write(p []byte) (int, error) {
 func (d *demo) customerNostr(ctx context.Context, relayURL, serverPK string) error {
 	d.say("")
 	d.say("  over Nostr (ContextVM, kind 25910) via %s:", relayURL)
-	c, err := newCtxvmClient(ctx, relayURL, serverPK)
+	dialCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	c, err := ctxvmclient.Dial(dialCtx, relayURL, serverPK, ctxvmclient.Options{Kinds: []int{ctxvmclient.KindMessage}})
 	if err != nil {
-		return err
+		return fmt.Errorf("demo: %w", err)
 	}
-	defer c.close()
-	resp, tags, err := c.request(ctx, "tools/list", map[string]any{}, nil)
+	defer c.Close()
+	// Every request offers Lightning; an answer takes 3 minutes at most.
+	request := func(method string, params any, onNote func(ctxvmclient.Message) error) (json.RawMessage, nostr.Tags, error) {
+		ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		defer cancel()
+		res, tags, err := c.Call(ctx, method, params, ctxvmclient.Request{Tags: nostr.Tags{{"pmi", vend.PMILightning}}, OnNote: onNote})
+		if err != nil {
+			return nil, nil, fmt.Errorf("demo: %s over Nostr: %w", method, err)
+		}
+		return res, tags, nil
+	}
+	resp, tags, err := request("tools/list", map[string]any{}, nil)
 	if err != nil {
 		return err
 	}
@@ -594,7 +616,7 @@ func (d *demo) customerNostr(ctx context.Context, relayURL, serverPK string) err
 		return fmt.Errorf("demo: nostr tools/list: %w", err)
 	}
 	d.say("  - tools/list: %d tools; price tags %s", len(list.Tools), strings.Join(caps, " "))
-	resp, _, err = c.request(ctx, "tools/call", map[string]any{"name": "word_count", "arguments": map[string]any{"text": "sats over nostr"}}, nil)
+	resp, _, err = request("tools/call", map[string]any{"name": "word_count", "arguments": map[string]any{"text": "sats over nostr"}}, nil)
 	if err != nil {
 		return err
 	}
@@ -605,17 +627,17 @@ func (d *demo) customerNostr(ctx context.Context, relayURL, serverPK string) err
 	}
 	paid := false
 	var seen []string
-	resp, _, err = c.request(ctx, "tools/call", map[string]any{"name": "sha256", "arguments": map[string]any{"text": "hello nostr"}},
-		func(method string, params json.RawMessage) error {
-			seen = append(seen, strings.TrimPrefix(method, "notifications/"))
-			if method != vend.NotifyPaymentRequired {
+	resp, _, err = request("tools/call", map[string]any{"name": "sha256", "arguments": map[string]any{"text": "hello nostr"}},
+		func(m ctxvmclient.Message) error {
+			seen = append(seen, strings.TrimPrefix(m.Method, "notifications/"))
+			if m.Method != vend.NotifyPaymentRequired {
 				return nil
 			}
 			var p struct {
 				PayReq string `json:"pay_req"`
 			}
-			if err := json.Unmarshal(params, &p); err != nil || p.PayReq == "" {
-				return fmt.Errorf("demo: bad payment_required %s", params)
+			if err := json.Unmarshal(m.Params, &p); err != nil || p.PayReq == "" {
+				return fmt.Errorf("demo: bad payment_required %s", m.Params)
 			}
 			_, err := d.stack.Pay(ctx, p.PayReq)
 			paid = err == nil
@@ -648,88 +670,4 @@ func resultText(res json.RawMessage) string {
 		sb.WriteString(c.Text)
 	}
 	return sb.String()
-}
-
-// ctxvmClient is a minimal ContextVM client over one relay.
-type ctxvmClient struct {
-	relay  *nostr.Relay
-	sk, pk string
-	server string
-	sub    *nostr.Subscription
-	nextID int
-}
-
-func newCtxvmClient(ctx context.Context, relayURL, serverPK string) (*ctxvmClient, error) {
-	r, err := nostr.RelayConnect(ctx, relayURL)
-	if err != nil {
-		return nil, fmt.Errorf("demo: relay %s: %w", relayURL, err)
-	}
-	sk := nostr.GeneratePrivateKey()
-	pk, _ := nostr.GetPublicKey(sk)
-	since := nostr.Now()
-	sub, err := r.Subscribe(ctx, nostr.Filters{{Kinds: []int{25910}, Tags: nostr.TagMap{"p": []string{pk}}, Since: &since}})
-	if err != nil {
-		r.Close()
-		return nil, fmt.Errorf("demo: relay %s: %w", relayURL, err)
-	}
-	return &ctxvmClient{relay: r, sk: sk, pk: pk, server: serverPK, sub: sub}, nil
-}
-
-func (c *ctxvmClient) close() {
-	c.sub.Unsub()
-	ctxvm.CloseRelay(c.relay)
-}
-
-// request sends one JSON-RPC request and returns its result and the
-// response's tags; notifications about it go to onNote first.
-func (c *ctxvmClient) request(ctx context.Context, method string, params any, onNote func(method string, params json.RawMessage) error) (json.RawMessage, nostr.Tags, error) {
-	c.nextID++
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": c.nextID, "method": method, "params": params})
-	ev := nostr.Event{Kind: 25910, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", c.server}, {"pmi", vend.PMILightning}}, Content: string(body)}
-	if err := ev.Sign(c.sk); err != nil {
-		return nil, nil, fmt.Errorf("demo: sign: %w", err)
-	}
-	if err := c.relay.Publish(ctx, ev); err != nil {
-		return nil, nil, fmt.Errorf("demo: publish %s: %w", method, err)
-	}
-	timeout := time.After(3 * time.Minute)
-	for {
-		select {
-		case in, ok := <-c.sub.Events:
-			if !ok {
-				return nil, nil, errors.New("demo: relay subscription closed")
-			}
-			if in.PubKey != c.server || in.Tags.FindWithValue("e", ev.ID) == nil {
-				continue
-			}
-			var m struct {
-				Method string          `json:"method"`
-				Params json.RawMessage `json:"params"`
-				Result json.RawMessage `json:"result"`
-				Error  *struct {
-					Code    int    `json:"code"`
-					Message string `json:"message"`
-				} `json:"error"`
-			}
-			if err := json.Unmarshal([]byte(in.Content), &m); err != nil {
-				return nil, nil, fmt.Errorf("demo: bad answer to %s: %w", method, err)
-			}
-			if m.Method != "" {
-				if onNote != nil {
-					if err := onNote(m.Method, m.Params); err != nil {
-						return nil, nil, err
-					}
-				}
-				continue
-			}
-			if m.Error != nil {
-				return nil, in.Tags, fmt.Errorf("demo: %s: error %d %s", method, m.Error.Code, m.Error.Message)
-			}
-			return m.Result, in.Tags, nil
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		case <-timeout:
-			return nil, nil, fmt.Errorf("demo: no answer to %s over Nostr within 3 minutes", method)
-		}
-	}
 }

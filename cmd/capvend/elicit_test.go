@@ -12,6 +12,8 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/internal/testkit"
 )
 
 // confirmer answers elicitations: accept {"confirm": yes}, or decline.
@@ -128,7 +130,7 @@ func waitTool(t *testing.T, c *client.Client, name string) {
 // goes back to the upstream. A client that did not declare the capability
 // is not asked: the upstream is declined.
 func TestContextVMElicitation(t *testing.T) {
-	relay := runRelay(t)
+	relay := testkit.Relay(t)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
 	path, listen := nostrToolsConfig(t, relay, sk, "ex_")

@@ -12,7 +12,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -90,12 +90,7 @@ func TestServeSellsPromptsAndResourcesOverMCPHTTP(t *testing.T) {
 		t.Fatalf("customer spent %d msat, want 4500", spent)
 	}
 
-	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	verifyLedger(t, l)
+	l := ledgerkit.OpenVerified(t, db)
 	b, err := l.Balance(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -127,14 +122,8 @@ func TestContextVMSellsPrompts(t *testing.T) {
 	c := dialContextVM(t, s.RelayURL, server)
 	c.waitReady()
 
-	var list cvmMessage
-	for i := 0; ; i++ {
-		list = c.until(c.request(`{"jsonrpc":"2.0","id":1,"method":"prompts/list"}`), func(cvmMessage) {})
-		if strings.Contains(string(list.Result), `"name":"t_summarize"`) || i == 300 { // a hang guard
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	c.waitNames("prompts/list", "t_summarize") // the upstream may still be connecting
+	list := c.until(c.request(`{"jsonrpc":"2.0","id":1,"method":"prompts/list"}`), func(cvmMessage) {})
 	if !strings.Contains(string(list.Result), `"capvend/price":{"amount":3,"unit":"sats"}`) {
 		t.Fatalf("prompts/list %s", list.Result)
 	}
@@ -152,12 +141,7 @@ func TestContextVMSellsPrompts(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	l, err := ledger.Open(context.Background(), db, ledger.Options{MustExist: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	verifyLedger(t, l)
+	l := ledgerkit.OpenVerified(t, db)
 	b, _ := l.Balance(context.Background())
 	if len(b.Tools) != 1 || b.Tools[0].Account != "income:prompts:tools:summarize" || b.Tools[0].Revenue != 3_000 {
 		t.Fatalf("revenue %+v", b.Tools)

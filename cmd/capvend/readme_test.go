@@ -18,6 +18,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/testnet"
 )
 
@@ -169,7 +170,7 @@ func TestREADME(t *testing.T) {
 	})
 
 	run("capvend unannounce --config capvend.yaml", func(t *testing.T) {
-		relay := memRelay(t, nil)
+		relay := testkit.Relay(t)
 		src, sk := unannounceConfig(t, relay)
 		pk, _ := nostr.GetPublicKey(sk)
 		r, err := nostr.RelayConnect(context.Background(), relay)

@@ -19,7 +19,9 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/racesupp"
+	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
@@ -401,12 +403,7 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 		t.Fatal("a spent token paid a second call")
 	}
 
-	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	verifyLedger(t, l)
+	l := ledgerkit.OpenVerified(t, db)
 	b, _ := l.Balance(ctx)
 	var revenue int64
 	for _, tr := range b.Tools {
@@ -414,18 +411,6 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 	}
 	if revenue != 34_000+3_000+21_000 {
 		t.Fatalf("revenue %+v", b.Tools)
-	}
-}
-
-func verifyLedger(t *testing.T, l *ledger.Ledger) {
-	t.Helper()
-	r, err := l.Verify(context.Background())
-	if err != nil || !r.OK() {
-		var b strings.Builder
-		if r != nil {
-			r.WriteTo(&b)
-		}
-		t.Fatalf("verify: %v\n%s", err, b.String())
 	}
 }
 
@@ -444,12 +429,7 @@ func TestServeWithCashuOnly(t *testing.T) {
 	if err := <-pc.paid; err != nil {
 		t.Fatalf("paying the mint quote: %v", err)
 	}
-	l, err := ledger.Open(context.Background(), db, ledger.Options{MustExist: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	verifyLedger(t, l)
+	l := ledgerkit.OpenVerified(t, db)
 	b, _ := l.Balance(context.Background())
 	if len(b.Tools) != 1 || b.Tools[0].Revenue != 13_000 {
 		t.Fatalf("revenue %+v", b.Tools)
@@ -565,18 +545,16 @@ func waitExit(cmd *exec.Cmd, d time.Duration) error {
 	}
 }
 
+// waitTools waits until pc lists the ten tools of writeServeConfig.
 func waitTools(t testing.TB, pc *payingClient) {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second) // upstreams connecting under load: a deadlock guard
-	for {
-		tools, err := pc.ListTools(context.Background(), mcp.ListToolsRequest{})
-		if err == nil && len(tools.Tools) == 10 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("tools: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second) // upstreams connecting under load: a deadlock guard
+	defer cancel()
+	if _, err := listed.Until(ctx, func(ctx context.Context) ([]string, error) {
+		_, names, err := listTools(ctx, pc.Client)
+		return names, err
+	}, listed.Count(10)); err != nil {
+		t.Fatalf("tools: %v", err)
 	}
 }
 

@@ -3,36 +3,18 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/fiatjaf/khatru"
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip19"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
-	"github.com/capvend/capvend/internal/memstore"
+	"github.com/capvend/capvend/internal/testkit"
 )
-
-// memRelay serves an in-memory khatru relay until the test ends; reject,
-// when set, refuses events.
-func memRelay(t *testing.T, reject func(*nostr.Event) bool) string {
-	t.Helper()
-	rl := khatru.NewRelay()
-	new(memstore.Store).Attach(rl) // not slicestore: see package memstore
-	if reject != nil {
-		rl.RejectEvent = append(rl.RejectEvent, func(_ context.Context, ev *nostr.Event) (bool, string) {
-			return reject(ev), "blocked: not here"
-		})
-	}
-	srv := httptest.NewServer(rl)
-	t.Cleanup(srv.Close)
-	return "ws" + strings.TrimPrefix(srv.URL, "http")
-}
 
 // announcementsOn returns the announcement events of pk the relay holds.
 func announcementsOn(t *testing.T, relay, pk string) []*nostr.Event {
@@ -74,7 +56,7 @@ func unannounceConfig(t *testing.T, relays ...string) (path, sk string) {
 }
 
 func TestUnannounce(t *testing.T) {
-	relay := memRelay(t, nil)
+	relay := testkit.Relay(t)
 	path, sk := unannounceConfig(t, relay)
 	pk, _ := nostr.GetPublicKey(sk)
 
@@ -133,7 +115,11 @@ func TestUnannounce(t *testing.T) {
 }
 
 func TestUnannounceFails(t *testing.T) {
-	refusing := memRelay(t, func(ev *nostr.Event) bool { return ev.Kind == ctxvm.KindDeletion })
+	rl := testkit.NewRelay()
+	rl.RejectEvent = append(rl.RejectEvent, func(_ context.Context, ev *nostr.Event) (bool, string) {
+		return ev.Kind == ctxvm.KindDeletion, "blocked: not here"
+	})
+	refusing := testkit.ServeRelay(t, rl)
 	path, _ := unannounceConfig(t, refusing, "ws://127.0.0.1:1")
 	_, errOut, code := run(t, nil, "unannounce", "--config", path, "--timeout", "5s")
 	if code != 1 || !strings.Contains(errOut, "no relay accepted the deletion request") {
@@ -181,7 +167,7 @@ func TestConfigNostrAccessLists(t *testing.T) {
 // TestUnannounceAfterServe: serve (announce on by default) announces the
 // upstream's tools on the relay; unannounce then removes every one.
 func TestUnannounceAfterServe(t *testing.T) {
-	relay := memRelay(t, nil)
+	relay := testkit.Relay(t)
 	path, sk := unannounceConfig(t, relay)
 	pk, _ := nostr.GetPublicKey(sk)
 	yaml := fmt.Sprintf("ledger:\n  path: capvend.db\nnostr:\n  relays: [%s]\n  nsec_file: server.nsec\nupstreams:\n  - name: tools\n    prefix: t_\n    command: %s\n",
