@@ -220,14 +220,7 @@ func (c *client) next() (ev *nostr.Event, wrapped bool) {
 }
 
 // reply is a decoded server message.
-type reply struct {
-	JSONRPC string          `json:"jsonrpc"`
-	ID      json.RawMessage `json:"id"`
-	Method  string          `json:"method"`
-	Params  json.RawMessage `json:"params"`
-	Result  json.RawMessage `json:"result"`
-	Error   *rpcError       `json:"error"`
-}
+type reply = ctxvmclient.Message
 
 // expect reads the next event, checks it is the server's answer about req
 // and decodes it.
