@@ -383,8 +383,8 @@ func (c *Client) Roundtrip(ctx context.Context, ev, wrap *nostr.Event, onNote fu
 
 // Request says how to send one request (Request, Call).
 type Request struct {
-	Tags   nostr.Tags           // besides ["p", server]
-	Wrap   int                  // 0: plaintext; KindGiftWrap or KindEphemeralGiftWrap: wrapped in it
+	Tags   nostr.Tags          // besides ["p", server]
+	Wrap   int                 // 0: plaintext; KindGiftWrap or KindEphemeralGiftWrap: wrapped in it
 	OnNote func(Message) error // notifications about it, before its response
 }
 
