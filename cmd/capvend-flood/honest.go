@@ -12,6 +12,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip13"
 
+	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
 )
@@ -25,11 +26,6 @@ var callTimeout = 2 * time.Minute
 // each served call (request sent to result received) and how many were
 // not served.
 func honestNostr(ctx context.Context, st *testnet.Stack, tg *target, o *options, label string) ([]time.Duration, int, error) {
-	r, err := nostr.RelayConnect(ctx, tg.relay)
-	if err != nil {
-		return nil, 0, fmt.Errorf("honest nostr customer: %w", err)
-	}
-	defer r.Close()
 	sk := nostr.GeneratePrivateKey()
 	if o.returning {
 		if o.customerKey == "" {
@@ -37,17 +33,15 @@ func honestNostr(ctx context.Context, st *testnet.Stack, tg *target, o *options,
 		}
 		sk = o.customerKey
 	}
-	pk, _ := nostr.GetPublicKey(sk)
-	since := nostr.Now()
-	sub, err := r.Subscribe(ctx, nostr.Filters{{Kinds: []int{25910}, Tags: nostr.TagMap{"p": {pk}}, Since: &since}})
+	c, err := ctxvmclient.Dial(ctx, tg.relay, tg.serverPK, ctxvmclient.Options{SecretKey: sk, Kinds: []int{ctxvmclient.KindMessage}})
 	if err != nil {
 		return nil, 0, fmt.Errorf("honest nostr customer: %w", err)
 	}
-	defer sub.Unsub()
+	defer c.Close()
 	var lat []time.Duration
 	fails := 0
 	for i := 0; i < o.honest && ctx.Err() == nil; i++ {
-		d, err := nostrCall(ctx, st, r, sub, sk, o.pow, tg.serverPK, o.tool, fmt.Sprintf("honest nostr %s %d %d", label, i, time.Now().UnixNano()))
+		d, err := nostrCall(ctx, st, c, o.pow, o.tool, fmt.Sprintf("honest nostr %s %d %d", label, i, time.Now().UnixNano()))
 		if err != nil {
 			fails++
 			say("  nostr customer, call %d: not served: %v", i+1, err)
@@ -58,72 +52,55 @@ func honestNostr(ctx context.Context, st *testnet.Stack, tg *target, o *options,
 	return lat, fails, nil
 }
 
-func nostrCall(ctx context.Context, st *testnet.Stack, r *nostr.Relay, sub *nostr.Subscription, sk string, pow int, server, tool, text string) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+func nostrCall(ctx context.Context, st *testnet.Stack, c *ctxvmclient.Client, pow int, tool, text string) (time.Duration, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, callTimeout, errors.New("no answer in time"))
 	defer cancel()
+	// A failed payment ends the wait at once.
+	ctx, failed := context.WithCancelCause(ctx)
+	defer failed(nil)
 	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
 		"params": map[string]any{"name": tool, "arguments": map[string]any{"text": text}}})
 	start := time.Now() // mining is part of the customer's wait
-	ev := nostr.Event{Kind: 25910, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", server}, {"pmi", vend.PMILightning}}, Content: string(body)}
+	ev := nostr.Event{Kind: ctxvmclient.KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", c.Server}, {"pmi", vend.PMILightning}}, Content: string(body)}
 	if pow > 0 {
-		ev.PubKey, _ = nostr.GetPublicKey(sk)
+		ev.PubKey = c.PublicKey
 		tag, err := nip13.DoWork(ctx, ev, pow)
 		if err != nil {
 			return 0, fmt.Errorf("mining: %w", err)
 		}
 		ev.Tags = append(ev.Tags, tag)
 	}
-	if err := ev.Sign(sk); err != nil {
+	if err := c.Sign(&ev); err != nil {
 		return 0, err
 	}
-	if err := r.Publish(ctx, ev); err != nil {
-		return 0, fmt.Errorf("publish: %w", err)
-	}
-	paid := make(chan error, 1)
 	var quoted time.Duration // when the invoice came
-	for {
-		select {
-		case in, ok := <-sub.Events:
-			if !ok {
-				return 0, errors.New("subscription closed")
-			}
-			if in.PubKey != server || in.Tags.FindWithValue("e", ev.ID) == nil {
-				continue
-			}
-			var m struct {
-				Method string `json:"method"`
-				Params struct {
-					PayReq string `json:"pay_req"`
-				} `json:"params"`
-				Result json.RawMessage `json:"result"`
-				Error  *struct {
-					Code    int    `json:"code"`
-					Message string `json:"message"`
-				} `json:"error"`
-			}
-			if err := json.Unmarshal([]byte(in.Content), &m); err != nil {
-				return 0, err
-			}
-			switch {
-			case m.Method == vend.NotifyPaymentRequired:
-				quoted = time.Since(start)
-				go func() { _, err := st.Pay(ctx, m.Params.PayReq); paid <- err }()
-			case m.Method != "":
-			case m.Error != nil:
-				return 0, fmt.Errorf("error %d %s", m.Error.Code, m.Error.Message)
-			default:
-				d := time.Since(start)
-				slowCall("nostr", text, d, quoted)
-				return d, nil
-			}
-		case err := <-paid:
-			if err != nil {
-				return 0, fmt.Errorf("paying: %w", err)
-			}
-		case <-ctx.Done():
-			return 0, errors.New("no answer in time")
+	m, _, err := c.Roundtrip(ctx, &ev, nil, func(m ctxvmclient.Message) error {
+		if m.Method != vend.NotifyPaymentRequired {
+			return nil
 		}
+		quoted = time.Since(start)
+		var p struct {
+			PayReq string `json:"pay_req"`
+		}
+		json.Unmarshal(m.Params, &p)
+		go func() {
+			if _, err := st.Pay(ctx, p.PayReq); err != nil {
+				failed(fmt.Errorf("paying: %w", err))
+			}
+		}()
+		return nil
+	})
+	switch {
+	case ctx.Err() != nil:
+		return 0, context.Cause(ctx)
+	case err != nil:
+		return 0, err
+	case m.Error != nil:
+		return 0, m.Error
 	}
+	d := time.Since(start)
+	slowCall("nostr", text, d, quoted)
+	return d, nil
 }
 
 // honestHTTP buys o.honest calls over MCP Streamable HTTP from 127.0.0.1
