@@ -1,10 +1,11 @@
 // Package testkit holds the helpers capvend's tests share: in-process
-// Nostr relays and a bounded wait. It is imported by tests only; what the
-// demo shares with the tests (the ContextVM client, waiting until a
-// server lists its tools) is in internal/ctxvmclient and
-// internal/listed. It imports no adapter, billing or ledger package, so
-// that every package's tests may use it (ledger helpers are in
-// internal/testkit/ledgerkit).
+// Nostr relays (khatru with an in-memory store, under httptest) here, and
+// the ledger's open and verify in internal/testkit/ledgerkit. Tests only
+// import it. What the demo shares with the tests is not here: the
+// ContextVM client is internal/ctxvmclient, the wait until a server lists
+// its tools internal/listed. It imports no adapter, billing or ledger
+// package, so that every package's tests may use it (adapters must not
+// depend on the ledger, even in tests: hence ledgerkit apart).
 package testkit
 
 import (
