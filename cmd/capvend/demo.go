@@ -637,7 +637,7 @@ func (d *demo) customerNostr(ctx context.Context, relayURL, serverPK string) err
 				PayReq string `json:"pay_req"`
 			}
 			if err := json.Unmarshal(m.Params, &p); err != nil || p.PayReq == "" {
-				return fmt.Errorf("demo: bad payment_required %s", m.Params)
+				return fmt.Errorf("bad payment_required %s", m.Params)
 			}
 			_, err := d.stack.Pay(ctx, p.PayReq)
 			paid = err == nil
