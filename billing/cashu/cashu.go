@@ -27,7 +27,6 @@
 package cashu
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -125,7 +124,10 @@ type Config struct {
 	// capvend's could take the mint down.
 	Websocket bool
 	// MaxBackoff caps the wait between attempts while the mint is
-	// unreachable (default 5 s).
+	// unreachable (default 5 s). Run's retries (loading the wallet, the
+	// NUT-17 websocket) start at PollInterval and double up to it;
+	// reconcile is retried every MaxBackoff; each wait is drawn between
+	// half and all of its step (package internal/retry).
 	MaxBackoff time.Duration
 	// DefaultExpiry is used when a PaymentRequest has none (default 10
 	// min). A request's expiry is capped at the mint quote's own.
@@ -414,16 +416,4 @@ func short(ref string) string {
 		return ref[:12] + "…"
 	}
 	return ref
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/elnosh/gonuts/cashu/nuts/nut06"
 	"github.com/elnosh/gonuts/cashu/nuts/nut17"
 	"github.com/gorilla/websocket"
+
+	"github.com/capvend/capvend/internal/retry"
 )
 
 // NUT-17 (opt-in, Config.Websocket): the mint pushes mint quote state
@@ -57,35 +59,38 @@ type wsWatcher struct {
 	nextSub int
 }
 
+// errNoNUT17: the mint offers no bolt11_mint_quote subscriptions.
+var errNoNUT17 = errors.New("mint offers no NUT-17 mint quote subscriptions")
+
 // runWS keeps a NUT-17 connection to the quote mint until ctx ends,
-// reconnecting with backoff. It returns when ctx ends, or at once if the
-// mint does not offer bolt11_mint_quote subscriptions.
+// reconnecting with backoff (PollInterval doubling to MaxBackoff,
+// jittered; back to PollInterval after a connection that lasted 10 s). It
+// returns when ctx ends, or at once if the mint does not offer
+// bolt11_mint_quote subscriptions.
 func (b *Backend) runWS(ctx context.Context) {
 	mint := b.mints[0]
-	backoff := b.cfg.PollInterval
-	for ctx.Err() == nil {
+	policy := retry.Policy{
+		Base:  b.cfg.PollInterval,
+		Max:   b.cfg.MaxBackoff,
+		Reset: 10 * time.Second, // it worked for a while
+		OnRetry: func(err error, _ int, wait time.Duration) {
+			b.log.Debug("mint websocket down; reconnecting", logMint, mint, logErr, err, logBackoff, wait)
+		},
+	}
+	err := policy.Do(ctx, func(ctx context.Context) error {
+		defer b.uncoverAll()
 		ok, err := b.supportsNUT17(ctx, mint)
-		if err == nil && !ok {
-			b.log.Info("mint offers no NUT-17 mint quote subscriptions: polling only", logMint, mint)
-			return
+		if err != nil {
+			return err
 		}
-		if err == nil {
-			start := time.Now()
-			w := &wsWatcher{b: b, mint: mint}
-			err = w.run(ctx)
-			if time.Since(start) > 10*time.Second {
-				backoff = b.cfg.PollInterval // it worked for a while
-			}
+		if !ok {
+			return retry.Permanent(errNoNUT17)
 		}
-		b.uncoverAll()
-		if ctx.Err() != nil {
-			return
-		}
-		b.log.Debug("mint websocket down; reconnecting", logMint, mint, logErr, err, logBackoff, backoff)
-		if sleep(ctx, backoff) != nil {
-			return
-		}
-		backoff = min(backoff*2, b.cfg.MaxBackoff)
+		w := &wsWatcher{b: b, mint: mint}
+		return w.run(ctx)
+	})
+	if errors.Is(err, errNoNUT17) {
+		b.log.Info("mint offers no NUT-17 mint quote subscriptions: polling only", logMint, mint)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/elnosh/gonuts/wallet"
 	"github.com/elnosh/gonuts/wallet/storage"
 
+	"github.com/capvend/capvend/internal/retry"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -281,30 +282,33 @@ func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error
 		}
 	}
 
-	backoff := b.cfg.PollInterval
-	for {
-		err := b.loadWallet()
-		if err == nil {
-			break
-		}
-		if errors.Is(err, ErrClosed) {
-			return err
-		}
-		b.log.Warn("cashu wallet not loaded; retrying", logMint, b.mints[0], logErr, err, logBackoff, backoff)
-		if err := sleep(ctx, backoff); err != nil {
-			return err
-		}
-		backoff = min(backoff*2, b.cfg.MaxBackoff)
+	// gonuts' LoadWallet needs the mint: retry while it is unreachable
+	// (PollInterval doubling to MaxBackoff); a closed backend is final.
+	load := retry.Policy{
+		Base: b.cfg.PollInterval,
+		Max:  b.cfg.MaxBackoff,
+		OnRetry: func(err error, _ int, wait time.Duration) {
+			b.log.Warn("cashu wallet not loaded; retrying", logMint, b.mints[0], logErr, err, logBackoff, wait)
+		},
 	}
-	for {
-		err := b.reconcile(ctx)
-		if err == nil {
-			break
+	if err := load.Do(ctx, func(context.Context) error {
+		err := b.loadWallet()
+		if errors.Is(err, ErrClosed) {
+			return retry.Permanent(err)
 		}
-		b.log.Warn("cashu reconcile failed; retrying", logErr, err)
-		if err := sleep(ctx, b.cfg.MaxBackoff); err != nil {
-			return err
-		}
+		return err
+	}); err != nil {
+		return err
+	}
+	// Reconcile until it succeeds, every MaxBackoff (jittered).
+	rec := retry.Policy{
+		Base: b.cfg.MaxBackoff,
+		OnRetry: func(err error, _ int, wait time.Duration) {
+			b.log.Warn("cashu reconcile failed; retrying", logErr, err, logBackoff, wait)
+		},
+	}
+	if err := rec.Do(ctx, b.reconcile); err != nil {
+		return err
 	}
 
 	if b.cfg.Websocket {

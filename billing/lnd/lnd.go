@@ -53,6 +53,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/capvend/capvend/internal/retry"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -401,8 +402,10 @@ func (b *Backend) SettleHeld(ctx context.Context, ref string) (vend.Payment, err
 }
 
 // Run implements vend.PaymentBackend. It reconnects with exponential
-// backoff (100 ms to 10 s) when the connection or a stream breaks, and
-// reconciles every unsettled payment each time it (re)connects.
+// backoff (100 ms doubling to 10 s, each wait jittered to between half and
+// all of its step; back to 100 ms after a connection that lasted 30 s) when
+// the connection or a stream breaks, and reconciles every unsettled payment
+// each time it (re)connects. It returns ctx's error when ctx ends.
 func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error {
 	b.mu.Lock()
 	if b.watchCtx != nil {
@@ -417,25 +420,30 @@ func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error
 		b.mu.Unlock()
 		b.wg.Wait()
 	}()
-	backoff := 100 * time.Millisecond
-	for {
-		start := b.cfg.Now()
-		err := b.runOnce(ctx)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if b.cfg.Now().Sub(start) > 30*time.Second {
-			backoff = 100 * time.Millisecond // it worked for a while
-		}
-		b.cfg.Log.Warn("lnd: invoice watch interrupted; reconnecting", "err", err, "in", backoff)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 10*time.Second)
+	policy := retry.Policy{
+		Base:  100 * time.Millisecond,
+		Max:   10 * time.Second,
+		Reset: 30 * time.Second, // it worked for a while
+		Now:   b.cfg.Now,
+		OnRetry: func(err error, _ int, wait time.Duration) {
+			b.cfg.Log.Warn("lnd: invoice watch interrupted; reconnecting", "err", err, "in", wait)
+		},
 	}
+	err := policy.Do(ctx, func(ctx context.Context) error {
+		if err := b.runOnce(ctx); err != nil {
+			return err
+		}
+		return errStreamEnded
+	})
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err // not reached: nothing but ctx stops this policy
 }
+
+// errStreamEnded: runOnce returned without an error (it does not today;
+// Run reconnects all the same).
+var errStreamEnded = errors.New("lnd: invoice stream ended")
 
 // runOnce reconciles, then follows the settlement stream and sweeps expired
 // payments until the stream breaks or ctx ends.
