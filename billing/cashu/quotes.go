@@ -10,12 +10,14 @@ import (
 	"net/url"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/elnosh/gonuts/cashu"
 	"github.com/elnosh/gonuts/cashu/nuts/nut04"
 	"github.com/elnosh/gonuts/wallet"
 	"github.com/elnosh/gonuts/wallet/storage"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/capvend/capvend/internal/retry"
 	"github.com/capvend/capvend/vend"
@@ -318,7 +320,6 @@ func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error
 			b.runWS(ctx)
 		}()
 	}
-	sem := make(chan struct{}, 8)
 	interval := b.cfg.PollInterval
 	nextSwapCheck := b.now().Add(b.cfg.SafetyPoll)
 	for {
@@ -327,46 +328,13 @@ func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error
 			b.resolveSwapping(ctx)
 			nextSwapCheck = now.Add(b.cfg.SafetyPoll)
 		}
-		due := b.dueQuotes(emit)
-		var failures, checks int
-		var fmu sync.Mutex
-		var round sync.WaitGroup
-		for _, q := range due {
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				return ctx.Err() // the deferred wait covers started checks
-			}
-			round.Add(1)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer round.Done()
-				defer func() { <-sem }()
-				reached := b.check(ctx, q, emit)
-				fmu.Lock()
-				checks++
-				if !reached {
-					failures++
-				}
-				fmu.Unlock()
-			}()
-		}
-		roundDone := make(chan struct{})
-		go func() {
-			round.Wait()
-			close(roundDone)
-		}()
-		select {
-		case <-roundDone:
-		case <-ctx.Done():
-			return ctx.Err()
+		checks, failures, err := b.checkRound(ctx, &wg, b.dueQuotes(emit), emit)
+		if err != nil {
+			return err // the deferred wait covers started checks
 		}
 		// Back off while the mint is unreachable; back to the poll
 		// interval as soon as one check gets through.
-		fmu.Lock()
 		down := checks > 0 && failures == checks
-		fmu.Unlock()
 		switch {
 		case down && interval < b.cfg.MaxBackoff:
 			interval = min(interval*2, b.cfg.MaxBackoff)
@@ -390,6 +358,49 @@ func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error
 			t.Stop()
 		case <-t.C:
 		}
+	}
+}
+
+// checkWorkers bounds the mint checks Run makes at once.
+const checkWorkers = 8
+
+// checkRound checks the due quotes, at most checkWorkers at a time, and
+// waits for them. It returns how many checks ran and how many did not
+// reach the mint, or ctx's error as soon as ctx ends: checks already
+// started go on (a gonuts wallet call has no timeout) and are tracked by
+// wg, so that Run's deferred wait covers them; due quotes not yet started
+// are left.
+func (b *Backend) checkRound(ctx context.Context, wg *sync.WaitGroup, due []*watchedQuote, emit func(vend.Payment)) (checks, failures int, err error) {
+	if len(due) == 0 {
+		return 0, 0, nil
+	}
+	var nChecks, nFailures atomic.Int64
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(done)
+		var g errgroup.Group
+		g.SetLimit(checkWorkers)
+		for _, q := range due {
+			if ctx.Err() != nil {
+				break
+			}
+			g.Go(func() error {
+				nChecks.Add(1)
+				if !b.check(ctx, q, emit) {
+					nFailures.Add(1)
+				}
+				return nil
+			})
+		}
+		g.Wait()
+	}()
+	select {
+	case <-done:
+		return int(nChecks.Load()), int(nFailures.Load()), nil
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
 	}
 }
 
