@@ -40,7 +40,9 @@ type MintConfig struct {
 // RunMint runs a gonuts v0.4.2 Cashu mint backed by LND until ctx ends,
 // then shuts it down. It serves the mint's HTTP API on cfg.Listen only:
 // gonuts' own Start would listen on all interfaces, so RunMint serves the
-// mint's handler on its own listener instead.
+// mint's handler on its own listener instead. Its NUT-17 websocket
+// (/v1/ws) is served behind a guard that keeps a subscriber's dropped
+// connection from crashing gonuts (see mintws.go).
 func RunMint(ctx context.Context, cfg MintConfig) error {
 	if err := requireLoopback(cfg.Listen); err != nil {
 		return err
@@ -83,8 +85,17 @@ func RunMint(ctx context.Context, cfg MintConfig) error {
 		ms.Shutdown()
 		return fmt.Errorf("testnet mint: %w", err)
 	}
+	// gonuts' NUT-17 endpoint crashes the mint when a subscriber drops
+	// at the wrong moment: it is served behind a guard (mintws.go).
+	h, stopGuard, err := guardWS(ctx, h, log)
+	if err != nil {
+		ln.Close()
+		ms.Shutdown()
+		return fmt.Errorf("testnet mint: %w", err)
+	}
 	log.Info("cashu mint listening", "addr", ln.Addr().String(), "lnd", cfg.LNDHost)
 	err = serve(ctx, ln, h)
+	stopGuard()
 	ms.Shutdown()
 	return err
 }
