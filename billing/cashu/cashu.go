@@ -118,10 +118,16 @@ type Config struct {
 	SafetyPoll time.Duration
 	// Websocket opts in to NUT-17 subscriptions: the mint pushes quote
 	// state changes, detection drops to a few ms and polling slows to
-	// SafetyPoll. Off by default: gonuts v0.4.2's mint panics ("send on
-	// closed channel", mint/websocket.go:260) and dies when a subscriber's
-	// connection closes while it is still sending, so a network blip of
-	// capvend's could take the mint down.
+	// SafetyPoll. Off by default: gonuts v0.4.2's mint (and gonuts'
+	// master of April 2025) panics ("send on closed channel",
+	// mint/websocket.go:260) and dies when a subscriber's connection
+	// closes while it is still sending (a subscription's initial quote
+	// states, or a notification). capvend never closes its connection
+	// that way itself (it unsubscribes and waits for the mint first), but
+	// a network blip at that moment still takes such a mint down unless
+	// something in front of it holds the connection, as the regtest
+	// stack's mint does (testnet/mintws.go). Other mints are not
+	// affected.
 	Websocket bool
 	// MaxBackoff caps the wait between attempts while the mint is
 	// unreachable (default 5 s). Run's retries (loading the wallet, the

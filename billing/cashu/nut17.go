@@ -21,7 +21,10 @@ import (
 // NUT-17 (opt-in, Config.Websocket): the mint pushes mint quote state
 // changes over a websocket, so a paid quote is seen at once instead of at
 // the next poll. Off by default because gonuts v0.4.2's mint panics when a
-// subscriber disconnects while it is sending (see Config.Websocket). gonuts v0.4.2's
+// subscriber disconnects while it is sending (see Config.Websocket); when
+// capvend itself ends the connection it unsubscribes and waits for the
+// mint first (closeGently). TestNUT17 runs it against the regtest stack's
+// mint, whose websocket is guarded against that panic. gonuts v0.4.2's
 // wallet has a subscription manager (wallet/submanager) but it is not wired
 // into Wallet, shares maps between goroutines without locks, waits 10 s per
 // subscription and never reconnects; capvend speaks the protocol itself on
@@ -44,6 +47,7 @@ type wsSub struct {
 	ids   []string
 	req   int  // JSON-RPC id of the subscribe request
 	acked bool // the mint answered OK
+	notes int  // notifications received (the first len(ids) are the initial states)
 }
 
 // wsWatcher keeps subscriptions for the watched quotes of one mint.
@@ -152,6 +156,8 @@ func (w *wsWatcher) run(ctx context.Context) error {
 	})
 	msgs := make(chan []byte)
 	readErr := make(chan error, 1)
+	stop := make(chan struct{}) // run returned: the reader hands on no more
+	defer close(stop)
 	go func() {
 		for {
 			_, m, err := conn.ReadMessage()
@@ -162,7 +168,7 @@ func (w *wsWatcher) run(ctx context.Context) error {
 			conn.SetReadDeadline(time.Now().Add(readTimeout))
 			select {
 			case msgs <- m:
-			case <-ctx.Done():
+			case <-stop:
 				return
 			}
 		}
@@ -178,7 +184,7 @@ func (w *wsWatcher) run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+			w.closeGently(conn, msgs, readErr)
 			return ctx.Err()
 		case err := <-readErr:
 			return err
@@ -251,6 +257,61 @@ func (w *wsWatcher) sync(conn *websocket.Conn) error {
 	return nil
 }
 
+// closeGentlyWait bounds how long closeGently waits for the mint.
+const closeGentlyWait = 2 * time.Second
+
+// closeGently ends the connection without crashing a gonuts v0.4.2 mint:
+// its connection reader closes the channel its senders write to as soon as
+// it sees the close, and a subscription's initial quote states (or a
+// notification) still being sent then panic the mint ("send on closed
+// channel", mint/websocket.go:260). So every subscription is unsubscribed
+// first, and the close frame goes only once the mint has answered each
+// unsubscribe and sent each subscription's initial states (at most
+// closeGentlyWait). A connection that breaks, rather than being closed by
+// capvend, cannot be helped: see Config.Websocket.
+func (w *wsWatcher) closeGently(conn *websocket.Conn, msgs <-chan []byte, readErr <-chan error) {
+	pending := map[int]bool{}
+	for id := range w.subs {
+		w.nextReq++
+		if w.write(conn, nut17.WsRequest{JsonRPC: "2.0", Method: nut17.UNSUBSCRIBE, Params: nut17.RequestParams{SubId: id}, Id: w.nextReq}) != nil {
+			return // broken: nothing to close gently
+		}
+		pending[w.nextReq] = true
+	}
+	give := time.NewTimer(closeGentlyWait)
+	defer give.Stop()
+	for len(pending) > 0 || w.sending() {
+		select {
+		case m := <-msgs:
+			var ans struct {
+				ID *int `json:"id"`
+			}
+			if json.Unmarshal(m, &ans) == nil && ans.ID != nil && pending[*ans.ID] {
+				delete(pending, *ans.ID)
+				continue
+			}
+			w.handle(m)
+		case <-readErr:
+			return
+		case <-give.C:
+			w.b.log.Debug("mint websocket: closing before the mint answered", logMint, w.mint, "unanswered", len(pending))
+			return
+		}
+	}
+	conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+}
+
+// sending reports whether the mint may still be sending a subscription's
+// initial states: one per quote of every subscription it did not refuse.
+func (w *wsWatcher) sending() bool {
+	for _, s := range w.subs {
+		if s.notes < len(s.ids) {
+			return true
+		}
+	}
+	return false
+}
+
 func (w *wsWatcher) write(conn *websocket.Conn, v any) error {
 	conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
 	return conn.WriteJSON(v)
@@ -293,9 +354,11 @@ func (w *wsWatcher) handle(m []byte) {
 		if json.Unmarshal(p.Payload, &q) != nil || q.Quote == "" {
 			return
 		}
-		if s := w.subs[p.SubId]; s == nil || !slices.Contains(s.ids, q.Quote) {
+		s := w.subs[p.SubId]
+		if s == nil || !slices.Contains(s.ids, q.Quote) {
 			return // not ours
 		}
+		s.notes++
 		if q.State == nut04.Paid || q.State == nut04.Issued {
 			w.b.urgent(q.Quote)
 		}
