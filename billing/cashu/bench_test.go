@@ -104,8 +104,8 @@ func runPar(b *testing.B, par int, f func(i int) error) {
 }
 
 // BenchmarkSettlementLatency measures, per paid quote (polling at the
-// default 250 ms and at 50 ms; with -cashu.nut17 also NUT-17
-// subscriptions), the time from the
+// default 250 ms and at 50 ms, and with NUT-17 subscriptions unless
+// -cashu.nut17=false), the time from the
 // customer's payment succeeding (Pay returns) to capvend's report callback
 // firing (the quote minted and the settlement recorded), next to the raw
 // figure measured on the same quote in the same run: a tight 5 ms poll of
