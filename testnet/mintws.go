@@ -28,10 +28,10 @@ import (
 // reach gonuts. guardWS terminates each subscriber's websocket itself and
 // relays its messages over a connection of its own to gonuts' handler,
 // served on a private loopback listener. When the subscriber goes away,
-// the guard unsubscribes what it had subscribed, waits for gonuts' answers
-// and for the connection to fall quiet (the initial states still being
-// sent), and only then closes its connection to gonuts: by then no
-// goroutine of gonuts sends on it. What a subscriber sees is unchanged:
+// the guard unsubscribes what it had subscribed, waits for gonuts' answers,
+// for every subscription's initial states (one per quote) and for the
+// connection to fall quiet, and only then closes its connection to gonuts:
+// by then no goroutine of gonuts sends on it. What a subscriber sees is unchanged:
 // the same messages both ways, and the mint's pings.
 //
 // This protects capvend's test and demo mint only; an operator running a
@@ -119,17 +119,18 @@ func (g *wsGuard) relay(sub, up *websocket.Conn) {
 	})
 	fromMint, upDone := readAll(up, stop)
 	fromSub, subDone := readAll(sub, stop)
-	subs := map[string]bool{} // subIds the subscriber subscribed
+	subs := guardSubs{} // what the subscriber subscribed
 	for {
 		select {
 		case m := <-fromSub:
-			trackSubs(subs, m)
+			subs.request(m)
 			up.SetWriteDeadline(time.Now().Add(10 * time.Second))
 			if err := up.WriteMessage(websocket.TextMessage, m); err != nil {
 				up.Close() // broken already
 				return
 			}
 		case m := <-fromMint:
+			subs.answer(m)
 			sub.SetWriteDeadline(time.Now().Add(10 * time.Second))
 			sub.WriteMessage(websocket.TextMessage, m) // a gone subscriber shows as a read error
 		case <-subDone:
@@ -170,8 +171,9 @@ func readAll(c *websocket.Conn, stop <-chan struct{}) (<-chan []byte, <-chan str
 }
 
 // drain unsubscribes everything the gone subscriber had subscribed, waits
-// for gonuts' answers and for quiet, then closes the connection to gonuts.
-func (g *wsGuard) drain(up *websocket.Conn, subs map[string]bool, fromMint <-chan []byte, upDone <-chan struct{}) {
+// for gonuts' answers, for every subscription's initial states and for
+// quiet, then closes the connection to gonuts.
+func (g *wsGuard) drain(up *websocket.Conn, subs guardSubs, fromMint <-chan []byte, upDone <-chan struct{}) {
 	defer up.Close()
 	pending := map[int]bool{}
 	id := -1 // the guard's own request ids: negative, apart from the subscriber's
@@ -191,15 +193,12 @@ func (g *wsGuard) drain(up *websocket.Conn, subs map[string]bool, fromMint <-cha
 	for {
 		select {
 		case m := <-fromMint:
-			var ans struct {
-				ID *int `json:"id"`
-			}
-			if json.Unmarshal(m, &ans) == nil && ans.ID != nil {
-				delete(pending, *ans.ID)
+			if id, ok := subs.answer(m); ok {
+				delete(pending, id)
 			}
 			quiet.Reset(guardQuiet)
 		case <-quiet.C:
-			if len(pending) == 0 {
+			if len(pending) == 0 && !subs.sending() {
 				return
 			}
 			quiet.Reset(guardQuiet)
@@ -212,14 +211,24 @@ func (g *wsGuard) drain(up *websocket.Conn, subs map[string]bool, fromMint <-cha
 	}
 }
 
-// trackSubs notes the subscriptions a subscriber's request opens or
-// closes. A subscription gonuts refused is unsubscribed again by drain and
-// refused again: harmless.
-func trackSubs(subs map[string]bool, m []byte) {
+// guardSubs are a subscriber's subscriptions by subId, with the number of
+// initial quote states gonuts owes each (one per filter) and has sent.
+type guardSubs map[string]*guardSub
+
+type guardSub struct {
+	req        int // JSON-RPC id of the subscribe request
+	want, seen int
+	refused    bool
+}
+
+// request notes the subscriptions a subscriber's request opens or closes.
+func (s guardSubs) request(m []byte) {
 	var req struct {
 		Method string `json:"method"`
+		ID     int    `json:"id"`
 		Params struct {
-			SubID string `json:"subId"`
+			SubID   string   `json:"subId"`
+			Filters []string `json:"filters"`
 		} `json:"params"`
 	}
 	if json.Unmarshal(m, &req) != nil || req.Params.SubID == "" {
@@ -227,8 +236,54 @@ func trackSubs(subs map[string]bool, m []byte) {
 	}
 	switch strings.ToLower(req.Method) {
 	case "subscribe":
-		subs[req.Params.SubID] = true
+		if s[req.Params.SubID] == nil {
+			s[req.Params.SubID] = &guardSub{req: req.ID, want: len(req.Params.Filters)}
+		}
 	case "unsubscribe":
-		delete(subs, req.Params.SubID)
+		if sub := s[req.Params.SubID]; sub != nil {
+			delete(s, req.Params.SubID) // initial states still due: drain's quiet covers them
+		}
 	}
+}
+
+// answer counts a message of gonuts: a notification for a subscription,
+// or an answer (whose id it returns); an error answering a subscribe means
+// gonuts owes that subscription nothing.
+func (s guardSubs) answer(m []byte) (id int, ok bool) {
+	var msg struct {
+		ID     *int            `json:"id"`
+		Error  json.RawMessage `json:"error"`
+		Params *struct {
+			SubID string `json:"subId"`
+		} `json:"params"`
+	}
+	if json.Unmarshal(m, &msg) != nil {
+		return 0, false
+	}
+	if msg.Params != nil {
+		if sub := s[msg.Params.SubID]; sub != nil {
+			sub.seen++
+		}
+	}
+	if msg.ID == nil {
+		return 0, false
+	}
+	if msg.Error != nil {
+		for _, sub := range s {
+			if sub.req == *msg.ID {
+				sub.refused = true
+			}
+		}
+	}
+	return *msg.ID, true
+}
+
+// sending reports whether gonuts may still be sending initial states.
+func (s guardSubs) sending() bool {
+	for _, sub := range s {
+		if !sub.refused && sub.seen < sub.want {
+			return true
+		}
+	}
+	return false
 }
