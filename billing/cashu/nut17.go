@@ -280,6 +280,7 @@ func (w *wsWatcher) closeGently(conn *websocket.Conn, msgs <-chan []byte, readEr
 	}
 	give := time.NewTimer(closeGentlyWait)
 	defer give.Stop()
+wait:
 	for len(pending) > 0 || w.sending() {
 		select {
 		case m := <-msgs:
@@ -295,7 +296,7 @@ func (w *wsWatcher) closeGently(conn *websocket.Conn, msgs <-chan []byte, readEr
 			return
 		case <-give.C:
 			w.b.log.Debug("mint websocket: closing before the mint answered", logMint, w.mint, "unanswered", len(pending))
-			return
+			break wait
 		}
 	}
 	conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
