@@ -57,14 +57,20 @@ func guardWS(ctx context.Context, h http.Handler, log *slog.Logger) (guarded htt
 	inner := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go inner.Serve(ln)
 	g := &wsGuard{upstream: "ws://" + ln.Addr().String() + "/v1/ws", log: log, ctx: ctx}
-	mux := http.NewServeMux()
-	mux.Handle("/v1/ws", g)
-	mux.Handle("/", h)
+	// Routed by hand, not by a ServeMux: every other request reaches
+	// gonuts' own router exactly as before.
+	guarded = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/ws" {
+			g.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 	stop = func() {
 		g.wg.Wait() // relays end with ctx
 		inner.Close()
 	}
-	return mux, stop, nil
+	return guarded, stop, nil
 }
 
 type wsGuard struct {
