@@ -72,15 +72,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	}
 	// Parsed once: this one encoding is validated, priced, hashed,
 	// recorded and sent upstream; the live request carries it from here.
-	args, err := parseArgs(r.Arguments)
-	if err == nil {
-		switch t.Kind {
-		case KindPrompt:
-			_, err = promptArgs(args)
-		case KindResource:
-			args = json.RawMessage("{}") // a read has no arguments
-		}
-	}
+	args, err := v.callArgs(&t, r)
 	if err != nil {
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
@@ -104,6 +96,15 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
 	bind := Binding{Kind: t.Kind.Or(), Server: t.Server, Tool: t.UpstreamName, ArgsHash: hash}
+	if r.PaymentToken != "" && r.CashuToken == "" {
+		// A payment token names its grant: that call or nothing.
+		grant, err := v.grantByToken(ctx, r, bind)
+		if err != nil {
+			return nil, CallResult{}, err
+		}
+		r.Explicit = true
+		return &admitted{pending: pending{v: v, call: grant, t: t, args: args, r: r, byToken: true}, known: true}, CallResult{}, nil
+	}
 	if r.Explicit && r.CashuToken == "" {
 		if grant, ok := v.findGrant(ctx, r, bind); ok {
 			return &admitted{pending: pending{v: v, call: grant, t: t, args: args, r: r}, known: true}, CallResult{}, nil
@@ -162,6 +163,37 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		return nil, CallResult{}, err
 	}
 	return &admitted{pending: pending{v: v, call: call, t: t, args: args, r: r}, known: !created, slot: slot, turn: turn}, CallResult{}, nil
+}
+
+// callArgs parses r's arguments once, strictly (parseArgs), for t: a
+// prompt's must be strings, a read has none, and a tool call's PaymentArg
+// is taken out into r.PaymentToken.
+func (v *Vendor) callArgs(t *Tool, r *CallRequest) (json.RawMessage, error) {
+	m, err := parseArgsObject(r.Arguments)
+	if err != nil {
+		return nil, err
+	}
+	switch t.Kind {
+	case KindPrompt:
+		args, err := encodeArgs(m)
+		if err == nil {
+			_, err = promptArgs(args)
+		}
+		return args, err
+	case KindResource:
+		return json.RawMessage("{}"), nil // a read has no arguments
+	}
+	tok, err := takePaymentArg(m)
+	if err != nil {
+		return nil, err
+	}
+	if tok != "" {
+		if r.PaymentToken != "" && r.PaymentToken != tok {
+			return nil, fmt.Errorf("%s and _meta[%q] name different payment tokens", PaymentArg, MetaPaymentToken)
+		}
+		r.PaymentToken = tok
+	}
+	return encodeArgs(m)
 }
 
 // runFree runs a call nobody pays for: a free tool, or one within its

@@ -24,8 +24,18 @@ const maxArgsDepth = 128
 // strings and numbers as the client spelled them (numbers are not
 // rounded through floats).
 func parseArgs(raw json.RawMessage) (json.RawMessage, error) {
+	m, err := parseArgsObject(raw)
+	if err != nil {
+		return nil, err
+	}
+	return encodeArgs(m)
+}
+
+// parseArgsObject parses arguments as parseArgs does and returns the root
+// object, to be encoded by encodeArgs.
+func parseArgsObject(raw json.RawMessage) (map[string]any, error) {
 	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
-		return json.RawMessage("{}"), nil
+		return map[string]any{}, nil
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
@@ -43,6 +53,11 @@ func parseArgs(raw json.RawMessage) (json.RawMessage, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("arguments must be a single JSON object (trailing data)")
 	}
+	return v, nil
+}
+
+// encodeArgs is parseArgs' one encoding of a parsed arguments object.
+func encodeArgs(v map[string]any) (json.RawMessage, error) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)

@@ -47,11 +47,14 @@ func bindingOf(t *Tool, args json.RawMessage) (Binding, error) {
 func (v *Vendor) Tools() []Tool {
 	ts := v.cfg.Tools.Tools()
 	book := v.book()
-	out := make([]Tool, len(ts))
-	for i, t := range ts {
+	out := make([]Tool, 0, len(ts))
+	for _, t := range ts {
+		if !v.offered(&t) {
+			continue
+		}
 		lo, _ := book.Listed(t.Server, t.UpstreamName)
 		t.Price = lo
-		out[i] = t
+		out = append(out, t)
 	}
 	return out
 }
@@ -59,7 +62,7 @@ func (v *Vendor) Tools() []Tool {
 func (v *Vendor) tool(name string) (Tool, bool) {
 	for _, t := range v.cfg.Tools.Tools() {
 		if t.Name == name {
-			return t, true
+			return t, v.offered(&t)
 		}
 	}
 	return Tool{}, false

@@ -75,7 +75,15 @@ func (c *pending) requestPayment(ctx context.Context, slot *unpaidQuote, turn *t
 	v.unpaid.bind(slot, &p)
 	if r.Explicit { // a grant waits in the ledger, not in memory
 		c.pay = &p
-		return nil, CallResult{}, &PaymentRequiredError{Options: c.options()}
+		e := c.required()
+		if r.PaymentTokens {
+			if e.Token, err = c.issueToken(ctx); err != nil {
+				// The client never sees this invoice: it expires unpaid.
+				v.cfg.Log.Error("vend: issuing a payment token failed", "tool", c.t.Name, "call", int64(call.ID), "err", err)
+				return nil, CallResult{}, fmt.Errorf("payment token of call %d: %w", call.ID, err)
+			}
+		}
+		return nil, CallResult{}, e
 	}
 	return &p, CallResult{}, nil
 }
@@ -96,6 +104,15 @@ func (c *pending) options() []PaymentOption {
 		}
 	}
 	return opts
+}
+
+// required is explicit gating's answer for the call's payment c.pay: the
+// ways to pay, the amount, invoice and expiry, and the token the request
+// presented (a new call's is issued by requestPayment).
+func (c *pending) required() *PaymentRequiredError {
+	p := c.pay
+	return &PaymentRequiredError{Options: c.options(), Amount: p.Amount, Invoice: p.Bolt11, ExpiresAt: p.ExpiresAt,
+		Token: c.r.PaymentToken}
 }
 
 // awaitPayment tells the client what to pay and waits for the backend to

@@ -18,4 +18,9 @@ type pending struct {
 	t    Tool
 	args json.RawMessage
 	r    *CallRequest
+	// byToken: the request presented the payment token of this call
+	// (CallRequest.PaymentToken), good for one execution: if the call
+	// ran, runs or ended elsewhere, the request is refused
+	// (ErrTokenUsed), never answered with that call's result.
+	byToken bool
 }

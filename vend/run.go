@@ -23,6 +23,12 @@ func (c *pending) resume(ctx context.Context) (CallResult, error) {
 		}
 	}
 	switch c.call.State {
+	case CallDelivered, CallFailed, CallRefunded, CallExecuting:
+		if c.byToken { // ran, runs or ended for another request
+			return CallResult{}, ErrTokenUsed
+		}
+	}
+	switch c.call.State {
 	case CallDelivered, CallFailed, CallRefunded:
 		res, err := v.cfg.Ledger.Result(ctx, c.call.ID)
 		if err != nil {
@@ -51,9 +57,9 @@ func (c *pending) resume(ctx context.Context) (CallResult, error) {
 	// awaiting_payment
 	if c.r.Explicit {
 		if c.pay.State == PaymentOpen {
-			return CallResult{}, &PaymentPendingError{RetryAfter: 2}
+			return CallResult{}, &PaymentPendingError{RetryAfter: 2, Token: c.r.PaymentToken, ExpiresAt: c.pay.ExpiresAt}
 		}
-		return CallResult{}, &PaymentRequiredError{Options: c.options()}
+		return CallResult{}, c.required()
 	}
 	return c.awaitPayment(ctx)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // ItemKind is what a priced request sells: a tool call, a prompt get or a
@@ -173,6 +174,19 @@ type CallRequest struct {
 	// (_meta[MetaPaymentProof]): it releases the explicit-gating grant
 	// that invoice paid for, to whoever presents it.
 	PaymentProof string
+	// PaymentToken is a payment token a payment-required answer handed
+	// out (PaymentRequiredError.Token): the tool call's PaymentArg
+	// argument (vend takes it out of Arguments) or _meta[MetaPaymentToken].
+	// It names one explicit-gating call and releases it once: the call
+	// must sell exactly what this request asks (else ErrTokenMismatch),
+	// be paid and not yet run (ErrTokenUsed), or awaiting payment
+	// (*PaymentPendingError) before its invoice expired
+	// (ErrTokenExpired); an unknown token is ErrTokenUnknown. No session,
+	// client identity or _meta is needed.
+	PaymentToken string
+	// PaymentTokens says the front hands payment tokens to its clients:
+	// an explicit-gating answer then issues one (PaymentRequiredError.Token).
+	PaymentTokens bool
 	// RefundInvoice is a bolt11 invoice (_meta[MetaRefundInvoice]) to
 	// pay a refund to if the call fails after an LND payment (a Cashu
 	// payment is refunded at once as ecash; a hold invoice is canceled).
@@ -292,18 +306,30 @@ func (e *WorkRequiredError) Error() string {
 }
 
 // PaymentRequiredError is explicit gating's answer to an unpaid call
-// (JSON-RPC -32042): the ways to pay. The client pays one and repeats the
-// same call.
+// (an MCP tool result with isError, or JSON-RPC -32042 where CEP-8
+// applies): the ways to pay. The client pays one and repeats the same
+// call, with Token if there is one.
 type PaymentRequiredError struct {
-	Options []PaymentOption
+	Options   []PaymentOption
+	Amount    Msat      // the price
+	Invoice   string    // the bolt11 to pay
+	ExpiresAt time.Time // when the invoice stops being payable
+	// Token is the payment token naming this call (see
+	// CallRequest.PaymentToken): "" unless the front asked for tokens
+	// (CallRequest.PaymentTokens) and the ledger keeps them. A bearer
+	// secret until used: never log it.
+	Token string
 }
 
 func (e *PaymentRequiredError) Error() string { return "payment required" }
 
 // PaymentPendingError is explicit gating's answer to a repeated call whose
-// payment has not arrived yet (JSON-RPC -32043).
+// payment has not arrived yet (a tool result with isError, or JSON-RPC
+// -32043).
 type PaymentPendingError struct {
-	RetryAfter int64 // seconds
+	RetryAfter int64     // seconds
+	Token      string    // the payment token the request presented, "" if none
+	ExpiresAt  time.Time // when the invoice stops being payable; zero if unknown
 }
 
 func (e *PaymentPendingError) Error() string { return "payment pending" }

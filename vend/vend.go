@@ -25,9 +25,25 @@
 // back at once as a Cashu token for a Cashu payment (RefundPayer) and
 // handed over in the answer (RefundError, or _meta[MetaRefund] of an
 // isError result; see refund.go). With explicit gating the call instead fails with
-// PaymentRequiredError; the client pays and repeats the call, which finds
-// its single-use grant by client (or invoice preimage) and Binding. A
-// Cashu token in _meta pays at once.
+// PaymentRequiredError (a plain invoice, never a hold invoice); the client
+// pays and repeats the call, which finds its single-use grant by client
+// (or invoice preimage) and Binding. A Cashu token in _meta pays at once.
+//
+// Payment tokens: a front whose clients may have neither a session nor
+// _meta (a stock MCP host, where only the model can act) sets
+// CallRequest.PaymentTokens; the PaymentRequiredError then carries a
+// fresh token (160 random bits, stored in the ledger only as its SHA-256,
+// GrantTokens) that names the call. The client passes it back as the tool
+// argument PaymentArg ("capvend_payment"), which vend strips from the
+// arguments before anything else sees them (it is not validated, priced,
+// hashed, recorded or sent upstream), or in _meta[MetaPaymentToken]. The
+// token releases its call only: the retry must sell exactly the call's
+// Binding (ErrTokenMismatch), and gets *PaymentPendingError until the
+// payment is in, the result once, ErrTokenUsed after (also for concurrent
+// retries: one runs the call, the others are refused), ErrTokenExpired
+// once the invoice expired unpaid, ErrTokenUnknown for anything else.
+// Because vend strips PaymentArg, a tool whose input schema declares it is
+// not offered (logged once).
 //
 // A request is bound to what it asked for. A request key (transport,
 // client, request id) names one call or free use and its Binding (kind,

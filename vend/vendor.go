@@ -86,6 +86,9 @@ type Vendor struct {
 	// recovered is closed when Run's Recover has returned.
 	recovered     chan struct{}
 	recoveredOnce sync.Once
+	// reserved holds the tools logged as not offered because their
+	// schema declares PaymentArg (grants.go), each logged once.
+	reserved sync.Map
 }
 
 // New checks cfg and returns a Vendor. It starts nothing.

@@ -69,6 +69,15 @@ func FromVend(err error, tool string) Error {
 		return Error{CodeWorkRequired, "Proof of work required", map[string]any{
 			"difficulty": wr.Required, "work": wr.Work,
 			"instructions": "Mine the request event to the difficulty (NIP-13: leading zero bits of its id, committed in a nonce tag), or pay with a Cashu token."}}
+	case errors.Is(err, vend.ErrTokenMismatch):
+		return Error{Code: CodeInvalidRequest, Message: "Invalid Request: payment token is for another call"}
+	case errors.Is(err, vend.ErrTokenUsed):
+		return Error{Code: CodeInvalidRequest, Message: "Invalid Request: payment token already used"}
+	case errors.Is(err, vend.ErrTokenUnknown):
+		return Error{Code: CodeInvalidParams, Message: "Invalid params: unknown payment token"}
+	case errors.Is(err, vend.ErrTokenExpired):
+		return Error{Code: CodePaymentExpired, Message: "Payment expired: the payment token's invoice expired unpaid; call again without " +
+			vend.PaymentArg + " for a new invoice"}
 	case errors.Is(err, vend.ErrRequestReused):
 		return Error{Code: CodeInvalidRequest, Message: "Invalid Request: request id reused with different parameters"}
 	case errors.Is(err, vend.ErrUnknownTool):

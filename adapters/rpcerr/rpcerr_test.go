@@ -37,6 +37,11 @@ func TestFromVend(t *testing.T) {
 		{&vend.WorkRequiredError{Required: 20, Work: 3}, rpcerr.CodeWorkRequired, "Proof of work required"},
 		{fmt.Errorf("record call: %w: request \"7\" is call 3 (tool ex/slow_count)", vend.ErrRequestReused), rpcerr.CodeInvalidRequest,
 			"Invalid Request: request id reused with different parameters"},
+		{vend.ErrTokenMismatch, rpcerr.CodeInvalidRequest, "Invalid Request: payment token is for another call"},
+		{vend.ErrTokenUsed, rpcerr.CodeInvalidRequest, "Invalid Request: payment token already used"},
+		{vend.ErrTokenUnknown, rpcerr.CodeInvalidParams, "Invalid params: unknown payment token"},
+		{vend.ErrTokenExpired, rpcerr.CodePaymentExpired,
+			"Payment expired: the payment token's invoice expired unpaid; call again without capvend_payment for a new invoice"},
 		{errors.New("sqlite: disk I/O error at /var/lib/capvend.db"), rpcerr.CodeInternal, "Internal error"},
 	} {
 		got := rpcerr.FromVend(tc.err, "x")
