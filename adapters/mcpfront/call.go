@@ -54,8 +54,7 @@ func (e *markedError) Unwrap() error { return e.err }
 func (s *Server) errPrefix() string { return "capvend-error " + s.nonce + " " }
 
 func (s *Server) markError(err error, tool string) error {
-	b, _ := json.Marshal(toWire(err, tool))
-	return &markedError{text: s.errPrefix() + base64.RawURLEncoding.EncodeToString(b), err: err}
+	return s.markWire(toWire(err, tool), err)
 }
 
 // unmarkError returns the wire error a marked message stands for.
@@ -103,6 +102,7 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 		}
 	}
 	readMeta(&cr, req.Params.Meta)
+	s.gate(ctx, &cr)
 	cr.Notify = s.notifier(ctx)
 
 	if req.Params.RequestState != "" {
@@ -126,6 +126,9 @@ func readMeta(cr *vend.CallRequest, m *mcp.Meta) {
 	}
 	if proof, ok := m.AdditionalFields[vend.MetaPaymentProof].(string); ok {
 		cr.PaymentProof = proof
+	}
+	if tok, ok := m.AdditionalFields[vend.MetaPaymentToken].(string); ok {
+		cr.PaymentToken = tok
 	}
 	if from, ok := m.AdditionalFields[vend.MetaInvoiceFrom].(string); ok {
 		cr.InvoiceFrom = vend.Backend(from)
@@ -155,6 +158,7 @@ func (s *Server) itemRequest(ctx context.Context, kind vend.ItemKind, name strin
 	cr.Anonymous = cr.Client == anonClient
 	cr.Source, _ = ctx.Value(keySource).(string)
 	readMeta(&cr, meta)
+	s.gate(ctx, &cr)
 	cr.Notify = s.notifier(ctx)
 	return cr
 }
@@ -170,6 +174,10 @@ func (s *Server) priced(kind vend.ItemKind, name string) (lo, hi vend.Msat) {
 
 // answer turns the Vendor's outcome of cr into the handler's return.
 func (s *Server) answer(ctx context.Context, cr vend.CallRequest, res vend.CallResult, err error) (*mcp.CallToolResult, error) {
+	if res := s.gatingResult(&cr, err); res != nil {
+		s.log.Debug("tool call answered: payment required", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyErr, err)
+		return res, nil
+	}
 	if err != nil {
 		w := toWire(err, cr.Tool)
 		lvl := rpcerr.LogLevel(w.Code)

@@ -259,6 +259,10 @@ func (s *Server) sell(ctx context.Context, cr vend.CallRequest) (json.RawMessage
 	if err == nil && !json.Valid(res.Body) {
 		err = fmt.Errorf("invalid result body")
 	}
+	if w, ok := s.gatingError(&cr, err); ok {
+		s.log.Debug("priced "+string(cr.Kind)+" answered: payment required", logKeyTool, cr.Tool, logKeyTransport, cr.Transport)
+		return nil, s.markWire(w, err)
+	}
 	if err != nil {
 		w := toWire(err, cr.Tool)
 		lvl := rpcerr.LogLevel(w.Code)

@@ -88,6 +88,17 @@ var fuzzSeeds = []fuzzSeed{
 	// done channel): the same request sent three times while its invoice
 	// is paid.
 	{"run-resume self-deadlock", selfDeadlockSeq()},
+	// Payment tokens (issue 12): a stock host (no capvend/payments
+	// capability) gets a token with its invoice and sends it back as
+	// capvend_payment: valid, reused, for other arguments or another tool,
+	// before paying, session-less, and across sessions.
+	{"token: stock host pays and retries", "init stock\ncall 0 1 dear a\nwait 0\ncall 0 2 dear a token 0\nwait 1\npay 0\ncall 0 3 dear a token 0\nwait 2\ncall 0 4 dear a token 0\nwait 3"},
+	{"token: session-less", "call - 1 dear a stock\nwait 0\npay 0\ncall - 1 dear a stock token 0\nwait 1\ncall - 1 dear a stock token 0\nwait 2"},
+	{"token: other arguments", "init stock\ncall 0 1 dear a\nwait 0\npay 0\ncall 0 2 dear X token 0\nwait 1\ncall 0 3 dear A token 0\nwait 2\ncall 0 4 dear A token 0\nwait 3"},
+	{"token: other tool", "call - 1 cheap a stock\nwait 0\npay 0\ncall - 2 dear a stock token 0\nwait 1\ncall - 3 quota a stock token 0\nwait 2\ncall - 4 cheap a stock token 0\nwait 3"},
+	{"token: another session, aware client", "init stock\ninit\ncall 0 1 dear b\nwait 0\npay 0\ncall 1 1 dear b token 0\nwait 1\ncall 0 2 dear b token 0\nwait 2"},
+	{"token: concurrent retries", "init stock\ncall 0 1 cheap a\nwait 0\npay 0\ncall 0 2 cheap a token 0\ncall 0 3 cheap a token 0\ncall - 4 cheap a token 0\nwait 1\nwait 2\nwait 3"},
+	{"token: expired", "init stock\ncall 0 1 dear a\nwait 0\nexpire 0\ncall 0 2 dear a token 0\nwait 1\npay 0\ncall 0 3 dear a token 0\nwait 2"},
 }
 
 // selfDeadlockSeq sends the same request three times in one session while
@@ -301,8 +312,9 @@ type fuzzCall struct {
 	waiting chan struct{} // closed at payment_required or the answer
 	done    chan struct{} // closed when the response ended
 
-	mu  sync.Mutex
-	ref string // the payment of its last payment_required
+	mu    sync.Mutex
+	ref   string // the payment of its last payment_required
+	token string // the payment token its answer handed out
 }
 
 func runSequence(t testing.TB, seq string) *fuzzHarness {
@@ -376,13 +388,18 @@ func runSequence(t testing.TB, seq string) *fuzzHarness {
 // step runs one step of a sequence:
 //
 //	hold                          (first line only) hold invoices, not plain ones
-//	init                          initialize a legacy (2025-11-25) session
-//	call S ID TOOL ARGS [explicit] [proof P]
+//	init [stock]                  initialize a legacy (2025-11-25) session,
+//	                              declaring the capvend/payments capability
+//	                              unless stock (a stock host: explicit gating)
+//	call S ID TOOL ARGS [explicit] [proof P] [stock] [token C]
 //	                              tools/call in session S (its index), "x" a
 //	                              made-up session id, "-" none (2026-07-28);
 //	                              ID the JSON-RPC id; TOOL cheap|dear|quota|free;
 //	                              ARGS a key of fuzzArgs; explicit gating; the
-//	                              preimage of payment P if it was paid
+//	                              preimage of payment P if it was paid; a
+//	                              session-less request without the capability;
+//	                              capvend_payment set to the token the C-th
+//	                              call was handed, if any
 //	pay P / expire P              the P-th payment request is paid / expires
 //	drop C / wait C               the C-th call's client leaves / is answered
 //	delete S                      DELETE session S
@@ -401,7 +418,7 @@ func (h *fuzzHarness) step(f []string) {
 	}
 	switch f[0] {
 	case "init":
-		h.initialize()
+		h.initialize(len(f) > 1 && f[1] == "stock")
 	case "call":
 		if len(f) < 5 {
 			return
@@ -415,8 +432,22 @@ func (h *fuzzHarness) step(f []string) {
 			return
 		}
 		var meta []string
+		stock := false
 		for i := 5; i < len(f); i++ {
 			switch f[i] {
+			case "stock":
+				stock = true
+			case "token":
+				if c, ok := num(i + 1); ok && len(h.calls) > 0 {
+					fc := h.calls[c%len(h.calls)]
+					fc.mu.Lock()
+					tok := fc.token
+					fc.mu.Unlock()
+					if tok != "" {
+						args = `{"` + vend.PaymentArg + `":"` + tok + `",` + strings.TrimPrefix(strings.TrimSpace(args), "{")
+						args = strings.Replace(args, `",}`, `"}`, 1) // {} had no members
+					}
+				}
 			case "explicit":
 				meta = append(meta, `"`+MetaPaymentInteraction+`":"`+ExplicitGating+`"`)
 			case "proof":
@@ -427,7 +458,7 @@ func (h *fuzzHarness) step(f []string) {
 				}
 			}
 		}
-		h.call(f[1], id, "ex_"+f[3], args, meta)
+		h.call(f[1], id, "ex_"+f[3], args, meta, stock)
 	case "pay", "expire":
 		p, ok := num(1)
 		if !ok {
@@ -494,8 +525,12 @@ func (h *fuzzHarness) session(s string) string {
 	return h.sessions[i%len(h.sessions)]
 }
 
-func (h *fuzzHarness) initialize() {
-	body := `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"fuzz","version":"1"}}}`
+func (h *fuzzHarness) initialize(stock bool) {
+	caps := `{"experimental":{"` + CapabilityPayments + `":{}}}`
+	if stock {
+		caps = `{}`
+	}
+	body := `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":` + caps + `,"clientInfo":{"name":"fuzz","version":"1"}}}`
 	req, _ := http.NewRequest(http.MethodPost, h.url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
@@ -522,7 +557,7 @@ func (h *fuzzHarness) initialize() {
 
 // call sends a tools/call and returns once it waits for a payment or was
 // answered.
-func (h *fuzzHarness) call(sess string, id int, tool, args string, meta []string) {
+func (h *fuzzHarness) call(sess string, id int, tool, args string, meta []string, stock bool) {
 	sid := h.session(sess)
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &fuzzCall{cancel: cancel, waiting: make(chan struct{}), done: make(chan struct{})}
@@ -530,8 +565,12 @@ func (h *fuzzHarness) call(sess string, id int, tool, args string, meta []string
 
 	hdr := map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
 	if sess == "-" {
+		caps := `{"experimental":{"` + CapabilityPayments + `":{}}}`
+		if stock {
+			caps = `{}`
+		}
 		meta = append(meta, `"`+mcp.MetaKeyProtocolVersion+`":"`+mcp.LATEST_PROTOCOL_VERSION+`"`,
-			`"`+mcp.MetaKeyClientCapabilities+`":{}`, `"`+mcp.MetaKeyClientInfo+`":{"name":"fuzz","version":"1"}`)
+			`"`+mcp.MetaKeyClientCapabilities+`":`+caps, `"`+mcp.MetaKeyClientInfo+`":{"name":"fuzz","version":"1"}`)
 		hdr["Mcp-Protocol-Version"] = mcp.LATEST_PROTOCOL_VERSION
 		hdr["Mcp-Method"] = "tools/call"
 		hdr["Mcp-Name"] = tool
@@ -568,9 +607,19 @@ func (h *fuzzHarness) call(sess string, id int, tool, args string, meta []string
 				Params struct {
 					PayReq string `json:"pay_req"`
 				} `json:"params"`
+				Result struct {
+					StructuredContent struct {
+						Token string `json:"capvend_payment"`
+					} `json:"structuredContent"`
+				} `json:"result"`
 			}
 			if json.Unmarshal(line, &m) != nil {
 				continue
+			}
+			if tok := m.Result.StructuredContent.Token; tok != "" {
+				c.mu.Lock()
+				c.token = tok
+				c.mu.Unlock()
 			}
 			if m.Method == vend.NotifyPaymentRequired {
 				c.mu.Lock()

@@ -37,8 +37,13 @@ func (v itemVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.Call
 	v.calls = append(v.calls, rr)
 	v.mu.Unlock()
 	if r.Tool == "gated" {
-		return vend.CallResult{}, &vend.PaymentRequiredError{Options: []vend.PaymentOption{
-			{Amount: 2, PayReq: "lnbcrt20n1fake", PMI: vend.PMILightning, Description: "gated: 2 sat per call", TTL: 600}}}
+		pr := &vend.PaymentRequiredError{Options: []vend.PaymentOption{
+			{Amount: 2, PayReq: "lnbcrt20n1fake", PMI: vend.PMILightning, Description: "gated: 2 sat per call", TTL: 600}},
+			Amount: 2000, Invoice: "lnbcrt20n1fake", ExpiresAt: fakeExpiry}
+		if r.PaymentTokens {
+			pr.Token = fakeToken
+		}
+		return vend.CallResult{}, pr
 	}
 	r.Notify(vend.NotifyPaymentRequired, map[string]any{"amount": 3, "pay_req": "lnbcrt30n1fake", "pmi": vend.PMILightning, "description": r.Tool, "ttl": 600})
 	r.Notify(vend.NotifyPaymentAccepted, map[string]any{"amount": 3, "pmi": vend.PMILightning})
@@ -126,18 +131,36 @@ func TestPricedPromptsAndResourcesOverHTTP(t *testing.T) {
 		t.Fatalf("vendor request %+v", last)
 	}
 
-	// Explicit gating: -32042 with the payment options.
+	// Explicit gating (this raw client did not declare the payments
+	// capability): a prompt has no tool result, so JSON-RPC 402 with the
+	// tool result's structuredContent, the token to send back in _meta.
 	msgs, _ = r.post(`{"jsonrpc":"2.0","id":5,"method":"prompts/get","params":{"name":"gated"}}`)
 	var e struct {
 		Error struct {
 			Code int
 			Data struct {
-				PaymentOptions []vend.PaymentOption `json:"payment_options"`
+				Invoice string
+				Accepts []vend.PaymentOption
+				Retry   struct {
+					Meta map[string]string `json:"_meta"`
+				}
+				Text string
 			}
 		}
 	}
-	if len(msgs) != 1 || json.Unmarshal(msgs[0], &e) != nil || e.Error.Code != -32042 || len(e.Error.Data.PaymentOptions) != 1 {
+	if len(msgs) != 1 || json.Unmarshal(msgs[0], &e) != nil || e.Error.Code != 402 || len(e.Error.Data.Accepts) != 1 ||
+		e.Error.Data.Invoice != "lnbcrt20n1fake" || e.Error.Data.Retry.Meta[vend.MetaPaymentToken] != fakeToken ||
+		!strings.Contains(e.Error.Data.Text, "lightning:lnbcrt20n1fake") {
 		t.Fatalf("gated prompt: %s", msgs)
+	}
+	golden(t, "http_prompt_payment_required", msgs[0])
+	if !iv.last().Explicit || !iv.last().PaymentTokens {
+		t.Fatalf("vendor request %+v", iv.last())
+	}
+	// The token comes back in _meta.
+	r.post(`{"jsonrpc":"2.0","id":9,"method":"prompts/get","params":{"name":"gated","_meta":{"capvend/payment":"` + fakeToken + `"}}}`)
+	if got := iv.last().PaymentToken; got != fakeToken {
+		t.Fatalf("token from _meta: %q", got)
 	}
 
 	// A read of a URI matching a priced template.
@@ -172,7 +195,7 @@ func TestPricedPromptOverStdio(t *testing.T) {
 	defer stop()
 	n := newNotes()
 	c.OnNotification(n.add)
-	if _, err := c.Initialize(context.Background(), mcp.InitializeRequest{}); err != nil {
+	if _, err := c.Initialize(context.Background(), payingInit()); err != nil {
 		t.Fatal(err)
 	}
 	res, err := c.GetPrompt(context.Background(), mcp.GetPromptRequest{Params: mcp.GetPromptParams{Name: "priced", Arguments: map[string]string{"who": "x"}}})
@@ -182,7 +205,7 @@ func TestPricedPromptOverStdio(t *testing.T) {
 	if got := strings.Join(n.payment(), ","); got != vend.NotifyPaymentRequired+","+vend.NotifyPaymentAccepted {
 		t.Fatalf("notifications %s", got)
 	}
-	if last := iv.last(); last.Kind != vend.KindPrompt || last.Transport != TransportStdio || last.RequestID == "" {
+	if last := iv.last(); last.Kind != vend.KindPrompt || last.Transport != TransportStdio || last.RequestID == "" || last.Explicit {
 		t.Fatalf("vendor request %+v", last)
 	}
 }

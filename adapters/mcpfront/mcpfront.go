@@ -14,8 +14,12 @@
 //
 // and, when the Vendor implements PriceRanger and the price depends on the
 // arguments, {"amount": <min>, "max_amount": <max>, "unit": "sats"}. Amounts
-// are whole sats, rounded up. Refresh re-reads the Vendor's tools; mcp-go
-// then sends notifications/tools/list_changed to connected clients.
+// are whole sats, rounded up. A priced tool's inputSchema also gains the
+// optional string property capvend_payment (vend.PaymentArg), described
+// for the model (see Buying from any MCP host; not with
+// Config.LegacyGatingCode); the rest of the schema is the upstream's (its
+// keys re-encoded in sorted order). Refresh re-reads the Vendor's tools;
+// mcp-go then sends notifications/tools/list_changed to connected clients.
 //
 // # tools/call
 //
@@ -27,9 +31,13 @@
 // as JSON text (1 and "1" differ); Arguments the raw arguments object ({}
 // when absent); ProgressToken params._meta.progressToken as JSON; CashuToken
 // params._meta["capvend/cashu"]; PMIs params._meta["capvend/pmi"] (array of
-// strings); Explicit when params._meta["capvend/payment_interaction"] is
-// "explicit_gating" or Config.ExplicitGating is set. Notify sends a
-// notification on the call's own stream (see below).
+// strings); PaymentToken params._meta["capvend/payment"] (vend takes the
+// capvend_payment argument out of Arguments itself); Explicit when
+// params._meta["capvend/payment_interaction"] is "explicit_gating",
+// Config.ExplicitGating is set, or the client did not declare
+// CapabilityPayments (see below); PaymentTokens unless
+// Config.LegacyGatingCode. Notify sends a notification on the call's own
+// stream (see below).
 //
 // A result is returned as the Vendor gave it (its JSON values byte for byte;
 // with protocol 2026-07-28 mcp-go's resultType and _meta.serverInfo are added
@@ -37,8 +45,10 @@
 //
 //	vend.ErrUnknownTool           -32602 "Unknown tool: <name>"
 //	*vend.InvalidParamsError      -32602 "Invalid params: <reason>"
-//	*vend.PaymentRequiredError    -32042 "Payment Required"  data {instructions, payment_options}
-//	*vend.PaymentPendingError     -32043 "Payment Pending"   data {instructions, retry_after}
+//	vend.ErrTokenMismatch         -32600 "Invalid Request: payment token is for another call"
+//	vend.ErrTokenUsed             -32600 "Invalid Request: payment token already used"
+//	vend.ErrTokenUnknown          -32602 "Invalid params: unknown payment token"
+//	vend.ErrTokenExpired          -32050 "Payment expired: the payment token's invoice expired unpaid; ..."
 //	vend.ErrPaymentExpired        -32050 "Payment expired"
 //	vend.ErrPaymentFailed         -32051 "Payment failed"
 //	vend.ErrNoPaymentMethod       -32052 "No payment method in common"
@@ -47,16 +57,68 @@
 //	*vend.WorkRequiredError       -32055 "Proof of work required" (only fronts that require work)
 //	anything else                 -32603 "Internal error"
 //
-// and the front's own: a requestState retry naming another call -32600
+// (*vend.PaymentRequiredError and *vend.PaymentPendingError are tool
+// results, see below; with Config.LegacyGatingCode they are -32042
+// "Payment Required" data {instructions, payment_options} and -32043
+// "Payment Pending" data {instructions, retry_after}), and the front's
+// own: a requestState retry naming another call -32600
 // "Invalid Request: request id reused with different parameters", an
 // unknown or expired requestState -32602 (see Elicitation).
 //
 // Messages are fixed strings (plus the tool name or the schema reason the
 // client's own arguments caused): no internals leak; the full error is
 // logged. -32042 is also MCP's URLElicitationRequired code (protocol
-// 2025-11-25): mcp-go clients decode it as such and drop our data; ContextVM
-// clients expect it. -32000, -32001, -32002 and -32020..-32022 are avoided
-// (used by MCP SDKs).
+// 2025-11-25): mcp-go clients decode it as such and drop our data, which
+// is why explicit gating is a tool result here (ContextVM clients, whose
+// CEP-8 defines -32042/-32043 for payments, keep them on the Nostr
+// front). -32000, -32001, -32002 and -32020..-32022 are avoided (used by
+// MCP SDKs).
+//
+// # Buying from any MCP host
+//
+// A client declares that it handles capvend's payment notifications
+// (notifications/payment_required, payment_accepted, payment_rejected,
+// progress heartbeats) with the experimental capability
+// CapabilityPayments in its initialize:
+//
+//	"capabilities": {"experimental": {"capvend/payments": {}}}
+//
+// (per request, in _meta's client capabilities, with protocol
+// 2026-07-28; per session over HTTP before it, and over stdio). Such a
+// client keeps the notifications flow, or explicit gating if it asks for
+// it in _meta. Any other client (a stock host: MCP Inspector, desktop chat
+// apps, IDE agents, which ignore those notifications and cannot set
+// _meta) gets explicit gating with a payment token, so its priced call is
+// answered at once with a tool result:
+//
+//	{"content": [{"type": "text", "text": "Payment required: 21 sats to call ex_sha256.\n\n
+//	   Pay this Lightning invoice (it expires at 2026-11-24T03:00:00Z):\n\nlnbc...\n\nlightning:lnbc...\n\n
+//	   After paying, call ex_sha256 again with the same arguments plus capvend_payment: cvp_..."}],
+//	 "structuredContent": {"error": "payment_required", "message": "...",
+//	   "resource": {"url": "mcp://tool/ex_sha256", "description": "..."},
+//	   "amount": 21, "amount_msat": 21000, "unit": "sat", "pmi": "bitcoin-lightning-bolt11",
+//	   "invoice": "lnbc...", "payment_uri": "lightning:lnbc...", "expires_at": "2026-11-24T03:00:00Z",
+//	   "accepts": [<payment options>], "capvend_payment": "cvp_...",
+//	   "retry": {"method": "tools/call", "name": "ex_sha256", "arguments": {"capvend_payment": "cvp_..."},
+//	             "instructions": "..."}},
+//	 "isError": true}
+//
+// structuredContent follows the shape of x402's MCP transport binding
+// (resource, accepts), with the first option's fields at the top. A
+// retry with the token before the payment arrived gets the same kind of
+// result with "error": "payment_pending", "retry_after" and the expiry;
+// after it, the call's result, once (see vend.CallRequest.PaymentToken
+// for the refusals). A priced prompts/get or resources/read has no tool
+// result: it is answered with the JSON-RPC error 402 "Payment Required"
+// (or "Payment Pending"), outside the range MCP reserves (x402's MCP
+// binding uses 402), whose data is that structuredContent plus "text";
+// the token goes back in _meta["capvend/payment"].
+//
+// Config.LegacyGatingCode (payments.legacy_gating_code, deprecated, for
+// one release) restores the previous behaviour: no capability check (a
+// client gets notifications unless it asks for explicit gating), explicit
+// gating answered with -32042/-32043, no tokens, no capvend_payment in
+// tool schemas.
 //
 // # Elicitation
 //
@@ -139,7 +201,7 @@
 // template) is sold through Vendor.CallTool exactly like a tools/call
 // (CallRequest.Kind KindPrompt or KindResource, Tool the prompt name or
 // URI, the same _meta keys, payment notifications on the request's stream,
-// the same JSON-RPC errors, explicit gating -32042/-32043 included).
+// the same JSON-RPC errors; explicit gating as 402, see above).
 // The others are served for free, nothing recorded: definitions as the Catalog gives them (names, URIs and URI
 // templates as listed), results converted from the Catalog's JSON to
 // mcp-go's typed results (its handlers take no raw JSON) and back, which
@@ -263,6 +325,13 @@ type Config struct {
 	// ExplicitGating makes every call use explicit gating, whatever the
 	// client asked.
 	ExplicitGating bool
+	// LegacyGatingCode restores, for one release, explicit gating as it
+	// was before payment tokens (deprecated; payments.legacy_gating_code):
+	// only on request (_meta or ExplicitGating), answered with JSON-RPC
+	// -32042/-32043 (also MCP's URL-elicitation code), no payment tokens
+	// and no capvend_payment in tool schemas; a client that did not
+	// declare CapabilityPayments gets the notifications flow.
+	LegacyGatingCode bool
 	// MaxBodyBytes bounds HTTP request bodies; larger ones get 413.
 	// 0: DefaultMaxBodyBytes.
 	MaxBodyBytes int64
@@ -534,6 +603,9 @@ func (s *Server) toMCPTool(t vend.Tool, ranger PriceRanger) mcp.Tool {
 	lo, hi := t.Price, t.Price
 	if ranger != nil {
 		lo, hi = ranger.ListedPrice(t)
+	}
+	if hi > 0 && !s.cfg.LegacyGatingCode {
+		mt.RawInputSchema = withPaymentArg(schema)
 	}
 	mt.Meta = withPrice(nil, lo, hi)
 	return mt

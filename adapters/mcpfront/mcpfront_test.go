@@ -87,12 +87,21 @@ func (f *fakeVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.Cal
 		if !r.Explicit {
 			return vend.CallResult{}, errors.New("expected explicit gating")
 		}
-		return vend.CallResult{}, fmt.Errorf("quote q1: %w", &vend.PaymentRequiredError{Options: []vend.PaymentOption{
+		pr := &vend.PaymentRequiredError{Options: []vend.PaymentOption{
 			{Amount: 5, PayReq: "lnbcrt50n1fake", PMI: vend.PMILightning, Description: "explicit call", TTL: 600},
 			{Amount: 5, PMI: vend.PMICashu, Description: "explicit call", TTL: 600},
-		}})
+		}, Amount: 5000, Invoice: "lnbcrt50n1fake", ExpiresAt: fakeExpiry}
+		if r.PaymentTokens { // as vend: a token only when the front hands them out
+			pr.Token = fakeToken
+		}
+		return vend.CallResult{}, fmt.Errorf("quote q1: %w", pr)
 	case "pending":
-		return vend.CallResult{}, &vend.PaymentPendingError{RetryAfter: 5}
+		tok := r.PaymentToken
+		var args map[string]any
+		if json.Unmarshal(r.Arguments, &args) == nil && tok == "" { // vend takes it out of the arguments
+			tok, _ = args[vend.PaymentArg].(string)
+		}
+		return vend.CallResult{}, &vend.PaymentPendingError{RetryAfter: 5, Token: tok, ExpiresAt: fakeExpiry}
 	case "invalid":
 		return vend.CallResult{}, &vend.InvalidParamsError{Tool: r.Tool, Reason: "text: is required"}
 	case "unknown":
@@ -112,6 +121,21 @@ func (f *fakeVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.Cal
 	default:
 		return vend.CallResult{}, leaky(errors.New("database is locked"))
 	}
+}
+
+// fakeExpiry and fakeToken are the invoice expiry and payment token of the
+// fake explicit-gating answers.
+var (
+	fakeExpiry = time.Date(2026, 11, 24, 3, 0, 0, 0, time.UTC)
+	fakeToken  = "cvp_0123456789abcdef0123456789abcdef01234567"
+)
+
+// payingInit is the initialize of a capvend-aware client: it declares
+// that it handles payment notifications (CapabilityPayments).
+func payingInit() mcp.InitializeRequest {
+	var r mcp.InitializeRequest
+	r.Params.Capabilities.Experimental = map[string]any{CapabilityPayments: map[string]any{}}
+	return r
 }
 
 func (f *fakeVendor) last() vend.CallRequest {
@@ -330,15 +354,16 @@ func clientSuite(t *testing.T, c *client.Client, n *notes, fv *fakeVendor, trans
 				t.Errorf("%s: leaks: %v", tc.tool, err)
 			}
 		}
-		// -32042 is MCP's URLElicitationRequired code too: mcp-go clients
-		// decode it as that.
+		// Explicit gating asked for in _meta is a tool result, not
+		// -32042 (MCP's URLElicitationRequired code).
 		req := mcp.CallToolRequest{}
 		req.Params.Name = "explicit"
 		req.Params.Meta = &mcp.Meta{AdditionalFields: map[string]any{MetaPaymentInteraction: ExplicitGating}}
-		_, err := c.CallTool(ctx, req)
-		var ue mcp.URLElicitationRequiredError
-		if !errors.As(err, &ue) {
-			t.Errorf("explicit: err %T %v", err, err)
+		res, err := c.CallTool(ctx, req)
+		if err != nil || !res.IsError || !strings.Contains(callText(t, res), "lnbcrt50n1fake") {
+			t.Errorf("explicit: %+v %v", res, err)
+		} else if b, _ := json.Marshal(res.StructuredContent); !strings.Contains(string(b), `"capvend_payment":"`+fakeToken+`"`) {
+			t.Errorf("explicit: structuredContent %s", b)
 		}
 		if !fv.last().Explicit {
 			t.Error("explicit not passed on")
@@ -385,7 +410,7 @@ func TestHTTPWithMCPGoClient(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil {
+	if _, err := c.Initialize(ctx, payingInit()); err != nil {
 		t.Fatal(err)
 	}
 	if !mcp.IsModernProtocol(c.ProtocolVersion()) {
@@ -486,7 +511,7 @@ func TestHTTPLegacyClientWithGETStream(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil {
+	if _, err := c.Initialize(ctx, payingInit()); err != nil {
 		t.Fatal(err)
 	}
 	if mcp.IsModernProtocol(c.ProtocolVersion()) {
@@ -518,7 +543,7 @@ func TestStdioWithMCPGoClient(t *testing.T) {
 	defer stop()
 	n := newNotes()
 	c.OnNotification(n.add)
-	if _, err := c.Initialize(context.Background(), mcp.InitializeRequest{}); err != nil {
+	if _, err := c.Initialize(context.Background(), payingInit()); err != nil {
 		t.Fatal(err)
 	}
 	clientSuite(t, c, n, fv, TransportStdio)
@@ -616,8 +641,9 @@ func TestHTTPWireGolden(t *testing.T) {
 	for _, tc := range []struct{ name, tool, extra string }{
 		{"invalid_params", "invalid", ``},
 		{"unknown_tool", "unknown", ``},
-		{"payment_required", "explicit", `,"_meta":{"capvend/payment_interaction":"explicit_gating"}`},
-		{"payment_pending", "pending", ``},
+		{"payment_required", "explicit", ``}, // a client without the capability
+		{"payment_required_asked", "explicit", `,"_meta":{"capvend/payment_interaction":"explicit_gating"}`},
+		{"payment_pending", "pending", `,"arguments":{"capvend_payment":"` + fakeToken + `"}`},
 		{"payment_expired", "expired", ``},
 		{"payment_failed", "failed", ``},
 		{"no_payment_method", "nomethod", ``},
@@ -659,11 +685,39 @@ func TestHTTPWireGolden(t *testing.T) {
 }
 
 func TestHTTPServerWideExplicit(t *testing.T) {
-	s, fv := newServer(t, Config{ExplicitGating: true})
+	for _, legacy := range []bool{false, true} {
+		s, fv := newServer(t, Config{ExplicitGating: true, LegacyGatingCode: legacy})
+		r := newRawSession(t, startHTTP(t, s))
+		msgs, _ := r.post(call(`1`, "explicit", ``))
+		want := `"isError":true`
+		if legacy {
+			want = `"code":-32042`
+		}
+		if len(msgs) != 1 || !bytes.Contains(msgs[0], []byte(want)) || !fv.last().Explicit {
+			t.Fatalf("legacy %v: %s", legacy, msgs)
+		}
+	}
+}
+
+// TestHTTPLegacyGatingWireGolden: with payments.legacy_gating_code the
+// old form stays: explicit gating only when asked, -32042 / -32043.
+func TestHTTPLegacyGatingWireGolden(t *testing.T) {
+	s, fv := newServer(t, Config{LegacyGatingCode: true})
 	r := newRawSession(t, startHTTP(t, s))
-	msgs, _ := r.post(call(`1`, "explicit", ``))
-	if len(msgs) != 1 || !bytes.Contains(msgs[0], []byte(`"code":-32042`)) || !fv.last().Explicit {
-		t.Fatalf("%s", msgs)
+	for _, tc := range []struct{ name, tool, extra string }{
+		{"payment_required", "explicit", `,"_meta":{"capvend/payment_interaction":"explicit_gating"}`},
+		{"payment_pending", "pending", ``},
+	} {
+		msgs, _ := r.post(call(`"id-`+tc.name+`"`, tc.tool, tc.extra))
+		all, _ := json.Marshal(msgs)
+		golden(t, "http_legacy_"+tc.name, all)
+		if got := fv.last(); got.PaymentTokens {
+			t.Errorf("%s: payment tokens asked for under legacy gating", tc.name)
+		}
+	}
+	r.post(call(`1`, "free", ``))
+	if fv.last().Explicit {
+		t.Error("legacy gating made a client without the capability explicit")
 	}
 }
 
@@ -697,6 +751,7 @@ func TestStdioWireGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct{ name, tool string }{
+		{"payment_required", "explicit"},
 		{"payment_pending", "pending"},
 		{"upstream", "upstream"},
 		{"result_verbatim", "free"},

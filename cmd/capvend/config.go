@@ -149,6 +149,10 @@ type CashuConfig struct {
 // PaymentsConfig tunes payment requests.
 type PaymentsConfig struct {
 	TTL time.Duration `yaml:"ttl"` // how long a payment request stays payable
+	// LegacyGatingCode (deprecated, for one release) restores explicit
+	// gating as -32042/-32043 errors on MCP HTTP and stdio, only on
+	// request, without payment tokens (mcpfront.Config.LegacyGatingCode).
+	LegacyGatingCode bool `yaml:"legacy_gating_code"`
 }
 
 // LimitsConfig bounds what one client, and everyone, may hold open. A

@@ -292,6 +292,7 @@ func frontConfig(cfg *Config) (mcpfront.Config, error) {
 		SessionIdle: cfg.HTTP.SessionIdle, MaxSessions: cfg.HTTP.MaxSessions,
 		TrustedProxies: proxies, ClientIDHeader: cfg.HTTP.ClientIDHeader,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins, WriteTimeout: cfg.HTTP.WriteTimeout,
+		LegacyGatingCode: cfg.Payments.LegacyGatingCode,
 	}
 	if cfg.HTTP.AuthTokenFile != "" {
 		if fc.BearerToken, err = readTokenFile(cfg.HTTP.AuthTokenFile); err != nil {
