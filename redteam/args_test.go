@@ -116,7 +116,7 @@ func TestPricedURITemplate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Error == nil || m.Error.Code != -32042 {
-		t.Fatalf("resources/read example://readme (priced by template, unpaid, explicit gating): %s, want -32042", m)
+	if m.Error == nil || m.Error.Code != 402 {
+		t.Fatalf("resources/read example://readme (priced by template, unpaid, explicit gating): %s, want 402", m)
 	}
 }

@@ -232,7 +232,7 @@ func request(id any, method string, params any) string {
 // tryInitialize opens a session: initialize, then notifications/initialized.
 func (c *httpClient) tryInitialize() (string, error) {
 	st, err := c.postRaw("", request(0, "initialize", map[string]any{
-		"protocolVersion": protocolVersion, "capabilities": map[string]any{},
+		"protocolVersion": protocolVersion, "capabilities": payingCapabilities(),
 		"clientInfo": map[string]any{"name": "redteam", "version": "1"}}), nil)
 	if err != nil {
 		return "", err
@@ -327,8 +327,16 @@ func callParams(tool string, args any, meta map[string]any) map[string]any {
 	return p
 }
 
+// payingCapabilities are the client capabilities of a capvend-aware
+// client: it handles the payment notifications (capvend/payments), so it
+// gets them unless it asks for explicit gating.
+func payingCapabilities() map[string]any {
+	return map[string]any{"experimental": map[string]any{"capvend/payments": map[string]any{}}}
+}
+
 // explicit is the _meta asking for explicit gating: an unpaid call is
-// answered -32042 at once instead of waiting for the payment.
+// answered at once with the payment options (a tool result with isError
+// on MCP, -32042 on Nostr) instead of waiting for the payment.
 func explicit() map[string]any {
 	return map[string]any{"capvend/payment_interaction": "explicit_gating"}
 }
@@ -360,7 +368,7 @@ func (c *httpClient) tryModernCall(id any, tool string, args, meta map[string]an
 	m := map[string]any{
 		"io.modelcontextprotocol/protocolVersion":    modernProtocol,
 		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "redteam", "version": "1"},
-		"io.modelcontextprotocol/clientCapabilities": map[string]any{},
+		"io.modelcontextprotocol/clientCapabilities": payingCapabilities(),
 	}
 	for k, v := range meta {
 		m[k] = v

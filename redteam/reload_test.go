@@ -11,23 +11,24 @@ import (
 // changes; a paid explicit-gating grant whose tool became free is
 // refunded, not lost."
 
-// gatedInvoice returns the bolt11 of a -32042 answer's first payment
-// option.
+// gatedInvoice returns the bolt11 of an explicit-gating answer over MCP:
+// a tool result with isError whose structuredContent has the invoice.
 func gatedInvoice(t *testing.T, m rpcMessage) string {
 	t.Helper()
-	if m.Error == nil || m.Error.Code != -32042 {
-		t.Fatalf("want -32042, got %s", m)
+	var r struct {
+		IsError           bool `json:"isError"`
+		StructuredContent struct {
+			Error   string `json:"error"`
+			Invoice string `json:"invoice"`
+		} `json:"structuredContent"`
 	}
-	var d struct {
-		Options []struct {
-			PayReq string `json:"pay_req"`
-		} `json:"payment_options"`
+	if m.Error != nil || json.Unmarshal(m.Result, &r) != nil || !r.IsError || r.StructuredContent.Error != "payment_required" {
+		t.Fatalf("want a payment_required tool result, got %s", m)
 	}
-	json.Unmarshal(m.Error.Data, &d)
-	if len(d.Options) == 0 || d.Options[0].PayReq == "" {
-		t.Fatalf("-32042 without an invoice: %s", m.Error.Data)
+	if r.StructuredContent.Invoice == "" {
+		t.Fatalf("payment_required without an invoice: %s", m.Result)
 	}
-	return d.Options[0].PayReq
+	return r.StructuredContent.Invoice
 }
 
 // listedPrice returns the tools/list _meta price of tool ("" if none).

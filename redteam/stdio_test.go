@@ -66,7 +66,7 @@ func startStdioShop(t *testing.T, o shopOpts) (*shop, *stdioClient) {
 		close(exited)
 	}()
 	t.Cleanup(func() { in.Close() }) // runs before sh.finish: capvend sees its input end
-	init := c.rpc(0, "initialize", map[string]any{"protocolVersion": protocolVersion, "capabilities": map[string]any{},
+	init := c.rpc(0, "initialize", map[string]any{"protocolVersion": protocolVersion, "capabilities": payingCapabilities(),
 		"clientInfo": map[string]any{"name": "redteam", "version": "1"}})
 	if init.Error != nil {
 		t.Fatalf("initialize: %s", init)

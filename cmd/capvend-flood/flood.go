@@ -112,7 +112,7 @@ func (f *flood) http(ctx context.Context) {
 }
 
 func (f *flood) session(ctx context.Context, c *http.Client, s int) {
-	sid, kind := post(ctx, c, f.tg.mcpURL, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"flood","version":"1"}}}`)
+	sid, kind := post(ctx, c, f.tg.mcpURL, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"flood","version":"1"}}}`)
 	if sid == "" {
 		f.count("initialize: " + kind)
 		return

@@ -126,6 +126,7 @@ func honestHTTP(ctx context.Context, st *testnet.Stack, tg *target, o *options, 
 	init := mcp.InitializeRequest{}
 	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
 	init.Params.ClientInfo = mcp.Implementation{Name: "capvend-flood-customer", Version: "1"}
+	init.Params.Capabilities.Experimental = map[string]any{"capvend/payments": map[string]any{}} // it reads payment_required
 	if _, err := c.Initialize(ctx, init); err != nil {
 		return nil, 0, fmt.Errorf("honest http customer: initialize: %w", err)
 	}

@@ -27,7 +27,7 @@ func TestServePassesPromptsAndResourcesThrough(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	init, err := c.Initialize(ctx, mcp.InitializeRequest{})
+	init, err := c.Initialize(ctx, payingInit())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/testnet"
@@ -335,6 +336,8 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 	init := mcp.InitializeRequest{}
 	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
 	init.Params.ClientInfo = mcp.Implementation{Name: "capvend-demo-customer", Version: "1"}
+	// A capvend-aware client: it handles the payment notifications.
+	init.Params.Capabilities.Experimental = map[string]any{mcpfront.CapabilityPayments: map[string]any{}}
 	if _, err := c.Initialize(ctx, init); err != nil {
 		return fmt.Errorf("demo: MCP initialize: %w", err)
 	}

@@ -67,7 +67,7 @@ func TestServeElicitation(t *testing.T) {
 			if err := c.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil {
+			if _, err := c.Initialize(ctx, payingInit()); err != nil {
 				t.Fatal(err)
 			}
 			if tc.version != "" && c.ProtocolVersion() != tc.version {

@@ -111,7 +111,7 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 			if err := c.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil {
+			if _, err := c.Initialize(ctx, payingInit()); err != nil {
 				t.Fatal(err)
 			}
 			if legacy != (c.GetSessionId() != "") {

@@ -18,6 +18,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/testnet"
 )
@@ -149,6 +150,7 @@ func TestREADME(t *testing.T) {
 		}
 		init := mcp.InitializeRequest{}
 		init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+		init.Params.Capabilities.Experimental = map[string]any{mcpfront.CapabilityPayments: map[string]any{}}
 		if _, err := c.Initialize(ctx, init); err != nil {
 			t.Fatal(err)
 		}

@@ -235,7 +235,7 @@ func newPayingClient(t testing.TB, s *testnet.Stack, url string) *payingClient {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil {
+	if _, err := c.Initialize(ctx, payingInit()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })

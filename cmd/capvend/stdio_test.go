@@ -34,7 +34,7 @@ func TestServeStdio(t *testing.T) {
 	if err := c.Start(cctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Initialize(cctx, mcp.InitializeRequest{}); err != nil {
+	if _, err := c.Initialize(cctx, payingInit()); err != nil {
 		t.Fatal(err)
 	}
 	// The upstream may still be connecting: a bounded wait.
