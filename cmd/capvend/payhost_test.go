@@ -1,9 +1,23 @@
 package main
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/capvend/capvend/adapters/mcpfront"
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/vend"
 )
 
 // payingInit is the initialize of a capvend-aware client: it declares the
@@ -13,4 +27,120 @@ func payingInit() mcp.InitializeRequest {
 	var r mcp.InitializeRequest
 	r.Params.Capabilities.Experimental = map[string]any{mcpfront.CapabilityPayments: map[string]any{}}
 	return r
+}
+
+// TestMCPInspectorBuysWithNothingInstalled: the official MCP Inspector CLI
+// as the host (a stock client: no capvend/payments capability, no _meta)
+// buys t_sha256 from `capvend serve` on the regtest stack. The first call
+// answers with a tool result whose text holds the invoice and the
+// payment token (never -32042); the customer node pays the invoice; the
+// second call, with the same arguments plus capvend_payment, gets the
+// tool's result; a third with the same token is refused. The upstream ran
+// once, for exactly one settled payment.
+func TestMCPInspectorBuysWithNothingInstalled(t *testing.T) {
+	inspector := inspectorBin(t)
+	s := needStack(t)
+	url, db := serving(t, s, serveOpts{})
+	run := func(args ...string) (string, error) {
+		cctx, ccancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer ccancel()
+		b, err := exec.CommandContext(cctx, inspector, append([]string{"--cli", url, "--transport", "http", "--method", "tools/call",
+			"--tool-name", "t_sha256", "--tool-arg", "text=bought by a stock host"}, args...)...).CombinedOutput()
+		return string(b), err
+	}
+	var first string
+	for attempt := 0; ; attempt++ { // the upstream may still be connecting
+		out, err := run()
+		if err == nil && strings.Contains(out, "Payment required") {
+			first = out
+			break
+		}
+		if attempt == 40 {
+			t.Fatalf("first call: %v\n%s", err, out)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if strings.Contains(first, "-32042") {
+		t.Fatalf("a stock host got -32042:\n%s", first)
+	}
+	var res struct {
+		Content []struct {
+			Text string `json:"text"`
+		} `json:"content"`
+		IsError bool `json:"isError"`
+	}
+	if err := json.Unmarshal([]byte(first[strings.Index(first, "{"):]), &res); err != nil || !res.IsError || len(res.Content) == 0 {
+		t.Fatalf("first call: not an isError tool result (%v):\n%s", err, first)
+	}
+	text := res.Content[0].Text
+	bolt11 := regexp.MustCompile(`\blnbcrt[0-9a-z]+`).FindString(text)
+	m := regexp.MustCompile(`plus capvend_payment: (cvp_[0-9a-f]+)`).FindStringSubmatch(text)
+	if bolt11 == "" || m == nil || !strings.Contains(text, "lightning:"+bolt11) || !strings.Contains(text, "21 sats") {
+		t.Fatalf("content[0].text lacks the amount, invoice, lightning: URI or retry instructions:\n%s", text)
+	}
+	token := m[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := s.Pay(ctx, bolt11); err != nil {
+		t.Fatalf("paying %s: %v", bolt11, err)
+	}
+	want := fmt.Sprintf("%x", sha256.Sum256([]byte("bought by a stock host")))
+	for attempt := 0; ; attempt++ { // the settlement may reach capvend after the payer returns
+		out, err := run("--tool-arg", "capvend_payment="+token)
+		if err == nil && strings.Contains(out, want) {
+			break
+		}
+		if err != nil || !strings.Contains(out, "Payment not received yet") || attempt == 100 {
+			t.Fatalf("second call with capvend_payment: %v\n%s", err, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	out, err := run("--tool-arg", "capvend_payment="+token)
+	if err == nil || !strings.Contains(out, "payment token already used") || strings.Contains(out, want) {
+		t.Fatalf("third call with the same token: %v\n%s", err, out)
+	}
+
+	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	calls, err := l.CallsIn(ctx, vend.CallStates()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	for _, c := range calls {
+		if c.Executions == 0 {
+			continue
+		}
+		ran++
+		ps, _ := l.CallPayments(ctx, c.ID)
+		if c.State != vend.CallDelivered || c.Executions != 1 || len(ps) != 1 || ps[0].State != vend.PaymentSettled || ps[0].Settled < c.Price {
+			t.Errorf("call %d: %s, %d executions, payments %+v", c.ID, c.State, c.Executions, ps)
+		}
+	}
+	if ran != 1 {
+		t.Fatalf("%d calls ran, want 1", ran)
+	}
+}
+
+// inspectorBin is the MCP Inspector CLI .ci/run installs, or skips (fails
+// in CI) without it.
+func inspectorBin(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs node")
+	}
+	inspector, err := filepath.Abs("testdata/inspector/node_modules/.bin/mcp-inspector")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(inspector); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("the MCP Inspector is not installed (.ci/run runs npm ci in cmd/capvend/testdata/inspector): %v", err)
+		}
+		t.Skip("the MCP Inspector is not installed: (cd cmd/capvend/testdata/inspector && npm ci)")
+	}
+	return inspector
 }
