@@ -181,7 +181,8 @@
 // Client makes request ids unique: the session for a legacy client, so a
 // repeated request of the same session is a replay; session-less clients
 // are Anonymous, their request ids are never matched across requests and
-// an explicit-gating grant is released only by its preimage. Source is who
+// an explicit-gating grant is released only by its preimage or its payment
+// token. Source is who
 // the request counts as for the Vendor's limits, unpaid quotes and free
 // quotas, and a client cannot pick it: "ip:<address>" of the TCP peer (an
 // IPv6 client by its /64);

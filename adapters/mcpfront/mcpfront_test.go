@@ -771,6 +771,26 @@ func TestStdioWireGolden(t *testing.T) {
 	waitListChanged(t, s, n)
 }
 
+// TestStdioLegacyGatingWireGolden: over stdio too, legacy gating keeps
+// the old -32043 bytes (the golden file is the one before payment tokens).
+func TestStdioLegacyGatingWireGolden(t *testing.T) {
+	s, _ := newServer(t, Config{LegacyGatingCode: true})
+	c, stop := startStdio(t, s, client.WithLegacyProtocolOnly())
+	defer stop()
+	if _, err := c.Initialize(context.Background(), mcp.InitializeRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.GetTransport().SendRequest(context.Background(), transport.JSONRPCRequest{
+		JSONRPC: "2.0", ID: mcp.NewRequestId("id-payment_pending"), Method: "tools/call",
+		Params: map[string]any{"name": "pending"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(resp)
+	golden(t, "stdio_legacy_payment_pending", b)
+}
+
 func TestNewValidates(t *testing.T) {
 	if _, err := New(Config{}); err == nil {
 		t.Error("nil vendor accepted")
