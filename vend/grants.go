@@ -131,14 +131,18 @@ func (v *Vendor) grantByToken(ctx context.Context, r *CallRequest, bind Binding)
 }
 
 // takePaymentArg removes PaymentArg from a tool call's parsed arguments
-// (the root object) and returns its value: "" when absent or empty. A
-// value that is not a string is invalid params.
+// (the root object) and returns its value: "" when absent, null (models
+// fill optional arguments so) or empty. Any other value that is not a
+// string is invalid params.
 func takePaymentArg(m map[string]any) (string, error) {
 	v, ok := m[PaymentArg]
 	if !ok {
 		return "", nil
 	}
 	delete(m, PaymentArg)
+	if v == nil {
+		return "", nil
+	}
 	s, ok := v.(string)
 	if !ok {
 		return "", fmt.Errorf("%s must be a string (the value of a payment-required answer)", PaymentArg)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -112,6 +113,17 @@ func TestPaymentTokenIsBoundToItsCall(t *testing.T) {
 	var ip *vend.InvalidParamsError
 	if _, err := h.v.CallTool(context.Background(), tokenReq("5", `{"text":"a","capvend_payment":7}`)); !errors.As(err, &ip) {
 		t.Fatalf("a number as token: %v", err)
+	}
+	// null or "" is no token: a first call, quoted anew (stripped all the same).
+	for i, v := range []string{`null`, `""`} {
+		var again *vend.PaymentRequiredError
+		if _, err := h.v.CallTool(context.Background(), tokenReq(fmt.Sprint("n", i), `{"text":"a","capvend_payment":`+v+`}`)); !errors.As(err, &again) ||
+			again.Token == pr.Token {
+			t.Fatalf("capvend_payment %s: %v", v, err)
+		}
+		if c, _, _, _ := h.l.CallArguments(context.Background(), h.nextPayment(t).CallID); c != "demo_echo" {
+			t.Fatalf("call of capvend_payment %s: %q", v, c)
+		}
 	}
 	meta := tokenReq("6", withToken(t, `{"text":"a"}`, pr.Token))
 	meta.PaymentToken = "cvp_other"
