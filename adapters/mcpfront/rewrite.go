@@ -199,6 +199,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	rw := &rewriteWriter{s: s, w: w, modern: modern, rc: http.NewResponseController(w)}
 	rw.extend()
 	defer rw.finish()
+	if s.serveFree(rw, r, body, modern) {
+		return
+	}
 	ctx := context.WithValue(r.Context(), keyHTTPWriter, rw)
 	if r.Method == http.MethodGet || isListen(body) {
 		var cancel context.CancelFunc

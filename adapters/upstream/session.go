@@ -492,6 +492,12 @@ func (u *upstream) call(ctx context.Context, name string, args, progressToken js
 		}
 		return nil, fmt.Errorf("upstream %q: call %q: %w: %w", u.cfg.Name, name, vend.ErrUpstream, err)
 	}
+	return u.resultBody(name, res)
+}
+
+// resultBody is the JSON of an upstream's CallToolResult as CallTool
+// returns it (callRaw too).
+func (u *upstream) resultBody(name string, res *mcp.CallToolResult) (json.RawMessage, error) {
 	// The protocol's decorations belong to the hop, not to the result:
 	// the front adds its own.
 	res.ResultType = ""

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"sort"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/lightningnetwork/lnd/lnrpc/routerrpc"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/capvend/capvend/testnet"
 )
@@ -19,9 +21,12 @@ func p50(d []time.Duration) time.Duration {
 	return d[len(d)/2]
 }
 
-// BenchmarkFreeCall measures the p50 latency of a free tools/call through
-// capvend (MCP HTTP front -> upstream over MCP HTTP) against calling the
-// same upstream directly, interleaved in the same run. Target: <= 1.3x.
+// BenchmarkFreeCall measures a free tools/call through capvend (MCP HTTP
+// front -> upstream over MCP HTTP) against calling the same upstream
+// directly, in the same run: the p50 latency of one client, the two
+// interleaved call by call (target: <= 1.3x direct), and the throughput
+// of freeCallClients concurrent clients, direct and through capvend in
+// alternating rounds (target: >= 0.75x direct).
 func BenchmarkFreeCall(b *testing.B) {
 	s := needStack(b) // for the example-tools binary and a configuration
 	url, _ := serving(b, s, serveOpts{})
@@ -29,28 +34,27 @@ func BenchmarkFreeCall(b *testing.B) {
 	waitTools(b, pc)
 	ctx := context.Background()
 	// The direct client talks to the same HTTP upstream capvend uses.
-	direct, err := client.NewStreamableHttpClient("http://" + lastHTTPUpstream + "/mcp")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer direct.Close()
-	if err := direct.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := direct.Initialize(ctx, mcp.InitializeRequest{}); err != nil {
-		b.Fatal(err)
-	}
+	directURL := "http://" + lastHTTPUpstream + "/mcp"
+	direct := startClient(b, directURL)
 	args := map[string]any{"text": "the quick brown fox"}
+	callDirect := func(c *client.Client) error {
+		_, err := c.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "word_count", Arguments: args}})
+		return err
+	}
+	callOurs := func(c *client.Client) error {
+		_, err := c.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "w_word_count", Arguments: args}})
+		return err
+	}
 	var ours, theirs []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		if _, err := direct.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "word_count", Arguments: args}}); err != nil {
+		if err := callDirect(direct); err != nil {
 			b.Fatal(err)
 		}
 		theirs = append(theirs, time.Since(start))
 		start = time.Now()
-		if _, err := pc.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "w_word_count", Arguments: args}}); err != nil {
+		if err := callOurs(pc.Client); err != nil {
 			b.Fatal(err)
 		}
 		ours = append(ours, time.Since(start))
@@ -60,6 +64,73 @@ func BenchmarkFreeCall(b *testing.B) {
 	b.ReportMetric(float64(o.Microseconds())/1000, "capvend-p50-ms")
 	b.ReportMetric(float64(d.Microseconds())/1000, "direct-p50-ms")
 	b.ReportMetric(float64(o)/float64(d), "x_direct")
+
+	// Throughput: freeCallClients clients at once, b.N calls in all per
+	// side, in freeCallRounds alternating rounds so that both sides see
+	// the same load on a shared machine.
+	directs := make([]*client.Client, freeCallClients)
+	oursClients := make([]*client.Client, freeCallClients)
+	for i := range directs {
+		directs[i] = startClient(b, directURL)
+		oursClients[i] = startClient(b, url)
+	}
+	var directTime, oursTime time.Duration
+	perRound := max(b.N/freeCallRounds, freeCallClients)
+	for round := 0; round < freeCallRounds; round++ {
+		directTime += concurrentCalls(b, directs, perRound, callDirect)
+		oursTime += concurrentCalls(b, oursClients, perRound, callOurs)
+	}
+	total := float64(perRound * freeCallRounds)
+	b.ReportMetric(total/directTime.Seconds(), "direct-calls/s")
+	b.ReportMetric(total/oursTime.Seconds(), "capvend-calls/s")
+	b.ReportMetric(directTime.Seconds()/oursTime.Seconds(), "x_direct_throughput")
+}
+
+// The concurrent part of BenchmarkFreeCall.
+const (
+	freeCallClients = 16
+	freeCallRounds  = 4
+)
+
+// startClient connects an MCP client to url, closed when b ends.
+func startClient(b *testing.B, url string) *client.Client {
+	b.Helper()
+	ctx := context.Background()
+	c, err := client.NewStreamableHttpClient(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	if err := c.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// concurrentCalls makes n calls spread over clients, each client calling
+// in a loop, and returns how long they took.
+func concurrentCalls(b *testing.B, clients []*client.Client, n int, call func(*client.Client) error) time.Duration {
+	b.Helper()
+	var next atomic.Int64
+	var g errgroup.Group
+	start := time.Now()
+	for _, c := range clients {
+		g.Go(func() error {
+			for next.Add(1) <= int64(n) {
+				if err := call(c); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start)
 }
 
 // BenchmarkPaidCalls measures paid calls per second end to end on regtest

@@ -1,0 +1,338 @@
+package mcpfront
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/adapters/rpcerr"
+	"github.com/capvend/capvend/vend"
+)
+
+// FreeCaller is an optional ability of a Vendor (vend's Vendor has it): it
+// serves a free tools/call without the work a priced one needs, if the call
+// is one (see vend.Vendor.CallFree). ok false: nothing was done; the call
+// is served by CallTool.
+type FreeCaller interface {
+	CallFree(ctx context.Context, r vend.CallRequest) (res vend.CallResult, ok bool, err error)
+}
+
+// The fast path of free calls over Streamable HTTP.
+//
+// A tools/call of protocol 2026-07-28 that mcp-go would serve without
+// complaint, from a client that did not declare the elicitation
+// capability, is handed to the Vendor's CallFree before mcp-go sees it.
+// If the Vendor serves it (a free tool on an HTTP upstream, every check
+// passed, see vend.Vendor.CallFree), the answer is written here, as the
+// bytes mcp-go and the rewriting writer would have written: the same
+// status, headers, envelope, decorations (resultType, _meta.serverInfo),
+// errors and progress notifications on the call's stream. Anything else
+// goes the usual way, untouched: other methods, batches, requests before
+// protocol 2026-07-28 (their session state is mcp-go's), a client that
+// can elicit (its elicitations go through the parked-call machinery), any
+// params or _meta member the fast path does not know (requestState,
+// task, capvend/* keys, logLevel), a request mcp-go would refuse (bad
+// content type, headers that do not match the body, a Host header its
+// DNS rebinding check refuses, a tool it does not list), and every call
+// the Vendor does not take (priced, a free quota, invalid arguments, a
+// stdio upstream...). The tests in fastfree_test.go compare both paths'
+// bytes for the same requests.
+
+// fastMetaKeys are the params._meta members a fast call may carry.
+var fastMetaKeys = map[string]bool{
+	"progressToken":               true,
+	mcp.MetaKeyProtocolVersion:    true,
+	mcp.MetaKeyClientInfo:         true,
+	mcp.MetaKeyClientCapabilities: true,
+}
+
+// fastCall is a tools/call the fast path may serve.
+type fastCall struct {
+	id       json.RawMessage // as mcp-go would echo it
+	name     string
+	args     json.RawMessage
+	progress json.RawMessage // the progress token as mcp-go would decode and encode it; nil if none
+}
+
+// serveFree serves r on the fast path if it can (see above) and reports
+// whether it did; if not, nothing was written.
+func (s *Server) serveFree(rw *rewriteWriter, r *http.Request, body []byte, modern bool) bool {
+	fc, ok := s.cfg.Vendor.(FreeCaller)
+	if !ok || !modern || r.Method != http.MethodPost {
+		return false
+	}
+	call, ok := s.fastRequest(r, body)
+	if !ok {
+		return false
+	}
+	cr := vend.CallRequest{
+		Tool:      call.name,
+		RequestID: string(call.id),
+		Arguments: call.args,
+		Explicit:  s.cfg.ExplicitGating,
+		Transport: TransportHTTP,
+		Source:    s.source(r),
+	}
+	if s.cfg.ClientID != nil {
+		cr.Client = s.cfg.ClientID(r)
+	}
+	if cr.Client == "" {
+		cr.Client = anonClient
+	}
+	cr.Anonymous = cr.Client == anonClient
+	cr.ProgressToken = call.progress
+	ctx := r.Context()
+	cr.Notify = func(method string, params any) {
+		msg, err := json.Marshal(struct {
+			JSONRPC string `json:"jsonrpc"`
+			Method  string `json:"method"`
+			Params  any    `json:"params,omitempty"`
+		}{mcp.JSONRPC_VERSION, method, params})
+		if err != nil {
+			s.log.Warn("notification not encodable", logKeyMethod, method, logKeyErr, err)
+			return
+		}
+		if !rw.notify(msg) {
+			s.log.Debug("notification not sent: response finished", logKeyMethod, method)
+		}
+	}
+	// The client cannot elicit: the slow path would decline every
+	// elicitation of the upstream too.
+	cr.Elicit = func(context.Context, json.RawMessage) (json.RawMessage, error) { return answerDecline, nil }
+	res, ok, err := fc.CallFree(ctx, cr)
+	if !ok {
+		return false
+	}
+	s.writeFree(ctx, rw, call, cr, res, err)
+	return true
+}
+
+// writeFree writes the outcome of a fast call as mcp-go's handler and the
+// rewriting writer would have.
+func (s *Server) writeFree(ctx context.Context, rw *rewriteWriter, call fastCall, cr vend.CallRequest, res vend.CallResult, err error) {
+	var msg []byte
+	if err == nil && !json.Valid(res.Body) {
+		s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Tool)
+		err = errors.New("invalid result body")
+	}
+	if err != nil {
+		w := toWire(err, cr.Tool)
+		lvl := rpcerr.LogLevel(w.Code)
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			lvl = slog.LevelInfo
+		}
+		s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
+		b, _ := json.Marshal(w)
+		msg = envelope(call.id, "error", b)
+	} else {
+		body, ok := s.decorate(res.Body)
+		if !ok {
+			s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Tool)
+			b, _ := json.Marshal(toWire(errors.New("invalid result body"), cr.Tool))
+			msg = envelope(call.id, "error", b)
+		} else {
+			msg = envelope(call.id, "result", body)
+		}
+	}
+	if ctx.Err() != nil {
+		return // mcp-go writes nothing once the client left
+	}
+	rw.mu.Lock()
+	sse := rw.sse
+	rw.mu.Unlock()
+	if sse {
+		var b bytes.Buffer
+		b.WriteString("event: message\ndata: ")
+		b.Write(msg)
+		b.WriteString("\n\n")
+		_, _ = rw.Write(b.Bytes())
+		rw.Flush()
+		return
+	}
+	rw.Header().Set("Content-Type", "application/json")
+	rw.WriteHeader(http.StatusOK)
+	_, _ = rw.Write(append(msg, '\n'))
+}
+
+// decorate adds to a result body what mcp-go adds to a result of protocol
+// 2026-07-28 when the body lacks it (resultType, then _meta with
+// serverInfo), as restoreResult keeps it.
+func (s *Server) decorate(body json.RawMessage) (json.RawMessage, bool) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return nil, false
+	}
+	_, hasType := fields["resultType"]
+	_, hasMeta := fields["_meta"]
+	if hasType && hasMeta {
+		return body, true
+	}
+	trimmed := bytes.TrimRight(body, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[len(trimmed)-1] != '}' {
+		return nil, false
+	}
+	out := append([]byte(nil), trimmed[:len(trimmed)-1]...)
+	empty := len(fields) == 0
+	if !hasType {
+		out = appendMember(out, "resultType", json.RawMessage(`"`+mcp.ResultTypeComplete+`"`), &empty)
+	}
+	if !hasMeta {
+		out = appendMember(out, "_meta", s.serverInfoMeta(), &empty)
+	}
+	return append(out, '}'), true
+}
+
+// serverInfoMeta is the _meta mcp-go gives a result: {"serverInfo": ...}.
+func (s *Server) serverInfoMeta() json.RawMessage {
+	b, _ := json.Marshal(map[string]any{mcp.MetaKeyServerInfo: mcp.Implementation{Name: s.cfg.Name, Version: s.cfg.Version}})
+	return b
+}
+
+// fastRequest reads r as a tools/call the fast path may serve: see the
+// comment at the top of the file for what it refuses.
+func (s *Server) fastRequest(r *http.Request, body []byte) (fastCall, bool) {
+	var none fastCall
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return none, false
+	}
+	if r.Header.Get(mcp.HeaderLastEventID) != "" || rebindingRefused(r) {
+		return none, false
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return none, false
+	}
+	for k := range top {
+		switch k {
+		case "jsonrpc", "id", "method", "params":
+		default:
+			return none, false
+		}
+	}
+	if string(top["jsonrpc"]) != `"2.0"` || string(top["method"]) != `"tools/call"` {
+		return none, false
+	}
+	id, ok := echoID(top["id"])
+	if !ok {
+		return none, false
+	}
+	var params map[string]json.RawMessage
+	if json.Unmarshal(top["params"], &params) != nil {
+		return none, false
+	}
+	for k := range params {
+		switch k {
+		case "name", "arguments", "_meta":
+		default:
+			return none, false
+		}
+	}
+	var name string
+	if json.Unmarshal(params["name"], &name) != nil || name == "" {
+		return none, false
+	}
+	var meta map[string]json.RawMessage
+	if json.Unmarshal(params["_meta"], &meta) != nil {
+		return none, false
+	}
+	for k := range meta {
+		if !fastMetaKeys[k] {
+			return none, false
+		}
+	}
+	var version string
+	if json.Unmarshal(meta[mcp.MetaKeyProtocolVersion], &version) != nil || !mcp.IsModernProtocol(version) ||
+		r.Header.Get(mcp.HeaderProtocolVersion) != version {
+		return none, false
+	}
+	var caps *mcp.ClientCapabilities
+	if json.Unmarshal(meta[mcp.MetaKeyClientCapabilities], &caps) != nil || caps == nil || caps.Elicitation != nil {
+		return none, false
+	}
+	if info, ok := meta[mcp.MetaKeyClientInfo]; ok {
+		var impl *mcp.Implementation
+		if json.Unmarshal(info, &impl) != nil {
+			return none, false
+		}
+	}
+	if mcp.ValidateStandardHeaders(r.Header.Get, version, mcp.MethodToolsCall, top["params"]) != nil {
+		return none, false
+	}
+	tool := s.mcp.GetTool(name)
+	if tool == nil || bytes.Contains(tool.Tool.RawInputSchema, []byte("x-mcp-header")) || tool.Tool.Execution != nil {
+		return none, false
+	}
+	call := fastCall{id: id, name: name, args: params["arguments"]}
+	if len(call.args) == 0 || string(call.args) == "null" {
+		call.args = json.RawMessage(`{}`)
+	}
+	if raw, ok := meta["progressToken"]; ok {
+		var tok any
+		if json.Unmarshal(raw, &tok) != nil {
+			return none, false
+		}
+		switch tok.(type) {
+		case string, float64:
+		default:
+			return none, false
+		}
+		call.progress, _ = json.Marshal(tok)
+	}
+	return call, true
+}
+
+// echoID returns a JSON-RPC id (a string or a number) as mcp-go echoes
+// it: decoded to a Go value and encoded again.
+func echoID(raw json.RawMessage) (json.RawMessage, bool) {
+	if len(raw) == 0 {
+		return nil, false
+	}
+	switch raw[0] {
+	case '"', '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+	default:
+		return nil, false
+	}
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return nil, false
+	}
+	b, err := json.Marshal(mcp.NewRequestId(v))
+	if err != nil {
+		return nil, false
+	}
+	return b, true
+}
+
+// rebindingRefused reports whether mcp-go's DNS rebinding protection
+// refuses r (a loopback listener, a Host that is not loopback): then
+// mcp-go answers it, not the fast path.
+func rebindingRefused(r *http.Request) bool {
+	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok || local == nil {
+		return false
+	}
+	return isLoopback(local.String()) && !isLoopback(r.Host)
+}
+
+// isLoopback is mcp-go's isLoopbackHost: localhost or a loopback IP,
+// with or without a port.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = strings.Trim(addr, "[]")
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}

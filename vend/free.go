@@ -1,0 +1,107 @@
+package vend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// RawToolSource is an optional ability of a ToolSource: a cheaper way to
+// run a call on some upstreams (upstream.Manager forwards the request's
+// bytes to an HTTP upstream instead of going through an MCP client's
+// typed request and result). Vendor.CallFree uses it for free calls.
+type RawToolSource interface {
+	// CanCallRaw reports whether CallToolRaw can run t now (an upstream it
+	// can reach that way). Cheap; no I/O.
+	CanCallRaw(t Tool) bool
+	// CallToolRaw runs t like ToolSource.CallTool: the same arguments,
+	// the same result bytes, the same errors, progress passed the same
+	// way. It returns ErrNotRaw, and nothing else, when the upstream asked
+	// for input (an elicitation): the caller then runs the call through
+	// CallTool, which answers such requests. Not idempotent.
+	CallToolRaw(ctx context.Context, t Tool, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error)
+}
+
+// ErrNotRaw is RawToolSource.CallToolRaw's answer when the call needs
+// ToolSource.CallTool after all.
+var ErrNotRaw = errors.New("call needs the full MCP client")
+
+// CallFree serves a tools/call that is free outright: its tool exists, its
+// arguments pass every check CallTool makes (parsing, schema, pricing),
+// its price for these arguments is 0 (no daily free quota: nothing is
+// recorded), and its upstream can be called through RawToolSource. Then
+// the call is counted against the rate limit like any other and run, and
+// ok is true: res and err are what CallTool would have answered.
+//
+// ok false means none of this holds, or a check failed: nothing was done
+// (not even counted against the rate limit), and the caller serves the
+// request with CallTool, which answers it exactly as always (errors
+// included). A front may so try CallFree first on every tools/call.
+func (v *Vendor) CallFree(ctx context.Context, req CallRequest) (res CallResult, ok bool, err error) {
+	raw, isRaw := v.cfg.Tools.(RawToolSource)
+	if !isRaw || req.Kind.Or() != KindTool || req.CashuToken != "" || req.RefundInvoice != "" {
+		return CallResult{}, false, nil
+	}
+	r := &req
+	t, args, free := v.freeTool(r)
+	if !free || !raw.CanCallRaw(t) {
+		return CallResult{}, false, nil
+	}
+	// From here on this is CallTool's path for a free call, in its order.
+	if r.Notify == nil {
+		r.Notify = func(string, any) {}
+	}
+	if v.payers.has(limitKey(r)) {
+		ctx = Urgent(ctx)
+	}
+	if !v.allow(r) {
+		return CallResult{}, true, fmt.Errorf("%w: more than %d calls a minute", ErrLimit, v.cfg.RequestsPerMinute)
+	}
+	body, err := v.executeRaw(ctx, raw, &t, args, r)
+	if err != nil {
+		return CallResult{}, true, err
+	}
+	return CallResult{Body: body, IsError: isErrorResult(body)}, true, nil
+}
+
+// freeTool runs admit's checks of a tools/call without side effects and
+// reports whether the call is free outright (price 0, proof of work
+// enough), with its tool and parsed arguments.
+func (v *Vendor) freeTool(r *CallRequest) (Tool, json.RawMessage, bool) {
+	t, ok := v.item(KindTool, r.Tool)
+	if !ok || t.Kind.Or() != KindTool {
+		return Tool{}, nil, false
+	}
+	args, err := parseArgs(r.Arguments)
+	if err != nil {
+		return Tool{}, nil, false
+	}
+	if err := v.schemas.validate(&t, args); err != nil {
+		return Tool{}, nil, false
+	}
+	q, err := v.book().Quote(t.Server, priceKey(&t), args)
+	if err != nil || q.Price > 0 || checkWork(r) != nil {
+		return Tool{}, nil, false
+	}
+	return t, args, true
+}
+
+// executeRaw is execute for a tool call through raw, falling back to
+// ToolSource.CallTool when the upstream asks for input (ErrNotRaw).
+func (v *Vendor) executeRaw(ctx context.Context, raw RawToolSource, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
+	ctx = WithElicit(ctx, r.Elicit)
+	var progress func(json.RawMessage)
+	if r.ProgressToken != nil {
+		progress = func(params json.RawMessage) { r.Notify(NotifyProgress, params) }
+	}
+	body, err := raw.CallToolRaw(ctx, *t, args, r.ProgressToken, progress)
+	if errors.Is(err, ErrNotRaw) {
+		body, err = v.cfg.Tools.CallTool(ctx, *t, args, r.ProgressToken, progress)
+	}
+	if err != nil {
+		v.cfg.Log.Warn("vend: upstream call failed", "tool", t.Name, "err", err)
+		return nil, fmt.Errorf("%w: %s is unavailable", ErrUpstream, t.Server)
+	}
+	return body, nil
+}
