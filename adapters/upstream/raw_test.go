@@ -1,0 +1,135 @@
+package upstream
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// addRawTools adds tools whose results mcp-go's client normalises (key
+// order, number forms, _meta members) and that send progress, or fail.
+func addRawTools(s *server.MCPServer) {
+	s.AddTool(mcp.NewTool("rich"), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		res := mcp.NewToolResultStructured(map[string]any{"n": 1.0, "big": 12345678901234567890.0, "s": "é<&>"}, "text <b>")
+		res.Content = append(res.Content, mcp.NewImageContent("aGk=", "image/png"))
+		res.Meta = &mcp.Meta{AdditionalFields: map[string]any{"x/extra": []any{1, "two"}}}
+		return res, nil
+	})
+	s.AddTool(mcp.NewTool("progress"), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		if r.Params.Meta != nil && r.Params.Meta.ProgressToken != nil {
+			for i := 1; i <= 2; i++ {
+				err := server.ServerFromContext(ctx).SendNotificationToClient(ctx, "notifications/progress",
+					map[string]any{"progressToken": r.Params.Meta.ProgressToken, "progress": i, "total": 2, "message": "step"})
+				if err != nil {
+					return nil, err
+				}
+			}
+		}
+		return mcp.NewToolResultText("done"), nil
+	})
+	s.AddTool(mcp.NewTool("rpcerror"), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return nil, errors.New("the handler failed")
+	})
+	s.AddTool(mcp.NewToolWithRawSchema("headers", "", json.RawMessage(`{"type":"object","properties":{"region":{"type":"string","x-mcp-header":"Region"}}}`)),
+		func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return mcp.NewToolResultText("ok"), nil
+		})
+}
+
+// TestCallToolRawAsCallTool: on an HTTP upstream of protocol 2026-07-28,
+// CallToolRaw gives the bytes CallTool gives (results, tool errors,
+// progress with the caller's token put back, JSON-RPC errors as
+// ErrUpstream), and hands an upstream's request for input back
+// (ErrNotRaw). Stdio and older upstreams, and tools mirroring arguments
+// into headers, are not raw.
+func TestCallToolRawAsCallTool(t *testing.T) {
+	hs := newTestServer("web")
+	addRawTools(hs)
+	h := startHTTP(t, hs)
+	old := newTestServer("old")
+	ho := startHTTP(t, old, server.WithStreamableHTTPProtocolVersions(mcp.ProtocolVersion20251125))
+	e := newEvents()
+	m, err := New(e.config(
+		ServerConfig{Name: "web", Prefix: "w_", URL: h.url()},
+		ServerConfig{Name: "old", Prefix: "o_", URL: ho.url()},
+		stdioConfig(t, "local", "l_"),
+	))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m)
+	waitTools(t, m, e, "w_rich", "w_headers", "o_echo", "l_echo")
+
+	for _, tc := range []struct{ tool string }{{"o_echo"}, {"l_echo"}, {"w_headers"}} {
+		if m.CanCallRaw(tool(t, m, tc.tool)) {
+			t.Errorf("%s: raw", tc.tool)
+		}
+	}
+
+	ctx := context.Background()
+	for _, tc := range []struct {
+		tool, args, token string
+	}{
+		{"w_echo", `{"text":"hi"}`, ``},
+		{"w_echo", `{ "text" : "spaced" }`, ``},
+		{"w_fail", `{}`, ``},
+		{"w_rich", `{}`, ``},
+		{"w_progress", `{}`, `"tok-1"`},
+		{"w_progress", `{}`, `7`},
+		{"w_progress", `{}`, ``},
+		{"w_rpcerror", `{}`, ``},
+	} {
+		t.Run(tc.tool+" "+tc.args+" "+tc.token, func(t *testing.T) {
+			tl := tool(t, m, tc.tool)
+			if !m.CanCallRaw(tl) {
+				t.Fatal("not raw")
+			}
+			var tok json.RawMessage
+			if tc.token != "" {
+				tok = json.RawMessage(tc.token)
+			}
+			var mu sync.Mutex
+			var rawNotes, notes []string
+			record := func(to *[]string) func(json.RawMessage) {
+				return func(p json.RawMessage) { mu.Lock(); *to = append(*to, string(p)); mu.Unlock() }
+			}
+			got, gerr := m.CallToolRaw(ctx, tl, json.RawMessage(tc.args), tok, record(&rawNotes))
+			want, werr := m.CallTool(ctx, tl, json.RawMessage(tc.args), tok, record(&notes))
+			if string(got) != string(want) || (gerr == nil) != (werr == nil) || errors.Is(gerr, vend.ErrUpstream) != errors.Is(werr, vend.ErrUpstream) {
+				t.Errorf("raw: %s %v\nclient: %s %v", got, gerr, want, werr)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			// The progress the upstream sent, each as the client path
+			// passes it on. (mcp-go's server may drop a notification
+			// queued just before its handler returns, so neither path
+			// is sure to see both.)
+			sent := map[string]bool{}
+			if tc.token != "" {
+				for i := 1; i <= 2; i++ {
+					sent[`{"_meta":{},"message":"step","progress":`+strconv.Itoa(i)+`,"progressToken":`+tc.token+`,"total":2}`] = true
+				}
+			}
+			for _, n := range append(rawNotes, notes...) {
+				if !sent[n] {
+					t.Errorf("progress %s, want one of %v", n, sent)
+				}
+			}
+		})
+	}
+
+	t.Run("asks for input", func(t *testing.T) {
+		_, err := m.CallToolRaw(ctx, tool(t, m, "w_ask"), json.RawMessage(`{}`), nil, nil)
+		if !errors.Is(err, vend.ErrNotRaw) {
+			t.Fatalf("%v, want ErrNotRaw", err)
+		}
+	})
+}
