@@ -167,21 +167,28 @@ func (s *Server) writeFree(ctx context.Context, rw *rewriteWriter, call fastCall
 // 2026-07-28 when the body lacks it (resultType, then _meta with
 // serverInfo), as restoreResult keeps it.
 func (s *Server) decorate(body json.RawMessage) (json.RawMessage, bool) {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) != nil {
-		return nil, false
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) < 2 || trimmed[0] != '{' || trimmed[len(trimmed)-1] != '}' {
+		return nil, false // not an object (body is valid JSON)
 	}
-	_, hasType := fields["resultType"]
-	_, hasMeta := fields["_meta"]
+	var hasType, hasMeta, empty bool
+	if !bytes.Contains(body, []byte(`"resultType"`)) && !bytes.Contains(body, []byte(`"_meta"`)) {
+		// Neither name anywhere: no need to read the members.
+		empty = len(bytes.TrimSpace(trimmed[1:len(trimmed)-1])) == 0
+	} else {
+		var fields map[string]json.RawMessage
+		if json.Unmarshal(body, &fields) != nil {
+			return nil, false
+		}
+		_, hasType = fields["resultType"]
+		_, hasMeta = fields["_meta"]
+		empty = len(fields) == 0
+	}
 	if hasType && hasMeta {
 		return body, true
 	}
-	trimmed := bytes.TrimRight(body, " \t\r\n")
-	if len(trimmed) == 0 || trimmed[len(trimmed)-1] != '}' {
-		return nil, false
-	}
+	trimmed = bytes.TrimRight(body, " \t\r\n")
 	out := append([]byte(nil), trimmed[:len(trimmed)-1]...)
-	empty := len(fields) == 0
 	if !hasType {
 		out = appendMember(out, "resultType", json.RawMessage(`"`+mcp.ResultTypeComplete+`"`), &empty)
 	}

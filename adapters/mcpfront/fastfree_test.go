@@ -15,11 +15,24 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// freeVendor is a fakeVendor that is also a FreeCaller: CallFree serves
+// bodyVendor is a fakeVendor whose tool "free" answers with the body
+// given in its arguments as {"body": ...}.
+type bodyVendor struct{ *fakeVendor }
+
+func (b bodyVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+	var a struct{ Body json.RawMessage }
+	if r.Tool == "free" && json.Unmarshal(r.Arguments, &a) == nil && a.Body != nil {
+		b.fakeVendor.CallTool(ctx, r) // recorded
+		return vend.CallResult{Body: a.Body}, nil
+	}
+	return b.fakeVendor.CallTool(ctx, r)
+}
+
+// freeVendor is a bodyVendor that is also a FreeCaller: CallFree serves
 // every call through the fake's CallTool (so both paths see the same
 // outcome) and counts the calls it took.
 type freeVendor struct {
-	*fakeVendor
+	bodyVendor
 	taken atomic.Int64
 }
 
@@ -33,14 +46,14 @@ func (f *freeVendor) CallFree(ctx context.Context, r vend.CallRequest) (vend.Cal
 // fast path (a FreeCaller) and by one without.
 func newPair(t *testing.T) (fast, slow string, fv *freeVendor, plain *fakeVendor) {
 	t.Helper()
-	fv = &freeVendor{fakeVendor: &fakeVendor{}}
+	fv = &freeVendor{bodyVendor: bodyVendor{&fakeVendor{}}}
 	plain = &fakeVendor{}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	fs, err := New(Config{Vendor: fv, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ss, err := New(Config{Vendor: plain, Logger: log})
+	ss, err := New(Config{Vendor: bodyVendor{plain}, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +138,11 @@ func TestFastFreeSameBytes(t *testing.T) {
 		{"result null arguments", modernCall{id: `8`, tool: "free", args: `null`}, true},
 		{"id as a float", modernCall{id: `1.0`, tool: "free", args: `{"text":"x"}`}, true},
 		{"id with escapes", modernCall{id: `"\u00e9<&>"`, tool: "free", args: `{"text":"x"}`}, true},
+		{"body with resultType and _meta", modernCall{id: `40`, tool: "free", args: `{"body":{"content":[],"resultType":"complete","_meta":{"a":1}}}`}, true},
+		{"body with _meta", modernCall{id: `41`, tool: "free", args: `{"body":{"_meta":{"progressToken":1},"content":[]}}`}, true},
+		{"body with resultType", modernCall{id: `42`, tool: "free", args: `{"body":{"content":[],"resultType":"other"}}`}, true},
+		{"body naming _meta in a string", modernCall{id: `43`, tool: "free", args: `{"body":{"content":[{"type":"text","text":"\"_meta\""}]}}`}, true},
+		{"empty body", modernCall{id: `44`, tool: "free", args: `{"body":{}}`}, true},
 		{"is error", modernCall{id: `9`, tool: "iserror"}, true},
 		{"upstream error", modernCall{id: `10`, tool: "upstream"}, true},
 		{"limit", modernCall{id: `11`, tool: "limit"}, true},
@@ -190,5 +208,17 @@ func TestFastFreeLegacySession(t *testing.T) {
 	}
 	if fv.taken.Load() != 0 {
 		t.Error("fast path took a legacy session's call")
+	}
+}
+
+// TestFastFreeBodyNotAnObject: a Vendor result that is not a JSON object
+// is answered -32603 on the fast path. (The slow path cannot put such a
+// body back in place of its placeholder and sends the placeholder, nonce
+// included: see the report of this change; the Vendor never returns one.)
+func TestFastFreeBodyNotAnObject(t *testing.T) {
+	fastURL, _, fv, _ := newPair(t)
+	got := do(t, modernCall{id: `45`, tool: "free", args: `{"body":[1]}`}.request(fastURL))
+	if fv.taken.Load() != 1 || got.Status != http.StatusOK || got.Body != `{"jsonrpc":"2.0","id":45,"error":{"code":-32603,"message":"Internal error"}}`+"\n" {
+		t.Fatalf("%+v", got)
 	}
 }

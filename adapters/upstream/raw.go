@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
@@ -72,8 +73,15 @@ func (u *upstream) rawSession() (*client.Client, bool) {
 }
 
 // rawMeta is the _meta mcp-go's client puts on every request on protocol
-// version (the capabilities it declares: elicitation, see dial).
+// version (the capabilities it declares: elicitation, see dial), with our
+// progress token if not "". Without a token it is the same for every call
+// of a version, so it is kept (metaCache).
 func rawMeta(version string, progressToken string) (json.RawMessage, error) {
+	if progressToken == "" {
+		if m, ok := metaCache.Load(version); ok {
+			return m.(json.RawMessage), nil
+		}
+	}
 	meta := map[string]any{
 		mcp.MetaKeyProtocolVersion:    version,
 		mcp.MetaKeyClientCapabilities: mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapability{}},
@@ -82,8 +90,15 @@ func rawMeta(version string, progressToken string) (json.RawMessage, error) {
 	if progressToken != "" {
 		meta["progressToken"] = progressToken
 	}
-	return json.Marshal(meta)
+	b, err := json.Marshal(meta)
+	if err == nil && progressToken == "" {
+		metaCache.Store(version, json.RawMessage(b))
+	}
+	return b, err
 }
+
+// metaCache holds rawMeta's answers without a token, by protocol version.
+var metaCache sync.Map
 
 // callRaw forwards one tools/call as bytes.
 func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
@@ -124,16 +139,13 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 		return nil, fmt.Errorf("upstream %q: call %q: %w: %w", u.cfg.Name, name, vend.ErrUpstream, err)
 	}
 	nameJSON, _ := json.Marshal(name)
-	var compact bytes.Buffer
-	if err := json.Compact(&compact, args); err != nil {
-		return nil, fmt.Errorf("upstream %q: call %q: %w: %w", u.cfg.Name, name, vend.ErrUpstream, err)
-	}
-	// The keys in the order mcp-go's client sends them (a map, sorted).
-	params := make([]byte, 0, 64+len(meta)+compact.Len()+len(nameJSON))
+	// The keys in the order mcp-go's client sends them (a map, sorted);
+	// the transport's encoding compacts args, as the client's does.
+	params := make([]byte, 0, 64+len(meta)+len(args)+len(nameJSON))
 	params = append(params, `{"_meta":`...)
 	params = append(params, meta...)
 	params = append(params, `,"arguments":`...)
-	params = append(params, compact.Bytes()...)
+	params = append(params, args...)
 	params = append(params, `,"name":`...)
 	params = append(params, nameJSON...)
 	params = append(params, '}')
