@@ -185,3 +185,16 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	}
 	return u.resultBody(name, res)
 }
+
+// httpClient is the HTTP client of every HTTP upstream session. It keeps
+// up to maxIdlePerUpstream idle connections per upstream: with
+// http.DefaultTransport's 2, concurrent calls to one upstream open and
+// close a TCP connection for nearly every call.
+var httpClient = &http.Client{Transport: func() http.RoundTripper {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = maxIdlePerUpstream
+	return t
+}()}
+
+// maxIdlePerUpstream bounds the idle connections kept to one upstream.
+const maxIdlePerUpstream = 64

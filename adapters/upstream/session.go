@@ -520,6 +520,7 @@ func (u *upstream) resultBody(name string, res *mcp.CallToolResult) (json.RawMes
 func (u *upstream) dial(ctx context.Context) (*client.Client, <-chan error, func(), error) {
 	if u.cfg.URL != "" {
 		opts := []transport.StreamableHTTPCOption{
+			transport.WithHTTPBasicClient(httpClient),
 			transport.WithHTTPHeaders(u.cfg.Headers),
 			transport.WithHTTPLogger(u.log),
 		}
