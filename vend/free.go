@@ -17,9 +17,10 @@ type RawToolSource interface {
 	CanCallRaw(t Tool) bool
 	// CallToolRaw runs t like ToolSource.CallTool: the same arguments,
 	// the same result bytes, the same errors, progress passed the same
-	// way. It returns ErrNotRaw, and nothing else, when the upstream asked
-	// for input (an elicitation): the caller then runs the call through
-	// CallTool, which answers such requests. Not idempotent.
+	// way. It returns ErrNotRaw when the call needs CallTool after all:
+	// the upstream asked for input (an elicitation; CallTool's client
+	// answers such requests, starting the call again), or it can no
+	// longer be reached raw (then nothing was sent). Not idempotent.
 	CallToolRaw(ctx context.Context, t Tool, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error)
 }
 

@@ -1,10 +1,14 @@
 package upstream
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"mime"
 	"net/http"
 	"strconv"
 	"sync"
@@ -17,14 +21,17 @@ import (
 )
 
 // The raw forwarder (vend.RawToolSource): a tools/call to an HTTP upstream
-// on protocol 2026-07-28 is written as bytes and posted through the
-// session's transport, skipping mcp-go's client layers (which encode and
-// decode the params three times and derive headers from a cached tool
-// list). The request is the one the client would send: the same params,
-// _meta (protocol version, capabilities, client info, our progress
-// token), Mcp-Method and Mcp-Name headers. The result goes through the
-// same decoding and encoding as call's (rawResultBody), so the bytes are
-// the same. Only the request side is raw.
+// on protocol 2026-07-28 is written as bytes and posted with capvend's own
+// HTTP client, skipping mcp-go's client and transport (which encode and
+// decode the params three times, derive headers from a cached tool list,
+// and decode every message twice). The request is the one mcp-go's client
+// would send: the same params, _meta (protocol version, capabilities,
+// client info, our progress token), Mcp-Method, Mcp-Name, protocol
+// version and configured headers; a progress notification on the
+// response stream goes to the same router (onNotification) before the
+// result is read. The result goes through the same decoding and encoding
+// as call's (resultBody), so its bytes are the same: that normalisation
+// (mcp-go's types) is what clients of capvend have always seen.
 //
 // Not raw: stdio upstreams, upstreams before 2026-07-28 (their server-
 // initiated elicitations are answered by the client's handler on the
@@ -32,7 +39,8 @@ import (
 // headers (x-mcp-header), and an upstream result asking for input
 // (vend.ErrNotRaw: the caller runs the call through CallTool, whose
 // client answers such requests; by the protocol, a round asking for input
-// has not done the work yet).
+// has not done the work yet). A request from the upstream on the call's
+// stream (this protocol has none) fails the call.
 
 var _ vend.RawToolSource = (*Manager)(nil)
 
@@ -140,7 +148,7 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	}
 	nameJSON, _ := json.Marshal(name)
 	// The keys in the order mcp-go's client sends them (a map, sorted);
-	// the transport's encoding compacts args, as the client's does.
+	// args as vend parsed them (compact).
 	params := make([]byte, 0, 64+len(meta)+len(args)+len(nameJSON))
 	params = append(params, `{"_meta":`...)
 	params = append(params, meta...)
@@ -150,33 +158,23 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	params = append(params, nameJSON...)
 	params = append(params, '}')
 
-	header := http.Header{}
-	for k, v := range mcp.StandardHeaders(version, mcp.MethodToolsCall, params) {
-		header.Set(k, v)
-	}
-	req := transport.JSONRPCRequest{
-		JSONRPC: mcp.JSONRPC_VERSION,
-		ID:      mcp.NewRequestId("capvend-raw-" + strconv.FormatUint(u.seq.Add(1), 10)),
-		Method:  string(mcp.MethodToolsCall),
-		Params:  json.RawMessage(params),
-		Header:  header,
-	}
+	id := `"capvend-raw-` + strconv.FormatUint(u.seq.Add(1), 10) + `"`
+	msg := make([]byte, 0, 80+len(params))
+	msg = append(msg, `{"jsonrpc":"2.0","id":`...)
+	msg = append(msg, id...)
+	msg = append(msg, `,"method":"tools/call","params":`...)
+	msg = append(msg, params...)
+	msg = append(msg, '}')
+
 	defer u.inflight(ctx)()
-	resp, err := c.GetTransport().SendRequest(ctx, req)
-	if err == nil && resp.Error != nil {
-		err = resp.Error.AsError()
-	}
+	result, err := u.post(ctx, version, msg, params, id)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("upstream %q: call %q: %w", u.cfg.Name, name, ctx.Err())
 		}
-		if resp == nil {
-			err = transport.NewError(err)
-			signal(u.check)
-		}
 		return nil, fmt.Errorf("upstream %q: call %q: %w: %w", u.cfg.Name, name, vend.ErrUpstream, err)
 	}
-	res, err := mcp.ParseCallToolResult(&resp.Result)
+	res, err := mcp.ParseCallToolResult(&result)
 	if err != nil {
 		return nil, fmt.Errorf("upstream %q: call %q: %w: %w", u.cfg.Name, name, vend.ErrUpstream, err)
 	}
@@ -184,6 +182,125 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 		return nil, vend.ErrNotRaw
 	}
 	return u.resultBody(name, res)
+}
+
+// post sends msg (a request of id) to the upstream as mcp-go's transport
+// does on protocol version (headers included) and returns the result of
+// its response: a JSON body, or the response event of an SSE stream,
+// whose notifications go to onNotification first, in order. A transport
+// failure also asks the session to check the upstream (ping).
+func (u *upstream) post(ctx context.Context, version string, msg, params []byte, id string) (json.RawMessage, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.cfg.URL, bytes.NewReader(msg))
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range mcp.StandardHeaders(version, mcp.MethodToolsCall, params) {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set(transport.HeaderKeyProtocolVersion, version)
+	for k, v := range u.cfg.Headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		signal(u.check)
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return nil, fmt.Errorf("request failed with status %d: %s", resp.StatusCode, b)
+	}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	switch mt {
+	case "application/json":
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			signal(u.check)
+			return nil, err
+		}
+		return responseResult(b, id)
+	case "text/event-stream":
+		return u.readEvents(resp.Body, id)
+	}
+	return nil, fmt.Errorf("unexpected content type: %s", resp.Header.Get("Content-Type"))
+}
+
+// responseResult returns the result of a JSON-RPC response to id; its
+// error as an error.
+func responseResult(b []byte, id string) (json.RawMessage, error) {
+	var r struct {
+		ID     json.RawMessage `json:"id"`
+		Result json.RawMessage `json:"result"`
+		Error  *mcp.JSONRPCErrorDetails
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("failed to decode response: %w", err)
+	}
+	if string(r.ID) != id {
+		return nil, fmt.Errorf("response to %s, not to %s", r.ID, id)
+	}
+	if r.Error != nil {
+		return nil, fmt.Errorf("upstream error %d: %s", r.Error.Code, r.Error.Message)
+	}
+	return r.Result, nil
+}
+
+// readEvents reads an SSE response stream until the response to id:
+// notifications go to onNotification, as the transport would pass them.
+// A request from the upstream (none exist on this protocol) ends the call
+// with an error.
+func (u *upstream) readEvents(body io.Reader, id string) (json.RawMessage, error) {
+	br := bufio.NewReader(body)
+	var data []byte
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil && (err != io.EOF || len(line) == 0) {
+			if err == io.EOF {
+				err = errors.New("stream ended without a response")
+			} else {
+				signal(u.check)
+			}
+			return nil, err
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) > 0 {
+			if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+				if len(data) > 0 {
+					data = append(data, '\n')
+				}
+				data = append(data, bytes.TrimPrefix(d, []byte(" "))...)
+			}
+			if err == nil {
+				continue
+			}
+		}
+		if len(data) == 0 {
+			continue
+		}
+		msg := data
+		data = nil
+		var probe struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		if json.Unmarshal(msg, &probe) != nil {
+			continue // as the transport: skipped
+		}
+		switch {
+		case len(probe.ID) == 0 || string(probe.ID) == "null":
+			var n mcp.JSONRPCNotification
+			if json.Unmarshal(msg, &n) == nil {
+				u.onNotification(n)
+			}
+		case probe.Method != "":
+			return nil, fmt.Errorf("upstream sent a %s request on the call's stream", probe.Method)
+		default:
+			return responseResult(msg, id)
+		}
+	}
 }
 
 // httpClient is the HTTP client of every HTTP upstream session. It keeps

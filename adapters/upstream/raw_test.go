@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -13,6 +14,12 @@ import (
 
 	"github.com/capvend/capvend/vend"
 )
+
+// progressSeen gets a value each time the test's progress callback ran:
+// the tool "progress" waits for it after each notification, so that the
+// notification is not lost (mcp-go's server may drop one queued just
+// before its handler returns).
+var progressSeen = make(chan struct{}, 16)
 
 // addRawTools adds tools whose results mcp-go's client normalises (key
 // order, number forms, _meta members) and that send progress, or fail.
@@ -30,6 +37,11 @@ func addRawTools(s *server.MCPServer) {
 					map[string]any{"progressToken": r.Params.Meta.ProgressToken, "progress": i, "total": 2, "message": "step"})
 				if err != nil {
 					return nil, err
+				}
+				select {
+				case <-progressSeen:
+				case <-ctx.Done():
+					return nil, ctx.Err()
 				}
 			}
 		}
@@ -99,7 +111,12 @@ func TestCallToolRawAsCallTool(t *testing.T) {
 			var mu sync.Mutex
 			var rawNotes, notes []string
 			record := func(to *[]string) func(json.RawMessage) {
-				return func(p json.RawMessage) { mu.Lock(); *to = append(*to, string(p)); mu.Unlock() }
+				return func(p json.RawMessage) {
+					mu.Lock()
+					*to = append(*to, string(p))
+					mu.Unlock()
+					progressSeen <- struct{}{}
+				}
 			}
 			got, gerr := m.CallToolRaw(ctx, tl, json.RawMessage(tc.args), tok, record(&rawNotes))
 			want, werr := m.CallTool(ctx, tl, json.RawMessage(tc.args), tok, record(&notes))
@@ -108,20 +125,15 @@ func TestCallToolRawAsCallTool(t *testing.T) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			// The progress the upstream sent, each as the client path
-			// passes it on. (mcp-go's server may drop a notification
-			// queued just before its handler returns, so neither path
-			// is sure to see both.)
-			sent := map[string]bool{}
+			// Both notifications, each as the client path passes it on.
+			var sent []string
 			if tc.token != "" {
 				for i := 1; i <= 2; i++ {
-					sent[`{"_meta":{},"message":"step","progress":`+strconv.Itoa(i)+`,"progressToken":`+tc.token+`,"total":2}`] = true
+					sent = append(sent, `{"_meta":{},"message":"step","progress":`+strconv.Itoa(i)+`,"progressToken":`+tc.token+`,"total":2}`)
 				}
 			}
-			for _, n := range append(rawNotes, notes...) {
-				if !sent[n] {
-					t.Errorf("progress %s, want one of %v", n, sent)
-				}
+			if !slices.Equal(rawNotes, sent) || !slices.Equal(notes, sent) {
+				t.Errorf("progress raw %q\nclient %q\nwant %q", rawNotes, notes, sent)
 			}
 		})
 	}
