@@ -45,6 +45,12 @@
 // Because vend strips PaymentArg, a tool whose input schema declares it is
 // not offered (logged once).
 //
+// A call that is free outright (price 0 for its arguments, no quota)
+// records nothing. Vendor.CallFree serves such a call with the same
+// checks and answers when the ToolSource can run it raw (RawToolSource:
+// an HTTP upstream on protocol 2026-07-28), so a front can skip the work
+// of a priced call's path; any other call it leaves to CallTool (free.go).
+//
 // A request is bound to what it asked for. A request key (transport,
 // client, request id) names one call or free use and its Binding (kind,
 // server, tool, canonical argument hash): the same key with anything else

@@ -247,6 +247,13 @@
 //
 // With protocol 2026-07-28 a -32600 or -32602 error is answered with HTTP
 // 400, as mcp-go does for its own errors; other errors with 200.
+//
+// Free calls (fastfree.go): when the Vendor is a FreeCaller, a tools/call
+// of protocol 2026-07-28 from a client that cannot elicit, which mcp-go
+// would serve as is, is first offered to Vendor.CallFree, before mcp-go
+// sees it; if the Vendor serves it (free outright, on an upstream it can
+// call raw) the front writes the answer mcp-go and the writers above
+// would have written, byte for byte. Everything else goes through mcp-go.
 package mcpfront
 
 import (

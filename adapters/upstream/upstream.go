@@ -33,6 +33,12 @@
 // an upstream's request for input during a call is answered through the
 // vend.ElicitFunc in the call's context (vend.WithElicit), or declined
 // when there is none. See elicit.go for which calls mcp-go lets us find.
+//
+// Raw calls: the Manager is a vend.RawToolSource. A call to an HTTP
+// upstream on protocol 2026-07-28 can be posted as bytes with capvend's
+// own HTTP client instead of through mcp-go's client (same request, same
+// result bytes, progress routed the same way; see raw.go). vend uses it
+// for free calls. HTTP upstream sessions keep up to 64 idle connections.
 package upstream
 
 import (
