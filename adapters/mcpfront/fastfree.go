@@ -158,8 +158,20 @@ func (s *Server) writeFree(ctx context.Context, rw *rewriteWriter, call fastCall
 		rw.Flush()
 		return
 	}
+	// The status commitPending would give (this is a request of protocol
+	// 2026-07-28), without reading the message again.
+	status := http.StatusOK
+	if err != nil {
+		if c := toWire(err, cr.Tool).Code; c == rpcerr.CodeInvalidParams || c == rpcerr.CodeInvalidRequest {
+			status = http.StatusBadRequest
+		}
+	}
 	rw.Header().Set("Content-Type", "application/json")
-	rw.WriteHeader(http.StatusOK)
+	rw.mu.Lock()
+	rw.extend()
+	rw.wroteHeader = true
+	rw.w.WriteHeader(status)
+	rw.mu.Unlock()
 	_, _ = rw.Write(append(msg, '\n'))
 }
 
@@ -200,8 +212,10 @@ func (s *Server) decorate(body json.RawMessage) (json.RawMessage, bool) {
 
 // serverInfoMeta is the _meta mcp-go gives a result: {"serverInfo": ...}.
 func (s *Server) serverInfoMeta() json.RawMessage {
-	b, _ := json.Marshal(map[string]any{mcp.MetaKeyServerInfo: mcp.Implementation{Name: s.cfg.Name, Version: s.cfg.Version}})
-	return b
+	s.infoOnce.Do(func() {
+		s.info, _ = json.Marshal(map[string]any{mcp.MetaKeyServerInfo: mcp.Implementation{Name: s.cfg.Name, Version: s.cfg.Version}})
+	})
+	return s.info
 }
 
 // fastRequest reads r as a tools/call the fast path may serve: see the

@@ -430,6 +430,9 @@ type Server struct {
 	// streams ends long-lived listening streams (see CloseStreams).
 	streams      context.Context
 	closeStreams context.CancelFunc
+
+	infoOnce sync.Once
+	info     json.RawMessage // serverInfoMeta's answer (fastfree.go)
 }
 
 type ctxKey int

@@ -167,7 +167,7 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	msg = append(msg, '}')
 
 	defer u.inflight(ctx)()
-	result, err := u.post(ctx, version, msg, params, id)
+	result, err := u.post(ctx, version, name, msg, id)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("upstream %q: call %q: %w", u.cfg.Name, name, ctx.Err())
@@ -184,18 +184,23 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	return u.resultBody(name, res)
 }
 
-// post sends msg (a request of id) to the upstream as mcp-go's transport
+// post sends msg (a tools/call of name, id) to the upstream as mcp-go's transport
 // does on protocol version (headers included) and returns the result of
 // its response: a JSON body, or the response event of an SSE stream,
 // whose notifications go to onNotification first, in order. A transport
 // failure also asks the session to check the upstream (ping).
-func (u *upstream) post(ctx context.Context, version string, msg, params []byte, id string) (json.RawMessage, error) {
+func (u *upstream) post(ctx context.Context, version, name string, msg []byte, id string) (json.RawMessage, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.cfg.URL, bytes.NewReader(msg))
 	if err != nil {
 		return nil, err
 	}
-	for k, v := range mcp.StandardHeaders(version, mcp.MethodToolsCall, params) {
-		req.Header.Set(k, v)
+	// mcp.StandardHeaders for a tools/call of name, without reading the
+	// params again.
+	if mcp.RequiresStandardHeaders(version) {
+		req.Header.Set(mcp.HeaderMethod, string(mcp.MethodToolsCall))
+		if v, ok := mcp.EncodeHeaderValue(name); ok && name != "" {
+			req.Header.Set(mcp.HeaderName, v)
+		}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
