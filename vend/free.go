@@ -74,6 +74,9 @@ func (v *Vendor) freeTool(r *CallRequest) (Tool, json.RawMessage, bool) {
 	if !ok || t.Kind.Or() != KindTool {
 		return Tool{}, nil, false
 	}
+	if _, hi := v.book().Listed(t.Server, priceKey(&t)); hi > 0 {
+		return Tool{}, nil, false // priced: spare it the parsing CallTool does again
+	}
 	args, err := parseArgs(r.Arguments)
 	if err != nil {
 		return Tool{}, nil, false
