@@ -77,7 +77,8 @@ func (v *Vendor) freeTool(r *CallRequest) (Tool, json.RawMessage, bool) {
 	if _, hi := v.book().Listed(t.Server, priceKey(&t)); hi > 0 {
 		return Tool{}, nil, false // priced: spare it the parsing CallTool does again
 	}
-	args, err := parseArgs(r.Arguments)
+	rc := *r // callArgs takes a payment argument out into PaymentToken
+	args, err := v.callArgs(&t, &rc)
 	if err != nil {
 		return Tool{}, nil, false
 	}

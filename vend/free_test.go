@@ -73,6 +73,9 @@ func TestCallFreeAnswersAsCallTool(t *testing.T) {
 		{name: "free", tool: "demo_free", args: `{"text":"hi"}`, taken: true},
 		{name: "free, no arguments field", tool: "demo_free", args: ``, taken: false}, // {} fails the schema
 		{name: "progress", tool: "demo_free", args: `{"text":"p"}`, mod: func(r *vend.CallRequest) { r.ProgressToken = json.RawMessage(`"tok"`) }, taken: true},
+		{name: "payment argument taken out", tool: "demo_free", args: `{"text":"hi","capvend_payment":"tok"}`, taken: true},
+		{name: "payment argument null", tool: "demo_free", args: `{"text":"hi","capvend_payment":null}`, taken: true},
+		{name: "payment argument not a string", tool: "demo_free", args: `{"text":"hi","capvend_payment":5}`},
 		{name: "upstream down", tool: "demo_free", args: `{"text":"down"}`, taken: true},
 		{name: "asks for input: full client", tool: "demo_free", args: `{"text":"needinput"}`, taken: true},
 		{name: "priced", tool: "demo_echo", args: `{"text":"hi"}`},
@@ -116,6 +119,9 @@ func TestCallFreeAnswersAsCallTool(t *testing.T) {
 			}
 			if strings.Join(fastNotes, "\n") != strings.Join(slowNotes, "\n") {
 				t.Errorf("notifications: %q, want %q", fastNotes, slowNotes)
+			}
+			if sent := rt.sentArgs(); tc.name != "upstream down" && (len(sent) != 2 || sent[0] != sent[1]) {
+				t.Errorf("sent upstream: %q", sent)
 			}
 			if tc.name == "progress" && len(fastNotes) != 1 {
 				t.Errorf("progress not forwarded: %q", fastNotes)

@@ -61,6 +61,7 @@ type fastCall struct {
 	name     string
 	args     json.RawMessage
 	progress json.RawMessage // the progress token as mcp-go would decode and encode it; nil if none
+	payments bool            // the client declared CapabilityPayments
 }
 
 // serveFree serves r on the fast path if it can (see above) and reports
@@ -90,6 +91,7 @@ func (s *Server) serveFree(rw *rewriteWriter, r *http.Request, body []byte, mode
 	}
 	cr.Anonymous = cr.Client == anonClient
 	cr.ProgressToken = call.progress
+	s.gateAs(&cr, call.payments)
 	ctx := r.Context()
 	cr.Notify = func(method string, params any) {
 		msg, err := json.Marshal(struct {
@@ -292,7 +294,7 @@ func (s *Server) fastRequest(r *http.Request, body []byte) (fastCall, bool) {
 	if tool == nil || bytes.Contains(tool.Tool.RawInputSchema, []byte("x-mcp-header")) || tool.Tool.Execution != nil {
 		return none, false
 	}
-	call := fastCall{id: id, name: name, args: params["arguments"]}
+	call := fastCall{id: id, name: name, args: params["arguments"], payments: hasPayments(caps.Experimental)}
 	if len(call.args) == 0 || string(call.args) == "null" {
 		call.args = json.RawMessage(`{}`)
 	}

@@ -151,6 +151,7 @@ func TestFastFreeSameBytes(t *testing.T) {
 		{"unknown tool", modernCall{id: `14`, tool: "unknown"}, true},
 		{"notifications on the stream", modernCall{id: `15`, tool: "paid"}, true},
 		{"progress token string", modernCall{id: `16`, tool: "free", args: `{"text":"p"}`, meta: `,"progressToken":"tok"`}, true},
+		{"client handles payments", modernCall{id: `18`, tool: "free", args: `{"text":"c"}`, caps: `{"experimental":{"` + CapabilityPayments + `":{}}}`}, true},
 		{"progress token number", modernCall{id: `17`, tool: "free", args: `{"text":"p"}`, meta: `,"progressToken":5.0`}, true},
 		// Everything else goes mcp-go's way, with the same bytes.
 		{"client can elicit", modernCall{id: `20`, tool: "free", caps: `{"elicitation":{}}`}, false},
@@ -189,7 +190,7 @@ func TestFastFreeSameBytes(t *testing.T) {
 			g, w := fv.last(), plain.last()
 			g.Notify, w.Notify, g.Elicit, w.Elicit = nil, nil, nil, nil
 			if g.Tool != w.Tool || g.RequestID != w.RequestID || g.Client != w.Client || g.Source != w.Source ||
-				g.Transport != w.Transport || g.Anonymous != w.Anonymous || g.Explicit != w.Explicit ||
+				g.Transport != w.Transport || g.Anonymous != w.Anonymous || g.Explicit != w.Explicit || g.PaymentTokens != w.PaymentTokens ||
 				string(g.Arguments) != string(w.Arguments) || string(g.ProgressToken) != string(w.ProgressToken) {
 				t.Errorf("vendor got\n%+v\nslow path\n%+v", g, w)
 			}

@@ -53,11 +53,17 @@ func hasPayments(exp map[string]any) bool {
 // token. With Config.LegacyGatingCode nothing changes here: explicit
 // gating only when asked (or Config.ExplicitGating), no tokens.
 func (s *Server) gate(ctx context.Context, cr *vend.CallRequest) {
+	s.gateAs(cr, clientHandlesPayments(ctx))
+}
+
+// gateAs is gate for a client that declared CapabilityPayments or not
+// (the fast path of free calls knows it from the request).
+func (s *Server) gateAs(cr *vend.CallRequest, handlesPayments bool) {
 	if s.cfg.LegacyGatingCode {
 		return
 	}
 	cr.PaymentTokens = true
-	if !cr.Explicit && !clientHandlesPayments(ctx) {
+	if !cr.Explicit && !handlesPayments {
 		cr.Explicit = true
 	}
 }
