@@ -21,7 +21,8 @@ import (
 // FreeCaller is an optional ability of a Vendor (vend's Vendor has it): it
 // serves a free tools/call without the work a priced one needs, if the call
 // is one (see vend.Vendor.CallFree). ok false: nothing was done; the call
-// is served by CallTool.
+// is served by CallTool. A free call is never answered with a payment
+// error, so the fast path has no gating results to write.
 type FreeCaller interface {
 	CallFree(ctx context.Context, r vend.CallRequest) (res vend.CallResult, ok bool, err error)
 }
