@@ -44,3 +44,23 @@ func (l *Ledger) BypassForTest(ctx context.Context, triggers []string, q string,
 		return nil
 	})
 }
+
+// SetBatchingForTest turns group commit off (or on again): each write is
+// then one BEGIN IMMEDIATE ... COMMIT of its own, with statement journals
+// in temporary files, as the ledger wrote before batching. The benchmark
+// uses it to measure both in one run.
+func (l *Ledger) SetBatchingForTest(on bool) error {
+	l.queue.mu.Lock()
+	l.queue.off = !on
+	l.queue.mu.Unlock()
+	store := map[bool]string{true: "MEMORY", false: "DEFAULT"}[on]
+	return l.ExecForTest(context.Background(), "PRAGMA temp_store = "+store)
+}
+
+// BatchStatsForTest returns how many batches the writer committed (or
+// tried to) and how many writes they held.
+func (l *Ledger) BatchStatsForTest() (commits, writes int) {
+	l.queue.mu.Lock()
+	defer l.queue.mu.Unlock()
+	return l.queue.commits, l.queue.writes
+}

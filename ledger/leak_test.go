@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -10,5 +11,8 @@ import (
 // when they end: every goroutine ledger starts must stop with its context or
 // Close.
 func TestMain(m *testing.M) {
+	if path := os.Getenv(crashChildEnv); path != "" {
+		crashChild(path) // never returns
+	}
 	goleak.VerifyTestMain(m)
 }

@@ -12,6 +12,19 @@
 // a resource: vend.ItemKind); its income is booked to
 // income:tools:<server>:<tool>, income:prompts:<server>:<prompt> or
 // income:resources:<server>:<uri> (see ItemIncomeAccount).
+//
+// Writes are group-committed (batch.go): a durable commit waits for an
+// fsync, which bounds one-commit-per-write to the disk's fsync rate, so
+// one writer goroutine (Open starts it, Close stops it) runs the writes
+// queued by concurrent callers in one transaction, each in a SAVEPOINT of
+// its own, and commits them with one fsync. Each state change is still
+// one transaction from its caller's point of view: all of it or none of it
+// is written, and a change that fails (a constraint, a trigger) is rolled
+// back to its savepoint and its error goes to its caller alone, while the
+// others' changes commit. Durability is unchanged: a write returns success
+// only after the COMMIT holding it returned, with synchronous=FULL as
+// before; a crash before that COMMIT loses the batch's changes, and none
+// of their callers was told they were written.
 package ledger
 
 import (
@@ -74,15 +87,18 @@ type Ledger struct {
 	udb *sql.DB
 	now func() time.Time
 
-	// SQLite has one writer at a time: capvend's writes queue on wmu and
-	// run on wconn, in BEGIN IMMEDIATE transactions, with statements
-	// prepared once (preparing a statement that fires the schema's
-	// triggers compiles the triggers too, which costs more than running
-	// it). Other processes are waited for by the busy timeout.
+	// SQLite has one writer at a time: capvend's writes run on wconn, in
+	// BEGIN IMMEDIATE transactions, with statements prepared once
+	// (preparing a statement that fires the schema's triggers compiles
+	// the triggers too, which costs more than running it). Whoever uses
+	// wconn holds wmu: the writer goroutine for each batch, a batch of
+	// stored replies, an unbatched write. Other processes are waited for
+	// by the busy timeout.
 	wmu   sync.Mutex
 	wconn *sql.Conn
 	stmts map[string]*sql.Stmt
 
+	queue   writeQueue // write transactions waiting for their group commit (batch.go)
 	replies replyBatch // stored replies waiting for their group commit
 }
 
@@ -139,6 +155,18 @@ func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
 		l.Close()
 		return nil, l.fileError(err)
 	}
+	// Statement journals and the savepoints' sub-journals in memory:
+	// with temporary files, a caller's savepoint spilled to a file in
+	// /var/tmp past 64 KiB, and every statement journal allocated and
+	// freed 64 KiB chunks (glibc then returned the heap top to the kernel
+	// at each statement). They only serve rolling back a statement or a
+	// savepoint inside an open transaction, so durability does not
+	// depend on where they are.
+	if _, err := l.wconn.ExecContext(ctx, "PRAGMA temp_store = MEMORY"); err != nil {
+		l.Close()
+		return nil, l.fileError(err)
+	}
+	l.startWriter()
 	return l, nil
 }
 
@@ -186,8 +214,11 @@ func prepareFile(path string, mustExist bool) error {
 // Path returns the ledger's file path.
 func (l *Ledger) Path() string { return l.path }
 
-// Close closes the ledger. It is safe to call more than once.
+// Close closes the ledger. It is safe to call more than once. Writes
+// queued before Close are committed (or fail) before it returns, and
+// their callers are told which; writes after Close fail with ErrClosed.
 func (l *Ledger) Close() error {
+	l.stopWriter()
 	l.wmu.Lock()
 	for q, st := range l.stmts {
 		st.Close()
@@ -377,6 +408,19 @@ func isUnique(err error) bool {
 // cached prepared statements.
 type wtx struct {
 	l *Ledger
+	// detached: statements ignore the cancellation of the ctx they are
+	// given. A batch sets it: a canceled statement interrupts the
+	// connection, which can roll back the whole batch transaction, the
+	// other callers' changes with it.
+	detached bool
+}
+
+// ctx is the context a statement of tx runs with.
+func (tx *wtx) ctx(ctx context.Context) context.Context {
+	if tx.detached {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
 }
 
 // stmt returns the prepared statement for query; the caller holds wmu.
@@ -397,6 +441,7 @@ func (l *Ledger) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 
 // ExecContext runs a statement in the transaction.
 func (tx *wtx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	ctx = tx.ctx(ctx)
 	st, err := tx.l.stmt(ctx, query)
 	if err != nil {
 		return nil, err
@@ -406,6 +451,7 @@ func (tx *wtx) ExecContext(ctx context.Context, query string, args ...any) (sql.
 
 // QueryContext runs a query in the transaction.
 func (tx *wtx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	ctx = tx.ctx(ctx)
 	st, err := tx.l.stmt(ctx, query)
 	if err != nil {
 		return nil, err
@@ -415,6 +461,7 @@ func (tx *wtx) QueryContext(ctx context.Context, query string, args ...any) (*sq
 
 // QueryRowContext runs a single-row query in the transaction.
 func (tx *wtx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	ctx = tx.ctx(ctx)
 	st, err := tx.l.stmt(ctx, query)
 	if err != nil {
 		// Let the preparation error surface from Scan.
@@ -423,12 +470,28 @@ func (tx *wtx) QueryRowContext(ctx context.Context, query string, args ...any) *
 	return st.QueryRowContext(ctx, args...)
 }
 
-// write runs fn in one BEGIN IMMEDIATE transaction stamped with one now:
-// it commits if fn returns nil and rolls back otherwise.
+// write runs fn as one transaction stamped with one now: fn's changes
+// commit if it returns nil and are rolled back otherwise. write returns
+// once they are committed (fsynced), or with fn's error or the commit's.
+// Concurrent writes share a commit (group commit, batch.go): fn runs in a
+// savepoint of the writer's batch transaction, so it sees the changes of
+// the writes before it in the batch, and its statements are not canceled
+// by ctx (a ctx done before fn's turn makes fn not run).
 func (l *Ledger) write(ctx context.Context, fn func(tx *wtx, now time.Time) error) (err error) {
+	if l.batching() {
+		return l.enqueue(ctx, fn)
+	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	return l.writeLocked(ctx, fn)
+}
+
+// batching reports whether writes go through the writer's batches (tests
+// and the benchmark turn it off to compare with one commit per write).
+func (l *Ledger) batching() bool {
+	l.queue.mu.Lock()
+	defer l.queue.mu.Unlock()
+	return !l.queue.off
 }
 
 // writeRelaxed is write without the fsync at commit (synchronous=NORMAL
@@ -438,7 +501,7 @@ func (l *Ledger) writeRelaxed(ctx context.Context, fn func(tx *wtx, now time.Tim
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	if l.wconn == nil {
-		return fmt.Errorf("ledger %s: closed", l.path)
+		return fmt.Errorf("ledger %s: %w", l.path, ErrClosed)
 	}
 	if _, err := l.wconn.ExecContext(ctx, "PRAGMA synchronous = NORMAL"); err != nil {
 		return l.fileError(err)
@@ -453,10 +516,11 @@ func (l *Ledger) writeRelaxed(ctx context.Context, fn func(tx *wtx, now time.Tim
 	return l.writeLocked(ctx, fn)
 }
 
-// writeLocked is write's body; the caller holds wmu.
+// writeLocked is the body of an unbatched write (one transaction of its
+// own); the caller holds wmu.
 func (l *Ledger) writeLocked(ctx context.Context, fn func(tx *wtx, now time.Time) error) (err error) {
 	if l.wconn == nil {
-		return fmt.Errorf("ledger %s: closed", l.path)
+		return fmt.Errorf("ledger %s: %w", l.path, ErrClosed)
 	}
 	if _, err := l.wconn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		return l.fileError(err)
