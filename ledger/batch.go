@@ -31,10 +31,11 @@ var ErrClosed = errors.New("ledger closed")
 
 // writeReq is one caller's write transaction waiting for the writer.
 type writeReq struct {
-	ctx  context.Context
-	fn   func(tx *wtx, now time.Time) error
-	err  error
-	done chan struct{} // closed when err is final
+	ctx      context.Context
+	fn       func(tx *wtx, now time.Time) error
+	err      error
+	panicked any           // what fn panicked with, raised again in the caller's goroutine
+	done     chan struct{} // closed when err is final
 }
 
 func (r *writeReq) finish(err error) {
@@ -97,6 +98,9 @@ func (l *Ledger) enqueue(ctx context.Context, fn func(tx *wtx, now time.Time) er
 	q.cond.Signal()
 	q.mu.Unlock()
 	<-r.done
+	if r.panicked != nil {
+		panic(r.panicked) // where it would have been without batching
+	}
 	return r.err
 }
 
@@ -201,7 +205,7 @@ func (l *Ledger) runSaved(r *writeReq) (err, fatal error) {
 	if _, err := l.wconn.ExecContext(bg, "SAVEPOINT caller"); err != nil {
 		return nil, l.fileError(err)
 	}
-	if err := r.fn(&wtx{l: l, detached: true}, l.now().UTC()); err != nil {
+	if err := r.run(&wtx{l: l, detached: true}, l.now().UTC()); err != nil {
 		if !l.inTx() {
 			return err, fmt.Errorf("ledger %s: the transaction ended on a caller's error: %w", l.path, err)
 		}
@@ -218,6 +222,18 @@ func (l *Ledger) runSaved(r *writeReq) (err, fatal error) {
 		return nil, l.fileError(err)
 	}
 	return nil, nil
+}
+
+// run calls r's function; a panic is its caller's (enqueue raises it
+// again there), and an error for the batch: r's changes are rolled back.
+func (r *writeReq) run(tx *wtx, now time.Time) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.panicked = p
+			err = fmt.Errorf("panic in a ledger write: %v", p)
+		}
+	}()
+	return r.fn(tx, now)
 }
 
 // commit commits the batch transaction (after the test hook, if any).

@@ -350,3 +350,39 @@ func TestCloseMidBatch(t *testing.T) {
 		t.Fatalf("the write after Close is on disk: %v", err)
 	}
 }
+
+// A write that panics panics in its caller's goroutine, as it did before
+// batching, and changes nothing; the writer and the other callers go on.
+func TestBatchPanicIsTheCallers(t *testing.T) {
+	ctx := context.Background()
+	l := openTemp(t)
+	errs, _ := batchOf(t, l,
+		func() error { _, _, err := l.RecordCall(ctx, testCall(1)); return err },
+		func() (err error) {
+			defer func() {
+				if p := recover(); p != "boom" {
+					err = fmt.Errorf("recovered %v, want boom", p)
+				}
+			}()
+			return l.write(ctx, func(tx *wtx, now time.Time) error {
+				if _, err := tx.ExecContext(ctx, "UPDATE calls SET reason = 'half done'"); err != nil {
+					return err
+				}
+				panic("boom")
+			})
+		},
+		func() error { _, _, err := l.RecordCall(ctx, testCall(3)); return err },
+	)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	c, err := l.CallByRequest(ctx, "mcp-http", "client-1", "req-1")
+	if err != nil || c.Reason != "" {
+		t.Fatalf("call 1: reason %q (%v): the panicking write's change was kept", c.Reason, err)
+	}
+	if _, _, err := l.RecordCall(ctx, testCall(4)); err != nil {
+		t.Fatalf("a write after the panic: %v", err)
+	}
+}
