@@ -120,14 +120,17 @@ func (l *Ledger) writer() {
 		// Let the callers that are ready to queue a write do so first:
 		// the first one to queue made this goroutine runnable next, and
 		// without the yield most batches would hold one or two writes
-		// (4 on average with 16 callers, 13 with the yield).
+		// (BenchmarkPaidCall, 16 callers: 4 writes a commit on average
+		// without it, 13 with it).
 		q.mu.Unlock()
 		runtime.Gosched()
 		q.mu.Lock()
 		n := min(len(q.pending), maxBatch)
 		batch := make([]*writeReq, n)
 		copy(batch, q.pending)
-		q.pending = append(q.pending[:0], q.pending[n:]...)
+		rest := copy(q.pending, q.pending[n:])
+		clear(q.pending[rest:]) // no references to answered writes
+		q.pending = q.pending[:rest]
 		q.commits++
 		q.writes += n
 		q.mu.Unlock()
