@@ -204,24 +204,25 @@ func (l *Ledger) runSaved(r *writeReq) (err, fatal error) {
 	if err := r.ctx.Err(); err != nil {
 		return l.fileError(err), nil
 	}
+	tx := &wtx{l: l, detached: true}
 	bg := context.Background()
-	if _, err := l.wconn.ExecContext(bg, "SAVEPOINT caller"); err != nil {
+	if _, err := tx.ExecContext(bg, "SAVEPOINT caller"); err != nil {
 		return nil, l.fileError(err)
 	}
-	if err := r.run(&wtx{l: l, detached: true}, l.now().UTC()); err != nil {
+	if err := r.run(tx, l.now().UTC()); err != nil {
 		if !l.inTx() {
 			return err, fmt.Errorf("ledger %s: the transaction ended on a caller's error: %w", l.path, err)
 		}
 		// ROLLBACK TO keeps the savepoint open; RELEASE ends it.
-		if _, rerr := l.wconn.ExecContext(bg, "ROLLBACK TO caller"); rerr != nil {
+		if _, rerr := tx.ExecContext(bg, "ROLLBACK TO caller"); rerr != nil {
 			return err, l.fileError(rerr)
 		}
-		if _, rerr := l.wconn.ExecContext(bg, "RELEASE caller"); rerr != nil {
+		if _, rerr := tx.ExecContext(bg, "RELEASE caller"); rerr != nil {
 			return err, l.fileError(rerr)
 		}
 		return err, nil
 	}
-	if _, err := l.wconn.ExecContext(bg, "RELEASE caller"); err != nil {
+	if _, err := tx.ExecContext(bg, "RELEASE caller"); err != nil {
 		return nil, l.fileError(err)
 	}
 	return nil, nil
