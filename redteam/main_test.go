@@ -10,64 +10,48 @@ import (
 	"testing"
 
 	"github.com/capvend/capvend/internal/racesupp"
+	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/testnet"
+	"github.com/capvend/capvend/testnet/teststack"
 )
 
-// One regtest stack and one build of each binary per package run: started
-// by the first test that needs them, stopped by TestMain.
+// One build of each binary per package run, by the first test that needs
+// them; the regtest stack is the one every test binary of the run shares
+// (teststack).
 var (
 	setupOnce sync.Once
 	setupErr  error
 	tmpDir    string
 	stack     *testnet.Stack
-	capvend   string // the capvend binary (runs the stack's mint and relay, and the ledger commands)
+	capvend   string // the capvend binary (runs the ledger commands)
 	serveBin  string // the capvend that serves: built with -race when the tests are
 	tools     string // the example-tools binary
 )
 
 func TestMain(m *testing.M) {
 	racesupp.Reexec() // go-nostr races inside itself: see package racesupp
-	code := m.Run()
-	if stack != nil {
-		if err := stack.Close(); err != nil {
-			fmt.Fprintln(os.Stderr, "redteam: stopping the stack:", err)
-		}
-	}
+	code := teststack.Run(m)
 	if tmpDir != "" {
 		os.RemoveAll(tmpDir)
 	}
 	os.Exit(code)
 }
 
-// missingPart skips t because a real part it needs is not on this
-// machine (why says which, and how to get it); under CI=true, where
-// .ci/run installs every part, that fails t instead: a test never passes
-// without having run.
-func missingPart(t testing.TB, why string) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf("%s (CI is set: .ci/run should have provided it)", why)
-	}
-	t.Skip(why)
-}
-
 // binaries builds capvend and example-tools once, after checking that the
-// regtest binaries (btcd, lnd) are built: testnet.Start would otherwise
-// build them itself, for many minutes, inside a test.
+// regtest binaries (btcd, lnd) are built: starting the shared stack would
+// otherwise build them, for many minutes, inside a test.
 func binaries(t testing.TB) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("redteam drives the real binaries on the regtest stack (not in -short mode)")
-	}
+	skip.Short(t, "redteam drives the real binaries on the regtest stack")
 	if dir, err := testnet.DefaultBinDir(); err != nil {
-		missingPart(t, "no cache directory for the regtest binaries: "+err.Error())
+		skip.Missing(t, "no cache directory for the regtest binaries: "+err.Error(), "set HOME or XDG_CACHE_HOME")
 	} else {
 		for _, bin := range []string{
 			filepath.Join(dir, "btcd-"+testnet.BtcdVersion, "btcd"),
 			filepath.Join(dir, "lnd-"+testnet.LNDVersion, "lnd"),
 		} {
 			if _, err := os.Stat(bin); err != nil {
-				missingPart(t, fmt.Sprintf("the regtest binaries are not built (%s): run `go run ./cmd/capvend testnet build`", bin))
+				skip.Missing(t, fmt.Sprintf("the regtest binaries are not built (%s)", bin), "go run ./cmd/capvend testnet build")
 			}
 		}
 	}
@@ -104,21 +88,13 @@ func binaries(t testing.TB) {
 	}
 }
 
-var (
-	stackOnce sync.Once
-	stackErr  error
-)
+var stackOnce sync.Once
 
-// needStack returns the regtest stack, starting it on first use.
+// needStack returns the shared regtest stack, attaching on first use.
 func needStack(t testing.TB) *testnet.Stack {
 	t.Helper()
 	binaries(t)
-	stackOnce.Do(func() {
-		stack, stackErr = testnet.Start(context.Background(), testnet.Options{
-			Dir: filepath.Join(tmpDir, "stack"), Executable: capvend, Progress: os.Stderr})
-	})
-	if stackErr != nil {
-		t.Fatal(stackErr)
-	}
-	return stack
+	s := teststack.Need(t)
+	stackOnce.Do(func() { stack = s })
+	return s
 }

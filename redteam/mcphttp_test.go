@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capvend/capvend/internal/skip"
 )
 
 // rpcMessage is any JSON-RPC message (request, notification, response).
@@ -79,7 +81,7 @@ func needLoopback(t testing.TB, ips ...string) {
 	for _, ip := range ips {
 		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 		if err != nil {
-			missingPart(t, fmt.Sprintf("loopback address %s is not usable here: %v", ip, err))
+			skip.Missing(t, fmt.Sprintf("loopback address %s is not usable here: %v", ip, err), "on systems other than Linux: sudo ifconfig lo0 alias "+ip)
 		}
 		ln.Close()
 	}

@@ -2,6 +2,7 @@ package testnet
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -62,12 +63,21 @@ func (s *Stack) Pay(ctx context.Context, bolt11 string) (*PayResult, error) {
 }
 
 // PayFrom is Pay from the node called name (e.g. Vendor paying a refund
-// invoice of the customer).
+// invoice of the customer). The payment counts in Balance.
 func (s *Stack) PayFrom(ctx context.Context, name, bolt11 string) (*PayResult, error) {
 	c, err := s.Conn(name)
 	if err != nil {
 		return nil, err
 	}
+	req, err := lnrpc.NewLightningClient(c).DecodePayReq(ctx, &lnrpc.PayReqString{PayReq: bolt11})
+	if err != nil {
+		return nil, fmt.Errorf("testnet: pay: %w", err)
+	}
+	hash, err := hex.DecodeString(req.PaymentHash)
+	if err != nil {
+		return nil, fmt.Errorf("testnet: pay: payment hash: %w", err)
+	}
+	s.own.record(name, hash, true)
 	stream, err := routerrpc.NewRouterClient(c).SendPaymentV2(ctx, &routerrpc.SendPaymentRequest{
 		PaymentRequest:    bolt11,
 		TimeoutSeconds:    60,
@@ -98,7 +108,8 @@ func (s *Stack) Invoice(ctx context.Context, sats int64, memo string) (*lnrpc.Ad
 	return s.InvoiceOn(ctx, Vendor, sats, memo)
 }
 
-// InvoiceOn is Invoice on the node called name (one-hour expiry).
+// InvoiceOn is Invoice on the node called name (one-hour expiry). What it
+// receives counts in Balance.
 func (s *Stack) InvoiceOn(ctx context.Context, name string, sats int64, memo string) (*lnrpc.AddInvoiceResponse, error) {
 	c, err := s.Conn(name)
 	if err != nil {
@@ -108,6 +119,7 @@ func (s *Stack) InvoiceOn(ctx context.Context, name string, sats int64, memo str
 	if err != nil {
 		return nil, fmt.Errorf("testnet: invoice: %w", err)
 	}
+	s.own.record(name, r.RHash, false)
 	return r, nil
 }
 

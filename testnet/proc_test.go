@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/capvend/capvend/internal/skip"
 )
 
 func TestRequireLoopback(t *testing.T) {
@@ -34,7 +36,7 @@ func TestRequireLoopback(t *testing.T) {
 func TestProcLifecycle(t *testing.T) {
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
-		t.Skip("no sleep binary")
+		skip.Missing(t, "no sleep binary", "apt-get install coreutils")
 	}
 	p, err := spawn(sleep, []string{"60"}, filepath.Join(t.TempDir(), "sleep.log"), true)
 	if err != nil {

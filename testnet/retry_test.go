@@ -7,15 +7,15 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/capvend/capvend/internal/skip"
 )
 
 // TestStartRetriesPortClash takes the vendor lnd's gRPC port before Start
 // hands it out: lnd fails to bind, and Start must start over on fresh
 // ports instead of failing.
 func TestStartRetriesPortClash(t *testing.T) {
-	if testing.Short() {
-		t.Skip("regtest stack: skipped in -short mode")
-	}
+	skip.Short(t, "starts a regtest stack")
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
 	exe, err := BuildCapvend(ctx, t.TempDir())

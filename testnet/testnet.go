@@ -172,6 +172,8 @@ type Stack struct {
 	conns  map[string]*grpc.ClientConn
 	btc    *btcdRPC
 	closed bool
+
+	own ownLedger // what this Stack value paid and invoiced: see Balance
 }
 
 // ComponentError is a failure of one component of the stack; Log is the

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/testnet"
 	"github.com/elnosh/gonuts/cashu"
 	"github.com/elnosh/gonuts/wallet"
@@ -20,6 +21,10 @@ import (
 	"github.com/lightningnetwork/lnd/lnrpc/routerrpc"
 	"github.com/nbd-wtf/go-nostr"
 )
+
+func TestMain(m *testing.M) {
+	os.Exit(skip.Run(m))
+}
 
 // logWriter turns progress lines into t.Log lines.
 type logWriter struct {
@@ -40,9 +45,7 @@ func (w *logWriter) Write(p []byte) (int, error) {
 // then shuts the stack down and checks that no process of it remains.
 // A cold run builds btcd and lnd (minutes); run with -timeout 60m.
 func TestStack(t *testing.T) {
-	if testing.Short() {
-		t.Skip("regtest stack: skipped in -short mode")
-	}
+	skip.Short(t, "starts a regtest stack")
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
 

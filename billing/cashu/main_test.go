@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -16,12 +15,13 @@ import (
 	"github.com/capvend/capvend/billing/cashu"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
+	"github.com/capvend/capvend/testnet/teststack"
 	"github.com/capvend/capvend/vend"
 )
 
-// stack is the regtest stack of this test binary: started by TestMain, or,
-// with CAPVEND_TEST_STACK=DIR, a stack already running in DIR (started with
-// `capvend testnet up --dir DIR`), which is left running.
+// stack is the regtest stack these tests share with the other test
+// binaries of the run (teststack), attached by the first test that needs
+// it; with CAPVEND_TEST_STACK=DIR, the stack already running in DIR.
 var stack *testnet.Stack
 
 var (
@@ -33,47 +33,17 @@ func TestMain(m *testing.M) {
 	if os.Getenv(crashEnv) != "" {
 		crashChild() // a crash test's child process: see swap_test.go
 	}
-	flag.Parse()
-	if testing.Short() {
-		os.Exit(m.Run()) // stack tests skip themselves
-	}
-	ctx := context.Background()
-	if dir := os.Getenv("CAPVEND_TEST_STACK"); dir != "" {
-		s, err := testnet.Load(dir, os.Stderr)
-		if err != nil {
-			log.Fatal(err)
-		}
-		stack = s
-		code := m.Run()
-		s.Release()
-		os.Exit(code)
-	}
-	tmp, err := os.MkdirTemp("", "capvend-cashu-it-")
-	if err != nil {
-		log.Fatal(err)
-	}
-	exe, err := testnet.BuildCapvend(ctx, tmp)
-	if err != nil {
-		os.RemoveAll(tmp)
-		log.Fatal(err)
-	}
-	stack, err = testnet.Start(ctx, testnet.Options{Dir: filepath.Join(tmp, "stack"), Executable: exe, Progress: os.Stderr})
-	if err != nil {
-		os.RemoveAll(tmp)
-		log.Fatal(err)
-	}
-	code := m.Run()
-	if err := stack.Close(); err != nil {
-		log.Print(err)
-	}
-	os.RemoveAll(tmp)
-	os.Exit(code)
+	os.Exit(teststack.Run(m))
 }
 
+// needStack attaches the shared stack to stack (skipping t in -short
+// mode). Tests run one at a time, so the one write happens before any
+// goroutine that reads stack starts.
 func needStack(t testing.TB) {
 	t.Helper()
+	s := teststack.Need(t)
 	if stack == nil {
-		t.Skip("needs the regtest stack (not with -short)")
+		stack = s
 	}
 }
 
@@ -112,7 +82,7 @@ func pay(ctx context.Context, bolt11 string) error {
 }
 
 func customerBalance(ctx context.Context) (int64, error) {
-	return stack.ChannelBalance(ctx, testnet.Customer)
+	return stack.Balance(ctx, testnet.Customer)
 }
 
 func mintHostPort() string {

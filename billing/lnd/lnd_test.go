@@ -3,9 +3,7 @@ package lnd_test
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log"
 	"os"
 	"path/filepath"
 	"sort"
@@ -21,41 +19,27 @@ import (
 	"github.com/capvend/capvend/billing/lnd"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
+	"github.com/capvend/capvend/testnet/teststack"
 	"github.com/capvend/capvend/vend"
 )
 
+// stack is the regtest stack these tests share with the other test
+// binaries of the run (teststack), attached by the first test that needs
+// it; with CAPVEND_TEST_STACK=DIR, the stack already running in DIR.
 var stack *testnet.Stack
 
 func TestMain(m *testing.M) {
-	os.Exit(runMain(m))
+	os.Exit(teststack.Run(m))
 }
 
-func runMain(m *testing.M) int {
-	flag.Parse()
-	if testing.Short() {
-		return m.Run() // the stack tests skip themselves
-	}
-	ctx := context.Background()
-	tmp, err := os.MkdirTemp("", "capvend-lnd-")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(tmp)
-	exe, err := testnet.BuildCapvend(ctx, tmp)
-	if err != nil {
-		log.Fatal(err)
-	}
-	stack, err = testnet.Start(ctx, testnet.Options{Dir: filepath.Join(tmp, "stack"), Executable: exe, Progress: os.Stderr})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer stack.Close()
-	return m.Run()
-}
-
+// needStack attaches the shared stack to stack (skipping t in -short
+// mode). Tests run one at a time, so the one write happens before any
+// goroutine that reads stack starts.
 func needStack(t testing.TB) {
+	t.Helper()
+	s := teststack.Need(t)
 	if stack == nil {
-		t.Skip("needs the regtest stack (not in -short mode)")
+		stack = s
 	}
 }
 
@@ -95,7 +79,7 @@ func harness(t *testing.T) billingtest.Harness {
 			return err
 		},
 		CustomerBalance: func(ctx context.Context) (int64, error) {
-			return stack.ChannelBalance(ctx, testnet.Customer)
+			return stack.Balance(ctx, testnet.Customer)
 		},
 		Expiry: 3 * time.Second,
 	}

@@ -202,7 +202,7 @@ func TestRefundsEndToEnd(t *testing.T) {
 		!strings.Contains(out, inv.PaymentRequest[:24]) {
 		t.Fatalf("refunds (exit %d, %s):\n%s", code, errOut, out)
 	}
-	before, err := s.ChannelBalance(ctx, testnet.Customer)
+	before, err := s.Balance(ctx, testnet.Customer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestRefundsEndToEnd(t *testing.T) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		after, _ := s.ChannelBalance(ctx, testnet.Customer)
+		after, _ := s.Balance(ctx, testnet.Customer)
 		if after-before == 5_000 {
 			break
 		}

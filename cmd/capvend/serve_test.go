@@ -24,19 +24,19 @@ import (
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
+	"github.com/capvend/capvend/testnet/teststack"
 	"github.com/capvend/capvend/vend"
 )
 
-// The regtest stack is started once, by the first test that needs it, and
-// stopped by TestMain; with CAPVEND_TEST_STACK=DIR it is the stack already
-// running in DIR (`capvend testnet up --dir DIR`), left running.
+// The regtest stack is the one every test binary of the run shares
+// (teststack), attached by the first test that needs it; with
+// CAPVEND_TEST_STACK=DIR it is the stack already running in DIR
+// (`capvend testnet up --dir DIR`). capvendBin is built once, beside it.
 var (
-	stackLoaded bool
-	stackOnce   sync.Once
-	stack       *testnet.Stack
-	stackErr    error
-	stackTmp    string
-	capvendBin  string
+	binOnce    sync.Once
+	binErr     error
+	binTmp     string
+	capvendBin string
 	// lastHTTPUpstream is the example-tools --http address of the last
 	// configuration written (benchmarks call it directly).
 	lastHTTPUpstream string
@@ -44,14 +44,9 @@ var (
 
 func TestMain(m *testing.M) {
 	racesupp.Reexec() // go-nostr and khatru race inside themselves: see package racesupp
-	code := m.Run()
-	if stack != nil && stackLoaded {
-		stack.Release()
-	} else if stack != nil {
-		stack.Close()
-	}
-	if stackTmp != "" {
-		os.RemoveAll(stackTmp)
+	code := teststack.Run(m)
+	if binTmp != "" {
+		os.RemoveAll(binTmp)
 	}
 	if toolsDir != "" {
 		os.RemoveAll(toolsDir)
@@ -61,31 +56,17 @@ func TestMain(m *testing.M) {
 
 func needStack(t testing.TB) *testnet.Stack {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs the regtest stack (not in -short mode)")
-	}
-	stackOnce.Do(func() {
-		ctx := context.Background()
-		stackTmp, stackErr = os.MkdirTemp("", "capvend-serve-")
-		if stackErr != nil {
+	s := teststack.Need(t)
+	binOnce.Do(func() {
+		if binTmp, binErr = os.MkdirTemp("", "capvend-serve-"); binErr != nil {
 			return
 		}
-		var exe string
-		if exe, stackErr = testnet.BuildCapvend(ctx, stackTmp); stackErr != nil {
-			return
-		}
-		capvendBin = exe
-		if dir := os.Getenv("CAPVEND_TEST_STACK"); dir != "" {
-			stack, stackErr = testnet.Load(dir, os.Stderr)
-			stackLoaded = stackErr == nil
-			return
-		}
-		stack, stackErr = testnet.Start(ctx, testnet.Options{Dir: filepath.Join(stackTmp, "stack"), Executable: exe, Progress: os.Stderr})
+		capvendBin, binErr = testnet.BuildCapvend(context.Background(), binTmp)
 	})
-	if stackErr != nil {
-		t.Fatal(stackErr)
+	if binErr != nil {
+		t.Fatal(binErr)
 	}
-	return stack
+	return s
 }
 
 func freeAddr(t testing.TB) string {
@@ -278,9 +259,12 @@ func text(r *mcp.CallToolResult) string {
 	return b.String()
 }
 
+// customerBalance is the customer's balance as this test binary's payments
+// moved it (Stack.Balance): other packages pay from the shared stack's
+// customer at the same time.
 func customerBalance(t *testing.T, s *testnet.Stack) int64 {
 	t.Helper()
-	b, err := s.ChannelBalance(context.Background(), testnet.Customer)
+	b, err := s.Balance(context.Background(), testnet.Customer)
 	if err != nil {
 		t.Fatal(err)
 	}

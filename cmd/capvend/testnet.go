@@ -372,11 +372,30 @@ these; you rarely run it by hand.`,
 		},
 	}
 
+	var keepDir string
+	keepCmd := &command{
+		Name:    "keep",
+		Summary: "stop a shared test stack once its tests are done (started by the tests)",
+		Help: `Watches the regtest stack that test binaries share (testnet.Shared) in
+--dir and stops it, removing --dir, once no test binary holds it and the
+go commands they ran under have exited. The first test binary to use the
+stack starts one of these; you never run it by hand.`,
+		Flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&keepDir, "dir", "", "the shared stack's directory (required)")
+		},
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) != 0 || keepDir == "" {
+				return usageError("keep: --dir is required and there are no arguments")
+			}
+			return testnet.Keep(ctx, keepDir, e.Stderr)
+		},
+	}
+
 	return &command{
 		Name:    "testnet",
 		Summary: "run a local regtest network (btcd, LND, Cashu mint, Nostr relay) for trying and testing capvend",
 		Help:    testnetDirHelp,
-		Subs:    []*command{up, down, status, mine, pay, invoice, cashuMint, build, mintCmd, relayCmd},
+		Subs:    []*command{up, down, status, mine, pay, invoice, cashuMint, build, mintCmd, relayCmd, keepCmd},
 	}
 }
 

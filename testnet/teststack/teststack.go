@@ -1,0 +1,73 @@
+// Package teststack gives a package's tests the regtest stack that every
+// test binary of one `go test` run shares (testnet.Shared): the first test
+// that needs it attaches, starting the stack if no other test binary has;
+// the package's TestMain gives it back. With CAPVEND_TEST_STACK=DIR the
+// tests use the stack running in DIR instead.
+//
+//	func TestMain(m *testing.M) {
+//		os.Exit(teststack.Run(m))
+//	}
+//
+//	func TestSomething(t *testing.T) {
+//		s := teststack.Need(t)
+//		...
+//	}
+//
+// The stack is shared, concurrently, with other packages' tests: a test
+// must not stop or restart its nodes, must measure what it paid with
+// Stack.Balance (not ChannelBalance), and must not count what it did not
+// create (invoices, events on the relay, the mint's keysets). A test that
+// needs a stack of its own calls testnet.Start.
+package teststack
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/testnet"
+)
+
+var (
+	once    sync.Once
+	stack   *testnet.Stack
+	release func() error
+	err     error
+)
+
+// Need returns the shared stack, attaching to it (or starting it) on first
+// use; in -short mode it skips t. Bring-up progress goes to stderr. A
+// failure to start fails t, and every later caller.
+func Need(t testing.TB) *testnet.Stack {
+	t.Helper()
+	skip.Short(t, "needs the regtest stack")
+	once.Do(func() {
+		stack, release, err = testnet.Shared(context.Background(), testnet.SharedOptions{Progress: os.Stderr})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stack
+}
+
+// Run runs m's tests, gives the stack back if Need attached to it, prints
+// the package's skips (skip.Report) and returns the exit code for os.Exit.
+func Run(m *testing.M) int {
+	code := m.Run()
+	Release()
+	skip.Report()
+	return code
+}
+
+// Release gives the stack back, if Need attached to it; the last test
+// binary of the run to do so (or to exit) has it stopped. Safe to call
+// more than once.
+func Release() {
+	if release != nil {
+		if err := release(); err != nil {
+			os.Stderr.WriteString("teststack: " + err.Error() + "\n")
+		}
+	}
+}
