@@ -9,6 +9,8 @@ import (
 	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/lightningnetwork/lnd/lnrpc/routerrpc"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // moves are the payments and invoices one Stack value made on one node,
@@ -149,6 +151,11 @@ func paymentMove(ctx context.Context, c grpc.ClientConnInterface, hash string) (
 		return move{}, err
 	}
 	p, err := stream.Recv()
+	if status.Code(err) == codes.NotFound {
+		// Not sent (yet): lnd refused it before any HTLC, or Pay has
+		// not reached SendPaymentV2.
+		return move{}, nil
+	}
 	if err != nil {
 		return move{}, fmt.Errorf("track payment %s: %w", hash, err)
 	}

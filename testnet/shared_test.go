@@ -188,6 +188,14 @@ func TestShared(t *testing.T) {
 		if _, err := s1.PayFrom(ctx, Vendor, refund.PaymentRequest); err != nil {
 			t.Fatal(err)
 		}
+		// A payment lnd refuses before sending anything moves nothing.
+		self, err := s1.InvoiceOn(ctx, Customer, 7, "to myself")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s1.Pay(ctx, self.PaymentRequest); err == nil {
+			t.Fatal("lnd paid the customer's own invoice")
+		}
 		if a1, err := s1.Balance(ctx, Customer); err != nil || b1-a1 != 16_000 {
 			t.Errorf("holder 1's Balance moved by %d msat (%v), want 16000 (21 sat paid, 5 refunded)", b1-a1, err)
 		}
