@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
@@ -205,10 +206,7 @@ func requireTool(t *testing.T, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is not installed (CI must install it: see .ci/run)", name)
-		}
-		t.Skipf("%s is not installed (apt-get install beancount hledger)", name)
+		skip.Missing(t, name+" is not installed", "apt-get install beancount hledger")
 	}
 	return p
 }

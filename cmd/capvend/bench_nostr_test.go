@@ -19,6 +19,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/internal/ctxvmclient"
+	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
@@ -41,8 +42,8 @@ const nostrBenchInFlight = 16
 // Needs node and `npm ci` in cmd/capvend/testdata/contextvm (else skipped).
 func BenchmarkNostrFreeCall(b *testing.B) {
 	dir := filepath.Join("testdata", "contextvm")
-	if missing := sdkMissing(); missing != "" {
-		b.Skip("stock ContextVM server: " + missing)
+	if missing, install := sdkMissing(); missing != "" {
+		skip.Missing(b, "stock ContextVM server: "+missing, install)
 	}
 	relay := testkit.Relay(b)
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/internal/listed"
+	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/testnet"
@@ -502,31 +503,26 @@ func TestContextVMCatalog(t *testing.T) {
 }
 
 // sdkMissing says what is missing to run the stock @contextvm/sdk scripts
-// of testdata/contextvm, or "".
-func sdkMissing() string {
+// of testdata/contextvm and the command that installs it, or "".
+func sdkMissing() (missing, install string) {
 	if _, err := exec.LookPath("node"); err != nil {
-		return "node is not installed"
+		return "node is not installed", "apt-get install nodejs npm"
 	}
 	for _, pkg := range []string{"@contextvm/sdk", "@modelcontextprotocol/sdk", "zod"} {
 		if _, err := os.Stat(filepath.Join("testdata", "contextvm", "node_modules", pkg)); err != nil {
-			return "run `npm ci` in cmd/capvend/testdata/contextvm"
+			return "the npm packages of the stock ContextVM client are not installed", "(cd cmd/capvend/testdata/contextvm && npm ci)"
 		}
 	}
-	return ""
+	return "", ""
 }
 
 // needSDK skips the test when the stock SDK scripts cannot run, saying
 // what to install; in CI, which installs them, it fails instead.
 func needSDK(t *testing.T) {
 	t.Helper()
-	missing := sdkMissing()
-	if missing == "" {
-		return
+	if missing, install := sdkMissing(); missing != "" {
+		skip.Missing(t, "stock ContextVM client not run: "+missing, install)
 	}
-	if os.Getenv("CI") != "" {
-		t.Fatal("stock ContextVM client: " + missing)
-	}
-	t.Skip("stock ContextVM client not run: " + missing)
 }
 
 // runSDKScript runs node on a script of testdata/contextvm with args and

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capvend/capvend/internal/skip"
 )
 
 // TestMCPInspectorListsAndCallsThroughServe runs the official MCP Inspector
@@ -15,18 +17,16 @@ import (
 // testdata/inspector/package.json; .ci/run installs it) against `capvend
 // serve`: it lists the tools and calls a free one.
 func TestMCPInspectorListsAndCallsThroughServe(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs node")
+	skip.Short(t, "runs node")
+	if _, err := exec.LookPath("node"); err != nil {
+		skip.Missing(t, "node is not installed", "apt-get install nodejs npm")
 	}
 	inspector, err := filepath.Abs("testdata/inspector/node_modules/.bin/mcp-inspector")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(inspector); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("the MCP Inspector is not installed (.ci/run runs npm ci in cmd/capvend/testdata/inspector): %v", err)
-		}
-		t.Skip("the MCP Inspector is not installed: (cd cmd/capvend/testdata/inspector && npm ci)")
+		skip.Missing(t, "the MCP Inspector is not installed", "(cd cmd/capvend/testdata/inspector && npm ci)")
 	}
 	cfg, listen := freeToolsConfig(t, "")
 	serveInProcess(t, cfg, listen)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
@@ -298,9 +299,7 @@ func TestLedgerCommandRefusesForeignFile(t *testing.T) {
 // TestBinaryBuildsAndRuns builds the real binary once and runs it: what a
 // user types, exit codes included.
 func TestBinaryBuildsAndRuns(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary")
-	}
+	skip.Short(t, "builds the binary")
 	bin := filepath.Join(t.TempDir(), "capvend")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

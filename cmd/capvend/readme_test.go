@@ -19,6 +19,7 @@ import (
 
 	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/adapters/mcpfront"
+	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/testnet"
 )
@@ -196,7 +197,7 @@ func TestREADME(t *testing.T) {
 		for _, c := range cmds {
 			ran[c] = true
 		}
-		t.Skip("the demo and the ledger commands need the regtest stack (not in -short mode)")
+		skip.Short(t, "the demo and the ledger commands need the regtest stack")
 	}
 	demoDir := filepath.Join(t.TempDir(), "demo")
 	run("go run ./cmd/capvend demo", func(t *testing.T) { runDemoBinary(t, demoDir) })
@@ -215,10 +216,7 @@ func TestREADME(t *testing.T) {
 	tool := func(cmd string, bin string) {
 		run(cmd, func(t *testing.T) {
 			if _, err := exec.LookPath(bin); err != nil {
-				if os.Getenv("CI") != "" {
-					t.Fatalf("%s is required in CI", bin)
-				}
-				t.Skipf("%s not installed", bin)
+				skip.Missing(t, bin+" is not installed", "apt-get install beancount hledger")
 			}
 			f := strings.Fields(cmd)
 			out, err := exec.Command(f[0], f[1:]...).CombinedOutput()
