@@ -38,6 +38,7 @@ func nothingCharged(t *testing.T, sh *shop) {
 }
 
 func TestDuplicateArgumentKeys(t *testing.T) {
+	t.Parallel()
 	check := func(t *testing.T, name string, m rpcMessage) {
 		t.Helper()
 		if m.Error == nil || m.Error.Code != codeInvalidParams {
@@ -97,6 +98,7 @@ func TestDuplicateArgumentKeys(t *testing.T) {
 // which matches it, so it must be listed with the price and sold, not
 // read for free.
 func TestPricedURITemplate(t *testing.T) {
+	t.Parallel()
 	p := issuePrices()
 	p.resources = map[string]price{"example://{name}": {sats: 2}}
 	sh := startShop(t, shopOpts{prices: &p})

@@ -49,6 +49,7 @@ func payAsync(s *testnet.Stack, bolt11 string) <-chan error {
 // it (-32600), not hand out the 1-sat invoice again and hash EXPENSIVE
 // when it is paid.
 func TestReusedIDOtherTool(t *testing.T) {
+	t.Parallel()
 	t.Run("mcp-http", func(t *testing.T) {
 		sh := startShop(t, shopOpts{})
 		c := newHTTPClient(t, sh)
@@ -110,6 +111,7 @@ func TestReusedIDOtherTool(t *testing.T) {
 // (notifications/cancelled) while it waits for payment, then sends id 7
 // again with another tool.
 func TestReusedIDOtherToolStdio(t *testing.T) {
+	t.Parallel()
 	sh, c := startStdioShop(t, shopOpts{})
 	c.send(request(7, "tools/call", callParams("slow_count", map[string]any{"n": 1}, nil)))
 	var cheap string
@@ -158,6 +160,7 @@ func TestReusedIDOtherToolStdio(t *testing.T) {
 // id with three different texts must not get three free answers. The
 // first is free; the others are refused (-32600), never run free.
 func TestReusedIDFreeQuota(t *testing.T) {
+	t.Parallel()
 	texts := []string{"one free call", "two free calls", "three free calls"}
 	check := func(t *testing.T, answers []rpcMessage) {
 		t.Helper()
@@ -204,8 +207,10 @@ func TestReusedIDFreeQuota(t *testing.T) {
 // must get its own quote (21 sats, its own invoice); paying the first
 // call's 1-sat invoice runs slow_count only.
 func TestReusedIDOtherToolNostr(t *testing.T) {
+	t.Parallel()
 	for _, d := range dialects {
 		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
 			sh := startShop(t, shopOpts{nostr: true})
 			c := dialNostr(t, sh)
 			c.waitReady()
@@ -245,8 +250,10 @@ func TestReusedIDOtherToolNostr(t *testing.T) {
 // dialect has one) with different texts. One is free; the others are
 // priced (explicit gating: -32042 at once), never free.
 func TestReusedIDFreeQuotaNostr(t *testing.T) {
+	t.Parallel()
 	for _, d := range dialects {
 		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
 			sh := startShop(t, shopOpts{nostr: true})
 			c := dialNostr(t, sh)
 			c.waitReady()

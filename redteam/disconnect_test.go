@@ -23,6 +23,7 @@ import (
 // times out): each ran, or its invoice was canceled. The same after a
 // restart (Recover).
 func TestDisconnectAtPayment(t *testing.T) {
+	t.Parallel()
 	const attempts = 24
 	// One client (one address) holds all of them unpaid for a moment.
 	sh := startShop(t, shopOpts{limits: "  requests_per_minute: 100000\n  max_unpaid_per_client: 100\n"})

@@ -31,6 +31,7 @@ func initializeWith(c *httpClient, hdr http.Header) int {
 }
 
 func TestHTTPOrigin(t *testing.T) {
+	t.Parallel()
 	t.Run("loopback only by default", func(t *testing.T) {
 		sh := startShop(t, shopOpts{})
 		c := newHTTPClient(t, sh)
@@ -68,6 +69,7 @@ func port(hostport string) string {
 // TestHTTPBearerToken configures http.auth_token_file: the MCP endpoint
 // wants "Authorization: Bearer <token>".
 func TestHTTPBearerToken(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "mcp.token")
 	const token = "redteam-0123456789abcdef0123456789abcdef"
@@ -99,6 +101,7 @@ func TestHTTPBearerToken(t *testing.T) {
 // connections open, one more is answered 503 and closed; once they close,
 // a new one is served.
 func TestHTTPConnectionCap(t *testing.T) {
+	t.Parallel()
 	const max = 4
 	sh := startShop(t, shopOpts{http: fmt.Sprintf("  max_connections: %d\n", max)})
 	body := request(0, "initialize", map[string]any{"protocolVersion": protocolVersion, "capabilities": map[string]any{},
@@ -175,6 +178,7 @@ func closedByServer(t *testing.T, conn net.Conn) bool {
 // TestHTTPTimeouts configures read, write and idle timeouts and holds
 // connections open the way slowloris does.
 func TestHTTPTimeouts(t *testing.T) {
+	t.Parallel()
 	sh := startShop(t, shopOpts{http: "  read_timeout: 2s\n  write_timeout: 2s\n  idle_timeout: 2s\n"})
 	t.Run("slow body", func(t *testing.T) {
 		conn, err := net.Dial("tcp", sh.listen)
@@ -234,6 +238,7 @@ func TestHTTPTimeouts(t *testing.T) {
 // session-less calls from one address share its free quota. Behind a
 // trusted proxy, X-Forwarded-For names the client.
 func TestHTTPClientIdentity(t *testing.T) {
+	t.Parallel()
 	countFree := func(t *testing.T, sh *shop, hdrs []http.Header) int {
 		c := newHTTPClient(t, sh)
 		free := 0

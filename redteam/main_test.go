@@ -2,12 +2,16 @@ package redteam
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/capvend/capvend/internal/racesupp"
 	"github.com/capvend/capvend/internal/skip"
@@ -28,8 +32,19 @@ var (
 	tools     string // the example-tools binary
 )
 
+// parallel is how many tests run at once unless -test.parallel says: the
+// tests mostly wait (on capvend's shutdown bound for calls awaiting
+// payment, session expiry, quote expiry), so more than the cores.
+const parallel = 6
+
 func TestMain(m *testing.M) {
 	racesupp.Reexec() // go-nostr races inside itself: see package racesupp
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(parallel))
+	}
 	code := teststack.Run(m)
 	if tmpDir != "" {
 		os.RemoveAll(tmpDir)
@@ -55,32 +70,47 @@ func binaries(t testing.TB) {
 			}
 		}
 	}
+	teststack.Prepare() // the stack comes up while the binaries build
 	setupOnce.Do(func() {
-		ctx := context.Background()
 		if tmpDir, setupErr = os.MkdirTemp("", "capvend-redteam-"); setupErr != nil {
 			return
 		}
-		if capvend, setupErr = testnet.BuildCapvend(ctx, tmpDir); setupErr != nil {
-			return
-		}
+		// Three builds at once: linking is single-threaded.
+		var g errgroup.Group
+		g.Go(func() (err error) {
+			capvend, err = testnet.BuildCapvend(context.Background(), tmpDir)
+			return err
+		})
 		tools = filepath.Join(tmpDir, "example-tools")
-		if out, err := exec.Command("go", "build", "-o", tools, "../cmd/example-tools").CombinedOutput(); err != nil {
-			setupErr = fmt.Errorf("build example-tools: %v\n%s", err, out)
+		g.Go(func() error {
+			if out, err := exec.Command("go", "build", "-o", tools, "../cmd/example-tools").CombinedOutput(); err != nil {
+				return fmt.Errorf("build example-tools: %v\n%s", err, out)
+			}
+			return nil
+		})
+		raceBin := ""
+		if os.Getenv("CAPVEND_REDTEAM_SERVE") == "" && racesupp.Enabled {
+			// The binary under attack runs with the race detector too;
+			// finish fails the test on any report in its output.
+			raceBin = filepath.Join(tmpDir, "capvend-race")
+			g.Go(func() error {
+				if out, err := exec.Command("go", "build", "-race", "-o", raceBin, "../cmd/capvend").CombinedOutput(); err != nil {
+					return fmt.Errorf("build capvend -race: %v\n%s", err, out)
+				}
+				return nil
+			})
+		}
+		if setupErr = g.Wait(); setupErr != nil {
 			return
 		}
 		serveBin = capvend
 		if bin := os.Getenv("CAPVEND_REDTEAM_SERVE"); bin != "" {
 			// Another build to attack (an older one, to see a test
 			// fail where its hole is open); the suite's own capvend
-			// still runs the stack and the ledger commands.
+			// still runs the ledger commands.
 			serveBin = bin
-		} else if racesupp.Enabled {
-			// The binary under attack runs with the race detector too;
-			// finish fails the test on any report in its output.
-			serveBin = filepath.Join(tmpDir, "capvend-race")
-			if out, err := exec.Command("go", "build", "-race", "-o", serveBin, "../cmd/capvend").CombinedOutput(); err != nil {
-				setupErr = fmt.Errorf("build capvend -race: %v\n%s", err, out)
-			}
+		} else if raceBin != "" {
+			serveBin = raceBin
 		}
 	})
 	if setupErr != nil {

@@ -15,6 +15,7 @@ import (
 // each asking word_count (free_per_day 1) once: sessions cost nothing to
 // make, so together they get the address's one free call, not one each.
 func TestQuotaIdentityHTTPSessions(t *testing.T) {
+	t.Parallel()
 	sh := startShop(t, shopOpts{})
 	c := newHTTPClient(t, sh)
 	free := 0
@@ -36,6 +37,7 @@ func TestQuotaIdentityHTTPSessions(t *testing.T) {
 // TestQuotaIdentityNostrKeys sends word_count from fresh Nostr keys under
 // a global cap free_per_day_total 2: at most 2 are free in all.
 func TestQuotaIdentityNostrKeys(t *testing.T) {
+	t.Parallel()
 	p := issuePrices()
 	p.tools["word_count"] = price{sats: 1, freePerDay: 1, freeTotal: 2}
 	sh := startShop(t, shopOpts{nostr: true, prices: &p})
@@ -59,6 +61,7 @@ func TestQuotaIdentityNostrKeys(t *testing.T) {
 // free call or an unpaid quote without that much NIP-13 work is refused
 // (an error answer, or none) and runs nothing; with it, it is served.
 func TestNostrProofOfWork(t *testing.T) {
+	t.Parallel()
 	const bits = 12
 	sh := startShop(t, shopOpts{nostr: true, nostrExtra: fmt.Sprintf("  pow_difficulty: %d\n", bits)})
 	c := dialNostr(t, sh)

@@ -69,6 +69,7 @@ func redeem(t *testing.T, s *testnet.Stack, token string) uint64 {
 // token: the tool fails after payment, and the answer must carry a Cashu
 // token for the price that the customer can redeem at the mint.
 func TestRefundCashuTokenAsMoney(t *testing.T) {
+	t.Parallel()
 	sh := startShop(t, shopOpts{cashu: true})
 	ctx := context.Background()
 	token, err := sh.s.CashuMint(ctx, 5)
@@ -107,6 +108,7 @@ func TestRefundCashuTokenAsMoney(t *testing.T) {
 // it, and `capvend refunds pay ID` pays the client's invoice from
 // capvend's Cashu wallet (funded first by a call paid with a token).
 func TestRefundPlainInvoiceOwed(t *testing.T) {
+	t.Parallel()
 	sh := startShop(t, shopOpts{lnd: plainInvoices, cashu: true})
 	ctx := context.Background()
 	c := newHTTPClient(t, sh)

@@ -73,6 +73,7 @@ func callState(t *testing.T, sh *shop, id int64) string {
 // gets its answer, and the paid grant ends delivered or refunded; it is
 // not left paid, the money kept for nothing.
 func TestSIGHUPPaidGrantBecomesFree(t *testing.T) {
+	t.Parallel()
 	sh := startShop(t, shopOpts{lnd: plainInvoices})
 	c := newHTTPClient(t, sh)
 	sess := c.initialize()
@@ -118,6 +119,7 @@ func TestSIGHUPPaidGrantBecomesFree(t *testing.T) {
 // TestSIGHUPPromptPriceNoRestartWarning changes a prompt's price with
 // SIGHUP: it takes effect, and capvend does not claim a restart is needed.
 func TestSIGHUPPromptPriceNoRestartWarning(t *testing.T) {
+	t.Parallel()
 	p := issuePrices()
 	p.prompts = map[string]price{"summarize": {sats: 3}}
 	p.resources = map[string]price{"example://readme": {sats: 2}}

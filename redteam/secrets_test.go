@@ -53,6 +53,7 @@ func modeOf(path string) os.FileMode {
 }
 
 func TestSecretFilePermissions(t *testing.T) {
+	t.Parallel()
 	t.Run("nsec", func(t *testing.T) {
 		sh := newShop(t, shopOpts{nostr: true, nsecMode: 0o644})
 		t.Cleanup(sh.finish)
@@ -104,6 +105,7 @@ func TestSecretFilePermissions(t *testing.T) {
 // records its environment at start) gets ALLOWED_VAR, PATH and HOME, and
 // nothing else of capvend's.
 func TestUpstreamEnvironment(t *testing.T) {
+	t.Parallel()
 	sh := startShop(t, shopOpts{
 		env:      []string{"REDTEAM_CANARY=do-not-leak", "AWS_SECRET_ACCESS_KEY=redteam"},
 		upstream: "    env: {ALLOWED_VAR: \"yes\"}\n",

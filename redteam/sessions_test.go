@@ -17,6 +17,7 @@ import (
 // never issued, without initialize: every one must be answered 404 and
 // nothing may run.
 func TestMadeUpSession(t *testing.T) {
+	t.Parallel()
 	sh := startShop(t, shopOpts{})
 	c := newHTTPClient(t, sh)
 	id := 0
@@ -46,6 +47,7 @@ func TestMadeUpSession(t *testing.T) {
 // minute) and checks that an idle session is forgotten (404), while a
 // fresh one works.
 func TestSessionIdleExpiry(t *testing.T) {
+	t.Parallel()
 	const idle = time.Minute
 	sh := startShop(t, shopOpts{http: fmt.Sprintf("  session_idle: %s\n", idle)})
 	c := newHTTPClient(t, sh)
@@ -69,6 +71,7 @@ func TestSessionIdleExpiry(t *testing.T) {
 // at most that many may be usable at once (whether capvend refuses new
 // ones or evicts old ones).
 func TestSessionCountBounded(t *testing.T) {
+	t.Parallel()
 	const max = 4
 	sh := startShop(t, shopOpts{http: fmt.Sprintf("  max_sessions: %d\n", max)})
 	c := newHTTPClient(t, sh)

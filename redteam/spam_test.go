@@ -237,6 +237,7 @@ func nostrFlooder(ctx context.Context, sh *shop, k int, out *floodOutcome, sent 
 }
 
 func TestInvoiceSpamNostr(t *testing.T) {
+	t.Parallel()
 	sh := startShop(t, shopOpts{nostr: true, limits: spamLimitsYA, lndExtra: spamLNDYA})
 	returning := dialNostr(t, sh)
 	returning.waitReady()
@@ -310,6 +311,7 @@ func httpBuy(t *testing.T, sh *shop, c *httpClient, who, text string) {
 }
 
 func TestInvoiceSpamHTTP(t *testing.T) {
+	t.Parallel()
 	// capvend counts HTTP clients by address: the flood comes from
 	// 127.0.0.2 ... 127.0.0.21, the returning customer from 127.0.0.1,
 	// the fresh one from 127.0.0.100.

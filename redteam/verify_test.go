@@ -38,6 +38,7 @@ func copyLedger(t *testing.T, sh *shop) string {
 }
 
 func TestLedgerVerifyBlindSpots(t *testing.T) {
+	t.Parallel()
 	sh := startShop(t, shopOpts{})
 	c := newHTTPClient(t, sh)
 	sess := c.initialize()

@@ -31,11 +31,36 @@ import (
 )
 
 var (
-	once    sync.Once
+	mu      sync.Mutex
+	started bool
+	done    = make(chan struct{}) // closed once attached (or failed)
 	stack   *testnet.Stack
 	release func() error
 	err     error
 )
+
+// begin starts attaching, once, in the background.
+func begin() {
+	mu.Lock()
+	defer mu.Unlock()
+	if started {
+		return
+	}
+	started = true
+	go func() {
+		defer close(done)
+		stack, release, err = testnet.Shared(context.Background(), testnet.SharedOptions{Progress: os.Stderr})
+	}()
+}
+
+// Prepare starts attaching to the shared stack in the background, so that
+// a package's own slow setup (building binaries) overlaps the stack's
+// bring-up; Need then waits for it. It does nothing in -short mode.
+func Prepare() {
+	if !testing.Short() {
+		begin()
+	}
+}
 
 // Need returns the shared stack, attaching to it (or starting it) on first
 // use; in -short mode it skips t. Bring-up progress goes to stderr. A
@@ -43,9 +68,8 @@ var (
 func Need(t testing.TB) *testnet.Stack {
 	t.Helper()
 	skip.Short(t, "needs the regtest stack")
-	once.Do(func() {
-		stack, release, err = testnet.Shared(context.Background(), testnet.SharedOptions{Progress: os.Stderr})
-	})
+	begin()
+	<-done
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,10 +85,17 @@ func Run(m *testing.M) int {
 	return code
 }
 
-// Release gives the stack back, if Need attached to it; the last test
-// binary of the run to do so (or to exit) has it stopped. Safe to call
-// more than once.
+// Release gives the stack back, if Need or Prepare attached to it (waiting
+// for an attachment under way); the last test binary of the run to do so
+// (or to exit) has it stopped. Safe to call more than once.
 func Release() {
+	mu.Lock()
+	s := started
+	mu.Unlock()
+	if !s {
+		return
+	}
+	<-done
 	if release != nil {
 		if err := release(); err != nil {
 			os.Stderr.WriteString("teststack: " + err.Error() + "\n")
