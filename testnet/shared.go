@@ -38,6 +38,8 @@ type SharedOptions struct {
 	Executable string
 	// Progress receives the bring-up's lines; nil discards.
 	Progress io.Writer
+
+	reservePorts func(n int) ([]int, error) // see Options
 }
 
 // sharedState is DIR/shared.json: who uses the stack and who stops it.
@@ -137,7 +139,7 @@ func Shared(ctx context.Context, opts SharedOptions) (_ *Stack, release func() e
 		if built, err = exe(); err != nil {
 			return nil, nil, err
 		}
-		s, err = Start(ctx, Options{Dir: stackDir, BinDir: opts.BinDir, Executable: built, Progress: opts.Progress, Detach: true})
+		s, err = Start(ctx, Options{Dir: stackDir, BinDir: opts.BinDir, Executable: built, Progress: opts.Progress, Detach: true, reservePorts: opts.reservePorts})
 		if err != nil {
 			return nil, nil, err
 		}

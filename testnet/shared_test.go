@@ -3,9 +3,11 @@ package testnet
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -118,8 +120,13 @@ func TestSweepShared(t *testing.T) {
 // it, a payment of one moves its Balance and not the other's, a stack
 // whose keeper was killed is reused, and once the holders released it and
 // their run ended the keeper stops it and removes its directory.
+//
+// Its first bring-up also meets a port clash: the vendor lnd's gRPC port is
+// taken before Start hands it out; lnd fails to bind, and Start must start
+// over on fresh ports instead of failing.
 func TestShared(t *testing.T) {
 	skip.Short(t, "starts a regtest stack")
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
 	exe, err := BuildCapvend(ctx, t.TempDir())
@@ -129,12 +136,28 @@ func TestShared(t *testing.T) {
 	run := sleeper(t) // stands for the go command
 	currentRun = func() (Proc, bool) { return run, true }
 	defer func() { currentRun = goRun }()
-	dir, err := os.MkdirTemp("", "capvend-shared-")
+	// A root of its own: Shared sweeps the shared directory's siblings.
+	root, err := os.MkdirTemp("", "capvend-shared-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(dir)
-	opts := SharedOptions{Dir: dir, Executable: exe, Progress: tlog{t}}
+	defer os.RemoveAll(root)
+	dir := filepath.Join(root, "stack")
+
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	var calls atomic.Int32
+	clash := func(n int) ([]int, error) {
+		ps, err := freePorts(n)
+		if err == nil && calls.Add(1) == 1 {
+			ps[2] = taken.Addr().(*net.TCPAddr).Port // vendor lnd --rpclisten
+		}
+		return ps, err
+	}
+	opts := SharedOptions{Dir: dir, Executable: exe, Progress: tlog{t}, reservePorts: clash}
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -148,6 +171,12 @@ func TestShared(t *testing.T) {
 	s1, release1, err := Shared(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if calls.Load() != 2 {
+		t.Fatalf("ports reserved %d times, want 2 (one retry)", calls.Load())
+	}
+	if v, _ := s1.Node(Vendor); v.RPCHost == taken.Addr().String() {
+		t.Fatal("vendor still on the taken port")
 	}
 	s2, release2, err := Shared(ctx, opts)
 	if err != nil {
@@ -316,4 +345,12 @@ func TestKeepOnce(t *testing.T) {
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("%s is still there: %v", dir, err)
 	}
+}
+
+// tlog turns progress lines into t.Log lines.
+type tlog struct{ t *testing.T }
+
+func (w tlog) Write(p []byte) (int, error) {
+	w.t.Log(string(p[:len(p)-1]))
+	return len(p), nil
 }

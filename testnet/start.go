@@ -199,9 +199,6 @@ func (s *Stack) healthy(ctx context.Context) error {
 	return nil
 }
 
-// reservePorts is freePorts; tests replace it to force a port clash.
-var reservePorts = freePorts
-
 // freePorts reserves n distinct free TCP ports on 127.0.0.1 by listening on
 // port 0 (all at once, so they differ), then releases them for the
 // processes to bind.
@@ -242,7 +239,11 @@ func (s *Stack) bringUp(ctx context.Context, opts Options) error {
 	if !fileExists(opts.Executable) {
 		return &ComponentError{Component: "capvend executable", Err: fmt.Errorf("%s not found", opts.Executable)}
 	}
-	ports, err := reservePorts(2 + 3*3 + 2)
+	reserve := opts.reservePorts
+	if reserve == nil {
+		reserve = freePorts
+	}
+	ports, err := reserve(2 + 3*3 + 2)
 	if err != nil {
 		return err
 	}

@@ -84,6 +84,9 @@ type Options struct {
 	// kernel when the caller dies, so a crashed or timed-out test binary
 	// does not leak a stack; Close is still the normal way to stop it.
 	Detach bool
+
+	// reservePorts replaces freePorts in tests (to force a port clash).
+	reservePorts func(n int) ([]int, error)
 }
 
 // BtcdInfo describes the btcd process.
