@@ -93,9 +93,7 @@ func TestNUT17DetectsPayment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// No wait for the subscription's acknowledgement: a quote paid
-	// before the mint has the subscription is reported paid in the
-	// subscription's initial state, so either way only NUT-17 tells.
+	until(t, 30*time.Second, "subscription acknowledged", func() bool { return b.Covered(p.Ref) })
 	if err := pay(context.Background(), p.Bolt11); err != nil {
 		t.Fatal(err)
 	}
