@@ -30,6 +30,8 @@ type SharedOptions struct {
 	// binary running its mint and relay (bin/) and the keeper's log.
 	// Default: <user cache dir>/capvend/test-stacks/<hash of the module
 	// root above the working directory>, so each checkout has its own.
+	// Shared also stops and removes abandoned shared stacks (no holder,
+	// no run, no keeper alive) in Dir's sibling directories.
 	Dir string
 	// BinDir is where btcd and lnd are cached (default DefaultBinDir()).
 	BinDir string
