@@ -126,7 +126,6 @@ func TestSweepShared(t *testing.T) {
 // over on fresh ports instead of failing.
 func TestShared(t *testing.T) {
 	skip.Short(t, "starts a regtest stack")
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
 	exe, err := BuildCapvend(ctx, t.TempDir())

@@ -46,7 +46,6 @@ func (w *logWriter) Write(p []byte) (int, error) {
 // A cold run builds btcd and lnd (minutes); run with -timeout 60m.
 func TestStack(t *testing.T) {
 	skip.Short(t, "starts a regtest stack")
-	t.Parallel() // with TestShared: each waits on its own stack's bring-up
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
 
