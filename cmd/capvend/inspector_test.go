@@ -2,14 +2,10 @@ package main
 
 import (
 	"context"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/capvend/capvend/internal/skip"
 )
 
 // TestMCPInspectorListsAndCallsThroughServe runs the official MCP Inspector
@@ -17,17 +13,7 @@ import (
 // testdata/inspector/package.json; .ci/run installs it) against `capvend
 // serve`: it lists the tools and calls a free one.
 func TestMCPInspectorListsAndCallsThroughServe(t *testing.T) {
-	skip.Short(t, "runs node")
-	if _, err := exec.LookPath("node"); err != nil {
-		skip.Missing(t, "node is not installed", "apt-get install nodejs npm")
-	}
-	inspector, err := filepath.Abs("testdata/inspector/node_modules/.bin/mcp-inspector")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(inspector); err != nil {
-		skip.Missing(t, "the MCP Inspector is not installed", "(cd cmd/capvend/testdata/inspector && npm ci)")
-	}
+	inspector := inspectorBin(t)
 	cfg, listen := freeToolsConfig(t, "")
 	serveInProcess(t, cfg, listen)
 	url := "http://" + listen + "/mcp"

@@ -16,6 +16,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/capvend/capvend/adapters/mcpfront"
+	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
@@ -129,18 +130,16 @@ func TestMCPInspectorBuysWithNothingInstalled(t *testing.T) {
 // in CI) without it.
 func inspectorBin(t *testing.T) string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("runs node")
+	skip.Short(t, "runs node")
+	if _, err := exec.LookPath("node"); err != nil {
+		skip.Missing(t, "node is not installed", "apt-get install nodejs npm")
 	}
 	inspector, err := filepath.Abs("testdata/inspector/node_modules/.bin/mcp-inspector")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(inspector); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("the MCP Inspector is not installed (.ci/run runs npm ci in cmd/capvend/testdata/inspector): %v", err)
-		}
-		t.Skip("the MCP Inspector is not installed: (cd cmd/capvend/testdata/inspector && npm ci)")
+		skip.Missing(t, "the MCP Inspector is not installed", "(cd cmd/capvend/testdata/inspector && npm ci)")
 	}
 	return inspector
 }
