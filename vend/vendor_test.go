@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/pricing"
 	"github.com/capvend/capvend/vend"
@@ -350,14 +351,7 @@ func result(t *testing.T, ch <-chan outcome) outcome {
 
 func verify(t *testing.T, l *ledger.Ledger) {
 	t.Helper()
-	r, err := l.Verify(context.Background())
-	if err != nil || !r.OK() {
-		var b strings.Builder
-		if r != nil {
-			r.WriteTo(&b)
-		}
-		t.Fatalf("verify: %v\n%s", err, b.String())
-	}
+	ledgerkit.Verify(t, l)
 }
 
 func TestFreeCallRunsWithoutPayment(t *testing.T) {

@@ -198,18 +198,7 @@ func (s *Server) answer(ctx context.Context, cr vend.CallRequest, res vend.CallR
 // notification on the call's own stream (stdio: the output; HTTP: the
 // POST's response, upgraded to SSE), before the call's result.
 func (s *Server) notifier(ctx context.Context) func(method string, params any) {
-	encode := func(method string, params any) []byte {
-		msg, err := json.Marshal(struct {
-			JSONRPC string `json:"jsonrpc"`
-			Method  string `json:"method"`
-			Params  any    `json:"params,omitempty"`
-		}{mcp.JSONRPC_VERSION, method, params})
-		if err != nil {
-			s.log.Warn("notification not encodable", logKeyMethod, method, logKeyErr, err)
-			return nil
-		}
-		return msg
-	}
+	encode := s.encodeNotification
 	if w, ok := ctx.Value(keyStdioOut).(*lineWriter); ok {
 		return func(method string, params any) {
 			if msg := encode(method, params); msg != nil {
@@ -233,4 +222,19 @@ func (s *Server) notifier(ctx context.Context) func(method string, params any) {
 			s.log.Debug("notification not sent: response finished", logKeyMethod, method)
 		}
 	}
+}
+
+// encodeNotification is a JSON-RPC notification of method with params;
+// nil (and a warning) if params cannot be encoded.
+func (s *Server) encodeNotification(method string, params any) []byte {
+	msg, err := json.Marshal(struct {
+		JSONRPC string `json:"jsonrpc"`
+		Method  string `json:"method"`
+		Params  any    `json:"params,omitempty"`
+	}{mcp.JSONRPC_VERSION, method, params})
+	if err != nil {
+		s.log.Warn("notification not encodable", logKeyMethod, method, logKeyErr, err)
+		return nil
+	}
+	return msg
 }

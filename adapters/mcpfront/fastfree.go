@@ -95,13 +95,8 @@ func (s *Server) serveFree(rw *rewriteWriter, r *http.Request, body []byte, mode
 	s.gateAs(&cr, call.payments)
 	ctx := r.Context()
 	cr.Notify = func(method string, params any) {
-		msg, err := json.Marshal(struct {
-			JSONRPC string `json:"jsonrpc"`
-			Method  string `json:"method"`
-			Params  any    `json:"params,omitempty"`
-		}{mcp.JSONRPC_VERSION, method, params})
-		if err != nil {
-			s.log.Warn("notification not encodable", logKeyMethod, method, logKeyErr, err)
+		msg := s.encodeNotification(method, params)
+		if msg == nil {
 			return
 		}
 		if !rw.notify(msg) {

@@ -127,19 +127,9 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	}
 	var tok string
 	if progress != nil && len(progressToken) > 0 {
-		tok = "capvend-" + strconv.FormatUint(u.seq.Add(1), 10)
-		route := &progressRoute{callerToken: progressToken, fn: progress}
-		u.progressMu.Lock()
-		u.progress[tok] = route
-		u.progressMu.Unlock()
-		defer func() {
-			u.progressMu.Lock()
-			delete(u.progress, tok)
-			u.progressMu.Unlock()
-			route.mu.Lock()
-			route.done = true
-			route.mu.Unlock()
-		}()
+		var done func()
+		tok, done = u.addProgressRoute(progressToken, progress)
+		defer done()
 	}
 	version := c.ProtocolVersion()
 	meta, err := rawMeta(version, tok)

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,6 +77,26 @@ type progressRoute struct {
 	fn          func(json.RawMessage)
 	mu          sync.Mutex
 	done        bool
+}
+
+// addProgressRoute routes the upstream's progress notifications for a call
+// to fn, under the caller's progressToken, and returns the token to send
+// upstream and a function that ends the route (after which fn is not
+// called).
+func (u *upstream) addProgressRoute(progressToken json.RawMessage, fn func(json.RawMessage)) (tok string, done func()) {
+	tok = "capvend-" + strconv.FormatUint(u.seq.Add(1), 10)
+	route := &progressRoute{callerToken: progressToken, fn: fn}
+	u.progressMu.Lock()
+	u.progress[tok] = route
+	u.progressMu.Unlock()
+	return tok, func() {
+		u.progressMu.Lock()
+		delete(u.progress, tok)
+		u.progressMu.Unlock()
+		route.mu.Lock()
+		route.done = true
+		route.mu.Unlock()
+	}
 }
 
 func newUpstream(m *Manager, sc ServerConfig) *upstream {
@@ -466,19 +487,8 @@ func (u *upstream) call(ctx context.Context, name string, args, progressToken js
 	req.Params.Name = name
 	req.Params.Arguments = args
 	if progress != nil && len(progressToken) > 0 {
-		tok := fmt.Sprintf("capvend-%d", u.seq.Add(1))
-		route := &progressRoute{callerToken: progressToken, fn: progress}
-		u.progressMu.Lock()
-		u.progress[tok] = route
-		u.progressMu.Unlock()
-		defer func() {
-			u.progressMu.Lock()
-			delete(u.progress, tok)
-			u.progressMu.Unlock()
-			route.mu.Lock()
-			route.done = true
-			route.mu.Unlock()
-		}()
+		tok, done := u.addProgressRoute(progressToken, progress)
+		defer done()
 		req.Params.Meta = &mcp.Meta{ProgressToken: tok}
 	}
 	defer u.inflight(ctx)()
