@@ -112,7 +112,11 @@ func (f *flood) http(ctx context.Context) {
 }
 
 func (f *flood) session(ctx context.Context, c *http.Client, s int) {
-	sid, kind := post(ctx, c, f.tg.mcpURL, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"flood","version":"1"}}}`)
+	caps := `{"experimental":{"capvend/payments":{}}}`
+	if f.o.stock {
+		caps = `{}` // a stock host: payment-required tool results
+	}
+	sid, kind := post(ctx, c, f.tg.mcpURL, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":`+caps+`,"clientInfo":{"name":"flood","version":"1"}}}`)
 	if sid == "" {
 		f.count("initialize: " + kind)
 		return
@@ -147,7 +151,8 @@ func (f *flood) httpOutcomes() string {
 }
 
 // post sends one JSON-RPC message and reads the answer until it knows
-// what it is: "payment_required" (then it hangs up, never paying),
+// what it is: "payment_required" (then it hangs up, never paying), or with
+// -stock "payment_required result" (an invoice as a tool result: it never pays),
 // "error <code>", "result", or a transport failure. It returns the
 // session id the server gave.
 func post(ctx context.Context, c *http.Client, url, sid, body string) (string, string) {
@@ -172,8 +177,13 @@ func post(ctx context.Context, c *http.Client, url, sid, body string) (string, s
 		line := bytes.TrimPrefix(sc.Bytes(), []byte("data: "))
 		var m struct {
 			Method string `json:"method"`
-			Result any    `json:"result"`
-			Error  *struct {
+			Result *struct {
+				IsError           bool `json:"isError"`
+				StructuredContent struct {
+					Invoice string `json:"invoice"`
+				} `json:"structuredContent"`
+			} `json:"result"`
+			Error *struct {
 				Code int `json:"code"`
 			} `json:"error"`
 		}
@@ -185,6 +195,8 @@ func post(ctx context.Context, c *http.Client, url, sid, body string) (string, s
 			return newSID, "payment_required"
 		case m.Error != nil:
 			return newSID, fmt.Sprintf("error %d", m.Error.Code)
+		case m.Result != nil && m.Result.IsError && m.Result.StructuredContent.Invoice != "":
+			return newSID, "payment_required result"
 		case m.Result != nil:
 			return newSID, "result"
 		}
@@ -249,6 +261,9 @@ func (f *flood) start(ctx context.Context) (<-chan struct{}, error) {
 	args := []string{self, "-flood-child", "-config", f.o.config, "-tool", f.o.tool,
 		"-keys", strconv.Itoa(f.o.keys), "-sessions", strconv.Itoa(f.o.sessions), "-calls", strconv.Itoa(f.o.calls),
 		"-sources", strconv.Itoa(f.o.sources), "-workers", strconv.Itoa(f.o.workers)}
+	if f.o.stock {
+		args = append(args, "-stock")
+	}
 	if f.o.nice != 0 {
 		args = append([]string{"nice", "-n", strconv.Itoa(f.o.nice)}, args...)
 	}

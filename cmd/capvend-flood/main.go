@@ -53,6 +53,7 @@ func main() {
 	fs.DurationVar(&slowAfter, "slow", slowAfter, "say where each honest call slower than this spent its time (to the invoice, paying and running)")
 	fs.DurationVar(&o.limit, "timeout", 20*time.Minute, "give up after this long")
 	fs.BoolVar(&o.returning, "returning", false, "the honest Nostr customer under the flood is the one who paid without it (same key: a known payer); default a fresh key, indistinguishable from the flood")
+	fs.BoolVar(&o.stock, "stock", false, "the HTTP flood's sessions are stock MCP hosts: they do not declare the capvend/payments capability, so each priced call is answered at once with a payment-required tool result (a plain invoice) instead of notifications on a held stream")
 	fs.IntVar(&o.pow, "pow", 0, "NIP-13 `BITS`: with -write-config, nostr.pow_difficulty; else the work the honest Nostr customer mines into each request (the flood does none)")
 	fs.IntVar(&o.nice, "nice", 19, "the flood runs in a child process at this `NICENESS` (0: as this one), standing in for attackers on other machines; the honest customers run at this process's")
 	child := fs.Bool("flood-child", false, "run only the flood, reporting on stdout (how the flood's child process is started)")

@@ -27,6 +27,7 @@ type options struct {
 	honest, workers, pow, nice          int
 	limit                               time.Duration
 	returning                           bool   // -returning
+	stock                               bool   // -stock
 	customerKey                         string // the returning Nostr customer's key, made in the first phase
 }
 
