@@ -20,7 +20,9 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// Tests never run under -race: go-nostr's Relay races on close.
+// Tests run under -race like every package; the known data races inside
+// go-nostr's Relay are suppressed by internal/racesupp (see TestMain in
+// leak_test.go), nothing of capvend's.
 
 // fakeVendor sells "free" (0), "paid" (21 sats, notifies payment_required
 // then payment_accepted) and "gated" (always payment required).
