@@ -24,16 +24,10 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	// small (the work is in functions that have returned by then), so
 	// 10,000 waiting calls fit in little memory.
 	r := &req
-	if r.Notify == nil {
-		r.Notify = func(string, any) {}
+	ctx, err := v.enter(ctx, r)
+	if err != nil {
+		return CallResult{}, err
 	}
-	if v.payers.has(limitKey(r)) {
-		ctx = Urgent(ctx)
-	}
-	if !v.allow(r) {
-		return CallResult{}, fmt.Errorf("%w: more than %d calls a minute", ErrLimit, v.cfg.RequestsPerMinute)
-	}
-	var err error
 	if r.RefundInvoice, err = checkRefundInvoice(r.RefundInvoice); err != nil {
 		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
@@ -49,6 +43,22 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 		return a.payWithToken(ctx)
 	}
 	return a.quote(ctx, a.slot, a.turn)
+}
+
+// enter starts serving r, whatever path serves it (CallTool, CallFree):
+// a no-op Notify if it has none, urgency for a known payer's request, and
+// the rate limit counted once. ctx is then the request's.
+func (v *Vendor) enter(ctx context.Context, r *CallRequest) (context.Context, error) {
+	if r.Notify == nil {
+		r.Notify = func(string, any) {}
+	}
+	if v.payers.has(limitKey(r)) {
+		ctx = Urgent(ctx)
+	}
+	if !v.allow(r) {
+		return ctx, fmt.Errorf("%w: more than %d calls a minute", ErrLimit, v.cfg.RequestsPerMinute)
+	}
+	return ctx, nil
 }
 
 // admitted is a priced call recorded in the ledger.
@@ -72,18 +82,11 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	}
 	// Parsed once: this one encoding is validated, priced, hashed,
 	// recorded and sent upstream; the live request carries it from here.
-	args, err := v.callArgs(&t, r)
+	args, q, err := v.check(&t, r)
 	if err != nil {
-		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+		return nil, CallResult{}, err
 	}
 	r.Arguments = args
-	if err := v.schemas.validate(&t, args); err != nil {
-		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
-	}
-	q, err := v.book().Quote(t.Server, priceKey(&t), args)
-	if err != nil {
-		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
-	}
 	if q.Price <= 0 {
 		if err := checkWork(r); err != nil {
 			return nil, CallResult{}, err
@@ -163,6 +166,25 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		return nil, CallResult{}, err
 	}
 	return &admitted{pending: pending{v: v, call: call, t: t, args: args, r: r}, known: !created, slot: slot, turn: turn}, CallResult{}, nil
+}
+
+// check runs the checks of a call of t before anything is done for it:
+// its arguments parsed once (callArgs, which takes a payment argument out
+// into r.PaymentToken), validated against t's schema, and priced. A
+// failure is an *InvalidParamsError.
+func (v *Vendor) check(t *Tool, r *CallRequest) (json.RawMessage, Quote, error) {
+	args, err := v.callArgs(t, r)
+	if err == nil {
+		err = v.schemas.validate(t, args)
+	}
+	var q Quote
+	if err == nil {
+		q, err = v.book().Quote(t.Server, priceKey(t), args)
+	}
+	if err != nil {
+		return nil, Quote{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	}
+	return args, q, nil
 }
 
 // callArgs parses r's arguments once, strictly (parseArgs), for t: a

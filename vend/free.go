@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 )
 
 // RawToolSource is an optional ability of a ToolSource: a cheaper way to
@@ -50,16 +49,11 @@ func (v *Vendor) CallFree(ctx context.Context, req CallRequest) (res CallResult,
 		return CallResult{}, false, nil
 	}
 	// From here on this is CallTool's path for a free call, in its order.
-	if r.Notify == nil {
-		r.Notify = func(string, any) {}
+	ctx, err = v.enter(ctx, r)
+	if err != nil {
+		return CallResult{}, true, err
 	}
-	if v.payers.has(limitKey(r)) {
-		ctx = Urgent(ctx)
-	}
-	if !v.allow(r) {
-		return CallResult{}, true, fmt.Errorf("%w: more than %d calls a minute", ErrLimit, v.cfg.RequestsPerMinute)
-	}
-	body, err := v.executeRaw(ctx, raw, &t, args, r)
+	body, err := v.executeVia(ctx, raw, &t, args, r)
 	if err != nil {
 		return CallResult{}, true, err
 	}
@@ -77,36 +71,10 @@ func (v *Vendor) freeTool(r *CallRequest) (Tool, json.RawMessage, bool) {
 	if _, hi := v.book().Listed(t.Server, priceKey(&t)); hi > 0 {
 		return Tool{}, nil, false // priced: spare it the parsing CallTool does again
 	}
-	rc := *r // callArgs takes a payment argument out into PaymentToken
-	args, err := v.callArgs(&t, &rc)
-	if err != nil {
-		return Tool{}, nil, false
-	}
-	if err := v.schemas.validate(&t, args); err != nil {
-		return Tool{}, nil, false
-	}
-	q, err := v.book().Quote(t.Server, priceKey(&t), args)
+	rc := *r // check takes a payment argument out into PaymentToken
+	args, q, err := v.check(&t, &rc)
 	if err != nil || q.Price > 0 || checkWork(r) != nil {
 		return Tool{}, nil, false
 	}
 	return t, args, true
-}
-
-// executeRaw is execute for a tool call through raw, falling back to
-// ToolSource.CallTool when the upstream asks for input (ErrNotRaw).
-func (v *Vendor) executeRaw(ctx context.Context, raw RawToolSource, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
-	ctx = WithElicit(ctx, r.Elicit)
-	var progress func(json.RawMessage)
-	if r.ProgressToken != nil {
-		progress = func(params json.RawMessage) { r.Notify(NotifyProgress, params) }
-	}
-	body, err := raw.CallToolRaw(ctx, *t, args, r.ProgressToken, progress)
-	if errors.Is(err, ErrNotRaw) {
-		body, err = v.cfg.Tools.CallTool(ctx, *t, args, r.ProgressToken, progress)
-	}
-	if err != nil {
-		v.cfg.Log.Warn("vend: upstream call failed", "tool", t.Name, "err", err)
-		return nil, fmt.Errorf("%w: %s is unavailable", ErrUpstream, t.Server)
-	}
-	return body, nil
 }

@@ -188,6 +188,13 @@ func (c *pending) fail(ctx context.Context, body json.RawMessage, reason string)
 // execute runs the tool on its upstream, forwarding progress and passing
 // the client's Elicit along (in ctx).
 func (v *Vendor) execute(ctx context.Context, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
+	return v.executeVia(ctx, nil, t, args, r)
+}
+
+// executeVia is execute, a tool call going through raw when it is not
+// nil, and through ToolSource.CallTool when raw answers ErrNotRaw (the
+// upstream asked for input).
+func (v *Vendor) executeVia(ctx context.Context, raw RawToolSource, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
 	ctx = WithElicit(ctx, r.Elicit)
 	var progress func(json.RawMessage)
 	if r.ProgressToken != nil {
@@ -205,7 +212,12 @@ func (v *Vendor) execute(ctx context.Context, t *Tool, args json.RawMessage, r *
 			body, err = items.ReadResource(ctx, t.Name)
 		}
 	default:
-		body, err = v.cfg.Tools.CallTool(ctx, *t, args, r.ProgressToken, progress)
+		if raw != nil {
+			body, err = raw.CallToolRaw(ctx, *t, args, r.ProgressToken, progress)
+		}
+		if raw == nil || errors.Is(err, ErrNotRaw) {
+			body, err = v.cfg.Tools.CallTool(ctx, *t, args, r.ProgressToken, progress)
+		}
 	}
 	if err != nil {
 		v.cfg.Log.Warn("vend: upstream call failed", "tool", t.Name, "err", err)
