@@ -179,12 +179,7 @@ func (s *Server) answer(ctx context.Context, cr vend.CallRequest, res vend.CallR
 		return res, nil
 	}
 	if err != nil {
-		w := toWire(err, cr.Tool)
-		lvl := rpcerr.LogLevel(w.Code)
-		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-			lvl = slog.LevelInfo // the client hung up: nothing went wrong here
-		}
-		s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
+		s.logCallError(ctx, cr, err)
 		return nil, s.markError(err, cr.Tool)
 	}
 	if !json.Valid(res.Body) {
@@ -237,4 +232,16 @@ func (s *Server) encodeNotification(method string, params any) []byte {
 		return nil
 	}
 	return msg
+}
+
+// logCallError logs a call answered with err, and returns err on the
+// wire: at the level its code calls for, at info when the client hung up.
+func (s *Server) logCallError(ctx context.Context, cr vend.CallRequest, err error) wireError {
+	w := toWire(err, cr.Tool)
+	lvl := rpcerr.LogLevel(w.Code)
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		lvl = slog.LevelInfo // the client hung up: nothing went wrong here
+	}
+	s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
+	return w
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"mime"
 	"net"
 	"net/http"
@@ -118,17 +117,14 @@ func (s *Server) serveFree(rw *rewriteWriter, r *http.Request, body []byte, mode
 // rewriting writer would have.
 func (s *Server) writeFree(ctx context.Context, rw *rewriteWriter, call fastCall, cr vend.CallRequest, res vend.CallResult, err error) {
 	var msg []byte
+	var code int // the error's, 0 for a result
 	if err == nil && !json.Valid(res.Body) {
 		s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Tool)
 		err = errors.New("invalid result body")
 	}
 	if err != nil {
-		w := toWire(err, cr.Tool)
-		lvl := rpcerr.LogLevel(w.Code)
-		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-			lvl = slog.LevelInfo
-		}
-		s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
+		w := s.logCallError(ctx, cr, err)
+		code = w.Code
 		b, _ := json.Marshal(w)
 		msg = envelope(call.id, "error", b)
 	} else {
@@ -159,10 +155,8 @@ func (s *Server) writeFree(ctx context.Context, rw *rewriteWriter, call fastCall
 	// The status commitPending would give (this is a request of protocol
 	// 2026-07-28), without reading the message again.
 	status := http.StatusOK
-	if err != nil {
-		if c := toWire(err, cr.Tool).Code; c == rpcerr.CodeInvalidParams || c == rpcerr.CodeInvalidRequest {
-			status = http.StatusBadRequest
-		}
+	if code == rpcerr.CodeInvalidParams || code == rpcerr.CodeInvalidRequest {
+		status = http.StatusBadRequest
 	}
 	rw.Header().Set("Content-Type", "application/json")
 	rw.mu.Lock()
