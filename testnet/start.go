@@ -230,8 +230,6 @@ func randomHex(n int) string {
 }
 
 func (s *Stack) bringUp(ctx context.Context, opts Options) error {
-	dir := s.Info.Dir
-	logs := filepath.Join(dir, "logs")
 	bins, err := EnsureBinaries(ctx, opts.BinDir, s.logf)
 	if err != nil {
 		return &ComponentError{Component: "build", Err: err}
@@ -239,6 +237,39 @@ func (s *Stack) bringUp(ctx context.Context, opts Options) error {
 	if !fileExists(opts.Executable) {
 		return &ComponentError{Component: "capvend executable", Err: fmt.Errorf("%s not found", opts.Executable)}
 	}
+	if err := s.layout(opts); err != nil {
+		return err
+	}
+	// The relay needs nothing else: start it first, check it later.
+	if err := s.startRelay(opts.Executable); err != nil {
+		return err
+	}
+	m, err := s.startChain(ctx, bins)
+	if err != nil {
+		return err
+	}
+	addrs, err := s.startLNDs(ctx, bins)
+	if err != nil {
+		return err
+	}
+	// The Cashu mint needs only its lnd's RPC; start it now, check later.
+	if err := s.startMint(opts.Executable); err != nil {
+		return err
+	}
+	if err := s.fundWallets(ctx, m, addrs); err != nil {
+		return err
+	}
+	if err := s.openChannels(ctx, opts); err != nil {
+		return err
+	}
+	return s.waitServices(ctx)
+}
+
+// layout reserves the stack's ports and fills in s.Info: every address,
+// directory and log path, before anything starts.
+func (s *Stack) layout(opts Options) error {
+	dir := s.Info.Dir
+	logs := filepath.Join(dir, "logs")
 	reserve := opts.reservePorts
 	if reserve == nil {
 		reserve = freePorts
@@ -288,39 +319,42 @@ func (s *Stack) bringUp(ctx context.Context, opts Options) error {
 	}
 	s.MintURL, s.RelayURL = s.Info.Mint.URL, s.Info.Relay.URL
 	s.Info.StartedAt = time.Now().UTC()
+	return nil
+}
 
-	// The relay needs nothing else: start it first, check it later.
-	if err := s.startRelay(opts.Executable); err != nil {
-		return err
-	}
-
-	// btcd mines to a key of ours (see miner): past segwit activation
-	// and coinbase maturity before any lnd starts.
+// startChain starts btcd and mines past segwit activation and coinbase
+// maturity, to a key of ours (see miner), before any lnd starts.
+func (s *Stack) startChain(ctx context.Context, bins Binaries) (*miner, error) {
+	dir, bd := s.Info.Dir, s.Info.Btcd.DataDir
 	m, err := newMiner()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := os.MkdirAll(bd, 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "btcd.conf"), nil, 0o644); err != nil {
-		return err
+		return nil, err
 	}
 	if err := s.startBtcd(ctx, bins.Btcd, []string{m.addr.EncodeAddress()}); err != nil {
-		return err
+		return nil, err
 	}
 	s.logf("mining %d blocks", initialBlocks)
 	if err := s.generate(ctx, initialBlocks); err != nil {
-		return err
+		return nil, err
 	}
+	return m, nil
+}
 
-	// lnd x3, in parallel.
+// startLNDs starts the three lnd nodes and waits for each, in parallel;
+// it records their pubkeys and returns a fresh on-chain address of each.
+func (s *Stack) startLNDs(ctx context.Context, bins Binaries) ([]string, error) {
 	s.logf("starting lnd %s x3 (vendor, customer, mint)", LNDVersion)
 	for i := range s.Info.Nodes {
 		n := &s.Info.Nodes[i]
 		p, err := spawn(bins.LND, lndArgs(*n, s.Info.Btcd), n.Log, !s.detach)
 		if err != nil {
-			return &ComponentError{Component: "lnd " + n.Name, Log: n.Log, Err: err}
+			return nil, &ComponentError{Component: "lnd " + n.Name, Log: n.Log, Err: err}
 		}
 		n.Proc = p
 		s.record()
@@ -346,20 +380,19 @@ func (s *Stack) bringUp(ctx context.Context, opts Options) error {
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return err
+		return nil, err
 	}
 	for i := range s.Info.Nodes {
 		s.Info.Nodes[i].Pubkey = pubkeys[i]
 	}
 	s.logf("lnd nodes up: vendor %.12s…, customer %.12s…, mint %.12s…", s.Info.Nodes[0].Pubkey, s.Info.Nodes[1].Pubkey, s.Info.Nodes[2].Pubkey)
+	return addrs, nil
+}
 
-	// The Cashu mint needs only its lnd's RPC; start it now, check later.
-	if err := s.startMint(opts.Executable); err != nil {
-		return err
-	}
-
-	// Fund the wallets: several UTXOs each, so concurrent channel opens
-	// and later on-chain actions need no unconfirmed change.
+// fundWallets pays several UTXOs to each node's address (the customer
+// more), so concurrent channel opens and later on-chain actions need no
+// unconfirmed change, and confirms them.
+func (s *Stack) fundWallets(ctx context.Context, m *miner, addrs []string) error {
 	const btc = btcutil.SatoshiPerBitcoin
 	var outs []payout
 	var custAddr string
@@ -384,10 +417,11 @@ func (s *Stack) bringUp(ctx context.Context, opts Options) error {
 		return err
 	}
 	s.logf("funded wallets: customer ~30 BTC, vendor and mint 10 BTC each")
+	return nil
+}
 
-	if err := s.openChannels(ctx, opts); err != nil {
-		return err
-	}
+// waitServices waits until the mint and the relay answer.
+func (s *Stack) waitServices(ctx context.Context) error {
 	if err := s.waitService(ctx, "cashu mint", s.Info.Mint.Proc, s.Info.Mint.URL+"/v1/info", nil); err != nil {
 		return err
 	}
