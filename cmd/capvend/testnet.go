@@ -31,31 +31,60 @@ func defaultTestnetDir(e *env) string {
 	return ".capvend-testnet"
 }
 
-func testnetCommand() *command {
-	var dir string
-	dirFlag := func(fs *flag.FlagSet) {
-		fs.StringVar(&dir, "dir", "", "stack directory (default $CAPVEND_TESTNET_DIR or <user cache dir>/capvend/testnet)")
-	}
-	stackDir := func(e *env) string {
-		if dir != "" {
-			return dir
-		}
-		return defaultTestnetDir(e)
-	}
-	load := func(e *env) (*testnet.Stack, error) {
-		d := stackDir(e)
-		s, err := testnet.Load(d, e.Stderr)
-		if err != nil {
-			if errors.Is(err, testnet.ErrNotRunning) {
-				return nil, fmt.Errorf("%w (start one with 'capvend testnet up --dir %s')", err, d)
-			}
-			return nil, err
-		}
-		return s, nil
-	}
+// testnetDir is the --dir flag the stack's subcommands share.
+type testnetDir struct{ dir string }
 
+func (t *testnetDir) flag(fs *flag.FlagSet) {
+	fs.StringVar(&t.dir, "dir", "", "stack directory (default $CAPVEND_TESTNET_DIR or <user cache dir>/capvend/testnet)")
+}
+
+// path is the stack's directory: --dir, or the default.
+func (t *testnetDir) path(e *env) string {
+	if t.dir != "" {
+		return t.dir
+	}
+	return defaultTestnetDir(e)
+}
+
+// load attaches to the running stack in path(e), saying how to start one
+// when none runs.
+func (t *testnetDir) load(e *env) (*testnet.Stack, error) {
+	d := t.path(e)
+	s, err := testnet.Load(d, e.Stderr)
+	if err != nil {
+		if errors.Is(err, testnet.ErrNotRunning) {
+			return nil, fmt.Errorf("%w (start one with 'capvend testnet up --dir %s')", err, d)
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+func testnetCommand() *command {
+	td := &testnetDir{}
+	return &command{
+		Name:    "testnet",
+		Summary: "run a local regtest network (btcd, LND, Cashu mint, Nostr relay) for trying and testing capvend",
+		Help:    testnetDirHelp,
+		Subs: []*command{
+			testnetUpCommand(td),
+			testnetDownCommand(td),
+			testnetStatusCommand(td),
+			testnetMineCommand(td),
+			testnetPayCommand(td),
+			testnetInvoiceCommand(td),
+			testnetCashuMintCommand(td),
+			testnetBuildCommand(),
+			testnetMintCommand(),
+			testnetRelayCommand(),
+			testnetKeepCommand(),
+		},
+	}
+}
+
+func testnetUpCommand(td *testnetDir) *command {
 	var binDir string
-	up := &command{
+	return &command{
 		Name:    "up",
 		Summary: "start the regtest stack (btcd, 3 LND nodes, Cashu mint, Nostr relay) and leave it running",
 		Help: `Brings up on 127.0.0.1 only: btcd (regtest, 500+ blocks mined), three LND
@@ -77,14 +106,14 @@ and its log file, and everything started is stopped.
 
 ` + testnetDirHelp,
 		Flags: func(fs *flag.FlagSet) {
-			dirFlag(fs)
+			td.flag(fs)
 			fs.StringVar(&binDir, "bin-dir", "", "binary cache (default <user cache dir>/capvend/bin)")
 		},
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) != 0 {
 				return usageError("up takes no arguments")
 			}
-			s, err := testnet.Start(ctx, testnet.Options{Dir: stackDir(e), BinDir: binDir, Progress: e.Stdout, Detach: true})
+			s, err := testnet.Start(ctx, testnet.Options{Dir: td.path(e), BinDir: binDir, Progress: e.Stdout, Detach: true})
 			if err != nil {
 				return err
 			}
@@ -93,8 +122,11 @@ and its log file, and everything started is stopped.
 			return nil
 		},
 	}
+}
 
-	build := &command{
+func testnetBuildCommand() *command {
+	var binDir string
+	return &command{
 		Name:    "build",
 		Summary: "build (or reuse) the pinned btcd and lnd binaries without starting anything",
 		Help: `Builds btcd/btcctl ` + testnet.BtcdVersion + ` and lnd/lncli ` + testnet.LNDVersion + ` from their module
@@ -130,8 +162,10 @@ step first so test output is not mixed with the build.`,
 			return nil
 		},
 	}
+}
 
-	down := &command{
+func testnetDownCommand(td *testnetDir) *command {
+	return &command{
 		Name:    "down",
 		Summary: "stop the stack's processes (by recorded pid) and wait for them to exit",
 		Help: `Sends SIGTERM to each process recorded in testnet.json (only those: the
@@ -140,12 +174,12 @@ each is gone; then removes testnet.json. Data and logs stay in --dir until
 the next 'up'. Does nothing if no stack runs.
 
 ` + testnetDirHelp,
-		Flags: dirFlag,
+		Flags: td.flag,
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) != 0 {
 				return usageError("down takes no arguments")
 			}
-			d := stackDir(e)
+			d := td.path(e)
 			if err := testnet.Stop(ctx, d, e.Stdout); err != nil {
 				return err
 			}
@@ -153,9 +187,11 @@ the next 'up'. Does nothing if no stack runs.
 			return nil
 		},
 	}
+}
 
+func testnetStatusCommand(td *testnetDir) *command {
 	var asJSON bool
-	status := &command{
+	return &command{
 		Name:    "status",
 		Summary: "show the stack's endpoints, processes (pid, RSS) and block height",
 		Help: `Prints the endpoints and credentials paths of the running stack, each
@@ -164,14 +200,14 @@ With --json prints testnet.json instead. Exits 1 if no stack runs.
 
 ` + testnetDirHelp,
 		Flags: func(fs *flag.FlagSet) {
-			dirFlag(fs)
+			td.flag(fs)
 			fs.BoolVar(&asJSON, "json", false, "print testnet.json")
 		},
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) != 0 {
 				return usageError("status takes no arguments")
 			}
-			s, err := load(e)
+			s, err := td.load(e)
 			if err != nil {
 				return err
 			}
@@ -204,13 +240,15 @@ With --json prints testnet.json instead. Exits 1 if no stack runs.
 			return nil
 		},
 	}
+}
 
-	mine := &command{
+func testnetMineCommand(td *testnetDir) *command {
+	return &command{
 		Name:    "mine",
 		Args:    "N",
 		Summary: "mine N blocks and wait until the LND nodes have them",
 		Help:    testnetDirHelp,
-		Flags:   dirFlag,
+		Flags:   td.flag,
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) != 1 {
 				return usageError("mine takes one argument: the number of blocks")
@@ -219,7 +257,7 @@ With --json prints testnet.json instead. Exits 1 if no stack runs.
 			if err != nil || n <= 0 || n > 10000 {
 				return usageError("mine: N must be an integer in 1..10000, got %q", args[0])
 			}
-			s, err := load(e)
+			s, err := td.load(e)
 			if err != nil {
 				return err
 			}
@@ -232,8 +270,10 @@ With --json prints testnet.json instead. Exits 1 if no stack runs.
 			return nil
 		},
 	}
+}
 
-	pay := &command{
+func testnetPayCommand(td *testnetDir) *command {
+	return &command{
 		Name:    "pay",
 		Args:    "BOLT11",
 		Summary: "pay a bolt11 invoice from the customer node",
@@ -241,12 +281,12 @@ With --json prints testnet.json instead. Exits 1 if no stack runs.
 1000 sat) and prints the status, payment hash, preimage and fee.
 
 ` + testnetDirHelp,
-		Flags: dirFlag,
+		Flags: td.flag,
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) != 1 {
 				return usageError("pay takes one argument: a bolt11 invoice")
 			}
-			s, err := load(e)
+			s, err := td.load(e)
 			if err != nil {
 				return err
 			}
@@ -261,15 +301,17 @@ With --json prints testnet.json instead. Exits 1 if no stack runs.
 			return err
 		},
 	}
+}
 
+func testnetInvoiceCommand(td *testnetDir) *command {
 	var memo string
-	invoice := &command{
+	return &command{
 		Name:    "invoice",
 		Args:    "SATS",
 		Summary: "create an invoice on the vendor node and print its bolt11",
 		Help:    testnetDirHelp,
 		Flags: func(fs *flag.FlagSet) {
-			dirFlag(fs)
+			td.flag(fs)
 			fs.StringVar(&memo, "memo", "capvend testnet", "invoice description")
 		},
 		Run: func(ctx context.Context, e *env, args []string) error {
@@ -280,7 +322,7 @@ With --json prints testnet.json instead. Exits 1 if no stack runs.
 			if err != nil || sats <= 0 {
 				return usageError("invoice: SATS must be a positive integer, got %q", args[0])
 			}
-			s, err := load(e)
+			s, err := td.load(e)
 			if err != nil {
 				return err
 			}
@@ -293,8 +335,10 @@ With --json prints testnet.json instead. Exits 1 if no stack runs.
 			return nil
 		},
 	}
+}
 
-	cashuMint := &command{
+func testnetCashuMintCommand(td *testnetDir) *command {
+	return &command{
 		Name:    "cashu-mint",
 		Args:    "SATS",
 		Summary: "buy SATS of ecash at the stack's mint (paid by the customer node); print a cashuB token",
@@ -303,7 +347,7 @@ from the customer node, mints the ecash and prints it as a cashuB token.
 The printed token is the only copy of that ecash.
 
 ` + testnetDirHelp,
-		Flags: dirFlag,
+		Flags: td.flag,
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) != 1 {
 				return usageError("cashu-mint takes one argument: the amount in sats")
@@ -312,7 +356,7 @@ The printed token is the only copy of that ecash.
 			if err != nil || sats == 0 {
 				return usageError("cashu-mint: SATS must be a positive integer, got %q", args[0])
 			}
-			s, err := load(e)
+			s, err := td.load(e)
 			if err != nil {
 				return err
 			}
@@ -325,9 +369,11 @@ The printed token is the only copy of that ecash.
 			return nil
 		},
 	}
+}
 
+func testnetMintCommand() *command {
 	var mc testnet.MintConfig
-	mintCmd := &command{
+	return &command{
 		Name:    "mint",
 		Summary: "run a Cashu mint backed by LND in the foreground (used by 'up')",
 		Help: `Runs a gonuts Cashu mint whose Lightning backend is the LND node given by
@@ -353,9 +399,11 @@ rarely run it by hand.`,
 			return testnet.RunMint(ctx, mc)
 		},
 	}
+}
 
+func testnetRelayCommand() *command {
 	var relayListen string
-	relayCmd := &command{
+	return &command{
 		Name:    "relay",
 		Summary: "run an in-memory Nostr relay in the foreground (used by 'up')",
 		Help: `Runs a khatru Nostr relay with an in-memory event store on --listen, a
@@ -371,9 +419,11 @@ these; you rarely run it by hand.`,
 			return testnet.RunRelay(ctx, relayListen, e.Log)
 		},
 	}
+}
 
+func testnetKeepCommand() *command {
 	var keepDir string
-	keepCmd := &command{
+	return &command{
 		Name:    "keep",
 		Summary: "stop a shared test stack once its tests are done (started by the tests)",
 		Help: `Watches the regtest stack that test binaries share (testnet.Shared) in
@@ -389,13 +439,6 @@ stack starts one of these; you never run it by hand.`,
 			}
 			return testnet.Keep(ctx, keepDir, e.Stderr)
 		},
-	}
-
-	return &command{
-		Name:    "testnet",
-		Summary: "run a local regtest network (btcd, LND, Cashu mint, Nostr relay) for trying and testing capvend",
-		Help:    testnetDirHelp,
-		Subs:    []*command{up, down, status, mine, pay, invoice, cashuMint, build, mintCmd, relayCmd, keepCmd},
 	}
 }
 
