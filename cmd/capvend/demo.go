@@ -316,11 +316,29 @@ func (d *demo) balance(ctx context.Context) (int64, error) {
 
 // customerMCP is the MCP HTTP customer.
 func (d *demo) customerMCP(ctx context.Context, url string) error {
-	c, err := client.NewStreamableHttpClient(url)
+	c, err := d.connectMCP(ctx, url)
 	if err != nil {
-		return fmt.Errorf("demo: %w", err)
+		return err
 	}
 	defer c.Close()
+	d.mcp = c
+	d.say("")
+	d.say("  over MCP Streamable HTTP:")
+	for _, step := range []func(context.Context) error{d.listMCP, d.buyMCP, d.invalidMCP, d.failedMCP} {
+		if err := step(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// connectMCP connects to url as a capvend-aware MCP client: one that
+// hands the payment notifications' invoices to d.bill.
+func (d *demo) connectMCP(ctx context.Context, url string) (*client.Client, error) {
+	c, err := client.NewStreamableHttpClient(url)
+	if err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
+	}
 	c.OnNotification(func(n mcp.JSONRPCNotification) {
 		if n.Method != vend.NotifyPaymentRequired {
 			return
@@ -331,7 +349,8 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 		}
 	})
 	if err := c.Start(ctx); err != nil {
-		return fmt.Errorf("demo: MCP client: %w", err)
+		c.Close()
+		return nil, fmt.Errorf("demo: MCP client: %w", err)
 	}
 	init := mcp.InitializeRequest{}
 	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
@@ -339,11 +358,15 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 	// A capvend-aware client: it handles the payment notifications.
 	init.Params.Capabilities.Experimental = map[string]any{mcpfront.CapabilityPayments: map[string]any{}}
 	if _, err := c.Initialize(ctx, init); err != nil {
-		return fmt.Errorf("demo: MCP initialize: %w", err)
+		c.Close()
+		return nil, fmt.Errorf("demo: MCP initialize: %w", err)
 	}
-	d.mcp = c
-	d.say("")
-	d.say("  over MCP Streamable HTTP:")
+	return c, nil
+}
+
+// listMCP prints the tools and their prices.
+func (d *demo) listMCP(ctx context.Context) error {
+	c := d.mcp
 	// serve answers before its upstream has connected (in the background):
 	// ask until the example server's tools are listed, as a client would
 	// after notifications/tools/list_changed (30 s, serve's own wait).
@@ -371,6 +394,13 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 	}
 	d.say("  - tools/list: %s", strings.Join(names, ", "))
 
+	return nil
+}
+
+// buyMCP makes a free call and pays for calls every way the demo offers:
+// an LND hold invoice, a mint quote's invoice, a Cashu token (spent twice:
+// refused the second time).
+func (d *demo) buyMCP(ctx context.Context) error {
 	text := "Lightning pays for tools"
 	res, err := d.call(ctx, "word_count", map[string]any{"text": text}, nil)
 	if err != nil {
@@ -403,6 +433,11 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 		d.say("    the same token again is refused: %v", err)
 	}
 
+	return nil
+}
+
+// invalidMCP shows that invalid arguments are refused before any charge.
+func (d *demo) invalidMCP(ctx context.Context) error {
 	before, err := d.balance(ctx)
 	if err != nil {
 		return err
@@ -420,8 +455,13 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 	}
 	d.say("  - sha256 with text=42 (not a string): refused before any charge: %s", strings.TrimPrefix(invalid.Error(), "invalid params: "))
 
+	return nil
+}
+
+// failedMCP pays for a tool that fails and shows the money come back.
+func (d *demo) failedMCP(ctx context.Context) error {
 	// The failing tool: its hold invoice is canceled, the money goes back.
-	before, err = d.balance(ctx)
+	before, err := d.balance(ctx)
 	if err != nil {
 		return err
 	}
@@ -445,7 +485,7 @@ func (d *demo) customerMCP(ctx context.Context, url string) error {
 	if perr := <-payErr; perr == nil {
 		return errors.New("demo: the failed call's hold invoice was settled")
 	}
-	after, err = d.balance(ctx)
+	after, err := d.balance(ctx)
 	if err != nil {
 		return err
 	}
