@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -444,10 +447,17 @@ func parseConfig(path string, data []byte, getenv func(string) string) (*Config,
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	c := defaultConfig()
+	var doc yaml.Node
+	if err := yaml.Unmarshal(expanded, &doc); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if errs := unknownFields(&doc, reflect.TypeOf(c), ""); len(errs) > 0 {
+		return nil, fmt.Errorf("config %s: %w", path, errors.Join(errs...))
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(expanded))
-	dec.KnownFields(true)
+	dec.KnownFields(true) // unknownFields said it better; a backstop
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("config %s: %s", path, yamlError(err))
+		return nil, fmt.Errorf("config %s: %s", path, strings.ReplaceAll(err.Error(), "yaml: unmarshal errors:\n  ", ""))
 	}
 	c.path = path
 	dir, err := filepath.Abs(filepath.Dir(path))
@@ -489,67 +499,81 @@ func expandEnv(data []byte, getenv func(string) string) ([]byte, error) {
 	return bytes.Join(lines, []byte("\n")), nil
 }
 
-var yamlTypeSection = map[string]string{
-	"Config": "the top level", "LedgerConfig": "ledger", "ServerConfig": "server", "HTTPConfig": "http",
-	"NostrConfig": "nostr", "LNDConfig": "lnd", "CashuConfig": "cashu", "PaymentsConfig": "payments",
-	"LimitsConfig": "limits", "UpstreamConfig": "an upstream", "ToolConfig": "a tool, prompt or resource", "PerConfig": "a per-argument price",
+// yamlSections names the config's types as the file's reader knows
+// them, in errors about unknown fields; a struct type not listed is
+// named by its key (the top-level sections: "lnd", "http", ...).
+var yamlSections = map[reflect.Type]string{
+	reflect.TypeFor[Config]():         "the top level",
+	reflect.TypeFor[UpstreamConfig](): "an upstream",
+	reflect.TypeFor[ToolConfig]():     "a tool, prompt or resource",
+	reflect.TypeFor[PerConfig]():      "a per-argument price",
 }
 
-var yamlUnknownField = regexp.MustCompile(`field (\S+) not found in type main\.(\w+)`)
-
-// yamlError rewrites the decoder's Go type names into the file's section
-// names, and says which fields exist there.
-func yamlError(err error) string {
-	msg := strings.ReplaceAll(err.Error(), "yaml: unmarshal errors:\n  ", "")
-	return yamlUnknownField.ReplaceAllStringFunc(msg, func(m string) string {
-		sub := yamlUnknownField.FindStringSubmatch(m)
-		section := yamlTypeSection[sub[2]]
+// unknownFields walks the parsed file beside the type it decodes into
+// and returns one error per key that type has no field for, with its
+// line and the keys that do exist there. (The decoder's own KnownFields
+// error names Go types; this names the file's sections.)
+func unknownFields(n *yaml.Node, t reflect.Type, key string) []error {
+	for n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var errs []error
+	switch {
+	case t.Kind() == reflect.Struct && n.Kind == yaml.MappingNode:
+		fields := yamlFields(t)
+		section := yamlSections[t]
 		if section == "" {
-			section = sub[2]
+			section = key
 		}
-		return fmt.Sprintf("unknown field %q in %s (known fields: %s)", sub[1], section, strings.Join(knownFields(sub[2]), ", "))
-	})
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.Value == "<<" {
+				errs = append(errs, unknownFields(v, t, key)...)
+				continue
+			}
+			ft, ok := fields[k.Value]
+			if !ok {
+				errs = append(errs, fmt.Errorf("line %d: unknown field %q in %s (known fields: %s)", k.Line, k.Value, section, strings.Join(slices.Sorted(maps.Keys(fields)), ", ")))
+				continue
+			}
+			errs = append(errs, unknownFields(v, ft, k.Value)...)
+		}
+	case (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) && n.Kind == yaml.SequenceNode:
+		for _, e := range n.Content {
+			errs = append(errs, unknownFields(e, t.Elem(), key)...)
+		}
+	case t.Kind() == reflect.Map && n.Kind == yaml.MappingNode:
+		for i := 1; i < len(n.Content); i += 2 {
+			errs = append(errs, unknownFields(n.Content[i], t.Elem(), n.Content[i-1].Value)...)
+		}
+	}
+	return errs
 }
 
-func knownFields(typeName string) []string {
-	var v any
-	switch typeName {
-	case "Config":
-		v = Config{}
-	case "LedgerConfig":
-		v = LedgerConfig{}
-	case "ServerConfig":
-		v = ServerConfig{}
-	case "HTTPConfig":
-		v = HTTPConfig{}
-	case "NostrConfig":
-		v = NostrConfig{}
-	case "LNDConfig":
-		v = LNDConfig{}
-	case "CashuConfig":
-		v = CashuConfig{}
-	case "PaymentsConfig":
-		v = PaymentsConfig{}
-	case "LimitsConfig":
-		v = LimitsConfig{}
-	case "UpstreamConfig":
-		v = UpstreamConfig{}
-	case "ToolConfig":
-		v = ToolConfig{}
-	case "PerConfig":
-		v = PerConfig{}
-	default:
-		return nil
+// yamlFields maps the YAML keys of struct type t to their field types.
+func yamlFields(t reflect.Type) map[string]reflect.Type {
+	fields := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		switch name {
+		case "-":
+			continue
+		case "":
+			name = strings.ToLower(f.Name)
+		}
+		fields[name] = f.Type
 	}
-	out, _ := yaml.Marshal(v)
-	var m map[string]any
-	yaml.Unmarshal(out, &m)
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
+	return fields
 }
 
 func (c *Config) resolvePaths(dir string) {
@@ -586,37 +610,59 @@ var (
 // Validate checks the configuration and names the first bad field with what
 // is allowed there.
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(field, format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
+	var p problems
+	c.validateServer(&p)
+	c.validateHTTP(&p)
+	c.validateNostr(&p)
+	c.validateLND(&p)
+	c.validatePayments(&p)
+	if c.validateUpstreams(&p) && c.LND.Host == "" && len(c.Cashu.Mints) == 0 {
+		p.bad("lnd.host", "a tool (prompt, resource) has a price but no payment backend is configured: set lnd.host or cashu.mints")
 	}
+	return errors.Join(p.errs...)
+}
+
+// problems collects what Validate finds wrong, one error per field.
+type problems struct{ errs []error }
+
+// bad records that field is wrong, saying how.
+func (p *problems) bad(field, format string, a ...any) {
+	p.errs = append(p.errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
+}
+
+// validateServer checks the ledger and server sections.
+func (c *Config) validateServer(p *problems) {
 	if c.Ledger.Path == "" {
-		bad("ledger.path", "required: the SQLite ledger file")
+		p.bad("ledger.path", "required: the SQLite ledger file")
 	}
 	if c.Server.Name == "" {
-		bad("server.name", "required: a short name clients see")
+		p.bad("server.name", "required: a short name clients see")
 	}
 	if c.Server.Website != "" {
 		if u, err := url.Parse(c.Server.Website); err != nil || (u.Scheme != "https" && u.Scheme != "http") {
-			bad("server.website", "%q is not an http(s) URL", c.Server.Website)
+			p.bad("server.website", "%q is not an http(s) URL", c.Server.Website)
 		}
 	}
+}
+
+// validateHTTP checks the http section.
+func (c *Config) validateHTTP(p *problems) {
 	if c.HTTP.Listen != "" {
 		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
-			bad("http.listen", "%q is not host:port (e.g. 127.0.0.1:8402), or leave it empty to disable the HTTP front", c.HTTP.Listen)
+			p.bad("http.listen", "%q is not host:port (e.g. 127.0.0.1:8402), or leave it empty to disable the HTTP front", c.HTTP.Listen)
 		}
 	}
 	if c.HTTP.MaxRequestBytes < 1024 || c.HTTP.MaxRequestBytes > 64<<20 {
-		bad("http.max_request_bytes", "%d is outside 1024 .. 67108864", c.HTTP.MaxRequestBytes)
+		p.bad("http.max_request_bytes", "%d is outside 1024 .. 67108864", c.HTTP.MaxRequestBytes)
 	}
 	if c.HTTP.SessionIdle < time.Minute || c.HTTP.SessionIdle > 24*time.Hour {
-		bad("http.session_idle", "%s is outside 1m .. 24h", c.HTTP.SessionIdle)
+		p.bad("http.session_idle", "%s is outside 1m .. 24h", c.HTTP.SessionIdle)
 	}
 	if c.HTTP.MaxSessions < 1 || c.HTTP.MaxSessions > 1_000_000 {
-		bad("http.max_sessions", "%d is outside 1 .. 1000000", c.HTTP.MaxSessions)
+		p.bad("http.max_sessions", "%d is outside 1 .. 1000000", c.HTTP.MaxSessions)
 	}
 	if c.HTTP.MaxConnections < 1 || c.HTTP.MaxConnections > 1_000_000 {
-		bad("http.max_connections", "%d is outside 1 .. 1000000", c.HTTP.MaxConnections)
+		p.bad("http.max_connections", "%d is outside 1 .. 1000000", c.HTTP.MaxConnections)
 	}
 	for _, d := range []struct {
 		name      string
@@ -627,49 +673,52 @@ func (c *Config) Validate() error {
 		{"http.idle_timeout", c.HTTP.IdleTimeout, time.Second, time.Hour},
 	} {
 		if d.v < d.lo || d.v > d.hi {
-			bad(d.name, "%s is outside %s .. %s", d.v, d.lo, d.hi)
+			p.bad(d.name, "%s is outside %s .. %s", d.v, d.lo, d.hi)
 		}
 	}
 	for i, o := range c.HTTP.AllowedOrigins {
 		if err := mcpfront.CheckAllowedOrigin(o); err != nil {
-			bad(fmt.Sprintf("http.allowed_origins[%d]", i), "%q is not an origin: write scheme://host[:port] (e.g. https://app.example.com, http://localhost:*), or *", o)
+			p.bad(fmt.Sprintf("http.allowed_origins[%d]", i), "%q is not an origin: write scheme://host[:port] (e.g. https://app.example.com, http://localhost:*), or *", o)
 		}
 	}
 	if _, err := c.HTTP.Prefixes(); err != nil {
-		errs = append(errs, err)
+		p.errs = append(p.errs, err)
 	}
 	if h := c.HTTP.ClientIDHeader; h != "" {
 		if len(c.HTTP.TrustedProxies) == 0 {
-			bad("http.client_id_header", "needs http.trusted_proxies: only a trusted proxy may say who the client is, anyone could send %s", h)
+			p.bad("http.client_id_header", "needs http.trusted_proxies: only a trusted proxy may say who the client is, anyone could send %s", h)
 		}
 		if !headerName.MatchString(h) {
-			bad("http.client_id_header", "%q is not a header name", h)
+			p.bad("http.client_id_header", "%q is not a header name", h)
 		}
 	}
+}
 
+// validateNostr checks the nostr section.
+func (c *Config) validateNostr(p *problems) {
 	if len(c.Nostr.Relays) > 0 {
 		if c.Nostr.NsecFile == "" {
-			bad("nostr.nsec_file", "required when nostr.relays is set: a file holding the server's secret key")
+			p.bad("nostr.nsec_file", "required when nostr.relays is set: a file holding the server's secret key")
 		}
 		for i, r := range c.Nostr.Relays {
 			if u, err := url.Parse(r); err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
-				bad(fmt.Sprintf("nostr.relays[%d]", i), "%q is not a ws:// or wss:// relay URL", r)
+				p.bad(fmt.Sprintf("nostr.relays[%d]", i), "%q is not a ws:// or wss:// relay URL", r)
 			}
 		}
 	}
 	if base := filepath.Base(c.Nostr.NsecFile); strings.HasPrefix(base, "nsec1") || hex64.MatchString(base) {
-		bad("nostr.nsec_file", "must be the path of a file holding the key, not the key itself")
+		p.bad("nostr.nsec_file", "must be the path of a file holding the key, not the key itself")
 	}
 	if c.Nostr.Window < 10*time.Second || c.Nostr.Window > time.Hour {
-		bad("nostr.window", "%s is outside 10s .. 1h", c.Nostr.Window)
+		p.bad("nostr.window", "%s is outside 10s .. 1h", c.Nostr.Window)
 	}
 	if c.Nostr.PowDifficulty < 0 || c.Nostr.PowDifficulty > 64 {
-		bad("nostr.pow_difficulty", "%d is outside 0 (off) .. 64 leading zero bits", c.Nostr.PowDifficulty)
+		p.bad("nostr.pow_difficulty", "%d is outside 0 (off) .. 64 leading zero bits", c.Nostr.PowDifficulty)
 	}
 	switch c.Nostr.Encryption {
 	case "optional", "required", "disabled":
 	default:
-		bad("nostr.encryption", "%q is not one of optional, required, disabled", c.Nostr.Encryption)
+		p.bad("nostr.encryption", "%q is not one of optional, required, disabled", c.Nostr.Encryption)
 	}
 	for _, l := range []struct {
 		name string
@@ -677,75 +726,87 @@ func (c *Config) Validate() error {
 	}{{"nostr.allow", c.Nostr.Allow}, {"nostr.deny", c.Nostr.Deny}} {
 		for i, k := range l.keys {
 			if _, err := ctxvm.ParsePublicKey(k); err != nil {
-				bad(fmt.Sprintf("%s[%d]", l.name, i), "%q is not a pubkey: write an npub1… or 64 hex characters", k)
+				p.bad(fmt.Sprintf("%s[%d]", l.name, i), "%q is not a pubkey: write an npub1… or 64 hex characters", k)
 			}
 		}
 	}
+}
+
+// validateLND checks the lnd section.
+func (c *Config) validateLND(p *problems) {
 	if c.LND.Host != "" {
 		if _, _, err := net.SplitHostPort(c.LND.Host); err != nil {
-			bad("lnd.host", "%q is not host:port (LND's gRPC address, e.g. 127.0.0.1:10009)", c.LND.Host)
+			p.bad("lnd.host", "%q is not host:port (LND's gRPC address, e.g. 127.0.0.1:10009)", c.LND.Host)
 		}
 		if c.LND.TLSCertFile == "" {
-			bad("lnd.tls_cert_file", "required when lnd.host is set: the path of LND's tls.cert")
+			p.bad("lnd.tls_cert_file", "required when lnd.host is set: the path of LND's tls.cert")
 		}
 		if c.LND.MaxHoldInvoices < 1 {
-			bad("lnd.max_hold_invoices", "must be at least 1, got %d (set hold_invoices: false for plain invoices only)", c.LND.MaxHoldInvoices)
+			p.bad("lnd.max_hold_invoices", "must be at least 1, got %d (set hold_invoices: false for plain invoices only)", c.LND.MaxHoldInvoices)
 		}
 		if c.LND.MacaroonFile == "" {
-			bad("lnd.macaroon_file", "required when lnd.host is set: the path of invoice.macaroon (or a macaroon with invoices:read and invoices:write)")
+			p.bad("lnd.macaroon_file", "required when lnd.host is set: the path of invoice.macaroon (or a macaroon with invoices:read and invoices:write)")
 		}
 	}
 	if strings.HasPrefix(filepath.Base(c.LND.TLSCertFile), "-----BEGIN") {
-		bad("lnd.tls_cert_file", "must be the path of the certificate file, not the certificate itself")
+		p.bad("lnd.tls_cert_file", "must be the path of the certificate file, not the certificate itself")
 	}
 	if hex64.MatchString(filepath.Base(c.LND.MacaroonFile)) {
-		bad("lnd.macaroon_file", "must be the path of the macaroon file, not the macaroon itself")
+		p.bad("lnd.macaroon_file", "must be the path of the macaroon file, not the macaroon itself")
 	}
+}
+
+// validatePayments checks the cashu, payments and limits sections.
+func (c *Config) validatePayments(p *problems) {
 	for i, m := range c.Cashu.Mints {
 		if u, err := url.Parse(m); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			bad(fmt.Sprintf("cashu.mints[%d]", i), "%q is not an http(s) mint URL", m)
+			p.bad(fmt.Sprintf("cashu.mints[%d]", i), "%q is not an http(s) mint URL", m)
 		}
 	}
 	if len(c.Cashu.Mints) > 0 && c.Cashu.WalletDir == "" {
-		bad("cashu.wallet_dir", "required when cashu.mints is set: where capvend keeps its ecash")
+		p.bad("cashu.wallet_dir", "required when cashu.mints is set: where capvend keeps its ecash")
 	}
 	if c.Payments.TTL < 30*time.Second || c.Payments.TTL > 24*time.Hour {
-		bad("payments.ttl", "%s is outside 30s .. 24h", c.Payments.TTL)
+		p.bad("payments.ttl", "%s is outside 30s .. 24h", c.Payments.TTL)
 	}
 	if c.Limits.MaxUnpaidPerClient < 1 {
-		bad("limits.max_unpaid_per_client", "must be at least 1, got %d", c.Limits.MaxUnpaidPerClient)
+		p.bad("limits.max_unpaid_per_client", "must be at least 1, got %d", c.Limits.MaxUnpaidPerClient)
 	}
 	if c.Limits.MaxUnpaidTotal < c.Limits.MaxUnpaidPerClient {
-		bad("limits.max_unpaid_total", "must be at least limits.max_unpaid_per_client (%d), got %d", c.Limits.MaxUnpaidPerClient, c.Limits.MaxUnpaidTotal)
+		p.bad("limits.max_unpaid_total", "must be at least limits.max_unpaid_per_client (%d), got %d", c.Limits.MaxUnpaidPerClient, c.Limits.MaxUnpaidTotal)
 	}
 	if c.Limits.RequestsPerMinute < 1 {
-		bad("limits.requests_per_minute", "must be at least 1, got %d", c.Limits.RequestsPerMinute)
+		p.bad("limits.requests_per_minute", "must be at least 1, got %d", c.Limits.RequestsPerMinute)
 	}
-	priced := false
+}
+
+// validateUpstreams checks the upstreams and their prices, and says
+// whether anything has a price.
+func (c *Config) validateUpstreams(p *problems) (priced bool) {
 	seen := map[string]bool{}
 	for i, u := range c.Upstreams {
 		field := fmt.Sprintf("upstreams[%d]", i)
 		if !upstreamName.MatchString(u.Name) {
-			bad(field+".name", "%q must be 1-32 characters of a-z 0-9 _ - starting with a letter or digit", u.Name)
+			p.bad(field+".name", "%q must be 1-32 characters of a-z 0-9 _ - starting with a letter or digit", u.Name)
 		} else if seen[u.Name] {
-			bad(field+".name", "%q is used by another upstream", u.Name)
+			p.bad(field+".name", "%q is used by another upstream", u.Name)
 		}
 		seen[u.Name] = true
 		switch {
 		case u.Command == "" && u.URL == "":
-			bad(field, "set command (a stdio MCP server to start) or url (a Streamable HTTP MCP endpoint)")
+			p.bad(field, "set command (a stdio MCP server to start) or url (a Streamable HTTP MCP endpoint)")
 		case u.Command != "" && u.URL != "":
-			bad(field, "set command or url, not both")
+			p.bad(field, "set command or url, not both")
 		case u.URL != "":
-			if p, err := url.Parse(u.URL); err != nil || (p.Scheme != "https" && p.Scheme != "http") || p.Host == "" {
-				bad(field+".url", "%q is not an http(s) URL", u.URL)
+			if pu, err := url.Parse(u.URL); err != nil || (pu.Scheme != "https" && pu.Scheme != "http") || pu.Host == "" {
+				p.bad(field+".url", "%q is not an http(s) URL", u.URL)
 			}
 			if len(u.Args) > 0 || len(u.Env) > 0 || u.Cwd != "" {
-				bad(field, "args, env and cwd only apply to a command")
+				p.bad(field, "args, env and cwd only apply to a command")
 			}
 		}
 		if !toolPrefix.MatchString(u.Prefix) {
-			bad(field+".prefix", "%q must be at most 32 characters of A-Z a-z 0-9 _ . -", u.Prefix)
+			p.bad(field+".prefix", "%q must be at most 32 characters of A-Z a-z 0-9 _ . -", u.Prefix)
 		}
 		names := make([]string, 0, len(u.Tools))
 		for name := range u.Tools {
@@ -759,14 +820,14 @@ func (c *Config) Validate() error {
 			var fe *fieldError
 			switch {
 			case errors.As(err, &fe):
-				bad(tf+"."+fe.key, "%s", fe.msg)
+				p.bad(tf+"."+fe.key, "%s", fe.msg)
 				continue
 			case err != nil:
-				bad(tf, "%v", err)
+				p.bad(tf, "%v", err)
 				continue
 			}
 			if strings.HasPrefix(name, "prompt:") || strings.HasPrefix(name, "resource:") {
-				bad(tf, "a tool name cannot start with prompt: or resource: (price prompts and resources under %s.prompts, %s.resources)", field, field)
+				p.bad(tf, "a tool name cannot start with prompt: or resource: (price prompts and resources under %s.prompts, %s.resources)", field, field)
 			}
 			if r.Price > 0 || r.Per != nil || r.Min > 0 {
 				priced = true
@@ -781,17 +842,17 @@ func (c *Config) Validate() error {
 			for _, name := range names {
 				tf := fmt.Sprintf("%s.%s.%s", field, ip.field, name)
 				if name == "" {
-					bad(tf, "the %s name must not be empty", strings.TrimSuffix(ip.field, "s"))
+					p.bad(tf, "the %s name must not be empty", strings.TrimSuffix(ip.field, "s"))
 					continue
 				}
 				r, err := ip.items[name].itemRule()
 				var fe *fieldError
 				switch {
 				case errors.As(err, &fe):
-					bad(tf+"."+fe.key, "%s", fe.msg)
+					p.bad(tf+"."+fe.key, "%s", fe.msg)
 					continue
 				case err != nil:
-					bad(tf, "%v", err)
+					p.bad(tf, "%v", err)
 					continue
 				}
 				if r.Price > 0 {
@@ -800,10 +861,7 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	if priced && c.LND.Host == "" && len(c.Cashu.Mints) == 0 {
-		bad("lnd.host", "a tool (prompt, resource) has a price but no payment backend is configured: set lnd.host or cashu.mints")
-	}
-	return errors.Join(errs...)
+	return priced
 }
 
 // hexPubkeys is list (validated: see Validate) as hex pubkeys; entries
