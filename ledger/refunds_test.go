@@ -221,7 +221,7 @@ func TestVerifyChecksRefunds(t *testing.T) {
 	for _, q := range []string{
 		"DROP TRIGGER refunds_paid_once",
 		"DROP TRIGGER refunds_payout_entry",
-		fmt.Sprintf("UPDATE refunds SET amount_msat = 5000 WHERE call_id = 2"),
+		"UPDATE refunds SET amount_msat = 5000 WHERE call_id = 2",
 		fmt.Sprintf("UPDATE refunds SET entry_id = NULL, state = 'owed', paid_at = NULL, method = NULL, paid_msat = NULL, fee_msat = NULL, mint_url = NULL, token = NULL WHERE id = %d", r1.ID),
 	} {
 		if _, err := db.Exec(q); err != nil {

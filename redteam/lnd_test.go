@@ -37,7 +37,11 @@ func vendorInvoiceState(t testing.TB, s *testnet.Stack, hash string) lnrpc.Invoi
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	inv, err := lnrpc.NewLightningClient(conn).LookupInvoice(ctx, &lnrpc.PaymentHash{RHashStr: hash})
+	rhash, err := hex.DecodeString(hash)
+	if err != nil {
+		t.Fatalf("payment hash %q: %v", hash, err)
+	}
+	inv, err := lnrpc.NewLightningClient(conn).LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: rhash})
 	if status.Code(err) == codes.NotFound {
 		return lnrpc.Invoice_CANCELED
 	}

@@ -2,7 +2,6 @@ package redteam
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"path/filepath"
 	"strings"
@@ -168,7 +167,7 @@ func TestRefundPlainInvoiceOwed(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the customer's refund invoice settled", func() bool {
-		i, err := lnrpc.NewLightningClient(conn).LookupInvoice(ctx, &lnrpc.PaymentHash{RHashStr: hex.EncodeToString(inv.RHash)})
+		i, err := lnrpc.NewLightningClient(conn).LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: inv.RHash})
 		return err == nil && i.State == lnrpc.Invoice_SETTLED
 	})
 }

@@ -25,7 +25,7 @@ func expectRefusal(t *testing.T, sh *shop, path string) {
 	for {
 		select {
 		case <-sh.exited:
-			err, out := sh.waitExit(time.Second)
+			out, err := sh.waitExit(time.Second)
 			if err == nil {
 				t.Fatalf("capvend exited 0 with %s readable by others:\n%s", path, out)
 			}

@@ -320,9 +320,9 @@ func (sh *shop) waitLog(want ...string) {
 	}
 }
 
-// waitExit waits (bounded) for capvend to exit and returns its error and
-// output.
-func (sh *shop) waitExit(d time.Duration) (error, string) {
+// waitExit waits (bounded) for capvend to exit and returns its output
+// and its exit error.
+func (sh *shop) waitExit(d time.Duration) (string, error) {
 	sh.t.Helper()
 	select {
 	case <-sh.exited:
@@ -331,7 +331,7 @@ func (sh *shop) waitExit(d time.Duration) (error, string) {
 	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return sh.exitErr, sh.logs.String()
+	return sh.logs.String(), sh.exitErr
 }
 
 // signal sends sig to capvend.

@@ -273,9 +273,9 @@ func TestStack(t *testing.T) {
 			if err := conn.ReadMessage(rctx, &buf); err != nil {
 				t.Fatal(err)
 			}
-			env := nostr.ParseMessage(buf.String())
-			if env == nil {
-				t.Fatalf("unparsable relay message %q", buf.String())
+			env, err := nostr.NewMessageParser().ParseMessage(buf.String())
+			if err != nil {
+				t.Fatalf("unparsable relay message %q: %v", buf.String(), err)
 			}
 			return env
 		}

@@ -291,10 +291,10 @@ func TestAnnounceAtStart(t *testing.T) {
 			t.Errorf("%v content %s lacks %s", tc.addr, ev.Content, tc.has)
 		}
 	}
-	if n := len(by[Address{KindDVMCPAnnounceTools, pk + "/tools/list"}].Tags.GetAll([]string{"cap"})); n != 3 {
+	if n := len(slices.Collect(by[Address{KindDVMCPAnnounceTools, pk + "/tools/list"}].Tags.FindAll("cap"))); n != 3 {
 		t.Errorf("31317 has %d cap tags, want one per tool", n)
 	}
-	if n := len(by[Address{KindAnnounceTools, ""}].Tags.GetAll([]string{"cap"})); n != 2 {
+	if n := len(slices.Collect(by[Address{KindAnnounceTools, ""}].Tags.FindAll("cap"))); n != 2 {
 		t.Errorf("11317 has %d cap tags, want one per priced tool", n)
 	}
 	// The tools list is what tools/list answers.

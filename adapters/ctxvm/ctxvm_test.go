@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -305,7 +306,7 @@ func TestInitializeAndList(t *testing.T) {
 	if !hasTag(ev.Tags, "cap", "tool:paid", "21", "sats") || !hasTag(ev.Tags, "cap", "tool:gated", "5", "sats") {
 		t.Errorf("list tags %v", ev.Tags)
 	}
-	if len(ev.Tags.GetAll([]string{"cap"})) != 2 {
+	if len(slices.Collect(ev.Tags.FindAll("cap"))) != 2 {
 		t.Errorf("a cap tag for a free tool: %v", ev.Tags)
 	}
 	if ev.Tags.Find("name") != nil {

@@ -404,7 +404,7 @@ func TestElicitationRecorded(t *testing.T) {
 		if r.Method != methodElicit {
 			t.Fatalf("not an elicitation: %s", ev.Content)
 		}
-		asks[ev.Tags.GetFirst([]string{"e", ""}).Value()] = string(r.ID)
+		asks[ev.Tags.Find("e")[1]] = string(r.ID)
 	}
 	for i := calls - 1; i >= 0; i-- {
 		s.handle(ctx, event(respond(asks[reqs[i].ID], fmt.Sprintf(`{"action":"accept","content":{"n":%d}}`, i))))

@@ -3,6 +3,7 @@ package ctxvm
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -67,7 +68,7 @@ func TestPricedPromptsAndResources(t *testing.T) {
 			if r.Error != nil || !strings.Contains(string(r.Result), tc.has) {
 				t.Errorf("%s: %s %+v lacks %s", tc.method, r.Result, r.Error, tc.has)
 			}
-			if !hasTag(ev.Tags, tc.cap...) || len(ev.Tags.GetAll([]string{"cap"})) != 1 {
+			if !hasTag(ev.Tags, tc.cap...) || len(slices.Collect(ev.Tags.FindAll("cap"))) != 1 {
 				t.Errorf("%s: tags %v, want one %v", tc.method, ev.Tags, tc.cap)
 			}
 		}
@@ -141,7 +142,7 @@ func TestAnnouncedItemCaps(t *testing.T) {
 		{KindAnnouncePrompts, []string{"cap", "prompt:greet", "3", "sats"}, `"capvend/price":{"amount":3,"unit":"sats"}`},
 	} {
 		a := by[tc.kind][0]
-		if !hasTag(a.tags, tc.cap...) || len(a.tags.GetAll([]string{"cap"})) != 1 || !strings.Contains(a.content, tc.has) {
+		if !hasTag(a.tags, tc.cap...) || len(slices.Collect(a.tags.FindAll("cap"))) != 1 || !strings.Contains(a.content, tc.has) {
 			t.Errorf("%d: tags %v content %s, want %v and %s", tc.kind, a.tags, a.content, tc.cap, tc.has)
 		}
 	}

@@ -133,7 +133,7 @@ func TestLaneSeen(t *testing.T) {
 	if !l.admit(id(1), now) {
 		t.Fatal("the oldest id was not forgotten")
 	}
-	if !l.admit("not hex", now) || !l.admit("not hex", now) {
+	if first, again := l.admit("not hex", now), l.admit("not hex", now); !first || !again {
 		t.Fatal("a malformed id is left to parse")
 	}
 }

@@ -119,6 +119,7 @@ func TestElicitationWithMCPGoClients(t *testing.T) {
 			return c
 		}},
 		{"stdio legacy", false, func(t *testing.T, s *Server, opts ...client.ClientOption) *client.Client {
+			//lint:ignore SA1019 the test speaks the legacy protocol (sessions, the standalone GET stream) on purpose
 			c, stop := startStdio(t, s, append(opts, client.WithLegacyProtocolOnly())...)
 			t.Cleanup(stop)
 			return c
@@ -169,6 +170,7 @@ func TestElicitationClientWithoutCapability(t *testing.T) {
 		s, v := newElicitServer(t, Config{})
 		var opts []client.ClientOption
 		if legacy {
+			//lint:ignore SA1019 the test speaks the legacy protocol (sessions, the standalone GET stream) on purpose
 			opts = append(opts, client.WithLegacyProtocolOnly())
 		}
 		c, stop := startStdio(t, s, opts...)

@@ -499,6 +499,7 @@ func waitListChanged(t *testing.T, s *Server, n *notes) {
 func TestHTTPLegacyClientWithGETStream(t *testing.T) {
 	s, fv := newServer(t, Config{ClientID: func(*http.Request) string { return "unused" }})
 	url := startHTTP(t, s)
+	//lint:ignore SA1019 the test speaks the legacy protocol (sessions, the standalone GET stream) on purpose
 	tr, err := transport.NewStreamableHTTP(url, transport.WithContinuousListening())
 	if err != nil {
 		t.Fatal(err)
@@ -745,6 +746,7 @@ func TestHTTPMaxBody(t *testing.T) {
 
 func TestStdioWireGolden(t *testing.T) {
 	s, _ := newServer(t, Config{})
+	//lint:ignore SA1019 the test speaks the legacy protocol (sessions, the standalone GET stream) on purpose
 	c, stop := startStdio(t, s, client.WithLegacyProtocolOnly())
 	defer stop()
 	if _, err := c.Initialize(context.Background(), mcp.InitializeRequest{}); err != nil {
@@ -775,6 +777,7 @@ func TestStdioWireGolden(t *testing.T) {
 // the old -32043 bytes (the golden file is the one before payment tokens).
 func TestStdioLegacyGatingWireGolden(t *testing.T) {
 	s, _ := newServer(t, Config{LegacyGatingCode: true})
+	//lint:ignore SA1019 the test speaks the legacy protocol (sessions, the standalone GET stream) on purpose
 	c, stop := startStdio(t, s, client.WithLegacyProtocolOnly())
 	defer stop()
 	if _, err := c.Initialize(context.Background(), mcp.InitializeRequest{}); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/elnosh/gonuts/wallet/storage"
 	decodepay "github.com/nbd-wtf/ln-decodepay"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
@@ -49,7 +50,7 @@ func checkWalletFree(dir string) error {
 		return nil
 	}
 	db, err := bolt.Open(f, 0o600, &bolt.Options{Timeout: 2 * time.Second, ReadOnly: true})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, bolterrors.ErrTimeout) {
 		return ErrWalletBusy
 	}
 	if err != nil {

@@ -243,7 +243,6 @@ type monitor struct {
 
 	mu       sync.Mutex
 	rss, top int64 // bytes
-	open     int
 	cancel   context.CancelFunc
 	done     chan struct{}
 }

@@ -62,8 +62,7 @@ func mcpPost(t *testing.T, url, sid, body string, each func(msg json.RawMessage)
 func TestReusedRequestIDOverMCPHTTP(t *testing.T) {
 	s := needStack(t)
 	url, db := serving(t, s, serveOpts{hold: true})
-	var sid string
-	sid = mcpPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"reuse","version":"1"}}}`,
+	sid := mcpPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"reuse","version":"1"}}}`,
 		func(json.RawMessage) bool { return true })
 	if sid == "" {
 		t.Fatal("no session")

@@ -106,7 +106,6 @@ type demo struct {
 	mcp   *client.Client
 	start time.Time
 
-	mu   sync.Mutex
 	bill chan bill // each payment_required the MCP client gets
 }
 

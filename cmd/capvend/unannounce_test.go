@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -109,7 +110,7 @@ func TestUnannounce(t *testing.T) {
 	del := dels[0]
 	if del.Content != "closing shop" || del.Tags.FindWithValue("a", fmt.Sprintf("31316:%s:%s", pk, pk)) == nil ||
 		del.Tags.FindWithValue("a", "11316:"+pk+":") == nil || del.Tags.FindWithValue("k", "31990") == nil ||
-		len(del.Tags.GetAll([]string{"e"})) != 2 {
+		len(slices.Collect(del.Tags.FindAll("e"))) != 2 {
 		t.Errorf("deletion request %v", del)
 	}
 }

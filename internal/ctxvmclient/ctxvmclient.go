@@ -175,12 +175,17 @@ func (c *Client) Events() <-chan *nostr.Event { return c.events }
 // reader reads the connection until it fails or ctx ends.
 func (c *Client) reader(ctx context.Context, eose chan<- struct{}) {
 	defer close(c.read)
+	parser := nostr.NewMessageParser()
 	for {
 		var buf strings.Builder
 		if err := c.conn.ReadMessage(ctx, &buf); err != nil {
 			return
 		}
-		switch env := nostr.ParseMessage(buf.String()).(type) {
+		env, err := parser.ParseMessage(buf.String())
+		if err != nil {
+			continue // not a message of the relay's we know
+		}
+		switch env := env.(type) {
 		case *nostr.EventEnvelope:
 			if !c.route(&env.Event) && c.events != nil {
 				select {
