@@ -127,17 +127,22 @@ func TestFreeQuotaOfAnonymousClientsIsBySource(t *testing.T) {
 	_ = ch // left waiting for its payment; the harness ends it
 }
 
-// paramsNotes records notifications with their params.
+// paramsNotes records the payment_required notifications' params.
 type paramsNotes struct {
-	mu  sync.Mutex
-	got []any
+	mu   sync.Mutex
+	got  []any
+	once sync.Once
+	sent chan struct{} // closed at the first one
 }
+
+func newParamsNotes() *paramsNotes { return &paramsNotes{sent: make(chan struct{})} }
 
 func (n *paramsNotes) notify(method string, params any) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if method == vend.NotifyPaymentRequired {
 		n.got = append(n.got, params)
+		n.once.Do(func() { close(n.sent) })
 	}
 }
 
@@ -151,7 +156,7 @@ func TestPaymentDescriptionSaysHowThePriceWasComputed(t *testing.T) {
 	h := newHarness(t, false, withPrices(t, map[string]pricing.Rule{"echo": {Price: 1000, Max: 50_000,
 		Per: &pricing.Per{Kind: pricing.PerItem, Arg: "ids", Price: 2000}}}))
 	const want = "demo_echo: 3 items of ids × 2 sat/item + 1 sat = 7 sat"
-	n := &paramsNotes{}
+	n := newParamsNotes()
 	r := req("1", "demo_echo", `{"text":"x","ids":[1,2,3]}`, nil)
 	r.Notify = n.notify
 	ch := h.callAsync(r)
@@ -159,11 +164,12 @@ func TestPaymentDescriptionSaysHowThePriceWasComputed(t *testing.T) {
 	if p.Amount != 7000 {
 		t.Fatalf("amount %d", p.Amount)
 	}
-	var got []any
-	for i := 0; i < 100 && len(got) == 0; i++ {
-		got = n.required()
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-n.sent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no payment_required")
 	}
+	got := n.required()
 	if len(got) != 1 || got[0].(vend.PaymentOption).Description != want || got[0].(vend.PaymentOption).Amount != 7 {
 		t.Fatalf("payment_required %+v, want description %q", got, want)
 	}

@@ -23,6 +23,8 @@ type fakeCashu struct {
 	made   atomic.Int32 // refund tokens made
 	report atomic.Pointer[func(vend.PaymentEvent)]
 	quotes chan vend.Payment // each mint quote requested
+	// running, if not nil, is closed once Run has its report function.
+	running chan struct{}
 }
 
 var (
@@ -59,6 +61,9 @@ func (f *fakeCashu) payQuote(t *testing.T, ref string, report bool) {
 func (f *fakeCashu) Cancel(ctx context.Context, ref string) error { return nil }
 func (f *fakeCashu) Run(ctx context.Context, report func(vend.PaymentEvent)) error {
 	f.report.Store(&report)
+	if f.running != nil {
+		close(f.running)
+	}
 	<-ctx.Done()
 	return ctx.Err()
 }
@@ -268,11 +273,13 @@ func TestFailedInvoiceCallIsOwedToTheRefundInvoice(t *testing.T) {
 // token nobody would receive; it stays owed until the client repeats its
 // request, which gets the token.
 func TestCashuRefundWaitsForItsClient(t *testing.T) {
-	c := &fakeCashu{quotes: make(chan vend.Payment, 1)}
+	c := &fakeCashu{quotes: make(chan vend.Payment, 1), running: make(chan struct{})}
 	h := newHarness(t, false, withCashu(c, true))
 	c.led = h.l
-	for c.report.Load() == nil {
-		time.Sleep(time.Millisecond)
+	select {
+	case <-c.running:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the vendor did not start its cashu backend")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := req("1", "demo_fail", `{"text":"x"}`, nil)
@@ -305,11 +312,13 @@ func TestCashuRefundWaitsForItsClient(t *testing.T) {
 // (the call never runs) is owed back; the client's repeat of the request
 // gets the expiry error with its refund as ecash.
 func TestLatePaymentIsRefundedOnTheReplay(t *testing.T) {
-	c := &fakeCashu{quotes: make(chan vend.Payment, 1)}
+	c := &fakeCashu{quotes: make(chan vend.Payment, 1), running: make(chan struct{})}
 	h := newHarness(t, false, withCashu(c, false))
 	c.led = h.l
-	for c.report.Load() == nil {
-		time.Sleep(time.Millisecond)
+	select {
+	case <-c.running:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the vendor did not start its cashu backend")
 	}
 	r := req("1", "demo_echo", `{"text":"x"}`, nil)
 	r.InvoiceFrom = vend.BackendCashu

@@ -28,6 +28,8 @@ type fakeBackend struct {
 	led  vend.Ledger
 	hold bool
 
+	running chan struct{} // closed once Run has its report function
+
 	mu        sync.Mutex
 	report    func(vend.PaymentEvent)
 	last      chan vend.Payment // each Request's payment
@@ -123,6 +125,7 @@ func (f *fakeBackend) Run(ctx context.Context, report func(vend.PaymentEvent)) e
 	f.mu.Lock()
 	f.report = report
 	f.mu.Unlock()
+	close(f.running)
 	<-ctx.Done()
 	return ctx.Err()
 }
@@ -239,7 +242,7 @@ func newBook(t testing.TB, rules map[string]pricing.Rule) *pricing.Book {
 // harnessOn starts a Vendor on an existing ledger: capvend (re)starting.
 func harnessOn(t testing.TB, l *ledger.Ledger, hold bool, mod func(*vend.Config)) *harness {
 	t.Helper()
-	be := &fakeBackend{led: l, hold: hold, last: make(chan vend.Payment, 100)}
+	be := &fakeBackend{led: l, hold: hold, last: make(chan vend.Payment, 100), running: make(chan struct{})}
 	tools := &fakeTools{}
 	cfg := vend.Config{
 		Ledger: l, Backends: []vend.PaymentBackend{be}, Tools: tools,
@@ -261,39 +264,57 @@ func harnessOn(t testing.TB, l *ledger.Ledger, hold bool, mod func(*vend.Config)
 	h := &harness{v: v, l: l, be: be, tools: tools, ctx: ctx}
 	t.Cleanup(func() { cancel(); <-done; h.calls.Wait() })
 	// Run registers the report function asynchronously.
-	for i := 0; i < 1000; i++ {
-		be.mu.Lock()
-		ok := be.report != nil
-		be.mu.Unlock()
-		if ok {
-			break
-		}
-		time.Sleep(time.Millisecond)
+	select {
+	case <-be.running:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the vendor did not start its payment backend")
 	}
 	return h
 }
 
 // notes records notifications sent to one client.
 type notes struct {
-	mu  sync.Mutex
-	got []string
+	mu      sync.Mutex
+	got     []string
+	changed chan struct{} // closed (and replaced) at each notification
 }
 
 func (n *notes) notify(method string, params any) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.got = append(n.got, method)
+	if n.changed != nil {
+		close(n.changed)
+		n.changed = nil
+	}
 }
 
 // waitFor waits until method was sent.
 func (n *notes) waitFor(t *testing.T, method string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for countOf(n.methods(), method) == 0 {
-		if time.Now().After(deadline) {
+	n.waitN(t, method, 1)
+}
+
+// waitN waits until method was sent k times.
+func (n *notes) waitN(t *testing.T, method string, k int) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		n.mu.Lock()
+		if countOf(n.got, method) >= k {
+			n.mu.Unlock()
+			return
+		}
+		if n.changed == nil {
+			n.changed = make(chan struct{})
+		}
+		changed := n.changed
+		n.mu.Unlock()
+		select {
+		case <-changed:
+		case <-timeout:
 			t.Fatalf("no %s; got %v", method, n.methods())
 		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -614,15 +635,9 @@ func TestHeartbeatsWhileWaitingForPayment(t *testing.T) {
 	r.ProgressToken = json.RawMessage(`"tok"`)
 	ch := h.callAsync(r)
 	p := h.nextPayment(t)
-	deadline := time.Now().Add(10 * time.Second)
-	for countOf(n.methods(), vend.NotifyProgress) < 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	n.waitN(t, vend.NotifyProgress, 2)
 	h.be.pay(p.Ref)
 	result(t, ch)
-	if countOf(n.methods(), vend.NotifyProgress) < 2 {
-		t.Fatalf("notifications %v", n.methods())
-	}
 }
 
 func countOf(list []string, s string) int {
