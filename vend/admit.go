@@ -76,6 +76,9 @@ type admitted struct {
 // it (or finds the call it repeats). A nil *admitted means the call is
 // answered by res and err.
 func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResult, error) {
+	if r.L402 {
+		r.Explicit = true // the challenge is the answer
+	}
 	t, ok := v.item(r.Kind, r.Tool)
 	if !ok {
 		return nil, CallResult{}, fmt.Errorf("%w: %q", ErrUnknownTool, r.Tool)
@@ -99,6 +102,16 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
 	bind := Binding{Kind: t.Kind.Or(), Server: t.Server, Tool: t.UpstreamName, ArgsHash: hash}
+	if r.Macaroon != nil && r.CashuToken == "" {
+		// An L402 macaroon names its grant, and its preimage proves
+		// the payment: that call or nothing.
+		grant, err := v.grantByMacaroon(ctx, r, &t, bind)
+		if err != nil {
+			return nil, CallResult{}, err
+		}
+		r.Explicit = true
+		return &admitted{pending: pending{v: v, call: grant, t: t, args: args, r: r, byToken: true, proven: true}, known: true}, CallResult{}, nil
+	}
 	if r.PaymentToken != "" && r.CashuToken == "" {
 		// A payment token names its grant: that call or nothing.
 		grant, err := v.grantByToken(ctx, r, bind)

@@ -23,4 +23,8 @@ type pending struct {
 	// ran, runs or ended elsewhere, the request is refused
 	// (ErrTokenUsed), never answered with that call's result.
 	byToken bool
+	// proven: the request proved the call's Lightning payment (an L402
+	// preimage): a payment the backend has not reported yet is waited
+	// for (awaitProven), not answered as pending.
+	proven bool
 }

@@ -55,6 +55,9 @@ func (c *pending) resume(ctx context.Context) (CallResult, error) {
 		return c.run(ctx)
 	}
 	// awaiting_payment
+	if c.proven && c.pay.State == PaymentOpen {
+		return c.awaitProven(ctx)
+	}
 	if c.r.Explicit {
 		if c.pay.State == PaymentOpen {
 			return CallResult{}, &PaymentPendingError{RetryAfter: 2, Token: c.r.PaymentToken, ExpiresAt: c.pay.ExpiresAt}

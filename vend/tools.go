@@ -184,6 +184,19 @@ type CallRequest struct {
 	// (ErrTokenExpired); an unknown token is ErrTokenUnknown. No session,
 	// client identity or _meta is needed.
 	PaymentToken string
+	// L402 asks for an L402 challenge: an unpaid call is answered by
+	// explicit gating (it implies Explicit) with a macaroon in
+	// PaymentRequiredError.Macaroon, when the ledger keeps L402 keys
+	// and the invoice is a Lightning one (see l402.go).
+	L402 bool
+	// Macaroon is an L402 macaroon (binary) the request presents, with
+	// its invoice's preimage in PaymentProof (or in a preimage caveat).
+	// It releases the one call it was minted for, once: a credential
+	// that does not verify for this request is ErrL402Invalid, a call
+	// that ran is ErrTokenUsed, one whose invoice expired unpaid
+	// ErrTokenExpired. A proven payment the backend has not reported
+	// yet is waited for, not answered as pending.
+	Macaroon []byte
 	// PaymentTokens says the front hands payment tokens to its clients:
 	// an explicit-gating answer then issues one (PaymentRequiredError.Token).
 	PaymentTokens bool
@@ -319,6 +332,11 @@ type PaymentRequiredError struct {
 	// (CallRequest.PaymentTokens) and the ledger keeps them. A bearer
 	// secret until used: never log it.
 	Token string
+	// Macaroon is the L402 macaroon (binary) of this call's invoice:
+	// nil unless the request asked for L402 (CallRequest.L402) and the
+	// ledger keeps L402 keys. Presented with the invoice's preimage it
+	// releases this call once.
+	Macaroon []byte
 }
 
 func (e *PaymentRequiredError) Error() string { return "payment required" }

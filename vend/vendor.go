@@ -89,6 +89,8 @@ type Vendor struct {
 	// reserved holds the tools logged as not offered because their
 	// schema declares PaymentArg (grants.go), each logged once.
 	reserved sync.Map
+	// l402 caches the L402 root key (see l402.go).
+	l402 l402Key
 }
 
 // New checks cfg and returns a Vendor. It starts nothing.

@@ -1,0 +1,72 @@
+package ledger
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/capvend/capvend/vend"
+)
+
+var _ vend.L402Keys = (*Ledger)(nil)
+
+// L402RootKey implements vend.L402Keys: key 1 of l402_root_keys (schema
+// 12), generated and stored by the first call. Concurrent first calls, in
+// this process or another, all return the one key stored (INSERT OR
+// IGNORE, then read it back in the same transaction).
+func (l *Ledger) L402RootKey(ctx context.Context) ([]byte, error) {
+	var key []byte
+	err := l.reader(ctx).QueryRowContext(ctx, "SELECT root_key FROM l402_root_keys WHERE id = 1").Scan(&key)
+	if err == nil {
+		return key, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("L402 root key: %w", l.fileError(err))
+	}
+	fresh := make([]byte, 32)
+	if _, err := rand.Read(fresh); err != nil {
+		return nil, fmt.Errorf("L402 root key: %w", err)
+	}
+	err = l.write(ctx, func(tx *wtx, now time.Time) error {
+		if _, err := tx.ExecContext(ctx, "INSERT OR IGNORE INTO l402_root_keys (id, root_key, created_at) VALUES (1, ?, ?)",
+			fresh, ms(now)); err != nil {
+			return err
+		}
+		return tx.QueryRowContext(ctx, "SELECT root_key FROM l402_root_keys WHERE id = 1").Scan(&key)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("L402 root key: %w", l.fileError(err))
+	}
+	return key, nil
+}
+
+// RevokeL402 implements vend.L402Keys: one row of l402_revocations.
+// Revoking a token revoked before changes nothing (the first reason
+// stays) and is not an error.
+func (l *Ledger) RevokeL402(ctx context.Context, tokenID, reason string) error {
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
+		_, err := tx.ExecContext(ctx, "INSERT INTO l402_revocations (token_id, reason, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+			tokenID, reason, ms(now))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("revoke L402 token: %w", l.fileError(err))
+	}
+	return nil
+}
+
+// L402Revoked implements vend.L402Keys. It only reads.
+func (l *Ledger) L402Revoked(ctx context.Context, tokenID string) (bool, error) {
+	var one int
+	err := l.reader(ctx).QueryRowContext(ctx, "SELECT 1 FROM l402_revocations WHERE token_id = ?", tokenID).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("L402 revocation: %w", l.fileError(err))
+	}
+	return true, nil
+}

@@ -1,0 +1,345 @@
+package vend
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"gopkg.in/macaroon.v2"
+)
+
+// L402 (bLIP-0026, as Lightning Labs' Aperture speaks it): an unpaid
+// explicit-gating call of a request that asked for it (CallRequest.L402)
+// is answered with a macaroon beside its invoice
+// (PaymentRequiredError.Macaroon); the client pays the invoice and repeats
+// the call with the macaroon and the invoice's preimage
+// (CallRequest.Macaroon, CallRequest.PaymentProof), which release that
+// call, once, and nothing else.
+//
+// The macaroon's identifier is Aperture's (version 0): version (2 bytes,
+// big endian) | payment hash (32) | token id (32), where capvend's token id
+// is the call id (8 bytes, big endian) followed by 24 random bytes. Its
+// first-party caveats, all of which must hold:
+//
+//	services=capvend:0                 the service (Aperture's form)
+//	capvend_valid_until=<unix seconds> expiry: the invoice's, plus L402Grace
+//	capvend_call=<kind> <args hash> <name>
+//	                                   the one call it pays: item kind,
+//	                                   canonical arguments hash, exposed name
+//	preimage=<hex>                     optional: the preimage, when the
+//	                                   client sends it in the macaroon
+//	                                   (Aperture's gRPC form)
+//
+// Any other condition is refused (a caveat a client added must hold, and
+// capvend cannot check one it does not know). A credit macaroon (prepaid
+// balance) is meant to carry capvend_credit=<account> instead of
+// capvend_call: verifyMacaroon's caveat switch is where it is added.
+
+// L402Service is the service name in the services caveat.
+const L402Service = "capvend"
+
+// L402Grace is how long after its invoice's expiry an L402 macaroon stays
+// good: a client that paid at the last moment can still repeat its call.
+const L402Grace = time.Hour
+
+// Caveat conditions of capvend's macaroons (see above).
+const (
+	caveatServices   = "services"
+	caveatValidUntil = L402Service + "_valid_until"
+	caveatCall       = L402Service + "_call"
+	caveatPreimage   = "preimage"
+)
+
+// l402Version is the identifier version minted (Aperture's latest).
+const l402Version = 0
+
+// l402IDLen is the length of an identifier: version, payment hash, token id.
+const l402IDLen = 2 + 32 + 32
+
+// ErrL402Invalid refuses an L402 credential that does not verify: it is
+// not a macaroon, not capvend's (signature), malformed, expired, revoked,
+// its preimage is not its invoice's, or its caveats do not hold for the
+// request. Fronts answer HTTP 401. Nothing runs and nothing is charged.
+var ErrL402Invalid = errors.New("invalid L402 credential")
+
+// L402Keys is an optional ability of a Ledger (capvend's ledger has it):
+// the macaroon root key and the revocations of L402. Without it, no
+// macaroon is minted and a request presenting one gets ErrL402Invalid.
+type L402Keys interface {
+	// L402RootKey returns the root key macaroons are signed with: 32
+	// random bytes generated and stored the first time it is asked for,
+	// the same ever after (concurrent first calls get the one stored).
+	L402RootKey(ctx context.Context) ([]byte, error)
+	// RevokeL402 records tokenID (64 hex digits, L402TokenID) as
+	// revoked, with why. Idempotent; atomic.
+	RevokeL402(ctx context.Context, tokenID, reason string) error
+	// L402Revoked reports whether tokenID was revoked. Read only.
+	L402Revoked(ctx context.Context, tokenID string) (bool, error)
+}
+
+// l402Key caches the root key: it never changes once stored.
+type l402Key struct {
+	mu  sync.Mutex
+	key []byte
+}
+
+// rootKey returns the root key, from the ledger the first time.
+func (v *Vendor) l402RootKey(ctx context.Context) ([]byte, L402Keys, error) {
+	lk, ok := v.cfg.Ledger.(L402Keys)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: the ledger keeps no L402 keys", ErrL402Invalid)
+	}
+	v.l402.mu.Lock()
+	defer v.l402.mu.Unlock()
+	if v.l402.key == nil {
+		key, err := lk.L402RootKey(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		v.l402.key = key
+	}
+	return v.l402.key, lk, nil
+}
+
+// callCaveat is the value of the capvend_call caveat of a call of t with
+// arguments hash argsHash.
+func callCaveat(t *Tool, argsHash string) string {
+	return string(t.Kind.Or()) + " " + argsHash + " " + t.Name
+}
+
+// mintMacaroon returns the L402 macaroon (binary) of the explicit-gating
+// call c, whose payment c.pay is a Lightning invoice.
+func (c *pending) mintMacaroon(ctx context.Context) ([]byte, error) {
+	key, _, err := c.v.l402RootKey(ctx)
+	if err != nil {
+		return nil, err
+	}
+	hash, err := hex.DecodeString(c.pay.Ref)
+	if err != nil || len(hash) != 32 {
+		return nil, fmt.Errorf("payment of call %d has no Lightning payment hash", c.call.ID)
+	}
+	return mintL402(key, hash, c.call.ID, c.pay.ExpiresAt.Add(L402Grace), callCaveat(&c.t, c.call.ArgsHash))
+}
+
+// mintL402 mints a macaroon for payment hash hash and call id, good until
+// until, for the call described by call (callCaveat).
+func mintL402(key, hash []byte, id CallID, until time.Time, call string) ([]byte, error) {
+	ident := make([]byte, 0, l402IDLen)
+	ident = binary.BigEndian.AppendUint16(ident, l402Version)
+	ident = append(ident, hash...)
+	ident = binary.BigEndian.AppendUint64(ident, uint64(id))
+	var nonce [24]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return nil, err
+	}
+	ident = append(ident, nonce[:]...)
+	m, err := macaroon.New(key, ident, L402Service, macaroon.V2)
+	if err != nil {
+		return nil, err
+	}
+	for _, cav := range []string{
+		caveatServices + "=" + L402Service + ":0",
+		caveatValidUntil + "=" + strconv.FormatInt(until.Unix(), 10),
+		caveatCall + "=" + call,
+	} {
+		if err := m.AddFirstPartyCaveat([]byte(cav)); err != nil {
+			return nil, err
+		}
+	}
+	return m.MarshalBinary()
+}
+
+// l402Grant is what a verified macaroon names.
+type l402Grant struct {
+	hash    string // payment hash, hex
+	tokenID string // hex
+	call    CallID
+}
+
+// L402TokenID returns the token id (hex) of the binary macaroon mac, the
+// value RevokeL402 takes, without verifying anything.
+func L402TokenID(mac []byte) (string, error) {
+	var m macaroon.Macaroon
+	if err := m.UnmarshalBinary(mac); err != nil {
+		return "", fmt.Errorf("%w: not a macaroon", ErrL402Invalid)
+	}
+	g, err := parseL402ID(m.Id())
+	if err != nil {
+		return "", err
+	}
+	return g.tokenID, nil
+}
+
+func parseL402ID(id []byte) (l402Grant, error) {
+	if len(id) != l402IDLen || binary.BigEndian.Uint16(id) != l402Version {
+		return l402Grant{}, fmt.Errorf("%w: not a capvend L402 identifier", ErrL402Invalid)
+	}
+	return l402Grant{
+		hash:    hex.EncodeToString(id[2:34]),
+		tokenID: hex.EncodeToString(id[34:]),
+		call:    CallID(binary.BigEndian.Uint64(id[34:42])),
+	}, nil
+}
+
+// verifyMacaroon checks the L402 credential of r (r.Macaroon, and the
+// preimage in r.PaymentProof or a preimage caveat) against key and the
+// call r asks for (call: callCaveat), at now: the signature, every
+// caveat, and that the preimage hashes to the identifier's payment hash.
+// It needs no network and no ledger.
+func verifyMacaroon(key []byte, r *CallRequest, call string, now time.Time) (l402Grant, error) {
+	var m macaroon.Macaroon
+	if err := m.UnmarshalBinary(r.Macaroon); err != nil {
+		return l402Grant{}, fmt.Errorf("%w: not a macaroon", ErrL402Invalid)
+	}
+	g, err := parseL402ID(m.Id())
+	if err != nil {
+		return l402Grant{}, err
+	}
+	conds, err := m.VerifySignature(key, nil)
+	if err != nil {
+		return l402Grant{}, fmt.Errorf("%w: not signed by this server", ErrL402Invalid)
+	}
+	preimage := r.PaymentProof
+	var service, until, called bool
+	for _, c := range conds {
+		k, val, ok := strings.Cut(c, "=")
+		if !ok {
+			return l402Grant{}, fmt.Errorf("%w: malformed caveat", ErrL402Invalid)
+		}
+		switch strings.TrimSpace(k) {
+		case caveatServices:
+			if service, err = hasService(val); err != nil || !service {
+				return l402Grant{}, fmt.Errorf("%w: not a token for service %s", ErrL402Invalid, L402Service)
+			}
+		case caveatValidUntil:
+			sec, err := strconv.ParseInt(strings.TrimSpace(val), 10, 64)
+			if err != nil || !now.Before(time.Unix(sec, 0)) {
+				return l402Grant{}, fmt.Errorf("%w: token expired", ErrL402Invalid)
+			}
+			until = true
+		case caveatCall:
+			if val != call {
+				return l402Grant{}, fmt.Errorf("%w: %w", ErrL402Invalid, ErrTokenMismatch)
+			}
+			called = true
+		case caveatPreimage:
+			if preimage != "" && !strings.EqualFold(preimage, val) {
+				return l402Grant{}, fmt.Errorf("%w: two different preimages", ErrL402Invalid)
+			}
+			preimage = val
+		default:
+			return l402Grant{}, fmt.Errorf("%w: unknown caveat %q", ErrL402Invalid, k)
+		}
+	}
+	if !service || !until || !called {
+		return l402Grant{}, fmt.Errorf("%w: a caveat capvend mints is missing", ErrL402Invalid)
+	}
+	pre, err := hex.DecodeString(preimage)
+	if err != nil || len(pre) != 32 {
+		return l402Grant{}, fmt.Errorf("%w: no preimage (32 bytes, hex)", ErrL402Invalid)
+	}
+	sum := sha256.Sum256(pre)
+	if want, _ := hex.DecodeString(g.hash); !bytes.Equal(sum[:], want) {
+		return l402Grant{}, fmt.Errorf("%w: the preimage is not the invoice's", ErrL402Invalid)
+	}
+	return g, nil
+}
+
+// hasService reports whether a services caveat value
+// ("name:tier,name:tier") names L402Service.
+func hasService(val string) (bool, error) {
+	for _, s := range strings.Split(val, ",") {
+		name, _, _ := strings.Cut(strings.TrimSpace(s), ":")
+		if name == L402Service {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// grantByMacaroon verifies r's L402 credential for a call of t selling
+// bind and returns the call it releases: paid, or awaiting a payment the
+// preimage proves (the backend reports it soon). The call must be the
+// identifier's, paid by the identifier's invoice, and sell exactly bind.
+func (v *Vendor) grantByMacaroon(ctx context.Context, r *CallRequest, t *Tool, bind Binding) (Call, error) {
+	key, lk, err := v.l402RootKey(ctx)
+	if err != nil {
+		return Call{}, err
+	}
+	g, err := verifyMacaroon(key, r, callCaveat(t, bind.ArgsHash), time.Now())
+	if err != nil {
+		return Call{}, err
+	}
+	if revoked, err := lk.L402Revoked(ctx, g.tokenID); err != nil {
+		return Call{}, err
+	} else if revoked {
+		return Call{}, fmt.Errorf("%w: token revoked", ErrL402Invalid)
+	}
+	p, err := v.cfg.Ledger.Payment(ctx, g.hash)
+	if errors.Is(err, ErrNotFound) || (err == nil && p.CallID != g.call) {
+		return Call{}, fmt.Errorf("%w: no such payment", ErrL402Invalid)
+	}
+	if err != nil {
+		return Call{}, err
+	}
+	c, err := v.cfg.Ledger.Call(ctx, g.call)
+	if err != nil {
+		return Call{}, err
+	}
+	if c.Binding() != bind {
+		return Call{}, fmt.Errorf("%w: %w", ErrL402Invalid, ErrTokenMismatch)
+	}
+	switch c.State {
+	case CallPaid, CallAwaitingPayment:
+		return c, nil
+	case CallExpired, CallCanceled:
+		return Call{}, ErrTokenExpired
+	case CallQuoted:
+		return Call{}, fmt.Errorf("%w: no such payment", ErrL402Invalid)
+	}
+	return Call{}, ErrTokenUsed
+}
+
+// awaitProven waits for the backend to report the payment the request's
+// preimage proved (the payer learns the preimage when the invoice
+// settles; the report may lag), then runs the call. It sends no
+// notification: an L402 answer is one HTTP response. Bounded by ctx and
+// by the invoice's expiry plus L402Grace.
+func (c *pending) awaitProven(ctx context.Context) (CallResult, error) {
+	v, p := c.v, c.pay
+	events := v.waiters.add(p.Ref)
+	defer v.waiters.remove(p.Ref, events)
+	if cur := v.currentPayment(ctx, p.Ref); cur != nil && cur.State != PaymentOpen {
+		c.pay = cur
+		return c.afterPayment(ctx)
+	}
+	bound := time.NewTimer(time.Until(p.ExpiresAt.Add(L402Grace)))
+	defer bound.Stop()
+	select {
+	case e := <-events:
+		c.pay = &e.Payment
+		return c.afterPayment(ctx)
+	case <-bound.C:
+		return CallResult{}, ErrPaymentExpired
+	case <-ctx.Done():
+		// As in waitPaid: a report already handed to this waiter is
+		// taken on (nobody else would run the call for it).
+		v.waiters.remove(p.Ref, events)
+		select {
+		case e := <-events:
+			c.pay = &e.Payment
+			return c.afterPayment(context.WithoutCancel(ctx))
+		default:
+			return CallResult{}, ctx.Err()
+		}
+	}
+}
