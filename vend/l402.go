@@ -130,6 +130,23 @@ func (c *pending) mintMacaroon(ctx context.Context) ([]byte, error) {
 	return mintL402(key, hash, c.call.ID, c.pay.ExpiresAt.Add(L402Grace), callCaveat(&c.t, c.call.ArgsHash))
 }
 
+// addMacaroon adds to e, the explicit-gating answer of c, the L402
+// macaroon of its invoice when the request asked for L402 (r.L402), the
+// ledger keeps L402 keys and the payment is an LND invoice (whose Ref is
+// the payment hash the preimage proves); else it leaves e as it is.
+func (c *pending) addMacaroon(ctx context.Context, e *PaymentRequiredError) error {
+	if _, keys := c.v.cfg.Ledger.(L402Keys); !keys || !c.r.L402 || c.pay.Kind != KindInvoice {
+		return nil
+	}
+	mac, err := c.mintMacaroon(ctx)
+	if err != nil {
+		c.v.cfg.Log.Error("vend: minting an L402 macaroon failed", "tool", c.t.Name, "call", int64(c.call.ID), "err", err)
+		return fmt.Errorf("L402 macaroon of call %d: %w", c.call.ID, err)
+	}
+	e.Macaroon = mac
+	return nil
+}
+
 // mintL402 mints a macaroon for payment hash hash and call id, good until
 // until, for the call described by call (callCaveat).
 func mintL402(key, hash []byte, id CallID, until time.Time, call string) ([]byte, error) {

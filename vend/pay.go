@@ -83,11 +83,8 @@ func (c *pending) requestPayment(ctx context.Context, slot *unpaidQuote, turn *t
 				return nil, CallResult{}, fmt.Errorf("payment token of call %d: %w", call.ID, err)
 			}
 		}
-		if r.L402 && p.Kind == KindInvoice { // its Ref is the payment hash the preimage proves
-			if e.Macaroon, err = c.mintMacaroon(ctx); err != nil {
-				v.cfg.Log.Error("vend: minting an L402 macaroon failed", "tool", c.t.Name, "call", int64(call.ID), "err", err)
-				return nil, CallResult{}, fmt.Errorf("L402 macaroon of call %d: %w", call.ID, err)
-			}
+		if err := c.addMacaroon(ctx, e); err != nil {
+			return nil, CallResult{}, err
 		}
 		return nil, CallResult{}, e
 	}

@@ -59,6 +59,15 @@ func (c *pending) resume(ctx context.Context) (CallResult, error) {
 		return c.awaitProven(ctx)
 	}
 	if c.r.Explicit {
+		if c.pay.State == PaymentOpen && c.r.L402 && c.r.Macaroon == nil {
+			// An L402 client's repeat without a credential: the same
+			// invoice again, with a macaroon of its own.
+			e := c.required()
+			if err := c.addMacaroon(ctx, e); err != nil {
+				return CallResult{}, err
+			}
+			return CallResult{}, e
+		}
 		if c.pay.State == PaymentOpen {
 			return CallResult{}, &PaymentPendingError{RetryAfter: 2, Token: c.r.PaymentToken, ExpiresAt: c.pay.ExpiresAt}
 		}

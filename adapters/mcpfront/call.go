@@ -104,12 +104,21 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 	readMeta(&cr, req.Params.Meta)
 	s.gate(ctx, &cr)
 	cr.Notify = s.notifier(ctx)
+	if _, isHTTP := ctx.Value(keyHTTPWriter).(*rewriteWriter); isHTTP {
+		if err := s.readL402(&cr, req.Header); err != nil && s.answerHTTP(ctx, &cr, err) {
+			return answeredOverHTTP, nil
+		}
+	}
 
 	if req.Params.RequestState != "" {
 		return s.resume(ctx, req, cr)
 	}
 	return s.await(ctx, s.startCall(ctx, cr))
 }
+
+// answeredOverHTTP is the handler's result for a request answerHTTP
+// answered: mcp-go's response to it is dropped by the writer.
+var answeredOverHTTP = &mcp.CallToolResult{Content: []mcp.Content{mcp.NewTextContent("answered over HTTP")}, IsError: true}
 
 // readMeta fills cr from a request's _meta: progress token, Cashu token,
 // payment proof, invoice backend, refund invoice, explicit gating, payment
@@ -174,6 +183,9 @@ func (s *Server) priced(kind vend.ItemKind, name string) (lo, hi vend.Msat) {
 
 // answer turns the Vendor's outcome of cr into the handler's return.
 func (s *Server) answer(ctx context.Context, cr vend.CallRequest, res vend.CallResult, err error) (*mcp.CallToolResult, error) {
+	if s.answerHTTP(ctx, &cr, err) {
+		return answeredOverHTTP, nil
+	}
 	if res := s.gatingResult(&cr, err); res != nil {
 		s.log.Debug("tool call answered: payment required", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyErr, err)
 		return res, nil

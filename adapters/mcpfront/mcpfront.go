@@ -340,6 +340,10 @@ type Config struct {
 	// and no capvend_payment in tool schemas; a client that did not
 	// declare CapabilityPayments gets the notifications flow.
 	LegacyGatingCode bool
+	// HTTP402 answers every unpaid priced tools/call over HTTP with HTTP
+	// 402 and its challenges (L402), not only a request whose Accept
+	// names L402 (payments.http_402; see http402.go).
+	HTTP402 bool
 	// MaxBodyBytes bounds HTTP request bodies; larger ones get 413.
 	// 0: DefaultMaxBodyBytes.
 	MaxBodyBytes int64

@@ -268,6 +268,7 @@ type rewriteWriter struct {
 	wroteHeader bool
 	sse         bool // this writer upgraded the response to SSE
 	finished    bool // the handler returned: the writer is dead
+	replaced    bool // the answer was written by replace (HTTP 402/401): mcp-go's is dropped
 }
 
 func (rw *rewriteWriter) Header() http.Header         { return rw.w.Header() }
@@ -277,7 +278,7 @@ func (rw *rewriteWriter) WriteHeader(status int) {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
 	if rw.wroteHeader {
-		return // notify upgraded the response already
+		return // notify upgraded the response already, or replace answered
 	}
 	if rw.modern && rw.pending == 0 && status == http.StatusOK &&
 		strings.HasPrefix(rw.w.Header().Get("Content-Type"), "application/json") {
@@ -343,6 +344,12 @@ func (rw *rewriteWriter) finish() {
 }
 
 func (rw *rewriteWriter) Write(p []byte) (int, error) {
+	rw.mu.Lock()
+	replaced := rw.replaced
+	rw.mu.Unlock()
+	if replaced {
+		return len(p), nil // mcp-go's answer to a request replace answered
+	}
 	out := p
 	if bytes.Contains(p, []byte(rw.s.nonce)) {
 		if bytes.HasPrefix(p, []byte("event:")) || bytes.HasPrefix(p, []byte("id:")) || bytes.HasPrefix(p, []byte("data:")) {
@@ -380,7 +387,7 @@ func (rw *rewriteWriter) Write(p []byte) (int, error) {
 func (rw *rewriteWriter) notify(msg []byte) bool {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
-	if rw.finished {
+	if rw.finished || rw.replaced {
 		return false
 	}
 	rw.extend()

@@ -69,6 +69,9 @@ func FromVend(err error, tool string) Error {
 		return Error{CodeWorkRequired, "Proof of work required", map[string]any{
 			"difficulty": wr.Required, "work": wr.Work,
 			"instructions": "Mine the request event to the difficulty (NIP-13: leading zero bits of its id, committed in a nonce tag), or pay with a Cashu token."}}
+	case errors.Is(err, vend.ErrL402Invalid):
+		// vend's reasons name no secret: they say which check failed.
+		return Error{Code: CodeInvalidRequest, Message: "Invalid Request: " + err.Error()}
 	case errors.Is(err, vend.ErrTokenMismatch):
 		return Error{Code: CodeInvalidRequest, Message: "Invalid Request: payment token is for another call"}
 	case errors.Is(err, vend.ErrTokenUsed):

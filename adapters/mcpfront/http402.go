@@ -1,0 +1,225 @@
+package mcpfront
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/capvend/capvend/adapters/rpcerr"
+	"github.com/capvend/capvend/vend"
+)
+
+// HTTP 402 on MCP Streamable HTTP: see the package doc, Paying from any
+// HTTP client.
+//
+// When: an unpaid priced tools/call over HTTP is answered with HTTP 402
+// Payment Required, instead of the explicit-gating tool result, when the
+// request's Accept header names L402 (a media range or parameter
+// containing "l402" or "lsat", case-insensitive, e.g.
+// "application/json, text/event-stream, application/vnd.l402"), or always
+// with Config.HTTP402 (payments.http_402: true), for HTTP clients whose
+// L402 support sends no such Accept (@getalby/lightning-tools'
+// fetchWithL402 does not). A request that presents a credential
+// (Authorization: L402/LSAT) is one that wants them too. Only when at
+// least one challenge header can be written (a challenger below adds
+// one) and nothing of the response was written yet (no notification
+// upgraded it to SSE); otherwise the tool result answers, as before.
+//
+// What: status 402, the challenge headers, and a JSON-RPC error response
+// to the request (same id): code 402 "Payment Required", data the
+// structuredContent a tool result would carry (amount, invoice,
+// payment token, how to retry) plus its text.
+//
+// A credential that does not release the call (ErrL402Invalid: not
+// capvend's, malformed, expired, revoked, the wrong preimage, another
+// call's; ErrTokenMismatch, ErrTokenUsed, ErrTokenExpired) is answered
+// 401 Unauthorized with the JSON-RPC error saying why, and no challenge:
+// an automatic L402 client must not pay again for a refused credential.
+
+// challenger adds its payment scheme's challenge to the headers h of the
+// 402 answering e (a payment required for cr) and reports whether it
+// added one. Challengers run in order (challengers); a scheme is added by
+// appending one (Cashu NUT-24's X-Cashu is meant to be the next).
+type challenger func(s *Server, h http.Header, cr *vend.CallRequest, e *vend.PaymentRequiredError) bool
+
+// challengers are the HTTP 402 challenges capvend writes, in order.
+var challengers = []challenger{challengeL402}
+
+// challengeL402 writes the L402 challenges (bLIP-0026) of e's macaroon and
+// invoice: the current form, Aperture's (macaroon=), that of
+// @getalby/lightning-tools' newer servers (token=), and the legacy LSAT
+// scheme, in that order (clients take the first they understand).
+func challengeL402(_ *Server, h http.Header, _ *vend.CallRequest, e *vend.PaymentRequiredError) bool {
+	if e.Macaroon == nil || e.Invoice == "" {
+		return false
+	}
+	mac := base64.StdEncoding.EncodeToString(e.Macaroon)
+	h.Add("WWW-Authenticate", `L402 macaroon="`+mac+`", invoice="`+e.Invoice+`"`)
+	h.Add("WWW-Authenticate", `L402 token="`+mac+`", invoice="`+e.Invoice+`"`)
+	h.Add("WWW-Authenticate", `LSAT macaroon="`+mac+`", invoice="`+e.Invoice+`"`)
+	return true
+}
+
+// wants402 reports whether an HTTP request with headers h is answered
+// with HTTP 402 when it must pay (see above).
+func (s *Server) wants402(h http.Header) bool {
+	if s.cfg.HTTP402 {
+		return true
+	}
+	if strings.TrimSpace(h.Get("Authorization")) != "" {
+		if scheme, _, _ := strings.Cut(strings.TrimSpace(h.Get("Authorization")), " "); isL402Scheme(scheme) {
+			return true
+		}
+	}
+	for _, v := range h.Values("Accept") {
+		for _, part := range strings.Split(v, ",") {
+			mt, params, err := mime.ParseMediaType(strings.TrimSpace(part))
+			if err != nil {
+				continue
+			}
+			if namesL402(mt) {
+				return true
+			}
+			for k, pv := range params {
+				if namesL402(k) || namesL402(pv) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func namesL402(s string) bool {
+	s = strings.ToLower(s)
+	return strings.Contains(s, "l402") || strings.Contains(s, "lsat")
+}
+
+func isL402Scheme(s string) bool { return strings.EqualFold(s, "L402") || strings.EqualFold(s, "LSAT") }
+
+// errBadCredential: an Authorization header of scheme L402 or LSAT that is
+// not "<base64 macaroon>:<hex preimage>".
+var errBadCredential = errors.New("malformed L402 credential: want Authorization: L402 <base64 macaroon>:<hex preimage>")
+
+// l402Credential reads an L402 credential from h: the first Authorization
+// value of scheme L402 or LSAT, "<macaroon>:<preimage>" (base64, standard
+// or URL alphabet, padded or not; 64 hex digits). ok=false if there is
+// none; err if there is one that is malformed.
+func l402Credential(h http.Header) (mac []byte, preimage string, ok bool, err error) {
+	for _, v := range h.Values("Authorization") {
+		scheme, rest, _ := strings.Cut(strings.TrimSpace(v), " ")
+		if !isL402Scheme(scheme) {
+			continue
+		}
+		m, pre, found := strings.Cut(strings.TrimSpace(rest), ":")
+		if !found {
+			return nil, "", true, errBadCredential
+		}
+		if b, err := hex.DecodeString(pre); err != nil || len(b) != 32 {
+			return nil, "", true, errBadCredential
+		}
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding, base64.RawStdEncoding, base64.RawURLEncoding} {
+			if mac, err = enc.DecodeString(m); err == nil && len(mac) > 0 {
+				return mac, pre, true, nil
+			}
+		}
+		return nil, "", true, errBadCredential
+	}
+	return nil, "", false, nil
+}
+
+// readL402 fills cr for an HTTP request with headers h: L402 asked for
+// when the request wants 402 answers, and the credential it presents. A
+// malformed credential is an error the caller answers (401).
+func (s *Server) readL402(cr *vend.CallRequest, h http.Header) error {
+	if !s.wants402(h) {
+		return nil
+	}
+	cr.L402 = true
+	mac, pre, ok, err := l402Credential(h)
+	if err != nil {
+		return err
+	}
+	if ok {
+		cr.Macaroon, cr.PaymentProof = mac, pre
+	}
+	return nil
+}
+
+// answerHTTP writes the HTTP answer of an L402 request's outcome, if it
+// has one: 402 with the challenges for a payment required, 401 for a
+// refused credential. It reports whether it wrote it; then mcp-go's own
+// response to the request is dropped (rewriteWriter.replace).
+func (s *Server) answerHTTP(ctx context.Context, cr *vend.CallRequest, err error) bool {
+	rw, ok := ctx.Value(keyHTTPWriter).(*rewriteWriter)
+	if !ok || !cr.L402 || err == nil {
+		return false
+	}
+	h := http.Header{}
+	var status int
+	var w wireError
+	if pr, isReq := errors.AsType[*vend.PaymentRequiredError](err); isReq {
+		added := false
+		for _, c := range challengers {
+			added = c(s, h, cr, pr) || added
+		}
+		if !added {
+			return false
+		}
+		status = http.StatusPaymentRequired
+		if w, ok = s.gatingError(cr, err); !ok {
+			w = rpcerr.FromVend(err, cr.Tool)
+		}
+	} else if errors.Is(err, errBadCredential) {
+		status = http.StatusUnauthorized
+		w = wireError{Code: rpcerr.CodeInvalidRequest, Message: "Invalid Request: " + err.Error()}
+	} else if refusedCredential(err) {
+		status = http.StatusUnauthorized
+		w = toWire(err, cr.Tool)
+	} else {
+		return false
+	}
+	id := json.RawMessage(cr.RequestID)
+	if !json.Valid(id) {
+		id = json.RawMessage("null")
+	}
+	b, _ := json.Marshal(w)
+	if !rw.replace(status, h, append(envelope(id, "error", b), '\n')) {
+		return false
+	}
+	s.log.Info("tool call answered over HTTP", logKeyTool, cr.Tool, "status", status, logKeyCode, w.Code)
+	return true
+}
+
+// refusedCredential reports whether err refuses an L402 credential.
+func refusedCredential(err error) bool {
+	return errors.Is(err, vend.ErrL402Invalid) || errors.Is(err, vend.ErrTokenMismatch) ||
+		errors.Is(err, vend.ErrTokenUsed) || errors.Is(err, vend.ErrTokenExpired)
+}
+
+// replace writes status, the headers h and body as the whole response, if
+// nothing was written yet, and drops every later write of mcp-go's (its
+// own answer to the request). It reports whether it wrote.
+func (rw *rewriteWriter) replace(status int, h http.Header, body []byte) bool {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.wroteHeader || rw.finished || rw.replaced {
+		return false
+	}
+	dst := rw.w.Header()
+	for k, vs := range h {
+		dst[k] = vs
+	}
+	dst.Set("Content-Type", "application/json")
+	rw.extend()
+	rw.pending = 0
+	rw.wroteHeader, rw.replaced = true, true
+	rw.w.WriteHeader(status)
+	_, _ = rw.w.Write(body)
+	return true
+}
