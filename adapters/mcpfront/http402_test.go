@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -202,4 +203,67 @@ func TestHTTP402Config(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `ran free`) {
 		t.Fatalf("free call: %d %s", resp.StatusCode, body)
 	}
+}
+
+// TestDiscovery: GET /.well-known/capvend.json lists the tools offered
+// with their prices in msat and sats, the payment methods, mints, the
+// relay pubkey and L402 support; other methods are refused.
+func TestDiscovery(t *testing.T) {
+	led, _ := ledger.Open(context.Background(), filepath.Join(t.TempDir(), "d.db"), ledger.Options{})
+	t.Cleanup(func() { led.Close() })
+	book, _ := pricing.NewBook(map[string]map[string]pricing.Rule{"ex": fuzzPrices})
+	v, err := vend.New(vend.Config{Ledger: led, Backends: []vend.PaymentBackend{&honestBackend{led: led}}, Tools: &recordingTools{}, Prices: book, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Vendor: v, Name: "shop", HTTP402: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := s.Discovery(DiscoveryInfo{MCPPath: "/mcp", PMIs: []string{vend.PMILightning}, Mints: []string{"http://127.0.0.1:3338"},
+		RelayPubkey: strings.Repeat("ab", 32), Relays: []string{"ws://127.0.0.1:7777"}, L402: true})
+	rec := httptestRecorder(h, http.MethodGet)
+	if rec.Code != http.StatusOK || rec.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("GET: %d %s", rec.Code, rec.Body)
+	}
+	var doc struct {
+		Name  string `json:"name"`
+		MCP   string `json:"mcp"`
+		Tools []struct {
+			Name      string `json:"name"`
+			PriceMsat int64  `json:"price_msat"`
+			PriceSats int64  `json:"price_sats"`
+		} `json:"tools"`
+		Payments struct {
+			PMIs  []string `json:"pmis"`
+			Mints []string `json:"mints"`
+			L402  struct {
+				Supported, Always bool
+			} `json:"l402"`
+		} `json:"payments"`
+		Nostr struct {
+			Pubkey string `json:"pubkey"`
+		} `json:"nostr"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][2]int64{}
+	for _, tl := range doc.Tools {
+		got[tl.Name] = [2]int64{tl.PriceMsat, tl.PriceSats}
+	}
+	if doc.Name != "shop" || doc.MCP != "/mcp" || got["ex_dear"] != [2]int64{21000, 21} || got["ex_cheap"] != [2]int64{1000, 1} ||
+		got["ex_free"] != [2]int64{0, 0} || len(doc.Payments.PMIs) != 1 || len(doc.Payments.Mints) != 1 ||
+		!doc.Payments.L402.Supported || !doc.Payments.L402.Always || doc.Nostr.Pubkey != strings.Repeat("ab", 32) {
+		t.Fatalf("document %s", rec.Body)
+	}
+	if rec := httptestRecorder(h, http.MethodPost); rec.Code != http.StatusMethodNotAllowed {
+		t.Fatalf("POST: %d", rec.Code)
+	}
+}
+
+func httptestRecorder(h http.Handler, method string) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, DiscoveryPath, nil))
+	return rec
 }

@@ -156,6 +156,11 @@ type PaymentsConfig struct {
 	// gating as -32042/-32043 errors on MCP HTTP and stdio, only on
 	// request, without payment tokens (mcpfront.Config.LegacyGatingCode).
 	LegacyGatingCode bool `yaml:"legacy_gating_code"`
+	// HTTP402 answers every unpaid priced tools/call over MCP HTTP with
+	// HTTP 402 and an L402 challenge, not only requests whose Accept
+	// names L402 (mcpfront.Config.HTTP402): for L402 clients that send
+	// no such Accept.
+	HTTP402 bool `yaml:"http_402"`
 }
 
 // LimitsConfig bounds what one client, and everyone, may hold open. A

@@ -258,6 +258,7 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/mcp", f.Handler())
+		mux.Handle(mcpfront.DiscoveryPath, f.Discovery(discoveryInfo(cfg, nf)))
 		srv = httpServer(cfg.HTTP, mux)
 		fmt.Fprintf(e.Stderr, "capvend: serving MCP at http://%s/mcp (%s)\n", ln.Addr(), describeBackends(backends))
 		go func() { serveErr <- srv.Serve(newLimitListener(ln, cfg.HTTP.MaxConnections)) }()
@@ -292,7 +293,7 @@ func frontConfig(cfg *Config) (mcpfront.Config, error) {
 		SessionIdle: cfg.HTTP.SessionIdle, MaxSessions: cfg.HTTP.MaxSessions,
 		TrustedProxies: proxies, ClientIDHeader: cfg.HTTP.ClientIDHeader,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins, WriteTimeout: cfg.HTTP.WriteTimeout,
-		LegacyGatingCode: cfg.Payments.LegacyGatingCode,
+		LegacyGatingCode: cfg.Payments.LegacyGatingCode, HTTP402: cfg.Payments.HTTP402,
 	}
 	if cfg.HTTP.AuthTokenFile != "" {
 		if fc.BearerToken, err = readTokenFile(cfg.HTTP.AuthTokenFile); err != nil {
@@ -458,4 +459,21 @@ func (c upstreamCatalog) GetPrompt(ctx context.Context, name string, args map[st
 
 func (c upstreamCatalog) ReadResource(ctx context.Context, uri string) (json.RawMessage, error) {
 	return c.m.ReadResource(ctx, uri)
+}
+
+// discoveryInfo is what the discovery document (GET
+// /.well-known/capvend.json) says of cfg's payment setup and of the
+// Nostr front nf (nil if none).
+func discoveryInfo(cfg *Config, nf *ctxvm.Server) mcpfront.DiscoveryInfo {
+	info := mcpfront.DiscoveryInfo{MCPPath: "/mcp", Mints: cfg.Cashu.Mints, L402: cfg.LND.Host != ""}
+	if cfg.LND.Host != "" || (len(cfg.Cashu.Mints) > 0 && cfg.Cashu.MintQuotes) {
+		info.PMIs = append(info.PMIs, vend.PMILightning)
+	}
+	if len(cfg.Cashu.Mints) > 0 && cfg.Cashu.AcceptTokens {
+		info.PMIs = append(info.PMIs, vend.PMICashu)
+	}
+	if nf != nil {
+		info.RelayPubkey, info.Relays = nf.PublicKey(), cfg.Nostr.Relays
+	}
+	return info
 }
