@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"os"
@@ -169,6 +170,42 @@ func TestREADME(t *testing.T) {
 				t.Fatal("serve lists no tools after a minute")
 			case <-time.After(50 * time.Millisecond):
 			}
+		}
+	})
+
+	const discover = "curl -s http://127.0.0.1:8402/.well-known/capvend.json"
+	run(discover, func(t *testing.T) {
+		if _, err := exec.LookPath("curl"); err != nil {
+			skip.Missing(t, "curl is not installed", "apt-get install curl")
+		}
+		src, listen := freeToolsConfig(t, "")
+		serveInProcess(t, src, listen)
+		url := strings.Replace(strings.Fields(discover)[2], "127.0.0.1:8402", listen, 1)
+		var doc struct {
+			MCP   string `json:"mcp"`
+			Tools []struct {
+				Name      string `json:"name"`
+				PriceSats *int64 `json:"price_sats"`
+			} `json:"tools"`
+			Payments struct {
+				L402 struct {
+					Supported *bool `json:"supported"`
+				} `json:"l402"`
+			} `json:"payments"`
+		}
+		deadline := time.Now().Add(time.Minute)
+		for { // the upstream connects in the background
+			out, err := exec.Command("curl", "-s", url).Output()
+			if err == nil && json.Unmarshal(out, &doc) == nil && len(doc.Tools) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %v\n%s", discover, err, out)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if doc.MCP != "/mcp" || doc.Tools[0].Name == "" || doc.Tools[0].PriceSats == nil || doc.Payments.L402.Supported == nil {
+			t.Fatalf("discovery document: %+v", doc)
 		}
 	})
 

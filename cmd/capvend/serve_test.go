@@ -115,6 +115,9 @@ type serveOpts struct {
 	// items prices the stdio upstream's prompt summarize (3 sats) and
 	// resource example://readme (1.5 sats).
 	items bool
+	// http402 sets payments.http_402: unpaid priced calls over HTTP get
+	// HTTP 402 with an L402 challenge.
+	http402 bool
 }
 
 func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen string) {
@@ -155,6 +158,7 @@ http:
 %s
 payments:
   ttl: 2m
+  http_402: %v
 limits:
   requests_per_minute: 1000000 # benchmarks call in tight loops
 upstreams:
@@ -170,7 +174,7 @@ upstreams:
     prefix: w_
     tools:
       sha256: {price_sats: 13}
-`, listen, backends, toolsBin, items, httpUpstream)
+`, listen, backends, o.http402, toolsBin, items, httpUpstream)
 	path = filepath.Join(t.TempDir(), "capvend.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
