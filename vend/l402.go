@@ -92,7 +92,8 @@ type l402Key struct {
 	key []byte
 }
 
-// rootKey returns the root key, from the ledger the first time.
+// l402RootKey returns the root key (from the ledger the first time) and
+// the ledger's L402Keys; ErrL402Invalid if the ledger keeps none.
 func (v *Vendor) l402RootKey(ctx context.Context) ([]byte, L402Keys, error) {
 	lk, ok := v.cfg.Ledger.(L402Keys)
 	if !ok {

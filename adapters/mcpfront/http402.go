@@ -14,8 +14,8 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// HTTP 402 on MCP Streamable HTTP: see the package doc, Paying from any
-// HTTP client.
+// HTTP 402 on MCP Streamable HTTP (the README's "Paying from any HTTP
+// client" says it for users).
 //
 // When: an unpaid priced tools/call over HTTP is answered with HTTP 402
 // Payment Required, instead of the explicit-gating tool result, when the
