@@ -168,13 +168,25 @@ func (l *Ledger) commitBatch(batch []*writeReq) (again []*writeReq) {
 		return nil
 	}
 	ok := make([]*writeReq, 0, len(batch)) // run, waiting for the COMMIT
+	// The callers whose own write failed wait for the COMMIT too: their
+	// error may come from an earlier caller's change in this batch (a
+	// payment already ended), and what they read once told must agree.
+	type failure struct {
+		r   *writeReq
+		err error
+	}
+	var failed []failure
 	for i, r := range batch {
 		err, fatal := l.runSaved(r)
 		switch {
 		case fatal != nil:
 			// The transaction is unusable or gone: nothing of this
-			// batch is written.
+			// batch is written. The callers that failed on its state
+			// run again, with the others.
 			l.rollback()
+			for _, f := range failed {
+				ok = append(ok, f.r)
+			}
 			if err != nil {
 				r.finish(err)
 				return append(ok, batch[i+1:]...)
@@ -182,17 +194,23 @@ func (l *Ledger) commitBatch(batch []*writeReq) (again []*writeReq) {
 			failAll(append(ok, batch[i:]...), fatal)
 			return nil
 		case err != nil:
-			r.finish(err)
+			failed = append(failed, failure{r, err})
 		default:
 			ok = append(ok, r)
 		}
 	}
 	if err := l.commit(); err != nil {
 		l.rollback()
+		for _, f := range failed {
+			ok = append(ok, f.r)
+		}
 		failAll(ok, err)
 		return nil
 	}
 	failAll(ok, nil)
+	for _, f := range failed {
+		f.r.finish(f.err)
+	}
 	return nil
 }
 

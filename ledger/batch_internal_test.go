@@ -386,3 +386,58 @@ func TestBatchPanicIsTheCallers(t *testing.T) {
 		t.Fatalf("a write after the panic: %v", err)
 	}
 }
+
+// A caller whose write fails because of an earlier caller's change in the
+// same batch is told only once that change is committed: what it then
+// reads agrees with its error. (It was woken at once, and read the state
+// from before the batch: a payment it was told had ended was still open.)
+func TestBatchFailedCallerWakesAfterTheCommit(t *testing.T) {
+	ctx := context.Background()
+	l, err := Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, _, err := l.RecordCall(ctx, testCall(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.RecordPayment(ctx, c.ID, testPayment("ref-1")); err != nil {
+		t.Fatal(err)
+	}
+	seen := make(chan vend.PaymentState, 1) // what the second caller read
+	commits := 0
+	l.queue.beforeCommit = func() error {
+		if commits++; commits == 2 { // the batch of the two ends
+			select {
+			case <-seen: // woken before the commit: the test fails below
+				t.Error("the failed caller was told before the batch committed")
+			case <-time.After(500 * time.Millisecond):
+				// Not woken: the commit goes on. (A bound, not a timing:
+				// a caller woken too early reads within microseconds.)
+			}
+		}
+		return nil
+	}
+	end := func() error { _, err := l.EndPayment(ctx, "ref-1", vend.PaymentCanceled, "test"); return err }
+	errs, _ := batchOf(t, l,
+		end,
+		func() error {
+			err := end()
+			p, perr := l.Payment(ctx, "ref-1")
+			if perr != nil {
+				t.Error(perr)
+			}
+			select {
+			case seen <- p.State:
+			default:
+			}
+			if err != nil && p.State != vend.PaymentCanceled {
+				t.Errorf("told %v, but the payment reads %s", err, p.State)
+			}
+			return err
+		})
+	if errs[0] != nil || errs[1] == nil {
+		t.Fatalf("errors %v, want the first end to succeed and the second to fail", errs)
+	}
+}
