@@ -13,6 +13,7 @@ require (
 	github.com/elnosh/gonuts v0.4.2
 	github.com/fiatjaf/eventstore v0.16.2
 	github.com/fiatjaf/khatru v0.19.1
+	github.com/fxamacker/cbor/v2 v2.7.0
 	github.com/google/uuid v1.6.0
 	github.com/gorilla/websocket v1.5.3
 	github.com/lightningnetwork/lnd v0.20.2-beta
@@ -73,7 +74,6 @@ require (
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/fasthttp/websocket v1.5.12 // indirect
 	github.com/fergusstrange/embedded-postgres v1.28.0 // indirect
-	github.com/fxamacker/cbor/v2 v2.7.0 // indirect
 	github.com/go-logr/logr v1.4.2 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-viper/mapstructure/v2 v2.3.0 // indirect
