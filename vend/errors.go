@@ -34,6 +34,9 @@ var (
 	// ErrBadToken: a Cashu token that is malformed, not in sats, or
 	// locked to spending conditions.
 	ErrBadToken = errors.New("cashu token is not a usable sat bearer token")
+	// ErrWrongUnit: a Cashu token denominated in another unit than sat.
+	// It matches ErrBadToken too.
+	ErrWrongUnit = fmt.Errorf("cashu token is not in sat: %w", ErrBadToken)
 	// ErrRequestReused: a request key (transport, client, request id)
 	// already names a call or free use of another kind, item or
 	// arguments. The request is refused: it never attaches to, waits on

@@ -103,6 +103,7 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 	}
 	readMeta(&cr, req.Params.Meta)
 	s.gate(ctx, &cr)
+	s.payOverHTTP(ctx, &cr)
 	cr.Notify = s.notifier(ctx)
 	if _, isHTTP := ctx.Value(keyHTTPWriter).(*rewriteWriter); isHTTP {
 		if err := s.readL402(&cr, req.Header); err != nil && s.answerHTTP(ctx, &cr, err) {
@@ -168,6 +169,7 @@ func (s *Server) itemRequest(ctx context.Context, kind vend.ItemKind, name strin
 	cr.Source, _ = ctx.Value(keySource).(string)
 	readMeta(&cr, meta)
 	s.gate(ctx, &cr)
+	s.payOverHTTP(ctx, &cr)
 	cr.Notify = s.notifier(ctx)
 	return cr
 }

@@ -204,25 +204,8 @@ func modernPost(t *testing.T, url, clientName, params string) map[string]any {
 // modernPostTool is modernPost for another tool.
 func modernPostTool(t *testing.T, url, clientName, tool, params string, header ...string) map[string]any {
 	t.Helper()
-	meta := `"_meta":{"` + mcp.MetaKeyProtocolVersion + `":"` + mcp.LATEST_PROTOCOL_VERSION + `","` +
-		mcp.MetaKeyClientCapabilities + `":{"elicitation":{}},"` + mcp.MetaKeyClientInfo + `":{"name":"raw","version":"1"}}`
-	body := `{"jsonrpc":"2.0","id":"r1","method":"tools/call","params":{"name":"` + tool + `",` + meta + params + `}}`
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Mcp-Protocol-Version", mcp.LATEST_PROTOCOL_VERSION)
-	req.Header.Set("Mcp-Method", "tools/call")
-	req.Header.Set("Mcp-Name", tool)
-	req.Header.Set("X-Client", clientName)
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	_, body := modernRaw(t, url, tool, `{"elicitation":{}}`, params, append([]string{"X-Client", clientName}, header...)...)
+	b := []byte(body)
 	if i := strings.Index(string(b), "data: "); i >= 0 { // SSE: the last event
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		b = []byte(strings.TrimPrefix(lines[len(lines)-1], "data: "))

@@ -121,16 +121,8 @@ func (s *Server) gatingAnswer(cr *vend.CallRequest, err error) (a paymentAnswer,
 	if !isReq && !isPend {
 		return a, "", false
 	}
-	what, url := "call "+cr.Tool, "mcp://tool/"+cr.Tool
-	a.Retry = answerRetry{Method: "tools/call", Name: cr.Tool}
-	switch cr.Kind {
-	case vend.KindPrompt:
-		what, url = "get the prompt "+cr.Tool, "mcp://prompt/"+cr.Tool
-		a.Retry.Method = "prompts/get"
-	case vend.KindResource:
-		what, url = "read "+cr.Tool, cr.Tool
-		a.Retry.Method = "resources/read"
-	}
+	what, url, method := itemWhat(cr)
+	a.Retry = answerRetry{Method: method, Name: cr.Tool}
 	a.Resource.URL = url
 	token := ""
 	var expires time.Time
@@ -198,6 +190,18 @@ func (s *Server) gatingAnswer(cr *vend.CallRequest, err error) (a paymentAnswer,
 	}
 	b.WriteString(a.Retry.Instructions)
 	return a, b.String(), true
+}
+
+// itemWhat says what cr buys, for people ("call t"), as a URL
+// ("mcp://tool/t") and as the method that buys it again.
+func itemWhat(cr *vend.CallRequest) (what, url, method string) {
+	switch cr.Kind {
+	case vend.KindPrompt:
+		return "get the prompt " + cr.Tool, "mcp://prompt/" + cr.Tool, "prompts/get"
+	case vend.KindResource:
+		return "read " + cr.Tool, cr.Tool, "resources/read"
+	}
+	return "call " + cr.Tool, "mcp://tool/" + cr.Tool, "tools/call"
 }
 
 // gatingResult is the tool result of explicit gating's err: isError,

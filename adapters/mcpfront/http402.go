@@ -24,10 +24,11 @@ import (
 // "application/json, text/event-stream, application/vnd.l402"), or always
 // with Config.HTTP402 (payments.http_402: true), for HTTP clients whose
 // L402 support sends no such Accept (@getalby/lightning-tools'
-// fetchWithL402 does not). A request that presents a credential
-// (Authorization: L402/LSAT) is one that wants them too. Only when at
-// least one challenge header can be written (a challenger below adds
-// one) and nothing of the response was written yet (no notification
+// fetchWithL402 does not). An Accept naming cashu asks too (xcashu.go),
+// and a request that presents a credential (Authorization: L402/LSAT)
+// or an X-Cashu token is one that wants them. Only when at least one
+// challenge header can be written (a challenger below adds one: L402's,
+// and X-Cashu with Config.CashuMints) and nothing of the response was written yet (no notification
 // upgraded it to SSE); otherwise the tool result answers, as before.
 //
 // What: status 402, the challenge headers, and a JSON-RPC error response
@@ -44,11 +45,11 @@ import (
 // challenger adds its payment scheme's challenge to the headers h of the
 // 402 answering e (a payment required for cr) and reports whether it
 // added one. Challengers run in order (challengers); a scheme is added by
-// appending one (Cashu NUT-24's X-Cashu is meant to be the next).
+// appending one (Cashu NUT-24's X-Cashu, xcashu.go, is the second).
 type challenger func(s *Server, h http.Header, cr *vend.CallRequest, e *vend.PaymentRequiredError) bool
 
 // challengers are the HTTP 402 challenges capvend writes, in order.
-var challengers = []challenger{challengeL402}
+var challengers = []challenger{challengeL402, challengeCashu}
 
 // challengeL402 writes the L402 challenges (bLIP-0026) of e's macaroon and
 // invoice: the current form, Aperture's (macaroon=), that of
@@ -68,7 +69,7 @@ func challengeL402(_ *Server, h http.Header, _ *vend.CallRequest, e *vend.Paymen
 // wants402 reports whether an HTTP request with headers h is answered
 // with HTTP 402 when it must pay (see above).
 func (s *Server) wants402(h http.Header) bool {
-	if s.cfg.HTTP402 {
+	if s.cfg.HTTP402 || acceptsCashu(h) || strings.TrimSpace(h.Get(HeaderCashu)) != "" {
 		return true
 	}
 	if strings.TrimSpace(h.Get("Authorization")) != "" {
@@ -153,7 +154,7 @@ func (s *Server) readL402(cr *vend.CallRequest, h http.Header) error {
 
 // answerHTTP writes the HTTP answer of an L402 request's outcome, if it
 // has one: 402 with the challenges for a payment required, 401 for a
-// refused credential. It reports whether it wrote it; then mcp-go's own
+// refused credential, 400 for a refused X-Cashu token (xcashu.go). It reports whether it wrote it; then mcp-go's own
 // response to the request is dropped (rewriteWriter.replace).
 func (s *Server) answerHTTP(ctx context.Context, cr *vend.CallRequest, err error) bool {
 	rw, ok := ctx.Value(keyHTTPWriter).(*rewriteWriter)
@@ -180,6 +181,9 @@ func (s *Server) answerHTTP(ctx context.Context, cr *vend.CallRequest, err error
 		w = wireError{Code: rpcerr.CodeInvalidRequest, Message: "Invalid Request: " + err.Error()}
 	} else if refusedCredential(err) {
 		status = http.StatusUnauthorized
+		w = toWire(err, cr.Tool)
+	} else if refusedXCashu(ctx, cr, err) {
+		status = http.StatusBadRequest // NUT-24: the token is refused
 		w = toWire(err, cr.Tool)
 	} else {
 		return false

@@ -341,9 +341,16 @@ type Config struct {
 	// declare CapabilityPayments gets the notifications flow.
 	LegacyGatingCode bool
 	// HTTP402 answers every unpaid priced tools/call over HTTP with HTTP
-	// 402 and its challenges (L402), not only a request whose Accept
-	// names L402 (payments.http_402; see http402.go).
+	// 402 and its challenges (L402, X-Cashu), not only a request whose
+	// Accept names L402 or cashu (payments.http_402; see http402.go and
+	// xcashu.go).
 	HTTP402 bool
+	// CashuMints are the mints whose tokens the Vendor takes (its Cashu
+	// backend's, when that accepts tokens): a 402 then carries them in
+	// X-Cashu's NUT-18 payment request. Empty: no X-Cashu on a 402 (a
+	// token sent in X-Cashu is still handed to the Vendor, which refuses
+	// it if it takes none).
+	CashuMints []string
 	// MaxBodyBytes bounds HTTP request bodies; larger ones get 413.
 	// 0: DefaultMaxBodyBytes.
 	MaxBodyBytes int64

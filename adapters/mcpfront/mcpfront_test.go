@@ -148,12 +148,18 @@ func newServer(t *testing.T, cfg Config) (*Server, *fakeVendor) {
 	t.Helper()
 	fv := &fakeVendor{}
 	cfg.Vendor = fv
+	return newServerOf(t, cfg), fv
+}
+
+// newServerOf is New(cfg) with a silent logger.
+func newServerOf(t *testing.T, cfg Config) *Server {
+	t.Helper()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, fv
+	return s
 }
 
 func startHTTP(t *testing.T, s *Server) string {
@@ -597,9 +603,9 @@ func newRawSession(t *testing.T, url string) *rawSession {
 	return r
 }
 
-// post sends body and returns the JSON-RPC messages of the answer (JSON or
-// SSE).
-func (r *rawSession) post(body string) ([]json.RawMessage, *http.Response) {
+// post sends body, with the headers h (name, value, ...) if any, and
+// returns the JSON-RPC messages of the answer (JSON or SSE).
+func (r *rawSession) post(body string, h ...string) ([]json.RawMessage, *http.Response) {
 	r.t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, r.url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
@@ -607,6 +613,9 @@ func (r *rawSession) post(body string) ([]json.RawMessage, *http.Response) {
 	if r.sid != "" {
 		req.Header.Set("Mcp-Session-Id", r.sid)
 		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	}
+	for i := 0; i+1 < len(h); i += 2 {
+		req.Header.Set(h[i], h[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -196,7 +196,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		defer done()
 	}
-	rw := &rewriteWriter{s: s, w: w, modern: modern, rc: http.NewResponseController(w)}
+	rw := &rewriteWriter{s: s, w: w, modern: modern, rc: http.NewResponseController(w),
+		xcashu: strings.TrimSpace(r.Header.Get(HeaderCashu)), want402: s.wants402(r.Header)}
 	rw.extend()
 	defer rw.finish()
 	if s.serveFree(rw, r, body, modern) {
@@ -263,6 +264,11 @@ type rewriteWriter struct {
 	// statuses; their status is held until the body shows the real code.
 	modern  bool
 	pending int
+
+	// What the request said about payment (xcashu.go): its X-Cashu
+	// value, whether it wants HTTP 402 answers (wants402).
+	xcashu  string
+	want402 bool
 
 	mu          sync.Mutex
 	wroteHeader bool

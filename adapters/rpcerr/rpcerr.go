@@ -110,6 +110,8 @@ func paymentFailure(err error) string {
 		return ": the Cashu token does not cover the price and the mint's fees"
 	case errors.Is(err, vend.ErrForeignMint):
 		return ": the Cashu token is from a mint this server does not accept"
+	case errors.Is(err, vend.ErrWrongUnit):
+		return ": the Cashu token is not in sats"
 	case errors.Is(err, vend.ErrBadToken):
 		return ": the Cashu token is malformed, not in sats, or locked"
 	case errors.Is(err, vend.ErrMintUnavailable):

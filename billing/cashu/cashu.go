@@ -51,7 +51,7 @@ var (
 	// mints.
 	ErrUntrustedMint = fmt.Errorf("cashu: token from an untrusted mint: %w", vend.ErrForeignMint)
 	// ErrWrongUnit: the token is not denominated in sat.
-	ErrWrongUnit = fmt.Errorf("cashu: token unit is not sat: %w", vend.ErrBadToken)
+	ErrWrongUnit = fmt.Errorf("cashu: token unit is not sat: %w", vend.ErrWrongUnit)
 	// ErrLockedToken: the token's proofs carry spending conditions
 	// (NUT-10/11/14); capvend only takes bearer proofs.
 	ErrLockedToken = fmt.Errorf("cashu: token is locked to spending conditions: %w", vend.ErrBadToken)
