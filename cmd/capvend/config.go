@@ -157,9 +157,10 @@ type PaymentsConfig struct {
 	// request, without payment tokens (mcpfront.Config.LegacyGatingCode).
 	LegacyGatingCode bool `yaml:"legacy_gating_code"`
 	// HTTP402 answers every unpaid priced tools/call over MCP HTTP with
-	// HTTP 402 and an L402 challenge, not only requests whose Accept
-	// names L402 (mcpfront.Config.HTTP402): for L402 clients that send
-	// no such Accept.
+	// HTTP 402 and its challenges (L402, and X-Cashu when Cashu tokens are
+	// accepted), not only requests whose Accept names L402 or cashu
+	// (mcpfront.Config.HTTP402): for HTTP payment clients that send no
+	// such Accept.
 	HTTP402 bool `yaml:"http_402"`
 }
 

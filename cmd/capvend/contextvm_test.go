@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -135,48 +134,8 @@ func TestContextVM(t *testing.T) {
 // (fails in CI).
 func runSDKClient(t *testing.T, s *testnet.Stack, relay, server, encryption string) {
 	t.Helper()
-	dir := filepath.Join("testdata", "contextvm")
 	needSDK(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute) // a hang guard
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "client.mjs", relay, server, encryption)
-	cmd.Dir = dir
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := map[string]string{}
-	var pays sync.WaitGroup
-	var payErr error
-	var mu sync.Mutex
-	sc := bufio.NewScanner(stdout)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		word, rest, _ := strings.Cut(sc.Text(), " ")
-		lines[word] = rest
-		if word == "PAY" {
-			pays.Add(1)
-			go func() {
-				defer pays.Done()
-				_, err := s.Pay(ctx, rest)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					payErr = err
-				}
-			}()
-		}
-	}
-	err = cmd.Wait()
-	pays.Wait()
-	if err != nil || payErr != nil {
-		t.Fatalf("stock client (encryption %s): %v, paying: %v\nstdout: %v\nstderr: %s", encryption, err, payErr, lines, stderr.String())
-	}
+	lines := runPayingScript(t, filepath.Join("testdata", "contextvm"), s.Pay, "client.mjs", relay, server, encryption)
 	t.Logf("stock client (encryption %s) saw: %v", encryption, lines)
 	for word, want := range map[string]string{
 		"INIT":  `["name","capvend e2e"]`,

@@ -17,8 +17,6 @@ import (
 
 	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/internal/skip"
-	"github.com/capvend/capvend/ledger"
-	"github.com/capvend/capvend/vend"
 )
 
 // payingInit is the initialize of a capvend-aware client: it declares the
@@ -101,27 +99,7 @@ func TestMCPInspectorBuysWithNothingInstalled(t *testing.T) {
 		t.Fatalf("third call with the same token: %v\n%s", err, out)
 	}
 
-	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	calls, err := l.CallsIn(ctx, vend.CallStates()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ran := 0
-	for _, c := range calls {
-		if c.Executions == 0 {
-			continue
-		}
-		ran++
-		ps, _ := l.CallPayments(ctx, c.ID)
-		if c.State != vend.CallDelivered || c.Executions != 1 || len(ps) != 1 || ps[0].State != vend.PaymentSettled || ps[0].Settled < c.Price {
-			t.Errorf("call %d: %s, %d executions, payments %+v", c.ID, c.State, c.Executions, ps)
-		}
-	}
-	if ran != 1 {
+	if ran := paidRuns(t, db); ran != 1 {
 		t.Fatalf("%d calls ran, want 1", ran)
 	}
 }

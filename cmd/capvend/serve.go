@@ -295,6 +295,9 @@ func frontConfig(cfg *Config) (mcpfront.Config, error) {
 		AllowedOrigins: cfg.HTTP.AllowedOrigins, WriteTimeout: cfg.HTTP.WriteTimeout,
 		LegacyGatingCode: cfg.Payments.LegacyGatingCode, HTTP402: cfg.Payments.HTTP402,
 	}
+	if cfg.Cashu.AcceptTokens {
+		fc.CashuMints = cfg.Cashu.Mints // X-Cashu's payment request names them
+	}
 	if cfg.HTTP.AuthTokenFile != "" {
 		if fc.BearerToken, err = readTokenFile(cfg.HTTP.AuthTokenFile); err != nil {
 			return mcpfront.Config{}, err

@@ -116,7 +116,7 @@ type serveOpts struct {
 	// resource example://readme (1.5 sats).
 	items bool
 	// http402 sets payments.http_402: unpaid priced calls over HTTP get
-	// HTTP 402 with an L402 challenge.
+	// HTTP 402 with their challenges (L402, X-Cashu).
 	http402 bool
 }
 
