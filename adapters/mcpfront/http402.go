@@ -28,8 +28,9 @@ import (
 // and a request that presents a credential (Authorization: L402/LSAT)
 // or an X-Cashu token is one that wants them. Only when at least one
 // challenge header can be written (a challenger below adds one: L402's,
-// and X-Cashu with Config.CashuMints) and nothing of the response was written yet (no notification
-// upgraded it to SSE); otherwise the tool result answers, as before.
+// and X-Cashu with Config.CashuMints) and nothing of the response was
+// written yet (no notification upgraded it to SSE); otherwise the tool
+// result answers, as before.
 //
 // What: status 402, the challenge headers, and a JSON-RPC error response
 // to the request (same id): code 402 "Payment Required", data the
@@ -154,8 +155,9 @@ func (s *Server) readL402(cr *vend.CallRequest, h http.Header) error {
 
 // answerHTTP writes the HTTP answer of an L402 request's outcome, if it
 // has one: 402 with the challenges for a payment required, 401 for a
-// refused credential, 400 for a refused X-Cashu token (xcashu.go). It reports whether it wrote it; then mcp-go's own
-// response to the request is dropped (rewriteWriter.replace).
+// refused credential, 400 for a refused X-Cashu token (xcashu.go). It
+// reports whether it wrote it; then mcp-go's own response to the request
+// is dropped (rewriteWriter.replace).
 func (s *Server) answerHTTP(ctx context.Context, cr *vend.CallRequest, err error) bool {
 	rw, ok := ctx.Value(keyHTTPWriter).(*rewriteWriter)
 	if !ok || !cr.L402 || err == nil {

@@ -62,6 +62,10 @@ import (
 // notifications/payment_accepted the response streams (as SSE) before
 // the result. It is the client's, never booked as income.
 //
+// A priced prompts/get or resources/read takes an X-Cashu token too, but
+// http402.go answers only tools/call: there a refusal is the JSON-RPC
+// error, status 200, and an unpaid one gets no 402.
+//
 // Like every answerHTTP status, it is set only while the response has not
 // started: an answer that already streamed notifications (SSE) stays 200.
 
