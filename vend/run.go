@@ -54,8 +54,9 @@ func (c *pending) resume(ctx context.Context) (CallResult, error) {
 	if c.call.State == CallPaid {
 		return c.run(ctx)
 	}
-	// awaiting_payment
-	if c.proven && c.pay.State == PaymentOpen {
+	// awaiting_payment (as the call read; its payment, read after it, may
+	// be settled by now: awaitProven takes either on)
+	if c.proven {
 		return c.awaitProven(ctx)
 	}
 	if c.r.Explicit {
