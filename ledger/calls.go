@@ -652,17 +652,26 @@ func (l *Ledger) Deliver(ctx context.Context, id vend.CallID, r vend.Result) err
 		if !c.State.CanTransition(vend.CallDelivered) {
 			return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(vend.CallDelivered)}
 		}
-		p, err := coveringPayment(ctx, tx, c)
+		drawn, _, err := creditOfCall(ctx, tx, c.ID)
 		if err != nil {
 			return err
 		}
-		if p.State != vend.PaymentSettled {
-			return fmt.Errorf("call %d: payment %s is %s, not settled: settle the hold invoice before delivering: %w", c.ID, p.Ref, p.State, vend.ErrUnpaid)
+		if drawn == "" { // paid by a payment, not from credit
+			p, err := coveringPayment(ctx, tx, c)
+			if err != nil {
+				return err
+			}
+			if p.State != vend.PaymentSettled {
+				return fmt.Errorf("call %d: payment %s is %s, not settled: settle the hold invoice before delivering: %w", c.ID, p.Ref, p.State, vend.ErrUnpaid)
+			}
 		}
 		if err := storeResult(ctx, tx, id, r, now); err != nil {
 			return err
 		}
-		return setCallState(ctx, tx, &c, vend.CallDelivered, "", now)
+		if err := setCallState(ctx, tx, &c, vend.CallDelivered, "", now); err != nil {
+			return err
+		}
+		return deliverCredit(ctx, tx, c, now)
 	})
 	if err != nil {
 		return fmt.Errorf("deliver: %w", err)
@@ -722,7 +731,8 @@ func (l *Ledger) Refund(ctx context.Context, id vend.CallID, reason string) erro
 			}
 			return postRefund(ctx, tx, p, c, reason, now)
 		}
-		return nil
+		_, err = giveBackCredit(ctx, tx, c, reason, now)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("refund: %w", err)

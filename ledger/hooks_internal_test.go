@@ -64,3 +64,11 @@ func (l *Ledger) BatchStatsForTest() (commits, writes int) {
 	defer l.queue.mu.Unlock()
 	return l.queue.commits, l.queue.writes
 }
+
+// QueryRowForTest scans the one row of q into dest, read on the writer
+// connection.
+func (l *Ledger) QueryRowForTest(ctx context.Context, q string, dest ...any) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	return l.wconn.QueryRowContext(ctx, q).Scan(dest...)
+}

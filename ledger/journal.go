@@ -41,8 +41,10 @@ func ItemIncomeAccount(kind vend.ItemKind, server, name string) string {
 }
 
 // incomeAccountsWhere selects every item income account (tools, prompts,
-// resources) in a query joining accounts as a.
-const incomeAccountsWhere = `(a.name LIKE 'income:tools:%' OR a.name LIKE 'income:prompts:%' OR a.name LIKE 'income:resources:%')`
+// resources) in a query joining accounts as a, and the income of expired
+// credit; not the top-ups' (income only until delivered as credit).
+const incomeAccountsWhere = `(a.name LIKE 'income:tools:%' OR a.name LIKE 'income:prompts:%' OR a.name LIKE 'income:resources:%'
+	OR a.name = 'income:credit_expired') AND a.name <> 'income:tools:capvend:topup'`
 
 // CashuAccount is the ecash held at one mint: assets:cashu:<mint host>.
 func CashuAccount(mintURL string) string { return "assets:cashu:" + mintSegment(mintURL) }

@@ -86,6 +86,9 @@ type Ledger struct {
 	// motion) on query-only connections of their own (see reader).
 	udb *sql.DB
 	now func() time.Time
+	// creditKey caches the credit key (schema 13), read once.
+	creditKeyMu sync.Mutex
+	creditKey   []byte
 
 	// SQLite has one writer at a time: capvend's writes run on wconn, in
 	// BEGIN IMMEDIATE transactions, with statements prepared once

@@ -97,8 +97,9 @@ var invariants = []invariant{
 		name: "no delivered priced call without a settled payment",
 		query: `SELECT c.id, c.server, c.tool, c.price_msat FROM calls c WHERE c.state = 'delivered'
 			AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.call_id = c.id
-				AND p.state = 'settled' AND p.settled_msat >= c.price_msat)`,
-		format: "call %v (%v/%v, %v msat) was delivered without a settled payment",
+				AND p.state = 'settled' AND p.settled_msat >= c.price_msat)
+			AND NOT EXISTS (SELECT 1 FROM credit_moves d WHERE d.call_id = c.id AND d.kind = 'draw' AND -d.amount_msat = c.price_msat)`,
+		format: "call %v (%v/%v, %v msat) was delivered without a settled payment or a credit draw",
 	},
 	{
 		name: "no call executed without payment",
@@ -107,7 +108,8 @@ var invariants = []invariant{
 		query: `SELECT c.id, c.state FROM calls c WHERE (c.executions > 0 OR c.state IN ('executing', 'delivered', 'failed'))
 			AND NOT EXISTS (SELECT 1 FROM payment_claims pc JOIN payments p ON p.id = pc.payment_id
 				WHERE pc.call_id = c.id AND (p.state IN ('settled', 'accepted')
-					OR p.state = 'canceled' AND p.kind = 'hold_invoice' AND c.state IN ('failed', 'refunded')))`,
+					OR p.state = 'canceled' AND p.kind = 'hold_invoice' AND c.state IN ('failed', 'refunded')))
+			AND NOT EXISTS (SELECT 1 FROM credit_moves d WHERE d.call_id = c.id AND d.kind = 'draw')`,
 		format: "call %v (%v) ran without a claimed payment",
 	},
 	{
@@ -161,8 +163,60 @@ var invariants = []invariant{
 		// call is refunded next).
 		query: `SELECT c.id, c.state FROM calls c WHERE c.state IN ('paid', 'executing', 'delivered', 'failed')
 			AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.call_id = c.id AND p.amount_msat >= c.price_msat
-				AND (p.state IN ('settled', 'accepted') OR p.state = 'canceled' AND p.kind = 'hold_invoice' AND c.state = 'failed'))`,
-		format: "call %v is %v but has no settled or accepted payment covering it",
+				AND (p.state IN ('settled', 'accepted') OR p.state = 'canceled' AND p.kind = 'hold_invoice' AND c.state = 'failed'))
+			AND NOT EXISTS (SELECT 1 FROM credit_moves d WHERE d.call_id = c.id AND d.kind = 'draw' AND -d.amount_msat = c.price_msat)`,
+		format: "call %v is %v but has no settled or accepted payment or credit draw covering it",
+	},
+	{
+		name: "every credit account's balance equals its top-ups minus draws plus give-backs minus refunds and expiries",
+		query: `SELECT a.id, a.balance_msat, coalesce(sum(m.amount_msat), 0) FROM credit_accounts a
+			LEFT JOIN credit_moves m ON m.account_id = a.id GROUP BY a.id HAVING a.balance_msat <> coalesce(sum(m.amount_msat), 0)`,
+		format: "credit account %v has balance %v msat but its moves sum to %v msat",
+	},
+	{
+		name: "every credit account's balance equals its journal account, and none is negative",
+		query: `SELECT a.id, a.balance_msat, j.owed FROM credit_accounts a
+			LEFT JOIN (SELECT ac.name, -sum(p.amount_msat) AS owed FROM postings p JOIN accounts ac ON ac.id = p.account_id
+				JOIN entries e ON e.id = p.entry_id AND e.sealed = 1
+				WHERE ac.name LIKE 'liabilities:credit:%' GROUP BY ac.name) j ON j.name = 'liabilities:credit:' || a.id
+			WHERE a.balance_msat < 0 OR a.balance_msat <> coalesce(j.owed, 0)`,
+		format: "credit account %v has balance %v msat; the journal owes it %v msat",
+	},
+	{
+		name: "every credit move is booked by its own entry on its account, and every credit entry is a move",
+		query: `SELECT 'move', m.id, m.kind || ' of ' || m.account_id FROM credit_moves m LEFT JOIN entries e ON e.id = m.entry_id AND e.sealed = 1
+			WHERE e.id IS NULL OR m.amount_msat <> coalesce((SELECT -sum(p.amount_msat) FROM postings p JOIN accounts ac ON ac.id = p.account_id
+				WHERE p.entry_id = e.id AND ac.name = 'liabilities:credit:' || m.account_id), 0)
+			UNION ALL
+			SELECT DISTINCT 'entry', e.id, e.description FROM entries e JOIN postings p ON p.entry_id = e.id JOIN accounts ac ON ac.id = p.account_id
+			WHERE e.sealed = 1 AND (ac.name LIKE 'liabilities:credit:%' OR ac.name = 'liabilities:credit_drawn')
+				AND NOT EXISTS (SELECT 1 FROM credit_moves m WHERE m.entry_id = e.id)`,
+		format: "credit %v %v (%v) has no matching journal entry or move",
+	},
+	{
+		name: "drawn credit equals the draws of calls still running",
+		query: `SELECT j.drawn, o.open FROM
+			(SELECT -coalesce(sum(p.amount_msat), 0) AS drawn FROM postings p JOIN accounts ac ON ac.id = p.account_id
+				JOIN entries e ON e.id = p.entry_id AND e.sealed = 1 WHERE ac.name = 'liabilities:credit_drawn') j,
+			(SELECT -coalesce(sum(d.amount_msat), 0) AS open FROM credit_moves d WHERE d.kind = 'draw' AND NOT EXISTS
+				(SELECT 1 FROM credit_moves x WHERE x.call_id = d.call_id AND x.kind IN ('deliver', 'giveback'))) o
+			WHERE j.drawn <> o.open`,
+		format: "liabilities:credit_drawn holds %v msat, the open draws %v msat",
+	},
+	{
+		name: "a credit draw ends as its call: delivered to income, given back if refunded",
+		query: `SELECT d.call_id, c.state, coalesce(x.kind, 'open') FROM credit_moves d JOIN calls c ON c.id = d.call_id
+			LEFT JOIN credit_moves x ON x.call_id = d.call_id AND x.kind IN ('deliver', 'giveback')
+			WHERE d.kind = 'draw' AND NOT (c.state = 'delivered' AND coalesce(x.kind, '') = 'deliver'
+				OR c.state = 'refunded' AND coalesce(x.kind, '') = 'giveback' OR c.state IN ('executing', 'failed') AND x.kind IS NULL)`,
+		format: "call %v is %v but its credit draw is %v",
+	},
+	{
+		name: "every delivered top-up credited its account once, with its price",
+		query: `SELECT c.id, c.state, count(m.id) FROM calls c JOIN credit_topups t ON t.call_id = c.id
+			LEFT JOIN credit_moves m ON m.call_id = c.id AND m.kind = 'topup' AND m.account_id = t.account_id AND m.amount_msat = c.price_msat
+			GROUP BY c.id HAVING count(m.id) <> (c.state = 'delivered')`,
+		format: "top-up call %v is %v with %v credit top-ups",
 	},
 	{
 		name: "the schema's money rules are in place",
@@ -172,7 +226,10 @@ var invariants = []invariant{
 				UNION ALL SELECT 'postings_only_into_open_entries' UNION ALL SELECT 'results_immutable'
 				UNION ALL SELECT 'results_no_delete' UNION ALL SELECT 'executions_match_call'
 				UNION ALL SELECT 'executions_immutable' UNION ALL SELECT 'executions_no_delete'
-				UNION ALL SELECT 'calls_executions_recorded') t
+				UNION ALL SELECT 'calls_executions_recorded' UNION ALL SELECT 'credit_moves_balance'
+				UNION ALL SELECT 'credit_moves_immutable' UNION ALL SELECT 'credit_moves_no_delete'
+				UNION ALL SELECT 'credit_moves_close_draw' UNION ALL SELECT 'credit_moves_topup'
+				UNION ALL SELECT 'credit_accounts_no_delete' UNION ALL SELECT 'credit_topups_immutable') t
 			WHERE NOT EXISTS (SELECT 1 FROM sqlite_master m WHERE m.type = 'trigger' AND m.name = t.name)`,
 		format: "trigger %v is missing",
 	},

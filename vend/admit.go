@@ -31,18 +31,39 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	if r.RefundInvoice, err = checkRefundInvoice(r.RefundInvoice); err != nil {
 		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
+	account, err := v.creditAccount(ctx, r)
+	if err != nil {
+		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	}
 	a, res, err := v.admit(ctx, r)
 	if a == nil {
 		return res, err
 	}
 	defer v.unpaid.unhold(a.slot) // a slot no payment request took
+	topUp := isTopUp(&a.t)
+	if topUp {
+		if account, err = a.bindTopUp(ctx, account); err != nil {
+			a.endUnpaid(ctx, "top-up account refused")
+			return CallResult{}, err
+		}
+	}
 	switch {
 	case a.known:
-		return a.resume(ctx)
+		res, err = a.resume(ctx)
+	case account != "" && !topUp:
+		res, err = a.payWithCredit(ctx, account)
 	case r.CashuToken != "":
-		return a.payWithToken(ctx)
+		res, err = a.payWithToken(ctx)
+	default:
+		res, err = a.quote(ctx, a.slot, a.turn)
 	}
-	return a.quote(ctx, a.slot, a.turn)
+	return v.withCredit(ctx, account, topUp, res, err)
+}
+
+// byCredit reports whether r is paid from credit: it names an account and
+// is not a top-up.
+func byCredit(t *Tool, r *CallRequest) bool {
+	return (r.Credit != "" || r.CreditSelf) && !isTopUp(t)
 }
 
 // enter starts serving r, whatever path serves it (CallTool, CallFree):
@@ -143,12 +164,13 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 			return nil, res, err
 		}
 	}
-	if err := checkWork(r); err != nil && r.CashuToken == "" {
+	paysNow := r.CashuToken != "" || byCredit(&t, r) // no unpaid quote
+	if err := checkWork(r); err != nil && !paysNow {
 		return nil, CallResult{}, err // it would get an unpaid quote
 	}
 	var slot *unpaidQuote
 	var turn *ticket
-	if r.CashuToken == "" {
+	if !paysNow {
 		// A new quote takes a slot of its client's unpaid limit, and a
 		// place in the line to issue its payment request, before anything
 		// is written: a client at its limit, or a request finding the
@@ -191,7 +213,11 @@ func (v *Vendor) check(t *Tool, r *CallRequest) (json.RawMessage, Quote, error) 
 		err = v.schemas.validate(t, args)
 	}
 	var q Quote
-	if err == nil {
+	switch {
+	case err != nil:
+	case isTopUp(t):
+		q, err = v.topUpQuote(args)
+	default:
 		q, err = v.book().Quote(t.Server, priceKey(t), args)
 	}
 	if err != nil {
@@ -221,6 +247,16 @@ func (v *Vendor) callArgs(t *Tool, r *CallRequest) (json.RawMessage, error) {
 	tok, err := takePaymentArg(m)
 	if err != nil {
 		return nil, err
+	}
+	credit, err := takeStringArg(m, CreditArg, "a credit token")
+	if err != nil {
+		return nil, err
+	}
+	if credit != "" {
+		if r.Credit != "" && r.Credit != credit {
+			return nil, fmt.Errorf("%s and _meta[%q] name different credit tokens", CreditArg, MetaCredit)
+		}
+		r.Credit = credit
 	}
 	if tok != "" {
 		if r.PaymentToken != "" && r.PaymentToken != tok {

@@ -68,7 +68,7 @@ func (v *Vendor) freeTool(r *CallRequest) (Tool, json.RawMessage, bool) {
 	if !ok || t.Kind.Or() != KindTool {
 		return Tool{}, nil, false
 	}
-	if _, hi := v.book().Listed(t.Server, priceKey(&t)); hi > 0 {
+	if _, hi := v.listed(&t, priceKey(&t)); hi > 0 {
 		return Tool{}, nil, false // priced: spare it the parsing CallTool does again
 	}
 	rc := *r // check takes a payment argument out into PaymentToken

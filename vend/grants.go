@@ -135,17 +135,24 @@ func (v *Vendor) grantByToken(ctx context.Context, r *CallRequest, bind Binding)
 // fill optional arguments so) or empty. Any other value that is not a
 // string is invalid params.
 func takePaymentArg(m map[string]any) (string, error) {
-	v, ok := m[PaymentArg]
+	return takeStringArg(m, PaymentArg, "the value of a payment-required answer")
+}
+
+// takeStringArg removes the argument name from m and returns its string
+// value ("" when absent or null); what is a description of the value for
+// the error of a value that is no string.
+func takeStringArg(m map[string]any, name, what string) (string, error) {
+	v, ok := m[name]
 	if !ok {
 		return "", nil
 	}
-	delete(m, PaymentArg)
+	delete(m, name)
 	if v == nil {
 		return "", nil
 	}
 	s, ok := v.(string)
 	if !ok {
-		return "", fmt.Errorf("%s must be a string (the value of a payment-required answer)", PaymentArg)
+		return "", fmt.Errorf("%s must be a string (%s)", name, what)
 	}
 	return s, nil
 }

@@ -56,10 +56,27 @@ func (v *Vendor) Tools() []Tool {
 		t.Price = lo
 		out = append(out, t)
 	}
+	if _, ok := v.creditLedger(); ok {
+		t := v.topUpTool()
+		t.Price, _ = v.listed(&t, "")
+		out = append(out, t)
+	}
 	return out
 }
 
+// listed is the price book's Listed price of t under key, or a top-up's
+// bounds (1 sat to Credit.MaxTopUp).
+func (v *Vendor) listed(t *Tool, key string) (lo, hi Msat) {
+	if isTopUp(t) {
+		return MsatPerSat, v.cfg.Credit.MaxTopUp
+	}
+	return v.book().Listed(t.Server, key)
+}
+
 func (v *Vendor) tool(name string) (Tool, bool) {
+	if _, ok := v.creditLedger(); ok && name == TopUpTool {
+		return v.topUpTool(), true
+	}
 	for _, t := range v.cfg.Tools.Tools() {
 		if t.Name == name {
 			return t, v.offered(&t)
@@ -146,7 +163,7 @@ func (v *Vendor) ItemPrice(kind ItemKind, name string) (lo, hi Msat) {
 	if !ok {
 		return 0, 0
 	}
-	return v.book().Listed(t.Server, priceKey(&t))
+	return v.listed(&t, priceKey(&t))
 }
 
 // describe says what a call of t with args costs and why, for a client
@@ -201,5 +218,5 @@ func isErrorResult(body json.RawMessage) bool {
 // ListedPrice returns the least and most a call of t can cost, for tool
 // lists and announcements.
 func (v *Vendor) ListedPrice(t Tool) (lo, hi Msat) {
-	return v.book().Listed(t.Server, t.UpstreamName)
+	return v.listed(&t, t.UpstreamName)
 }

@@ -261,21 +261,5 @@ func (v *Vendor) payRefund(ctx context.Context, r Refund) Refund {
 // withRefundMeta adds info to a result's _meta under MetaRefund. A body
 // that is not a JSON object is returned unchanged.
 func withRefundMeta(body json.RawMessage, info RefundInfo) json.RawMessage {
-	var obj map[string]json.RawMessage
-	if json.Unmarshal(body, &obj) != nil || obj == nil {
-		return body
-	}
-	meta := map[string]json.RawMessage{}
-	if m, ok := obj["_meta"]; ok {
-		if json.Unmarshal(m, &meta) != nil || meta == nil {
-			meta = map[string]json.RawMessage{}
-		}
-	}
-	meta[MetaRefund] = mustJSON(info)
-	obj["_meta"] = mustJSON(meta)
-	out, err := json.Marshal(obj)
-	if err != nil {
-		return body
-	}
-	return out
+	return withMeta(body, MetaRefund, info)
 }

@@ -215,8 +215,15 @@ func (v *Vendor) executeVia(ctx context.Context, raw RawToolSource, t *Tool, arg
 	}
 	var body json.RawMessage
 	var err error
-	switch t.Kind {
-	case KindPrompt, KindResource:
+	switch {
+	case isTopUp(t):
+		// The credit is booked by the ledger's Deliver, with the result.
+		q, err := v.topUpQuote(args)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrUpstream, err)
+		}
+		return topUpResult(q.Price), nil
+	case t.Kind == KindPrompt || t.Kind == KindResource:
 		items, _ := v.cfg.Tools.(ItemSource) // item() found t through it
 		if t.Kind == KindPrompt {
 			m, _ := promptArgs(args) // checked in admit

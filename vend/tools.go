@@ -200,6 +200,15 @@ type CallRequest struct {
 	// PaymentTokens says the front hands payment tokens to its clients:
 	// an explicit-gating answer then issues one (PaymentRequiredError.Token).
 	PaymentTokens bool
+	// Credit is a credit token (_meta[MetaCredit], the HeaderCredit
+	// header, or the tool argument CreditArg, which vend takes out of
+	// Arguments): a priced call is paid from its account at once, a
+	// top-up credits it. CreditSelf asks the same of the account of the
+	// client's own identity: a front sets it only where Client is proven
+	// (a Nostr pubkey that signed the request). See the package doc,
+	// Credit.
+	Credit     string
+	CreditSelf bool
 	// RefundInvoice is a bolt11 invoice (_meta[MetaRefundInvoice]) to
 	// pay a refund to if the call fails after an LND payment (a Cashu
 	// payment is refunded at once as ecash; a hold invoice is canceled).

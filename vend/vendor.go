@@ -40,6 +40,8 @@ type Config struct {
 	// (Source, else Client); 0: unlimited.
 	RequestsPerMinute int
 	Log               *slog.Logger
+	// Credit turns prepaid credit on (see the package doc, Credit).
+	Credit CreditConfig
 	// Failpoint, if set, is called at the named steps of a priced call
 	// (FailAfterQuote, FailAfterInvoice, FailAfterSettlement,
 	// FailDuringExecution, FailAfterResult). Crash tests make it kill the
@@ -116,6 +118,12 @@ func New(cfg Config) (*Vendor, error) {
 	if cfg.MaxUnpaidTotal <= 0 {
 		cfg.MaxUnpaidTotal = DefaultMaxUnpaidTotal
 	}
+	if cfg.Credit.MaxTopUp <= 0 {
+		cfg.Credit.MaxTopUp = DefaultMaxTopUp
+	}
+	if cfg.Credit.ExpirySweep <= 0 {
+		cfg.Credit.ExpirySweep = time.Minute
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -164,6 +172,11 @@ func (v *Vendor) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		v.expireCredit(ctx)
+	}()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

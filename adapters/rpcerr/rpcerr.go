@@ -7,6 +7,7 @@ package rpcerr
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/capvend/capvend/vend"
@@ -27,6 +28,7 @@ const (
 	CodeLimit           = -32053
 	CodeUpstream        = -32054
 	CodeWorkRequired    = -32055
+	CodeCreditExhausted = -32056
 )
 
 // Instructions sent with -32042 and -32043.
@@ -52,7 +54,14 @@ func FromVend(err error, tool string) Error {
 	var pr *vend.PaymentRequiredError
 	var pp *vend.PaymentPendingError
 	var wr *vend.WorkRequiredError
+	var ce *vend.CreditExhaustedError
 	switch {
+	case errors.As(err, &ce):
+		return Error{CodeCreditExhausted, fmt.Sprintf("Credit exhausted: your balance is %d msat, the call costs %d msat; top up with %s",
+			int64(ce.Balance), int64(ce.Price), vend.TopUpTool), map[string]any{
+			"account": ce.Account, "balance_msat": int64(ce.Balance), "price_msat": int64(ce.Price),
+			"top_up": map[string]any{"tool": vend.TopUpTool, "arguments": map[string]int64{"sats": ce.TopUpSats()},
+				"instructions": "call " + vend.TopUpTool + " with your credit token, pay its invoice (or a Cashu token), then repeat this call with a new request id"}}}
 	case errors.As(err, &pr):
 		opts := pr.Options
 		if opts == nil {

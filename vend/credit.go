@@ -1,0 +1,423 @@
+package vend
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Prepaid credit: see the package documentation (Credit) for the design.
+
+// The names of credit on the wire.
+const (
+	// TopUpTool is the tool clients call to buy credit: arguments
+	// {"sats": N}. It is listed with the upstreams' tools when credit is
+	// on (Config.Credit.Enabled) and sold like any priced tool.
+	TopUpTool = "capvend_topup"
+	// CreditServer is the server name top-ups are recorded under (the
+	// tool's upstream name is "topup"); no upstream may use it.
+	CreditServer = "capvend"
+	// MetaCredit is the _meta key of credit: in a request, the credit
+	// token to pay with (a string), or true for a Nostr client's own
+	// account; in an answer, the account's CreditInfo.
+	MetaCredit = "capvend/credit"
+	// CreditArg is the tool argument that may carry a credit token (for
+	// a client that can set neither _meta nor a header). vend strips it
+	// like PaymentArg: it is never priced, hashed or sent upstream.
+	CreditArg = "capvend_credit"
+	// HeaderCredit is the HTTP header of credit on MCP HTTP: the token in
+	// a request, the balance in msat in a response.
+	HeaderCredit = "Capvend-Credit"
+	// creditTokenPrefix starts every credit token.
+	creditTokenPrefix = "cvc_"
+	// topUpUpstream is the top-up tool's name under CreditServer.
+	topUpUpstream = "topup"
+)
+
+// BackendCredit and KindCredit name a call paid from credit in logs and
+// in the Payment a credit call carries in memory (never in the ledger's
+// payments).
+const (
+	BackendCredit Backend     = "credit"
+	KindCredit    PaymentKind = "credit"
+)
+
+// Errors of credit. Nothing runs and nothing is charged.
+var (
+	// ErrCreditToken: the credit token is malformed or was not issued by
+	// this ledger (JSON-RPC -32602).
+	ErrCreditToken = errors.New("invalid credit token")
+	// ErrCreditOff: the server sells no credit.
+	ErrCreditOff = errors.New("this server sells no prepaid credit")
+)
+
+// CreditConfig turns prepaid credit on and bounds it.
+type CreditConfig struct {
+	// Enabled lists TopUpTool and accepts credit tokens; it needs a
+	// ledger with the CreditLedger ability.
+	Enabled bool
+	// MaxTopUp bounds one top-up (default DefaultMaxTopUp).
+	MaxTopUp Msat
+	// ExpiresAfter, if > 0, expires an account's balance that long after
+	// its last top-up: Run books it to income (CreditLedger.ExpireCredit)
+	// within ExpirySweep of that moment. 0: credit never expires.
+	ExpiresAfter time.Duration
+	// ExpirySweep is how often Run looks for expired credit (default 1 min).
+	ExpirySweep time.Duration
+}
+
+// DefaultMaxTopUp is the largest top-up by default: 1,000,000 sats.
+const DefaultMaxTopUp Msat = 1_000_000 * MsatPerSat
+
+// CreditLedger is an optional ability of a Ledger (capvend's ledger has
+// it): credit accounts. Each method is one atomic transaction. Deliver and
+// Refund of a Ledger with this ability also book a top-up call's credit
+// (delivered) and a credit call's draw (delivered: to income; refunded:
+// given back), in their own transaction.
+type CreditLedger interface {
+	// CreditKey returns the secret credit tokens are derived from (32
+	// bytes, made once by the ledger). Read only.
+	CreditKey(ctx context.Context) ([]byte, error)
+	// BindTopUp records that the top-up call id credits account (created
+	// with a zero balance if new) once delivered. Idempotent for the same
+	// account; a call bound to another account is an error matching
+	// ErrRequestReused and nothing changes.
+	BindTopUp(ctx context.Context, id CallID, account string) error
+	// TopUpAccount returns the account a top-up call credits, or
+	// ErrNotFound. Read only.
+	TopUpAccount(ctx context.Context, id CallID) (string, error)
+	// DrawCredit pays the quoted call id from account and claims it for
+	// one execution sending b, in one transaction: the call's price moves
+	// from the account to the drawn credit, the call becomes executing
+	// and its execution is recorded. It returns the call and the balance
+	// left. A balance short of the price (or no such account) is a
+	// *CreditExhaustedError and nothing changes; of any number of
+	// concurrent draws only those the balance covers succeed. A call that
+	// is not quoted is an ErrIllegalTransition, b not the call's Binding
+	// ErrExecutionMismatch.
+	DrawCredit(ctx context.Context, id CallID, account string, b Binding) (Call, Msat, error)
+	// CreditBalance returns an account's balance, or ErrNotFound. Read
+	// only.
+	CreditBalance(ctx context.Context, account string) (Msat, error)
+	// ExpireCredit books to income, with a journal reason, the balance of
+	// every account whose last top-up is older than after, and returns
+	// how many accounts expired.
+	ExpireCredit(ctx context.Context, after time.Duration) (int, error)
+}
+
+// CreditInfo is what a client learns of its credit: the JSON object of
+// _meta[MetaCredit] in an answer.
+type CreditInfo struct {
+	Account     string `json:"account"`
+	Balance     int64  `json:"balance"` // whole sats (rounded down)
+	BalanceMsat int64  `json:"balance_msat"`
+	// Token is the account's credit token, in the answer to a top-up
+	// only: present it with later calls.
+	Token string `json:"token,omitempty"`
+}
+
+// CreditExhaustedError is the answer to a call paid from credit whose
+// balance does not cover its price: nothing ran, nothing was charged. The
+// client tops up (TopUpTool) and repeats the call with a new request id.
+type CreditExhaustedError struct {
+	Account string
+	Balance Msat
+	Price   Msat
+}
+
+func (e *CreditExhaustedError) Error() string {
+	return fmt.Sprintf("credit exhausted: balance %d msat, the call costs %d msat; top up with %s {\"sats\": N}",
+		int64(e.Balance), int64(e.Price), TopUpTool)
+}
+
+// TopUpSats is the least top-up, in sats, that covers the call.
+func (e *CreditExhaustedError) TopUpSats() int64 { return (e.Price - e.Balance).SatsCeil() }
+
+// CreditToken returns the credit token of account under key: "cvc_",
+// the account id, "_", and 128 bits of HMAC-SHA256(key, account id). The
+// ledger never stores a token; whoever holds the key (the ledger) can
+// make it again, so a client that lost an answer gets it again with a
+// replay.
+func CreditToken(key []byte, account string) string {
+	return creditTokenPrefix + account + "_" + creditMAC(key, account)
+}
+
+func creditMAC(key []byte, account string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("capvend credit token\x00" + account))
+	return hex.EncodeToString(m.Sum(nil)[:16])
+}
+
+// accountOfToken checks a credit token against key and returns its
+// account, or ErrCreditToken.
+func accountOfToken(key []byte, token string) (string, error) {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(token), creditTokenPrefix)
+	i := strings.LastIndexByte(rest, '_')
+	if !ok || i < 0 || !validAccount(rest[:i]) {
+		return "", ErrCreditToken
+	}
+	account, mac := rest[:i], rest[i+1:]
+	if !hmac.Equal([]byte(mac), []byte(creditMAC(key, account))) {
+		return "", ErrCreditToken
+	}
+	return account, nil
+}
+
+// validAccount reports whether id is a credit account id: "t" and 24 hex
+// digits, or "nostr-" and a 64-hex pubkey (the ledger's schema checks the
+// same).
+func validAccount(id string) bool {
+	hexOf := func(s string, n int) bool {
+		if len(s) != n {
+			return false
+		}
+		_, err := hex.DecodeString(s)
+		return err == nil && strings.ToLower(s) == s
+	}
+	if s, ok := strings.CutPrefix(id, "nostr-"); ok {
+		return hexOf(s, 64)
+	}
+	s, ok := strings.CutPrefix(id, "t")
+	return ok && hexOf(s, 24)
+}
+
+// NostrAccount is the credit account of a Nostr pubkey (hex).
+func NostrAccount(pubkey string) string { return "nostr-" + strings.ToLower(pubkey) }
+
+func (v *Vendor) creditLedger() (CreditLedger, bool) {
+	cl, ok := v.cfg.Ledger.(CreditLedger)
+	return cl, ok && v.cfg.Credit.Enabled
+}
+
+// topUpTool is the built-in tool that sells credit.
+func (v *Vendor) topUpTool() Tool {
+	max := v.cfg.Credit.MaxTopUp.SatsCeil()
+	return Tool{Name: TopUpTool, Server: CreditServer, UpstreamName: topUpUpstream, Title: "Buy prepaid credit",
+		Description: fmt.Sprintf("Buy N sats of prepaid credit for this server's priced tools (1 to %d sats). "+
+			"Pay the invoice like any priced call; the answer gives your credit token and balance. Then send the token "+
+			"in _meta[%q], the %s HTTP header or the %s argument with each call: it is paid from your balance at once.",
+			max, MetaCredit, HeaderCredit, CreditArg),
+		InputSchema: json.RawMessage(fmt.Sprintf(`{"type":"object","properties":{"sats":{"type":"integer","minimum":1,"maximum":%d,`+
+			`"description":"how many sats of credit to buy"}},"required":["sats"],"additionalProperties":false}`, max)),
+		Idempotent: true, // crediting runs in the ledger, once (Deliver)
+	}
+}
+
+func isTopUp(t *Tool) bool { return t.Server == CreditServer && t.UpstreamName == topUpUpstream }
+
+// topUpQuote prices a top-up: its sats, within bounds.
+func (v *Vendor) topUpQuote(args json.RawMessage) (Quote, error) {
+	var a struct {
+		Sats int64 `json:"sats"`
+	}
+	if err := json.Unmarshal(args, &a); err != nil {
+		return Quote{}, fmt.Errorf("sats must be an integer")
+	}
+	price, err := FromSats(a.Sats)
+	if err != nil || price <= 0 || price > v.cfg.Credit.MaxTopUp {
+		return Quote{}, fmt.Errorf("sats must be 1 to %d", v.cfg.Credit.MaxTopUp.SatsCeil())
+	}
+	return Quote{Price: price, Idempotent: true, Description: fmt.Sprintf("%d sats of prepaid credit", a.Sats)}, nil
+}
+
+// creditAccount returns the account r pays from or tops up: its token's,
+// or its Nostr identity's (CreditSelf); "" if r names none. A bad token,
+// or credit off while r names an account, is an error and nothing is done.
+func (v *Vendor) creditAccount(ctx context.Context, r *CallRequest) (string, error) {
+	if r.Credit == "" && !r.CreditSelf {
+		return "", nil
+	}
+	cl, ok := v.creditLedger()
+	if !ok {
+		return "", ErrCreditOff
+	}
+	if r.Credit == "" {
+		if !validAccount(NostrAccount(r.Client)) {
+			return "", fmt.Errorf("%w: no Nostr identity to hold credit", ErrCreditToken)
+		}
+		return NostrAccount(r.Client), nil
+	}
+	key, err := cl.CreditKey(ctx)
+	if err != nil {
+		return "", err
+	}
+	return accountOfToken(key, r.Credit)
+}
+
+// bindTopUp names the account the top-up call a credits: the one recorded
+// with the call if it is known, else r's, else a new token account.
+func (a *admitted) bindTopUp(ctx context.Context, account string) (string, error) {
+	cl, _ := a.v.creditLedger()
+	if a.known {
+		if acct, err := cl.TopUpAccount(ctx, a.call.ID); err == nil {
+			return acct, nil
+		}
+	}
+	if account == "" {
+		account = "t" + randomHex(12)
+	}
+	if err := cl.BindTopUp(ctx, a.call.ID, account); err != nil {
+		return "", err
+	}
+	return account, nil
+}
+
+// payWithCredit pays the new call from account and runs it: the draw
+// claims the call in the same ledger transaction, so there is no
+// payment to wait for.
+func (c *pending) payWithCredit(ctx context.Context, account string) (CallResult, error) {
+	v := c.v
+	cl, _ := v.creditLedger()
+	ctx = Urgent(ctx) // paid
+	t, args, bind, err := v.storedItem(ctx, &c.call)
+	if err != nil {
+		c.endUnpaid(ctx, "not runnable")
+		return CallResult{}, err
+	}
+	done := v.running.start(c.call.ID)
+	if done == nil { // a new call runs nowhere else
+		return CallResult{}, fmt.Errorf("call %d: %w", c.call.ID, ErrAlreadyClaimed)
+	}
+	defer v.running.stop(c.call.ID, done)
+	call, _, err := cl.DrawCredit(ctx, c.call.ID, account, bind)
+	var ex *CreditExhaustedError
+	if errors.As(err, &ex) {
+		c.endUnpaid(ctx, "credit exhausted")
+		return CallResult{}, ex
+	}
+	if err != nil {
+		c.endUnpaid(ctx, "credit draw failed")
+		return CallResult{}, err
+	}
+	c.call = call
+	c.pay = &Payment{NewPayment: NewPayment{Backend: BackendCredit, Kind: KindCredit, Ref: "credit:" + account, Amount: call.Price},
+		CallID: call.ID, State: PaymentSettled}
+	v.paid(c.r)
+	// Drawn: the run and its records go ahead even if the client leaves.
+	return c.finish(context.WithoutCancel(ctx), &t, args)
+}
+
+// withCredit adds account's balance (and, for a top-up's answer, its
+// token) to the answer in _meta[MetaCredit]: a result's _meta, or a
+// *RefundError's or *CreditExhaustedError's data is left to the front.
+// An answer that is no JSON object is returned as it is.
+func (v *Vendor) withCredit(ctx context.Context, account string, topUp bool, res CallResult, err error) (CallResult, error) {
+	if account == "" || err != nil || res.Body == nil {
+		return res, err
+	}
+	info, ierr := v.CreditInfo(ctx, account, topUp)
+	if ierr != nil {
+		v.cfg.Log.Warn("vend: reading a credit balance", "err", ierr)
+		return res, err
+	}
+	res.Body = withMeta(res.Body, MetaCredit, info)
+	if topUp {
+		res.Body = withText(res.Body, fmt.Sprintf("Your credit token is %s (balance %d sats). Keep it: send it in _meta[%q], "+
+			"the %s HTTP header or the %s argument of a priced tool to pay from your balance.", info.Token, info.Balance,
+			MetaCredit, HeaderCredit, CreditArg))
+	}
+	return res, err
+}
+
+// CreditInfo returns account's balance, with its token if withToken.
+// ErrCreditOff without credit; an account never topped up has balance 0.
+func (v *Vendor) CreditInfo(ctx context.Context, account string, withToken bool) (CreditInfo, error) {
+	cl, ok := v.creditLedger()
+	if !ok {
+		return CreditInfo{}, ErrCreditOff
+	}
+	bal, err := cl.CreditBalance(ctx, account)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return CreditInfo{}, err
+	}
+	info := CreditInfo{Account: account, Balance: int64(bal / MsatPerSat), BalanceMsat: int64(bal)}
+	if withToken {
+		key, err := cl.CreditKey(ctx)
+		if err != nil {
+			return CreditInfo{}, err
+		}
+		info.Token = CreditToken(key, account)
+	}
+	return info, nil
+}
+
+// CreditAccountOf returns the account a credit token names (ErrCreditToken
+// if none): for fronts that report a balance outside a call.
+func (v *Vendor) CreditAccountOf(ctx context.Context, token string) (string, error) {
+	return v.creditAccount(ctx, &CallRequest{Credit: token})
+}
+
+// expireCredit runs CreditLedger.ExpireCredit every ExpirySweep until ctx
+// ends, when credit expires.
+func (v *Vendor) expireCredit(ctx context.Context) {
+	cl, ok := v.creditLedger()
+	if !ok || v.cfg.Credit.ExpiresAfter <= 0 {
+		return
+	}
+	tick := time.NewTicker(v.cfg.Credit.ExpirySweep)
+	defer tick.Stop()
+	for {
+		if n, err := cl.ExpireCredit(ctx, v.cfg.Credit.ExpiresAfter); err != nil && ctx.Err() == nil {
+			v.cfg.Log.Error("vend: expiring credit", "err", err)
+		} else if n > 0 {
+			v.cfg.Log.Info("vend: credit expired", "accounts", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// withMeta sets _meta[key] of a JSON object body to v; a body that is no
+// JSON object is returned unchanged.
+func withMeta(body json.RawMessage, key string, v any) json.RawMessage {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(body, &obj) != nil || obj == nil {
+		return body
+	}
+	meta := map[string]json.RawMessage{}
+	if m, ok := obj["_meta"]; ok {
+		if json.Unmarshal(m, &meta) != nil || meta == nil {
+			meta = map[string]json.RawMessage{}
+		}
+	}
+	meta[key] = mustJSON(v)
+	obj["_meta"] = mustJSON(meta)
+	out, err := json.Marshal(obj)
+	if err != nil {
+		return body
+	}
+	return out
+}
+
+// withText appends a text content item to a CallToolResult body.
+func withText(body json.RawMessage, text string) json.RawMessage {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(body, &obj) != nil || obj == nil {
+		return body
+	}
+	var content []json.RawMessage
+	json.Unmarshal(obj["content"], &content)
+	content = append(content, mustJSON(map[string]string{"type": "text", "text": text}))
+	obj["content"] = mustJSON(content)
+	out, err := json.Marshal(obj)
+	if err != nil {
+		return body
+	}
+	return out
+}
+
+// topUpResult is what running a top-up returns: the stored answer (the
+// credit itself is booked by the ledger's Deliver).
+func topUpResult(price Msat) json.RawMessage {
+	return mustJSON(map[string]any{"content": []map[string]string{{"type": "text",
+		"text": fmt.Sprintf("Credited %d sats of prepaid credit.", price.SatsCeil())}}})
+}
