@@ -90,6 +90,16 @@ func (l *Ledger) TopUpAccount(ctx context.Context, id vend.CallID) (string, erro
 	return account, err
 }
 
+// DrawOf implements vend.CreditLedger.
+func (l *Ledger) DrawOf(ctx context.Context, id vend.CallID) (string, error) {
+	var account string
+	err := l.reader(ctx).QueryRowContext(ctx, "SELECT account_id FROM credit_moves WHERE call_id = ? AND kind = 'draw'", id).Scan(&account)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("credit draw of call %d: %w", id, vend.ErrNotFound)
+	}
+	return account, err
+}
+
 // CreditBalance implements vend.CreditLedger.
 func (l *Ledger) CreditBalance(ctx context.Context, account string) (vend.Msat, error) {
 	var bal vend.Msat

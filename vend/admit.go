@@ -31,16 +31,12 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	if r.RefundInvoice, err = checkRefundInvoice(r.RefundInvoice); err != nil {
 		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
-	account, err := v.creditAccount(ctx, r)
-	if err != nil {
-		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
-	}
 	a, res, err := v.admit(ctx, r)
 	if a == nil {
 		return res, err
 	}
 	defer v.unpaid.unhold(a.slot) // a slot no payment request took
-	topUp := isTopUp(&a.t)
+	account, topUp := r.account, isTopUp(&a.t)
 	if topUp {
 		if account, err = a.bindTopUp(ctx, account); err != nil {
 			a.endUnpaid(ctx, "top-up account refused")
@@ -111,6 +107,11 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		return nil, CallResult{}, err
 	}
 	r.Arguments = args
+	// The credit token (perhaps an argument check took out) is checked
+	// before anything is recorded.
+	if r.account, err = v.creditAccount(ctx, r); err != nil {
+		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+	}
 	if q.Price <= 0 {
 		if err := checkWork(r); err != nil {
 			return nil, CallResult{}, err

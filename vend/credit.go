@@ -102,6 +102,9 @@ type CreditLedger interface {
 	// is not quoted is an ErrIllegalTransition, b not the call's Binding
 	// ErrExecutionMismatch.
 	DrawCredit(ctx context.Context, id CallID, account string, b Binding) (Call, Msat, error)
+	// DrawOf returns the account call id drew its price from, or
+	// ErrNotFound. Read only.
+	DrawOf(ctx context.Context, id CallID) (string, error)
 	// CreditBalance returns an account's balance, or ErrNotFound. Read
 	// only.
 	CreditBalance(ctx context.Context, account string) (Msat, error)
@@ -296,8 +299,8 @@ func (c *pending) payWithCredit(ctx context.Context, account string) (CallResult
 		return CallResult{}, err
 	}
 	c.call = call
-	c.pay = &Payment{NewPayment: NewPayment{Backend: BackendCredit, Kind: KindCredit, Ref: "credit:" + account, Amount: call.Price},
-		CallID: call.ID, State: PaymentSettled}
+	p := creditPayment(call, account)
+	c.pay = &p
 	v.paid(c.r)
 	// Drawn: the run and its records go ahead even if the client leaves.
 	return c.finish(context.WithoutCancel(ctx), &t, args)
@@ -420,4 +423,11 @@ func withText(body json.RawMessage, text string) json.RawMessage {
 func topUpResult(price Msat) json.RawMessage {
 	return mustJSON(map[string]any{"content": []map[string]string{{"type": "text",
 		"text": fmt.Sprintf("Credited %d sats of prepaid credit.", price.SatsCeil())}}})
+}
+
+// creditPayment is the Payment a call paid from account's credit carries
+// in memory: settled, of BackendCredit (the ledger has no payment row).
+func creditPayment(c Call, account string) Payment {
+	return Payment{NewPayment: NewPayment{Backend: BackendCredit, Kind: KindCredit, Ref: "credit:" + account, Amount: c.Price},
+		CallID: c.ID, State: PaymentSettled}
 }

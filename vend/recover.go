@@ -98,12 +98,11 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool, until ti
 	if explicit && !resume {
 		return // a paid explicit-gating grant waits for its client's repeat
 	}
-	ps, err := v.cfg.Ledger.CallPayments(ctx, id)
-	if err != nil || len(ps) == 0 {
+	p, err := v.lastPayment(ctx, call)
+	if err != nil {
 		log.Error("vend: recover: no payment", "err", err)
 		return
 	}
-	p := ps[len(ps)-1]
 	t := Tool{Kind: call.Kind.Or(), Name: name}
 	if aerr == nil {
 		var ok bool
@@ -183,23 +182,22 @@ func (v *Vendor) awaitTool(ctx context.Context, kind ItemKind, name string, dead
 // refundInterrupted refunds a non-idempotent call a crash interrupted: it
 // may or may not have had its effect, so it is never run again.
 func (v *Vendor) refundInterrupted(ctx context.Context, c Call) {
-	ps, err := v.cfg.Ledger.CallPayments(ctx, c.ID)
-	if err != nil || len(ps) == 0 {
+	p, err := v.lastPayment(ctx, c)
+	if err != nil {
 		return
 	}
 	v.cfg.Log.Warn("vend: recover: refunding a call interrupted while it ran", "call", int64(c.ID), "tool", c.Tool)
-	pc := &pending{v: v, call: c, pay: &ps[len(ps)-1], r: &CallRequest{Notify: func(string, any) {}}}
+	pc := &pending{v: v, call: c, pay: &p, r: &CallRequest{Notify: func(string, any) {}}}
 	pc.fail(ctx, nil, "interrupted by a restart while it ran; not run again")
 }
 
 // refundFailed completes the refund of a call that failed just before a
 // crash.
 func (v *Vendor) refundFailed(ctx context.Context, c Call) {
-	ps, err := v.cfg.Ledger.CallPayments(ctx, c.ID)
-	if err != nil || len(ps) == 0 {
+	p, err := v.lastPayment(ctx, c)
+	if err != nil {
 		return
 	}
-	p := ps[len(ps)-1]
 	if p.Kind == KindHoldInvoice && p.State == PaymentAccepted {
 		if b := v.backend(p.Backend); b != nil {
 			if err := b.Cancel(ctx, p.Ref); err != nil {
@@ -241,4 +239,22 @@ func (v *Vendor) refundPaid(ctx context.Context, id CallID, reason string) error
 		}
 	}
 	return v.cfg.Ledger.Refund(ctx, id, reason)
+}
+
+// lastPayment is what paid call c: its newest payment, or its credit draw
+// (a Payment of BackendCredit, in memory only).
+func (v *Vendor) lastPayment(ctx context.Context, c Call) (Payment, error) {
+	ps, err := v.cfg.Ledger.CallPayments(ctx, c.ID)
+	if err != nil {
+		return Payment{}, err
+	}
+	if len(ps) > 0 {
+		return ps[len(ps)-1], nil
+	}
+	if cl, ok := v.cfg.Ledger.(CreditLedger); ok {
+		if account, err := cl.DrawOf(ctx, c.ID); err == nil {
+			return creditPayment(c, account), nil
+		}
+	}
+	return Payment{}, fmt.Errorf("call %d has no payment: %w", c.ID, ErrNotFound)
 }

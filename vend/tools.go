@@ -209,6 +209,9 @@ type CallRequest struct {
 	// Credit.
 	Credit     string
 	CreditSelf bool
+	// account is the credit account Credit or CreditSelf names, once
+	// admit checked it.
+	account string
 	// RefundInvoice is a bolt11 invoice (_meta[MetaRefundInvoice]) to
 	// pay a refund to if the call fails after an LND payment (a Cashu
 	// payment is refunded at once as ecash; a hold invoice is canceled).
