@@ -431,3 +431,46 @@ func creditPayment(c Call, account string) Payment {
 	return Payment{NewPayment: NewPayment{Backend: BackendCredit, Kind: KindCredit, Ref: "credit:" + account, Amount: c.Price},
 		CallID: c.ID, State: PaymentSettled}
 }
+
+// TopUpRequest is a top-up through TopUp.
+type TopUpRequest struct {
+	Transport, Client, RequestID string // the request key, as for CallRequest
+	// Token is the credit token of the account to credit; "" opens a
+	// new token account (the answer carries its token).
+	Token string
+	Sats  int64
+	// PaymentProof (an invoice's preimage, hex) or PaymentToken pays the
+	// top-up quoted before; CashuToken pays at once.
+	PaymentProof, PaymentToken, CashuToken string
+}
+
+// TopUp is the entry point of payment fronts that are not MCP (L402):
+// credit an account with Sats, paid by a payment. It is CallTool of
+// TopUpTool with explicit gating, so it has every guarantee of a priced
+// call: the first request (no proof) returns *PaymentRequiredError with
+// the invoice (its payment hash is PaymentRequiredError's invoice's); the
+// repeat with the invoice's preimage (PaymentProof) or PaymentToken, or a
+// request with a CashuToken, credits the account once and returns its
+// balance and token; a repeat after that is refused (the grant is used).
+func (v *Vendor) TopUp(ctx context.Context, t TopUpRequest) (CreditInfo, error) {
+	res, err := v.CallTool(ctx, CallRequest{Transport: t.Transport, Client: t.Client, RequestID: t.RequestID, Tool: TopUpTool,
+		Arguments: mustJSON(map[string]int64{"sats": t.Sats}), Explicit: true, Credit: t.Token, PaymentProof: t.PaymentProof,
+		PaymentToken: t.PaymentToken, CashuToken: t.CashuToken})
+	if err != nil {
+		return CreditInfo{}, err
+	}
+	if res.IsError {
+		return CreditInfo{}, fmt.Errorf("%w: the top-up failed", ErrPaymentFailed)
+	}
+	var b struct {
+		Meta map[string]CreditInfo `json:"_meta"`
+	}
+	if err := json.Unmarshal(res.Body, &b); err != nil {
+		return CreditInfo{}, err
+	}
+	info, ok := b.Meta[MetaCredit]
+	if !ok {
+		return CreditInfo{}, errors.New("top-up answer without credit")
+	}
+	return info, nil
+}

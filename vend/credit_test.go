@@ -254,3 +254,34 @@ func TestTopUpIsListedAndBounded(t *testing.T) {
 }
 
 var _ vend.CreditLedger = (*ledger.Ledger)(nil)
+
+// TestTopUpEntryPointPaidByPreimage: the entry point for other payment
+// fronts: quote, pay the invoice, repeat with its preimage: credited
+// once; the same proof again credits nothing.
+func TestTopUpEntryPointPaidByPreimage(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, false, withCredit)
+	tr := vend.TopUpRequest{Transport: "l402", Client: "anonymous", RequestID: "1", Sats: 40}
+	_, err := h.v.TopUp(ctx, tr)
+	var pr *vend.PaymentRequiredError
+	if !errors.As(err, &pr) || pr.Amount != 40_000 {
+		t.Fatalf("first: %v", err)
+	}
+	p := h.nextPayment(t)
+	h.be.pay(p.Ref)
+	h.be.mu.Lock()
+	tr.RequestID, tr.PaymentProof = "2", h.be.preimages[p.Ref]
+	h.be.mu.Unlock()
+	info, err := h.v.TopUp(ctx, tr)
+	if err != nil || info.BalanceMsat != 40_000 || info.Token == "" {
+		t.Fatalf("paid: %+v %v", info, err)
+	}
+	tr.RequestID = "3"
+	if _, err := h.v.TopUp(ctx, tr); err == nil {
+		t.Fatal("the same payment credited twice")
+	}
+	if b, _ := h.l.CreditBalance(ctx, info.Account); b != 40_000 {
+		t.Fatalf("balance %d", b)
+	}
+	verify(t, h.l)
+}

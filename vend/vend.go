@@ -83,6 +83,57 @@
 // schema its ItemSource gives (strings, the required ones present) before
 // it is quoted (-32602 otherwise); a read has no arguments.
 //
+// # Credit
+//
+// Prepaid credit (Config.Credit) lets a client pay once and call many
+// times, with no Lightning round trip per call.
+//
+// Buying: the built-in tool TopUpTool ("capvend_topup", arguments
+// {"sats": N}, listed with the upstreams' tools) is sold like any priced
+// tool: an invoice (hold where the backend can), a mint quote, a Cashu
+// token in _meta, explicit gating and payment tokens all work, with the
+// same exactly-once guarantees. Its "execution" runs nothing upstream:
+// the ledger's Deliver credits the account in the transaction that
+// delivers the call (the payment is booked to income:tools:capvend:topup
+// when it settles, as any call's, and moved to
+// liabilities:credit:<account> at delivery). A top-up that fails is
+// refunded like any call.
+//
+// Naming and proving an account: an account is "t" + 24 random hex digits,
+// or "nostr-<pubkey>". Its credit token is "cvc_<account>_<mac>", the mac
+// being 128 bits of HMAC-SHA256 under a 32-byte key the ledger made once
+// (CreditLedger.CreditKey): whoever presents the token owns the account
+// (a bearer secret, like a Cashu token); nobody can make one for an
+// account without the key; no token is stored anywhere, and the ledger can
+// make it again, so the answer of a top-up (which carries it, in
+// _meta[MetaCredit] and in its text) can be replayed. A request names its
+// account by the token in _meta[MetaCredit], the HeaderCredit header on
+// MCP HTTP, or the argument CreditArg (stripped like PaymentArg); a Nostr
+// front sets CreditSelf for _meta[MetaCredit] = true, naming the account of
+// the pubkey that signed the request (no token needed: the signature
+// proves it). A top-up without an account opens a new token account. A
+// bad token is -32602 and nothing is recorded.
+//
+// Paying: a priced call naming an account is recorded like any call (the
+// request key and Binding rules above hold per call: a replay gets its
+// stored answer and draws nothing), then CreditLedger.DrawCredit moves its
+// price from the account to liabilities:credit_drawn and claims the call
+// for execution in one transaction; the balance can never go negative (a
+// schema CHECK), so of concurrent calls on the last sats only those the
+// balance covers run, the others get *CreditExhaustedError (-32056 on
+// every front, with the top-up to make) and nothing is charged. Delivered,
+// the draw moves to the item's income; failed (or interrupted and not
+// idempotent), it is given back. Every answer of a request naming an
+// account carries its balance in _meta[MetaCredit] (CreditInfo).
+//
+// Expiry: with Credit.ExpiresAfter, Run books the balance of an account
+// not topped up for that long to income:credit_expired, with the reason in
+// the journal. The operator lists balances and pays back what is left
+// (`capvend credit`). Other payment fronts (L402) credit an account by
+// selling TopUpTool for it: CallTool with Tool TopUpTool, Credit the
+// account's token (or none for a new account), Explicit, then the paid
+// repeat with PaymentProof (see TopUp).
+//
 // # Limits
 //
 // Every limit counts a request by CallRequest.Source when the front set

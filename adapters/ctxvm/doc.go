@@ -154,7 +154,10 @@
 // Arguments from params ({} when absent), ProgressToken
 // params._meta.progressToken, CashuToken params._meta["capvend/cashu"],
 // PaymentProof params._meta["capvend/preimage"], RefundInvoice
-// params._meta["capvend/refund_invoice"], PMIs the request's
+// params._meta["capvend/refund_invoice"], Credit
+// params._meta["capvend/credit"] when it is a credit token, CreditSelf
+// when it is true (the account of the pubkey that signed the request; see
+// vend's package doc, Credit), PMIs the request's
 // ["pmi", ...] tags (and params._meta["capvend/pmi"]), Explicit when the
 // request has ["payment_interaction","explicit_gating"] (or
 // params._meta["capvend/payment_interaction"] is "explicit_gating"). The

@@ -285,6 +285,14 @@ func (s *Server) callRequest(r *request, out *outbox, kind vend.ItemKind, name s
 		if inv, ok := m[vend.MetaRefundInvoice].(string); ok {
 			cr.RefundInvoice = inv
 		}
+		// Credit: a token, or true for the account of the pubkey that
+		// signed the request (proven: the event's signature).
+		switch c := m[vend.MetaCredit].(type) {
+		case string:
+			cr.Credit = c
+		case bool:
+			cr.CreditSelf = c
+		}
 		if v, ok := m[metaPaymentInteraction].(string); ok && v == explicitGating {
 			cr.Explicit = true
 		}

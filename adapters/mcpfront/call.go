@@ -1,6 +1,7 @@
 package mcpfront
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -102,6 +104,7 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 		}
 	}
 	readMeta(&cr, req.Params.Meta)
+	readCreditHeader(&cr, req.Header)
 	s.gate(ctx, &cr)
 	s.payOverHTTP(ctx, &cr)
 	cr.Notify = s.notifier(ctx)
@@ -146,6 +149,9 @@ func readMeta(cr *vend.CallRequest, m *mcp.Meta) {
 	if inv, ok := m.AdditionalFields[vend.MetaRefundInvoice].(string); ok {
 		cr.RefundInvoice = inv
 	}
+	if tok, ok := m.AdditionalFields[vend.MetaCredit].(string); ok {
+		cr.Credit = tok
+	}
 	if v, ok := m.AdditionalFields[MetaPaymentInteraction].(string); ok && v == ExplicitGating {
 		cr.Explicit = true
 	}
@@ -168,10 +174,51 @@ func (s *Server) itemRequest(ctx context.Context, kind vend.ItemKind, name strin
 	cr.Anonymous = cr.Client == anonClient
 	cr.Source, _ = ctx.Value(keySource).(string)
 	readMeta(&cr, meta)
+	readCreditHeader(&cr, h)
 	s.gate(ctx, &cr)
 	s.payOverHTTP(ctx, &cr)
 	cr.Notify = s.notifier(ctx)
 	return cr
+}
+
+// readCreditHeader takes a credit token from the HeaderCredit request
+// header when _meta named none.
+func readCreditHeader(cr *vend.CallRequest, h http.Header) {
+	if tok := h.Get(vend.HeaderCredit); tok != "" && cr.Credit == "" {
+		cr.Credit = tok
+	}
+}
+
+// creditHeader sets the HeaderCredit response header to the balance (msat)
+// an answer reports (_meta[vend.MetaCredit], or a credit-exhausted error)
+// on MCP HTTP, if the response has not started (a call that streamed
+// notifications reports it in _meta only).
+func creditHeader(ctx context.Context, res vend.CallResult, err error) {
+	rw, _ := ctx.Value(keyHTTPWriter).(*rewriteWriter)
+	if rw == nil {
+		return
+	}
+	var bal int64 = -1
+	if ce, ok := errors.AsType[*vend.CreditExhaustedError](err); ok {
+		bal = int64(ce.Balance)
+	} else if err == nil && bytes.Contains(res.Body, []byte(vend.MetaCredit)) {
+		var b struct {
+			Meta map[string]vend.CreditInfo `json:"_meta"`
+		}
+		if json.Unmarshal(res.Body, &b) == nil {
+			if info, ok := b.Meta[vend.MetaCredit]; ok {
+				bal = info.BalanceMsat
+			}
+		}
+	}
+	if bal < 0 {
+		return
+	}
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if !rw.wroteHeader {
+		rw.w.Header().Set(vend.HeaderCredit, strconv.FormatInt(bal, 10))
+	}
 }
 
 // priced returns the listed price of a prompt or resource, 0 when the
@@ -185,6 +232,7 @@ func (s *Server) priced(kind vend.ItemKind, name string) (lo, hi vend.Msat) {
 
 // answer turns the Vendor's outcome of cr into the handler's return.
 func (s *Server) answer(ctx context.Context, cr vend.CallRequest, res vend.CallResult, err error) (*mcp.CallToolResult, error) {
+	creditHeader(ctx, res, err)
 	if s.answerHTTP(ctx, &cr, err) {
 		return answeredOverHTTP, nil
 	}

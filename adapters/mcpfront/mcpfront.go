@@ -32,7 +32,11 @@
 // when absent); ProgressToken params._meta.progressToken as JSON; CashuToken
 // params._meta["capvend/cashu"]; PMIs params._meta["capvend/pmi"] (array of
 // strings); PaymentToken params._meta["capvend/payment"] (vend takes the
-// capvend_payment argument out of Arguments itself); Explicit when
+// capvend_payment argument out of Arguments itself); Credit
+// params._meta["capvend/credit"], else the Capvend-Credit request header
+// (vend takes a capvend_credit argument itself; over HTTP an answer that
+// reports a balance sets the Capvend-Credit response header to it, in
+// msat, when the response has not started streaming); Explicit when
 // params._meta["capvend/payment_interaction"] is "explicit_gating",
 // Config.ExplicitGating is set, or the client did not declare
 // CapabilityPayments (see below); PaymentTokens unless
