@@ -282,20 +282,10 @@ func (l *Ledger) ExpireCredit(ctx context.Context, after time.Duration) (int, er
 	return n, nil
 }
 
-// CreditPayout is how the rest of a credit account was paid back.
-type CreditPayout struct {
-	Method  vend.RefundMethod // cashu (a token) or bolt11 (a melt of the wallet's ecash)
-	MintURL string            // the mint whose ecash paid it
-	// Paid is what the client got (at most the balance); Fee what paying
-	// cost beyond it.
-	Paid vend.Msat
-	Fee  vend.Msat
-}
-
 // RefundCredit books a payout of an account's credit in one transaction:
 // Paid leaves the account to the wallet's ecash at MintURL (the fee an
 // expense). A payout larger than the balance is refused and books nothing.
-func (l *Ledger) RefundCredit(ctx context.Context, account string, p CreditPayout) error {
+func (l *Ledger) RefundCredit(ctx context.Context, account string, p vend.CreditPayout) error {
 	if p.Paid <= 0 || p.Fee < 0 || p.MintURL == "" || (p.Method != vend.RefundCashu && p.Method != vend.RefundBolt11) {
 		return fmt.Errorf("credit refund of %s: a method, a mint and a positive amount are required", account)
 	}

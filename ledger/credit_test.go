@@ -369,7 +369,7 @@ func TestRefundCreditPaysWhatIsLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	must(t, l.Deliver(ctx, c.ID, okBody))
-	p := ledger.CreditPayout{Method: vend.RefundCashu, MintURL: "http://127.0.0.1:3338", Paid: 80_000}
+	p := vend.CreditPayout{Method: vend.RefundCashu, MintURL: "http://127.0.0.1:3338", Paid: 80_000}
 	if err := l.RefundCredit(ctx, acctA, p); err == nil {
 		t.Fatal("refunded more than the balance")
 	}

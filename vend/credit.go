@@ -114,6 +114,17 @@ type CreditLedger interface {
 	ExpireCredit(ctx context.Context, after time.Duration) (int, error)
 }
 
+// CreditPayout is how (part of) the rest of a credit account was paid
+// back to its client.
+type CreditPayout struct {
+	Method  RefundMethod // a Cashu token, or a bolt11 paid by a melt of the wallet's ecash
+	MintURL string       // the mint whose ecash paid it
+	// Paid is what the client got (at most the balance); Fee what paying
+	// cost beyond it (an expense).
+	Paid Msat
+	Fee  Msat
+}
+
 // CreditInfo is what a client learns of its credit: the JSON object of
 // _meta[MetaCredit] in an answer.
 type CreditInfo struct {

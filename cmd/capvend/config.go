@@ -39,6 +39,7 @@ type Config struct {
 	Cashu     CashuConfig      `yaml:"cashu"`
 	Payments  PaymentsConfig   `yaml:"payments"`
 	Limits    LimitsConfig     `yaml:"limits"`
+	Credit    CreditConfig     `yaml:"credit"`
 	Upstreams []UpstreamConfig `yaml:"upstreams"`
 
 	path string // the file it was read from, "" for defaults
@@ -162,6 +163,17 @@ type PaymentsConfig struct {
 	// (mcpfront.Config.HTTP402): for HTTP payment clients that send no
 	// such Accept.
 	HTTP402 bool `yaml:"http_402"`
+}
+
+// CreditConfig is prepaid credit (see vend's package doc, Credit): the
+// capvend_topup tool and credit tokens.
+type CreditConfig struct {
+	Enabled bool `yaml:"enabled"`
+	// MaxTopUpSats bounds one top-up (default 1,000,000).
+	MaxTopUpSats int64 `yaml:"max_topup_sats"`
+	// ExpiresAfter expires a balance that long after its last top-up
+	// (booked to income, with the reason in the journal); 0: never.
+	ExpiresAfter time.Duration `yaml:"expires_after"`
 }
 
 // LimitsConfig bounds what one client, and everyone, may hold open. A
@@ -762,7 +774,7 @@ func (c *Config) validateLND(p *problems) {
 	}
 }
 
-// validatePayments checks the cashu, payments and limits sections.
+// validatePayments checks the cashu, payments, credit and limits sections.
 func (c *Config) validatePayments(p *problems) {
 	for i, m := range c.Cashu.Mints {
 		if u, err := url.Parse(m); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
@@ -774,6 +786,12 @@ func (c *Config) validatePayments(p *problems) {
 	}
 	if c.Payments.TTL < 30*time.Second || c.Payments.TTL > 24*time.Hour {
 		p.bad("payments.ttl", "%s is outside 30s .. 24h", c.Payments.TTL)
+	}
+	if c.Credit.MaxTopUpSats < 0 || c.Credit.MaxTopUpSats > 100_000_000 {
+		p.bad("credit.max_topup_sats", "%d is outside 0 (the default, 1,000,000) .. 100,000,000", c.Credit.MaxTopUpSats)
+	}
+	if c.Credit.ExpiresAfter < 0 || c.Credit.ExpiresAfter > 0 && c.Credit.ExpiresAfter < time.Minute {
+		p.bad("credit.expires_after", "%s must be 0 (never) or at least 1m", c.Credit.ExpiresAfter)
 	}
 	if c.Limits.MaxUnpaidPerClient < 1 {
 		p.bad("limits.max_unpaid_per_client", "must be at least 1, got %d", c.Limits.MaxUnpaidPerClient)
@@ -796,6 +814,8 @@ func (c *Config) validateUpstreams(p *problems) (priced bool) {
 			p.bad(field+".name", "%q must be 1-32 characters of a-z 0-9 _ - starting with a letter or digit", u.Name)
 		} else if seen[u.Name] {
 			p.bad(field+".name", "%q is used by another upstream", u.Name)
+		} else if u.Name == "capvend" {
+			p.bad(field+".name", "%q is reserved: capvend books its own top-ups under it", u.Name)
 		}
 		seen[u.Name] = true
 		switch {

@@ -301,6 +301,12 @@ func TestREADME(t *testing.T) {
 			t.Errorf("refunds --all:\n%s", out)
 		}
 	})
+	// The demo buys no credit: no accounts, nothing owed.
+	ledgerCmd("capvend credit", func(t *testing.T, out string) {
+		if !strings.Contains(out, "0 account(s), 0.000 sat owed in credit") {
+			t.Errorf("credit:\n%s", out)
+		}
+	})
 }
 
 // runCapvend runs capvend in-process with args in the current folder and

@@ -22,6 +22,7 @@ Cashu mints and Nostr relays, and how clients pay.`,
 			testnetCommand(),
 			cashuCommand(),
 			refundsCommand(),
+			creditCommand(),
 		},
 	}
 }

@@ -173,6 +173,8 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 		Ledger: l, Backends: backends, Tools: ups, Prices: prices, TTL: cfg.Payments.TTL,
 		MaxUnpaidPerClient: cfg.Limits.MaxUnpaidPerClient, MaxUnpaidTotal: cfg.Limits.MaxUnpaidTotal,
 		RequestsPerMinute: cfg.Limits.RequestsPerMinute, Log: log, Failpoint: failpoint,
+		Credit: vend.CreditConfig{Enabled: cfg.Credit.Enabled, MaxTopUp: vend.Msat(cfg.Credit.MaxTopUpSats * vend.MsatPerSat),
+			ExpiresAfter: cfg.Credit.ExpiresAfter},
 	}
 	v, err := vend.New(vcfg)
 	if err != nil {

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/capvend/capvend/billing/cashu"
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/vend"
+)
+
+func creditCommand() *command {
+	var lf ledgerFlags
+	return &command{
+		Name:    "credit",
+		Summary: "list prepaid credit balances; 'credit show ACCOUNT', 'credit refund ACCOUNT' pays what is left back",
+		Help: `Prepaid credit (credit.enabled): a client buys N sats with the capvend_topup
+tool and pays priced calls from its balance with the credit token the
+top-up answer gave (or, on Nostr, with its own pubkey's account). Each
+account's balance is money owed to the client, in liabilities:credit:<account>;
+'ledger verify' checks every balance against its top-ups, draws, give-backs,
+expiries and refunds, and against the journal.
+
+Lists, one line each: the account (t + 24 hex digits, or nostr-<pubkey>), its
+balance, what it bought, spent on calls (and how many), got back from failed
+calls, lost to expiry and was refunded, and its last top-up. Safe while
+'capvend serve' runs.
+
+Examples:
+  capvend credit
+  capvend credit show t0123456789abcdef01234567
+  capvend credit refund t0123456789abcdef01234567 --cashu`,
+		Flags: lf.register,
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) > 0 {
+				return usageError("unknown command %q for 'capvend credit'; commands: show, refund", args[0])
+			}
+			return listCredit(ctx, e, &lf, "")
+		},
+		Subs: []*command{creditShowCommand(), creditRefundCommand()},
+	}
+}
+
+func creditShowCommand() *command {
+	var lf ledgerFlags
+	return &command{
+		Name:    "show",
+		Args:    "ACCOUNT",
+		Summary: "one credit account's balance and history totals",
+		Help: `Shows one credit account, as 'capvend credit' lists it.
+
+Example:
+  capvend credit show t0123456789abcdef01234567`,
+		Flags: lf.register,
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) != 1 {
+				return usageError("show takes one ACCOUNT (see 'capvend credit')")
+			}
+			return listCredit(ctx, e, &lf, args[0])
+		},
+	}
+}
+
+func listCredit(ctx context.Context, e *env, lf *ledgerFlags, id string) error {
+	l, err := lf.open(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	accts, err := l.CreditAccounts(ctx, id)
+	if errors.Is(err, vend.ErrNotFound) {
+		return &exitError{code: 1, err: fmt.Errorf("%w (see 'capvend credit')", err)}
+	}
+	if err != nil {
+		return err
+	}
+	return writeCredit(e.Stdout, accts)
+}
+
+// writeCredit prints accounts as a table and the total owed.
+func writeCredit(w io.Writer, accts []ledger.CreditAccountInfo) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "ACCOUNT\tBALANCE (sat)\tBOUGHT\tSPENT\tCALLS\tGIVEN BACK\tEXPIRED\tREFUNDED\tLAST TOP-UP\t")
+	var total vend.Msat
+	for _, a := range accts {
+		topped := "-"
+		if !a.ToppedUp.IsZero() {
+			topped = a.ToppedUp.Format(time.DateTime)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t\n", a.ID, a.Balance, a.TopUps, a.Draws, a.Calls, a.GiveBacks,
+			a.Expired, a.Refunded, topped)
+		total += a.Balance
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "%d account(s), %s sat owed in credit\n", len(accts), total)
+	return err
+}
+
+func creditRefundCommand() *command {
+	var cf cashuFlags
+	var payCashu bool
+	var invoice, mint string
+	register := func(fs *flag.FlagSet) {
+		cf.register(fs)
+		fs.BoolVar(&payCashu, "cashu", false, "pay with a Cashu token from the wallet, printed for you to hand to the client")
+		fs.StringVar(&invoice, "invoice", "", "pay this bolt11 `INVOICE` (whole sats, at most the balance)")
+		fs.StringVar(&mint, "mint", "", "pay from the ecash of mint `URL` (default the first of cashu.mints)")
+	}
+	return &command{
+		Name:    "refund",
+		Args:    "ACCOUNT",
+		Summary: "pay what is left of a credit account back: a Cashu token or a bolt11",
+		Help: `Pays what is left of credit ACCOUNT back from capvend's Cashu wallet:
+  --cashu            as a Cashu token of the whole sats left (a fraction of a
+                     sat stays in the account), printed for you to hand over;
+  --invoice BOLT11   to the client's invoice (an amount in whole sats, at
+                     most the balance), through the mint (a melt, NUT-05).
+The payout is booked in one entry:
+  Dr liabilities:credit:<account>  what the client got
+  Dr expenses:fees:cashu:<mint>    what paying cost
+  Cr assets:cashu:<mint>           the ecash that left the wallet
+and the balance can never go below zero (the ledger refuses it). The wallet
+is opened like 'capvend cashu melt': stop 'capvend serve' first.
+
+Examples:
+  capvend credit refund t0123456789abcdef01234567 --cashu
+  capvend credit refund t0123456789abcdef01234567 --invoice lnbc790n1...`,
+		Flags: register,
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) == 0 {
+				return usageError("refund takes the ACCOUNT (see 'capvend credit')")
+			}
+			fs := flag.NewFlagSet("capvend credit refund", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			register(fs)
+			if err := fs.Parse(args[1:]); err != nil {
+				return usageError("%v (see 'capvend credit refund --help')", err)
+			}
+			if fs.NArg() > 0 {
+				return usageError("refund takes one ACCOUNT, got %q too", fs.Arg(0))
+			}
+			if payCashu == (strings.TrimSpace(invoice) != "") {
+				return usageError("say how to pay: --cashu or --invoice BOLT11")
+			}
+			l, dir, mints, err := cf.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			account := args[0]
+			if payCashu {
+				p, token, err := cashu.PayCreditToken(ctx, dir, mints, mint, account, l)
+				if err != nil {
+					return refundError(err)
+				}
+				fmt.Fprintf(e.Stdout, "credit %s refunded: %s sat (fee %s) from %s\nhand this Cashu token to the client:\n%s\n",
+					account, p.Paid, p.Fee, p.MintURL, token)
+				return nil
+			}
+			p, res, err := cashu.PayCreditInvoice(ctx, dir, mints, mint, account, invoice, l)
+			if err != nil {
+				return refundError(err)
+			}
+			fmt.Fprintf(e.Stdout, "credit %s refunded: %s sat to the invoice (fee %s) from %s\nmelt quote %s\npreimage   %s\n",
+				account, p.Paid, p.Fee, p.MintURL, res.Quote, res.Preimage)
+			return nil
+		},
+	}
+}
