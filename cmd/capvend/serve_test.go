@@ -118,6 +118,8 @@ type serveOpts struct {
 	// http402 sets payments.http_402: unpaid priced calls over HTTP get
 	// HTTP 402 with their challenges (L402, X-Cashu).
 	http402 bool
+	// credit turns prepaid credit on.
+	credit bool
 }
 
 func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen string) {
@@ -143,6 +145,9 @@ func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen
 	}
 	if o.nsecFile != "" {
 		backends += fmt.Sprintf("nostr:\n  relays: [%s]\n  nsec_file: %s\n", s.RelayURL, o.nsecFile)
+	}
+	if o.credit {
+		backends += "credit:\n  enabled: true\n"
 	}
 	var items string
 	if o.items {
