@@ -249,9 +249,10 @@ func (s *Server) markWire(w wireError, err error) error {
 }
 
 // withPaymentArg returns a priced tool's input schema with the optional
-// string property capvend_payment (vend.PaymentArg) added, telling the
-// model what to pass: schema unchanged if it is not a JSON object.
-func withPaymentArg(schema json.RawMessage) json.RawMessage {
+// string property capvend_payment (vend.PaymentArg) added, and with credit
+// capvend_credit (vend.CreditArg), telling the model what to pass: schema
+// unchanged if it is not a JSON object.
+func withPaymentArg(schema json.RawMessage, credit bool) json.RawMessage {
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(schema, &fields) != nil || fields == nil {
 		return schema
@@ -265,6 +266,9 @@ func withPaymentArg(schema json.RawMessage) json.RawMessage {
 		props = map[string]json.RawMessage{}
 	}
 	props[vend.PaymentArg] = paymentArgSchema
+	if credit {
+		props[vend.CreditArg] = creditArgSchema
+	}
 	fields["properties"], _ = json.Marshal(props)
 	out, err := json.Marshal(fields)
 	if err != nil {
@@ -272,6 +276,11 @@ func withPaymentArg(schema json.RawMessage) json.RawMessage {
 	}
 	return out
 }
+
+// creditArgSchema is the schema of capvend_credit in a priced tool's
+// inputSchema when the server sells credit.
+var creditArgSchema = json.RawMessage(`{"type":"string","description":"Optional: a prepaid credit token (cvc_...) ` +
+	`from a ` + vend.TopUpTool + ` answer. With it the call is paid from that credit at once, with no invoice."}`)
 
 // paymentArgSchema is the schema of capvend_payment in a priced tool's
 // inputSchema.

@@ -135,9 +135,15 @@ func TestPricedToolsListPaymentArg(t *testing.T) {
 		}
 	}
 	// An upstream schema with properties keeps them.
-	got := withPaymentArg(json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"],"additionalProperties":false}`))
+	schema := json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"],"additionalProperties":false}`)
+	got := withPaymentArg(schema, false)
 	if !strings.Contains(string(got), `"text":{"type":"string"}`) || !strings.Contains(string(got), `"required":["text"]`) ||
-		!strings.Contains(string(got), `"additionalProperties":false`) || !strings.Contains(string(got), `"capvend_payment":{"type":"string"`) {
+		!strings.Contains(string(got), `"additionalProperties":false`) || !strings.Contains(string(got), `"capvend_payment":{"type":"string"`) ||
+		strings.Contains(string(got), "capvend_credit") {
+		t.Fatalf("%s", got)
+	}
+	// A server selling credit also offers the credit token argument.
+	if got := withPaymentArg(schema, true); !strings.Contains(string(got), `"capvend_credit":{"type":"string"`) {
 		t.Fatalf("%s", got)
 	}
 }

@@ -272,6 +272,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -608,13 +609,16 @@ func (s *Server) Refresh() {
 	vt := s.cfg.Vendor.Tools()
 	ranger, _ := s.cfg.Vendor.(PriceRanger)
 	tools := make([]server.ServerTool, 0, len(vt))
+	// A Vendor selling credit lists its top-up tool: priced tools then
+	// take a credit token argument too.
+	credit := slices.ContainsFunc(vt, func(t vend.Tool) bool { return t.Name == vend.TopUpTool })
 	for _, t := range vt {
-		tools = append(tools, server.ServerTool{Tool: s.toMCPTool(t, ranger), Handler: s.handleCall})
+		tools = append(tools, server.ServerTool{Tool: s.toMCPTool(t, ranger, credit), Handler: s.handleCall})
 	}
 	s.mcp.SetTools(tools...)
 }
 
-func (s *Server) toMCPTool(t vend.Tool, ranger PriceRanger) mcp.Tool {
+func (s *Server) toMCPTool(t vend.Tool, ranger PriceRanger, credit bool) mcp.Tool {
 	mt := mcp.Tool{Name: t.Name, Title: t.Title, Description: t.Description}
 	schema := t.InputSchema
 	if len(schema) == 0 {
@@ -631,7 +635,7 @@ func (s *Server) toMCPTool(t vend.Tool, ranger PriceRanger) mcp.Tool {
 		lo, hi = ranger.ListedPrice(t)
 	}
 	if hi > 0 && !s.cfg.LegacyGatingCode {
-		mt.RawInputSchema = withPaymentArg(schema)
+		mt.RawInputSchema = withPaymentArg(schema, credit)
 	}
 	mt.Meta = withPrice(nil, lo, hi)
 	return mt
