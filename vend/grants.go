@@ -158,9 +158,9 @@ func takeStringArg(m map[string]any, name, what string) (string, error) {
 }
 
 // declaresPaymentArg reports whether a tool's input schema declares a
-// property named PaymentArg at its root.
+// property named PaymentArg (or CreditArg) at its root.
 func declaresPaymentArg(schema json.RawMessage) bool {
-	if !bytes.Contains(schema, []byte(PaymentArg)) {
+	if !bytes.Contains(schema, []byte(PaymentArg)) && !bytes.Contains(schema, []byte(CreditArg)) {
 		return false
 	}
 	var s struct {
@@ -170,7 +170,8 @@ func declaresPaymentArg(schema json.RawMessage) bool {
 		return false
 	}
 	_, ok := s.Properties[PaymentArg]
-	return ok
+	_, credit := s.Properties[CreditArg]
+	return ok || credit
 }
 
 // offered reports whether t may be offered: a tool declaring PaymentArg
@@ -180,7 +181,7 @@ func (v *Vendor) offered(t *Tool) bool {
 		return true
 	}
 	if _, seen := v.reserved.LoadOrStore(t.Server+"\x00"+t.Name, true); !seen {
-		v.cfg.Log.Error("vend: tool not offered: its input schema declares "+PaymentArg+", which capvend reserves for payment tokens",
+		v.cfg.Log.Error("vend: tool not offered: its input schema declares "+PaymentArg+" or "+CreditArg+", which capvend reserves for payment and credit tokens",
 			"tool", t.Name, "server", t.Server)
 	}
 	return false
