@@ -39,12 +39,7 @@ const sha256Hi = "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327a
 // ledger without a new charge. The ledger verifies.
 func TestContextVM(t *testing.T) {
 	s := needStack(t)
-	sk := nostr.GeneratePrivateKey()
-	server, _ := nostr.GetPublicKey(sk)
-	nsec := filepath.Join(t.TempDir(), "server.nsec")
-	if err := os.WriteFile(nsec, []byte(sk+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	server, nsec := serverKey(t)
 	path, listen := writeServeConfig(t, s, serveOpts{nsecFile: nsec})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
 	stop := serveStoppable(t, path, listen)
@@ -153,6 +148,19 @@ func runSDKClient(t *testing.T, s *testnet.Stack, relay, server, encryption stri
 	if strings.Contains(lines["CAPS"], "t_word_count") {
 		t.Errorf("a cap tag for a free tool: %s", lines["CAPS"])
 	}
+}
+
+// serverKey makes a fresh Nostr key for a server and writes it to an nsec
+// file; it returns the pubkey and the file.
+func serverKey(t testing.TB) (pubkey, nsecFile string) {
+	t.Helper()
+	sk := nostr.GeneratePrivateKey()
+	pubkey, _ = nostr.GetPublicKey(sk)
+	nsecFile = filepath.Join(t.TempDir(), "server.nsec")
+	if err := os.WriteFile(nsecFile, []byte(sk+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return pubkey, nsecFile
 }
 
 // serveStoppable runs `capvend serve --config path` in this process like

@@ -105,14 +105,9 @@ func writeCredit(w io.Writer, accts []ledger.CreditAccountInfo) error {
 }
 
 func creditRefundCommand() *command {
-	var cf cashuFlags
-	var payCashu bool
-	var invoice, mint string
+	var pf payoutFlags
 	register := func(fs *flag.FlagSet) {
-		cf.register(fs)
-		fs.BoolVar(&payCashu, "cashu", false, "pay with a Cashu token from the wallet, printed for you to hand to the client")
-		fs.StringVar(&invoice, "invoice", "", "pay this bolt11 `INVOICE` (whole sats, at most the balance)")
-		fs.StringVar(&mint, "mint", "", "pay from the ecash of mint `URL` (default the first of cashu.mints)")
+		pf.register(fs, "(whole sats, at most the balance)", "(default the first of cashu.mints)")
 	}
 	return &command{
 		Name:    "refund",
@@ -138,15 +133,10 @@ Examples:
 			if len(args) == 0 {
 				return usageError("refund takes the ACCOUNT (see 'capvend credit')")
 			}
-			fs := flag.NewFlagSet("capvend credit refund", flag.ContinueOnError)
-			fs.SetOutput(io.Discard)
-			register(fs)
-			if err := fs.Parse(args[1:]); err != nil {
-				return usageError("%v (see 'capvend credit refund --help')", err)
+			if err := pf.parse("credit refund", args, register); err != nil {
+				return err
 			}
-			if fs.NArg() > 0 {
-				return usageError("refund takes one ACCOUNT, got %q too", fs.Arg(0))
-			}
+			cf, payCashu, invoice, mint := &pf.cf, pf.payCashu, pf.invoice, pf.mint
 			if payCashu == (strings.TrimSpace(invoice) != "") {
 				return usageError("say how to pay: --cashu or --invoice BOLT11")
 			}

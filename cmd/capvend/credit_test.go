@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -14,7 +13,6 @@ import (
 	"github.com/elnosh/gonuts/cashu"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
-	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/vend"
@@ -74,12 +72,7 @@ func buyCredit(t testing.TB, pc *payingClient, sats int, token string) vend.Cred
 // the ledger agree to the msat, and the ledger verifies.
 func TestCreditOverMCPHTTPAndContextVM(t *testing.T) {
 	s := needStack(t)
-	sk := nostr.GeneratePrivateKey()
-	server, _ := nostr.GetPublicKey(sk)
-	nsec := filepath.Join(t.TempDir(), "server.nsec")
-	if err := os.WriteFile(nsec, []byte(sk+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	server, nsec := serverKey(t)
 	path, listen := writeServeConfig(t, s, serveOpts{cashu: true, credit: true, nsecFile: nsec})
 	stop := serveStoppable(t, path, listen)
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -110,12 +109,7 @@ func TestServeSellsPromptsAndResourcesOverMCPHTTP(t *testing.T) {
 // follows; the journal books income:prompts and the ledger verifies.
 func TestContextVMSellsPrompts(t *testing.T) {
 	s := needStack(t)
-	sk := nostr.GeneratePrivateKey()
-	server, _ := nostr.GetPublicKey(sk)
-	nsec := filepath.Join(t.TempDir(), "server.nsec")
-	if err := os.WriteFile(nsec, []byte(sk+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	server, nsec := serverKey(t)
 	path, listen := writeServeConfig(t, s, serveOpts{nsecFile: nsec, items: true})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
 	serveStoppable(t, path, listen)

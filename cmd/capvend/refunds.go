@@ -115,15 +115,43 @@ func abbreviate(s string, n int) string {
 	return s[:n] + "…"
 }
 
+// payoutFlags are the flags of a command paying money back from the
+// Cashu wallet (refunds pay, credit refund).
+type payoutFlags struct {
+	cf       cashuFlags
+	payCashu bool
+	invoice  string
+	mint     string
+}
+
+// register registers the flags; invoiceHelp and mintHelp say what
+// --invoice and --mint default to.
+func (p *payoutFlags) register(fs *flag.FlagSet, invoiceHelp, mintHelp string) {
+	p.cf.register(fs)
+	fs.BoolVar(&p.payCashu, "cashu", false, "pay with a Cashu token from the wallet, printed for you to hand to the client")
+	fs.StringVar(&p.invoice, "invoice", "", "pay this bolt11 `INVOICE` "+invoiceHelp)
+	fs.StringVar(&p.mint, "mint", "", "pay from the ecash of mint `URL` "+mintHelp)
+}
+
+// parse parses args after the first (flags may follow it) into p.
+func (p *payoutFlags) parse(name string, args []string, register func(fs *flag.FlagSet)) error {
+	fs := flag.NewFlagSet("capvend "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	register(fs)
+	if err := fs.Parse(args[1:]); err != nil {
+		return usageError("%v (see 'capvend %s --help')", err, name)
+	}
+	if fs.NArg() > 0 {
+		return usageError("%s takes one argument, got %q too", name, fs.Arg(0))
+	}
+	return nil
+}
+
 func refundsPayCommand() *command {
-	var cf cashuFlags
-	var payCashu bool
-	var invoice, mint string
+	var pf payoutFlags
 	register := func(fs *flag.FlagSet) {
-		cf.register(fs)
-		fs.BoolVar(&payCashu, "cashu", false, "pay with a Cashu token from the wallet, printed for you to hand to the client")
-		fs.StringVar(&invoice, "invoice", "", "pay this bolt11 `INVOICE` (at most the amount owed) instead of the client's")
-		fs.StringVar(&mint, "mint", "", "pay from the ecash of mint `URL` (default the refund's mint if configured, else the first of cashu.mints)")
+		pf.register(fs, "(at most the amount owed) instead of the client's",
+			"(default the refund's mint if configured, else the first of cashu.mints)")
 	}
 	return &command{
 		Name:    "pay",
@@ -156,15 +184,10 @@ Examples:
 				return usageError("pay takes the refund's ID (see 'capvend refunds')")
 			}
 			// Flags may follow the ID: parse them again.
-			fs := flag.NewFlagSet("capvend refunds pay", flag.ContinueOnError)
-			fs.SetOutput(io.Discard)
-			register(fs)
-			if err := fs.Parse(args[1:]); err != nil {
-				return usageError("%v (see 'capvend refunds pay --help')", err)
+			if err := pf.parse("refunds pay", args, register); err != nil {
+				return err
 			}
-			if fs.NArg() > 0 {
-				return usageError("pay takes one ID, got %q too", fs.Arg(0))
-			}
+			cf, payCashu, invoice, mint := &pf.cf, pf.payCashu, pf.invoice, pf.mint
 			id, err := strconv.ParseInt(args[0], 10, 64)
 			if err != nil || id <= 0 {
 				return usageError("refund ID %q: want a number from 'capvend refunds'", args[0])

@@ -19,7 +19,6 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
-	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/racesupp"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
@@ -541,17 +540,7 @@ func waitExit(cmd *exec.Cmd, d time.Duration) error {
 }
 
 // waitTools waits until pc lists the ten tools of writeServeConfig.
-func waitTools(t testing.TB, pc *payingClient) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second) // upstreams connecting under load: a deadlock guard
-	defer cancel()
-	if _, err := listed.Until(ctx, func(ctx context.Context) ([]string, error) {
-		_, names, err := listTools(ctx, pc.Client)
-		return names, err
-	}, listed.Count(10)); err != nil {
-		t.Fatalf("tools: %v", err)
-	}
-}
+func waitTools(t testing.TB, pc *payingClient) { waitToolCount(t, pc, 10) }
 
 // waitCall waits until the ledger's only call is in state want.
 func waitCall(t *testing.T, l *ledger.Ledger, want vend.CallState) vend.Call {
