@@ -86,7 +86,7 @@ func listCredit(ctx context.Context, e *env, lf *ledgerFlags, id string) error {
 // writeCredit prints accounts as a table and the total owed.
 func writeCredit(w io.Writer, accts []ledger.CreditAccountInfo) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "ACCOUNT\tBALANCE (sat)\tBOUGHT\tSPENT\tCALLS\tGIVEN BACK\tEXPIRED\tREFUNDED\tLAST TOP-UP\t")
+	fmt.Fprintln(tw, "ACCOUNT\tBALANCE\tBOUGHT\tSPENT\tCALLS\tGIVEN BACK\tEXPIRED\tREFUNDED\tLAST TOP-UP\t")
 	var total vend.Msat
 	for _, a := range accts {
 		topped := "-"
@@ -100,7 +100,7 @@ func writeCredit(w io.Writer, accts []ledger.CreditAccountInfo) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "%d account(s), %s sat owed in credit\n", len(accts), total)
+	_, err := fmt.Fprintf(w, "%d account(s), %s owed in credit\n", len(accts), total)
 	return err
 }
 
@@ -151,7 +151,7 @@ Examples:
 				if err != nil {
 					return refundError(err)
 				}
-				fmt.Fprintf(e.Stdout, "credit %s refunded: %s sat (fee %s) from %s\nhand this Cashu token to the client:\n%s\n",
+				fmt.Fprintf(e.Stdout, "credit %s refunded: %s (fee %s) from %s\nhand this Cashu token to the client:\n%s\n",
 					account, p.Paid, p.Fee, p.MintURL, token)
 				return nil
 			}
@@ -159,7 +159,7 @@ Examples:
 			if err != nil {
 				return refundError(err)
 			}
-			fmt.Fprintf(e.Stdout, "credit %s refunded: %s sat to the invoice (fee %s) from %s\nmelt quote %s\npreimage   %s\n",
+			fmt.Fprintf(e.Stdout, "credit %s refunded: %s to the invoice (fee %s) from %s\nmelt quote %s\npreimage   %s\n",
 				account, p.Paid, p.Fee, p.MintURL, res.Quote, res.Preimage)
 			return nil
 		},

@@ -145,7 +145,7 @@ func TestCreditOverMCPHTTPAndContextVM(t *testing.T) {
 	stop() // the wallet is capvend serve's while it runs
 	t.Chdir(filepath.Dir(path))
 	for _, acct := range []string{info.Account, nostrAccount} {
-		out := runCapvend(t, "credit", "show", acct, "--config", path)
+		out := runCapvend(t, "credit", "show", "--config", path, acct)
 		if !strings.Contains(out, "16.000") || !strings.Contains(out, "84.000") {
 			t.Fatalf("credit show:\n%s", out)
 		}
