@@ -470,6 +470,13 @@ func (l *Ledger) SettlePayment(ctx context.Context, s vend.Settlement) (vend.Pay
 // settlePayment is SettlePayment inside tx. A token payment's proofs
 // recorded swapping become swapped.
 func settlePayment(ctx context.Context, tx *wtx, s vend.Settlement, now time.Time) (vend.Payment, error) {
+	return settlePaymentNote(ctx, tx, s, now, "")
+}
+
+// settlePaymentNote is settlePayment, noting in the settlement entry's
+// description who booked it when it was not the backend (a reconcile
+// repair).
+func settlePaymentNote(ctx context.Context, tx *wtx, s vend.Settlement, now time.Time, note string) (vend.Payment, error) {
 	p, err := getPayment(ctx, tx, s.Ref)
 	if err != nil {
 		return p, err
@@ -506,7 +513,7 @@ func settlePayment(ctx context.Context, tx *wtx, s vend.Settlement, now time.Tim
 	if err != nil {
 		return p, err
 	}
-	if err := postSettlement(ctx, tx, p, c, s, now); err != nil {
+	if err := postSettlement(ctx, tx, p, c, s, now, note); err != nil {
 		return p, err
 	}
 	if c.State == vend.CallExpired || c.State == vend.CallCanceled {

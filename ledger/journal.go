@@ -198,13 +198,17 @@ func assetAccount(p vend.Payment) string {
 
 // postSettlement books the one income entry of a settled payment:
 // the asset receives what arrived less fees, the tool's income account the
-// call's price, overpayment its own income account, fees an expense.
-func postSettlement(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, s vend.Settlement, now time.Time) error {
+// call's price, overpayment its own income account, fees an expense. A
+// note (who booked it, if not the backend) ends the description.
+func postSettlement(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, s vend.Settlement, now time.Time, note string) error {
 	e := Entry{
 		Kind:        "settlement",
 		Description: fmt.Sprintf("%s%s/%s call %d paid by %s %s", kindPrefix(c.Kind), c.Server, c.Tool, c.ID, p.Backend, p.Kind),
 		CallID:      c.ID,
 		PaymentID:   p.ID,
+	}
+	if note != "" {
+		e.Description += " (" + note + ")"
 	}
 	if net := s.Amount - s.Fee; net > 0 {
 		e.Postings = append(e.Postings, Posting{assetAccount(p), net})

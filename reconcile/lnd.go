@@ -1,0 +1,221 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/capvend/capvend/vend"
+)
+
+// InvoiceState is an LND invoice's state.
+type InvoiceState string
+
+// LND's invoice states.
+const (
+	InvoiceOpen     InvoiceState = "open"
+	InvoiceAccepted InvoiceState = "accepted" // a hold invoice's HTLC is locked in
+	InvoiceSettled  InvoiceState = "settled"
+	InvoiceCanceled InvoiceState = "canceled"
+)
+
+// Invoice is one LND invoice as the reconciler compares it.
+type Invoice struct {
+	Ref         string // payment hash, hex
+	State       InvoiceState
+	AmountPaid  vend.Msat
+	AddIndex    uint64
+	SettleIndex uint64
+}
+
+// LND is the node as the reconciler uses it; billing/lnd's Node
+// implements it.
+type LND interface {
+	// Invoices returns up to max invoices with an add index above after,
+	// in add-index order.
+	Invoices(ctx context.Context, after uint64, max int) ([]Invoice, error)
+	// CancelInvoice cancels an open or accepted invoice (an accepted hold
+	// invoice's HTLC goes back to the payer). Canceling a canceled one is
+	// not an error; a settled one is.
+	CancelInvoice(ctx context.Context, ref string) error
+}
+
+// invoicePage is how many invoices one Invoices call asks for.
+const invoicePage = 500
+
+// checkLND compares every invoice after the stored cursor with the
+// ledger, and moves the cursor past the invoices that are final and agree.
+func (r *Reconciler) checkLND(ctx context.Context, run int64, add func(Difference)) error {
+	source := "lnd:" + r.cfg.Node
+	cursor, err := r.cfg.Store.ReconcileCursor(ctx, source)
+	if err != nil {
+		return err
+	}
+	next, stable := cursor, true
+	for after := cursor; ; {
+		invs, err := r.cfg.LND.Invoices(ctx, after, invoicePage)
+		if err != nil {
+			return err
+		}
+		for _, inv := range invs {
+			final, err := r.compareInvoice(ctx, inv, add)
+			if err != nil {
+				return err
+			}
+			// The cursor only passes invoices that cannot change any
+			// more and agree: the next run starts at the first one
+			// that may.
+			if stable && final {
+				next = inv.AddIndex
+			} else {
+				stable = false
+			}
+			after = inv.AddIndex
+		}
+		if len(invs) < invoicePage {
+			break
+		}
+	}
+	if next > cursor {
+		return r.cfg.Store.SaveReconcileCursor(ctx, source, next)
+	}
+	return nil
+}
+
+// compareInvoice compares one invoice with the ledger's payment, repairs
+// what is safe, and reports whether the invoice is final and agrees now.
+func (r *Reconciler) compareInvoice(ctx context.Context, inv Invoice, add func(Difference)) (final bool, err error) {
+	p, err := r.cfg.Store.Payment(ctx, inv.Ref)
+	if errors.Is(err, vend.ErrNotFound) {
+		// Not capvend's (another application's invoice on the node, or
+		// one capvend canceled before recording it).
+		return inv.State == InvoiceSettled || inv.State == InvoiceCanceled, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	d := Difference{Backend: vend.BackendLND, Ref: p.Ref, CallID: p.CallID, Ledger: string(p.State), Remote: string(inv.State)}
+	switch inv.State {
+	case InvoiceSettled:
+		if p.State == vend.PaymentSettled {
+			return true, nil
+		}
+		d.Kind = SettledUnbooked
+		d.Detail = fmt.Sprintf("LND settled %d msat the ledger has not booked", inv.AmountPaid)
+		return r.repairSettled(ctx, d, inv, add)
+	case InvoiceCanceled:
+		switch p.State {
+		case vend.PaymentSettled:
+			d.Kind, d.Detail = BookedUnsettled, "the ledger booked a settlement of an invoice LND canceled"
+			add(d)
+			return false, nil
+		case vend.PaymentOpen, vend.PaymentAccepted:
+			d.Kind, d.Detail = CanceledUnbooked, "LND canceled an invoice the ledger holds "+string(p.State)
+			return r.repairCanceled(ctx, d, add)
+		}
+		return true, nil
+	case InvoiceAccepted:
+		if p.State == vend.PaymentSettled {
+			d.Kind, d.Detail = BookedUnsettled, "the ledger booked a settlement of a hold invoice LND only holds"
+			add(d)
+			return false, nil
+		}
+		return false, r.checkHold(ctx, d, p, add)
+	default: // open
+		if p.State == vend.PaymentSettled {
+			d.Kind, d.Detail = BookedUnsettled, "the ledger booked a settlement of an invoice open at LND"
+			add(d)
+		}
+		return false, nil
+	}
+}
+
+// repairSettled books a settlement LND made and the ledger missed.
+func (r *Reconciler) repairSettled(ctx context.Context, d Difference, inv Invoice, add func(Difference)) (bool, error) {
+	if !r.cfg.Repair {
+		add(d)
+		return false, nil
+	}
+	d.Repair = RepairPrefix + ": booked the late settlement"
+	d.FoundAt = r.cfg.Now()
+	p, err := r.cfg.Store.RepairSettlement(ctx, d, vend.Settlement{Ref: inv.Ref, Amount: inv.AmountPaid,
+		AddIndex: inv.AddIndex, SettleIndex: inv.SettleIndex})
+	switch {
+	case errors.Is(err, vend.ErrAlreadySettled):
+		return true, nil // the backend's watcher booked it meanwhile: they agree
+	case err != nil:
+		// Refused by the ledger's rules (underpaid, a kind that cannot
+		// be paid late): the operator decides.
+		d.Repair, d.Detail = "", d.Detail+"; not booked: "+err.Error()
+		add(d)
+		return false, nil
+	}
+	add(d)
+	r.report(p)
+	return true, nil
+}
+
+// repairCanceled ends a payment LND canceled.
+func (r *Reconciler) repairCanceled(ctx context.Context, d Difference, add func(Difference)) (bool, error) {
+	if !r.cfg.Repair {
+		add(d)
+		return false, nil
+	}
+	d.Repair = RepairPrefix + ": ended the payment canceled at LND"
+	d.FoundAt = r.cfg.Now()
+	p, err := r.cfg.Store.RepairCanceled(ctx, d)
+	if err != nil {
+		if errors.Is(err, vend.ErrIllegalTransition) {
+			return false, nil // settled meanwhile: the next run compares again
+		}
+		return false, err
+	}
+	add(d)
+	r.report(p)
+	return true, nil
+}
+
+// checkHold looks for an orphan hold invoice: locked in at LND while its
+// payment is ended in the ledger, or its call ended without settling it
+// (failed, refunded, expired, canceled). Such an invoice is never settled
+// by vend: it is canceled, which returns the money to the payer. A hold
+// invoice whose call is paid or executing is live (vend settles or cancels
+// it); one the ledger has open is left to the backend's watcher.
+func (r *Reconciler) checkHold(ctx context.Context, d Difference, p vend.Payment, add func(Difference)) error {
+	orphan := p.State == vend.PaymentCanceled || p.State == vend.PaymentExpired
+	if !orphan && p.State == vend.PaymentAccepted {
+		c, err := r.cfg.Store.Call(ctx, p.CallID)
+		if err != nil {
+			return err
+		}
+		switch c.State {
+		case vend.CallFailed, vend.CallRefunded, vend.CallExpired, vend.CallCanceled:
+			orphan = true
+			d.Ledger += ", call " + string(c.State)
+		}
+	}
+	if !orphan {
+		return nil
+	}
+	d.Kind, d.Detail = OrphanHold, "a hold invoice locked in at LND that no call will settle"
+	if !r.cfg.Repair {
+		add(d)
+		return nil
+	}
+	if err := r.cfg.LND.CancelInvoice(ctx, p.Ref); err != nil {
+		d.Detail += "; cancel at LND failed: " + err.Error()
+		add(d)
+		return nil
+	}
+	d.Repair = RepairPrefix + ": canceled the hold invoice at LND (the payer's money goes back)"
+	d.FoundAt = r.cfg.Now()
+	np, err := r.cfg.Store.RepairCanceled(ctx, d)
+	if err != nil {
+		return err
+	}
+	add(d)
+	if np.State != p.State {
+		r.report(np)
+	}
+	return nil
+}
