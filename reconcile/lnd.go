@@ -58,7 +58,7 @@ func (r *Reconciler) checkLND(ctx context.Context, run int64, add func(Differenc
 			return err
 		}
 		for _, inv := range invs {
-			final, err := r.compareInvoice(ctx, inv, add)
+			final, err := r.compareInvoice(ctx, run, inv, add)
 			if err != nil {
 				return err
 			}
@@ -84,7 +84,7 @@ func (r *Reconciler) checkLND(ctx context.Context, run int64, add func(Differenc
 
 // compareInvoice compares one invoice with the ledger's payment, repairs
 // what is safe, and reports whether the invoice is final and agrees now.
-func (r *Reconciler) compareInvoice(ctx context.Context, inv Invoice, add func(Difference)) (final bool, err error) {
+func (r *Reconciler) compareInvoice(ctx context.Context, run int64, inv Invoice, add func(Difference)) (final bool, err error) {
 	p, err := r.cfg.Store.Payment(ctx, inv.Ref)
 	if errors.Is(err, vend.ErrNotFound) {
 		// Not capvend's (another application's invoice on the node, or
@@ -94,7 +94,7 @@ func (r *Reconciler) compareInvoice(ctx context.Context, inv Invoice, add func(D
 	if err != nil {
 		return false, err
 	}
-	d := Difference{Backend: vend.BackendLND, Ref: p.Ref, CallID: p.CallID, Ledger: string(p.State), Remote: string(inv.State)}
+	d := Difference{Run: run, Backend: vend.BackendLND, Ref: p.Ref, CallID: p.CallID, Ledger: string(p.State), Remote: string(inv.State)}
 	switch inv.State {
 	case InvoiceSettled:
 		if p.State == vend.PaymentSettled {
