@@ -193,6 +193,19 @@ func (v *Vendor) Run(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// Recovered is closed once Run's Recover has finished what the previous
+// run left (or Run stopped first).
+func (v *Vendor) Recovered() <-chan struct{} { return v.recovered }
+
+// Report routes a payment change that something other than a backend's
+// watcher recorded in the ledger (a reconcile repair booking a late
+// settlement or ending a canceled payment) exactly as a backend's report:
+// to the call waiting for it, or, nobody waiting, a settled call is run
+// and a locked-in hold invoice canceled. Report each recorded change
+// once; a change the backend's watcher also recorded is recorded (and so
+// reported) by only one of them: the ledger's claim decides.
+func (v *Vendor) Report(e PaymentEvent) { v.onPayment(e) }
+
 // onPayment routes a backend's report to the call waiting for it. A hold
 // invoice locked in for a call nobody waits for any more (the client left)
 // is canceled at once: the money goes back to the client by Lightning.

@@ -98,10 +98,25 @@ func OpenWalletFile(dir string, mints []string) (*WalletFile, error) {
 	return &WalletFile{dir: dir, mints: ms, b: &Backend{http: &http.Client{Timeout: 30 * time.Second}}}, nil
 }
 
+// QuotesOnly returns a WalletFile that compares mint quotes only: its
+// Holdings are empty (the wallet is held by a running capvend, whose own
+// reconciliation compares it).
+func QuotesOnly(mints []string) (*WalletFile, error) {
+	for _, m := range mints {
+		if _, err := NormalizeMintURL(m); err != nil {
+			return nil, err
+		}
+	}
+	return &WalletFile{b: &Backend{http: &http.Client{Timeout: 30 * time.Second}}}, nil
+}
+
 // Holdings implements reconcile.Wallet: per configured mint, the proofs
 // the wallet holds that the mint says are unspent, and those it says are
 // spent or pending.
 func (f *WalletFile) Holdings(ctx context.Context) ([]reconcile.Holding, error) {
+	if f.dir == "" {
+		return nil, nil // QuotesOnly
+	}
 	out := make([]reconcile.Holding, 0, len(f.mints))
 	byMint := map[string]*reconcile.Holding{}
 	for _, m := range f.mints {

@@ -24,6 +24,7 @@ import (
 	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/pricing"
+	"github.com/capvend/capvend/reconcile"
 )
 
 // Config is capvend.yaml. Paths are resolved against the directory of the
@@ -40,6 +41,7 @@ type Config struct {
 	Payments  PaymentsConfig   `yaml:"payments"`
 	Limits    LimitsConfig     `yaml:"limits"`
 	Credit    CreditConfig     `yaml:"credit"`
+	Reconcile ReconcileConfig  `yaml:"reconcile"`
 	Upstreams []UpstreamConfig `yaml:"upstreams"`
 
 	path string // the file it was read from, "" for defaults
@@ -174,6 +176,14 @@ type CreditConfig struct {
 	// ExpiresAfter expires a balance that long after its last top-up
 	// (booked to income, with the reason in the journal); 0: never.
 	ExpiresAfter time.Duration `yaml:"expires_after"`
+}
+
+// ReconcileConfig is the continuous reconciliation of the ledger with LND
+// and the Cashu wallet and mints (package reconcile).
+type ReconcileConfig struct {
+	// Interval is how often serve reconciles (and repairs what is
+	// safe); 0 turns it off.
+	Interval time.Duration `yaml:"interval"`
 }
 
 // LimitsConfig bounds what one client, and everyone, may hold open. A
@@ -420,11 +430,12 @@ func defaultConfig() Config {
 		Server: ServerConfig{Name: "capvend"},
 		HTTP: HTTPConfig{MaxRequestBytes: 1 << 20, SessionIdle: 30 * time.Minute, MaxSessions: 10_000, MaxConnections: 1000,
 			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute},
-		Nostr:    NostrConfig{Encryption: "optional", Announce: true, Window: 5 * time.Minute},
-		LND:      LNDConfig{HoldInvoices: true, MaxHoldInvoices: 1_000},
-		Cashu:    CashuConfig{WalletDir: "cashu-wallet", AcceptTokens: true, MintQuotes: true},
-		Payments: PaymentsConfig{TTL: 10 * time.Minute},
-		Limits:   LimitsConfig{MaxUnpaidPerClient: 10, MaxUnpaidTotal: 1_000, RequestsPerMinute: 120},
+		Nostr:     NostrConfig{Encryption: "optional", Announce: true, Window: 5 * time.Minute},
+		LND:       LNDConfig{HoldInvoices: true, MaxHoldInvoices: 1_000},
+		Cashu:     CashuConfig{WalletDir: "cashu-wallet", AcceptTokens: true, MintQuotes: true},
+		Payments:  PaymentsConfig{TTL: 10 * time.Minute},
+		Limits:    LimitsConfig{MaxUnpaidPerClient: 10, MaxUnpaidTotal: 1_000, RequestsPerMinute: 120},
+		Reconcile: ReconcileConfig{Interval: reconcile.DefaultInterval},
 	}
 }
 
@@ -774,7 +785,8 @@ func (c *Config) validateLND(p *problems) {
 	}
 }
 
-// validatePayments checks the cashu, payments, credit and limits sections.
+// validatePayments checks the cashu, payments, credit, limits and
+// reconcile sections.
 func (c *Config) validatePayments(p *problems) {
 	for i, m := range c.Cashu.Mints {
 		if u, err := url.Parse(m); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
@@ -783,6 +795,9 @@ func (c *Config) validatePayments(p *problems) {
 	}
 	if len(c.Cashu.Mints) > 0 && c.Cashu.WalletDir == "" {
 		p.bad("cashu.wallet_dir", "required when cashu.mints is set: where capvend keeps its ecash")
+	}
+	if c.Reconcile.Interval != 0 && c.Reconcile.Interval < 10*time.Second {
+		p.bad("reconcile.interval", "%s is too short: at least 10s (each run lists LND's new invoices and asks the mints), or 0 to turn it off", c.Reconcile.Interval)
 	}
 	if c.Payments.TTL < 30*time.Second || c.Payments.TTL > 24*time.Hour {
 		p.bad("payments.ttl", "%s is outside 30s .. 24h", c.Payments.TTL)

@@ -23,6 +23,7 @@ Cashu mints and Nostr relays, and how clients pay.`,
 			cashuCommand(),
 			refundsCommand(),
 			creditCommand(),
+			reconcileCommand(),
 		},
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/capvend/capvend/billing/cashu"
 	"github.com/capvend/capvend/billing/lnd"
 	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/reconcile"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -113,6 +114,7 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 		}
 	}
 	var backends []vend.PaymentBackend
+	var rc reconcile.Config // the reconciler's view of the same backends
 	var closers []func() error
 	defer func() {
 		for _, c := range closers {
@@ -131,6 +133,7 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 			return fmt.Errorf("lnd %s: %w", cfg.LND.Host, err)
 		}
 		backends = append(backends, b)
+		rc.LND, rc.Node = lnd.NewNode(lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn)), cfg.LND.Host
 	}
 	if len(cfg.Cashu.Mints) > 0 {
 		// gonuts' wallet calls the mint through http.DefaultClient, which
@@ -145,6 +148,7 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 		}
 		closers = append(closers, b.Close)
 		backends = append(backends, b)
+		rc.Wallet = b
 	}
 
 	var front *mcpfront.Server
@@ -215,6 +219,25 @@ func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	}
 	runPart("upstreams", ups.Run)
 	runPart("payments", v.Run)
+	if cfg.Reconcile.Interval > 0 && (rc.LND != nil || rc.Wallet != nil) {
+		rc.Store, rc.Repair, rc.Report, rc.Interval, rc.Log = l, true, v.Report, cfg.Reconcile.Interval, log
+		r, err := reconcile.New(rc)
+		if err != nil {
+			cancel()
+			wg.Wait()
+			return err
+		}
+		runPart("reconcile", func(ctx context.Context) error {
+			// After Recover has finished the previous run's calls: a
+			// repair then never races the start's own catching up.
+			select {
+			case <-v.Recovered():
+			case <-ctx.Done():
+				return nil
+			}
+			return r.Run(ctx)
+		})
+	}
 	endFreedGrants(v, log) // the prices may have changed while capvend was stopped
 	if cfg.path != "" {
 		reloadOnHUP(ctx, &wg, cfg, e.Getenv, v, refresh, log)
