@@ -267,3 +267,19 @@ func differences(ctx context.Context, tx *sql.Tx, run int64) ([]reconcile.Differ
 	}
 	return out, rows.Err()
 }
+
+// SchemaVersion returns the newest migration applied to the ledger, and
+// the newest this capvend knows.
+func (l *Ledger) SchemaVersion(ctx context.Context) (applied, known int, err error) {
+	if err := l.rdb.QueryRowContext(ctx, "SELECT coalesce(max(version), 0) FROM schema_migrations").Scan(&applied); err != nil {
+		return 0, 0, fmt.Errorf("schema version: %w", err)
+	}
+	files, err := migrationFiles()
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(files) > 0 {
+		known = files[len(files)-1].version
+	}
+	return applied, known, nil
+}

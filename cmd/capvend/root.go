@@ -24,6 +24,7 @@ Cashu mints and Nostr relays, and how clients pay.`,
 			refundsCommand(),
 			creditCommand(),
 			reconcileCommand(),
+			doctorCommand(),
 		},
 	}
 }

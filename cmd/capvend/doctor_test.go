@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/internal/testkit"
+	"github.com/capvend/capvend/testnet"
+)
+
+// doctorSetup is one deployment for doctor: a real upstream (example-tools
+// as a stdio child) with a priced tool, a live in-process relay, an nsec
+// only its owner reads; each test breaks one thing.
+type doctorSetup struct {
+	dir       string
+	relays    []string
+	tool      string // the priced tool
+	nsecMode  os.FileMode
+	mints     []string
+	lnd       *testnet.NodeInfo
+	macaroon  string
+	priceSats int64
+}
+
+// newDoctorSetup has a mint that answers its keysets (NUT-02) and info
+// with a Date header: a stand-in, so a tool can be priced without the
+// regtest stack (TestDoctorLND and the reconcile tests use the real mint).
+func newDoctorSetup(t *testing.T) *doctorSetup {
+	mint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/keysets":
+			io.WriteString(w, `{"keysets":[{"id":"00ad268c4d1f5826","unit":"sat","active":true,"input_fee_ppk":100}]}`)
+		case "/v1/info":
+			io.WriteString(w, `{"name":"stand-in"}`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(mint.Close)
+	return &doctorSetup{dir: t.TempDir(), relays: []string{testkit.Relay(t)}, tool: "word_count", nsecMode: 0o600, priceSats: 5,
+		mints: []string{mint.URL}}
+}
+
+// write writes the configuration and returns its path.
+func (s *doctorSetup) write(t *testing.T) string {
+	t.Helper()
+	nsec := filepath.Join(s.dir, "server.nsec")
+	if err := os.WriteFile(nsec, []byte(nostr.GeneratePrivateKey()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(nsec, s.nsecMode); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "ledger:\n  path: capvend.db\nnostr:\n  nsec_file: server.nsec\n  announce: false\n  relays: [%s]\n", strings.Join(s.relays, ", "))
+	if len(s.mints) > 0 {
+		fmt.Fprintf(&b, "cashu:\n  mints: [%s]\n  wallet_dir: wallet\n", strings.Join(s.mints, ", "))
+		if err := os.MkdirAll(filepath.Join(s.dir, "wallet"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.lnd != nil {
+		fmt.Fprintf(&b, "lnd:\n  host: %s\n  tls_cert_file: %s\n  macaroon_file: %s\n", s.lnd.RPCHost, s.lnd.TLSCert, s.macaroon)
+	}
+	fmt.Fprintf(&b, "upstreams:\n  - name: tools\n    command: %s\n    tools:\n      %s:\n        price_sats: %d\n", exampleTools(t), s.tool, s.priceSats)
+	path := filepath.Join(s.dir, "capvend.yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// runDoctor runs `capvend doctor --config path` and returns its exit code
+// and report.
+func runDoctor(t *testing.T, path string) (int, string) {
+	t.Helper()
+	var out strings.Builder
+	e := &env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: io.Discard, Getenv: func(string) string { return "" },
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	code := execute(context.Background(), rootCommand(), e, []string{"doctor", "--config", path})
+	return code, out.String()
+}
+
+// line returns the report's line for check name, failing if there is none.
+func line(t *testing.T, report, name string) string {
+	t.Helper()
+	for _, l := range strings.Split(report, "\n") {
+		if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(strings.TrimSpace(l[len(f[0]):]), name+":") {
+			return l
+		}
+	}
+	t.Fatalf("no %q line in:\n%s", name, report)
+	return ""
+}
+
+func wantStatus(t *testing.T, report, name, status string) string {
+	t.Helper()
+	l := line(t, report, name)
+	if !strings.HasPrefix(l, status+" ") {
+		t.Fatalf("%s: want %s, got %q\n%s", name, status, l, report)
+	}
+	if status == "FAIL" && !strings.Contains(l, "-- fix: ") {
+		t.Fatalf("%s fails without a fix: %q", name, l)
+	}
+	return l
+}
+
+// TestDoctor breaks one thing at a time; each time exactly that check
+// fails (with its fix) and doctor exits 1; with nothing broken it exits 0.
+func TestDoctor(t *testing.T) {
+	t.Run("Healthy", func(t *testing.T) {
+		code, rep := runDoctor(t, newDoctorSetup(t).write(t))
+		if code != 0 || strings.Contains(rep, "FAIL") {
+			t.Fatalf("exit %d:\n%s", code, rep)
+		}
+		wantStatus(t, rep, "config", "ok")
+		wantStatus(t, rep, "ledger", "ok")
+		wantStatus(t, rep, "upstream tools", "ok")
+		wantStatus(t, rep, "secrets", "ok")
+		wantStatus(t, rep, "clock", "ok")
+		if l := line(t, rep, "mint http://127.0.0.1"); !strings.Contains(l, "00ad268c4d1f5826 (input fee 100 ppk)") {
+			t.Fatalf("mint: %q", l)
+		}
+		if l := line(t, rep, "relay ws://127.0.0.1"); !strings.Contains(l, "read back") {
+			t.Fatalf("relay: %q", l)
+		}
+	})
+	for _, tc := range []struct {
+		name, check string
+		breakIt     func(s *doctorSetup)
+	}{
+		{"DeadRelay", "relay ws://127.0.0.1:1", func(s *doctorSetup) { s.relays = append(s.relays, "ws://127.0.0.1:1") }},
+		{"UnreachableMint", "mint http://127.0.0.1:1", func(s *doctorSetup) { s.mints = append(s.mints, "http://127.0.0.1:1") }},
+		{"MissingUpstreamTool", "upstream tools", func(s *doctorSetup) { s.tool = "word_cnt" }},
+		{"WorldReadableNsec", "secrets", func(s *doctorSetup) { s.nsecMode = 0o644 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newDoctorSetup(t)
+			tc.breakIt(s)
+			code, rep := runDoctor(t, s.write(t))
+			if code != 1 || strings.Count(rep, "FAIL") != 1 {
+				t.Fatalf("exit %d, want 1 with one failure:\n%s", code, rep)
+			}
+			wantStatus(t, rep, tc.check, "FAIL")
+		})
+	}
+}
+
+// TestDoctorLND checks LND on the regtest stack: the vendor's invoice
+// macaroon passes; the customer node's macaroon (wrong node) and the
+// read-only one (lacks invoices:write) fail, each with the fix. With the
+// admin macaroon the inbound liquidity is read and compared with the
+// price; the invoice macaroon cannot read it (skipped, not failed).
+func TestDoctorLND(t *testing.T) {
+	stack := needStack(t)
+	v, _ := stack.Node(testnet.Vendor)
+	c, _ := stack.Node(testnet.Customer)
+	for _, tc := range []struct {
+		name, macaroon, status, liquidity string
+		price                             int64
+	}{
+		{"InvoiceMacaroon", v.InvoiceMacaroon, "ok", "skip", 5},
+		{"AdminMacaroon", v.AdminMacaroon, "ok", "ok", 5},
+		{"PriceAboveInbound", v.AdminMacaroon, "ok", "FAIL", 100_000_000},
+		{"WrongNodeMacaroon", c.AdminMacaroon, "FAIL", "", 5},
+		{"ReadonlyMacaroon", v.ReadonlyMacaroon, "FAIL", "", 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newDoctorSetup(t)
+			s.lnd, s.macaroon, s.priceSats = &v, tc.macaroon, tc.price
+			code, rep := runDoctor(t, s.write(t))
+			wantStatus(t, rep, "lnd", tc.status)
+			if tc.liquidity != "" {
+				wantStatus(t, rep, "liquidity", tc.liquidity)
+			}
+			if want := 0; tc.status == "FAIL" || tc.liquidity == "FAIL" {
+				if code != 1 {
+					t.Fatalf("exit %d, want 1:\n%s", code, rep)
+				}
+			} else if code != want {
+				t.Fatalf("exit %d, want 0:\n%s", code, rep)
+			}
+		})
+	}
+}
