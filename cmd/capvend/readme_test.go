@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -22,6 +23,7 @@ import (
 	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
+	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 )
 
@@ -236,6 +238,7 @@ func TestREADME(t *testing.T) {
 		}
 		skip.Short(t, "the demo and the ledger commands need the regtest stack")
 	}
+	operating(t, run)
 	demoDir := filepath.Join(t.TempDir(), "demo")
 	run("go run ./cmd/capvend demo", func(t *testing.T) { runDemoBinary(t, demoDir) })
 	if t.Failed() {
@@ -368,4 +371,59 @@ func runDemoBinary(t *testing.T, dir string) {
 			t.Error("the demo left its regtest stack running")
 		}
 	}
+}
+
+// operating runs the README's "Operating capvend" commands in a fresh
+// folder whose configuration sells example-tools through the shared
+// regtest stack's vendor LND (its invoice macaroon) and mint: doctor
+// passes (liquidity is skipped: the invoice macaroon cannot read it), and
+// reconcile finds the books of a new ledger in agreement, records each run,
+// and lists them.
+func operating(t *testing.T, run func(string, func(*testing.T))) {
+	stack := needStack(t)
+	v, _ := stack.Node(testnet.Vendor)
+	dir := t.TempDir()
+	cfg := fmt.Sprintf("ledger:\n  path: capvend.db\nlnd:\n  host: %s\n  tls_cert_file: %s\n  macaroon_file: %s\n"+
+		"cashu:\n  mints: [%s]\n  wallet_dir: wallet\nupstreams:\n  - name: tools\n    command: %s\n    tools:\n      sha256:\n        price_sats: 21\n",
+		v.RPCHost, v.TLSCert, v.InvoiceMacaroon, stack.MintURL, exampleTools(t))
+	if err := os.WriteFile(filepath.Join(dir, "capvend.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "wallet"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	capvend := func(t *testing.T, args ...string) string {
+		t.Helper()
+		t.Chdir(dir)
+		return runCapvend(t, args...)
+	}
+	run("capvend doctor --config capvend.yaml", func(t *testing.T) {
+		out := capvend(t, "doctor", "--config", "capvend.yaml")
+		for _, want := range []string{"ok    lnd: ", "skip  liquidity: ", "ok    upstream tools: ", "ok    clock: ", "ok    secrets: "} {
+			if !strings.Contains(out, want) {
+				t.Errorf("doctor lacks %q:\n%s", want, out)
+			}
+		}
+	})
+	ctx := context.Background()
+	l, err := ledger.Open(ctx, filepath.Join(dir, "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	run("capvend reconcile --config capvend.yaml", func(t *testing.T) {
+		if out := capvend(t, "reconcile", "--config", "capvend.yaml"); !strings.Contains(out, "the books agree") {
+			t.Errorf("reconcile:\n%s", out)
+		}
+	})
+	run("capvend reconcile --config capvend.yaml --repair", func(t *testing.T) {
+		if out := capvend(t, "reconcile", "--config", "capvend.yaml", "--repair"); !strings.Contains(out, "the books agree") {
+			t.Errorf("reconcile --repair:\n%s", out)
+		}
+	})
+	run("capvend reconcile --config capvend.yaml --last 5", func(t *testing.T) {
+		if out := capvend(t, "reconcile", "--config", "capvend.yaml", "--last", "5"); strings.Count(out, "0 difference(s)") != 2 {
+			t.Errorf("reconcile --last 5 (two runs so far):\n%s", out)
+		}
+	})
 }
