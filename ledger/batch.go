@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/mattn/go-sqlite3"
+
+	"github.com/capvend/capvend/vend"
 )
 
 // Group commit. Each commit with synchronous=FULL waits for one fsync of
@@ -36,6 +38,7 @@ type writeReq struct {
 	err      error
 	panicked any           // what fn panicked with, raised again in the caller's goroutine
 	done     chan struct{} // closed when err is final
+	changes  []vend.Change // what fn changed, for the Observer once committed
 }
 
 func (r *writeReq) finish(err error) {
@@ -163,6 +166,7 @@ func (l *Ledger) commitBatch(batch []*writeReq) (again []*writeReq) {
 	// interrupts the connection, and SQLite then rolls back the whole
 	// transaction, the other callers' changes with it.
 	bg := context.Background()
+	began := time.Now()
 	if _, err := l.wconn.ExecContext(bg, "BEGIN IMMEDIATE"); err != nil {
 		failAll(batch, l.fileError(err))
 		return nil
@@ -207,11 +211,27 @@ func (l *Ledger) commitBatch(batch []*writeReq) (again []*writeReq) {
 		failAll(ok, err)
 		return nil
 	}
+	l.committed(began, len(batch), ok)
 	failAll(ok, nil)
 	for _, f := range failed {
 		f.r.finish(f.err)
 	}
 	return nil
+}
+
+// committed tells the Observer, if any, about a batch committed since
+// began and the changes of its writes ok, before their callers are woken
+// (a caller that returns sees its change counted).
+func (l *Ledger) committed(began time.Time, writes int, ok []*writeReq) {
+	if l.obs == nil {
+		return
+	}
+	l.obs.LedgerCommit(time.Since(began), writes)
+	for _, r := range ok {
+		if len(r.changes) > 0 {
+			l.obs.LedgerChanged(r.changes)
+		}
+	}
 }
 
 // runSaved runs r's function in a savepoint of the batch transaction. err
@@ -223,6 +243,10 @@ func (l *Ledger) runSaved(r *writeReq) (err, fatal error) {
 		return l.fileError(err), nil
 	}
 	tx := &wtx{l: l, detached: true}
+	r.changes = r.changes[:0] // a write run again (see commitBatch) starts anew
+	if l.obs != nil {
+		tx.changes = &r.changes
+	}
 	bg := context.Background()
 	if _, err := tx.ExecContext(bg, "SAVEPOINT caller"); err != nil {
 		return nil, l.fileError(err)
@@ -231,6 +255,7 @@ func (l *Ledger) runSaved(r *writeReq) (err, fatal error) {
 		if !l.inTx() {
 			return err, fmt.Errorf("ledger %s: the transaction ended on a caller's error: %w", l.path, err)
 		}
+		r.changes = r.changes[:0] // none of them happened
 		// ROLLBACK TO keeps the savepoint open; RELEASE ends it.
 		if _, rerr := tx.ExecContext(bg, "ROLLBACK TO caller"); rerr != nil {
 			return err, l.fileError(rerr)

@@ -93,6 +93,8 @@ func setCallState(ctx context.Context, tx *wtx, c *vend.Call, to vend.CallState,
 	if n, _ := res.RowsAffected(); n != 1 {
 		return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(to)}
 	}
+	tx.changed(vend.Change{What: vend.ChangeCall, Call: c.ID, Kind: c.Kind.Or(), Server: c.Server, Tool: c.Tool,
+		CallFrom: c.State, CallTo: to, Since: now.Sub(c.UpdatedAt)})
 	c.State, c.UpdatedAt = to, now
 	if reason != "" {
 		c.Reason = reason
@@ -115,8 +117,16 @@ func setPaymentState(ctx context.Context, tx *wtx, p *vend.Payment, to vend.Paym
 	if n, _ := res.RowsAffected(); n != 1 {
 		return &vend.TransitionError{What: "payment " + p.Ref, From: string(p.State), To: string(to)}
 	}
+	tx.changed(paymentChange(p, to, p.Amount, now))
 	p.State, p.UpdatedAt = to, now
 	return nil
+}
+
+// paymentChange is the Change of p moving to state to at now, amount
+// being what it asks (or, settled, what it brought).
+func paymentChange(p *vend.Payment, to vend.PaymentState, amount vend.Msat, now time.Time) vend.Change {
+	return vend.Change{What: vend.ChangePayment, Call: p.CallID, Backend: p.Backend, Payment: p.Kind,
+		PayFrom: p.State, PayTo: to, Amount: amount, Since: now.Sub(p.UpdatedAt)}
 }
 
 // RecordCall implements vend.Ledger.
@@ -141,6 +151,10 @@ func (l *Ledger) RecordCall(ctx context.Context, nc vend.NewCall) (vend.Call, bo
 		call, err = callByRequest(ctx, tx, nc.Transport, nc.Client, nc.RequestID)
 		if err != nil {
 			return err
+		}
+		if created {
+			tx.changed(vend.Change{What: vend.ChangeCall, Call: call.ID, Kind: call.Kind.Or(), Server: call.Server, Tool: call.Tool,
+				CallTo: call.State})
 		}
 		if !created {
 			if call.Binding() != nc.Binding() {
@@ -287,6 +301,7 @@ func recordPayment(ctx context.Context, tx *wtx, id vend.CallID, np vend.NewPaym
 	if err != nil {
 		return p, err
 	}
+	tx.changed(vend.Change{What: vend.ChangePayment, Call: id, Backend: p.Backend, Payment: p.Kind, PayTo: p.State, Amount: p.Amount})
 	if np.Kind == vend.KindHoldInvoice {
 		_, err = tx.ExecContext(ctx, "INSERT INTO hold_preimages (payment_id, preimage) VALUES (?, ?)", p.ID, np.HoldPreimage)
 	}
@@ -503,6 +518,7 @@ func settlePaymentNote(ctx context.Context, tx *wtx, s vend.Settlement, now time
 	if n, _ := res.RowsAffected(); n != 1 {
 		return p, fmt.Errorf("%w: %s", vend.ErrAlreadySettled, s.Ref)
 	}
+	tx.changed(paymentChange(&p, vend.PaymentSettled, s.Amount, now))
 	if p.Kind == vend.KindToken {
 		if _, err := tx.ExecContext(ctx, `UPDATE cashu_proofs SET state = 'swapped', updated_at = ?
 			WHERE payment_id = ? AND state = 'swapping'`, ms(now), p.ID); err != nil {

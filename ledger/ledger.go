@@ -75,6 +75,9 @@ type Options struct {
 	// BusyTimeout is how long a writer waits for another process's lock
 	// (default 10 s).
 	BusyTimeout time.Duration
+	// Observer, if set, is told each write's changes once committed and
+	// how long each write transaction took (see vend.Observer).
+	Observer vend.Observer
 }
 
 // Ledger is an open ledger file. It is safe for concurrent use.
@@ -89,6 +92,7 @@ type Ledger struct {
 	// creditKey caches the credit key (schema 13), read once.
 	creditKeyMu sync.Mutex
 	creditKey   []byte
+	obs         vend.Observer // opts.Observer; nil: changes are not collected
 
 	// SQLite has one writer at a time: capvend's writes run on wconn, in
 	// BEGIN IMMEDIATE transactions, with statements prepared once
@@ -146,7 +150,7 @@ func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
 		rdb.Close()
 		return nil, fmt.Errorf("ledger %s: %w", path, err)
 	}
-	l := &Ledger{path: path, db: db, rdb: rdb, udb: udb, now: opts.Now}
+	l := &Ledger{path: path, db: db, rdb: rdb, udb: udb, now: opts.Now, obs: opts.Observer}
 	if l.now == nil {
 		l.now = time.Now
 	}
@@ -416,6 +420,16 @@ type wtx struct {
 	// connection, which can roll back the whole batch transaction, the
 	// other callers' changes with it.
 	detached bool
+	// changes collects what the write changed, for the Observer once it
+	// is committed; nil when the ledger has none.
+	changes *[]vend.Change
+}
+
+// changed records c for the Observer (see wtx.changes).
+func (tx *wtx) changed(c vend.Change) {
+	if tx.changes != nil {
+		*tx.changes = append(*tx.changes, c)
+	}
 }
 
 // ctx is the context a statement of tx runs with.
@@ -525,6 +539,7 @@ func (l *Ledger) writeLocked(ctx context.Context, fn func(tx *wtx, now time.Time
 	if l.wconn == nil {
 		return fmt.Errorf("ledger %s: %w", l.path, ErrClosed)
 	}
+	began := time.Now()
 	if _, err := l.wconn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		return l.fileError(err)
 	}
@@ -538,13 +553,24 @@ func (l *Ledger) writeLocked(ctx context.Context, fn func(tx *wtx, now time.Time
 			}
 		}
 	}()
-	if err := fn(&wtx{l: l}, l.now().UTC()); err != nil {
+	tx := &wtx{l: l}
+	var changes []vend.Change
+	if l.obs != nil {
+		tx.changes = &changes
+	}
+	if err := fn(tx, l.now().UTC()); err != nil {
 		return err
 	}
 	if _, err := l.wconn.ExecContext(ctx, "COMMIT"); err != nil {
 		return l.fileError(err)
 	}
 	done = true
+	if l.obs != nil {
+		l.obs.LedgerCommit(time.Since(began), 1)
+		if len(changes) > 0 {
+			l.obs.LedgerChanged(changes)
+		}
+	}
 	return nil
 }
 

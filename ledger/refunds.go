@@ -91,6 +91,7 @@ func postRefund(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, reaso
 	if err := post(ctx, tx, e, now); err != nil {
 		return err
 	}
+	tx.changed(vend.Change{What: vend.ChangeRefund, Call: c.ID, Backend: p.Backend, Payment: p.Kind, Amount: settled})
 	_, err := tx.ExecContext(ctx, `INSERT INTO refunds (call_id, payment_id, transport, client, amount_msat, invoice,
 		reason, state, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'owed', ?)`,
 		c.ID, p.ID, c.Transport, c.Client, settled, invoice, reason, ms(now))

@@ -23,6 +23,8 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	// awaitPayment and waitPaid on its goroutine's stack: they are kept
 	// small (the work is in functions that have returned by then), so
 	// 10,000 waiting calls fit in little memory.
+	v.flight.n.Add(1)
+	defer v.flight.n.Add(-1)
 	r := &req
 	ctx, err := v.enter(ctx, r)
 	if err != nil {
@@ -272,6 +274,7 @@ func (v *Vendor) callArgs(t *Tool, r *CallRequest) (json.RawMessage, error) {
 // daily free quota. Nothing is recorded.
 func (v *Vendor) runFree(ctx context.Context, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
 	body, err := v.execute(ctx, t, args, r)
+	v.obs.FreeCall(*t, err)
 	if err != nil {
 		return CallResult{}, err
 	}

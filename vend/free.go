@@ -49,11 +49,14 @@ func (v *Vendor) CallFree(ctx context.Context, req CallRequest) (res CallResult,
 		return CallResult{}, false, nil
 	}
 	// From here on this is CallTool's path for a free call, in its order.
+	v.flight.n.Add(1)
+	defer v.flight.n.Add(-1)
 	ctx, err = v.enter(ctx, r)
 	if err != nil {
 		return CallResult{}, true, err
 	}
 	body, err := v.executeVia(ctx, raw, &t, args, r)
+	v.obs.FreeCall(t, err)
 	if err != nil {
 		return CallResult{}, true, err
 	}

@@ -142,7 +142,7 @@ func (c *pending) finish(ctx context.Context, t *Tool, args json.RawMessage) (Ca
 	v.failpoint(FailDuringExecution)
 	outcome := "delivered"
 	defer func() {
-		v.cfg.Log.Info("vend: priced call", "kind", string(t.Kind.Or()), "tool", t.Name, "price_msat", int64(call.Price), "backend", p.Backend,
+		v.cfg.Log.Info("vend: priced call", "call", int64(call.ID), "kind", string(t.Kind.Or()), "tool", t.Name, "price_msat", int64(call.Price), "backend", p.Backend,
 			"payment", p.Ref, "outcome", outcome, "duration", time.Since(start))
 	}()
 	if err == nil && !isErrorResult(body) {
@@ -215,6 +215,7 @@ func (v *Vendor) executeVia(ctx context.Context, raw RawToolSource, t *Tool, arg
 	}
 	var body json.RawMessage
 	var err error
+	start := time.Now()
 	switch {
 	case isTopUp(t):
 		// The credit is booked by the ledger's Deliver, with the result.
@@ -239,6 +240,7 @@ func (v *Vendor) executeVia(ctx context.Context, raw RawToolSource, t *Tool, arg
 			body, err = v.cfg.Tools.CallTool(ctx, *t, args, r.ProgressToken, progress)
 		}
 	}
+	v.obs.UpstreamCall(*t, time.Since(start), err)
 	if err != nil {
 		v.cfg.Log.Warn("vend: upstream call failed", "tool", t.Name, "err", err)
 		return nil, fmt.Errorf("%w: %s is unavailable", ErrUpstream, t.Server)

@@ -47,6 +47,9 @@ type Config struct {
 	// FailDuringExecution, FailAfterResult). Crash tests make it kill the
 	// process; production leaves it nil.
 	Failpoint func(step string)
+	// Observer, if set, is told about free calls and upstream calls (see
+	// Observer; the ledger reports its own changes to it).
+	Observer Observer
 }
 
 // The steps of a priced call a Failpoint is called at.
@@ -93,6 +96,9 @@ type Vendor struct {
 	reserved sync.Map
 	// l402 caches the L402 root key (see l402.go).
 	l402 l402Key
+
+	obs    Observer // cfg.Observer, or NopObserver
+	flight inflight // requests being served (InFlight)
 }
 
 // New checks cfg and returns a Vendor. It starts nothing.
@@ -127,10 +133,13 @@ func New(cfg Config) (*Vendor, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	v := &Vendor{cfg: cfg,
+	v := &Vendor{cfg: cfg, obs: cfg.Observer,
 		unpaid: newUnpaidBook(cfg.MaxUnpaidPerClient, cfg.MaxUnpaidTotal), issue: newIssueQueue(maxIssuing, maxWaiting),
 		rate:  &rateLimiter{perMinute: cfg.RequestsPerMinute, maxKeys: DefaultMaxRateKeys},
 		runID: randomHex(16), recovered: make(chan struct{})}
+	if v.obs == nil {
+		v.obs = NopObserver{}
+	}
 	v.SetPrices(cfg.Prices)
 	return v, nil
 }

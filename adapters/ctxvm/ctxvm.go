@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/btcsuite/btcd/btcec/v2"
@@ -188,11 +189,12 @@ type Server struct {
 	// relays' stored copies of requests a previous run had.
 	started nostr.Timestamp
 
-	ann     announcer    // announcements (announce.go)
-	access  accessList   // Config.Allow and Deny (access.go)
-	sess    sessionStore // ContextVM clients (sessions.go)
-	lists   listWatch    // list_changed (sessions.go)
-	elicits elicitations // elicitations waiting for an answer (elicit.go)
+	ann     announcer                        // announcements (announce.go)
+	access  accessList                       // Config.Allow and Deny (access.go)
+	sess    sessionStore                     // ContextVM clients (sessions.go)
+	pool    atomic.Pointer[nostr.SimplePool] // Run's relay pool, nil when not running (RelaysConnected)
+	lists   listWatch                        // list_changed (sessions.go)
+	elicits elicitations                     // elicitations waiting for an answer (elicit.go)
 }
 
 // slotKey is the context key of the function that gives a request's
@@ -328,6 +330,8 @@ func (s *Server) Run(ctx context.Context) error {
 	defer closePool()
 	pool := nostr.NewSimplePool(poolCtx, nostr.WithRelayOptions(trustRelays{}))
 	defer closeRelays(pool)
+	s.pool.Store(pool)
+	defer s.pool.Store(nil)
 	if s.publish == nil {
 		s.publish = func(ctx context.Context, ev nostr.Event) error { return s.publishPool(ctx, pool, ev) }
 	}
@@ -553,4 +557,29 @@ func (s *Server) firstAnswer(client string) bool {
 	}
 	s.seen[client] = true
 	return true
+}
+
+// RelaysConnected returns how many of the configured relays Run is
+// connected to now (0 when it is not running).
+func (s *Server) RelaysConnected() int {
+	pool := s.pool.Load()
+	if pool == nil {
+		return 0
+	}
+	n := 0
+	pool.Relays.Range(func(_ string, r *nostr.Relay) bool {
+		if r != nil && r.IsConnected() {
+			n++
+		}
+		return true
+	})
+	return n
+}
+
+// Sessions returns how many ContextVM clients have a session (served
+// within the window and not yet dropped).
+func (s *Server) Sessions() int {
+	s.sess.mu.Lock()
+	defer s.sess.mu.Unlock()
+	return len(s.sess.m)
 }

@@ -711,3 +711,7 @@ func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) er
 	}
 	return err
 }
+
+// Sessions returns how many MCP sessions this Server issued are live
+// (Streamable HTTP sessions of protocols before 2026-07-28).
+func (s *Server) Sessions() int { return s.sessions.count() }

@@ -45,6 +45,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/lightningnetwork/lnd/lnrpc"
@@ -121,7 +122,8 @@ type Backend struct {
 	led       Ledger
 	cfg       Config
 	canHold   bool
-	canDelete bool // the macaroon allows DeleteCanceledInvoice
+	canDelete bool        // the macaroon allows DeleteCanceledInvoice
+	connected atomic.Bool // see Connected
 
 	// applyMu serializes recording what LND reports, so a change seen by
 	// two watchers (the stream, a hold watcher, a sweep, SettleHeld) is
@@ -200,6 +202,10 @@ func (b *Backend) OpenHolds() int {
 	defer b.mu.Unlock()
 	return len(b.holds)
 }
+
+// Connected reports whether the invoice stream is open and the unsettled
+// payments were reconciled on it: payments made now are seen.
+func (b *Backend) Connected() bool { return b.connected.Load() }
 
 // Watching is how many hold invoices have a SubscribeSingleInvoice stream
 // open now.
@@ -463,6 +469,8 @@ func (b *Backend) runOnce(ctx context.Context) error {
 	if err := b.reconcile(ctx, false); err != nil {
 		return err
 	}
+	b.connected.Store(true) // until this stream breaks
+	defer b.connected.Store(false)
 	errs := make(chan error, 1)
 	var sweeper sync.WaitGroup
 	defer sweeper.Wait()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"maps"
 	"net"
 	"net/netip"
@@ -21,6 +22,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/capvend/capvend/adapters/admin"
 	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/pricing"
@@ -43,8 +45,26 @@ type Config struct {
 	Credit    CreditConfig     `yaml:"credit"`
 	Reconcile ReconcileConfig  `yaml:"reconcile"`
 	Upstreams []UpstreamConfig `yaml:"upstreams"`
+	Admin     AdminConfig      `yaml:"admin"`
+	Log       LogConfig        `yaml:"log"`
 
 	path string // the file it was read from, "" for defaults
+}
+
+// AdminConfig is the operator's listener: /metrics, /healthz, /readyz.
+type AdminConfig struct {
+	// Listen is its host:port; empty (the default) disables it. Off
+	// loopback it needs TokenFile.
+	Listen string `yaml:"listen"`
+	// TokenFile names a file holding the bearer token every admin request
+	// must carry (required when Listen is not a loopback address).
+	TokenFile string `yaml:"token_file"`
+}
+
+// LogConfig is how capvend logs (to standard error).
+type LogConfig struct {
+	Format string `yaml:"format"` // text (default) or json
+	Level  string `yaml:"level"`  // debug, info (default), warn, error
 }
 
 // LedgerConfig locates the SQLite ledger.
@@ -436,6 +456,7 @@ func defaultConfig() Config {
 		Payments:  PaymentsConfig{TTL: 10 * time.Minute},
 		Limits:    LimitsConfig{MaxUnpaidPerClient: 10, MaxUnpaidTotal: 1_000, RequestsPerMinute: 120},
 		Reconcile: ReconcileConfig{Interval: reconcile.DefaultInterval},
+		Log:       LogConfig{Format: "text", Level: "info"},
 	}
 }
 
@@ -620,6 +641,7 @@ func (c *Config) resolvePaths(dir string) {
 	}
 	abs(&c.Ledger.Path)
 	abs(&c.HTTP.AuthTokenFile)
+	abs(&c.Admin.TokenFile)
 	abs(&c.Nostr.NsecFile)
 	abs(&c.LND.TLSCertFile)
 	abs(&c.LND.MacaroonFile)
@@ -645,6 +667,7 @@ func (c *Config) Validate() error {
 	c.validateNostr(&p)
 	c.validateLND(&p)
 	c.validatePayments(&p)
+	p.errs = append(p.errs, c.Admin.validate(), c.Log.validate())
 	if c.validateUpstreams(&p) && c.LND.Host == "" && len(c.Cashu.Mints) == 0 {
 		p.bad("lnd.host", "a tool (prompt, resource) has a price but no payment backend is configured: set lnd.host or cashu.mints")
 	}
@@ -916,4 +939,46 @@ func hexPubkeys(list []string) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// validate checks the admin section.
+func (a AdminConfig) validate() error {
+	switch {
+	case a.Listen == "":
+		return nil
+	case !validHostPort(a.Listen):
+		return fmt.Errorf("admin.listen: %q is not host:port (e.g. 127.0.0.1:9402), or leave it empty to disable the admin listener", a.Listen)
+	case a.TokenFile == "" && !admin.Loopback(a.Listen):
+		return fmt.Errorf("admin.listen: %s is not a loopback address: set admin.token_file (a bearer token every admin request must carry), or listen on 127.0.0.1", a.Listen)
+	}
+	return nil
+}
+
+func validHostPort(addr string) bool {
+	_, _, err := net.SplitHostPort(addr)
+	return err == nil
+}
+
+// logLevels are log.level's values.
+var logLevels = map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError}
+
+// validate checks the log section.
+func (l LogConfig) validate() error {
+	var errs []error
+	if l.Format != "text" && l.Format != "json" {
+		errs = append(errs, fmt.Errorf("log.format: %q is not text or json", l.Format))
+	}
+	if _, ok := logLevels[l.Level]; !ok {
+		errs = append(errs, fmt.Errorf("log.level: %q is not one of debug, info, warn, error", l.Level))
+	}
+	return errors.Join(errs...)
+}
+
+// logger is the logger log configures, writing to w.
+func (l LogConfig) logger(w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: logLevels[l.Level]}
+	if l.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }

@@ -85,13 +85,14 @@ func (c *limitConn) Close() error {
 	return err
 }
 
-// readTokenFile reads the bearer token of http.auth_token_file: at least
+// readTokenFile reads the bearer token of a token file (field names it:
+// http.auth_token_file, admin.token_file): at least
 // 16 characters, no spaces (surrounding white space is dropped). Its
 // permissions are checkSecrets' business. Errors never carry the file's
 // content, nor the path when it does not exist (it may be a token written
 // in its place).
-func readTokenFile(path string) ([]byte, error) {
-	if err := checkSecretFile("http.auth_token_file", path); err != nil {
+func readTokenFile(field, path string) ([]byte, error) {
+	if err := checkSecretFile(field, path); err != nil {
 		return nil, err
 	}
 	b, err := os.ReadFile(path)
@@ -100,11 +101,11 @@ func readTokenFile(path string) ([]byte, error) {
 		if errors.As(err, &pe) {
 			err = pe.Err
 		}
-		return nil, fmt.Errorf("http.auth_token_file: cannot read it (%v): it must be the path of a file holding the token", err)
+		return nil, fmt.Errorf("%s: cannot read it (%v): it must be the path of a file holding the token", field, err)
 	}
 	tok := strings.TrimSpace(string(b))
 	if len(tok) < 16 || strings.ContainsAny(tok, " \t\r\n") {
-		return nil, fmt.Errorf("http.auth_token_file %s must hold one token of at least 16 characters, no spaces (e.g. openssl rand -hex 32 > %s)", path, path)
+		return nil, fmt.Errorf("%s %s must hold one token of at least 16 characters, no spaces (e.g. openssl rand -hex 32 > %s)", field, path, path)
 	}
 	return []byte(tok), nil
 }

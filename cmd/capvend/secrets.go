@@ -83,5 +83,6 @@ func (c *Config) checkSecrets() error {
 		errs = append(errs, checkSecretDir("cashu.wallet_dir", c.Cashu.WalletDir))
 	}
 	errs = append(errs, checkSecretFile("http.auth_token_file", c.HTTP.AuthTokenFile))
+	errs = append(errs, checkSecretFile("admin.token_file", c.Admin.TokenFile))
 	return errors.Join(errs...)
 }

@@ -18,6 +18,9 @@ import (
 	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/lightningnetwork/lnd/lnrpc/invoicesrpc"
 
+	"golang.org/x/sync/errgroup"
+
+	"github.com/capvend/capvend/adapters/admin"
 	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/adapters/upstream"
@@ -94,216 +97,351 @@ a plain invoice's payment is owed ('capvend refunds').`,
 
 // serve wires the concrete parts together and runs them until ctx ends.
 func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
-	log := e.Log
 	if err := cfg.checkSecrets(); err != nil {
 		return err
 	}
-	l, err := ledger.Open(ctx, cfg.Ledger.Path, ledger.Options{})
-	if err != nil {
+	log := e.Log
+	if cfg.Log != defaultConfig().Log {
+		log = cfg.Log.logger(e.Stderr)
+	}
+	s := &vendServer{cfg: cfg, e: e, log: log, stdio: stdio}
+	defer s.close()
+	if err := s.open(ctx); err != nil {
 		return err
 	}
-	defer l.Close() // last: everything else has stopped by then
+	if stdio {
+		return s.runStdio(ctx)
+	}
+	return s.run(ctx)
+}
 
-	var failpoint func(string)
-	if step := e.Getenv("CAPVEND_FAILPOINT"); step != "" {
+// vendServer is what serve wires: the ledger, the payment backends, the
+// upstreams, the Vendor, its fronts and the admin listener.
+type vendServer struct {
+	cfg   *Config
+	e     *env
+	log   *slog.Logger
+	stdio bool
+
+	l        *ledger.Ledger
+	metrics  *admin.Metrics // nil without admin.listen
+	admin    *admin.Server  // nil without admin.listen
+	backends []vend.PaymentBackend
+	closers  []func() error
+	ups      *upstream.Manager
+	v        *vend.Vendor
+	front    *mcpfront.Server
+	nostr    *ctxvm.Server // nil without relays (or with --stdio)
+
+	frontMu        sync.Mutex // front and nostr are set after ups calls refresh
+	refreshFront   *mcpfront.Server
+	refreshNostr   *ctxvm.Server
+	failpointCheck func(string)
+
+	rc         reconcile.Config      // the reconciler's view of the backends
+	reconciler *reconcile.Reconciler // nil: reconcile.interval 0, or nothing to compare
+}
+
+// open opens the ledger, connects the payment backends and makes the
+// upstreams, the Vendor and the fronts. Nothing runs yet.
+func (s *vendServer) open(ctx context.Context) error {
+	cfg := s.cfg
+	if cfg.Admin.Listen != "" {
+		var err error
+		if s.admin, s.metrics, err = newAdmin(cfg, s.log); err != nil {
+			return err
+		}
+	}
+	var obs vend.Observer
+	if s.metrics != nil {
+		obs = s.metrics
+	}
+	var err error
+	if s.l, err = ledger.Open(ctx, cfg.Ledger.Path, ledger.Options{Observer: obs}); err != nil {
+		return err
+	}
+	if step := s.e.Getenv("CAPVEND_FAILPOINT"); step != "" {
 		// Crash tests: die like a power cut at that step of a paid call.
-		failpoint = func(s string) {
-			if s == step {
+		s.failpointCheck = func(at string) {
+			if at == step {
 				syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			}
 		}
 	}
-	var backends []vend.PaymentBackend
-	var rc reconcile.Config // the reconciler's view of the same backends
-	var closers []func() error
-	defer func() {
-		for _, c := range closers {
-			c()
-		}
-	}()
-	if cfg.LND.Host != "" {
-		conn, err := lnd.Dial(cfg.LND.Host, cfg.LND.TLSCertFile, cfg.LND.MacaroonFile)
-		if err != nil {
-			return err
-		}
-		closers = append(closers, conn.Close)
-		b, err := lnd.New(ctx, lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn), l,
-			lnd.Config{Node: cfg.LND.Host, Hold: cfg.LND.HoldInvoices, MaxHold: cfg.LND.MaxHoldInvoices, Log: log})
-		if err != nil {
-			return fmt.Errorf("lnd %s: %w", cfg.LND.Host, err)
-		}
-		backends = append(backends, b)
-		rc.LND, rc.Node = lnd.NewNode(lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn)), cfg.LND.Host
+	if err := s.openBackends(ctx); err != nil {
+		return err
 	}
-	if len(cfg.Cashu.Mints) > 0 {
-		// gonuts' wallet calls the mint through http.DefaultClient, which
-		// has no timeout: a hung mint must not hang capvend.
-		if http.DefaultClient.Timeout == 0 {
-			http.DefaultClient.Timeout = 30 * time.Second
-		}
-		b, err := cashu.New(cashu.Config{Mints: cfg.Cashu.Mints, WalletDir: cfg.Cashu.WalletDir,
-			AcceptTokens: cfg.Cashu.AcceptTokens, MintQuotes: cfg.Cashu.MintQuotes, Log: log, Failpoint: failpoint}, l)
-		if err != nil {
-			return err
-		}
-		closers = append(closers, b.Close)
-		backends = append(backends, b)
-		rc.Wallet = b
-	}
-
-	var front *mcpfront.Server
-	var nf *ctxvm.Server
-	var frontMu sync.Mutex
-	refresh := func() {
-		frontMu.Lock()
-		f, n := front, nf
-		frontMu.Unlock()
-		if f != nil {
-			f.Refresh()
-		}
-		if n != nil {
-			n.Refresh()
-		}
-	}
-	ups, err := upstream.New(upstream.Config{Servers: upstreamServers(cfg), Logger: log, OnChange: refresh})
-	if err != nil {
+	if s.ups, err = upstream.New(upstream.Config{Servers: upstreamServers(cfg), Logger: s.log, OnChange: s.refresh}); err != nil {
 		return err
 	}
 	prices, err := cfg.PriceBook()
 	if err != nil {
 		return err
 	}
-	vcfg := vend.Config{
-		Ledger: l, Backends: backends, Tools: ups, Prices: prices, TTL: cfg.Payments.TTL,
+	if s.v, err = vend.New(vend.Config{
+		Ledger: s.l, Backends: s.backends, Tools: s.ups, Prices: prices, TTL: cfg.Payments.TTL,
 		MaxUnpaidPerClient: cfg.Limits.MaxUnpaidPerClient, MaxUnpaidTotal: cfg.Limits.MaxUnpaidTotal,
-		RequestsPerMinute: cfg.Limits.RequestsPerMinute, Log: log, Failpoint: failpoint,
+		RequestsPerMinute: cfg.Limits.RequestsPerMinute, Log: s.log, Failpoint: s.failpointCheck, Observer: obs,
 		Credit: vend.CreditConfig{Enabled: cfg.Credit.Enabled, MaxTopUp: vend.Msat(cfg.Credit.MaxTopUpSats * vend.MsatPerSat),
 			ExpiresAfter: cfg.Credit.ExpiresAfter},
+	}); err != nil {
+		return err
 	}
-	v, err := vend.New(vcfg)
-	if err != nil {
+	if err := s.openReconciler(); err != nil {
 		return err
 	}
 	fcfg, err := frontConfig(cfg)
 	if err != nil {
 		return err
 	}
-	fcfg.Vendor, fcfg.Catalog, fcfg.Version, fcfg.Logger = v, upstreamCatalog{ups}, buildVersion(), log
-	f, err := mcpfront.New(fcfg)
-	if err != nil {
+	fcfg.Vendor, fcfg.Catalog, fcfg.Version, fcfg.Logger = s.v, upstreamCatalog{s.ups}, buildVersion(), s.log
+	if s.front, err = mcpfront.New(fcfg); err != nil {
 		return err
 	}
-	var n *ctxvm.Server
-	if !stdio && len(cfg.Nostr.Relays) > 0 {
-		if n, err = nostrFront(cfg, v, upstreamCatalog{ups}, l, backends, e); err != nil {
+	if !s.stdio && len(cfg.Nostr.Relays) > 0 {
+		if s.nostr, err = nostrFront(cfg, s.v, upstreamCatalog{s.ups}, s.l, s.backends, s.log); err != nil {
 			return err
 		}
 	}
-	frontMu.Lock()
-	front, nf = f, n
-	frontMu.Unlock()
+	s.frontMu.Lock()
+	s.refreshFront, s.refreshNostr = s.front, s.nostr
+	s.frontMu.Unlock()
+	if s.admin != nil {
+		s.watch()
+	}
+	return nil
+}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, 4)
-	runPart := func(name string, run func(context.Context) error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				errs <- fmt.Errorf("%s: %w", name, err)
-				cancel()
-			}
-		}()
-	}
-	runPart("upstreams", ups.Run)
-	runPart("payments", v.Run)
-	if cfg.Reconcile.Interval > 0 && (rc.LND != nil || rc.Wallet != nil) {
-		rc.Store, rc.Repair, rc.Report, rc.Interval, rc.Log = l, true, v.Report, cfg.Reconcile.Interval, log
-		r, err := reconcile.New(rc)
+// openBackends connects the payment backends of the configuration.
+func (s *vendServer) openBackends(ctx context.Context) error {
+	cfg := s.cfg
+	if cfg.LND.Host != "" {
+		conn, err := lnd.Dial(cfg.LND.Host, cfg.LND.TLSCertFile, cfg.LND.MacaroonFile)
 		if err != nil {
-			cancel()
-			wg.Wait()
 			return err
 		}
-		runPart("reconcile", func(ctx context.Context) error {
+		s.closers = append(s.closers, conn.Close)
+		b, err := lnd.New(ctx, lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn), s.l,
+			lnd.Config{Node: cfg.LND.Host, Hold: cfg.LND.HoldInvoices, MaxHold: cfg.LND.MaxHoldInvoices, Log: s.log})
+		if err != nil {
+			return fmt.Errorf("lnd %s: %w", cfg.LND.Host, err)
+		}
+		s.backends = append(s.backends, b)
+		s.rc.LND, s.rc.Node = lnd.NewNode(lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn)), cfg.LND.Host
+	}
+	if len(cfg.Cashu.Mints) > 0 {
+		// gonuts' wallet calls the mint with http.Get and http.Post, on
+		// http.DefaultClient, which has no timeout: a hung mint must not
+		// hang capvend. (Process-wide until gonuts takes a client.)
+		if http.DefaultClient.Timeout == 0 {
+			http.DefaultClient.Timeout = 30 * time.Second
+		}
+		b, err := cashu.New(cashu.Config{Mints: cfg.Cashu.Mints, WalletDir: cfg.Cashu.WalletDir,
+			AcceptTokens: cfg.Cashu.AcceptTokens, MintQuotes: cfg.Cashu.MintQuotes, Log: s.log, Failpoint: s.failpointCheck}, s.l)
+		if err != nil {
+			return err
+		}
+		s.closers = append(s.closers, b.Close)
+		s.backends = append(s.backends, b)
+		s.rc.Wallet = b
+	}
+	return nil
+}
+
+// refresh tells the fronts that the upstreams' lists changed.
+// openReconciler prepares the reconciliation of the books with the
+// payment backends (reconcile.interval), repairs on, its differences a
+// metric when the admin listener is on.
+func (s *vendServer) openReconciler() error {
+	if s.cfg.Reconcile.Interval <= 0 || (s.rc.LND == nil && s.rc.Wallet == nil) {
+		return nil
+	}
+	rc := s.rc
+	rc.Store, rc.Repair, rc.Report, rc.Interval, rc.Log = s.l, true, s.v.Report, s.cfg.Reconcile.Interval, s.log
+	if m := s.metrics; m != nil {
+		rc.Observe = func(sum reconcile.Summary) {
+			for k, n := range sum.ByKind() {
+				m.SetReconcileDifferences(string(k), n)
+			}
+		}
+	}
+	var err error
+	s.reconciler, err = reconcile.New(rc)
+	return err
+}
+
+func (s *vendServer) refresh() {
+	s.frontMu.Lock()
+	f, n := s.refreshFront, s.refreshNostr
+	s.frontMu.Unlock()
+	if f != nil {
+		f.Refresh()
+	}
+	if n != nil {
+		n.Refresh()
+	}
+}
+
+// close closes what open opened, the ledger last.
+func (s *vendServer) close() {
+	for _, c := range s.closers {
+		c()
+	}
+	if s.l != nil {
+		s.l.Close()
+	}
+}
+
+// runStdio serves one MCP client on stdin/stdout until it leaves or ctx
+// ends, with the upstreams and payments running meanwhile.
+func (s *vendServer) runStdio(ctx context.Context) error {
+	back, stopBack, backErr := s.runBackground(ctx)
+	g, gctx := errgroup.WithContext(back)
+	s.runAdmin(g, gctx)
+	g.Go(func() error {
+		// A tools/list before the upstreams listed theirs would be empty.
+		awaitUpstreams(gctx, s.ups, 30*time.Second)
+		err := s.front.ServeStdio(gctx, s.e.Stdin, s.e.Stdout)
+		if errors.Is(err, context.Canceled) {
+			err = nil
+		}
+		return errStop(err) // the client left: stop everything
+	})
+	err := g.Wait()
+	if errors.Is(err, errStopped) {
+		err = nil
+	}
+	stopBack()
+	return errors.Join(err, backErr())
+}
+
+// errStopped ends an errgroup without being an error (see errStop).
+var errStopped = errors.New("stopped")
+
+// errStop is err, or errStopped when err is nil.
+func errStop(err error) error {
+	if err == nil {
+		return errStopped
+	}
+	return err
+}
+
+// runBackground starts what runs behind the fronts until they have
+// stopped: the upstreams, the payment watchers (Vendor.Run), the reload
+// on SIGHUP and the pruning of stored replies. It returns the context the
+// fronts run with (ctx, ended early if a background part fails), stop to
+// end the background parts once the fronts are done, and wait, which
+// returns their error after stop.
+func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context, stop func(), wait func() error) {
+	fronts, stopFronts := context.WithCancel(ctx)
+	// The background outlives ctx: in-flight calls finish while the
+	// fronts drain, and need the upstreams and payment watchers for that.
+	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var g errgroup.Group
+	part := func(name string, run func(context.Context) error) {
+		g.Go(func() error {
+			if err := run(bctx); err != nil && bctx.Err() == nil {
+				stopFronts()
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			return nil
+		})
+	}
+	part("upstreams", s.ups.Run)
+	part("payments", s.v.Run)
+	if r := s.reconciler; r != nil {
+		part("reconcile", func(ctx context.Context) error {
 			// After Recover has finished the previous run's calls: a
 			// repair then never races the start's own catching up.
 			select {
-			case <-v.Recovered():
+			case <-s.v.Recovered():
 			case <-ctx.Done():
 				return nil
 			}
 			return r.Run(ctx)
 		})
 	}
-	endFreedGrants(v, log) // the prices may have changed while capvend was stopped
-	if cfg.path != "" {
-		reloadOnHUP(ctx, &wg, cfg, e.Getenv, v, refresh, log)
+	endFreedGrants(s.v, s.log) // the prices may have changed while capvend was stopped
+	var reload sync.WaitGroup
+	if s.cfg.path != "" {
+		reloadOnHUP(bctx, &reload, s.cfg, s.e.Getenv, s.v, s.refresh, s.log)
 	}
-
-	if stdio {
-		err := f.ServeStdio(ctx, e.Stdin, e.Stdout)
-		cancel()
-		wg.Wait()
-		close(errs)
-		if err != nil && !errors.Is(err, context.Canceled) {
-			return err
-		}
-		return <-errs
-	}
-
-	// The Nostr front runs until ctx ends, then drains its requests.
-	nostrDone := make(chan struct{})
-	if nf != nil {
-		runPart("reply pruning", func(ctx context.Context) error {
-			pruneReplies(ctx, l, cfg.Nostr.Window, log)
+	if s.nostr != nil {
+		part("reply pruning", func(ctx context.Context) error {
+			pruneReplies(ctx, s.l, s.cfg.Nostr.Window, s.log)
 			return nil
 		})
-		go func() {
-			defer close(nostrDone)
-			// Requests replayed from relays at start would find no tool.
-			awaitUpstreams(ctx, ups, 30*time.Second)
-			nf.Run(ctx)
-		}()
-		fmt.Fprintf(e.Stderr, "capvend: serving ContextVM as %s on %d relay(s) (%s)\n", nf.PublicKey(), len(cfg.Nostr.Relays), describeBackends(backends))
-	} else {
-		close(nostrDone)
 	}
-	var srv *http.Server
-	serveErr := make(chan error, 1)
-	if cfg.HTTP.Listen != "" {
-		ln, err := net.Listen("tcp", cfg.HTTP.Listen)
-		if err != nil {
-			cancel()
-			<-nostrDone
-			wg.Wait()
-			return fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
+	stop = func() { cancel(); stopFronts() }
+	wait = func() error {
+		err := g.Wait()
+		reload.Wait()
+		return err
+	}
+	return fronts, stop, wait
+}
+
+// run serves the fronts (MCP HTTP, Nostr) and the admin listener until
+// ctx ends or one fails, then stops them in order: the fronts stop
+// accepting and drain (up to 30 s), then the payment watchers and the
+// upstreams stop; the ledger is closed last (by close).
+func (s *vendServer) run(ctx context.Context) error {
+	var ln net.Listener
+	if s.cfg.HTTP.Listen != "" {
+		var err error
+		if ln, err = net.Listen("tcp", s.cfg.HTTP.Listen); err != nil {
+			return fmt.Errorf("http.listen %s: %w", s.cfg.HTTP.Listen, err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/mcp", f.Handler())
-		mux.Handle(mcpfront.DiscoveryPath, f.Discovery(discoveryInfo(cfg, nf)))
-		srv = httpServer(cfg.HTTP, mux)
-		fmt.Fprintf(e.Stderr, "capvend: serving MCP at http://%s/mcp (%s)\n", ln.Addr(), describeBackends(backends))
-		go func() { serveErr <- srv.Serve(newLimitListener(ln, cfg.HTTP.MaxConnections)) }()
 	}
+	fctx, stopBack, backErr := s.runBackground(ctx)
+	g, gctx := errgroup.WithContext(fctx)
+	s.runAdmin(g, gctx)
+	if s.nostr != nil {
+		g.Go(func() error {
+			// Requests replayed from relays at start would find no tool.
+			awaitUpstreams(gctx, s.ups, 30*time.Second)
+			s.nostr.Run(gctx) // drains its requests in flight (up to 30 s) after gctx ends
+			return nil
+		})
+		fmt.Fprintf(s.e.Stderr, "capvend: serving ContextVM as %s on %d relay(s) (%s)\n", s.nostr.PublicKey(), len(s.cfg.Nostr.Relays), describeBackends(s.backends))
+	}
+	if ln != nil {
+		g.Go(func() error { return s.serveHTTP(gctx, ln) })
+	}
+	err := g.Wait()
+	stopBack()
+	return errors.Join(err, backErr())
+}
+
+// serveHTTP serves the MCP front on ln until ctx ends, then stops
+// accepting and lets in-flight calls finish (up to 30 s). It answers only
+// once the upstreams listed their tools (or failed, or 30 s passed): a
+// tools/list before would be empty, and a call of a tool not listed yet
+// refused. Connections made meanwhile wait in the listen backlog.
+func (s *vendServer) serveHTTP(ctx context.Context, ln net.Listener) error {
+	awaitUpstreams(ctx, s.ups, 30*time.Second)
+	if ctx.Err() != nil {
+		ln.Close()
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", s.front.Handler())
+	mux.Handle(mcpfront.DiscoveryPath, s.front.Discovery(discoveryInfo(s.cfg, s.nostr)))
+	srv := httpServer(s.cfg.HTTP, mux)
+	fmt.Fprintf(s.e.Stderr, "capvend: serving MCP at http://%s/mcp (%s)\n", ln.Addr(), describeBackends(s.backends))
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(newLimitListener(ln, s.cfg.HTTP.MaxConnections)) }()
 	select {
-	case <-ctx.Done():
 	case err := <-serveErr:
-		errs <- fmt.Errorf("http: %w", err)
+		return fmt.Errorf("http: %w", err)
+	case <-ctx.Done():
 	}
-	if srv != nil {
-		shutdown, stop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		f.CloseStreams()       // long-lived listen streams would hold Shutdown
-		srv.Shutdown(shutdown) // stop accepting; in-flight calls finish
-		stop()
-	}
-	cancel()
-	<-nostrDone // its requests in flight had up to 30 s too
-	wg.Wait()
-	close(errs)
-	return <-errs
+	shutdown, stop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer stop()
+	s.front.CloseStreams() // long-lived listen streams would hold Shutdown
+	srv.Shutdown(shutdown) // stop accepting; in-flight calls finish
+	<-serveErr
+	return nil
 }
 
 // frontConfig is the MCP front's configuration from cfg's server and http
@@ -324,7 +462,7 @@ func frontConfig(cfg *Config) (mcpfront.Config, error) {
 		fc.CashuMints = cfg.Cashu.Mints // X-Cashu's payment request names them
 	}
 	if cfg.HTTP.AuthTokenFile != "" {
-		if fc.BearerToken, err = readTokenFile(cfg.HTTP.AuthTokenFile); err != nil {
+		if fc.BearerToken, err = readTokenFile("http.auth_token_file", cfg.HTTP.AuthTokenFile); err != nil {
 			return mcpfront.Config{}, err
 		}
 	}
@@ -391,7 +529,7 @@ var (
 )
 
 // nostrFront returns the ContextVM front of cfg.Nostr, selling v's tools.
-func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.ReplyStore, backends []vend.PaymentBackend, e *env) (*ctxvm.Server, error) {
+func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.ReplyStore, backends []vend.PaymentBackend, log *slog.Logger) (*ctxvm.Server, error) {
 	sk, err := ctxvm.LoadSecretKey(cfg.Nostr.NsecFile)
 	if err != nil {
 		return nil, fmt.Errorf("nostr.nsec_file: %w", err)
@@ -406,7 +544,7 @@ func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.Re
 	return ctxvm.New(ctxvm.Config{
 		Vendor: v, Catalog: cat, Replies: replies, SecretKey: sk, Relays: cfg.Nostr.Relays,
 		Name: cfg.Server.Name, Version: buildVersion(), About: cfg.Server.About, Website: cfg.Server.Website, Picture: cfg.Server.Picture,
-		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: e.Log,
+		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: log,
 		Announce: cfg.Nostr.Announce, Allow: hexPubkeys(cfg.Nostr.Allow), Deny: hexPubkeys(cfg.Nostr.Deny),
 		PowDifficulty: cfg.Nostr.PowDifficulty,
 	})

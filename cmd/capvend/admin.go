@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/capvend/capvend/adapters/admin"
+)
+
+// newAdmin makes the admin listener's handler and the metrics of cfg
+// (admin.listen set): the bearer token read from admin.token_file, the
+// configured upstreams and priced items as the only label values.
+func newAdmin(cfg *Config, log *slog.Logger) (*admin.Server, *admin.Metrics, error) {
+	var token []byte
+	if cfg.Admin.TokenFile != "" {
+		var err error
+		if token, err = readTokenFile("admin.token_file", cfg.Admin.TokenFile); err != nil {
+			return nil, nil, err
+		}
+	}
+	srv, err := admin.NewServer(cfg.Admin.Listen, token, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	servers, items := metricLabels(cfg)
+	m := admin.NewMetrics(servers, items, admin.Sources{}, log)
+	srv.Handle("GET /metrics", m.Handler())
+	return srv, m, nil
+}
+
+// metricLabels are the label values the configuration allows: its
+// upstreams' names, and the items it prices under each.
+func metricLabels(cfg *Config) ([]string, []admin.Item) {
+	var servers []string
+	var items []admin.Item
+	for _, u := range cfg.Upstreams {
+		servers = append(servers, u.Name)
+		for _, m := range []map[string]ToolConfig{u.Tools, u.Prompts, u.Resources} {
+			for name := range m {
+				items = append(items, admin.Item{Server: u.Name, Tool: name})
+			}
+		}
+	}
+	return servers, items
+}
+
+// connected is a payment backend that can tell whether it is connected
+// (LND: its invoice stream is open).
+type connected interface{ Connected() bool }
+
+// watch gives the metrics their gauges and the admin listener its
+// readiness checks, once every part is made.
+func (s *vendServer) watch() {
+	s.metrics.SetSources(admin.Sources{
+		Open: func(ctx context.Context) (admin.Open, error) {
+			o, err := s.l.OpenCounts(ctx)
+			return admin.Open{Quotes: o.OpenQuotes, LockedHolds: o.LockedHolds, RefundsOwed: o.RefundsOwed, OwedMsat: o.OwedMsat}, err
+		},
+		InFlight:  s.v.InFlight,
+		Sessions:  s.sessions,
+		Relays:    s.relays,
+		Upstreams: func() int { return len(s.ups.Status()) - len(s.upstreamsDown()) },
+	})
+	s.admin.AddCheck(admin.Check{Name: "ledger", Check: func(ctx context.Context) error {
+		_, err := s.l.OpenCounts(ctx)
+		return err
+	}})
+	s.admin.AddCheck(admin.Check{Name: "payments", Check: s.paymentsReady})
+	s.admin.AddCheck(admin.Check{Name: "upstreams", Check: func(context.Context) error {
+		if down := s.upstreamsDown(); len(down) > 0 {
+			return fmt.Errorf("not listed yet: %s", strings.Join(down, ", "))
+		}
+		return nil
+	}})
+}
+
+// sessions are the live sessions of each front.
+func (s *vendServer) sessions() map[string]int {
+	m := map[string]int{"http": s.front.Sessions()}
+	if s.nostr != nil {
+		m["nostr"] = s.nostr.Sessions()
+	}
+	return m
+}
+
+func (s *vendServer) relays() int {
+	if s.nostr == nil {
+		return 0
+	}
+	return s.nostr.RelaysConnected()
+}
+
+// upstreamsDown names the upstreams that have not listed their tools (or
+// are down now).
+func (s *vendServer) upstreamsDown() []string {
+	var down []string
+	for _, st := range s.ups.Status() {
+		if !st.Up {
+			down = append(down, st.Server)
+		}
+	}
+	return down
+}
+
+// paymentsReady: a payment backend is connected (with none configured,
+// capvend sells free tools only, and is ready without).
+func (s *vendServer) paymentsReady(context.Context) error {
+	if len(s.backends) == 0 {
+		return nil
+	}
+	for _, b := range s.backends {
+		if c, ok := b.(connected); !ok || c.Connected() {
+			return nil
+		}
+	}
+	return errors.New("no payment backend connected yet")
+}
+
+// runAdmin serves the admin listener in g until ctx ends.
+func (s *vendServer) runAdmin(g *errgroup.Group, ctx context.Context) {
+	if s.admin == nil {
+		return
+	}
+	g.Go(func() error {
+		ln, err := net.Listen("tcp", s.cfg.Admin.Listen)
+		if err != nil {
+			return fmt.Errorf("admin.listen %s: %w", s.cfg.Admin.Listen, err)
+		}
+		fmt.Fprintf(s.e.Stderr, "capvend: admin listener at http://%s (/metrics, /healthz, /readyz)\n", ln.Addr())
+		return s.admin.Serve(ctx, ln)
+	})
+}
