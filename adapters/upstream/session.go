@@ -37,6 +37,7 @@ type upstream struct {
 
 	mu      sync.Mutex
 	sess    *client.Client // nil while down
+	listed  bool           // sess listed its tools (and the fronts were told): see Status.Listed
 	tools   []vend.Tool    // last known list, kept while down
 	lastErr error
 	// last known prompts, resources and templates, kept while down
@@ -247,12 +248,13 @@ func (u *upstream) session(ctx context.Context) (wasUp bool, err error) {
 
 	u.mu.Lock()
 	u.lastErr = nil
+	u.listed = true // after relist's OnChange: the fronts offer the tools now
 	u.mu.Unlock()
 	u.log.Info("upstream connected", logKeyProto, c.ProtocolVersion(), logKeyTools, len(u.toolList()))
 	u.state(true, nil)
 	defer func() {
 		u.mu.Lock()
-		u.sess = nil
+		u.sess, u.listed = nil, false
 		u.mu.Unlock()
 		u.state(false, err)
 	}()

@@ -287,8 +287,12 @@ func (m *Manager) CallTool(ctx context.Context, t vend.Tool, args json.RawMessag
 
 // Status is an upstream's connection state, for health endpoints.
 type Status struct {
-	Server  string
-	Up      bool
+	Server string
+	Up     bool // connected: calls can be made
+	// Listed: connected, and its tools (prompts, resources) were listed
+	// and published (Config.OnChange returned): a client asking now
+	// sees them.
+	Listed  bool
 	Tools   int
 	LastErr string // why it last went down or failed to connect; "" if never
 }
@@ -298,7 +302,7 @@ func (m *Manager) Status() []Status {
 	out := make([]Status, 0, len(m.upstreams))
 	for _, u := range m.upstreams {
 		u.mu.Lock()
-		s := Status{Server: u.cfg.Name, Up: u.sess != nil, Tools: len(u.tools)}
+		s := Status{Server: u.cfg.Name, Up: u.sess != nil, Listed: u.listed, Tools: len(u.tools)}
 		if u.lastErr != nil {
 			s.LastErr = u.lastErr.Error()
 		}

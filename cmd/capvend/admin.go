@@ -101,7 +101,7 @@ func (s *vendServer) relays() int {
 func (s *vendServer) upstreamsDown() []string {
 	var down []string
 	for _, st := range s.ups.Status() {
-		if !st.Up {
+		if !st.Listed {
 			down = append(down, st.Server)
 		}
 	}
@@ -122,17 +122,23 @@ func (s *vendServer) paymentsReady(context.Context) error {
 	return errors.New("no payment backend connected yet")
 }
 
-// runAdmin serves the admin listener in g until ctx ends.
-func (s *vendServer) runAdmin(g *errgroup.Group, ctx context.Context) {
+// bindAdmin binds the admin listener, if configured (nil if not): at
+// start, so that a failure to bind fails serve before anything runs.
+func (s *vendServer) bindAdmin() (net.Listener, error) {
 	if s.admin == nil {
-		return
+		return nil, nil
 	}
-	g.Go(func() error {
-		ln, err := net.Listen("tcp", s.cfg.Admin.Listen)
-		if err != nil {
-			return fmt.Errorf("admin.listen %s: %w", s.cfg.Admin.Listen, err)
-		}
-		fmt.Fprintf(s.e.Stderr, "capvend: admin listener at http://%s (/metrics, /healthz, /readyz)\n", ln.Addr())
-		return s.admin.Serve(ctx, ln)
-	})
+	ln, err := net.Listen("tcp", s.cfg.Admin.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("admin.listen %s: %w", s.cfg.Admin.Listen, err)
+	}
+	fmt.Fprintf(s.e.Stderr, "capvend: admin listener at http://%s (/metrics, /healthz, /readyz)\n", ln.Addr())
+	return ln, nil
+}
+
+// runAdmin serves the admin listener ln (if not nil) in g until ctx ends.
+func (s *vendServer) runAdmin(g *errgroup.Group, ctx context.Context, ln net.Listener) {
+	if ln != nil {
+		g.Go(func() error { return s.admin.Serve(ctx, ln) })
+	}
 }

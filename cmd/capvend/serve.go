@@ -295,9 +295,13 @@ func (s *vendServer) close() {
 // runStdio serves one MCP client on stdin/stdout until it leaves or ctx
 // ends, with the upstreams and payments running meanwhile.
 func (s *vendServer) runStdio(ctx context.Context) error {
+	adminLn, err := s.bindAdmin()
+	if err != nil {
+		return err
+	}
 	back, stopBack, backErr := s.runBackground(ctx)
 	g, gctx := errgroup.WithContext(back)
-	s.runAdmin(g, gctx)
+	s.runAdmin(g, gctx, adminLn)
 	g.Go(func() error {
 		// A tools/list before the upstreams listed theirs would be empty.
 		awaitUpstreams(gctx, s.ups, 30*time.Second)
@@ -307,7 +311,7 @@ func (s *vendServer) runStdio(ctx context.Context) error {
 		}
 		return errStop(err) // the client left: stop everything
 	})
-	err := g.Wait()
+	err = g.Wait()
 	if errors.Is(err, errStopped) {
 		err = nil
 	}
@@ -386,16 +390,22 @@ func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context,
 // accepting and drain (up to 30 s), then the payment watchers and the
 // upstreams stop; the ledger is closed last (by close).
 func (s *vendServer) run(ctx context.Context) error {
+	adminLn, err := s.bindAdmin()
+	if err != nil {
+		return err
+	}
 	var ln net.Listener
 	if s.cfg.HTTP.Listen != "" {
-		var err error
 		if ln, err = net.Listen("tcp", s.cfg.HTTP.Listen); err != nil {
+			if adminLn != nil {
+				adminLn.Close()
+			}
 			return fmt.Errorf("http.listen %s: %w", s.cfg.HTTP.Listen, err)
 		}
 	}
 	fctx, stopBack, backErr := s.runBackground(ctx)
 	g, gctx := errgroup.WithContext(fctx)
-	s.runAdmin(g, gctx)
+	s.runAdmin(g, gctx, adminLn)
 	if s.nostr != nil {
 		g.Go(func() error {
 			// Requests replayed from relays at start would find no tool.
@@ -408,7 +418,7 @@ func (s *vendServer) run(ctx context.Context) error {
 	if ln != nil {
 		g.Go(func() error { return s.serveHTTP(gctx, ln) })
 	}
-	err := g.Wait()
+	err = g.Wait()
 	stopBack()
 	return errors.Join(err, backErr())
 }
@@ -485,14 +495,15 @@ func httpServer(h HTTPConfig, handler http.Handler) *http.Server {
 	}
 }
 
-// awaitUpstreams returns once every upstream has connected or failed once,
+// awaitUpstreams returns once every upstream has listed its tools (the
+// fronts offer them) or failed once,
 // after limit, or when ctx ends.
 func awaitUpstreams(ctx context.Context, ups *upstream.Manager, limit time.Duration) {
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		settled := true
 		for _, st := range ups.Status() {
-			settled = settled && (st.Up || st.LastErr != "")
+			settled = settled && (st.Listed || st.LastErr != "")
 		}
 		if settled {
 			return

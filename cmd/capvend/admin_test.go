@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
+)
+
+// slowUpstream makes the configuration at path start its upstream only
+// after a pause (as on a loaded machine), so a tools/list answered before
+// the upstream listed its tools would be empty.
+func slowUpstream(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := exampleTools(t)
+	y := strings.Replace(string(b), "command: "+bin+"\n",
+		fmt.Sprintf("command: /bin/sh\n    args: [\"-c\", \"sleep 2; exec %s\"]\n", bin), 1)
+	if y == string(b) {
+		t.Fatal("no upstream command to slow down")
+	}
+	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The README test's flake (#15): a client that asks as soon as serve
+// accepts connections must see the upstream's tools, not an empty list.
+func TestServeListsToolsOnlyOnceUpstreamsListed(t *testing.T) {
+	path, listen := freeToolsConfig(t, "")
+	slowUpstream(t, path)
+	serveInProcess(t, path, listen)
+	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	_, names, err := listTools(ctx, c) // once: no retry, no wait
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(names, ","), "word_count") {
+		t.Fatalf("the first tools/list answered %v: serve answered before its upstream listed its tools", names)
+	}
+}
+
+// adminConfig adds an admin section to the configuration at path and
+// returns the admin listener's address.
+func adminConfig(t *testing.T, path, extra string) string {
+	t.Helper()
+	addr := freeAddr(t)
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "admin:\n  listen: %s\n%s", addr, extra)
+	return addr
+}
+
+func get(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// serve with admin.listen: health, readiness and metrics on the admin
+// listener, none of them on the MCP endpoint's.
+func TestServeAdminListener(t *testing.T) {
+	path, listen := freeToolsConfig(t, "")
+	slowUpstream(t, path)
+	addr := adminConfig(t, path, "")
+	serveInProcess(t, path, listen)
+	if code, body := get(t, "http://"+addr+"/healthz", ""); code != 200 {
+		t.Fatalf("healthz: %d %s", code, body)
+	}
+	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil { // answered once the upstream listed its tools
+		t.Fatal(err)
+	}
+	code, body := get(t, "http://"+addr+"/readyz", "")
+	if code != 200 || !strings.Contains(body, "ok: upstreams") {
+		t.Fatalf("readyz once the MCP endpoint answers: %d\n%s", code, body)
+	}
+	for _, p := range []string{"/metrics", "/healthz", "/readyz"} {
+		if code, _ := get(t, "http://"+listen+p, ""); code != 404 {
+			t.Errorf("the MCP listener answers %s with %d, want 404", p, code)
+		}
+	}
+	for range 3 {
+		req := mcp.CallToolRequest{}
+		req.Params.Name = "word_count"
+		req.Params.Arguments = map[string]any{"text": "one two"}
+		if _, err := c.CallTool(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, metrics := get(t, "http://"+addr+"/metrics", "")
+	for _, want := range []string{
+		`capvend_free_calls_total{kind="tool",server="tools",tool="other"} 3`,
+		`capvend_upstream_call_seconds_count{result="ok",server="tools",tool="other"} 3`,
+		`capvend_upstreams_connected 1`,
+		`capvend_sessions{front="http"} `,
+		`capvend_inflight_requests 0`,
+		`capvend_open_quotes 0`,
+		`go_goroutines `,
+		`process_resident_memory_bytes `,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics has no %q", want)
+		}
+	}
+}
+
+// Off loopback, the admin listener needs a token file, and checks it.
+func TestAdminConfigValidates(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile := dir + "/admin.token"
+	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ yaml, err string }{
+		{"admin:\n  listen: 127.0.0.1:9402\n", ""},
+		{"admin:\n  listen: 0.0.0.0:9402\n", "admin.listen: 0.0.0.0:9402 is not a loopback address: set admin.token_file"},
+		{"admin:\n  listen: 0.0.0.0:9402\n  token_file: " + tokenFile + "\n", ""},
+		{"admin:\n  listen: nonsense\n", "admin.listen: \"nonsense\" is not host:port"},
+		{"log:\n  format: xml\n", "log.format: \"xml\" is not text or json"},
+		{"log:\n  level: loud\n", "log.level: \"loud\" is not one of debug, info, warn, error"},
+		{"log:\n  format: json\n  level: debug\n", ""},
+	} {
+		_, err := parseConfig(dir+"/capvend.yaml", []byte(tc.yaml), func(string) string { return "" })
+		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%q: %v, want %q", tc.yaml, err, tc.err)
+		}
+	}
+	if err := os.Chmod(tokenFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parseConfig(dir+"/capvend.yaml", []byte("admin:\n  listen: 0.0.0.0:9402\n  token_file: "+tokenFile+"\n"), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.checkSecrets(); err == nil || !strings.Contains(err.Error(), "admin.token_file") {
+		t.Fatalf("a world-readable admin token file: %v", err)
+	}
+}
+
+// log.format json writes one JSON object a line, at log.level.
+func TestLogConfig(t *testing.T) {
+	var b strings.Builder
+	l := LogConfig{Format: "json", Level: "warn"}.logger(&b)
+	l.Info("hidden")
+	l.Warn("shown", "call", 7)
+	if got := b.String(); strings.Contains(got, "hidden") || !strings.HasPrefix(got, "{") || !strings.Contains(got, `"call":7`) {
+		t.Fatalf("json at warn: %q", got)
+	}
+}
