@@ -3,7 +3,9 @@ package vend_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,28 +20,64 @@ import (
 // BenchmarkMetricsOverhead measures what the Prometheus metrics (an
 // admin.Metrics as the ledger's and the Vendor's Observer) cost: paid
 // calls (quote, payment, settlement, execution, delivery: five durable
-// ledger commits) and free calls, by 16 callers at once, each without
-// ("off") and with ("on") metrics, side by side in one run. Targets: on
-// costs <= 3% of paid-call and <= 5% of free-call throughput.
+// ledger commits) and free calls, by 16 callers at once, without ("off")
+// and with ("on") metrics, side by side: rounds alternate off and on, on
+// a ledger in /dev/shm (fsync is free there, so the CPU the metrics cost
+// is not hidden behind the disk's waits, nor drowned in its noise). It
+// reports each side's median calls/s and on's cost in % of off's
+// throughput. Targets: <= 3% for paid calls, <= 5% for free calls.
 func BenchmarkMetricsOverhead(b *testing.B) {
 	for _, kind := range []string{"paid", "free"} {
-		for _, on := range []bool{false, true} {
-			b.Run(fmt.Sprintf("%s/metrics=%s", kind, map[bool]string{false: "off", true: "on"}[on]), func(b *testing.B) {
-				h := metricsHarness(b, on)
-				benchCalls(b, h, kind == "paid", 16)
-			})
-		}
+		b.Run(kind, func(b *testing.B) {
+			const rounds = 5
+			dir := shmDir(b)
+			hs := map[bool]*benchHarness{false: {h: metricsHarness(b, dir, false)}, true: {h: metricsHarness(b, dir, true)}}
+			rates := map[bool][]float64{}
+			n := max(b.N/rounds, 1)
+			b.ResetTimer()
+			for r := 0; r < rounds; r++ {
+				for _, on := range []bool{r%2 == 1, r%2 == 0} { // who goes first alternates too
+					rates[on] = append(rates[on], benchCalls(b, hs[on], kind == "paid", 16, n))
+				}
+			}
+			off, on := median(rates[false]), median(rates[true])
+			b.ReportMetric(off, "off-calls/s")
+			b.ReportMetric(on, "on-calls/s")
+			b.ReportMetric(100*(off-on)/off, "cost-%")
+		})
 	}
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+// shmDir is a new directory in /dev/shm, removed when b ends.
+func shmDir(b *testing.B) string {
+	dir, err := os.MkdirTemp("/dev/shm", "capvend-bench")
+	if err != nil {
+		b.Skip("no /dev/shm:", err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// benchHarness is a harness and the last request id used on it.
+type benchHarness struct {
+	h    *harness
+	next atomic.Int64
 }
 
 // metricsHarness is a harness whose ledger and Vendor report to a new
 // admin.Metrics when on.
-func metricsHarness(b *testing.B, on bool) *harness {
+func metricsHarness(b *testing.B, dir string, on bool) *harness {
 	var obs vend.Observer
 	if on {
 		obs = admin.NewMetrics([]string{"demo"}, []admin.Item{{Server: "demo", Tool: "echo"}}, admin.Sources{}, nil)
 	}
-	l, err := ledger.Open(context.Background(), filepath.Join(b.TempDir(), "capvend.db"), ledger.Options{Observer: obs})
+	l, err := ledger.Open(context.Background(), filepath.Join(dir, fmt.Sprintf("capvend-%v.db", on)), ledger.Options{Observer: obs})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -50,13 +88,13 @@ func metricsHarness(b *testing.B, on bool) *harness {
 	})
 }
 
-// benchCalls runs b.N calls (paid: each paid at once through the fake
-// backend) by callers goroutines, and reports calls/s.
-func benchCalls(b *testing.B, h *harness, paid bool, callers int) {
-	var next atomic.Int64
+// benchCalls runs n calls (paid: each paid at once through the fake
+// backend) by callers goroutines, and returns calls/s.
+func benchCalls(b *testing.B, bh *benchHarness, paid bool, callers, n int) float64 {
+	h, next := bh.h, &bh.next
+	last := next.Load() + int64(n) // request ids go on from the last round's
 	var wg sync.WaitGroup
 	errs := make(chan error, callers)
-	b.ResetTimer()
 	start := time.Now()
 	for c := 0; c < callers; c++ {
 		wg.Add(1)
@@ -64,7 +102,7 @@ func benchCalls(b *testing.B, h *harness, paid bool, callers int) {
 			defer wg.Done()
 			for {
 				i := next.Add(1)
-				if i > int64(b.N) {
+				if i > last {
 					return
 				}
 				id := strconv.FormatInt(i, 10)
@@ -89,11 +127,11 @@ func benchCalls(b *testing.B, h *harness, paid bool, callers int) {
 		}()
 	}
 	wg.Wait()
-	b.StopTimer()
+	rate := float64(n) / time.Since(start).Seconds()
 	select {
 	case err := <-errs:
 		b.Fatal(err)
 	default:
 	}
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "calls/s")
+	return rate
 }
