@@ -255,7 +255,6 @@ func (l *Ledger) runSaved(r *writeReq) (err, fatal error) {
 		if !l.inTx() {
 			return err, fmt.Errorf("ledger %s: the transaction ended on a caller's error: %w", l.path, err)
 		}
-		r.changes = r.changes[:0] // none of them happened
 		// ROLLBACK TO keeps the savepoint open; RELEASE ends it.
 		if _, rerr := tx.ExecContext(bg, "ROLLBACK TO caller"); rerr != nil {
 			return err, l.fileError(rerr)
