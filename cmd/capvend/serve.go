@@ -248,7 +248,6 @@ func (s *vendServer) openBackends(ctx context.Context) error {
 	return nil
 }
 
-// refresh tells the fronts that the upstreams' lists changed.
 // openReconciler prepares the reconciliation of the books with the
 // payment backends (reconcile.interval), repairs on, its differences a
 // metric when the admin listener is on.
@@ -270,6 +269,7 @@ func (s *vendServer) openReconciler() error {
 	return err
 }
 
+// refresh tells the fronts that the upstreams' lists changed.
 func (s *vendServer) refresh() {
 	s.frontMu.Lock()
 	f, n := s.refreshFront, s.refreshNostr
