@@ -55,6 +55,23 @@ func testLogger(t testing.TB) *slog.Logger {
 }
 
 // newBackend opens a backend on mintURL with its wallet in dir.
+// holdingEcash starts a backend with its wallet in a fresh directory
+// (returned) and has it take a customer's token for a call priced at each
+// of sats: the wallet holds that ecash, booked in l. The backend stays
+// open.
+func holdingEcash(t testing.TB, l *ledger.Ledger, sats ...int64) (*cashu.Backend, string) {
+	t.Helper()
+	dir := t.TempDir()
+	b := newBackend(t, l, stack.MintURL, dir)
+	for _, s := range sats {
+		c := priced(t, l, s)
+		if _, err := b.AcceptToken(context.Background(), c.ID, c.Price, customerToken(t, uint64(s))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b, filepath.Join(dir, "wallet")
+}
+
 func newBackend(t testing.TB, l vend.Ledger, mintURL, dir string, opts ...func(*cashu.Config)) *cashu.Backend {
 	t.Helper()
 	cfg := cashu.Config{

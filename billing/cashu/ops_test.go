@@ -3,7 +3,6 @@ package cashu_test
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 
 	"github.com/capvend/capvend/billing/cashu"
@@ -16,15 +15,7 @@ func TestBalanceAndMelt(t *testing.T) {
 	needStack(t)
 	ctx := context.Background()
 	l := openLedger(t)
-	dir := t.TempDir()
-	wdir := filepath.Join(dir, "wallet")
-	b := newBackend(t, l, stack.MintURL, dir)
-	for _, sats := range []int64{64, 40} {
-		c := priced(t, l, sats)
-		if _, err := b.AcceptToken(ctx, c.ID, c.Price, customerToken(t, uint64(sats))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b, wdir := holdingEcash(t, l, 64, 40)
 	// While the backend holds the wallet, the commands refuse to wait.
 	if _, err := cashu.Balances(ctx, wdir, []string{stack.MintURL}, l); !errors.Is(err, cashu.ErrWalletBusy) {
 		t.Fatalf("balance while the wallet is open: %v", err)

@@ -25,13 +25,7 @@ func TestReconcileFindsProofSpentElsewhere(t *testing.T) {
 	needStack(t)
 	ctx := context.Background()
 	l := openLedger(t)
-	dir := t.TempDir()
-	wdir := filepath.Join(dir, "wallet")
-	b := newBackend(t, l, stack.MintURL, dir)
-	c := priced(t, l, 8)
-	if _, err := b.AcceptToken(ctx, c.ID, c.Price, customerToken(t, 8)); err != nil {
-		t.Fatal(err)
-	}
+	b, wdir := holdingEcash(t, l, 8)
 	b.Close() // capvend stops: the wallet file is free
 
 	wf, err := cashu.OpenWalletFile(wdir, []string{stack.MintURL})

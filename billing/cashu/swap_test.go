@@ -528,13 +528,7 @@ func TestPayOwedRefunds(t *testing.T) {
 	needStack(t)
 	ctx := context.Background()
 	l := openLedger(t)
-	dir := t.TempDir()
-	wdir := filepath.Join(dir, "wallet")
-	b := newBackend(t, l, stack.MintURL, dir)
-	c := priced(t, l, 40)
-	if _, err := b.AcceptToken(ctx, c.ID, c.Price, customerToken(t, 40)); err != nil {
-		t.Fatal(err)
-	}
+	b, wdir := holdingEcash(t, l, 40)
 	b.Close()
 	mints := []string{stack.MintURL}
 
