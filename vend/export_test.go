@@ -27,3 +27,11 @@ func TakeIssueTurnForTest(v *Vendor) (func(), error) {
 // RecoveredForTest is closed when Run's Recover has returned: all a
 // previous run left is handled then.
 func (v *Vendor) RecoveredForTest() <-chan struct{} { return v.recovered }
+
+// SetRecoverFullForTest makes Recover call f each time every worker is
+// busy, with how many calls it had handed out (see recoverFull); the
+// returned func removes it. Not for parallel tests.
+func SetRecoverFullForTest(f func(started int)) (restore func()) {
+	recoverFull = f
+	return func() { recoverFull = nil }
+}

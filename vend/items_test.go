@@ -231,7 +231,7 @@ func TestFailedPromptIsRefunded(t *testing.T) {
 // its answer waits for the replay.
 func TestRecoverRedoesAnInterruptedPrompt(t *testing.T) {
 	ctx := context.Background()
-	l, err := ledger.Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	l, err := openLedger(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

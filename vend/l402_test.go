@@ -223,7 +223,7 @@ func TestL402SurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.l.Close()
-	l, err := ledger.Open(context.Background(), path, ledger.Options{})
+	l, err := openLedger(context.Background(), path, ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,11 @@ import (
 // recoverWorkers bounds how many calls Recover handles at once.
 const recoverWorkers = 8
 
+// recoverFull, if set (by tests, before Run), is told each time Recover
+// finds every worker busy, with how many calls it had handed out so far:
+// it then waits for a worker to finish.
+var recoverFull func(started int)
+
 // Recover finishes what a previous run of capvend left: paid calls that
 // never ran are run, idempotent calls interrupted while running are run
 // again, and other interrupted calls are refunded (a hold invoice is
@@ -32,6 +37,7 @@ func (v *Vendor) Recover(ctx context.Context) error {
 	var g errgroup.Group
 	g.SetLimit(recoverWorkers)
 	var stopped error
+	started := 0 // calls handed to a worker so far
 	for _, c := range calls {
 		if c.Run == v.runID {
 			continue // this run's own
@@ -47,13 +53,20 @@ func (v *Vendor) Recover(ctx context.Context) error {
 		if stopped = ctx.Err(); stopped != nil {
 			break // stopping: the next start goes on
 		}
-		g.Go(func() error { // waits for a free worker
+		work := func() error {
 			if err := ctx.Err(); err != nil {
 				return err // stopped while it waited
 			}
 			v.recoverCall(ctx, c, until)
 			return nil
-		})
+		}
+		if !g.TryGo(work) {
+			if recoverFull != nil {
+				recoverFull(started)
+			}
+			g.Go(work) // waits for a free worker
+		}
+		started++
 	}
 	if err := g.Wait(); err != nil {
 		return err

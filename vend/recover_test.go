@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,23 +28,11 @@ func (g *gatedTools) CallTool(ctx context.Context, t vend.Tool, args json.RawMes
 	return g.fakeTools.CallTool(ctx, t, args, tok, progress)
 }
 
-// goroutines returns the stacks of all goroutines.
-func goroutines() []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Split(string(buf[:n]), "\n\n")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
-
 // TestRecoverFanOutIsBounded: Recover runs the paid calls a crash left
 // with a bounded pool of workers, not one goroutine per call.
 func TestRecoverFanOutIsBounded(t *testing.T) {
 	const calls, bound = 30, 8
-	l, err := ledger.Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	l, err := openLedger(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,36 +42,32 @@ func TestRecoverFanOutIsBounded(t *testing.T) {
 		c, _ := crashedCall(t, l, fmt.Sprint("c", i), "demo_echo", true, false, false, 1)
 		ids = append(ids, c.ID)
 	}
+	// Recover tells when it finds every worker busy, and how many calls
+	// it had handed out by then: with the tools gated, no worker ends,
+	// so that is exactly its bound.
+	full := make(chan int, 1)
+	// Removed after the harness stops (cleanups run last first).
+	t.Cleanup(vend.SetRecoverFullForTest(func(started int) {
+		select {
+		case full <- started:
+		default:
+		}
+	}))
 	tools := &gatedTools{fakeTools: &fakeTools{}, gate: make(chan struct{})}
 	h := harnessOn(t, l, false, func(c *vend.Config) { c.Tools = tools })
 	var open sync.Once
 	release := func() { open.Do(func() { close(tools.gate) }) }
 	t.Cleanup(release) // before the harness stops: its Run waits for Recover
-	// Wait until Recover has handed out all it can: its own goroutine
-	// blocks (handing out the next call, or waiting for its workers).
-	deadline := time.Now().Add(10 * time.Second)
-	var workers int
-	for {
-		parked, n := false, 0
-		for _, g := range goroutines() {
-			if strings.Contains(g, "vend.(*Vendor).Recover.func") {
-				n++
-			} else if head, _, _ := strings.Cut(g, "\n"); strings.Contains(g, "vend.(*Vendor).Recover(") &&
-				(strings.Contains(g, "sync.(*WaitGroup).Wait") || strings.Contains(head, "[chan send") || strings.Contains(head, "[select")) {
-				parked = true // handing out the next call, or waiting for the workers
-			}
+	select {
+	case started := <-full:
+		if started != bound {
+			t.Fatalf("Recover found its workers busy after handing out %d calls; want %d", started, bound)
 		}
-		if parked && tools.entered.Load() >= bound {
-			workers = n
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Recover did not settle: %d calls running", tools.entered.Load())
-		}
-		time.Sleep(5 * time.Millisecond)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("Recover never waited for a worker with %d calls to run: %d entered the tool at once", calls, tools.entered.Load())
 	}
-	if workers > bound || tools.entered.Load() > bound {
-		t.Fatalf("Recover runs %d goroutines, %d calls at once; want at most %d", workers, tools.entered.Load(), bound)
+	if n := tools.entered.Load(); n > bound {
+		t.Fatalf("%d calls ran at once; want at most %d", n, bound)
 	}
 	release()
 	for _, id := range ids {
@@ -102,7 +85,7 @@ func TestRecoverFanOutIsBounded(t *testing.T) {
 // start.
 func TestRecoverRefundsWhatItCannotRun(t *testing.T) {
 	ctx := context.Background()
-	l, err := ledger.Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	l, err := openLedger(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +131,7 @@ func TestRecoverRefundsWhatItCannotRun(t *testing.T) {
 func TestRecoverFinishesAPreviousRunsCallsStampedAhead(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "capvend.db")
-	ahead, err := ledger.Open(ctx, path, ledger.Options{Now: func() time.Time { return time.Now().Add(time.Hour) }})
+	ahead, err := openLedger(ctx, path, ledger.Options{Now: func() time.Time { return time.Now().Add(time.Hour) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +139,7 @@ func TestRecoverFinishesAPreviousRunsCallsStampedAhead(t *testing.T) {
 	if err := ahead.Close(); err != nil {
 		t.Fatal(err)
 	}
-	l, err := ledger.Open(ctx, path, ledger.Options{})
+	l, err := openLedger(ctx, path, ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +173,7 @@ func (l *recordedLedger) RecordCall(ctx context.Context, c vend.NewCall) (vend.C
 // wall-clock time canceled it.
 func TestRecoverLeavesThisRunsCallsAlone(t *testing.T) {
 	ctx := context.Background()
-	l, err := ledger.Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{Now: func() time.Time { return time.Now().Add(-time.Hour) }})
+	l, err := openLedger(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{Now: func() time.Time { return time.Now().Add(-time.Hour) }})
 	if err != nil {
 		t.Fatal(err)
 	}

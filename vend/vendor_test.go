@@ -221,7 +221,7 @@ type harness struct {
 
 func newHarness(t testing.TB, hold bool, mod func(*vend.Config)) *harness {
 	t.Helper()
-	l, err := ledger.Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	l, err := openLedger(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -672,21 +672,6 @@ func TestPaidAfterTheClientLeftRunsAndWaitsForTheReplay(t *testing.T) {
 	verify(t, h.l)
 }
 
-func waitState(t *testing.T, l *ledger.Ledger, id vend.CallID, want vend.CallState) vend.Call {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := l.Call(context.Background(), id)
-		if err == nil && c.State == want {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("call %d is %s, want %s", id, c.State, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // argsHash is the canonical hash vend records for a request of method
 // for name with the arguments object args.
 func argsHash(t testing.TB, method, name, args string) string {
@@ -751,7 +736,7 @@ func crashedCall(t *testing.T, l *ledger.Ledger, id, tool string, idempotent, ho
 }
 
 func TestRecoverFinishesWhatACrashLeft(t *testing.T) {
-	l, err := ledger.Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	l, err := openLedger(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
