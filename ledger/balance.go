@@ -216,8 +216,8 @@ func (l *Ledger) LNDCursor(ctx context.Context, node string) (addIndex, settleIn
 func (l *Ledger) SaveLNDCursor(ctx context.Context, node string, addIndex, settleIndex uint64) error {
 	return l.write(ctx, func(tx *wtx, now time.Time) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO lnd_cursors (node, add_index, settle_index, updated_at) VALUES (?, ?, ?, ?)
-			ON CONFLICT (node) DO UPDATE SET add_index = max(add_index, excluded.add_index),
-			settle_index = max(settle_index, excluded.settle_index), updated_at = excluded.updated_at`,
+			ON CONFLICT (node) DO UPDATE SET add_index = max(lnd_cursors.add_index, excluded.add_index),
+			settle_index = max(lnd_cursors.settle_index, excluded.settle_index), updated_at = excluded.updated_at`,
 			node, addIndex, settleIndex, ms(now))
 		return err
 	})

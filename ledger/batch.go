@@ -167,7 +167,7 @@ func (l *Ledger) commitBatch(batch []*writeReq) (again []*writeReq) {
 	// transaction, the other callers' changes with it.
 	bg := context.Background()
 	began := time.Now()
-	if _, err := l.wconn.ExecContext(bg, "BEGIN IMMEDIATE"); err != nil {
+	if err := l.beginWrite(bg); err != nil {
 		failAll(batch, l.fileError(err))
 		return nil
 	}
@@ -289,10 +289,7 @@ func (l *Ledger) commit() error {
 			return err
 		}
 	}
-	if _, err := l.wconn.ExecContext(context.Background(), "COMMIT"); err != nil {
-		return l.fileError(err)
-	}
-	return nil
+	return l.commitWrite(context.Background())
 }
 
 // rollback ends the batch transaction, if SQLite has not already.
@@ -310,6 +307,8 @@ func (l *Ledger) inTx() bool {
 	l.wconn.Raw(func(dc any) error {
 		if c, ok := dc.(*sqlite3.SQLiteConn); ok {
 			in = !c.AutoCommit()
+		} else if pin, ok := pgInTx(dc); ok {
+			in = pin
 		}
 		return nil
 	})

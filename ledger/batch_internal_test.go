@@ -247,7 +247,7 @@ func TestBatchLostTransactionRunsTheOthersAgain(t *testing.T) {
 func TestBatchFailedCommitFailsEveryCaller(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "capvend.db")
-	l, err := Open(ctx, path, Options{})
+	l, err := OpenForTest(t, ctx, path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestBatchFailedCommitFailsEveryCaller(t *testing.T) {
 	}
 	l.queue.beforeCommit = nil
 	l.Close()
-	l, err = Open(ctx, path, Options{})
+	l, err = OpenForTest(t, ctx, path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +300,7 @@ func TestBatchFailedCommitFailsEveryCaller(t *testing.T) {
 func TestCloseMidBatch(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "capvend.db")
-	l, err := Open(ctx, path, Options{})
+	l, err := OpenForTest(t, ctx, path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +335,7 @@ func TestCloseMidBatch(t *testing.T) {
 	if err := <-closed; err != nil {
 		t.Fatal(err)
 	}
-	l, err = Open(ctx, path, Options{})
+	l, err = OpenForTest(t, ctx, path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +393,7 @@ func TestBatchPanicIsTheCallers(t *testing.T) {
 // from before the batch: a payment it was told had ended was still open.)
 func TestBatchFailedCallerWakesAfterTheCommit(t *testing.T) {
 	ctx := context.Background()
-	l, err := Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), Options{})
+	l, err := OpenForTest(t, ctx, filepath.Join(t.TempDir(), "capvend.db"), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

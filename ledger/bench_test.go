@@ -76,7 +76,7 @@ func benchDir(b *testing.B, where string) string {
 // benchPaidCalls runs b.N paid calls through a new ledger in dir, by
 // callers goroutines at once, and reports calls/s.
 func benchPaidCalls(b *testing.B, dir string, batched bool, callers int) {
-	l, err := ledger.Open(context.Background(), filepath.Join(dir, "capvend.db"), ledger.Options{})
+	l, err := ledger.OpenForTest(b, context.Background(), filepath.Join(dir, "capvend.db"), ledger.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -163,7 +163,7 @@ func TestFindGrantMatchesTheWholeBinding(t *testing.T) {
 // server tool hash backfilled".
 func executionRows(t *testing.T, path string, id vend.CallID) []string {
 	t.Helper()
-	db, err := sql.Open("sqlite3", path+"?mode=ro")
+	db, err := ledger.OpenRawForTest(t, path+"?mode=ro")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func TestExecutionRecordsWhatWasSent(t *testing.T) {
 // capvend left it, and returns it open with plain SQL.
 func legacyLedger(t *testing.T, path string, upTo int) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("sqlite3", path+"?_foreign_keys=on")
+	db, err := ledger.OpenRawForTest(t, path+"?_foreign_keys=on")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +287,7 @@ func TestMigrationBackfillsExecutions(t *testing.T) {
 		}
 	}
 	db.Close()
-	l, err := ledger.Open(context.Background(), path, ledger.Options{})
+	l, err := ledger.OpenForTest(t, context.Background(), path, ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

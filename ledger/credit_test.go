@@ -326,7 +326,7 @@ func (c *stepClock) add(d time.Duration) {
 func TestCreditExpiresToIncomeWithAReason(t *testing.T) {
 	ctx := context.Background()
 	clk := &stepClock{t: time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)}
-	l, err := ledger.Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{Now: clk.Now})
+	l, err := ledger.OpenForTest(t, ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package ledger
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -111,14 +112,14 @@ func (l *Ledger) export(ctx context.Context, w io.Writer, f exporter, since, unt
 	go func() {
 		defer wg.Done()
 		defer close(entries)
-		err := l.readRaw(ctx, func(sc *sqlite3.SQLiteConn) error {
+		err := l.readRaw(ctx, func(query rawQuery) error {
 			var err error
-			if accts, err = loadAccounts(sc); err != nil {
+			if accts, err = loadAccounts(query); err != nil {
 				return err
 			}
 			// mattn steps once inside Query: the snapshot is taken
 			// when Query returns.
-			rows, err := sc.Query(`SELECT id, ts, kind, description, coalesce(call_id, 0), coalesce(payment_id, 0)
+			rows, err := query(`SELECT id, ts, kind, description, coalesce(call_id, 0), coalesce(payment_id, 0)
 				FROM entries WHERE sealed = 1 AND +ts >= ? AND +ts < ? ORDER BY id`, []driver.Value{since, until})
 			close(entrySnapshot)
 			if err != nil {
@@ -144,8 +145,8 @@ func (l *Ledger) export(ctx context.Context, w io.Writer, f exporter, since, unt
 		case <-ctx.Done():
 			return
 		}
-		err := l.readRaw(ctx, func(sc *sqlite3.SQLiteConn) error {
-			rows, err := sc.Query(postingsQuery, []driver.Value{since, until})
+		err := l.readRaw(ctx, func(query rawQuery) error {
+			rows, err := query(postingsQuery, []driver.Value{since, until})
 			if err != nil {
 				return err
 			}
@@ -179,24 +180,42 @@ func (l *Ledger) export(ctx context.Context, w io.Writer, f exporter, since, unt
 	return err
 }
 
+// rawQuery runs a query on a driver connection, without database/sql's
+// per-row conversions.
+type rawQuery func(query string, args []driver.Value) (driver.Rows, error)
+
 // readRaw runs fn on a read connection's driver connection inside a read
-// transaction.
-func (l *Ledger) readRaw(ctx context.Context, fn func(sc *sqlite3.SQLiteConn) error) error {
+// transaction (PostgreSQL: repeatable read, a snapshot as SQLite's).
+func (l *Ledger) readRaw(ctx context.Context, fn func(query rawQuery) error) error {
 	conn, err := l.rdb.Conn(ctx)
 	if err != nil {
 		return l.fileError(err)
 	}
 	defer conn.Close()
 	return conn.Raw(func(dc any) error {
-		sc, ok := dc.(*sqlite3.SQLiteConn)
-		if !ok {
+		switch c := dc.(type) {
+		case *sqlite3.SQLiteConn:
+			if _, err := c.Exec("BEGIN", nil); err != nil {
+				return l.fileError(err)
+			}
+			defer c.Exec("ROLLBACK", nil)
+			return fn(c.Query)
+		case *pgConn:
+			tx, err := c.BeginTx(ctx, driver.TxOptions{Isolation: driver.IsolationLevel(sql.LevelRepeatableRead), ReadOnly: true})
+			if err != nil {
+				return l.fileError(err)
+			}
+			defer tx.Rollback()
+			return fn(func(query string, args []driver.Value) (driver.Rows, error) {
+				named := make([]driver.NamedValue, len(args))
+				for i, a := range args {
+					named[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
+				}
+				return c.QueryContext(ctx, query, named)
+			})
+		default:
 			return fmt.Errorf("unexpected driver connection %T", dc)
 		}
-		if _, err := sc.Exec("BEGIN", nil); err != nil {
-			return l.fileError(err)
-		}
-		defer sc.Exec("ROLLBACK", nil)
-		return fn(sc)
 	})
 }
 
@@ -308,8 +327,8 @@ type accountSet struct {
 	ordered []*exportAccount
 }
 
-func loadAccounts(sc *sqlite3.SQLiteConn) (*accountSet, error) {
-	rows, err := sc.Query("SELECT id, name, type, created_at FROM accounts ORDER BY id", nil)
+func loadAccounts(query rawQuery) (*accountSet, error) {
+	rows, err := query("SELECT id, name, type, created_at FROM accounts ORDER BY id", nil)
 	if err != nil {
 		return nil, err
 	}

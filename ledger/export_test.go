@@ -30,7 +30,7 @@ func fixtureLedger(t *testing.T) *ledger.Ledger {
 	ctx := context.Background()
 	c := newClock()
 	c.t = time.Date(2026, 11, 20, 23, 59, 45, 0, time.UTC)
-	l, err := ledger.Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{Now: c.Now})
+	l, err := ledger.OpenForTest(t, ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{Now: c.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

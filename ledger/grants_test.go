@@ -2,12 +2,12 @@ package ledger_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -54,7 +54,7 @@ func TestGrantTokensAreSchemaRules(t *testing.T) {
 		t.Fatalf("unknown token: %v", err)
 	}
 	l.Close()
-	db, err := sql.Open("sqlite3", l.Path())
+	db, err := ledger.OpenRawForTest(t, l.Path())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -144,14 +144,11 @@ func postEntry(ctx context.Context, tx *wtx, e Entry, now time.Time) (int64, err
 	if len(e.Postings) < 2 || sum != 0 {
 		return 0, fmt.Errorf("post %q: %w (%d postings, sum %d msat)", e.Description, ErrUnbalanced, len(e.Postings), sum)
 	}
-	res, err := tx.ExecContext(ctx, `INSERT INTO entries (ts, kind, description, call_id, payment_id) VALUES (?, ?, ?, ?, ?)`,
-		ms(now), e.Kind, e.Description, nullID(int64(e.CallID)), nullID(int64(e.PaymentID)))
+	var entryID int64
+	err := tx.QueryRowContext(ctx, `INSERT INTO entries (ts, kind, description, call_id, payment_id) VALUES (?, ?, ?, ?, ?) RETURNING id`,
+		ms(now), e.Kind, e.Description, nullID(int64(e.CallID)), nullID(int64(e.PaymentID))).Scan(&entryID)
 	if err != nil {
 		return 0, fmt.Errorf("post: %w", err)
-	}
-	entryID, err := res.LastInsertId()
-	if err != nil {
-		return 0, err
 	}
 	for _, p := range e.Postings {
 		acct, err := ensureAccount(ctx, tx, p.Account, now)

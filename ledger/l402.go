@@ -15,8 +15,8 @@ var _ vend.L402Keys = (*Ledger)(nil)
 
 // L402RootKey implements vend.L402Keys: key 1 of l402_root_keys (schema
 // 12), generated and stored by the first call. Concurrent first calls, in
-// this process or another, all return the one key stored (INSERT OR
-// IGNORE, then read it back in the same transaction).
+// this process or another, all return the one key stored (INSERT ... ON
+// CONFLICT DO NOTHING, then read it back in the same transaction).
 func (l *Ledger) L402RootKey(ctx context.Context) ([]byte, error) {
 	var key []byte
 	err := l.reader(ctx).QueryRowContext(ctx, "SELECT root_key FROM l402_root_keys WHERE id = 1").Scan(&key)
@@ -31,7 +31,7 @@ func (l *Ledger) L402RootKey(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("L402 root key: %w", err)
 	}
 	err = l.write(ctx, func(tx *wtx, now time.Time) error {
-		if _, err := tx.ExecContext(ctx, "INSERT OR IGNORE INTO l402_root_keys (id, root_key, created_at) VALUES (1, ?, ?)",
+		if _, err := tx.ExecContext(ctx, "INSERT INTO l402_root_keys (id, root_key, created_at) VALUES (1, ?, ?) ON CONFLICT DO NOTHING",
 			fresh, ms(now)); err != nil {
 			return err
 		}

@@ -93,6 +93,11 @@ type Ledger struct {
 	creditKeyMu sync.Mutex
 	creditKey   []byte
 	obs         vend.Observer // opts.Observer; nil: changes are not collected
+	// pg: the ledger is in PostgreSQL (OpenPostgres), not SQLite.
+	pg bool
+	// readOpts begins read transactions (PostgreSQL: repeatable read, a
+	// snapshot, as SQLite's read transactions are).
+	readOpts *sql.TxOptions
 
 	// SQLite has one writer at a time: capvend's writes run on wconn, in
 	// BEGIN IMMEDIATE transactions, with statements prepared once
@@ -150,7 +155,8 @@ func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
 		rdb.Close()
 		return nil, fmt.Errorf("ledger %s: %w", path, err)
 	}
-	l := &Ledger{path: path, db: db, rdb: rdb, udb: udb, now: opts.Now, obs: opts.Observer}
+	l := &Ledger{path: path, db: db, rdb: rdb, udb: udb, now: opts.Now, obs: opts.Observer,
+		readOpts: &sql.TxOptions{ReadOnly: true}}
 	if l.now == nil {
 		l.now = time.Now
 	}
@@ -356,8 +362,11 @@ type migration struct {
 	sql     string
 }
 
-func migrationFiles() ([]migration, error) {
-	names, err := fs.Glob(migrations.FS, "*.sql")
+func migrationFiles() ([]migration, error) { return migrationFilesIn(migrations.FS) }
+
+// migrationFilesIn reads the numbered migrations of fsys, in order.
+func migrationFilesIn(fsys fs.FS) ([]migration, error) {
+	names, err := fs.Glob(fsys, "*.sql")
 	if err != nil {
 		return nil, err
 	}
@@ -368,7 +377,7 @@ func migrationFiles() ([]migration, error) {
 		if !ok || err != nil || v <= 0 {
 			return nil, fmt.Errorf("migrations: %s: name must start with a positive number and '_'", name)
 		}
-		body, err := fs.ReadFile(migrations.FS, name)
+		body, err := fs.ReadFile(fsys, name)
 		if err != nil {
 			return nil, err
 		}
@@ -398,17 +407,26 @@ func (l *Ledger) fileError(err error) error {
 	return fmt.Errorf("ledger %s: %w", l.path, err)
 }
 
-// isConstraint reports whether err is an SQLite constraint violation
-// (including a RAISE(ABORT) from one of the schema's triggers).
+// isConstraint reports whether err is a constraint violation (including
+// a refusal by one of the schema's triggers): SQLite's SQLITE_CONSTRAINT
+// (RAISE(ABORT)), PostgreSQL's SQLSTATE class 23 or P0001 (RAISE EXCEPTION).
 func isConstraint(err error) bool {
 	var se sqlite3.Error
-	return errors.As(err, &se) && se.Code == sqlite3.ErrConstraint
+	if errors.As(err, &se) {
+		return se.Code == sqlite3.ErrConstraint
+	}
+	code := pgCode(err)
+	return strings.HasPrefix(code, "23") || code == pgRaiseException
 }
 
-// isUnique reports whether err is a UNIQUE or PRIMARY KEY violation.
+// isUnique reports whether err is a UNIQUE or PRIMARY KEY violation
+// (PostgreSQL: SQLSTATE 23505).
 func isUnique(err error) bool {
 	var se sqlite3.Error
-	return errors.As(err, &se) && (se.ExtendedCode == sqlite3.ErrConstraintUnique || se.ExtendedCode == sqlite3.ErrConstraintPrimaryKey)
+	if errors.As(err, &se) {
+		return se.ExtendedCode == sqlite3.ErrConstraintUnique || se.ExtendedCode == sqlite3.ErrConstraintPrimaryKey
+	}
+	return pgCode(err) == pgUniqueViolation
 }
 
 // wtx is a write transaction on the writer connection. Its methods run
@@ -520,13 +538,19 @@ func (l *Ledger) writeRelaxed(ctx context.Context, fn func(tx *wtx, now time.Tim
 	if l.wconn == nil {
 		return fmt.Errorf("ledger %s: %w", l.path, ErrClosed)
 	}
-	if _, err := l.wconn.ExecContext(ctx, "PRAGMA synchronous = NORMAL"); err != nil {
+	relax, restore := "PRAGMA synchronous = NORMAL", "PRAGMA synchronous = FULL"
+	if l.pg {
+		// The commit waits for no WAL flush: it survives capvend, not
+		// a crash of the PostgreSQL server.
+		relax, restore = "SET synchronous_commit = off", "RESET synchronous_commit"
+	}
+	if _, err := l.wconn.ExecContext(ctx, relax); err != nil {
 		return l.fileError(err)
 	}
 	defer func() {
 		// Every other transaction must stay durable: if this fails the
 		// connection is unusable for money, so say so loudly.
-		if _, rerr := l.wconn.ExecContext(context.Background(), "PRAGMA synchronous = FULL"); rerr != nil {
+		if _, rerr := l.wconn.ExecContext(context.Background(), restore); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("ledger %s: restoring synchronous=FULL: %w", l.path, l.fileError(rerr)))
 		}
 	}()
@@ -540,7 +564,7 @@ func (l *Ledger) writeLocked(ctx context.Context, fn func(tx *wtx, now time.Time
 		return fmt.Errorf("ledger %s: %w", l.path, ErrClosed)
 	}
 	began := time.Now()
-	if _, err := l.wconn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+	if err := l.beginWrite(ctx); err != nil {
 		return l.fileError(err)
 	}
 	done := false
@@ -561,8 +585,8 @@ func (l *Ledger) writeLocked(ctx context.Context, fn func(tx *wtx, now time.Time
 	if err := fn(tx, l.now().UTC()); err != nil {
 		return err
 	}
-	if _, err := l.wconn.ExecContext(ctx, "COMMIT"); err != nil {
-		return l.fileError(err)
+	if err := l.commitWrite(ctx); err != nil {
+		return err
 	}
 	done = true
 	if l.obs != nil {
@@ -576,7 +600,7 @@ func (l *Ledger) writeLocked(ctx context.Context, fn func(tx *wtx, now time.Time
 
 // read runs fn in one read transaction: a consistent snapshot.
 func (l *Ledger) read(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	tx, err := l.rdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	tx, err := l.rdb.BeginTx(ctx, l.readOpts)
 	if err != nil {
 		return l.fileError(err)
 	}

@@ -3,7 +3,6 @@ package ledger_test
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -44,7 +43,7 @@ func openLedger(t testing.TB, path string) *ledger.Ledger {
 	if path == "" {
 		path = filepath.Join(t.TempDir(), "capvend.db")
 	}
-	l, err := ledger.Open(context.Background(), path, ledger.Options{Now: newClock().Now})
+	l, err := ledger.OpenForTest(t, context.Background(), path, ledger.Options{Now: newClock().Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +143,7 @@ func TestOpenCreatesPrivateFileAndMigratesOnce(t *testing.T) {
 	// Re-open: nothing to apply, data intact.
 	l2 := openLedger(t, path)
 	l2.Close()
-	db, err := sql.Open("sqlite3", path)
+	db, err := ledger.OpenRawForTest(t, path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +173,7 @@ func TestOpenRefusesWhatIsNotALedger(t *testing.T) {
 	os.WriteFile(text, []byte("these are my notes, not a database\n"), 0o600)
 
 	foreign := filepath.Join(dir, "other.db")
-	db, _ := sql.Open("sqlite3", foreign)
+	db, _ := ledger.OpenRawForTest(t, foreign)
 	if _, err := db.Exec("CREATE TABLE photos (id INTEGER PRIMARY KEY, path TEXT)"); err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +195,7 @@ func TestOpenRefusesWhatIsNotALedger(t *testing.T) {
 	newer := filepath.Join(dir, "newer.db")
 	l = openLedger(t, newer)
 	l.Close()
-	db, _ = sql.Open("sqlite3", newer)
+	db, _ = ledger.OpenRawForTest(t, newer)
 	db.Exec("INSERT INTO schema_migrations (version, name, applied_at) VALUES (9999, '9999_future.sql', 0)")
 	db.Close()
 
@@ -216,7 +215,7 @@ func TestOpenRefusesWhatIsNotALedger(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before, _ := os.ReadFile(tc.path)
-			l, err := ledger.Open(ctx, tc.path, ledger.Options{MustExist: tc.mustExist})
+			l, err := ledger.OpenForTest(t, ctx, tc.path, ledger.Options{MustExist: tc.mustExist})
 			if err == nil {
 				l.Close()
 				t.Fatal("opened")
@@ -452,7 +451,7 @@ func TestIllegalTransitionsChangeNothing(t *testing.T) {
 	mustVerify(t, l)
 
 	// The schema refuses an illegal edge even from raw SQL.
-	db, _ := sql.Open("sqlite3", l.Path())
+	db, _ := ledger.OpenRawForTest(t, l.Path())
 	defer db.Close()
 	if _, err := db.Exec("UPDATE calls SET state = 'delivered' WHERE id = ?", awaiting.ID); err == nil ||
 		!strings.Contains(err.Error(), "illegal call state transition") {
@@ -465,7 +464,7 @@ func TestIllegalTransitionsChangeNothing(t *testing.T) {
 
 func TestTransitionTableMatchesSchema(t *testing.T) {
 	l := openLedger(t, "")
-	db, _ := sql.Open("sqlite3", l.Path())
+	db, _ := ledger.OpenRawForTest(t, l.Path())
 	defer db.Close()
 	inDB := map[string]bool{}
 	rows, err := db.Query("SELECT from_state, to_state FROM call_transitions")
@@ -516,7 +515,7 @@ func TestJournalIsBalancedAndImmutable(t *testing.T) {
 		t.Fatal("account outside the five types was accepted")
 	}
 
-	db, _ := sql.Open("sqlite3", l.Path()+"?_foreign_keys=on")
+	db, _ := ledger.OpenRawForTest(t, l.Path()+"?_foreign_keys=on")
 	defer db.Close()
 	for _, q := range []string{
 		"UPDATE postings SET amount_msat = amount_msat + 1",
@@ -660,7 +659,7 @@ func TestVerifyReportsTampering(t *testing.T) {
 	deliverPaid(t, l, 1)
 	c, p := quote(t, l, 2)
 	unpaid, _, _ := l.RecordCall(ctx, newCall(3))
-	db, _ := sql.Open("sqlite3", l.Path())
+	db, _ := ledger.OpenRawForTest(t, l.Path())
 	defer db.Close()
 	for _, q := range []string{
 		"DROP TRIGGER postings_no_update",

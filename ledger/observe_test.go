@@ -54,7 +54,7 @@ func (r *recorder) take() string {
 // nothing of a write that was refused (rolled back).
 func TestObserverHearsCommittedChanges(t *testing.T) {
 	rec := &recorder{}
-	l, err := ledger.Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{Observer: rec})
+	l, err := ledger.OpenForTest(t, context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{Observer: rec})
 	if err != nil {
 		t.Fatal(err)
 	}

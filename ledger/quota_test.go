@@ -2,7 +2,6 @@ package ledger_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -36,7 +35,7 @@ func (c *fixedClock) Set(t time.Time) {
 
 func openAt(t *testing.T, path string, c *fixedClock) *ledger.Ledger {
 	t.Helper()
-	l, err := ledger.Open(context.Background(), path, ledger.Options{Now: c.Now})
+	l, err := ledger.OpenForTest(t, context.Background(), path, ledger.Options{Now: c.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +179,7 @@ func TestFreeUseDayBoundaryAndReopen(t *testing.T) {
 		t.Errorf("balance output:\n%s", sb.String())
 	}
 	l.Close()
-	db, err := sql.Open("sqlite3", path)
+	db, err := ledger.OpenRawForTest(t, path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ func (l *Ledger) ReconcileCursor(ctx context.Context, source string) (uint64, er
 func (l *Ledger) SaveReconcileCursor(ctx context.Context, source string, addIndex uint64) error {
 	return l.write(ctx, func(tx *wtx, now time.Time) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO reconcile_cursors (source, add_index, updated_at) VALUES (?, ?, ?)
-			ON CONFLICT (source) DO UPDATE SET add_index = max(add_index, excluded.add_index), updated_at = excluded.updated_at`,
+			ON CONFLICT (source) DO UPDATE SET add_index = max(reconcile_cursors.add_index, excluded.add_index), updated_at = excluded.updated_at`,
 			source, addIndex, ms(now))
 		return err
 	})
@@ -67,12 +67,7 @@ func (l *Ledger) SaveReconcileCursor(ctx context.Context, source string, addInde
 func (l *Ledger) StartReconcile(ctx context.Context) (int64, error) {
 	var id int64
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
-		res, err := tx.ExecContext(ctx, "INSERT INTO reconcile_runs (started_at) VALUES (?)", ms(now))
-		if err != nil {
-			return err
-		}
-		id, err = res.LastInsertId()
-		return err
+		return tx.QueryRowContext(ctx, "INSERT INTO reconcile_runs (started_at) VALUES (?) RETURNING id", ms(now)).Scan(&id)
 	})
 	return id, err
 }
@@ -107,16 +102,15 @@ func insertDifference(ctx context.Context, tx *wtx, d *reconcile.Difference, now
 	if d.FoundAt.IsZero() {
 		d.FoundAt = now
 	}
-	res, err := tx.ExecContext(ctx, `INSERT INTO reconcile_differences
+	err := tx.QueryRowContext(ctx, `INSERT INTO reconcile_differences
 		(run_id, kind, backend, ref, call_id, mint_url, ledger, remote, detail, repair, found_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
 		d.Run, string(d.Kind), string(d.Backend), d.Ref, nullID(int64(d.CallID)), d.MintURL, d.Ledger, d.Remote,
-		d.Detail, d.Repair, ms(d.FoundAt))
+		d.Detail, d.Repair, ms(d.FoundAt)).Scan(&d.ID)
 	if err != nil {
 		return fmt.Errorf("record difference: %w", err)
 	}
-	d.ID, err = res.LastInsertId()
-	return err
+	return nil
 }
 
 // RepairSettlement implements reconcile.Store: the settlement is booked

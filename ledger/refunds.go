@@ -226,7 +226,7 @@ var refundInvariants = []invariant{
 		query: `SELECT owed, -balance FROM (SELECT
 				(SELECT coalesce(sum(amount_msat), 0) FROM refunds WHERE state = 'owed') AS owed,
 				(SELECT coalesce(sum(p.amount_msat), 0) FROM postings p JOIN accounts a ON a.id = p.account_id
-					JOIN entries e ON e.id = p.entry_id WHERE a.name = 'liabilities:refunds' AND e.sealed = 1) AS balance)
+					JOIN entries e ON e.id = p.entry_id WHERE a.name = 'liabilities:refunds' AND e.sealed = 1) AS balance) AS s
 			WHERE owed <> -balance`,
 		format: "refunds owed sum to %v msat but liabilities:refunds holds %v msat",
 	},
@@ -234,7 +234,7 @@ var refundInvariants = []invariant{
 		name: "each refund entry of a call has one refund record, and each record its entry",
 		query: `SELECT e.call_id, 'a refund entry', 'no refund record' FROM entries e
 				WHERE e.kind = 'refund' AND e.sealed = 1 AND e.call_id IS NOT NULL
-				AND NOT EXISTS (SELECT 1 FROM refunds r WHERE r.call_id = e.call_id AND r.payment_id IS e.payment_id)
+				AND NOT EXISTS (SELECT 1 FROM refunds r WHERE r.call_id = e.call_id AND r.payment_id IS NOT DISTINCT FROM e.payment_id)
 			UNION ALL
 			SELECT r.call_id, 'a refund record', 'no refund entry' FROM refunds r
 				WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.kind = 'refund' AND e.sealed = 1
@@ -243,7 +243,7 @@ var refundInvariants = []invariant{
 	},
 	{
 		name: "each paid refund has exactly one payout entry",
-		query: `SELECT 'refund ' || r.id, 'is ' || r.state || ' with payout entry ' || coalesce(r.entry_id, 'none') FROM refunds r
+		query: `SELECT 'refund ' || r.id, 'is ' || r.state || ' with payout entry ' || coalesce(CAST(r.entry_id AS TEXT), 'none') FROM refunds r
 				WHERE (r.state = 'paid') <> (r.entry_id IS NOT NULL)
 				OR (r.entry_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM entries e JOIN postings p ON p.entry_id = e.id
 					JOIN accounts a ON a.id = p.account_id WHERE e.id = r.entry_id AND e.sealed = 1 AND e.kind = 'refund'

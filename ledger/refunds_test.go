@@ -2,7 +2,6 @@ package ledger_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -52,7 +51,7 @@ func failRefunded(t *testing.T, l *ledger.Ledger, i int, invoice string, over ve
 // only the non-income ones).
 func accountBalance(t *testing.T, l *ledger.Ledger, name string) vend.Msat {
 	t.Helper()
-	db, err := sql.Open("sqlite3", l.Path()+"?mode=ro")
+	db, err := ledger.OpenRawForTest(t, l.Path()+"?mode=ro")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +175,7 @@ func TestRefundRulesAreSchemaRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	r2, _ := l.CallRefund(ctx, c2.ID)
-	db, err := sql.Open("sqlite3", l.Path())
+	db, err := ledger.OpenRawForTest(t, l.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +215,7 @@ func TestVerifyChecksRefunds(t *testing.T) {
 	if _, err := l.PayRefund(ctx, r1.ID, vend.RefundPayout{Method: vend.RefundCashu, MintURL: "http://m", Paid: 21_000, Token: "cashuBx"}); err != nil {
 		t.Fatal(err)
 	}
-	db, _ := sql.Open("sqlite3", l.Path())
+	db, _ := ledger.OpenRawForTest(t, l.Path())
 	defer db.Close()
 	for _, q := range []string{
 		"DROP TRIGGER refunds_paid_once",
@@ -273,7 +272,7 @@ func TestLatePaymentIsARefundOwed(t *testing.T) {
 // its refund entries become refunds owed.
 func TestMigrationKeepsProofsAndOwesOldRefunds(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "old.db")
-	db, err := sql.Open("sqlite3", path+"?_foreign_keys=on")
+	db, err := ledger.OpenRawForTest(t, path+"?_foreign_keys=on")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 // when the test ends.
 func openTemp(t *testing.T) *Ledger {
 	t.Helper()
-	l, err := Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), Options{})
+	l, err := OpenForTest(t, context.Background(), filepath.Join(t.TempDir(), "capvend.db"), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -152,8 +152,8 @@ var invariants = []invariant{
 		name: "every settled payment of a refunded (or expired, canceled) call has exactly one refund entry",
 		query: `SELECT id, ref, state, n FROM (SELECT c.id, p.ref, c.state,
 				(SELECT count(*) FROM entries e WHERE e.call_id = c.id AND e.kind = 'refund' AND e.sealed = 1) AS n
-				FROM calls c JOIN payments p ON p.call_id = c.id AND p.state = 'settled')
-			WHERE n <> (state IN ('refunded', 'expired', 'canceled'))`,
+				FROM calls c JOIN payments p ON p.call_id = c.id AND p.state = 'settled') AS s
+			WHERE n <> CASE WHEN state IN ('refunded', 'expired', 'canceled') THEN 1 ELSE 0 END`,
 		format: "call %v (payment %v) is %v with %v refund entries",
 	},
 	{
@@ -215,7 +215,7 @@ var invariants = []invariant{
 		name: "every delivered top-up credited its account once, with its price",
 		query: `SELECT c.id, c.state, count(m.id) FROM calls c JOIN credit_topups t ON t.call_id = c.id
 			LEFT JOIN credit_moves m ON m.call_id = c.id AND m.kind = 'topup' AND m.account_id = t.account_id AND m.amount_msat = c.price_msat
-			GROUP BY c.id HAVING count(m.id) <> (c.state = 'delivered')`,
+			GROUP BY c.id HAVING count(m.id) <> CASE WHEN c.state = 'delivered' THEN 1 ELSE 0 END`,
 		format: "top-up call %v is %v with %v credit top-ups",
 	},
 	{
@@ -251,26 +251,11 @@ func (l *Ledger) VerifyFull(ctx context.Context) (*Report, error) {
 func (l *Ledger) verify(ctx context.Context, pragma string) (*Report, error) {
 	r := &Report{Path: l.path}
 	err := l.read(ctx, func(tx *sql.Tx) error {
-		integrity := Check{Name: "SQLite integrity check (" + pragma + ")"}
-		rows, err := tx.QueryContext(ctx, "PRAGMA "+pragma)
-		if err != nil {
-			return l.fileError(err)
-		}
-		for rows.Next() {
-			var msg string
-			if err := rows.Scan(&msg); err != nil {
-				rows.Close()
+		if !l.pg { // PostgreSQL checks its own pages (and has no such pragma)
+			if err := l.sqliteIntegrity(ctx, tx, pragma, r); err != nil {
 				return err
 			}
-			if msg != "ok" {
-				integrity.Count++
-				if len(integrity.Problems) < maxExamples {
-					integrity.Problems = append(integrity.Problems, msg)
-				}
-			}
 		}
-		rows.Close()
-		r.Checks = append(r.Checks, integrity)
 		for _, inv := range slices.Concat(invariants, refundInvariants) {
 			c, err := runInvariant(ctx, tx, inv)
 			if err != nil {
@@ -284,6 +269,34 @@ func (l *Ledger) verify(ctx context.Context, pragma string) (*Report, error) {
 		return nil, fmt.Errorf("verify: %w", err)
 	}
 	return r, nil
+}
+
+// sqliteIntegrity runs SQLite's quick_check or integrity_check (pragma)
+// and adds its result to r.
+func (l *Ledger) sqliteIntegrity(ctx context.Context, tx *sql.Tx, pragma string, r *Report) error {
+	integrity := Check{Name: "SQLite integrity check (" + pragma + ")"}
+	rows, err := tx.QueryContext(ctx, "PRAGMA "+pragma)
+	if err != nil {
+		return l.fileError(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var msg string
+		if err := rows.Scan(&msg); err != nil {
+			return err
+		}
+		if msg != "ok" {
+			integrity.Count++
+			if len(integrity.Problems) < maxExamples {
+				integrity.Problems = append(integrity.Problems, msg)
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return l.fileError(err)
+	}
+	r.Checks = append(r.Checks, integrity)
+	return nil
 }
 
 func runInvariant(ctx context.Context, tx *sql.Tx, inv invariant) (Check, error) {

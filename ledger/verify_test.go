@@ -2,7 +2,6 @@ package ledger_test
 
 import (
 	"context"
-	"database/sql"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -154,7 +153,7 @@ func TestVerifyFullRunsIntegrityCheck(t *testing.T) {
 	deliverPaid(t, l, 1)
 	deliverPaid(t, l, 2)
 	l.Close()
-	db, err := sql.Open("sqlite3", path)
+	db, err := ledger.OpenRawForTest(t, path)
 	if err != nil {
 		t.Fatal(err)
 	}
