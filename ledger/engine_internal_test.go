@@ -207,15 +207,26 @@ func OpenRawForTest(tb testing.TB, name string) (*sql.DB, error) {
 		return sql.Open("sqlite3", name)
 	}
 	var dsn string
+	name, _, _ = strings.Cut(name, "?")
 	if db, ok := strings.CutPrefix(name, "postgres://"); ok {
 		dsn = testDSN(db[strings.LastIndexByte(db, '/')+1:])
 	} else {
-		path, _, _ := strings.Cut(name, "?")
-		dsn = testDatabase(tb, path)
+		dsn = testDatabase(tb, name)
 	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
 	return sql.OpenDB(pgConnector{stdlib.GetConnector(*cfg)}), nil
+}
+
+// DropTriggerSQL is the statement that drops the trigger name on the
+// engine under test (PostgreSQL names a trigger's table when dropping it).
+func DropTriggerSQL(name string) string {
+	if !OnPostgres() {
+		return "DROP TRIGGER " + name
+	}
+	return `DO $$ DECLARE t text; BEGIN
+		SELECT tgrelid::regclass::text INTO STRICT t FROM pg_trigger WHERE tgname = '` + name + `';
+		EXECUTE format('DROP TRIGGER %I ON %s', '` + name + `', t); END $$`
 }

@@ -176,12 +176,16 @@ func ensureAccount(ctx context.Context, tx *wtx, name string, now time.Time) (in
 	if err != nil {
 		return 0, err
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO accounts (name, type, created_at) VALUES (?, ?, ?)
-		ON CONFLICT (name) DO NOTHING`, name, typ, ms(now)); err != nil {
-		return 0, err
-	}
+	// Look first, insert only a new name: an insert that meets the
+	// existing row would still use up an id of PostgreSQL's sequence, and
+	// account ids stay dense on both engines (exports name accounts by id).
 	var id int64
 	err = tx.QueryRowContext(ctx, "SELECT id FROM accounts WHERE name = ?", name).Scan(&id)
+	if !errors.Is(err, sql.ErrNoRows) {
+		return id, err
+	}
+	err = tx.QueryRowContext(ctx, `INSERT INTO accounts (name, type, created_at) VALUES (?, ?, ?) RETURNING id`,
+		name, typ, ms(now)).Scan(&id)
 	return id, err
 }
 

@@ -126,6 +126,7 @@ func callState(t *testing.T, l *ledger.Ledger, id vend.CallID) vend.CallState {
 }
 
 func TestOpenCreatesPrivateFileAndMigratesOnce(t *testing.T) {
+	ledger.SkipOnPostgres(t, "the ledger file's mode and pragmas (TestOpenPostgresRefusesWhatIsNotALedger covers PostgreSQL)")
 	path := filepath.Join(t.TempDir(), "sub", "capvend.db")
 	l := openLedger(t, path)
 	deliverPaid(t, l, 1)
@@ -166,6 +167,7 @@ func TestOpenCreatesPrivateFileAndMigratesOnce(t *testing.T) {
 }
 
 func TestOpenRefusesWhatIsNotALedger(t *testing.T) {
+	ledger.SkipOnPostgres(t, "files that are not ledgers (TestOpenPostgresRefusesWhatIsNotALedger covers PostgreSQL)")
 	dir := t.TempDir()
 	ctx := context.Background()
 
@@ -530,11 +532,10 @@ func TestJournalIsBalancedAndImmutable(t *testing.T) {
 	}
 	// An entry that does not balance cannot be sealed, even by hand.
 	tx, _ := db.Begin()
-	res, err := tx.Exec("INSERT INTO entries (ts, kind, description) VALUES (0, 'adjustment', 'by hand')")
-	if err != nil {
+	var id int64
+	if err := tx.QueryRow("INSERT INTO entries (ts, kind, description) VALUES (0, 'adjustment', 'by hand') RETURNING id").Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	id, _ := res.LastInsertId()
 	tx.Exec("INSERT INTO postings (entry_id, account_id, amount_msat) VALUES (?, 1, 5), (?, 2, -4)", id, id)
 	if _, err := tx.Exec("UPDATE entries SET sealed = 1 WHERE id = ?", id); err == nil ||
 		!strings.Contains(err.Error(), "summing to zero") {
@@ -662,11 +663,11 @@ func TestVerifyReportsTampering(t *testing.T) {
 	db, _ := ledger.OpenRawForTest(t, l.Path())
 	defer db.Close()
 	for _, q := range []string{
-		"DROP TRIGGER postings_no_update",
+		ledger.DropTriggerSQL("postings_no_update"),
 		"UPDATE postings SET amount_msat = amount_msat + 5 WHERE id = 1",
-		"DROP TRIGGER calls_state_machine",
+		ledger.DropTriggerSQL("calls_state_machine"),
 		fmt.Sprintf("UPDATE calls SET state = 'delivered' WHERE id IN (%d, %d)", c.ID, unpaid.ID),
-		"DROP TRIGGER payments_state_machine",
+		ledger.DropTriggerSQL("payments_state_machine"),
 		fmt.Sprintf("UPDATE payments SET state = 'settled', settled_at = 1, settled_msat = 21000 WHERE ref = '%s'", p.Ref),
 	} {
 		if _, err := db.Exec(q); err != nil {

@@ -30,6 +30,8 @@ var pgFragments = []struct{ sqlite, postgres string }{
 	{`max(lnd_cursors.add_index, excluded.add_index)`, `greatest(lnd_cursors.add_index, excluded.add_index)`},
 	{`max(lnd_cursors.settle_index, excluded.settle_index)`, `greatest(lnd_cursors.settle_index, excluded.settle_index)`},
 	{`max(reconcile_cursors.add_index, excluded.add_index)`, `greatest(reconcile_cursors.add_index, excluded.add_index)`},
+	{`max(add_index, ?)`, `greatest(add_index, ?)`},
+	{`max(settle_index, ?)`, `greatest(settle_index, ?)`},
 	// verify.go, refunds.go: is a trigger in the schema?
 	{`SELECT 1 FROM sqlite_master m WHERE m.type = 'trigger' AND m.name = t.name`,
 		`SELECT 1 FROM pg_trigger m WHERE NOT m.tgisinternal AND m.tgname = t.name`},

@@ -115,6 +115,9 @@ func (l *Ledger) migratePG(ctx context.Context, mustExist bool) error {
 	if err != nil {
 		return err
 	}
+	if len(files) == 0 {
+		return errors.New("ledger: no PostgreSQL migrations embedded")
+	}
 	var newest int
 	if err := l.db.QueryRowContext(ctx, "SELECT coalesce(max(version), 0) FROM schema_migrations").Scan(&newest); err != nil {
 		return l.fileError(err)

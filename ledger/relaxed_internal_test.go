@@ -30,6 +30,13 @@ func TestWriteRelaxedRestoresFullSync(t *testing.T) {
 		l.wmu.Lock()
 		defer l.wmu.Unlock()
 		var v int
+		if l.pg { // synchronous_commit: on is FULL's counterpart
+			var s string
+			if err := l.wconn.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&s); err != nil {
+				t.Fatal(err)
+			}
+			return map[string]int{"on": 2, "off": 1}[s]
+		}
 		if err := l.wconn.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&v); err != nil {
 			t.Fatal(err)
 		}

@@ -72,22 +72,28 @@ CREATE INDEX credit_moves_account ON credit_moves (account_id);
 CREATE UNIQUE INDEX credit_moves_once ON credit_moves (call_id, (kind IN ('deliver', 'giveback')))
 	WHERE call_id IS NOT NULL;
 
-CREATE FUNCTION credit_moves_check() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION credit_moves_close_draw() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
 	IF NEW.kind IN ('deliver', 'giveback') AND NOT EXISTS (SELECT 1 FROM credit_moves d
 		WHERE d.call_id = NEW.call_id AND d.kind = 'draw' AND d.account_id = NEW.account_id
 			AND (NEW.kind = 'deliver' OR d.amount_msat = -NEW.amount_msat)) THEN
 		RAISE EXCEPTION 'capvend: a delivery or give-back closes its call''s draw, for its amount';
 	END IF;
+	RETURN NEW;
+END $$;
+CREATE TRIGGER credit_moves_close_draw BEFORE INSERT ON credit_moves
+	FOR EACH ROW EXECUTE FUNCTION credit_moves_close_draw();
+
+CREATE FUNCTION credit_moves_topup() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
 	IF NEW.kind = 'topup' AND NOT EXISTS (SELECT 1 FROM credit_topups t JOIN calls c ON c.id = t.call_id
 		WHERE t.call_id = NEW.call_id AND t.account_id = NEW.account_id AND c.price_msat = NEW.amount_msat) THEN
 		RAISE EXCEPTION 'capvend: a top-up credits its call''s account with its price';
 	END IF;
 	RETURN NEW;
 END $$;
--- SQLite's credit_moves_close_draw and credit_moves_topup, in one function.
-CREATE TRIGGER credit_moves_check BEFORE INSERT ON credit_moves
-	FOR EACH ROW EXECUTE FUNCTION credit_moves_check();
+CREATE TRIGGER credit_moves_topup BEFORE INSERT ON credit_moves
+	FOR EACH ROW EXECUTE FUNCTION credit_moves_topup();
 
 CREATE FUNCTION credit_moves_balance() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
