@@ -25,6 +25,30 @@
 // only after the COMMIT holding it returned, with synchronous=FULL as
 // before; a crash before that COMMIT loses the batch's changes, and none
 // of their callers was told they were written.
+//
+// PostgreSQL. OpenPostgres opens the same ledger in a PostgreSQL database
+// (pgx's database/sql driver), with the schema of migrations/postgres:
+// the same tables, numbering and money rules (CHECKs, UNIQUE keys and
+// plpgsql triggers). The queries are the same text on both engines; what
+// differs is translated at the driver boundary (pgsql.go: '?' to $n, a few
+// functions), and driver errors are mapped by SQLSTATE (23505 unique,
+// class 23 constraints, P0001 a trigger's refusal) beside SQLite's codes.
+// SQLite relies on its single writer: BEGIN IMMEDIATE takes the file's
+// write lock, so each write transaction sees every commit before it and
+// no other writer until it commits; checks such as a free quota's count
+// followed by an insert depend on that. PostgreSQL gets the same
+// guarantee from an explicit lock, not from serializable isolation: each
+// write transaction (READ COMMITTED) first takes one transaction-scoped
+// advisory lock (pg_advisory_xact_lock), held until COMMIT, which
+// serializes the writers of every capvend instance sharing the database.
+// Serializable isolation would abort conflicting transactions with 40001
+// and need a retry of each; a retry of a group commit would re-run every
+// caller's write in it, and a retried write that talked to a payment
+// backend in between is not safe to re-run blindly. The lock keeps the
+// group commit as it is (one lock and one commit for a batch of callers)
+// and makes every write see the commits before it, as on SQLite. Reads
+// run in REPEATABLE READ, read-only transactions: a consistent snapshot,
+// as SQLite's read transactions are.
 package ledger
 
 import (

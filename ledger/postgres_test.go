@@ -1,0 +1,177 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/vend"
+)
+
+// TestPostgresConformance runs this package's whole suite again on a real
+// PostgreSQL server: the test binary runs itself with
+// CAPVEND_TEST_LEDGER=postgres (see ledger.TestEngineEnv), so every test
+// that opens a ledger through OpenForTest runs on PostgreSQL, and the few
+// about SQLite's file skip saying why. The suite passes on both engines
+// or this test fails with the PostgreSQL run's output.
+func TestPostgresConformance(t *testing.T) {
+	if ledger.OnPostgres() {
+		t.Skip("this is the PostgreSQL run")
+	}
+	skip.Short(t, "the ledger suite on PostgreSQL")
+	args := []string{"-test.count=1", "-test.timeout=30m", "-test.v"}
+	if f := flag.Lookup("test.run"); f != nil && f.Value.String() != "" {
+		args = append(args, "-test.run="+f.Value.String())
+	}
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), ledger.TestEngineEnv+"=postgres")
+	out, err := cmd.CombinedOutput()
+	passed := regexp.MustCompile(`(?m)^--- PASS: `).FindAll(out, -1)
+	skipped := regexp.MustCompile(`(?m)^--- SKIP: .*$`).FindAll(out, -1)
+	if err != nil {
+		t.Fatalf("the suite failed on PostgreSQL: %v\n%s", err, out)
+	}
+	if len(passed) == 0 {
+		t.Fatalf("no test ran on PostgreSQL:\n%s", out)
+	}
+	t.Logf("on PostgreSQL: %d tests passed, %d skipped (SQLite only)", len(passed), len(skipped))
+	for _, s := range skipped {
+		t.Log(string(s))
+	}
+}
+
+// TestOpenPostgresRefusesWhatIsNotALedger: a database of another
+// application, one with no ledger when it must exist, and one written by
+// a newer capvend are refused; a DSN that does not parse is refused
+// without being quoted (it holds the password).
+func TestOpenPostgresRefusesWhatIsNotALedger(t *testing.T) {
+	if !ledger.OnPostgres() {
+		t.Skip("PostgreSQL only (TestPostgresConformance runs it)")
+	}
+	ctx := context.Background()
+	path := func(name string) string { return filepath.Join(t.TempDir(), name) }
+
+	if _, err := ledger.OpenForTest(t, ctx, path("missing"), ledger.Options{MustExist: true}); !errors.Is(err, ledger.ErrNoLedger) {
+		t.Errorf("missing: %v", err)
+	}
+
+	foreign := path("foreign")
+	db, err := ledger.OpenRawForTest(t, foreign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("CREATE TABLE customers (id BIGINT PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	if _, err := ledger.OpenForTest(t, ctx, foreign, ledger.Options{}); !errors.Is(err, ledger.ErrNotLedger) ||
+		!strings.Contains(err.Error(), "another application") {
+		t.Errorf("foreign: %v", err)
+	}
+
+	newer := path("newer")
+	l := openLedger(t, newer)
+	l.Close()
+	db, err = ledger.OpenRawForTest(t, newer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("INSERT INTO schema_migrations (version, name, applied_at) VALUES (9999, 'future.sql', 0)"); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	if _, err := ledger.OpenForTest(t, ctx, newer, ledger.Options{}); !errors.Is(err, ledger.ErrNewerSchema) {
+		t.Errorf("newer: %v", err)
+	}
+
+	const secret = "s3cret-Pw"
+	_, err = ledger.OpenPostgres(ctx, "postgres://capvend:"+secret+"@127.0.0.1:notaport/db", ledger.Options{})
+	if err == nil || strings.Contains(err.Error(), secret) {
+		t.Errorf("bad DSN: %v", err)
+	}
+}
+
+// TestPostgresInstancesKeepOneSetOfBooks: three ledgers (three capvend
+// instances) open the same PostgreSQL database and race for the same
+// payments, executions and free uses. Each payment is booked once, each
+// call runs once, the free quota holds across them, and the books verify.
+func TestPostgresInstancesKeepOneSetOfBooks(t *testing.T) {
+	if !ledger.OnPostgres() {
+		t.Skip("PostgreSQL only (TestPostgresConformance runs it)")
+	}
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "shared")
+	var ls []*ledger.Ledger
+	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC) // one day for every instance's free uses
+	for range 3 {
+		l, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: func() time.Time { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		ls = append(ls, l)
+	}
+	const calls = 20
+	var quoted []vend.Call
+	var payments []vend.Payment
+	for i := range calls {
+		c, p := quote(t, ls[i%3], i)
+		quoted, payments = append(quoted, c), append(payments, p)
+	}
+	var settled, started, free atomic.Int32
+	var wg sync.WaitGroup
+	for n, l := range ls {
+		for i := range calls {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p := payments[i]
+				_, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount})
+				switch {
+				case err == nil:
+					settled.Add(1)
+				case !errors.Is(err, vend.ErrAlreadySettled):
+					t.Errorf("settle %d: %v", i, err)
+				}
+				if _, err := l.StartExecution(ctx, quoted[i].ID, quoted[i].Binding()); err == nil {
+					started.Add(1)
+				} else if !errors.Is(err, vend.ErrIllegalTransition) {
+					t.Errorf("start %d: %v", i, err)
+				}
+				ok, err := l.ClaimFreeUse(ctx, use("client-1", fmt.Sprint("free-", n, "-", i)))
+				if err != nil {
+					t.Errorf("free use %d: %v", i, err)
+				}
+				if ok {
+					free.Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if settled.Load() != calls || started.Load() != calls {
+		t.Fatalf("%d settlements and %d executions of %d calls by 3 instances, want one each", settled.Load(), started.Load(), calls)
+	}
+	if free.Load() != 3 {
+		t.Fatalf("%d free uses across 3 instances, want the quota of 3", free.Load())
+	}
+	for _, c := range quoted {
+		got, err := ls[0].Call(ctx, c.ID)
+		if err != nil || got.Executions != 1 || got.State != vend.CallExecuting {
+			t.Fatalf("call %d: %+v %v", c.ID, got, err)
+		}
+	}
+	mustVerify(t, ls[1])
+}
