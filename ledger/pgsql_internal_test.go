@@ -18,7 +18,7 @@ func TestRebind(t *testing.T) {
 		{"DO $$ BEGIN RAISE '?'; END $$; SELECT ?", "DO $$ BEGIN RAISE '?'; END $$; SELECT $1"},
 		{"SELECT $tag$ ? $tag$, ?", "SELECT $tag$ ? $tag$, $1"},
 		{"SELECT $1, ?", "SELECT $1, $1"}, // '$1' is not a dollar quote: the ledger never mixes both
-		{"SELECT '?", "SELECT '?"},          // unterminated: left alone
+		{"SELECT '?", "SELECT '?"},        // unterminated: left alone
 	} {
 		if got := rebind(tc.in); got != tc.want {
 			t.Errorf("rebind(%q) = %q, want %q", tc.in, got, tc.want)
