@@ -6,13 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
-	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/capvend/capvend/internal/pgserver"
 	"github.com/capvend/capvend/internal/skip"
 )
 
@@ -34,11 +29,8 @@ const TestEngineEnv = "CAPVEND_TEST_LEDGER"
 var testPG struct {
 	mu      sync.Mutex
 	missing string // why the server is not there (binaries missing)
-	dir     string
-	port    int
-	runAs   []string // runuser -u postgres -- (postgres refuses to run as root)
-	admin   *sql.DB
-	dbs     map[string]bool
+	srv     *pgserver.Server
+	dbs     map[string]string // database name -> DSN
 }
 
 // OnPostgres reports whether this test binary runs the ledger on PostgreSQL.
@@ -68,27 +60,30 @@ func OpenForTest(tb testing.TB, ctx context.Context, path string, opts Options) 
 // testDatabase returns the DSN of path's database, creating it once.
 func testDatabase(tb testing.TB, path string) string {
 	tb.Helper()
+	sum := sha256.Sum256([]byte(path))
+	return testDSN(tb, "l"+hex.EncodeToString(sum[:10]))
+}
+
+// testDSN returns the DSN of database name, creating it once.
+func testDSN(tb testing.TB, name string) string {
+	tb.Helper()
 	testPG.mu.Lock()
 	defer testPG.mu.Unlock()
 	if testPG.missing != "" {
 		skip.Missing(tb, testPG.missing, "apt-get install postgresql")
 	}
-	if testPG.admin == nil {
+	if testPG.srv == nil {
 		tb.Fatal("the PostgreSQL test server is not running: TestMain must call StartTestEngine")
 	}
-	sum := sha256.Sum256([]byte(path))
-	name := "l" + hex.EncodeToString(sum[:10])
-	if !testPG.dbs[name] {
-		if _, err := testPG.admin.Exec("CREATE DATABASE " + name + " TEMPLATE template0"); err != nil {
-			tb.Fatalf("create test database: %v", err)
-		}
-		testPG.dbs[name] = true
+	if dsn, ok := testPG.dbs[name]; ok {
+		return dsn
 	}
-	return testDSN(name)
-}
-
-func testDSN(db string) string {
-	return fmt.Sprintf("postgres://capvend@127.0.0.1:%d/%s?sslmode=disable", testPG.port, db)
+	dsn, err := testPG.srv.CreateDatabase(context.Background(), name)
+	if err != nil {
+		tb.Fatalf("create test database: %v", err)
+	}
+	testPG.dbs[name] = dsn
+	return dsn
 }
 
 // StartTestEngine starts this test binary's PostgreSQL server when the
@@ -99,101 +94,25 @@ func StartTestEngine() (stop func(), err error) {
 	if !OnPostgres() {
 		return func() {}, nil
 	}
-	bin, err := postgresBin()
-	if err != nil {
-		testPG.missing = err.Error()
-		return func() {}, nil
-	}
 	dir, err := os.MkdirTemp("", "capvend-ledger-pg-")
 	if err != nil {
 		return nil, err
 	}
-	stop = func() { os.RemoveAll(dir) }
-	if os.Geteuid() == 0 {
-		// initdb and postgres refuse to run as root.
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			stop()
-			return nil, fmt.Errorf("running as root and there is no postgres user to run PostgreSQL as: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			stop()
-			return nil, err
-		}
-		testPG.runAs = []string{"runuser", "-u", "postgres", "--"}
-	}
-	data := filepath.Join(dir, "data")
-	if out, err := pgRun(filepath.Join(bin, "initdb"), "-D", data, "-U", "capvend", "--auth=trust",
-		"-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
-		stop()
-		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
-	}
-	port, err := freePort()
-	if err != nil {
-		stop()
-		return nil, err
-	}
-	// fsync off: the tests check the ledger's rules, not the disk's
-	// durability (which is PostgreSQL's, and SQLite's own test).
-	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=off -c full_page_writes=off -c max_connections=300", port, dir)
-	if out, err := pgRun(filepath.Join(bin, "pg_ctl"), "-D", data, "-l", filepath.Join(dir, "log"), "-o", opts, "-w", "start"); err != nil {
-		log, _ := os.ReadFile(filepath.Join(dir, "log"))
-		stop()
-		return nil, fmt.Errorf("pg_ctl start: %w\n%s\n%s", err, out, log)
-	}
-	testPG.dir, testPG.port, testPG.dbs = dir, port, map[string]bool{}
-	stop = func() {
-		if testPG.admin != nil {
-			testPG.admin.Close()
-		}
-		pgRun(filepath.Join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop")
+	srv, err := pgserver.Start(context.Background(), dir, pgserver.Options{NoFsync: true})
+	if errors.Is(err, pgserver.ErrMissing) {
 		os.RemoveAll(dir)
+		testPG.missing = err.Error()
+		return func() {}, nil
 	}
-	testPG.admin, err = sql.Open("pgx", testDSN("postgres")) // pgx/v5/stdlib's driver
 	if err != nil {
-		stop()
+		os.RemoveAll(dir)
 		return nil, err
 	}
-	if err := testPG.admin.Ping(); err != nil {
-		stop()
-		return nil, err
-	}
-	return stop, nil
-}
-
-func pgRun(name string, args ...string) ([]byte, error) {
-	argv := append(append([]string{}, testPG.runAs...), name)
-	argv = append(argv, args...)
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = os.TempDir()
-	return cmd.CombinedOutput()
-}
-
-// postgresBin finds the directory of initdb and pg_ctl: on PATH, or
-// Debian's /usr/lib/postgresql/<version>/bin.
-func postgresBin() (string, error) {
-	if p, err := exec.LookPath("initdb"); err == nil {
-		if r, err := filepath.EvalSymlinks(p); err == nil {
-			p = r
-		}
-		return filepath.Dir(p), nil
-	}
-	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
-	if len(matches) == 0 {
-		return "", errors.New("PostgreSQL's initdb and pg_ctl are not installed")
-	}
-	return filepath.Dir(matches[len(matches)-1]), nil
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	testPG.srv, testPG.dbs = srv, map[string]string{}
+	return func() {
+		srv.Stop()
+		os.RemoveAll(dir)
+	}, nil
 }
 
 // OpenRawForTest opens the database behind a ledger directly, for tests
@@ -209,7 +128,7 @@ func OpenRawForTest(tb testing.TB, name string) (*sql.DB, error) {
 	var dsn string
 	name, _, _ = strings.Cut(name, "?")
 	if db, ok := strings.CutPrefix(name, "postgres://"); ok {
-		dsn = testDSN(db[strings.LastIndexByte(db, '/')+1:])
+		dsn = testDSN(tb, db[strings.LastIndexByte(db, '/')+1:])
 	} else {
 		dsn = testDatabase(tb, name)
 	}

@@ -41,11 +41,7 @@ func (f *cashuFlags) open(ctx context.Context, e *env) (l *ledger.Ledger, wallet
 	if err := checkSecretDir("cashu.wallet_dir", walletDir); err != nil {
 		return nil, "", nil, err
 	}
-	path := cfg.Ledger.Path
-	if f.db != "" {
-		path = f.db
-	}
-	l, err = ledger.Open(ctx, path, ledger.Options{MustExist: true})
+	l, err = cfg.Ledger.open(ctx, f.db, ledger.Options{MustExist: true})
 	if err != nil {
 		return nil, "", nil, err
 	}

@@ -67,9 +67,17 @@ type LogConfig struct {
 	Level  string `yaml:"level"`  // debug, info (default), warn, error
 }
 
-// LedgerConfig locates the SQLite ledger.
+// LedgerConfig locates the ledger: an SQLite file (the default), or a
+// PostgreSQL database whose DSN is in a secret file.
 type LedgerConfig struct {
+	// Driver is the engine: sqlite (default) or postgres.
+	Driver string `yaml:"driver"`
+	// Path is the SQLite ledger file (driver sqlite).
 	Path string `yaml:"path"`
+	// DSNFile names a file holding the PostgreSQL DSN (driver postgres):
+	// a secret (it may hold a password), read when the ledger opens,
+	// never logged.
+	DSNFile string `yaml:"dsn_file"`
 }
 
 // ServerConfig is how capvend presents itself to clients.
@@ -446,7 +454,7 @@ func (c *Config) PriceBook() (*pricing.Book, error) {
 // defaultConfig is what a missing field means.
 func defaultConfig() Config {
 	return Config{
-		Ledger: LedgerConfig{Path: "capvend.db"},
+		Ledger: LedgerConfig{Driver: "sqlite", Path: "capvend.db"},
 		Server: ServerConfig{Name: "capvend"},
 		HTTP: HTTPConfig{MaxRequestBytes: 1 << 20, SessionIdle: 30 * time.Minute, MaxSessions: 10_000, MaxConnections: 1000,
 			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute},
@@ -640,6 +648,7 @@ func (c *Config) resolvePaths(dir string) {
 		*p = filepath.Join(dir, *p)
 	}
 	abs(&c.Ledger.Path)
+	abs(&c.Ledger.DSNFile)
 	abs(&c.HTTP.AuthTokenFile)
 	abs(&c.Admin.TokenFile)
 	abs(&c.Nostr.NsecFile)
@@ -684,8 +693,17 @@ func (p *problems) bad(field, format string, a ...any) {
 
 // validateServer checks the ledger and server sections.
 func (c *Config) validateServer(p *problems) {
-	if c.Ledger.Path == "" {
-		p.bad("ledger.path", "required: the SQLite ledger file")
+	switch c.Ledger.Driver {
+	case "", "sqlite":
+		if c.Ledger.Path == "" {
+			p.bad("ledger.path", "required: the SQLite ledger file")
+		}
+	case "postgres":
+		if c.Ledger.DSNFile == "" {
+			p.bad("ledger.dsn_file", "required with driver postgres: a file holding the PostgreSQL DSN")
+		}
+	default:
+		p.bad("ledger.driver", "%q is not a ledger driver: sqlite (the default) or postgres", c.Ledger.Driver)
 	}
 	if c.Server.Name == "" {
 		p.bad("server.name", "required: a short name clients see")

@@ -133,7 +133,7 @@ func doctor(ctx context.Context, cfg *Config) []outcome {
 }
 
 func checkLedger(ctx context.Context, cfg *Config) outcome {
-	l, err := ledger.Open(ctx, cfg.Ledger.Path, ledger.Options{MustExist: true})
+	l, err := cfg.Ledger.open(ctx, "", ledger.Options{MustExist: true})
 	switch {
 	case errors.Is(err, ledger.ErrNoLedger):
 		dir := filepath.Dir(cfg.Ledger.Path)

@@ -25,15 +25,14 @@ func (f *ledgerFlags) register(fs *flag.FlagSet) {
 
 // open opens the existing ledger the flags name; it never creates one.
 func (f *ledgerFlags) open(ctx context.Context, e *env) (*ledger.Ledger, error) {
-	path := f.db
-	if path == "" {
-		cfg, err := loadConfig(f.config, e.Getenv)
-		if err != nil {
-			return nil, err
-		}
-		path = cfg.Ledger.Path
+	if f.db != "" {
+		return ledger.Open(ctx, f.db, ledger.Options{MustExist: true})
 	}
-	return ledger.Open(ctx, path, ledger.Options{MustExist: true})
+	cfg, err := loadConfig(f.config, e.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	return cfg.Ledger.open(ctx, "", ledger.Options{MustExist: true})
 }
 
 func ledgerCommand() *command {

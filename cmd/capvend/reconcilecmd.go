@@ -69,7 +69,7 @@ Examples:
 			if err != nil {
 				return err
 			}
-			l, err := ledger.Open(ctx, cfg.Ledger.Path, ledger.Options{MustExist: true})
+			l, err := cfg.Ledger.open(ctx, "", ledger.Options{MustExist: true})
 			if err != nil {
 				return err
 			}

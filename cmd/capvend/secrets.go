@@ -82,6 +82,9 @@ func (c *Config) checkSecrets() error {
 	if len(c.Cashu.Mints) > 0 {
 		errs = append(errs, checkSecretDir("cashu.wallet_dir", c.Cashu.WalletDir))
 	}
+	if c.Ledger.Driver == "postgres" {
+		errs = append(errs, checkSecretFile("ledger.dsn_file", c.Ledger.DSNFile))
+	}
 	errs = append(errs, checkSecretFile("http.auth_token_file", c.HTTP.AuthTokenFile))
 	errs = append(errs, checkSecretFile("admin.token_file", c.Admin.TokenFile))
 	return errors.Join(errs...)

@@ -157,7 +157,7 @@ func (s *vendServer) open(ctx context.Context) error {
 		obs = s.metrics
 	}
 	var err error
-	if s.l, err = ledger.Open(ctx, cfg.Ledger.Path, ledger.Options{Observer: obs}); err != nil {
+	if s.l, err = cfg.Ledger.open(ctx, "", ledger.Options{Observer: obs}); err != nil {
 		return err
 	}
 	if step := s.e.Getenv("CAPVEND_FAILPOINT"); step != "" {

@@ -1,0 +1,168 @@
+// Package pgserver runs a private PostgreSQL server from Debian's
+// postgresql package: initdb and pg_ctl on a loopback port, with its data,
+// socket and log in one directory, no system service. The ledger's tests
+// and `capvend testnet up --postgres` use it. PostgreSQL refuses to run as
+// root: as root, the server runs as the postgres user (runuser), which
+// owns the directory.
+package pgserver
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+)
+
+// ErrMissing: initdb and pg_ctl are not installed (apt-get install postgresql).
+var ErrMissing = errors.New("PostgreSQL's initdb and pg_ctl are not installed")
+
+// User is the superuser of a server Start creates; it logs in without a
+// password from loopback (trust), as the server is private to this machine.
+const User = "capvend"
+
+// Server is a running PostgreSQL server.
+type Server struct {
+	Dir  string // its directory: data/, the socket, log
+	Port int    // its loopback TCP port
+	bin  string
+	as   []string // runuser -u postgres -- when running as root
+}
+
+// Bin finds the directory of initdb and pg_ctl: on PATH, or Debian's
+// /usr/lib/postgresql/<version>/bin. It returns ErrMissing if neither.
+func Bin() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			p = r
+		}
+		return filepath.Dir(p), nil
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(matches) == 0 {
+		return "", ErrMissing
+	}
+	return filepath.Dir(matches[len(matches)-1]), nil
+}
+
+// Options tune Start.
+type Options struct {
+	// Port to listen on (127.0.0.1); 0 picks a free one.
+	Port int
+	// NoFsync runs without fsync: for tests, whose subject is the
+	// ledger's rules and not the disk's durability.
+	NoFsync bool
+}
+
+// Start creates a cluster in dir (which must not hold one yet; it is
+// created if missing) and starts it; or, if dir/data holds a cluster
+// already, starts that one. Stop stops it.
+func Start(ctx context.Context, dir string, opts Options) (*Server, error) {
+	bin, err := Bin()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	s := &Server{Dir: dir, Port: opts.Port, bin: bin}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("running as root, and there is no postgres user to run PostgreSQL as: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			return nil, err
+		}
+		s.as = []string{"runuser", "-u", "postgres", "--"}
+	}
+	data := filepath.Join(dir, "data")
+	if _, err := os.Stat(filepath.Join(data, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
+		if out, err := s.run(ctx, "initdb", "-D", data, "-U", User, "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
+			return nil, fmt.Errorf("initdb: %w\n%s", err, out)
+		}
+	}
+	if s.Port == 0 {
+		if s.Port, err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	o := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=200", s.Port, dir)
+	if opts.NoFsync {
+		o += " -c fsync=off -c full_page_writes=off"
+	}
+	if out, err := s.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-o", o, "-w", "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "log"))
+		return nil, fmt.Errorf("pg_ctl start: %w\n%s\n%s", err, out, log)
+	}
+	return s, nil
+}
+
+// Stop stops the server (fast shutdown: connections are closed, what was
+// committed is kept).
+func (s *Server) Stop() error {
+	out, err := s.run(context.Background(), "pg_ctl", "-D", filepath.Join(s.Dir, "data"), "-m", "fast", "-w", "stop")
+	if err != nil {
+		return fmt.Errorf("pg_ctl stop: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// DSN is the URL of database db on the server.
+func (s *Server) DSN(db string) string {
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", User, s.Port, db)
+}
+
+var dbName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// CreateDatabase creates database name (lower-case letters, digits and
+// '_') unless it exists, and returns its DSN.
+func (s *Server) CreateDatabase(ctx context.Context, name string) (string, error) {
+	if !dbName.MatchString(name) {
+		return "", fmt.Errorf("database name %q: lower-case letters, digits and '_' only", name)
+	}
+	db, err := sql.Open("pgx", s.DSN("postgres"))
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM pg_database WHERE datname = $1", name).Scan(&n); err != nil {
+		return "", err
+	}
+	if n == 0 {
+		if _, err := db.ExecContext(ctx, "CREATE DATABASE "+name+" TEMPLATE template0"); err != nil {
+			return "", err
+		}
+	}
+	return s.DSN(name), nil
+}
+
+func (s *Server) run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	argv := append(append([]string{}, s.as...), filepath.Join(s.bin, name))
+	argv = append(argv, args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = os.TempDir() // readable by the postgres user
+	out, err := cmd.CombinedOutput()
+	return []byte(strings.TrimSpace(string(out))), err
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
