@@ -110,7 +110,7 @@ func StartTestEngine() (stop func(), err error) {
 	}
 	testPG.srv, testPG.dbs = srv, map[string]string{}
 	return func() {
-		srv.Stop()
+		srv.Destroy()
 		os.RemoveAll(dir)
 	}, nil
 }

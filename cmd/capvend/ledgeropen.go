@@ -10,7 +10,7 @@ import (
 	"github.com/capvend/capvend/ledger"
 )
 
-// openConfiguredLedger opens the ledger c names: the SQLite file
+// open opens the ledger c names: the SQLite file
 // ledger.path (db, if set, overrides it), or with ledger.driver postgres
 // the database whose DSN ledger.dsn_file holds. The DSN is read here and
 // goes nowhere but to the driver: no error or log line quotes it.

@@ -86,8 +86,11 @@ func Start(ctx context.Context, dir string, opts Options) (*Server, error) {
 			return nil, err
 		}
 		s.as = []string{"runuser", "-u", "postgres", "--"}
+		if s.Dir, err = s.reachable(dir, uid, gid); err != nil {
+			return nil, err
+		}
 	}
-	data := filepath.Join(dir, "data")
+	data := filepath.Join(s.Dir, "data")
 	if _, err := os.Stat(filepath.Join(data, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
 		if out, err := s.run(ctx, "initdb", "-D", data, "-U", User, "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
 			return nil, fmt.Errorf("initdb: %w\n%s", err, out)
@@ -98,15 +101,38 @@ func Start(ctx context.Context, dir string, opts Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	o := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=200", s.Port, dir)
+	o := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=200", s.Port, s.Dir)
 	if opts.NoFsync {
 		o += " -c fsync=off -c full_page_writes=off"
 	}
-	if out, err := s.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-o", o, "-w", "start"); err != nil {
-		log, _ := os.ReadFile(filepath.Join(dir, "log"))
+	if out, err := s.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(s.Dir, "log"), "-o", o, "-w", "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(s.Dir, "log"))
 		return nil, fmt.Errorf("pg_ctl start: %w\n%s\n%s", err, out, log)
 	}
 	return s, nil
+}
+
+// reachable returns dir if the postgres user can reach it; otherwise (a
+// directory under a root-only one, such as a test's temporary directory)
+// a directory of the postgres user's under os.TempDir(), which dir/cluster
+// then links to: Dir and the link say where the cluster is.
+func (s *Server) reachable(dir string, uid, gid int) (string, error) {
+	argv := append(append([]string{}, s.as...), "test", "-w", dir)
+	if exec.Command(argv[0], argv[1:]...).Run() == nil {
+		return dir, nil
+	}
+	link := filepath.Join(dir, "cluster")
+	if target, err := os.Readlink(link); err == nil {
+		return target, nil
+	}
+	home, err := os.MkdirTemp("", "capvend-pg-")
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chown(home, uid, gid); err != nil {
+		return "", err
+	}
+	return home, os.Symlink(home, link)
 }
 
 // Stop stops the server (fast shutdown: connections are closed, what was
@@ -165,4 +191,10 @@ func freePort() (int, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Destroy stops the server and removes its cluster (tests).
+func (s *Server) Destroy() error {
+	err := s.Stop()
+	return errors.Join(err, os.RemoveAll(s.Dir))
 }

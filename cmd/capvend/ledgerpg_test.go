@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/capvend/capvend/internal/pgserver"
+	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/ledger"
+)
+
+// TestLedgerDriverConfig: ledger.driver is sqlite or postgres, and
+// postgres needs ledger.dsn_file.
+func TestLedgerDriverConfig(t *testing.T) {
+	for _, tc := range []struct{ ledger, field string }{
+		{"  driver: mysql\n", "ledger.driver"},
+		{"  driver: postgres\n", "ledger.dsn_file"},
+		{"  driver: sqlite\n  path: \"\"\n", "ledger.path"},
+	} {
+		_, err := parseConfig("capvend.yaml", []byte("ledger:\n"+tc.ledger+"server:\n  name: t\n"), func(string) string { return "" })
+		if err == nil || !strings.Contains(err.Error(), tc.field+":") {
+			t.Errorf("%q: %v", tc.ledger, err)
+		}
+	}
+}
+
+// TestLedgerDSNFileIsASecret: a DSN file others can read is refused like
+// the other secret files, and its content (a password) is never quoted.
+func TestLedgerDSNFileIsASecret(t *testing.T) {
+	dir := t.TempDir()
+	dsn := filepath.Join(dir, "ledger.dsn")
+	if err := os.WriteFile(dsn, []byte("postgres://capvend:s3cret-pw@127.0.0.1:9/capvend\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "capvend.yaml")
+	body := "ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\nserver:\n  name: t\nhttp:\n  listen: 127.0.0.1:0\n"
+	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code := run(t, nil, "serve", "--config", cfg)
+	if code != 1 || !strings.Contains(errOut, "ledger.dsn_file:") || !strings.Contains(errOut, "too open") || strings.Contains(errOut, "s3cret") {
+		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+	}
+	// Readable by its owner only, the DSN is used; the server it names is
+	// not there, and the error still does not quote the password.
+	os.Chmod(dsn, 0o600)
+	_, errOut, code = run(t, nil, "ledger", "verify", "--config", cfg)
+	if code == 0 || strings.Contains(errOut, "s3cret") {
+		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+	}
+}
+
+// TestLedgerCommandsOnPostgres: with ledger.driver postgres, capvend opens
+// the ledger in a real PostgreSQL server (the DSN from ledger.dsn_file),
+// and the ledger commands read it: verify, balance, export.
+func TestLedgerCommandsOnPostgres(t *testing.T) {
+	ctx := context.Background()
+	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
+	if errors.Is(err, pgserver.ErrMissing) {
+		skip.Missing(t, err.Error(), "apt-get install postgresql")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Destroy() })
+	dsn, err := srv.CreateDatabase(ctx, "capvend")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The server trusts loopback; the password is there to be kept secret.
+	dsn = strings.Replace(dsn, pgserver.User+"@", pgserver.User+":s3cret-pw@", 1)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ledger.dsn"), []byte(dsn+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "capvend.yaml")
+	if err := os.WriteFile(cfgPath, []byte("ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\nserver:\n  name: t\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(cfgPath, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, code := run(t, nil, "ledger", "verify", "--config", cfgPath); code == 0 {
+		t.Fatal("verify of a database with no ledger passed: it must not create one")
+	}
+	l, err := cfg.Ledger.open(ctx, "", ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Engine() != "postgres" {
+		t.Fatalf("engine %s", l.Engine())
+	}
+	if err := l.Post(ctx, ledger.Entry{Kind: "adjustment", Description: "opening", Postings: []ledger.Posting{
+		{Account: ledger.AccountLND, Amount: 21_000}, {Account: "equity:opening", Amount: -21_000},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	for _, args := range [][]string{
+		{"ledger", "verify", "--config", cfgPath},
+		{"ledger", "balance", "--config", cfgPath},
+		{"ledger", "export", "--format", "csv", "--config", cfgPath},
+	} {
+		out, errOut, code := run(t, nil, args...)
+		if code != 0 || strings.Contains(out+errOut, "s3cret") {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
+		}
+		if args[1] == "export" && !strings.Contains(out, "equity:opening") {
+			t.Fatalf("export lacks the entry:\n%s", out)
+		}
+		if args[1] == "verify" && !strings.Contains(out, "checks passed") {
+			t.Fatalf("verify:\n%s", out)
+		}
+	}
+}
