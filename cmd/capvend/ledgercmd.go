@@ -43,7 +43,7 @@ func ledgerCommand() *command {
 priced call, payment request, settlement, Cashu proof received, stored result,
 and a double-entry journal in millisatoshis. These commands read it; they are
 safe to run while 'capvend serve' runs.`,
-		Subs: []*command{ledgerExportCommand(), ledgerVerifyCommand(), ledgerBalanceCommand()},
+		Subs: []*command{ledgerExportCommand(), ledgerVerifyCommand(), ledgerBalanceCommand(), ledgerMigrateCommand()},
 	}
 }
 

@@ -3,14 +3,17 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capvend/capvend/internal/pgserver"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/vend"
 )
 
 // TestLedgerDriverConfig: ledger.driver is sqlite or postgres, and
@@ -116,5 +119,99 @@ func TestLedgerCommandsOnPostgres(t *testing.T) {
 		if args[1] == "verify" && !strings.Contains(out, "checks passed") {
 			t.Fatalf("verify:\n%s", out)
 		}
+	}
+}
+
+// TestLedgerMigrateToPostgres: `capvend ledger migrate --from sqlite:F --to
+// postgres` copies a ledger with paid, refunded and credit records into an
+// empty PostgreSQL database; both verify, their exports are identical,
+// the copy goes on taking calls, and a second migrate into the now
+// non-empty target is refused.
+func TestLedgerMigrateToPostgres(t *testing.T) {
+	ctx := context.Background()
+	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
+	if errors.Is(err, pgserver.ErrMissing) {
+		skip.Missing(t, err.Error(), "apt-get install postgresql")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Destroy() })
+	dsn, err := srv.CreateDatabase(ctx, "capvend")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ledger.dsn"), []byte(dsn), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "capvend.yaml")
+	if err := os.WriteFile(cfgPath, []byte("ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\nserver:\n  name: t\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	db := filepath.Join(dir, "capvend.db")
+	src, err := ledger.Open(ctx, db, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		c, _, err := src.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: fmt.Sprint("r", i),
+			Server: "demo", Tool: "echo", ArgsHash: strings.Repeat("a", 63) + fmt.Sprint(i), Price: 21_000, Idempotent: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := src.RecordPayment(ctx, c.ID, vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice,
+			Ref: strings.Repeat("b", 63) + fmt.Sprint(i), Bolt11: "lnbcrt210n1test", Amount: 21_000, ExpiresAt: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 4 {
+			continue // one call stays awaiting payment
+		}
+		if _, err := src.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := src.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+			t.Fatal(err)
+		}
+		if i == 3 {
+			if err := src.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte(`{}`)}, "upstream failed"); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := src.Deliver(ctx, c.ID, vend.Result{Body: []byte(`{"content":[]}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src.Close()
+
+	out, errOut, code := run(t, nil, "ledger", "migrate", "--from", "sqlite:"+db, "--to", "postgres", "--config", cfgPath)
+	if code != 0 || !strings.Contains(out, "5 calls, 5 payments") || strings.Count(out, "checks passed") != 2 {
+		t.Fatalf("migrate: exit %d\n%s%s", code, out, errOut)
+	}
+	fromSQLite, _, code1 := run(t, nil, "ledger", "export", "--format", "beancount", "--db", db)
+	fromPG, _, code2 := run(t, nil, "ledger", "export", "--format", "beancount", "--config", cfgPath)
+	if code1 != 0 || code2 != 0 || fromSQLite != fromPG || !strings.Contains(fromPG, "Income:Tools:Demo:Echo") {
+		t.Fatalf("exports differ (exit %d, %d):\nSQLite:\n%s\nPostgreSQL:\n%s", code1, code2, fromSQLite, fromPG)
+	}
+	cfg, err := loadConfig(cfgPath, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := cfg.Ledger.open(ctx, "", ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, created, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: "after",
+		Server: "demo", Tool: "echo", ArgsHash: strings.Repeat("c", 64), Price: 21_000, Idempotent: true})
+	if err != nil || !created || c.ID != 6 {
+		t.Fatalf("a call after the copy: %+v %v %v (ids go on after the copied ones)", c, created, err)
+	}
+	l.Close()
+
+	_, errOut, code = run(t, nil, "ledger", "migrate", "--from", "sqlite:"+db, "--config", cfgPath)
+	if code == 0 || !strings.Contains(errOut, "not empty") {
+		t.Fatalf("second migrate: exit %d, %s", code, errOut)
 	}
 }
