@@ -36,6 +36,8 @@ type Server struct {
 	Port int    // its loopback TCP port
 	bin  string
 	as   []string // runuser -u postgres -- when running as root
+
+	noFsync bool
 }
 
 // Bin finds the directory of initdb and pg_ctl: on PATH, or Debian's
@@ -63,10 +65,10 @@ type Options struct {
 	NoFsync bool
 }
 
-// Start creates a cluster in dir (which must not hold one yet; it is
-// created if missing) and starts it; or, if dir/data holds a cluster
-// already, starts that one. Stop stops it.
-func Start(ctx context.Context, dir string, opts Options) (*Server, error) {
+// Init makes sure dir holds a cluster (dir/data, created by initdb if
+// missing; dir itself is created if missing) and returns its Server, not
+// started: Start starts it with pg_ctl, or run Command in the foreground.
+func Init(ctx context.Context, dir string, opts Options) (*Server, error) {
 	bin, err := Bin()
 	if err != nil {
 		return nil, err
@@ -74,7 +76,7 @@ func Start(ctx context.Context, dir string, opts Options) (*Server, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	s := &Server{Dir: dir, Port: opts.Port, bin: bin}
+	s := &Server{Dir: dir, Port: opts.Port, bin: bin, noFsync: opts.NoFsync}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -101,15 +103,50 @@ func Start(ctx context.Context, dir string, opts Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	o := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=200", s.Port, s.Dir)
-	if opts.NoFsync {
-		o += " -c fsync=off -c full_page_writes=off"
+	return s, nil
+}
+
+// Start creates a cluster in dir, or reuses the one there (see Init),
+// and starts it with pg_ctl; Stop stops it.
+func Start(ctx context.Context, dir string, opts Options) (*Server, error) {
+	s, err := Init(ctx, dir, opts)
+	if err != nil {
+		return nil, err
 	}
-	if out, err := s.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(s.Dir, "log"), "-o", o, "-w", "start"); err != nil {
+	o := strings.Join(s.settings(), " ")
+	if out, err := s.run(ctx, "pg_ctl", "-D", filepath.Join(s.Dir, "data"), "-l", filepath.Join(s.Dir, "log"), "-o", o, "-w", "start"); err != nil {
 		log, _ := os.ReadFile(filepath.Join(s.Dir, "log"))
 		return nil, fmt.Errorf("pg_ctl start: %w\n%s\n%s", err, out, log)
 	}
 	return s, nil
+}
+
+// Command is the command line that runs the server in the foreground
+// (postgres itself; under root, through runuser): for a supervisor that
+// starts and stops processes itself. SIGTERM stops it once its clients
+// have disconnected, SIGINT at once.
+func (s *Server) Command() []string {
+	argv := append(append([]string{}, s.as...), filepath.Join(s.bin, "postgres"), "-D", filepath.Join(s.Dir, "data"))
+	return append(argv, s.settings()...)
+}
+
+// settings are the server's command-line settings.
+func (s *Server) settings() []string {
+	o := []string{"-c", "listen_addresses=127.0.0.1", "-p", strconv.Itoa(s.Port), "-k", s.Dir, "-c", "max_connections=200"}
+	if s.noFsync {
+		o = append(o, "-c", "fsync=off", "-c", "full_page_writes=off")
+	}
+	return o
+}
+
+// Ready reports whether the server accepts connections now.
+func (s *Server) Ready(ctx context.Context) bool {
+	db, err := sql.Open("pgx", s.DSN("postgres"))
+	if err != nil {
+		return false
+	}
+	defer db.Close()
+	return db.PingContext(ctx) == nil
 }
 
 // reachable returns dir if the postgres user can reach it; otherwise (a
