@@ -138,7 +138,14 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 // cleanDir removes what a previous stack left in dir (data, logs,
 // testnet.json), leaving the lock file and anything else alone.
 func cleanDir(dir string) error {
-	for _, name := range []string{InfoFile, "btcd", "lnd", "cashu-mint", "logs", "btcd.conf"} {
+	// A cluster the postgres user could not keep in dir (under root) is
+	// where DIR/postgres/cluster links to.
+	if target, err := os.Readlink(filepath.Join(dir, "postgres", "cluster")); err == nil {
+		if err := os.RemoveAll(target); err != nil {
+			return fmt.Errorf("testnet: clean %s: %w", target, err)
+		}
+	}
+	for _, name := range []string{InfoFile, "btcd", "lnd", "cashu-mint", "logs", "btcd.conf", "postgres"} {
 		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("testnet: clean %s: %w", dir, err)
 		}
@@ -244,6 +251,11 @@ func (s *Stack) bringUp(ctx context.Context, opts Options) error {
 	if err := s.startRelay(opts.Executable); err != nil {
 		return err
 	}
+	if opts.Postgres {
+		if err := s.startPostgres(ctx); err != nil {
+			return err
+		}
+	}
 	m, err := s.startChain(ctx, bins)
 	if err != nil {
 		return err
@@ -274,7 +286,7 @@ func (s *Stack) layout(opts Options) error {
 	if reserve == nil {
 		reserve = freePorts
 	}
-	ports, err := reserve(2 + 3*3 + 2)
+	ports, err := reserve(2 + 3*3 + 2 + 1) // the last: PostgreSQL's, if wanted
 	if err != nil {
 		return err
 	}
@@ -318,6 +330,11 @@ func (s *Stack) layout(opts Options) error {
 		Proc: Proc{Log: filepath.Join(logs, "relay.log")},
 	}
 	s.MintURL, s.RelayURL = s.Info.Mint.URL, s.Info.Relay.URL
+	if opts.Postgres {
+		port := next()
+		s.Info.Postgres = &PostgresInfo{Listen: hostPort(port), DataDir: filepath.Join(dir, "postgres"),
+			Proc: Proc{Log: filepath.Join(logs, "postgres.log")}}
+	}
 	s.Info.StartedAt = time.Now().UTC()
 	return nil
 }

@@ -84,6 +84,11 @@ type Options struct {
 	// kernel when the caller dies, so a crashed or timed-out test binary
 	// does not leak a stack; Close is still the normal way to stop it.
 	Detach bool
+	// Postgres also starts a PostgreSQL server (Debian's postgresql
+	// package: initdb, postgres) on a loopback port, its cluster in
+	// DIR/postgres, with an empty database "capvend"; its DSN is in
+	// testnet.json (Info.Postgres).
+	Postgres bool
 
 	// reservePorts replaces freePorts in tests (to force a port clash).
 	reservePorts func(n int) ([]int, error)
@@ -154,6 +159,19 @@ type Info struct {
 	Mint      ServiceInfo   `json:"mint"`
 	Relay     ServiceInfo   `json:"relay"`
 	Channels  []ChannelInfo `json:"channels"`
+	// Postgres is the PostgreSQL server of a stack started with
+	// Options.Postgres; nil otherwise.
+	Postgres *PostgresInfo `json:"postgres,omitempty"`
+}
+
+// PostgresInfo describes the stack's PostgreSQL server.
+type PostgresInfo struct {
+	// DSN is the URL of its database "capvend" (user capvend, no
+	// password: the server trusts loopback), for ledger.dsn_file.
+	DSN     string `json:"dsn"`
+	Listen  string `json:"listen"`   // 127.0.0.1:PORT
+	DataDir string `json:"data_dir"` // the cluster (DIR/postgres, or where it links to under root)
+	Proc
 }
 
 // Stack is a running regtest stack. Its methods are safe for concurrent
@@ -268,6 +286,9 @@ func (s *Stack) procs() []namedProc {
 	}
 	if s.Info.Relay.PID != 0 {
 		ps = append(ps, namedProc{"relay", s.Info.Relay.Proc})
+	}
+	if pg := s.Info.Postgres; pg != nil && pg.PID != 0 {
+		ps = append(ps, namedProc{"postgres", pg.Proc})
 	}
 	for _, n := range s.Info.Nodes {
 		if n.PID != 0 {

@@ -84,6 +84,7 @@ func testnetCommand() *command {
 
 func testnetUpCommand(td *testnetDir) *command {
 	var binDir string
+	var postgres bool
 	return &command{
 		Name:    "up",
 		Summary: "start the regtest stack (btcd, 3 LND nodes, Cashu mint, Nostr relay) and leave it running",
@@ -104,16 +105,22 @@ Running 'up' on a running stack does nothing; a dead or partly dead stack
 in --dir is stopped and replaced. On failure the error names the component
 and its log file, and everything started is stopped.
 
+With --postgres it also starts a PostgreSQL server (initdb and postgres from
+Debian's postgresql package, no system service) on a loopback port, its
+cluster in <dir>/postgres, with an empty database "capvend" whose DSN is in
+testnet.json (postgres.dsn) for ledger.dsn_file.
+
 ` + testnetDirHelp,
 		Flags: func(fs *flag.FlagSet) {
 			td.flag(fs)
 			fs.StringVar(&binDir, "bin-dir", "", "binary cache (default <user cache dir>/capvend/bin)")
+			fs.BoolVar(&postgres, "postgres", false, "also start a PostgreSQL server (Debian's postgresql package) for a PostgreSQL ledger; its DSN goes into testnet.json")
 		},
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) != 0 {
 				return usageError("up takes no arguments")
 			}
-			s, err := testnet.Start(ctx, testnet.Options{Dir: td.path(e), BinDir: binDir, Progress: e.Stdout, Detach: true})
+			s, err := testnet.Start(ctx, testnet.Options{Dir: td.path(e), BinDir: binDir, Progress: e.Stdout, Detach: true, Postgres: postgres})
 			if err != nil {
 				return err
 			}
@@ -454,4 +461,7 @@ func printStack(e *env, s *testnet.Stack) {
 	}
 	fmt.Fprintf(w, "cashu mint: %s\n", s.MintURL)
 	fmt.Fprintf(w, "relay:      %s\n", s.RelayURL)
+	if pg := i.Postgres; pg != nil {
+		fmt.Fprintf(w, "postgres:   %s (ledger.dsn_file: a file holding it)\n", pg.DSN)
+	}
 }
