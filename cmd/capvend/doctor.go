@@ -135,6 +135,8 @@ func doctor(ctx context.Context, cfg *Config) []outcome {
 func checkLedger(ctx context.Context, cfg *Config) outcome {
 	l, err := cfg.Ledger.open(ctx, "", ledger.Options{MustExist: true})
 	switch {
+	case errors.Is(err, ledger.ErrNoLedger) && cfg.Ledger.Driver == "postgres":
+		return passed("ledger", "the database of ledger.dsn_file has no capvend ledger yet: 'capvend serve' creates its tables")
 	case errors.Is(err, ledger.ErrNoLedger):
 		dir := filepath.Dir(cfg.Ledger.Path)
 		if st, derr := os.Stat(dir); derr != nil || !st.IsDir() {
@@ -144,14 +146,14 @@ func checkLedger(ctx context.Context, cfg *Config) outcome {
 	case errors.Is(err, ledger.ErrNewerSchema):
 		return failed("ledger", "run the capvend that wrote it, or a newer one", "%v", err)
 	case err != nil:
-		return failed("ledger", "check ledger.path and its permissions", "%v", err)
+		return failed("ledger", "check ledger.path (or ledger.dsn_file) and its permissions", "%v", err)
 	}
 	defer l.Close()
 	applied, known, err := l.SchemaVersion(ctx)
 	if err != nil {
 		return failed("ledger", "run 'capvend ledger verify'", "%v", err)
 	}
-	return passed("ledger", "%s opens, schema version %d (this capvend knows up to %d)", cfg.Ledger.Path, applied, known)
+	return passed("ledger", "%s opens, schema version %d (this capvend knows up to %d)", l.Path(), applied, known)
 }
 
 // checkLND checks LND is reachable with the macaroon's permissions, and
