@@ -174,7 +174,44 @@ func (l *Ledger) beginWrite(ctx context.Context) error {
 		q = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock(" + strconv.Itoa(writeLockKey) + ")"
 	}
 	_, err := l.wconn.ExecContext(ctx, q)
+	if err != nil && l.pg && l.pgWriterGone() {
+		// The server closed the connection (a restart, a failover, an
+		// idle timeout): nothing of this transaction ran, so take a
+		// new connection and begin again, once.
+		if rerr := l.pgReconnect(ctx); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+		_, err = l.wconn.ExecContext(ctx, q)
+	}
 	return err
+}
+
+// pgWriterGone reports whether the writer connection is closed.
+func (l *Ledger) pgWriterGone() bool {
+	gone := true
+	l.wconn.Raw(func(dc any) error {
+		if c, ok := dc.(*pgConn); ok {
+			gone = c.Conn.Conn().IsClosed()
+		}
+		return nil
+	})
+	return gone
+}
+
+// pgReconnect replaces the writer connection (and drops the statements
+// prepared on the old one); the caller holds wmu.
+func (l *Ledger) pgReconnect(ctx context.Context) error {
+	for q, st := range l.stmts {
+		st.Close()
+		delete(l.stmts, q)
+	}
+	l.wconn.Close()
+	c, err := l.db.Conn(ctx)
+	if err != nil {
+		return l.fileError(err)
+	}
+	l.wconn = c
+	return nil
 }
 
 // pgInTx reports whether the pgx connection dc is inside a transaction

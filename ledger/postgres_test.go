@@ -184,3 +184,32 @@ func TestPostgresInstancesKeepOneSetOfBooks(t *testing.T) {
 	}
 	mustVerify(t, ls[1])
 }
+
+// TestPostgresWriterReconnects: when the server ends the writer's
+// connection (a restart, a failover), the next write takes a new one.
+func TestPostgresWriterReconnects(t *testing.T) {
+	if !ledger.OnPostgres() {
+		t.Skip("PostgreSQL only (TestPostgresConformance runs it)")
+	}
+	path := filepath.Join(t.TempDir(), "capvend.db")
+	l := openLedger(t, path)
+	quote(t, l, 1)
+	db, err := ledger.OpenRawForTest(t, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var ended int
+	if err := db.QueryRow(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&ended); err != nil || ended == 0 {
+		t.Fatalf("ended %d connections: %v", ended, err)
+	}
+	c, p := quote(t, l, 2)
+	if _, err := l.SettlePayment(context.Background(), vend.Settlement{Ref: p.Ref, Amount: p.Amount}); err != nil {
+		t.Fatal(err)
+	}
+	if got := callState(t, l, c.ID); got != vend.CallPaid {
+		t.Fatalf("call %d is %s", c.ID, got)
+	}
+	mustVerify(t, l)
+}
