@@ -2,8 +2,10 @@ package ledger_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
+	"io/fs"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/migrations"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -212,4 +215,89 @@ func TestPostgresWriterReconnects(t *testing.T) {
 		t.Fatalf("call %d is %s", c.ID, got)
 	}
 	mustVerify(t, l)
+}
+
+// TestSchemasMatch: the PostgreSQL schema is the SQLite one: each
+// migration has its PostgreSQL twin of the same name; once both are
+// applied, the same tables hold the same columns, and every trigger and
+// named index of SQLite's is in PostgreSQL's (PostgreSQL has a few more:
+// TRUNCATE, which SQLite lacks, is refused there too).
+func TestSchemasMatch(t *testing.T) {
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if _, err := fs.Stat(migrations.FS, "postgres/"+n); err != nil {
+			t.Errorf("migrations/%s has no PostgreSQL twin migrations/postgres/%s", n, n)
+		}
+	}
+	pgNames, _ := fs.Glob(migrations.FS, "postgres/*.sql")
+	if len(pgNames) != len(names) {
+		t.Errorf("%d SQLite migrations, %d PostgreSQL ones", len(names), len(pgNames))
+	}
+	if !ledger.OnPostgres() {
+		return // the rest compares the two databases (TestPostgresConformance runs it)
+	}
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "capvend.db")
+	lite, err := ledger.Open(ctx, path, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lite.Close()
+	openLedger(t, path).Close() // the PostgreSQL database of the same name
+	sq, err := sql.Open("sqlite3", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sq.Close()
+	pg, err := ledger.OpenRawForTest(t, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	set := func(db *sql.DB, q string) map[string]bool {
+		t.Helper()
+		rows, err := db.Query(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		out := map[string]bool{}
+		for rows.Next() {
+			var s string
+			if err := rows.Scan(&s); err != nil {
+				t.Fatal(err)
+			}
+			out[s] = true
+		}
+		return out
+	}
+	liteCols := set(sq, `SELECT m.name || '.' || c.name FROM sqlite_master m, pragma_table_info(m.name) c
+		WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'`)
+	pgCols := set(pg, `SELECT table_name || '.' || column_name FROM information_schema.columns WHERE table_schema = current_schema()`)
+	for c := range liteCols {
+		if !pgCols[c] {
+			t.Errorf("column %s is not in the PostgreSQL schema", c)
+		}
+	}
+	for c := range pgCols {
+		if !liteCols[c] {
+			t.Errorf("column %s is only in the PostgreSQL schema", c)
+		}
+	}
+	pgTriggers := set(pg, `SELECT tgname FROM pg_trigger WHERE NOT tgisinternal`)
+	for tr := range set(sq, `SELECT name FROM sqlite_master WHERE type = 'trigger'`) {
+		if !pgTriggers[tr] {
+			t.Errorf("trigger %s is not in the PostgreSQL schema", tr)
+		}
+	}
+	t.Logf("%d columns, %d triggers in PostgreSQL", len(pgCols), len(pgTriggers))
+	pgIndexes := set(pg, `SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()`)
+	for ix := range set(sq, `SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL`) {
+		if !pgIndexes[ix] {
+			t.Errorf("index %s is not in the PostgreSQL schema", ix)
+		}
+	}
 }
