@@ -43,13 +43,20 @@ func OpenPostgres(ctx context.Context, dsn string, opts Options) (*Ledger, error
 		return nil, errors.New("ledger: the PostgreSQL DSN does not parse (check ledger.dsn_file)")
 	}
 	name := "postgres://" + cfg.Host + ":" + strconv.Itoa(int(cfg.Port)) + "/" + cfg.Database
+	busy := opts.BusyTimeout
+	if busy <= 0 {
+		busy = 10 * time.Second
+	}
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	// As SQLite's busy timeout: how long a write waits for the write lock
+	// another instance holds before it fails (SQLSTATE 55P03).
+	cfg.RuntimeParams["lock_timeout"] = strconv.FormatInt(busy.Milliseconds(), 10)
 	db := sql.OpenDB(pgConnector{stdlib.GetConnector(*cfg)})
 	db.SetMaxOpenConns(1)
 	db.SetConnMaxIdleTime(0)
 	ro := cfg.Copy()
-	if ro.RuntimeParams == nil {
-		ro.RuntimeParams = map[string]string{}
-	}
 	ro.RuntimeParams["default_transaction_read_only"] = "on" // as SQLite's query_only
 	rdb := sql.OpenDB(pgConnector{stdlib.GetConnector(*ro)})
 	rdb.SetMaxOpenConns(4)
@@ -182,6 +189,14 @@ func (l *Ledger) beginWrite(ctx context.Context) error {
 			return errors.Join(err, rerr)
 		}
 		_, err = l.wconn.ExecContext(ctx, q)
+	}
+	if err != nil && l.pg && l.inTx() {
+		// BEGIN ran and the lock's wait failed (lock_timeout, a
+		// canceled ctx): end that transaction, as a failed BEGIN
+		// IMMEDIATE leaves none.
+		if _, rerr := l.wconn.ExecContext(context.Background(), "ROLLBACK"); rerr != nil {
+			err = errors.Join(err, l.fileError(rerr))
+		}
 	}
 	return err
 }

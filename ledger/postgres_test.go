@@ -301,3 +301,33 @@ func TestSchemasMatch(t *testing.T) {
 		}
 	}
 }
+
+// TestPostgresWriteLockTimesOut: a write waits for the write lock
+// another instance holds no longer than Options.BusyTimeout (as SQLite's
+// busy timeout), fails without writing, and goes through once the lock
+// is free.
+func TestPostgresWriteLockTimesOut(t *testing.T) {
+	if !ledger.OnPostgres() {
+		t.Skip("PostgreSQL only (TestPostgresConformance runs it)")
+	}
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "capvend.db")
+	holder := openLedger(t, path)
+	waiter, err := ledger.OpenForTest(t, ctx, path, ledger.Options{BusyTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	if err := holder.ExecForTest(ctx, fmt.Sprintf("BEGIN; SELECT pg_advisory_xact_lock(%d)", ledger.ApplicationID)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := waiter.RecordCall(ctx, newCall(1)); err == nil {
+		t.Fatal("a write went through while another instance held the write lock")
+	}
+	if err := holder.ExecForTest(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	if _, created, err := waiter.RecordCall(ctx, newCall(1)); err != nil || !created {
+		t.Fatalf("after the lock was released: created %v, %v", created, err)
+	}
+}
