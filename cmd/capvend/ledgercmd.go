@@ -20,7 +20,7 @@ type ledgerFlags struct {
 
 func (f *ledgerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "configuration `FILE` naming the ledger (default $CAPVEND_CONFIG, else ./capvend.yaml)")
-	fs.StringVar(&f.db, "db", "", "ledger `PATH`, overriding ledger.path of the configuration")
+	fs.StringVar(&f.db, "db", "", "SQLite ledger `PATH`, overriding the configuration's ledger")
 }
 
 // open opens the existing ledger the flags name; it never creates one.
@@ -39,10 +39,12 @@ func ledgerCommand() *command {
 	return &command{
 		Name:    "ledger",
 		Summary: "inspect the ledger: export it for accounting, verify it, show balances",
-		Help: `The ledger is an SQLite file (ledger.path in the configuration) holding every
-priced call, payment request, settlement, Cashu proof received, stored result,
-and a double-entry journal in millisatoshis. These commands read it; they are
-safe to run while 'capvend serve' runs.`,
+		Help: `The ledger is an SQLite file (ledger.path in the configuration), or a
+PostgreSQL database (ledger.driver postgres, its DSN in ledger.dsn_file),
+holding every priced call, payment request, settlement, Cashu proof received,
+stored result, and a double-entry journal in millisatoshis. These commands
+read it; they are safe to run while 'capvend serve' runs. 'migrate' copies an
+SQLite ledger into PostgreSQL.`,
 		Subs: []*command{ledgerExportCommand(), ledgerVerifyCommand(), ledgerBalanceCommand(), ledgerMigrateCommand()},
 	}
 }
@@ -154,9 +156,9 @@ func ledgerVerifyCommand() *command {
 		Name:    "verify",
 		Summary: "check every invariant of the ledger; exit 1 if any fails",
 		Help: `Checks, on one consistent snapshot:
-  - SQLite's own integrity check (quick_check; with --full, integrity_check,
-    which also checks every index against its table and reads the whole
-    file: slower on a large ledger);
+  - on SQLite, its own integrity check (quick_check; with --full,
+    integrity_check, which also checks every index against its table and
+    reads the whole file: slower on a large ledger);
   - every journal entry balances (postings sum to zero) and is sealed;
   - each settled payment has exactly one income entry, others none;
   - no delivered priced call without a settled payment;
