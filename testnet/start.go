@@ -80,7 +80,8 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	// Idempotent up: reattach to a healthy running stack.
 	if old, lerr := Load(dir, opts.Progress); lerr == nil {
 		old.start = s.start
-		if old.Info.Ready && old.Running() && old.healthy(ctx) == nil {
+		// A stack without the PostgreSQL server asked for is replaced.
+		if old.Info.Ready && old.Running() && old.healthy(ctx) == nil && (old.Info.Postgres != nil || !opts.Postgres) {
 			old.logf("stack in %s is already running", dir)
 			return old, nil
 		}
