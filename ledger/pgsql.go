@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/stdlib"
 )
@@ -37,8 +38,14 @@ var pgFragments = []struct{ sqlite, postgres string }{
 		`SELECT 1 FROM pg_trigger m WHERE NOT m.tgisinternal AND m.tgname = t.name`},
 }
 
-// pgQueries caches the translation of each query text.
-var pgQueries sync.Map // string -> string
+// pgQueries caches the translation of each query text, up to
+// maxPGCache of them (a query built with one placeholder per item, such
+// as a token's proofs, has as many texts as sizes).
+var (
+	pgQueries  sync.Map // string -> string
+	pgCached   atomic.Int64
+	maxPGCache = int64(4096)
+)
 
 // pgQuery translates a query of the ledger to PostgreSQL.
 func pgQuery(q string) string {
@@ -50,7 +57,9 @@ func pgQuery(q string) string {
 		out = strings.ReplaceAll(out, f.sqlite, f.postgres)
 	}
 	out = rebind(out)
-	pgQueries.Store(q, out)
+	if pgCached.Add(1) <= maxPGCache {
+		pgQueries.Store(q, out)
+	}
 	return out
 }
 
