@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
+
 	"github.com/capvend/capvend/internal/pgserver"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
@@ -213,5 +216,79 @@ func TestLedgerMigrateToPostgres(t *testing.T) {
 	_, errOut, code = run(t, nil, "ledger", "migrate", "--from", "sqlite:"+db, "--config", cfgPath)
 	if code == 0 || !strings.Contains(errOut, "not empty") {
 		t.Fatalf("second migrate: exit %d, %s", code, errOut)
+	}
+}
+
+// TestServeOnPostgres: `capvend serve` with ledger.driver postgres
+// creates its ledger in the database of ledger.dsn_file, serves an MCP
+// client (tools/list, a tools/call) and stops cleanly; the ledger then
+// verifies.
+func TestServeOnPostgres(t *testing.T) {
+	ctx := context.Background()
+	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
+	if errors.Is(err, pgserver.ErrMissing) {
+		skip.Missing(t, err.Error(), "apt-get install postgresql")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Destroy() })
+	dsn, err := srv.CreateDatabase(ctx, "capvend")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, listen := freeToolsConfig(t, "")
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := strings.Replace(string(b), "ledger:\n  path: capvend.db\n", "ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\n", 1)
+	if err := os.WriteFile(src, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(src), "ledger.dsn"), []byte(dsn), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("serve", func(t *testing.T) {
+		serveInProcess(t, src, listen)
+		c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		init := mcp.InitializeRequest{}
+		init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+		if _, err := c.Initialize(ctx, init); err != nil {
+			t.Fatal(err)
+		}
+		for { // the upstream connects in the background
+			list, err := c.ListTools(ctx, mcp.ListToolsRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(list.Tools) > 0 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatal("serve lists no tools after a minute")
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		req := mcp.CallToolRequest{}
+		req.Params.Name, req.Params.Arguments = "sha256", map[string]any{"text": "abc"}
+		res, err := c.CallTool(ctx, req)
+		if err != nil || res.IsError || len(res.Content) == 0 {
+			t.Fatalf("sha256: %+v %v", res, err)
+		}
+	})
+	out, errOut, code := run(t, nil, "ledger", "verify", "--config", src)
+	if code != 0 || !strings.Contains(out, "checks passed") || !strings.Contains(out, "postgres://") {
+		t.Fatalf("verify after serve: exit %d\n%s%s", code, out, errOut)
 	}
 }
