@@ -137,62 +137,68 @@ func (l *Ledger) RecordCall(ctx context.Context, nc vend.NewCall) (vend.Call, bo
 	var call vend.Call
 	var created bool
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO calls (transport, client, request_id, server, tool, args_hash,
-			price_msat, idempotent, state, created_at, updated_at, kind, refund_invoice, run_id)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?, ?, ?, ?)
-			ON CONFLICT (transport, client, request_id) DO NOTHING`,
-			nc.Transport, nc.Client, nc.RequestID, nc.Server, nc.Tool, nc.ArgsHash, nc.Price, nc.Idempotent, ms(now), ms(now),
-			string(nc.Kind.Or()), nc.RefundInvoice, nc.Run)
-		if err != nil {
-			return err
-		}
-		n, _ := res.RowsAffected()
-		created = n == 1
-		call, err = callByRequest(ctx, tx, nc.Transport, nc.Client, nc.RequestID)
-		if err != nil {
-			return err
-		}
-		if created {
-			tx.changed(vend.Change{What: vend.ChangeCall, Call: call.ID, Kind: call.Kind.Or(), Server: call.Server, Tool: call.Tool,
-				CallTo: call.State})
-		}
-		if !created {
-			if call.Binding() != nc.Binding() {
-				return fmt.Errorf("%w: request %q of %s is call %d (%s %s/%s)", vend.ErrRequestReused,
-					nc.RequestID, nc.Client, call.ID, call.Kind.Or(), call.Server, call.Tool)
-			}
-			return nil
-		}
-		// A request that was answered free under its quota may come back
-		// priced (the quota is used up or gone), but only as the same
-		// request.
-		var freeServer string
-		var freeHash sql.NullString
-		err = tx.QueryRowContext(ctx, `SELECT server, args_hash FROM free_uses WHERE transport = ? AND client = ? AND request_id = ?`,
-			nc.Transport, nc.Client, nc.RequestID).Scan(&freeServer, &freeHash)
-		switch {
-		case err == nil:
-			if freeServer != nc.Server || !freeHash.Valid || freeHash.String != nc.ArgsHash {
-				return fmt.Errorf("%w: request %q of %s was a free call with other parameters", vend.ErrRequestReused, nc.RequestID, nc.Client)
-			}
-		case !errors.Is(err, sql.ErrNoRows):
-			return err
-		}
-		if nc.ToolName == "" {
-			return nil
-		}
-		args := nc.Arguments
-		if args == nil {
-			args = []byte("{}")
-		}
-		_, err = tx.ExecContext(ctx, "INSERT INTO call_arguments (call_id, tool_name, arguments, explicit) VALUES (?, ?, ?, ?)",
-			call.ID, nc.ToolName, args, nc.Explicit)
+		var err error
+		call, created, err = recordCall(ctx, tx, nc, now)
 		return err
 	})
 	if err != nil {
 		return vend.Call{}, false, fmt.Errorf("record call: %w", err)
 	}
 	return call, created, nil
+}
+
+// recordCall is RecordCall's transaction body: the new call (created), or
+// the call of the same request key if it sells the same Binding.
+func recordCall(ctx context.Context, tx *wtx, nc vend.NewCall, now time.Time) (vend.Call, bool, error) {
+	res, err := tx.ExecContext(ctx, `INSERT INTO calls (transport, client, request_id, server, tool, args_hash,
+		price_msat, idempotent, state, created_at, updated_at, kind, refund_invoice, run_id)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?, ?, ?, ?)
+		ON CONFLICT (transport, client, request_id) DO NOTHING`,
+		nc.Transport, nc.Client, nc.RequestID, nc.Server, nc.Tool, nc.ArgsHash, nc.Price, nc.Idempotent, ms(now), ms(now),
+		string(nc.Kind.Or()), nc.RefundInvoice, nc.Run)
+	if err != nil {
+		return vend.Call{}, false, err
+	}
+	n, _ := res.RowsAffected()
+	created := n == 1
+	call, err := callByRequest(ctx, tx, nc.Transport, nc.Client, nc.RequestID)
+	if err != nil {
+		return vend.Call{}, false, err
+	}
+	if !created {
+		if call.Binding() != nc.Binding() {
+			return vend.Call{}, false, fmt.Errorf("%w: request %q of %s is call %d (%s %s/%s)", vend.ErrRequestReused,
+				nc.RequestID, nc.Client, call.ID, call.Kind.Or(), call.Server, call.Tool)
+		}
+		return call, false, nil
+	}
+	tx.changed(vend.Change{What: vend.ChangeCall, Call: call.ID, Kind: call.Kind.Or(), Server: call.Server, Tool: call.Tool,
+		CallTo: call.State})
+	// A request that was answered free under its quota may come back
+	// priced (the quota is used up or gone), but only as the same
+	// request.
+	var freeServer string
+	var freeHash sql.NullString
+	err = tx.QueryRowContext(ctx, `SELECT server, args_hash FROM free_uses WHERE transport = ? AND client = ? AND request_id = ?`,
+		nc.Transport, nc.Client, nc.RequestID).Scan(&freeServer, &freeHash)
+	switch {
+	case err == nil:
+		if freeServer != nc.Server || !freeHash.Valid || freeHash.String != nc.ArgsHash {
+			return vend.Call{}, false, fmt.Errorf("%w: request %q of %s was a free call with other parameters", vend.ErrRequestReused, nc.RequestID, nc.Client)
+		}
+	case !errors.Is(err, sql.ErrNoRows):
+		return vend.Call{}, false, err
+	}
+	if nc.ToolName == "" {
+		return call, true, nil
+	}
+	args := nc.Arguments
+	if args == nil {
+		args = []byte("{}")
+	}
+	_, err = tx.ExecContext(ctx, "INSERT INTO call_arguments (call_id, tool_name, arguments, explicit) VALUES (?, ?, ?, ?)",
+		call.ID, nc.ToolName, args, nc.Explicit)
+	return call, true, err
 }
 
 func validateNewCall(nc vend.NewCall) error {

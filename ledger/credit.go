@@ -110,9 +110,11 @@ func (l *Ledger) CreditBalance(ctx context.Context, account string) (vend.Msat, 
 	return bal, err
 }
 
-// DrawCredit implements vend.CreditLedger: the balance check, the draw
-// (its entry and move), the call's moves to executing and its execution
-// record are one transaction.
+// DrawCredit draws the price of the quoted call id from account and
+// claims it for one execution sending b: the balance check, the draw (its
+// entry and move), the call's moves to executing and its execution record
+// are one transaction. vend records and draws a new call in one
+// (RecordCreditCall); this is the draw alone, for a call recorded before.
 func (l *Ledger) DrawCredit(ctx context.Context, id vend.CallID, account string, b vend.Binding) (vend.Call, vend.Msat, error) {
 	var c vend.Call
 	var bal vend.Msat
@@ -121,39 +123,86 @@ func (l *Ledger) DrawCredit(ctx context.Context, id vend.CallID, account string,
 		if c, err = getCall(ctx, tx, id); err != nil {
 			return err
 		}
-		if c.State != vend.CallQuoted {
-			return &vend.TransitionError{What: fmt.Sprintf("call %d (credit draw)", c.ID), From: string(c.State), To: string(vend.CallExecuting)}
-		}
-		if err := checkBinding(c, b); err != nil {
-			return err
-		}
-		if err := tx.QueryRowContext(ctx, "SELECT balance_msat FROM credit_accounts WHERE id = ?", account).Scan(&bal); err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return err
-		}
-		if bal < c.Price {
-			return &vend.CreditExhaustedError{Account: account, Balance: bal, Price: c.Price}
-		}
-		for _, to := range []vend.CallState{vend.CallAwaitingPayment, vend.CallPaid, vend.CallExecuting} {
-			if err := setCallState(ctx, tx, &c, to, "", now); err != nil {
-				return err
-			}
-		}
-		desc := fmt.Sprintf("%s%s/%s call %d drawn from credit %s", kindPrefix(c.Kind), c.Server, c.Tool, c.ID, account)
-		if err := creditMove(ctx, tx, account, "draw", -c.Price, c.ID, "", desc,
-			[]Posting{{CreditAccount(account), c.Price}, {AccountCreditDrawn, -c.Price}}, now); err != nil {
-			return err
-		}
-		bal -= c.Price
-		return recordExecution(ctx, tx, &c, b, now)
+		bal, err = drawCredit(ctx, tx, &c, account, b, now)
+		return err
 	})
-	if err != nil {
-		var ex *vend.CreditExhaustedError
-		if errors.As(err, &ex) {
-			return vend.Call{}, ex.Balance, ex
-		}
-		return vend.Call{}, 0, fmt.Errorf("credit draw: %w", l.fileError(err))
+	if err = drawError(err, l); err != nil {
+		return vend.Call{}, exhaustedBalance(err), err
 	}
 	return c, bal, nil
+}
+
+// RecordCreditCall implements vend.CreditLedger: RecordCall and, for a
+// new call, the draw of DrawCredit, in one transaction. A refused draw
+// (*CreditExhaustedError, a binding mismatch) records nothing.
+func (l *Ledger) RecordCreditCall(ctx context.Context, nc vend.NewCall, account string, b vend.Binding) (vend.Call, bool, vend.Msat, error) {
+	if err := validateNewCall(nc); err != nil {
+		return vend.Call{}, false, 0, err
+	}
+	var c vend.Call
+	var created bool
+	var bal vend.Msat
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
+		var err error
+		if c, created, err = recordCall(ctx, tx, nc, now); err != nil || !created {
+			return err
+		}
+		bal, err = drawCredit(ctx, tx, &c, account, b, now)
+		return err
+	})
+	if err = drawError(err, l); err != nil {
+		return vend.Call{}, false, exhaustedBalance(err), err
+	}
+	return c, created, bal, nil
+}
+
+// drawError is the error of a credit draw's transaction: a
+// *CreditExhaustedError as it is, anything else wrapped.
+func drawError(err error, l *Ledger) error {
+	if err == nil {
+		return nil
+	}
+	if ex, ok := errors.AsType[*vend.CreditExhaustedError](err); ok {
+		return ex
+	}
+	return fmt.Errorf("credit draw: %w", l.fileError(err))
+}
+
+// exhaustedBalance is the balance an exhausted draw found, else 0.
+func exhaustedBalance(err error) vend.Msat {
+	if ex, ok := errors.AsType[*vend.CreditExhaustedError](err); ok {
+		return ex.Balance
+	}
+	return 0
+}
+
+// drawCredit is the draw of the quoted call c from account in tx (see
+// DrawCredit); it returns the balance left.
+func drawCredit(ctx context.Context, tx *wtx, c *vend.Call, account string, b vend.Binding, now time.Time) (vend.Msat, error) {
+	if c.State != vend.CallQuoted {
+		return 0, &vend.TransitionError{What: fmt.Sprintf("call %d (credit draw)", c.ID), From: string(c.State), To: string(vend.CallExecuting)}
+	}
+	if err := checkBinding(*c, b); err != nil {
+		return 0, err
+	}
+	var bal vend.Msat
+	if err := tx.QueryRowContext(ctx, "SELECT balance_msat FROM credit_accounts WHERE id = ?", account).Scan(&bal); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return 0, err
+	}
+	if bal < c.Price {
+		return bal, &vend.CreditExhaustedError{Account: account, Balance: bal, Price: c.Price}
+	}
+	for _, to := range []vend.CallState{vend.CallAwaitingPayment, vend.CallPaid, vend.CallExecuting} {
+		if err := setCallState(ctx, tx, c, to, "", now); err != nil {
+			return 0, err
+		}
+	}
+	desc := fmt.Sprintf("%s%s/%s call %d drawn from credit %s", kindPrefix(c.Kind), c.Server, c.Tool, c.ID, account)
+	if err := creditMove(ctx, tx, account, "draw", -c.Price, c.ID, "", desc,
+		[]Posting{{CreditAccount(account), c.Price}, {AccountCreditDrawn, -c.Price}}, now); err != nil {
+		return 0, err
+	}
+	return bal - c.Price, recordExecution(ctx, tx, c, b, now)
 }
 
 // creditMove books one move of an account's credit: its journal entry

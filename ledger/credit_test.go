@@ -380,3 +380,69 @@ func TestRefundCreditPaysWhatIsLeft(t *testing.T) {
 	}
 	mustVerify(t, l)
 }
+
+// TestRecordCreditCallIsOneTransaction: RecordCreditCall records a new
+// call and draws its price at once (executing, one execution, balance
+// down); a replay of its request key draws nothing; a draw the balance
+// does not cover, or a binding that is not the call's, records nothing
+// (the request key stays free); concurrent calls on the last sats: one
+// runs. The books verify.
+func TestRecordCreditCallIsOneTransaction(t *testing.T) {
+	ctx := context.Background()
+	l := openLedger(t, "")
+	topUp(t, l, acctA, 1, 42)
+
+	nc := newCall(1)
+	c, created, bal, err := l.RecordCreditCall(ctx, nc, acctA, nc.Binding())
+	if err != nil || !created || bal != 21_000 || c.State != vend.CallExecuting || c.Executions != 1 {
+		t.Fatalf("first: %+v created=%v balance=%d err=%v", c, created, bal, err)
+	}
+	again, created, _, err := l.RecordCreditCall(ctx, nc, acctA, nc.Binding())
+	if err != nil || created || again.ID != c.ID || balance(t, l, acctA) != 21_000 {
+		t.Fatalf("replay: %+v created=%v err=%v balance %d", again, created, err, balance(t, l, acctA))
+	}
+	if err := l.Deliver(ctx, c.ID, okBody); err != nil {
+		t.Fatal(err)
+	}
+
+	bad := newCall(2)
+	other := bad.Binding()
+	other.ArgsHash = hash("something else")
+	if _, _, _, err := l.RecordCreditCall(ctx, bad, acctA, other); !errors.Is(err, vend.ErrExecutionMismatch) {
+		t.Fatalf("wrong binding: %v", err)
+	}
+	short := newCall(3)
+	short.Price = 22_000
+	var ex *vend.CreditExhaustedError
+	if _, _, _, err := l.RecordCreditCall(ctx, short, acctA, short.Binding()); !errors.As(err, &ex) || ex.Balance != 21_000 {
+		t.Fatalf("short: %v", err)
+	}
+	for _, nc := range []vend.NewCall{bad, short} {
+		if _, err := l.CallByRequest(ctx, nc.Transport, nc.Client, nc.RequestID); !errors.Is(err, vend.ErrNotFound) {
+			t.Fatalf("a refused credit call was recorded (%s): %v", nc.RequestID, err)
+		}
+	}
+
+	const n = 8
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		nc := newCall(10 + i)
+		wg.Go(func() { _, _, _, errs[i] = l.RecordCreditCall(ctx, nc, acctA, nc.Binding()) })
+	}
+	wg.Wait()
+	ran := 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			ran++
+		case errors.As(err, &ex):
+		default:
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if ran != 1 || balance(t, l, acctA) != 0 {
+		t.Fatalf("%d ran, balance %d; want 1 and 0", ran, balance(t, l, acctA))
+	}
+	mustVerify(t, l)
+}

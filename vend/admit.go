@@ -48,8 +48,9 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	switch {
 	case a.known:
 		res, err = a.resume(ctx)
-	case account != "" && !topUp:
-		res, err = a.payWithCredit(ctx, account)
+	case a.drawn:
+		res, err = a.runDrawn(ctx, account)
+		return v.withBalance(ctx, account, a.balance, res, err)
 	case r.CashuToken != "":
 		res, err = a.payWithToken(ctx)
 	default:
@@ -84,6 +85,10 @@ func (v *Vendor) enter(ctx context.Context, r *CallRequest) (context.Context, er
 type admitted struct {
 	pending
 	known bool // a replay, or an explicit-gating grant: not a new call
+	// drawn: a new call paid from credit, drawn and claimed for its
+	// execution (admitCredit), balance left in its account.
+	drawn   bool
+	balance Msat
 	// slot is the unpaid slot held for a new call's payment request (see
 	// unpaidBook.hold), nil if none; turn its place in the line to issue
 	// it (see issueQueue), nil if none.
@@ -190,11 +195,15 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 			}
 		}
 	}
-	call, created, err := v.cfg.Ledger.RecordCall(ctx, NewCall{
+	nc := NewCall{
 		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Kind: t.Kind.Or(), Tool: t.UpstreamName,
 		ArgsHash: hash, Price: q.Price, Idempotent: q.Idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
 		RefundInvoice: r.RefundInvoice, Run: v.runID,
-	})
+	}
+	if byCredit(&t, r) && r.account != "" {
+		return v.admitCredit(ctx, nc, bind, pending{v: v, t: t, args: args, r: r})
+	}
+	call, created, err := v.cfg.Ledger.RecordCall(ctx, nc)
 	if err != nil || !created {
 		v.unpaid.release(slot)
 		v.leaveIssuing(turn)
@@ -204,6 +213,21 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		return nil, CallResult{}, err
 	}
 	return &admitted{pending: pending{v: v, call: call, t: t, args: args, r: r}, known: !created, slot: slot, turn: turn}, CallResult{}, nil
+}
+
+// admitCredit records the new call nc paid from r's credit account and
+// draws its price, in one ledger transaction (CreditLedger.RecordCreditCall):
+// the admitted call is drawn and executing, ready to run (runDrawn), or
+// known (a replay: nothing drawn). A balance short of the price records
+// nothing and is a *CreditExhaustedError.
+func (v *Vendor) admitCredit(ctx context.Context, nc NewCall, bind Binding, p pending) (*admitted, CallResult, error) {
+	cl, _ := v.creditLedger() // r.account is set only with credit on
+	call, created, bal, err := cl.RecordCreditCall(Urgent(ctx), nc, p.r.account, bind)
+	if err != nil {
+		return nil, CallResult{}, err
+	}
+	p.call = call
+	return &admitted{pending: p, known: !created, drawn: created, balance: bal}, CallResult{}, nil
 }
 
 // check runs the checks of a call of t before anything is done for it:

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,4 +133,26 @@ func rssKB() int64 {
 		}
 	}
 	return 0
+}
+
+// BenchmarkCreditCall measures a priced call paid from prepaid credit on
+// the real ledger with a fake upstream, from 8 goroutines: what a credit
+// call costs capvend itself (the regtest benchmark is
+// cmd/capvend BenchmarkCreditCalls).
+func BenchmarkCreditCall(b *testing.B) {
+	h := newHarness(b, false, withCredit)
+	info := h.buyCredit(b, req("topup", "", "", nil), 1_000_000)
+	var seq atomic.Int64
+	b.SetParallelism(4) // 8 clients on 2 cores
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := seq.Add(1)
+			r := req(fmt.Sprint("c", i), "demo_echo", fmt.Sprintf(`{"text":"%d"}`, i), nil)
+			r.Credit = info.Token
+			if res, err := h.v.CallTool(context.Background(), r); err != nil || res.IsError {
+				b.Fatalf("%s %v", res.Body, err)
+			}
+		}
+	})
 }

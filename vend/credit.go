@@ -92,16 +92,18 @@ type CreditLedger interface {
 	// TopUpAccount returns the account a top-up call credits, or
 	// ErrNotFound. Read only.
 	TopUpAccount(ctx context.Context, id CallID) (string, error)
-	// DrawCredit pays the quoted call id from account and claims it for
-	// one execution sending b, in one transaction: the call's price moves
-	// from the account to the drawn credit, the call becomes executing
-	// and its execution is recorded. It returns the call and the balance
-	// left. A balance short of the price (or no such account) is a
-	// *CreditExhaustedError and nothing changes; of any number of
-	// concurrent draws only those the balance covers succeed. A call that
-	// is not quoted is an ErrIllegalTransition, b not the call's Binding
-	// ErrExecutionMismatch.
-	DrawCredit(ctx context.Context, id CallID, account string, b Binding) (Call, Msat, error)
+	// RecordCreditCall records the new call nc like Ledger.RecordCall
+	// and, if it is new (created), pays it from account and claims it for
+	// one execution sending b, in the same transaction: the call's price
+	// moves from the account to the drawn credit, the call becomes
+	// executing and its execution is recorded. It returns the call,
+	// created, and the balance left. A request key known already
+	// (created false) draws nothing: its call is returned as RecordCall
+	// returns it. A balance short of the price (or no such account) is a
+	// *CreditExhaustedError and nothing is recorded; of any number of
+	// concurrent draws only those the balance covers succeed. b not nc's
+	// Binding is ErrExecutionMismatch.
+	RecordCreditCall(ctx context.Context, nc NewCall, account string, b Binding) (call Call, created bool, balance Msat, err error)
 	// DrawOf returns the account call id drew its price from, or
 	// ErrNotFound. Read only.
 	DrawOf(ctx context.Context, id CallID) (string, error)
@@ -282,39 +284,35 @@ func (a *admitted) bindTopUp(ctx context.Context, account string) (string, error
 	return account, nil
 }
 
-// payWithCredit pays the new call from account and runs it: the draw
-// claims the call in the same ledger transaction, so there is no
-// payment to wait for.
-func (c *pending) payWithCredit(ctx context.Context, account string) (CallResult, error) {
+// runDrawn runs the new call admitCredit drew from account (it is
+// executing, its execution recorded): there is no payment to wait for.
+func (c *admitted) runDrawn(ctx context.Context, account string) (CallResult, error) {
 	v := c.v
-	cl, _ := v.creditLedger()
 	ctx = Urgent(ctx) // paid
-	t, args, bind, err := v.storedItem(ctx, &c.call)
-	if err != nil {
-		c.endUnpaid(ctx, "not runnable")
-		return CallResult{}, err
-	}
 	done := v.running.start(c.call.ID)
 	if done == nil { // a new call runs nowhere else
 		return CallResult{}, fmt.Errorf("call %d: %w", c.call.ID, ErrAlreadyClaimed)
 	}
 	defer v.running.stop(c.call.ID, done)
-	call, _, err := cl.DrawCredit(ctx, c.call.ID, account, bind)
-	var ex *CreditExhaustedError
-	if errors.As(err, &ex) {
-		c.endUnpaid(ctx, "credit exhausted")
-		return CallResult{}, ex
-	}
-	if err != nil {
-		c.endUnpaid(ctx, "credit draw failed")
-		return CallResult{}, err
-	}
-	c.call = call
-	p := creditPayment(call, account)
+	p := creditPayment(c.call, account)
 	c.pay = &p
 	v.paid(c.r)
+	// The ledger recorded the request's own item and arguments with the
+	// call (admit), and bound the execution to them: they are what runs.
 	// Drawn: the run and its records go ahead even if the client leaves.
-	return c.finish(context.WithoutCancel(ctx), &t, args)
+	return c.finish(context.WithoutCancel(ctx), &c.t, c.args)
+}
+
+// withBalance is withCredit for the answer of a call drawn from account
+// leaving balance: a delivered call's answer carries that balance with no
+// ledger read (delivering moves nothing of the account); any other
+// answer is withCredit's.
+func (v *Vendor) withBalance(ctx context.Context, account string, balance Msat, res CallResult, err error) (CallResult, error) {
+	if err != nil || res.Body == nil || res.IsError {
+		return v.withCredit(ctx, account, false, res, err)
+	}
+	res.Body = withMeta(res.Body, MetaCredit, CreditInfo{Account: account, Balance: int64(balance / MsatPerSat), BalanceMsat: int64(balance)})
+	return res, nil
 }
 
 // withCredit adds account's balance (and, for a top-up's answer, its

@@ -16,7 +16,7 @@ import (
 func withCredit(c *vend.Config) { c.Credit.Enabled = true }
 
 // creditOf reads _meta["capvend/credit"] of an answer.
-func creditOf(t *testing.T, body json.RawMessage) vend.CreditInfo {
+func creditOf(t testing.TB, body json.RawMessage) vend.CreditInfo {
 	t.Helper()
 	var r struct {
 		Meta map[string]vend.CreditInfo `json:"_meta"`
@@ -33,7 +33,7 @@ func creditOf(t *testing.T, body json.RawMessage) vend.CreditInfo {
 
 // buyCredit tops up (a new account if r.Credit and r.CreditSelf are
 // unset) with sats, paying the invoice, and returns the answer's credit.
-func (h *harness) buyCredit(t *testing.T, r vend.CallRequest, sats int) vend.CreditInfo {
+func (h *harness) buyCredit(t testing.TB, r vend.CallRequest, sats int) vend.CreditInfo {
 	t.Helper()
 	r.Tool, r.Arguments = vend.TopUpTool, json.RawMessage(fmt.Sprintf(`{"sats":%d}`, sats))
 	ch := h.callAsync(r)

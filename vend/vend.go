@@ -116,12 +116,13 @@
 //
 // Paying: a priced call naming an account is recorded like any call (the
 // request key and Binding rules above hold per call: a replay gets its
-// stored answer and draws nothing), then CreditLedger.DrawCredit moves its
-// price from the account to liabilities:credit_drawn and claims the call
-// for execution in one transaction; the balance can never go negative (a
-// schema CHECK), so of concurrent calls on the last sats only those the
-// balance covers run, the others get *CreditExhaustedError (-32056 on
-// every front, with the top-up to make) and nothing is charged. Delivered,
+// stored answer and draws nothing), and in the same transaction
+// (CreditLedger.RecordCreditCall) its price moves from the account to
+// liabilities:credit_drawn and the call is claimed for execution; the
+// balance can never go negative (a schema CHECK), so of concurrent calls
+// on the last sats only those the balance covers run, the others get
+// *CreditExhaustedError (-32056 on every front, with the top-up to make)
+// and nothing is recorded or charged. Delivered,
 // the draw moves to the item's income; failed (or interrupted and not
 // idempotent), it is given back. Every answer of a request naming an
 // account carries its balance in _meta[MetaCredit] (CreditInfo).

@@ -348,7 +348,7 @@ func (h *harness) callAsync(r vend.CallRequest) <-chan outcome {
 	return ch
 }
 
-func (h *harness) nextPayment(t *testing.T) vend.Payment {
+func (h *harness) nextPayment(t testing.TB) vend.Payment {
 	t.Helper()
 	select {
 	case p := <-h.be.last:
@@ -359,7 +359,7 @@ func (h *harness) nextPayment(t *testing.T) vend.Payment {
 	return vend.Payment{}
 }
 
-func result(t *testing.T, ch <-chan outcome) outcome {
+func result(t testing.TB, ch <-chan outcome) outcome {
 	t.Helper()
 	select {
 	case o := <-ch:
