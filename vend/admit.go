@@ -62,7 +62,7 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 // byCredit reports whether r is paid from credit: it names an account and
 // is not a top-up.
 func byCredit(t *Tool, r *CallRequest) bool {
-	return (r.Credit != "" || r.CreditSelf) && !isTopUp(t)
+	return (r.Credit != "" || r.CreditSelf || r.account != "") && !isTopUp(t)
 }
 
 // enter starts serving r, whatever path serves it (CallTool, CallFree):
@@ -133,13 +133,16 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	bind := Binding{Kind: t.Kind.Or(), Server: t.Server, Tool: t.UpstreamName, ArgsHash: hash}
 	if r.Macaroon != nil && r.CashuToken == "" {
 		// An L402 macaroon names its grant, and its preimage proves
-		// the payment: that call or nothing.
-		grant, err := v.grantByMacaroon(ctx, r, &t, bind)
+		// the payment: that call or nothing; a credit macaroon names
+		// the account that pays (r.account).
+		grant, ok, err := v.grantByMacaroon(ctx, r, &t, bind)
 		if err != nil {
 			return nil, CallResult{}, err
 		}
 		r.Explicit = true
-		return &admitted{pending: pending{v: v, call: grant, t: t, args: args, r: r, byToken: true, proven: true}, known: true}, CallResult{}, nil
+		if ok {
+			return &admitted{pending: pending{v: v, call: grant, t: t, args: args, r: r, byToken: true, proven: true}, known: true}, CallResult{}, nil
+		}
 	}
 	if r.PaymentToken != "" && r.CashuToken == "" {
 		// A payment token names its grant: that call or nothing.

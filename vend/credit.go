@@ -451,6 +451,10 @@ type TopUpRequest struct {
 	// PaymentProof (an invoice's preimage, hex) or PaymentToken pays the
 	// top-up quoted before; CashuToken pays at once.
 	PaymentProof, PaymentToken, CashuToken string
+	// Macaroon, with PaymentProof, is the L402 credit macaroon of the
+	// top-up (CallRequest.Macaroon): the top-up it names, and no other,
+	// is credited.
+	Macaroon []byte
 }
 
 // TopUp is the entry point of payment fronts that are not MCP (L402):
@@ -464,7 +468,7 @@ type TopUpRequest struct {
 func (v *Vendor) TopUp(ctx context.Context, t TopUpRequest) (CreditInfo, error) {
 	res, err := v.CallTool(ctx, CallRequest{Transport: t.Transport, Client: t.Client, RequestID: t.RequestID, Tool: TopUpTool,
 		Arguments: mustJSON(map[string]int64{"sats": t.Sats}), Explicit: true, Credit: t.Token, PaymentProof: t.PaymentProof,
-		PaymentToken: t.PaymentToken, CashuToken: t.CashuToken})
+		PaymentToken: t.PaymentToken, CashuToken: t.CashuToken, Macaroon: t.Macaroon, L402: t.Macaroon != nil})
 	if err != nil {
 		return CreditInfo{}, err
 	}

@@ -40,9 +40,19 @@ import (
 //	                                   (Aperture's gRPC form)
 //
 // Any other condition is refused (a caveat a client added must hold, and
-// capvend cannot check one it does not know). A credit macaroon (prepaid
-// balance) is meant to carry capvend_credit=<account> instead of
-// capvend_call: verifyMacaroon's caveat switch is where it is added.
+// capvend cannot check one it does not know).
+//
+// A credit macaroon ("an L402 token for N sats") is the challenge of an
+// L402 request of TopUpTool: it carries capvend_credit=<account> (the
+// account the top-up credits) instead of capvend_call; a macaroon with
+// both, or neither, is refused. Its identifier's payment hash names the
+// top-up's invoice and its token id begins with the top-up call's id; it
+// stays good for Credit.ExpiresAfter (L402CreditValidity if credit never
+// expires) after its invoice's expiry. Presented with the preimage on a
+// retry of the top-up it releases that top-up, once; presented with any
+// priced call it pays the call from the account (the top-up is run
+// first, through TopUp, if it was paid and not yet credited), as a
+// credit token would, as many times as the balance covers.
 
 // L402Service is the service name in the services caveat.
 const L402Service = "capvend"
@@ -51,11 +61,16 @@ const L402Service = "capvend"
 // good: a client that paid at the last moment can still repeat its call.
 const L402Grace = time.Hour
 
+// L402CreditValidity is how long after its invoice's expiry a credit
+// macaroon stays good when credit never expires (Credit.ExpiresAfter 0).
+const L402CreditValidity = 365 * 24 * time.Hour
+
 // Caveat conditions of capvend's macaroons (see above).
 const (
 	caveatServices   = "services"
 	caveatValidUntil = L402Service + "_valid_until"
 	caveatCall       = L402Service + "_call"
+	caveatCredit     = L402Service + "_credit"
 	caveatPreimage   = "preimage"
 )
 
@@ -118,7 +133,8 @@ func callCaveat(t *Tool, argsHash string) string {
 }
 
 // mintMacaroon returns the L402 macaroon (binary) of the explicit-gating
-// call c, whose payment c.pay is a Lightning invoice.
+// call c, whose payment c.pay is a Lightning invoice: a call macaroon, or
+// for a top-up a credit macaroon of the account it credits.
 func (c *pending) mintMacaroon(ctx context.Context) ([]byte, error) {
 	key, _, err := c.v.l402RootKey(ctx)
 	if err != nil {
@@ -128,7 +144,22 @@ func (c *pending) mintMacaroon(ctx context.Context) ([]byte, error) {
 	if err != nil || len(hash) != 32 {
 		return nil, fmt.Errorf("payment of call %d has no Lightning payment hash", c.call.ID)
 	}
-	return mintL402(key, hash, c.call.ID, c.pay.ExpiresAt.Add(L402Grace), callCaveat(&c.t, c.call.ArgsHash))
+	if !isTopUp(&c.t) {
+		return mintL402(key, hash, c.call.ID, c.pay.ExpiresAt.Add(L402Grace), caveatCall+"="+callCaveat(&c.t, c.call.ArgsHash))
+	}
+	cl, ok := c.v.creditLedger()
+	if !ok {
+		return nil, ErrCreditOff
+	}
+	account, err := cl.TopUpAccount(ctx, c.call.ID)
+	if err != nil {
+		return nil, err
+	}
+	valid := c.v.cfg.Credit.ExpiresAfter
+	if valid <= 0 {
+		valid = L402CreditValidity
+	}
+	return mintL402(key, hash, c.call.ID, c.pay.ExpiresAt.Add(max(valid, L402Grace)), caveatCredit+"="+account)
 }
 
 // addMacaroon adds to e, the explicit-gating answer of c, the L402
@@ -149,8 +180,8 @@ func (c *pending) addMacaroon(ctx context.Context, e *PaymentRequiredError) erro
 }
 
 // mintL402 mints a macaroon for payment hash hash and call id, good until
-// until, for the call described by call (callCaveat).
-func mintL402(key, hash []byte, id CallID, until time.Time, call string) ([]byte, error) {
+// until, with what caveat: capvend_call (callCaveat) or capvend_credit.
+func mintL402(key, hash []byte, id CallID, until time.Time, what string) ([]byte, error) {
 	ident := make([]byte, 0, l402IDLen)
 	ident = binary.BigEndian.AppendUint16(ident, l402Version)
 	ident = append(ident, hash...)
@@ -167,7 +198,7 @@ func mintL402(key, hash []byte, id CallID, until time.Time, call string) ([]byte
 	for _, cav := range []string{
 		caveatServices + "=" + L402Service + ":0",
 		caveatValidUntil + "=" + strconv.FormatInt(until.Unix(), 10),
-		caveatCall + "=" + call,
+		what,
 	} {
 		if err := m.AddFirstPartyCaveat([]byte(cav)); err != nil {
 			return nil, err
@@ -181,6 +212,10 @@ type l402Grant struct {
 	hash    string // payment hash, hex
 	tokenID string // hex
 	call    CallID
+	// credit is the account of a credit macaroon (capvend_credit), ""
+	// for a call macaroon.
+	credit   string
+	preimage string // hex, verified
 }
 
 // L402TokenID returns the token id (hex) of the binary macaroon mac, the
@@ -209,10 +244,12 @@ func parseL402ID(id []byte) (l402Grant, error) {
 }
 
 // verifyMacaroon checks the L402 credential of r (r.Macaroon, and the
-// preimage in r.PaymentProof or a preimage caveat) against key and the
-// call r asks for (call: callCaveat), at now: the signature, every
-// caveat, and that the preimage hashes to the identifier's payment hash.
-// It needs no network and no ledger.
+// preimage in r.PaymentProof or a preimage caveat) against key at now:
+// the signature, every caveat, exactly one of capvend_call and
+// capvend_credit, and that the preimage hashes to the identifier's
+// payment hash. A call macaroon's capvend_call must be call (callCaveat
+// of the request); a credit macaroon's account is the grant's credit. It
+// needs no network and no ledger.
 func verifyMacaroon(key []byte, r *CallRequest, call string, now time.Time) (l402Grant, error) {
 	var m macaroon.Macaroon
 	if err := m.UnmarshalBinary(r.Macaroon); err != nil {
@@ -226,8 +263,8 @@ func verifyMacaroon(key []byte, r *CallRequest, call string, now time.Time) (l40
 	if err != nil {
 		return l402Grant{}, fmt.Errorf("%w: not signed by this server", ErrL402Invalid)
 	}
-	preimage := r.PaymentProof
-	var service, until, called bool
+	g.preimage = r.PaymentProof
+	var service, until, called, mismatch bool
 	for _, c := range conds {
 		k, val, ok := strings.Cut(c, "=")
 		if !ok {
@@ -245,23 +282,31 @@ func verifyMacaroon(key []byte, r *CallRequest, call string, now time.Time) (l40
 			}
 			until = true
 		case caveatCall:
-			if val != call {
-				return l402Grant{}, fmt.Errorf("%w: %w", ErrL402Invalid, ErrTokenMismatch)
+			called, mismatch = true, mismatch || val != call
+		case caveatCredit:
+			if !validAccount(val) || (g.credit != "" && g.credit != val) {
+				return l402Grant{}, fmt.Errorf("%w: a credit caveat names no account, or two", ErrL402Invalid)
 			}
-			called = true
+			g.credit = val
 		case caveatPreimage:
-			if preimage != "" && !strings.EqualFold(preimage, val) {
+			if g.preimage != "" && !strings.EqualFold(g.preimage, val) {
 				return l402Grant{}, fmt.Errorf("%w: two different preimages", ErrL402Invalid)
 			}
-			preimage = val
+			g.preimage = val
 		default:
 			return l402Grant{}, fmt.Errorf("%w: unknown caveat %q", ErrL402Invalid, k)
 		}
 	}
-	if !service || !until || !called {
+	if called && g.credit != "" {
+		return l402Grant{}, fmt.Errorf("%w: both %s and %s: a token pays one call or credit, not both", ErrL402Invalid, caveatCall, caveatCredit)
+	}
+	if !service || !until || (!called && g.credit == "") {
 		return l402Grant{}, fmt.Errorf("%w: a caveat capvend mints is missing", ErrL402Invalid)
 	}
-	pre, err := hex.DecodeString(preimage)
+	if mismatch {
+		return l402Grant{}, fmt.Errorf("%w: %w", ErrL402Invalid, ErrTokenMismatch)
+	}
+	pre, err := hex.DecodeString(g.preimage)
 	if err != nil || len(pre) != 32 {
 		return l402Grant{}, fmt.Errorf("%w: no preimage (32 bytes, hex)", ErrL402Invalid)
 	}
@@ -269,6 +314,7 @@ func verifyMacaroon(key []byte, r *CallRequest, call string, now time.Time) (l40
 	if want, _ := hex.DecodeString(g.hash); !bytes.Equal(sum[:], want) {
 		return l402Grant{}, fmt.Errorf("%w: the preimage is not the invoice's", ErrL402Invalid)
 	}
+	g.preimage = strings.ToLower(g.preimage)
 	return g, nil
 }
 
@@ -286,45 +332,109 @@ func hasService(val string) (bool, error) {
 
 // grantByMacaroon verifies r's L402 credential for a call of t selling
 // bind and returns the call it releases: paid, or awaiting a payment the
-// preimage proves (the backend reports it soon). The call must be the
-// identifier's, paid by the identifier's invoice, and sell exactly bind.
-func (v *Vendor) grantByMacaroon(ctx context.Context, r *CallRequest, t *Tool, bind Binding) (Call, error) {
-	key, lk, err := v.l402RootKey(ctx)
+// preimage proves (the backend reports it soon). A call macaroon's call
+// must be the identifier's, paid by the identifier's invoice, and sell
+// exactly bind; so must a credit macaroon's top-up when t is TopUpTool.
+// A credit macaroon presented with any other priced call releases no
+// call: ok is false and r is to be paid from its account (creditByMacaroon).
+func (v *Vendor) grantByMacaroon(ctx context.Context, r *CallRequest, t *Tool, bind Binding) (c Call, ok bool, err error) {
+	g, c, err := v.macaroonCall(ctx, r, callCaveat(t, bind.ArgsHash))
 	if err != nil {
-		return Call{}, err
+		return Call{}, false, err
 	}
-	g, err := verifyMacaroon(key, r, callCaveat(t, bind.ArgsHash), time.Now())
-	if err != nil {
-		return Call{}, err
-	}
-	if revoked, err := lk.L402Revoked(ctx, g.tokenID); err != nil {
-		return Call{}, err
-	} else if revoked {
-		return Call{}, fmt.Errorf("%w: token revoked", ErrL402Invalid)
-	}
-	p, err := v.cfg.Ledger.Payment(ctx, g.hash)
-	if errors.Is(err, ErrNotFound) || (err == nil && p.CallID != g.call) {
-		return Call{}, fmt.Errorf("%w: no such payment", ErrL402Invalid)
-	}
-	if err != nil {
-		return Call{}, err
-	}
-	c, err := v.cfg.Ledger.Call(ctx, g.call)
-	if err != nil {
-		return Call{}, err
+	if g.credit != "" && !isTopUp(t) {
+		return Call{}, false, v.creditByMacaroon(ctx, r, g, c)
 	}
 	if c.Binding() != bind {
-		return Call{}, fmt.Errorf("%w: %w", ErrL402Invalid, ErrTokenMismatch)
+		return Call{}, false, fmt.Errorf("%w: %w", ErrL402Invalid, ErrTokenMismatch)
 	}
 	switch c.State {
 	case CallPaid, CallAwaitingPayment:
-		return c, nil
+		return c, true, nil
 	case CallExpired, CallCanceled:
-		return Call{}, ErrTokenExpired
+		return Call{}, false, ErrTokenExpired
 	case CallQuoted:
-		return Call{}, fmt.Errorf("%w: no such payment", ErrL402Invalid)
+		return Call{}, false, fmt.Errorf("%w: no such payment", ErrL402Invalid)
 	}
-	return Call{}, ErrTokenUsed
+	return Call{}, false, ErrTokenUsed
+}
+
+// macaroonCall verifies r's L402 credential (call: the request's
+// callCaveat), that it is not revoked, and that its identifier's invoice
+// is the payment of its call (for a credit macaroon, a top-up of its
+// account), and returns what it names and that call.
+func (v *Vendor) macaroonCall(ctx context.Context, r *CallRequest, call string) (l402Grant, Call, error) {
+	key, lk, err := v.l402RootKey(ctx)
+	if err != nil {
+		return l402Grant{}, Call{}, err
+	}
+	g, err := verifyMacaroon(key, r, call, time.Now())
+	if err != nil {
+		return l402Grant{}, Call{}, err
+	}
+	if revoked, err := lk.L402Revoked(ctx, g.tokenID); err != nil {
+		return l402Grant{}, Call{}, err
+	} else if revoked {
+		return l402Grant{}, Call{}, fmt.Errorf("%w: token revoked", ErrL402Invalid)
+	}
+	p, err := v.cfg.Ledger.Payment(ctx, g.hash)
+	if errors.Is(err, ErrNotFound) || (err == nil && p.CallID != g.call) {
+		return l402Grant{}, Call{}, fmt.Errorf("%w: no such payment", ErrL402Invalid)
+	}
+	if err != nil {
+		return l402Grant{}, Call{}, err
+	}
+	c, err := v.cfg.Ledger.Call(ctx, g.call)
+	if err != nil {
+		return l402Grant{}, Call{}, err
+	}
+	if g.credit == "" {
+		return g, c, nil
+	}
+	cl, ok := v.creditLedger()
+	if !ok {
+		return l402Grant{}, Call{}, ErrCreditOff
+	}
+	if c.Server != CreditServer || c.Tool != topUpUpstream {
+		return l402Grant{}, Call{}, fmt.Errorf("%w: a credit token of no top-up", ErrL402Invalid)
+	}
+	if acct, err := cl.TopUpAccount(ctx, c.ID); err != nil || acct != g.credit {
+		return l402Grant{}, Call{}, fmt.Errorf("%w: the top-up credits another account", ErrL402Invalid)
+	}
+	return g, c, nil
+}
+
+// creditByMacaroon makes r, presenting the verified credit macaroon g of
+// the top-up call c, a call paid from g's account (r's account): the
+// top-up must be credited, or paid and then credited here through TopUp
+// with the macaroon and its preimage (the client paid the invoice and
+// went on to a call without repeating the top-up). A top-up that never
+// paid, or was refunded, credits nothing: the token is refused. A credit
+// token of another account in the same request is refused too.
+func (v *Vendor) creditByMacaroon(ctx context.Context, r *CallRequest, g l402Grant, c Call) error {
+	if r.account != "" && r.account != g.credit {
+		return fmt.Errorf("%w: the L402 token and the credit token name different accounts", ErrL402Invalid)
+	}
+	switch c.State {
+	case CallDelivered:
+	case CallPaid, CallAwaitingPayment, CallExecuting:
+		_, err := v.TopUp(ctx, TopUpRequest{Transport: r.Transport, Client: r.Client, RequestID: r.RequestID + "#topup",
+			Sats: c.Price.SatsCeil(), Macaroon: r.Macaroon, PaymentProof: g.preimage})
+		if err != nil && !errors.Is(err, ErrTokenUsed) { // used: credited by another request meanwhile
+			return err
+		}
+		if cur, err := v.cfg.Ledger.Call(ctx, c.ID); err != nil || cur.State != CallDelivered {
+			return fmt.Errorf("%w: the top-up is not credited yet", ErrPaymentFailed)
+		}
+	case CallExpired, CallCanceled:
+		return ErrTokenExpired
+	case CallQuoted:
+		return fmt.Errorf("%w: no such payment", ErrL402Invalid)
+	default: // failed or refunded: nothing was credited
+		return fmt.Errorf("%w: the top-up was refunded", ErrL402Invalid)
+	}
+	r.account = g.credit
+	return nil
 }
 
 // awaitProven waits for the backend to report the payment the request's
