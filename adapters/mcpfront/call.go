@@ -166,8 +166,10 @@ func readMeta(cr *vend.CallRequest, m *mcp.Meta) {
 
 // itemRequest is the vend.CallRequest of a priced prompts/get or
 // resources/read: like a tools/call's (see handleCall), without
-// elicitation (prompts and resources do not ask).
-func (s *Server) itemRequest(ctx context.Context, kind vend.ItemKind, name string, args json.RawMessage, h http.Header, meta *mcp.Meta) vend.CallRequest {
+// elicitation (prompts and resources do not ask). Over HTTP it reads the
+// L402 credential too; a malformed one is the error sell answers (401).
+func (s *Server) itemRequest(ctx context.Context, kind vend.ItemKind, name string, args json.RawMessage, h http.Header,
+	meta *mcp.Meta) (vend.CallRequest, error) {
 	cr := vend.CallRequest{Kind: kind, Tool: name, RequestID: h.Get(rpcIDHeader), Arguments: args, Explicit: s.cfg.ExplicitGating}
 	cr.Transport, _ = ctx.Value(keyTransport).(string)
 	cr.Client, _ = ctx.Value(keyClient).(string)
@@ -178,7 +180,10 @@ func (s *Server) itemRequest(ctx context.Context, kind vend.ItemKind, name strin
 	s.gate(ctx, &cr)
 	s.payOverHTTP(ctx, &cr)
 	cr.Notify = s.notifier(ctx)
-	return cr
+	if _, isHTTP := ctx.Value(keyHTTPWriter).(*rewriteWriter); isHTTP {
+		return cr, s.readL402(&cr, h)
+	}
+	return cr, nil
 }
 
 // readCreditHeader takes a credit token from the HeaderCredit request

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -211,7 +212,8 @@ func (s *Server) handleGetPrompt(ctx context.Context, req mcp.GetPromptRequest) 
 		if req.Params.Arguments != nil {
 			args, _ = json.Marshal(req.Params.Arguments)
 		}
-		body, err = s.sell(ctx, s.itemRequest(ctx, vend.KindPrompt, name, args, req.Header, req.Params.Meta))
+		cr, cerr := s.itemRequest(ctx, vend.KindPrompt, name, args, req.Header, req.Params.Meta)
+		body, err = s.sell(ctx, cr, cerr)
 		if err != nil {
 			return nil, err
 		}
@@ -236,7 +238,8 @@ func (s *Server) handleReadResource(ctx context.Context, req mcp.ReadResourceReq
 	var body json.RawMessage
 	var err error
 	if _, hi := s.priced(vend.KindResource, uri); hi > 0 {
-		body, err = s.sell(ctx, s.itemRequest(ctx, vend.KindResource, uri, json.RawMessage(`{}`), req.Header, req.Params.Meta))
+		cr, cerr := s.itemRequest(ctx, vend.KindResource, uri, json.RawMessage(`{}`), req.Header, req.Params.Meta)
+		body, err = s.sell(ctx, cr, cerr)
 		if err != nil {
 			return nil, err
 		}
@@ -253,11 +256,24 @@ func (s *Server) handleReadResource(ctx context.Context, req mcp.ReadResourceReq
 // sell runs a priced prompts/get or resources/read through the Vendor
 // (payment notifications on the request's stream, as for tools) and
 // returns the result body, or the error for mcp-go marked with its wire
-// error (see toWire).
-func (s *Server) sell(ctx context.Context, cr vend.CallRequest) (json.RawMessage, error) {
+// error (see toWire). Over HTTP, a request that wants 402 answers gets
+// them as a tools/call does (http402.go): 402 with the challenges, 401
+// for a refused L402 credential (credErr: a malformed one, refused
+// before the Vendor sees the request), 400 for a refused X-Cashu token;
+// mcp-go's own answer is then dropped.
+func (s *Server) sell(ctx context.Context, cr vend.CallRequest, credErr error) (json.RawMessage, error) {
+	if credErr != nil {
+		if s.answerHTTP(ctx, &cr, credErr) {
+			return nil, errAnsweredOverHTTP
+		}
+		return nil, s.markError(credErr, cr.Tool)
+	}
 	res, err := s.cfg.Vendor.CallTool(ctx, cr)
 	if err == nil && !json.Valid(res.Body) {
 		err = fmt.Errorf("invalid result body")
+	}
+	if s.answerHTTP(ctx, &cr, err) {
+		return nil, errAnsweredOverHTTP
 	}
 	if w, ok := s.gatingError(&cr, err); ok {
 		s.log.Debug("priced "+string(cr.Kind)+" answered: payment required", logKeyTool, cr.Tool, logKeyTransport, cr.Transport)
@@ -271,6 +287,11 @@ func (s *Server) sell(ctx context.Context, cr vend.CallRequest) (json.RawMessage
 	}
 	return res.Body, nil
 }
+
+// errAnsweredOverHTTP is what a prompts/get or resources/read handler
+// returns when answerHTTP wrote the request's answer: mcp-go's error
+// response to it is dropped by the writer.
+var errAnsweredOverHTTP = errors.New("answered over HTTP")
 
 // catalogError logs err and returns it marked for the writers (see
 // toWire): an upstream failure or an internal error, without details.

@@ -190,7 +190,8 @@ func (s *Server) answerHTTP(ctx context.Context, cr *vend.CallRequest, err error
 	} else {
 		return false
 	}
-	id := json.RawMessage(cr.RequestID)
+	rid, _, _ := strings.Cut(cr.RequestID, xcashuSuffix) // the request's own id (payOverHTTP)
+	id := json.RawMessage(rid)
 	if !json.Valid(id) {
 		id = json.RawMessage("null")
 	}

@@ -2,7 +2,10 @@ package mcpfront
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -36,12 +39,21 @@ func (v itemVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.Call
 	rr.Notify = nil
 	v.calls = append(v.calls, rr)
 	v.mu.Unlock()
-	if r.Tool == "gated" {
+	switch {
+	case r.Macaroon != nil:
+		return vend.CallResult{}, fmt.Errorf("%w: the preimage is not the invoice's", vend.ErrL402Invalid)
+	case r.CashuToken != "":
+		return vend.CallResult{}, fmt.Errorf("%w: %w", vend.ErrPaymentFailed, vend.ErrForeignMint)
+	}
+	if r.Tool == "gated" || (r.L402 && r.Tool == "test://readme") {
 		pr := &vend.PaymentRequiredError{Options: []vend.PaymentOption{
 			{Amount: 2, PayReq: "lnbcrt20n1fake", PMI: vend.PMILightning, Description: "gated: 2 sat per call", TTL: 600}},
 			Amount: 2000, Invoice: "lnbcrt20n1fake", ExpiresAt: fakeExpiry}
 		if r.PaymentTokens {
 			pr.Token = fakeToken
+		}
+		if r.L402 {
+			pr.Macaroon = []byte("fake macaroon")
 		}
 		return vend.CallResult{}, pr
 	}
@@ -207,5 +219,53 @@ func TestPricedPromptOverStdio(t *testing.T) {
 	}
 	if last := iv.last(); last.Kind != vend.KindPrompt || last.Transport != TransportStdio || last.RequestID == "" || last.Explicit {
 		t.Fatalf("vendor request %+v", last)
+	}
+}
+
+// TestHTTP402ForPromptsAndResources: a priced prompts/get or
+// resources/read over HTTP that wants 402 answers (Accept naming L402, or
+// X-Cashu) is answered like a tools/call: HTTP 402 with the L402
+// challenge and the JSON-RPC 402 body for a payment required, 401 for a
+// refused L402 credential (a malformed one never reaches the Vendor), 400
+// for a refused X-Cashu token. Without them, nothing changes (200).
+func TestHTTP402ForPromptsAndResources(t *testing.T) {
+	s, iv := newItemServer(t)
+	r := newRawSession(t, startHTTP(t, s))
+	const accept = "application/json, text/event-stream, application/vnd.l402"
+	mac := base64.StdEncoding.EncodeToString([]byte("fake macaroon"))
+	pre := strings.Repeat("ab", 32)
+
+	for _, tc := range []struct {
+		name, body string
+		hdr        []string
+		status     int
+		want       string
+	}{
+		{"prompt, no Accept", `{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"gated"}}`, nil, 200, `"code":402`},
+		{"prompt 402", `{"jsonrpc":"2.0","id":2,"method":"prompts/get","params":{"name":"gated"}}`, []string{"Accept", accept}, 402, `"code":402`},
+		{"resource 402", `{"jsonrpc":"2.0","id":3,"method":"resources/read","params":{"uri":"test://readme"}}`, []string{"Accept", accept}, 402, `"code":402`},
+		{"prompt refused credential", `{"jsonrpc":"2.0","id":4,"method":"prompts/get","params":{"name":"gated"}}`,
+			[]string{"Authorization", "L402 " + mac + ":" + pre}, 401, "not the invoice's"},
+		{"resource malformed credential", `{"jsonrpc":"2.0","id":5,"method":"resources/read","params":{"uri":"test://readme"}}`,
+			[]string{"Authorization", "L402 " + mac}, 401, "malformed L402 credential"},
+		{"resource refused X-Cashu", `{"jsonrpc":"2.0","id":6,"method":"resources/read","params":{"uri":"test://readme"}}`,
+			[]string{HeaderCashu, "cashuBfake"}, 400, "does not accept"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := iv.count()
+			msgs, resp := r.post(tc.body, tc.hdr...)
+			var id struct{ ID json.RawMessage }
+			if resp.StatusCode != tc.status || len(msgs) != 1 || !strings.Contains(string(msgs[0]), tc.want) ||
+				json.Unmarshal(msgs[0], &id) != nil || !strings.Contains(tc.body, `"id":`+string(id.ID)+`,`) {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, msgs)
+			}
+			chs := resp.Header.Values("WWW-Authenticate")
+			if (tc.status == http.StatusPaymentRequired) != (len(chs) == 3 && strings.HasPrefix(chs[0], `L402 macaroon="`+mac+`"`)) {
+				t.Fatalf("challenges %q with status %d", chs, resp.StatusCode)
+			}
+			if strings.Contains(tc.name, "malformed") && iv.count() != n {
+				t.Fatal("a malformed credential reached the Vendor")
+			}
+		})
 	}
 }
