@@ -3,6 +3,8 @@ package ledger
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -69,4 +71,37 @@ func (l *Ledger) L402Revoked(ctx context.Context, tokenID string) (bool, error) 
 		return false, fmt.Errorf("L402 revocation: %w", l.fileError(err))
 	}
 	return true, nil
+}
+
+// L402Revocation is one revoked L402 token.
+type L402Revocation struct {
+	TokenID string // 64 hex digits (vend.L402TokenID)
+	Call    vend.CallID
+	Reason  string
+	At      time.Time
+}
+
+// L402Revocations returns every revoked L402 token, oldest first. Read
+// only. Call is the call id the token id begins with (the call a call
+// token pays, or the top-up of a credit token).
+func (l *Ledger) L402Revocations(ctx context.Context) ([]L402Revocation, error) {
+	rows, err := l.reader(ctx).QueryContext(ctx, "SELECT token_id, reason, created_at FROM l402_revocations ORDER BY created_at, token_id")
+	if err != nil {
+		return nil, fmt.Errorf("L402 revocations: %w", l.fileError(err))
+	}
+	defer rows.Close()
+	var out []L402Revocation
+	for rows.Next() {
+		var r L402Revocation
+		var at int64
+		if err := rows.Scan(&r.TokenID, &r.Reason, &at); err != nil {
+			return nil, err
+		}
+		r.At = fromMS(at)
+		if b, err := hex.DecodeString(r.TokenID); err == nil && len(b) >= 8 {
+			r.Call = vend.CallID(binary.BigEndian.Uint64(b))
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
