@@ -17,8 +17,9 @@ import (
 // HTTP 402 on MCP Streamable HTTP (the README's "Paying from any HTTP
 // client" says it for users).
 //
-// When: an unpaid priced tools/call over HTTP is answered with HTTP 402
-// Payment Required, instead of the explicit-gating tool result, when the
+// When: an unpaid priced tools/call (or prompts/get, resources/read: see
+// sell) over HTTP is answered with HTTP 402 Payment Required, instead of
+// the explicit-gating tool result, when the
 // request's Accept header names L402 (a media range or parameter
 // containing "l402" or "lsat", case-insensitive, e.g.
 // "application/json, text/event-stream, application/vnd.l402"), or always

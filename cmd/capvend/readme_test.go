@@ -304,6 +304,12 @@ func TestREADME(t *testing.T) {
 			t.Errorf("refunds --all:\n%s", out)
 		}
 	})
+	// The demo revokes no L402 token.
+	ledgerCmd("capvend l402 list", func(t *testing.T, out string) {
+		if !strings.Contains(out, "0 L402 token(s) revoked") {
+			t.Errorf("l402 list:\n%s", out)
+		}
+	})
 	// The demo buys no credit: no accounts, nothing owed.
 	ledgerCmd("capvend credit", func(t *testing.T, out string) {
 		if !strings.Contains(out, "0 account(s), 0.000 sat owed in credit") {
