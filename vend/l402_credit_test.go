@@ -53,7 +53,7 @@ func caveats(t *testing.T, mac []byte) []string {
 
 // TestL402CreditToken: an L402 request of capvend_topup for 100 sats is
 // answered with a credit macaroon (capvend_credit=<account>, no
-// capvend_call) and the 100-sat invoice. Once paid, the credential pays
+// capvend_call, good for a year) and the 100-sat invoice. Once paid, the credential pays
 // four calls at 21 sats with no further payment request (the first, made
 // before the top-up was repeated, credits it through TopUp); the fifth is
 // told to top up; the top-up's own retry, credited already, is refused
@@ -62,6 +62,7 @@ func TestL402CreditToken(t *testing.T) {
 	h := newHarness(t, false, withCredit)
 	pr, p, pre := creditChallenge(t, h, "topup", 100)
 	var account string
+	var until int64
 	for _, c := range caveats(t, pr.Macaroon) {
 		if strings.HasPrefix(c, "capvend_call=") {
 			t.Fatalf("a credit macaroon with a call caveat: %q", c)
@@ -69,6 +70,13 @@ func TestL402CreditToken(t *testing.T) {
 		if a, ok := strings.CutPrefix(c, "capvend_credit="); ok {
 			account = a
 		}
+		if u, ok := strings.CutPrefix(c, "capvend_valid_until="); ok {
+			until, _ = strconv.ParseInt(u, 10, 64)
+		}
+	}
+	// Credit never expires here: the token is good for L402CreditValidity.
+	if left := time.Until(time.Unix(until, 0)); left < vend.L402CreditValidity {
+		t.Fatalf("a credit macaroon good for %s only", left)
 	}
 	if !strings.HasPrefix(account, "t") {
 		t.Fatalf("credit macaroon caveats %q", caveats(t, pr.Macaroon))
