@@ -191,11 +191,13 @@ type CallRequest struct {
 	L402 bool
 	// Macaroon is an L402 macaroon (binary) the request presents, with
 	// its invoice's preimage in PaymentProof (or in a preimage caveat).
-	// It releases the one call it was minted for, once: a credential
-	// that does not verify for this request is ErrL402Invalid, a call
-	// that ran is ErrTokenUsed, one whose invoice expired unpaid
-	// ErrTokenExpired. A proven payment the backend has not reported
-	// yet is waited for, not answered as pending.
+	// A credit macaroon (l402.go) pays the call from its account, as a
+	// credit token would. A call macaroon releases the one call it was
+	// minted for, once: a credential that does not verify for this
+	// request is ErrL402Invalid, a call that ran is ErrTokenUsed, one
+	// whose invoice expired unpaid ErrTokenExpired. A proven payment the
+	// backend has not reported yet is waited for, not answered as
+	// pending.
 	Macaroon []byte
 	// PaymentTokens says the front hands payment tokens to its clients:
 	// an explicit-gating answer then issues one (PaymentRequiredError.Token).

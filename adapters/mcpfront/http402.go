@@ -19,8 +19,8 @@ import (
 //
 // When: an unpaid priced tools/call (or prompts/get, resources/read: see
 // sell) over HTTP is answered with HTTP 402 Payment Required, instead of
-// the explicit-gating tool result, when the
-// request's Accept header names L402 (a media range or parameter
+// the explicit-gating tool result, when the request's Accept header
+// names L402 (a media range or parameter
 // containing "l402" or "lsat", case-insensitive, e.g.
 // "application/json, text/event-stream, application/vnd.l402"), or always
 // with Config.HTTP402 (payments.http_402: true), for HTTP clients whose
