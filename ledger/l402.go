@@ -3,9 +3,9 @@ package ledger
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/binary"
 	"encoding/hex"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
