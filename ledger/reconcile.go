@@ -198,8 +198,11 @@ type ReconcileRun struct {
 	Started     time.Time
 	Finished    time.Time // zero while it runs (or if it was interrupted)
 	Differences []reconcile.Difference
-	Repaired    int
-	Error       string
+	// Found is how many differences the run found (it may list fewer:
+	// ReconcileRuns lists them all, Dashboard a bounded number).
+	Found    int
+	Repaired int
+	Error    string
 }
 
 // ReconcileRuns returns the newest n runs, newest first, with their
@@ -207,52 +210,61 @@ type ReconcileRun struct {
 func (l *Ledger) ReconcileRuns(ctx context.Context, n int) ([]ReconcileRun, error) {
 	var out []ReconcileRun
 	err := l.read(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `SELECT id, started_at, coalesce(finished_at, 0), repaired, error
-			FROM reconcile_runs ORDER BY id DESC LIMIT ?`, n)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var r ReconcileRun
-			var start, end int64
-			if err := rows.Scan(&r.ID, &start, &end, &r.Repaired, &r.Error); err != nil {
-				rows.Close()
-				return err
-			}
-			r.Started = time.UnixMilli(start).UTC()
-			if end != 0 {
-				r.Finished = time.UnixMilli(end).UTC()
-			}
-			out = append(out, r)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		for i := range out {
-			if out[i].Differences, err = differences(ctx, tx, out[i].ID); err != nil {
-				return err
-			}
-		}
-		return nil
+		var err error
+		out, err = reconcileRuns(ctx, tx, n, -1)
+		return err
 	})
 	return out, err
 }
 
-// differences reads the differences of run, oldest first.
-func differences(ctx context.Context, tx *sql.Tx, run int64) ([]reconcile.Difference, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT id, kind, backend, ref, coalesce(call_id, 0), mint_url, ledger, remote,
-		detail, repair, found_at FROM reconcile_differences WHERE run_id = ? ORDER BY id`, run)
+// reconcileRuns reads the newest n runs, newest first, with at most
+// maxDiffs differences each (all if negative).
+func reconcileRuns(ctx context.Context, tx *sql.Tx, n, maxDiffs int) ([]ReconcileRun, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT id, started_at, coalesce(finished_at, 0), differences, repaired, error
+		FROM reconcile_runs ORDER BY id DESC LIMIT ?`, n)
+	if err != nil {
+		return nil, err
+	}
+	var out []ReconcileRun
+	for rows.Next() {
+		var r ReconcileRun
+		var start, end int64
+		if err := rows.Scan(&r.ID, &start, &end, &r.Found, &r.Repaired, &r.Error); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		r.Started = time.UnixMilli(start).UTC()
+		if end != 0 {
+			r.Finished = time.UnixMilli(end).UTC()
+		}
+		out = append(out, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for i := range out {
+		if out[i].Differences, err = differences(ctx, tx, "run_id = ? ORDER BY id LIMIT ?", out[i].ID, maxDiffs); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// differences reads the differences matching where (SQL after WHERE).
+func differences(ctx context.Context, tx *sql.Tx, where string, args ...any) ([]reconcile.Difference, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT id, run_id, kind, backend, ref, coalesce(call_id, 0), mint_url, ledger, remote,
+		detail, repair, found_at FROM reconcile_differences WHERE `+where, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	var out []reconcile.Difference
 	for rows.Next() {
-		d := reconcile.Difference{Run: run}
+		var d reconcile.Difference
 		var kind, backend string
 		var found int64
-		if err := rows.Scan(&d.ID, &kind, &backend, &d.Ref, &d.CallID, &d.MintURL, &d.Ledger, &d.Remote,
+		if err := rows.Scan(&d.ID, &d.Run, &kind, &backend, &d.Ref, &d.CallID, &d.MintURL, &d.Ledger, &d.Remote,
 			&d.Detail, &d.Repair, &found); err != nil {
 			return nil, err
 		}

@@ -219,6 +219,17 @@ var invariants = []invariant{
 		format: "top-up call %v is %v with %v credit top-ups",
 	},
 	{
+		name: "the daily account totals (account_days, the dashboard's revenue) equal the journal",
+		query: `SELECT coalesce(j.day, d.day), (SELECT name FROM accounts WHERE id = coalesce(j.account_id, d.account_id)),
+				coalesce(j.amount, 0), coalesce(j.settlements, 0), coalesce(d.amount_msat, 0), coalesce(d.settlements, 0)
+			FROM (SELECT date(e.ts / 1000, 'unixepoch') AS day, p.account_id, sum(p.amount_msat) AS amount,
+					count(DISTINCT CASE WHEN e.kind = 'settlement' THEN e.id END) AS settlements
+				FROM postings p JOIN entries e ON e.id = p.entry_id WHERE e.sealed = 1 GROUP BY day, p.account_id) j
+			FULL JOIN account_days d ON d.day = j.day AND d.account_id = j.account_id
+			WHERE coalesce(j.amount, 0) <> coalesce(d.amount_msat, 0) OR coalesce(j.settlements, 0) <> coalesce(d.settlements, 0)`,
+		format: "%v %v: the journal has %v msat in %v settlements, account_days %v msat in %v",
+	},
+	{
 		name: "the schema's money rules are in place",
 		query: `SELECT t.name FROM (SELECT 'postings_no_update' AS name UNION ALL SELECT 'postings_no_delete'
 				UNION ALL SELECT 'entries_seal_requires_balance' UNION ALL SELECT 'entries_seal_balanced'
@@ -229,7 +240,8 @@ var invariants = []invariant{
 				UNION ALL SELECT 'calls_executions_recorded' UNION ALL SELECT 'credit_moves_balance'
 				UNION ALL SELECT 'credit_moves_immutable' UNION ALL SELECT 'credit_moves_no_delete'
 				UNION ALL SELECT 'credit_moves_close_draw' UNION ALL SELECT 'credit_moves_topup'
-				UNION ALL SELECT 'credit_accounts_no_delete' UNION ALL SELECT 'credit_topups_immutable') t
+				UNION ALL SELECT 'credit_accounts_no_delete' UNION ALL SELECT 'credit_topups_immutable'
+				UNION ALL SELECT 'account_days_on_seal') t
 			WHERE NOT EXISTS (SELECT 1 FROM sqlite_master m WHERE m.type = 'trigger' AND m.name = t.name)`,
 		format: "trigger %v is missing",
 	},
