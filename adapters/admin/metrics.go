@@ -136,6 +136,9 @@ func NewMetrics(servers []string, items []Item, src Sources, log *slog.Logger) *
 // Handler serves; it is not synchronized with scrapes.
 func (m *Metrics) SetSources(src Sources) { m.src = src }
 
+// sources are the gauges' sources (the dashboard shows them too).
+func (m *Metrics) sources() Sources { return m.src }
+
 // Registry is where the metrics are registered: another part of capvend
 // may register its own collectors there (names prefixed capvend_).
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }

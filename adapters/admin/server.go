@@ -1,7 +1,7 @@
 // Package admin is capvend's operator listener (admin.listen): Prometheus
-// metrics at /metrics, liveness at /healthz, readiness at /readyz, and
-// whatever else cmd registers with Handle (the reconciliation's and a
-// dashboard's pages). It is a listener of its own, never the MCP
+// metrics at /metrics, liveness at /healthz, readiness at /readyz, the
+// operator's dashboard (Dashboard, at /), and whatever else cmd registers
+// with Handle. It is a listener of its own, never the MCP
 // endpoint's: clients of the MCP front cannot reach it.
 //
 // It listens on loopback unless given a bearer token; with a token every
@@ -104,20 +104,33 @@ func (s *Server) authorized(r *http.Request) bool {
 	return ok && subtle.ConstantTimeCompare([]byte(got), s.token) == 1
 }
 
-// readyz runs every check (each bounded) and answers 200 with "ok" lines,
-// or 503 with the failing checks' reasons.
-func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+// runChecks runs every readiness check (each bounded by ctx and 5 s).
+func (s *Server) runChecks(ctx context.Context) []CheckResult {
 	s.mu.Lock()
 	checks := append([]Check(nil), s.checks...)
 	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	out := make([]CheckResult, 0, len(checks))
+	for _, c := range checks {
+		r := CheckResult{Name: c.Name, OK: true}
+		if err := c.Check(ctx); err != nil {
+			r.OK, r.Why = false, err.Error()
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// readyz runs every check and answers 200 with "ok" lines, or 503 with
+// the failing checks' reasons.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	var b strings.Builder
 	ready := true
-	for _, c := range checks {
-		if err := c.Check(ctx); err != nil {
+	for _, c := range s.runChecks(r.Context()) {
+		if !c.OK {
 			ready = false
-			fmt.Fprintf(&b, "not ready: %s: %v\n", c.Name, err)
+			fmt.Fprintf(&b, "not ready: %s: %s\n", c.Name, c.Why)
 		} else {
 			fmt.Fprintf(&b, "ok: %s\n", c.Name)
 		}

@@ -54,9 +54,9 @@ func metricLabels(cfg *Config) ([]string, []admin.Item) {
 // (LND: its invoice stream is open).
 type connected interface{ Connected() bool }
 
-// watch gives the metrics their gauges and the admin listener its
-// readiness checks, once every part is made.
-func (s *vendServer) watch() {
+// watch gives the metrics their gauges, the admin listener its readiness
+// checks and the dashboard its books, once every part is made.
+func (s *vendServer) watch() error {
 	s.metrics.SetSources(admin.Sources{
 		Open: func(ctx context.Context) (admin.Open, error) {
 			o, err := s.l.OpenCounts(ctx)
@@ -78,6 +78,8 @@ func (s *vendServer) watch() {
 		}
 		return nil
 	}})
+	_, err := admin.NewDashboard(s.admin, s.metrics, ledgerDashboard{s.l})
+	return err
 }
 
 // sessions are the live sessions of each front.
@@ -132,7 +134,7 @@ func (s *vendServer) bindAdmin() (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin.listen %s: %w", s.cfg.Admin.Listen, err)
 	}
-	fmt.Fprintf(s.e.Stderr, "capvend: admin listener at http://%s (/metrics, /healthz, /readyz)\n", ln.Addr())
+	fmt.Fprintf(s.e.Stderr, "capvend: admin listener at http://%s (dashboard /, /metrics, /healthz, /readyz)\n", ln.Addr())
 	return ln, nil
 }
 

@@ -207,7 +207,7 @@ func (s *vendServer) open(ctx context.Context) error {
 	s.refreshFront, s.refreshNostr = s.front, s.nostr
 	s.frontMu.Unlock()
 	if s.admin != nil {
-		s.watch()
+		return s.watch()
 	}
 	return nil
 }
