@@ -2,6 +2,7 @@ package vend_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/capvend/capvend/adapters/admin"
 	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/reconcile"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -26,25 +28,101 @@ import (
 // is not hidden behind the disk's waits, nor drowned in its noise). It
 // reports each side's median calls/s and on's cost in % of off's
 // throughput. Targets: <= 3% for paid calls, <= 5% for free calls.
-func BenchmarkMetricsOverhead(b *testing.B) {
+func BenchmarkMetricsOverhead(b *testing.B) { overhead(b, false) }
+
+// BenchmarkMonitoringOverhead is BenchmarkMetricsOverhead with continuous
+// reconciliation on too: during the "on" rounds (only), a reconciler runs
+// every 100 ms (serve's shortest reconcile.interval is 10 s) against a
+// node whose invoice list holds every invoice the calls paid, so each run
+// compares the new ones with the ledger and records itself. Targets
+// (issue #13): metrics and reconciliation together cost <= 3% of paid-call
+// throughput and <= 5% of free-call throughput.
+func BenchmarkMonitoringOverhead(b *testing.B) { overhead(b, true) }
+
+// overhead runs the side-by-side rounds of BenchmarkMetricsOverhead, with
+// a reconciler during the "on" rounds if rec.
+func overhead(b *testing.B, rec bool) {
 	for _, kind := range []string{"paid", "free"} {
 		b.Run(kind, func(b *testing.B) {
 			const rounds = 5
 			dir := shmDir(b)
 			hs := map[bool]*benchHarness{false: {h: metricsHarness(b, dir, false)}, true: {h: metricsHarness(b, dir, true)}}
+			if rec {
+				hs[true].lnd = &benchLND{}
+			}
 			rates := map[bool][]float64{}
+			var runs int
 			n := max(b.N/rounds, 1)
 			b.ResetTimer()
 			for r := 0; r < rounds; r++ {
 				for _, on := range []bool{r%2 == 1, r%2 == 0} { // who goes first alternates too
+					stop := hs[on].reconcile(b)
 					rates[on] = append(rates[on], benchCalls(b, hs[on], kind == "paid", 16, n))
+					runs += stop()
 				}
 			}
 			off, on := median(rates[false]), median(rates[true])
 			b.ReportMetric(off, "off-calls/s")
 			b.ReportMetric(on, "on-calls/s")
 			b.ReportMetric(100*(off-on)/off, "cost-%")
+			if rec {
+				b.ReportMetric(float64(runs), "reconcile-runs")
+			}
 		})
+	}
+}
+
+// benchLND is an LND node's invoice list as the reconciler reads it: the
+// invoices the benchmark's calls paid, settled, in add-index order.
+type benchLND struct {
+	mu   sync.Mutex
+	invs []reconcile.Invoice
+}
+
+func (n *benchLND) settled(ref string, amount vend.Msat) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.invs = append(n.invs, reconcile.Invoice{Ref: ref, State: reconcile.InvoiceSettled, AmountPaid: amount,
+		AddIndex: uint64(len(n.invs) + 1), SettleIndex: uint64(len(n.invs) + 1)})
+}
+
+// Invoices implements reconcile.LND.
+func (n *benchLND) Invoices(_ context.Context, after uint64, max int) ([]reconcile.Invoice, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	from := min(int(after), len(n.invs))
+	return append([]reconcile.Invoice(nil), n.invs[from:min(from+max, len(n.invs))]...), nil
+}
+
+// CancelInvoice implements reconcile.LND: nothing is ever to cancel here.
+func (n *benchLND) CancelInvoice(context.Context, string) error {
+	return errors.New("benchmark: no invoice is canceled")
+}
+
+// reconcile starts bh's reconciler (if it has a node) and returns the
+// function that stops it, which returns how many runs it finished.
+func (bh *benchHarness) reconcile(b *testing.B) (stop func() int) {
+	if bh.lnd == nil {
+		return func() int { return 0 }
+	}
+	var runs atomic.Int64
+	r, err := reconcile.New(reconcile.Config{Store: bh.h.l, LND: bh.lnd, Repair: true, Report: bh.h.v.Report,
+		Interval: 100 * time.Millisecond, Observe: func(s reconcile.Summary) {
+			if len(s.Differences) > 0 || s.Err != nil {
+				b.Errorf("reconciliation found %d differences: %v", len(s.Differences), s.Err)
+			}
+			runs.Add(1)
+		}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	return func() int {
+		cancel()
+		<-done
+		return int(runs.Load())
 	}
 }
 
@@ -68,6 +146,7 @@ func shmDir(b *testing.B) string {
 type benchHarness struct {
 	h    *harness
 	next atomic.Int64
+	lnd  *benchLND // if not nil, paid invoices are listed there, and reconciled
 }
 
 // metricsHarness is a harness whose ledger and Vendor report to a new
@@ -119,6 +198,9 @@ func benchCalls(b *testing.B, bh *benchHarness, paid bool, callers, n int) float
 				ch := h.callAsync(r)
 				p := <-h.be.last // some caller's payment request: pay it
 				h.be.pay(p.Ref)
+				if bh.lnd != nil {
+					bh.lnd.settled(p.Ref, p.Amount)
+				}
 				if o := <-ch; o.err != nil {
 					errs <- o.err
 					return

@@ -222,10 +222,7 @@ func (d *Dashboard) view(ctx context.Context) (*view, error) {
 
 // health runs the readiness checks and reads the gauges.
 func (d *Dashboard) health(ctx context.Context) Health {
-	var h Health
-	for _, c := range d.srv.runChecks(ctx) {
-		h.Checks = append(h.Checks, c)
-	}
+	h := Health{Checks: d.srv.runChecks(ctx)}
 	if d.metrics == nil {
 		return h
 	}
