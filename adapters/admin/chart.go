@@ -29,6 +29,7 @@ type ChartDay struct {
 	Day   string
 	Label string // shown under every 5th day
 	X, W  int
+	Mid   int // the middle of its slot
 	Total vend.Msat
 	Bars  []ChartBar
 }
@@ -52,7 +53,7 @@ var palette = []string{"#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#
 
 // chart lays out the last ChartDays days up to now of days.
 func chart(now time.Time, days []DayRevenue) Chart {
-	const w, h, left, bottom, top = 760, 220, 70, 20, 10
+	const w, h, left, right, bottom, top = 800, 220, 70, 20, 20, 10
 	c := Chart{Width: w, Height: h}
 	color := map[string]string{}
 	var accounts []string
@@ -92,10 +93,10 @@ func chart(now time.Time, days []DayRevenue) Chart {
 	}
 	plot := float64(h - top - bottom)
 	c.ZeroY = top + int(plot*float64(up)/span)
-	slot := (w - left) / ChartDays
+	slot := (w - left - right) / ChartDays
 	for i := range ChartDays {
 		t := first.AddDate(0, 0, i)
-		cd := ChartDay{Day: t.Format(time.DateOnly), X: left + i*slot + 1, W: slot - 2}
+		cd := ChartDay{Day: t.Format(time.DateOnly), X: left + i*slot + 1, W: slot - 2, Mid: left + i*slot + slot/2}
 		if i%5 == 4 || i == ChartDays-1 {
 			cd.Label = t.Format("01-02")
 		}

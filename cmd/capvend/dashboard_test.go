@@ -218,7 +218,7 @@ func TestDashboardInChromium(t *testing.T) {
 	}
 	var owed string
 	js(t, ctx, `document.querySelector('#refunds table.owed tbody').innerText`, &owed)
-	if !strings.Contains(owed, "5.000") || !strings.Contains(owed, "tool failed") && !strings.Contains(owed, "fail") {
+	if !strings.Contains(owed, "5.000") || !strings.Contains(owed, "the tool reported an error") {
 		t.Errorf("refunds owed: %q", owed)
 	}
 	screenshot(t, ctx, shots, "dashboard")
@@ -234,12 +234,14 @@ func TestDashboardInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	var hist struct {
-		URL, State, Payment, Execution, Result, Journal string
+		URL, State, Payment, Settlement, Execution, Result, Journal string
 	}
 	js(t, ctx, `({URL: location.pathname, State: document.querySelector('#call-state').textContent,
-		Payment: document.querySelector('#payments tbody').innerText, Execution: document.querySelector('#execution tbody').innerText,
+		Payment: document.querySelector('#payments tbody').innerText, Settlement: document.querySelector('#settlement tbody').innerText,
+		Execution: document.querySelector('#execution tbody').innerText,
 		Result: document.querySelector('#result').innerText, Journal: document.querySelector('#journal').innerText})`, &hist)
 	if hist.URL != "/"+href || hist.State != "delivered" || !strings.Contains(hist.Payment, "settled") || !strings.Contains(hist.Payment, "21.000") ||
+		!strings.Contains(hist.Settlement, "21.000\t0.000") ||
 		!strings.Contains(hist.Execution, "tools/sha256") || !strings.Contains(hist.Result, "a result") ||
 		!strings.Contains(hist.Journal, "settlement") || !strings.Contains(hist.Journal, "income:tools:tools:sha256\t-21.000") ||
 		!strings.Contains(hist.Journal, "21.000") {
