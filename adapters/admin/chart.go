@@ -153,6 +153,13 @@ var templateFuncs = template.FuncMap{
 	},
 	"sub": func(a, b int) int { return a - b },
 	"add": func(a, b int) int { return a + b },
+	"diffs": func(runs []ReconcileRun) []Difference {
+		var out []Difference
+		for _, r := range runs {
+			out = append(out, r.Differences...)
+		}
+		return out
+	},
 	"open": func(r ReconcileRun) int {
 		n := 0
 		for _, d := range r.Differences {

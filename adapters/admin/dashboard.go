@@ -179,7 +179,7 @@ func NewDashboard(srv *Server, m *Metrics, src DashboardSource) (*Dashboard, err
 	static, _ := fs.Sub(dashboardFiles, "dashboard/static")
 	srv.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	srv.Handle("GET /{$}", http.HandlerFunc(d.page))
-	srv.Handle("GET /dashboard.json", http.HandlerFunc(d.json))
+	srv.Handle("GET /dashboard.json", http.HandlerFunc(d.serveJSON))
 	srv.Handle("GET /calls/{id}", http.HandlerFunc(d.call))
 	return d, nil
 }
@@ -282,8 +282,8 @@ type dashboardJSON struct {
 	Sections map[string]string `json:"sections"`
 }
 
-// json serves /dashboard.json.
-func (d *Dashboard) json(w http.ResponseWriter, r *http.Request) {
+// serveJSON serves /dashboard.json.
+func (d *Dashboard) serveJSON(w http.ResponseWriter, r *http.Request) {
 	v, err := d.view(r.Context())
 	if err != nil {
 		d.fail(w, "read", err)
@@ -301,8 +301,7 @@ func (d *Dashboard) json(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	enc := json.NewEncoder(w)
-	enc.Encode(out)
+	json.NewEncoder(w).Encode(out) // an error here is the client gone
 }
 
 // call serves a call's history page.
