@@ -172,8 +172,8 @@ func unpaidCall(t *testing.T, s *testnet.Stack, url string) (string, <-chan erro
 // refresh, without a reload. Screenshots are saved in the test's temp dir.
 func TestDashboardInChromium(t *testing.T) {
 	const token = "dashboard-token-0123456789"
-	ctx := browser(t, map[string]any{"Authorization": "Bearer " + token})
 	s := needStack(t)
+	ctx := browser(t, map[string]any{"Authorization": "Bearer " + token})
 	path, listen := writeServeConfig(t, s, serveOpts{})
 	tokenFile := filepath.Join(filepath.Dir(path), "admin.token")
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
