@@ -287,4 +287,8 @@ func TestDashboardInChromium(t *testing.T) {
 	case <-time.After(2 * time.Minute):
 		t.Error("the unpaid call never ended after its invoice was canceled")
 	}
+	// The per-day totals the dashboard reads agree with the journal.
+	if out := runCapvend(t, "ledger", "verify", "--config", path); !strings.Contains(out, "ok    the daily account totals") {
+		t.Errorf("ledger verify:\n%s", out)
+	}
 }
