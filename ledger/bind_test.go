@@ -271,7 +271,7 @@ func legacyLedger(t *testing.T, path string, upTo int) *sql.DB {
 // record existed get one backfilled row per execution, and the ledger
 // verifies.
 func TestMigrationBackfillsExecutions(t *testing.T) {
-	ledger.SkipOnPostgres(t, "it writes a schema-6 SQLite file by hand; a PostgreSQL ledger starts at schema 14")
+	ledger.SkipOnPostgres(t, "it writes a schema-6 SQLite file by hand; a PostgreSQL ledger is created at the newest schema")
 	path := filepath.Join(t.TempDir(), "capvend.db")
 	db := legacyLedger(t, path, 6)
 	for _, q := range []string{

@@ -52,7 +52,7 @@ type CallSummary struct {
 }
 
 // Dashboard reads the dashboard of the last days UTC days (at least 1).
-// Every query is bounded: revenue comes from account_days (schema 16),
+// Every query is bounded: revenue comes from account_days (schema 15),
 // lists from indexes, with limits. Read only.
 func (l *Ledger) Dashboard(ctx context.Context, days int) (*Dashboard, error) {
 	days = max(days, 1)

@@ -141,6 +141,7 @@ func TestCallHistory(t *testing.T) {
 // Schema 16 adds up the journal written before it, and ledger verify
 // finds account_days changed behind the journal's back.
 func TestAccountDaysMigrationAndVerify(t *testing.T) {
+	ledger.SkipOnPostgres(t, "it writes a schema-14 SQLite file by hand; a PostgreSQL ledger is created at the newest schema")
 	path := filepath.Join(t.TempDir(), "old.db")
 	db, err := sql.Open("sqlite3", path+"?_foreign_keys=on")
 	if err != nil {
@@ -156,7 +157,7 @@ func TestAccountDaysMigrationAndVerify(t *testing.T) {
 	for _, n := range names {
 		var v int
 		fmt.Sscanf(n, "%d_", &v)
-		if v >= 16 {
+		if v >= 15 {
 			break
 		}
 		body, _ := fs.ReadFile(migrations.FS, n)
@@ -179,7 +180,7 @@ func TestAccountDaysMigrationAndVerify(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	l := openLedger(t, path) // applies schema 16
+	l := openLedger(t, path) // applies schema 15
 	d := dashboardMatchesBalance(t, l)
 	if len(d.Tools) != 1 || d.Tools[0].Revenue != 7_000 || d.Tools[0].Calls != 2 || len(d.Days) != 2 {
 		t.Fatalf("after the migration: %+v %+v", d.Tools, d.Days)

@@ -63,7 +63,8 @@ func pgQuery(q string) string {
 	return out
 }
 
-// rebind replaces each '?' placeholder of q by $1, $2, ..., leaving alone
+// rebind replaces each '?' placeholder of q by $1, $2, ... (and a
+// numbered ?NNN by $NNN), leaving alone
 // those inside string literals, quoted identifiers, comments and
 // dollar-quoted bodies.
 func rebind(q string) string {
@@ -77,10 +78,18 @@ func rebind(q string) string {
 		c := q[i]
 		switch {
 		case c == '?':
-			n++
+			j := i + 1
+			for j < len(q) && q[j] >= '0' && q[j] <= '9' {
+				j++
+			}
 			b.WriteByte('$')
-			b.WriteString(strconv.Itoa(n))
-			i++
+			if j > i+1 { // ?NNN names its parameter, as $NNN does
+				b.WriteString(q[i+1 : j])
+			} else {
+				n++
+				b.WriteString(strconv.Itoa(n))
+			}
+			i = j
 			continue
 		case c == '\'' || c == '"':
 			j := i + 1

@@ -17,8 +17,10 @@ func TestRebind(t *testing.T) {
 		{"SELECT /* ? */ ?", "SELECT /* ? */ $1"},
 		{"DO $$ BEGIN RAISE '?'; END $$; SELECT ?", "DO $$ BEGIN RAISE '?'; END $$; SELECT $1"},
 		{"SELECT $tag$ ? $tag$, ?", "SELECT $tag$ ? $tag$, $1"},
-		{"SELECT $1, ?", "SELECT $1, $1"}, // '$1' is not a dollar quote: the ledger never mixes both
-		{"SELECT '?", "SELECT '?"},        // unterminated: left alone
+		{"SELECT $1, ?", "SELECT $1, $1"},                                              // '$1' is not a dollar quote: the ledger never mixes both
+		{"SELECT '?", "SELECT '?"},                                                     // unterminated: left alone
+		{"WHERE a > ?1 OR b = ?1 OR c IN (?2)", "WHERE a > $1 OR b = $1 OR c IN ($2)"}, // numbered, as SQLite's ?NNN
+		{"SELECT ?12", "SELECT $12"},
 	} {
 		if got := rebind(tc.in); got != tc.want {
 			t.Errorf("rebind(%q) = %q, want %q", tc.in, got, tc.want)

@@ -271,7 +271,7 @@ func TestLatePaymentIsARefundOwed(t *testing.T) {
 // schema 8 keeps its Cashu proofs (now unique among unreleased ones) and
 // its refund entries become refunds owed.
 func TestMigrationKeepsProofsAndOwesOldRefunds(t *testing.T) {
-	ledger.SkipOnPostgres(t, "it writes a schema-7 SQLite file by hand; a PostgreSQL ledger starts at schema 14")
+	ledger.SkipOnPostgres(t, "it writes a schema-7 SQLite file by hand; a PostgreSQL ledger is created at the newest schema")
 	path := filepath.Join(t.TempDir(), "old.db")
 	db, err := ledger.OpenRawForTest(t, path+"?_foreign_keys=on")
 	if err != nil {

@@ -1,4 +1,4 @@
--- capvend ledger, schema 16: what each account moved on each day, kept as
+-- capvend ledger, schema 15: what each account moved on each day, kept as
 -- the journal is written, for the operator's dashboard.
 --
 -- The dashboard shows revenue per tool (ever) and per day. Summing the
