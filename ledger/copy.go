@@ -21,8 +21,12 @@ var copyTables = []string{
 	"accounts", "entries", "postings", "hold_preimages", "call_arguments", "free_uses",
 	"request_replies", "executions", "refunds", "grant_tokens", "l402_root_keys",
 	"l402_revocations", "credit_key", "credit_accounts", "credit_topups", "credit_moves",
-	"reconcile_cursors", "reconcile_runs", "reconcile_differences",
+	"reconcile_cursors", "reconcile_runs", "reconcile_differences", "account_days",
 }
+
+// notCopied are the tables CopyTo leaves out: the state machines' rows and
+// schema_migrations, written by the target's own migrations.
+var notCopied = []string{"call_transitions", "payment_transitions", "schema_migrations"}
 
 // CopyTo copies every record of l, from one consistent snapshot, into
 // dst, which must be a PostgreSQL ledger with no records (the credit key
