@@ -277,3 +277,16 @@ type Ledger interface {
 	// priced normally. A free use books no money.
 	ClaimFreeUse(ctx context.Context, u FreeUse) (free bool, err error)
 }
+
+// RequestClaimer lets one of several capvend instances that share a
+// ledger (and a Nostr key: all of them receive every request) serve a
+// request: each claims the request's key before answering it, and only
+// the instance whose claim holds answers. A ledger implements it; fronts
+// use it only when the ledger is shared (on SQLite one instance serves,
+// and a claim would cost a write per request).
+type RequestClaimer interface {
+	// ClaimRequest claims key for holder (an instance id) and reports
+	// whether holder has it: it claimed it now or before. False: another
+	// instance claimed it first and serves it. Atomic across instances.
+	ClaimRequest(ctx context.Context, key, holder string) (bool, error)
+}

@@ -94,7 +94,16 @@ type Config struct {
 	// Replies keeps answers for replays (see ReplyStore); nil: a replay of
 	// a free call, prompt or resource read after the go-nostr pool
 	// forgot its id is served again.
-	Replies   ReplyStore
+	Replies ReplyStore
+	// Claims, when several servers share the secret key (and a ledger),
+	// makes each request served by one of them: a server claims the
+	// request's event id for Instance before answering it and drops it
+	// if another claimed it first. Nil: every request is served (one
+	// server).
+	Claims vend.RequestClaimer
+	// Instance names this server among those sharing Claims (required
+	// with Claims).
+	Instance  string
 	SecretKey string   // the server's secret key, 64 hex characters (see LoadSecretKey)
 	Relays    []string // ws:// or wss:// URLs; at least one
 
@@ -225,6 +234,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if len(cfg.Relays) == 0 {
 		return nil, errors.New("ctxvm: no relays")
+	}
+	if cfg.Claims != nil && cfg.Instance == "" {
+		return nil, errors.New("ctxvm: Claims without an Instance")
 	}
 	if !validSecretKey(cfg.SecretKey) {
 		return nil, errors.New("ctxvm: SecretKey is not a valid secret key")

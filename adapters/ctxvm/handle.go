@@ -159,6 +159,9 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 	if r.msg.Method == "" {
 		return
 	}
+	if !s.claim(ctx, r) {
+		return
+	}
 	if !s.access.permits(r.ev.PubKey) {
 		out.answer(nil, &rpcError{Code: rpcerr.CodeInvalidRequest, Message: "Forbidden"}, nil, false)
 		return

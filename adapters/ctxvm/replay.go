@@ -82,3 +82,24 @@ func (s *Server) remember(ctx context.Context, r *request, res json.RawMessage, 
 		s.log.Warn("reply not stored for replays", logKeyEvent, r.ev.ID, logKeyErr, err)
 	}
 }
+
+// claim says whether this server serves r: always without Config.Claims;
+// otherwise when its claim of r's event id holds (Instance has it). A
+// request another server claimed is dropped, and so is one whose claim
+// could not be written (the ledger unreachable): answering it might
+// answer it twice, or run a free call twice; the client asks again.
+func (s *Server) claim(ctx context.Context, r *request) bool {
+	if s.cfg.Claims == nil {
+		return true
+	}
+	mine, err := s.cfg.Claims.ClaimRequest(ctx, replayKey(r), s.cfg.Instance)
+	switch {
+	case err != nil:
+		s.log.Error("nostr request dropped: its claim was not written", logKeyEvent, r.ev.ID, logKeyErr, err)
+		return false
+	case !mine:
+		s.log.Debug("nostr request dropped: another instance serves it", logKeyEvent, r.ev.ID)
+		return false
+	}
+	return true
+}

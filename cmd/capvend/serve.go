@@ -123,7 +123,10 @@ type vendServer struct {
 	log   *slog.Logger
 	stdio bool
 
-	l        *ledger.Ledger
+	l *ledger.Ledger
+	// instance names this process among the instances sharing a
+	// PostgreSQL ledger (its request claims and leases): see newInstanceID.
+	instance string
 	metrics  *admin.Metrics // nil without admin.listen
 	admin    *admin.Server  // nil without admin.listen
 	backends []vend.PaymentBackend
@@ -160,6 +163,7 @@ func (s *vendServer) open(ctx context.Context) error {
 	if s.l, err = cfg.Ledger.open(ctx, "", ledger.Options{Observer: obs}); err != nil {
 		return err
 	}
+	s.instance = newInstanceID()
 	if step := s.e.Getenv("CAPVEND_FAILPOINT"); step != "" {
 		// Crash tests: die like a power cut at that step of a paid call.
 		s.failpointCheck = func(at string) {
@@ -199,7 +203,7 @@ func (s *vendServer) open(ctx context.Context) error {
 		return err
 	}
 	if !s.stdio && len(cfg.Nostr.Relays) > 0 {
-		if s.nostr, err = nostrFront(cfg, s.v, upstreamCatalog{s.ups}, s.l, s.backends, s.log); err != nil {
+		if s.nostr, err = nostrFront(cfg, s.v, upstreamCatalog{s.ups}, s.l, s.claims(), s.backends, s.log); err != nil {
 			return err
 		}
 	}
@@ -372,7 +376,7 @@ func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context,
 	}
 	if s.nostr != nil {
 		part("reply pruning", func(ctx context.Context) error {
-			pruneReplies(ctx, s.l, s.cfg.Nostr.Window, s.log)
+			pruneReplies(ctx, s.l, s.cfg.Nostr.Window, s.claims() != nil, s.log)
 			return nil
 		})
 	}
@@ -513,9 +517,9 @@ func awaitUpstreams(ctx context.Context, ups *upstream.Manager, limit time.Durat
 }
 
 // pruneReplies deletes, every hour until ctx ends, the stored answers to
-// Nostr requests older than twice the window: their replays are refused
-// as too old anyway.
-func pruneReplies(ctx context.Context, l *ledger.Ledger, window time.Duration, log *slog.Logger) {
+// Nostr requests older than twice the window, and with claims their
+// claims: their replays are refused as too old anyway.
+func pruneReplies(ctx context.Context, l *ledger.Ledger, window time.Duration, claims bool, log *slog.Logger) {
 	t := time.NewTicker(time.Hour)
 	defer t.Stop()
 	for {
@@ -523,6 +527,13 @@ func pruneReplies(ctx context.Context, l *ledger.Ledger, window time.Duration, l
 			log.Warn("pruning stored Nostr replies failed", "err", err)
 		} else if n > 0 {
 			log.Debug("pruned stored Nostr replies", "n", n)
+		}
+		if claims {
+			if n, err := l.PruneRequestClaims(ctx, time.Now().Add(-2*window)); err != nil && ctx.Err() == nil {
+				log.Warn("pruning Nostr request claims failed", "err", err)
+			} else if n > 0 {
+				log.Debug("pruned Nostr request claims", "n", n)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -540,7 +551,9 @@ var (
 )
 
 // nostrFront returns the ContextVM front of cfg.Nostr, selling v's tools.
-func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.ReplyStore, backends []vend.PaymentBackend, log *slog.Logger) (*ctxvm.Server, error) {
+// With claims (a shared ledger), each request is served by the instance
+// that claims it first.
+func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.ReplyStore, claims *instanceClaims, backends []vend.PaymentBackend, log *slog.Logger) (*ctxvm.Server, error) {
 	sk, err := ctxvm.LoadSecretKey(cfg.Nostr.NsecFile)
 	if err != nil {
 		return nil, fmt.Errorf("nostr.nsec_file: %w", err)
@@ -557,7 +570,7 @@ func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.Re
 		Name: cfg.Server.Name, Version: buildVersion(), About: cfg.Server.About, Website: cfg.Server.Website, Picture: cfg.Server.Picture,
 		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: log,
 		Announce: cfg.Nostr.Announce, Allow: hexPubkeys(cfg.Nostr.Allow), Deny: hexPubkeys(cfg.Nostr.Deny),
-		PowDifficulty: cfg.Nostr.PowDifficulty,
+		PowDifficulty: cfg.Nostr.PowDifficulty, Claims: claims.claimer(), Instance: claims.id(),
 	})
 }
 
