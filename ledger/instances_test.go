@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/vend"
 )
 
 // TestClaimRequestOnceAcrossHandles: two ledger handles on one database
@@ -65,4 +67,97 @@ func TestClaimRequestOnceAcrossHandles(t *testing.T) {
 	if ok, err := a.ClaimRequest(ctx, "nostr:ev0", "instance-9"); err != nil || !ok {
 		t.Errorf("a pruned key claimed again: %v, %v", ok, err)
 	}
+}
+
+// TestSettlementBookedOnceAcrossHandles: two ledger handles on one
+// database (two capvend instances, each seeing LND's settlement stream or
+// polling the same mint quote) race to book the same settlements and to
+// start the same paid calls: each payment is booked once, each call runs
+// once, the revenue is the sum of the prices and the ledger verifies.
+func TestSettlementBookedOnceAcrossHandles(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "capvend.db")
+	a := openLedger(t, path)
+	b, err := ledger.OpenForTest(t, ctx, path, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	const n = 8
+	var calls [n]vend.Call
+	var pays [n]vend.Payment
+	for i := range n {
+		c, _, err := a.RecordCall(ctx, newCall(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		np := newPayment(i)
+		if i%2 == 1 { // a Cashu mint quote, paid at the mint
+			np.Backend, np.Kind, np.Ref, np.MintURL = vend.BackendCashu, vend.KindMintQuote, fmt.Sprint("quote-", i), "http://127.0.0.1:3338"
+		}
+		if pays[i], err = a.RecordPayment(ctx, c.ID, np); err != nil {
+			t.Fatal(err)
+		}
+		calls[i] = c
+	}
+	race := func(what string, op func(l *ledger.Ledger, i int) error, lost error) {
+		t.Helper()
+		var won [n]atomic.Int32
+		var wg sync.WaitGroup
+		for i := range n {
+			for _, l := range []*ledger.Ledger{a, b, a, b} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					switch err := op(l, i); {
+					case err == nil:
+						won[i].Add(1)
+					case !errors.Is(err, lost):
+						t.Errorf("%s %d: %v", what, i, err)
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		for i := range n {
+			if w := won[i].Load(); w != 1 {
+				t.Errorf("%s %d went through %d times, want once", what, i, w)
+			}
+		}
+	}
+	race("settlement", func(l *ledger.Ledger, i int) error {
+		_, err := l.SettlePayment(ctx, vend.Settlement{Ref: pays[i].Ref, Amount: pays[i].Amount, AddIndex: uint64(i + 1), SettleIndex: uint64(i + 1)})
+		return err
+	}, vend.ErrAlreadySettled)
+	race("execution", func(l *ledger.Ledger, i int) error {
+		c, err := l.Call(ctx, calls[i].ID)
+		if err != nil {
+			return err
+		}
+		_, err = l.StartExecution(ctx, c.ID, c.Binding())
+		var te *vend.TransitionError
+		if errors.As(err, &te) { // the winner moved the call to executing
+			return vend.ErrAlreadyClaimed
+		}
+		return err
+	}, vend.ErrAlreadyClaimed)
+	for i := range n {
+		if err := b.Deliver(ctx, calls[i].ID, vend.Result{Body: []byte(`{"content":[]}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bal, err := a.Balance(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var revenue vend.Msat
+	var booked int
+	for _, tr := range bal.Tools {
+		revenue += tr.Revenue
+		booked += tr.Calls
+	}
+	if booked != n || revenue != n*newCall(0).Price {
+		t.Errorf("booked %d payments, %d msat; want %d, %d", booked, revenue, n, n*newCall(0).Price)
+	}
+	mustVerify(t, b)
 }
