@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -64,4 +65,64 @@ func (l *Ledger) PruneRequestClaims(ctx context.Context, before time.Time) (int6
 		return 0, fmt.Errorf("prune request claims: %w", err)
 	}
 	return n, nil
+}
+
+var _ vend.Leaser = (*Ledger)(nil)
+
+// TakeLease implements vend.Leaser: one upsert that sets holder and
+// now+ttl on the lease name when it is free, expired, or holder's already
+// (renewing it), and does nothing when another holder's lease is still
+// running; rows affected says which.
+func (l *Ledger) TakeLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error) {
+	if name == "" || holder == "" || ttl <= 0 {
+		return false, errors.New("take lease: name, holder and a positive ttl are required")
+	}
+	var held bool
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
+		res, err := tx.ExecContext(ctx, `INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?)
+			ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+			WHERE leases.holder = excluded.holder OR leases.expires_at <= ?`,
+			name, holder, ms(now.Add(ttl)), ms(now))
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		held = n == 1
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("take lease %s: %w", name, err)
+	}
+	return held, nil
+}
+
+// ReleaseLease implements vend.Leaser: it ends holder's lease on name at
+// once (a clean stop), so that another instance takes it at its next
+// try; another holder's lease is left alone.
+func (l *Ledger) ReleaseLease(ctx context.Context, name, holder string) error {
+	err := l.write(ctx, func(tx *wtx, _ time.Time) error {
+		_, err := tx.ExecContext(ctx, "DELETE FROM leases WHERE name = ? AND holder = ?", name, holder)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("release lease %s: %w", name, err)
+	}
+	return nil
+}
+
+// LeaseHolder implements vend.Leaser: the holder of the lease name, ""
+// when nobody holds it (never taken, released or expired).
+func (l *Ledger) LeaseHolder(ctx context.Context, name string) (string, error) {
+	var holder string
+	err := l.read(ctx, func(tx *sql.Tx) error {
+		err := tx.QueryRowContext(ctx, "SELECT holder FROM leases WHERE name = ? AND expires_at > ?", name, ms(l.now())).Scan(&holder)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("lease %s: %w", name, err)
+	}
+	return holder, nil
 }

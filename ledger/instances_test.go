@@ -161,3 +161,62 @@ func TestSettlementBookedOnceAcrossHandles(t *testing.T) {
 	}
 	mustVerify(t, b)
 }
+
+// TestLeaseTakenOverOnlyWhenExpired: two instances (ledger handles on one
+// database, with clocks the test moves) compete for a lease: the first
+// takes it, the second cannot while it runs and its holder renews it,
+// takes it once it expired unrenewed, and at once after a release.
+func TestLeaseTakenOverOnlyWhenExpired(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "capvend.db")
+	var mu sync.Mutex
+	now := time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	a, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	const ttl = 30 * time.Second
+	take := func(l *ledger.Ledger, holder string, want bool) {
+		t.Helper()
+		if got, err := l.TakeLease(ctx, "work", holder, ttl); err != nil || got != want {
+			t.Fatalf("%s takes the lease: %v, %v; want %v", holder, got, err, want)
+		}
+	}
+	holder := func(want string) {
+		t.Helper()
+		if got, err := b.LeaseHolder(ctx, "work"); err != nil || got != want {
+			t.Fatalf("holder %q, %v; want %q", got, err, want)
+		}
+	}
+	holder("")
+	take(a, "A", true)
+	take(b, "B", false)
+	holder("A")
+	for range 5 { // A renews every 10 s: B never gets it
+		advance(10 * time.Second)
+		take(a, "A", true)
+		take(b, "B", false)
+	}
+	advance(ttl) // A died: its lease ran out
+	holder("")
+	take(b, "B", true)
+	take(a, "A", false)
+	holder("B")
+	if err := a.ReleaseLease(ctx, "work", "A"); err != nil { // not A's: left alone
+		t.Fatal(err)
+	}
+	holder("B")
+	if err := b.ReleaseLease(ctx, "work", "B"); err != nil {
+		t.Fatal(err)
+	}
+	holder("")
+	take(a, "A", true)
+}

@@ -290,3 +290,19 @@ type RequestClaimer interface {
 	// instance claimed it first and serves it. Atomic across instances.
 	ClaimRequest(ctx context.Context, key, holder string) (bool, error)
 }
+
+// Leaser keeps leases: a named lease has one holder until it expires or
+// its holder releases it. Several capvend instances sharing a ledger use
+// it so that work meant to run once (recovery, reconciliation) runs on one
+// of them, and so that each tells the others it is alive (the lease on its
+// run). A ledger implements it.
+type Leaser interface {
+	// TakeLease takes (or, holder's already, renews) the lease name for
+	// ttl, and reports whether holder holds it now: false while another
+	// holder's lease runs. Atomic across instances.
+	TakeLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error)
+	// ReleaseLease ends holder's lease on name now (a clean stop).
+	ReleaseLease(ctx context.Context, name, holder string) error
+	// LeaseHolder returns the holder of a running lease, "" if none.
+	LeaseHolder(ctx context.Context, name string) (string, error)
+}
