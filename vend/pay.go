@@ -144,7 +144,16 @@ func (c *pending) waitPaid(ctx context.Context) (*Payment, error) {
 	defer v.waiters.remove(p.Ref, events)
 	// The payment may have arrived already (a replay after a restart).
 	if cur := v.currentPayment(ctx, p.Ref); cur != nil && cur.State != PaymentOpen {
+		v.waiters.take(p.Ref, events, time.Now())
 		return cur, nil
+	}
+	// Sharing the ledger, another instance may record the payment (it
+	// saw LND's report first): read it from the ledger now and then.
+	var poll <-chan time.Time
+	if v.cfg.Shared.Leases != nil {
+		t := time.NewTicker(v.cfg.Shared.Poll)
+		defer t.Stop()
+		poll = t.C
 	}
 	v.failpoint(FailAfterInvoice)
 	c.notifyRequired()
@@ -158,6 +167,11 @@ func (c *pending) waitPaid(ctx context.Context) (*Payment, error) {
 		select {
 		case e := <-events:
 			return &e.Payment, nil
+		case <-poll:
+			if cur := v.currentPayment(ctx, p.Ref); cur != nil && cur.State != PaymentOpen {
+				v.waiters.take(p.Ref, events, time.Now())
+				return cur, nil
+			}
 		case <-heartbeat.C:
 			if r.ProgressToken != nil {
 				beats++

@@ -25,8 +25,10 @@ var recoverFull func(started int)
 // with the reason rather than left paid for the next start. Their answers
 // wait in the ledger for the clients' replays. The calls this Vendor
 // recorded (its run id, NewCall.Run) are left to the requests serving
-// them. At most recoverWorkers calls are handled at once. Run calls it
-// once the backends watch.
+// them, and so are those of runs still alive (with Config.Shared.Leases:
+// another instance holds the run's lease). At most recoverWorkers calls
+// are handled at once. Run calls it once the backends watch (sharing the
+// ledger: on the holder of LeaseWork, every SharedConfig.Renew).
 func (v *Vendor) Recover(ctx context.Context) error {
 	ctx = withoutClient(ctx)
 	calls, err := v.cfg.Ledger.CallsIn(ctx, CallQuoted, CallPaid, CallExecuting, CallFailed)
@@ -38,9 +40,13 @@ func (v *Vendor) Recover(ctx context.Context) error {
 	g.SetLimit(recoverWorkers)
 	var stopped error
 	started := 0 // calls handed to a worker so far
+	live := liveRuns{v: v}
 	for _, c := range calls {
 		if c.Run == v.runID {
 			continue // this run's own
+		}
+		if alive, err := live.alive(ctx, c.Run); err != nil || alive {
+			continue // another instance's, serving it (or unknown: next time)
 		}
 		if c.State == CallQuoted {
 			// Stopped before its payment request: nothing was asked

@@ -50,6 +50,9 @@ type Config struct {
 	// Observer, if set, is told about free calls and upstream calls (see
 	// Observer; the ledger reports its own changes to it).
 	Observer Observer
+	// Shared makes this Vendor one of several instances sharing the
+	// ledger (see SharedConfig); zero: the ledger's only user.
+	Shared SharedConfig
 }
 
 // The steps of a priced call a Failpoint is called at.
@@ -91,6 +94,7 @@ type Vendor struct {
 	// recovered is closed when Run's Recover has returned.
 	recovered     chan struct{}
 	recoveredOnce sync.Once
+	lead          leadership // with Shared.Leases: whether this instance holds LeaseWork
 	// reserved holds the tools logged as not offered because their
 	// schema declares PaymentArg (grants.go), each logged once.
 	reserved sync.Map
@@ -132,6 +136,12 @@ func New(cfg Config) (*Vendor, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Shared.Leases != nil {
+		if cfg.Shared.Instance == "" {
+			return nil, errors.New("vend: Shared.Leases without an Instance")
+		}
+		cfg.Shared.defaults()
 	}
 	v := &Vendor{cfg: cfg, obs: cfg.Observer,
 		unpaid: newUnpaidBook(cfg.MaxUnpaidPerClient, cfg.MaxUnpaidTotal), issue: newIssueQueue(maxIssuing, maxWaiting),
@@ -189,6 +199,10 @@ func (v *Vendor) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		if v.cfg.Shared.Leases != nil {
+			v.runShared(ctx) // recovery on the lease holder
+			return
+		}
 		defer v.recoveredOnce.Do(func() { close(v.recovered) })
 		if err := v.Recover(ctx); err != nil && ctx.Err() == nil {
 			v.cfg.Log.Error("vend: recover", "err", err)
@@ -229,12 +243,33 @@ func (v *Vendor) onPayment(e PaymentEvent) {
 	}
 	switch {
 	case e.Payment.State == PaymentAccepted && e.Payment.Kind == KindHoldInvoice:
-		v.background(func(ctx context.Context) { v.abandonHold(e.Payment) })
+		v.background(func(ctx context.Context) {
+			if !v.othersCall(ctx, e.Payment.CallID) {
+				v.abandonHold(e.Payment)
+			}
+		})
 	case e.Payment.State == PaymentSettled && e.Payment.Kind != KindHoldInvoice:
 		// Paid, and nobody waits (the client left, or capvend restarted):
 		// run it now and keep the answer for the client's replay.
-		v.background(func(ctx context.Context) { v.runStored(ctx, e.Payment.CallID, false, time.Now().Add(v.cfg.ToolWait)) })
+		v.background(func(ctx context.Context) {
+			if !v.othersCall(ctx, e.Payment.CallID) {
+				v.runStored(ctx, e.Payment.CallID, false, time.Now().Add(v.cfg.ToolWait))
+			}
+		})
 	}
+}
+
+// othersCall reports whether, sharing the ledger (Config.Shared), call id
+// is not this run's: its instance serves it (a call waiting there reads
+// the payment from the ledger), or, that instance dead, the lease
+// holder's recovery does. Unreadable counts as another's (recovery
+// finds it). Without Shared.Leases every call is this instance's.
+func (v *Vendor) othersCall(ctx context.Context, id CallID) bool {
+	if v.cfg.Shared.Leases == nil {
+		return false
+	}
+	c, err := v.cfg.Ledger.Call(ctx, id)
+	return err != nil || c.Run != v.runID
 }
 
 // background runs fn in a goroutine tracked by Run, with Run's context

@@ -1,12 +1,41 @@
 package vend
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // waiterSet holds the requests waiting for a payment's report, by payment
 // ref. It owns its lock.
 type waiterSet struct {
 	mu sync.Mutex
 	m  map[string][]chan PaymentEvent
+	// taken holds the refs whose change a waiter read from the ledger
+	// (taken, with when) before this process's backend reported it: the
+	// report, if it comes, is the waiter's and takes no orphan path.
+	taken map[string]time.Time
+}
+
+// takenFor bounds how long a taken ref waits for its report (another
+// instance may have recorded the change: then no report comes).
+const takenFor = time.Hour
+
+// take ends what add registered, as remove, for a waiter that read its
+// payment's change from the ledger: a report of the change arriving
+// later counts as delivered (see deliver).
+func (w *waiterSet) take(ref string, ch chan PaymentEvent, now time.Time) {
+	w.remove(ref, ch)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.taken == nil {
+		w.taken = map[string]time.Time{}
+	}
+	for r, at := range w.taken {
+		if now.Sub(at) > takenFor {
+			delete(w.taken, r)
+		}
+	}
+	w.taken[ref] = now
 }
 
 // add registers a waiter for ref and returns its channel.
@@ -49,6 +78,10 @@ func (w *waiterSet) deliver(e PaymentEvent) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	list := w.m[e.Payment.Ref]
+	if _, ok := w.taken[e.Payment.Ref]; ok && len(list) == 0 {
+		delete(w.taken, e.Payment.Ref)
+		return 1
+	}
 	for _, ch := range list {
 		select {
 		case ch <- e:

@@ -51,3 +51,13 @@ func (s *vendServer) claims() *instanceClaims {
 	}
 	return &instanceClaims{c: s.l, instance: s.instance}
 }
+
+// shared is the Vendor's part in sharing the ledger: on PostgreSQL its
+// leases (recovery and reconciliation on one instance, taken over within
+// 30 s + 10 s of its death); on SQLite none.
+func (s *vendServer) shared() vend.SharedConfig {
+	if s.cfg.Ledger.Driver != "postgres" {
+		return vend.SharedConfig{}
+	}
+	return vend.SharedConfig{Leases: s.l, Instance: s.instance}
+}

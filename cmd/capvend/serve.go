@@ -188,6 +188,7 @@ func (s *vendServer) open(ctx context.Context) error {
 		RequestsPerMinute: cfg.Limits.RequestsPerMinute, Log: s.log, Failpoint: s.failpointCheck, Observer: obs,
 		Credit: vend.CreditConfig{Enabled: cfg.Credit.Enabled, MaxTopUp: vend.Msat(cfg.Credit.MaxTopUpSats * vend.MsatPerSat),
 			ExpiresAfter: cfg.Credit.ExpiresAfter},
+		Shared: s.shared(),
 	}); err != nil {
 		return err
 	}
@@ -361,12 +362,16 @@ func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context,
 		part("reconcile", func(ctx context.Context) error {
 			// After Recover has finished the previous run's calls: a
 			// repair then never races the start's own catching up.
-			select {
-			case <-s.v.Recovered():
-			case <-ctx.Done():
-				return nil
-			}
-			return r.Run(ctx)
+			// Sharing the ledger, on the instance holding the work lease
+			// only (see vend.SharedConfig).
+			return s.v.WhileLeading(ctx, func(ctx context.Context) error {
+				select {
+				case <-s.v.Recovered():
+				case <-ctx.Done():
+					return nil
+				}
+				return r.Run(ctx)
+			})
 		})
 	}
 	endFreedGrants(s.v, s.log) // the prices may have changed while capvend was stopped

@@ -1,0 +1,158 @@
+package vend_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/pricing"
+	"github.com/capvend/capvend/vend"
+)
+
+// sharedVendor is a Vendor sharing l with other instances (Config.Shared)
+// as instance; stop ends its Run (and so releases its leases).
+func sharedVendor(t *testing.T, l *ledger.Ledger, instance string, tools *fakeTools) (v *vend.Vendor, stop func()) {
+	t.Helper()
+	be := &fakeBackend{led: l, last: make(chan vend.Payment, 100), running: make(chan struct{})}
+	v, err := vend.New(vend.Config{Ledger: l, Backends: []vend.PaymentBackend{be}, Tools: tools,
+		Prices: newBook(t, map[string]pricing.Rule{"echo": {Price: 21_000}}), TTL: time.Minute,
+		Shared: vend.SharedConfig{Leases: l, Instance: instance, LeaseTTL: 2 * time.Second, Renew: 50 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { v.Run(ctx); close(done) }()
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return v, stop
+}
+
+// waitHolder waits until the lease name is held by want.
+func waitHolder(t *testing.T, l *ledger.Ledger, name, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second) // a deadlock guard
+	for {
+		got, err := l.LeaseHolder(context.Background(), name)
+		if err == nil && got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lease %s held by %q (%v), want %q", name, got, err, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestSharedRecoveryRunsOnTheLeaseHolder: two Vendors share a ledger. One
+// holds the work lease and recovers the paid call of a dead run; it
+// leaves the paid call of a run whose instance is alive (holds its run's
+// lease) until that lease ends, then recovers it too. The other instance
+// leads (WhileLeading starts its work) only once the first stops, and
+// each call ran once.
+func TestSharedRecoveryRunsOnTheLeaseHolder(t *testing.T) {
+	ctx := context.Background()
+	l, err := openLedger(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dead, _ := crashedCall(t, l, "dead", "demo_echo", true, false, false, 1)
+	// A paid call of a live instance ("ghost", holding its run's lease).
+	alive, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: "alive", Server: "demo",
+		Tool: "echo", ArgsHash: argsHash(t, "tools/call", "demo_echo", `{"text":"alive"}`), Price: 21_000, Idempotent: true,
+		ToolName: "demo_echo", Arguments: []byte(`{"text":"alive"}`), Run: "ghost-run"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.RecordPayment(ctx, alive.ID, vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice,
+		Ref: "ab" + dead.ArgsHash[2:], Bolt11: "lnbcrt1", Amount: 21_000, ExpiresAt: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: 21_000}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := l.TakeLease(ctx, "run:ghost-run", "ghost", time.Hour); err != nil || !ok {
+		t.Fatalf("ghost's run lease: %v %v", ok, err)
+	}
+
+	tools := &fakeTools{}
+	a, stopA := sharedVendor(t, l, "A", tools)
+	waitHolder(t, l, vend.LeaseWork, "A")
+	waitState(t, l, dead.ID, vend.CallDelivered)
+	<-a.Recovered()
+	b, _ := sharedVendor(t, l, "B", tools)
+	bLeads := make(chan struct{}, 100)
+	leadCtx, stopLead := context.WithCancel(ctx)
+	led := make(chan error, 1)
+	go func() {
+		led <- b.WhileLeading(leadCtx, func(ctx context.Context) error { bLeads <- struct{}{}; <-ctx.Done(); return nil })
+	}()
+	defer func() { stopLead(); <-led }()
+	if err := a.Recover(ctx); err != nil { // once more, deterministically
+		t.Fatal(err)
+	}
+	if c, _ := l.Call(ctx, alive.ID); c.State != vend.CallPaid {
+		t.Fatalf("the live instance's paid call is %s after recovery, want paid (left to it)", c.State)
+	}
+	if b.Leading() {
+		t.Fatal("B leads while A holds the work lease")
+	}
+	// The ghost dies: its lease ends, and the holder takes its call over.
+	if err := l.ReleaseLease(ctx, "run:ghost-run", "ghost"); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, l, alive.ID, vend.CallDelivered)
+	stopA() // releases the work lease: B takes it at its next renewal
+	waitHolder(t, l, vend.LeaseWork, "B")
+	select {
+	case <-bLeads:
+	case <-time.After(30 * time.Second): // a deadlock guard
+		t.Fatal("B holds the work lease but its leading work did not start")
+	}
+	if n := tools.count("echo"); n != 2 {
+		t.Fatalf("echo ran %d times, want 2 (each call once)", n)
+	}
+	verify(t, l)
+}
+
+// TestSharedPaymentSeenByAnotherInstance: two instances share a ledger
+// and both watch the same LND; the one without the waiting call records
+// the hold invoice's lock-in first. It leaves the call to its instance
+// (it would otherwise cancel the hold invoice: nobody waits there), and
+// the waiting call reads the payment from the ledger, runs once and is
+// delivered.
+func TestSharedPaymentSeenByAnotherInstance(t *testing.T) {
+	ctx := context.Background()
+	l, err := openLedger(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	shared := func(name string) func(*vend.Config) {
+		return func(c *vend.Config) {
+			c.Shared = vend.SharedConfig{Leases: l, Instance: name, Poll: 20 * time.Millisecond}
+		}
+	}
+	a := harnessOn(t, l, true, shared("A"))
+	b := harnessOn(t, l, true, shared("B"))
+	ch := a.callAsync(req("1", "demo_echo", `{"text":"hi"}`, nil))
+	p := a.nextPayment(t)
+	b.be.pay(p.Ref) // B's watcher records the lock-in and reports it to B
+	if o := result(t, ch); o.err != nil {
+		t.Fatalf("the call on A: %v", o.err)
+	}
+	if n := a.tools.count("echo") + b.tools.count("echo"); n != 1 {
+		t.Fatalf("echo ran %d times, want 1", n)
+	}
+	if c := waitState(t, l, p.CallID, vend.CallDelivered); c.State != vend.CallDelivered {
+		t.Fatalf("call %s", c.State)
+	}
+	if got, _ := l.Payment(ctx, p.Ref); got.State != vend.PaymentSettled {
+		t.Fatalf("hold invoice %s, want settled", got.State)
+	}
+	verify(t, l)
+}
