@@ -126,3 +126,37 @@ func (l *Ledger) LeaseHolder(ctx context.Context, name string) (string, error) {
 	}
 	return holder, nil
 }
+
+var _ vend.RateCounter = (*Ledger)(nil)
+
+// CountCall implements vend.RateCounter: one upsert adds the call to
+// client's count for the minute starting at minute, only while the count
+// is below limit (rows affected says whether it was). The first count of
+// a new minute also deletes the counts of minutes before the last one.
+func (l *Ledger) CountCall(ctx context.Context, client string, minute time.Time, limit int) (bool, error) {
+	if client == "" || limit <= 0 {
+		return false, errors.New("count call: a client and a positive limit are required")
+	}
+	m := ms(minute.Truncate(time.Minute))
+	var counted bool
+	err := l.write(ctx, func(tx *wtx, _ time.Time) error {
+		if l.rateSwept.Swap(m) != m {
+			if _, err := tx.ExecContext(ctx, "DELETE FROM rate_counts WHERE minute < ?", m-time.Minute.Milliseconds()); err != nil {
+				return err
+			}
+		}
+		res, err := tx.ExecContext(ctx, `INSERT INTO rate_counts (client, minute, calls) VALUES (?, ?, 1)
+			ON CONFLICT (client, minute) DO UPDATE SET calls = rate_counts.calls + 1 WHERE rate_counts.calls < ?`,
+			client, m, limit)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		counted = n == 1
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("count call: %w", err)
+	}
+	return counted, nil
+}

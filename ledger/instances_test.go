@@ -220,3 +220,58 @@ func TestLeaseTakenOverOnlyWhenExpired(t *testing.T) {
 	holder("")
 	take(a, "A", true)
 }
+
+// TestCountCallAcrossHandles: two ledger handles on one database count a
+// client's calls against one limit: of concurrent calls in one minute,
+// exactly the limit are counted; the next minute starts again, and the
+// counts of minutes before the last are deleted.
+func TestCountCallAcrossHandles(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "capvend.db")
+	a := openLedger(t, path)
+	b, err := ledger.OpenForTest(t, ctx, path, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	minute := time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC)
+	var counted atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := a
+			if i%2 == 1 {
+				l = b
+			}
+			ok, err := l.CountCall(ctx, "client-1", minute.Add(time.Duration(i)*time.Second), 5)
+			if err != nil {
+				t.Error(err)
+			}
+			if ok {
+				counted.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := counted.Load(); n != 5 {
+		t.Fatalf("%d calls counted, want the limit, 5", n)
+	}
+	if ok, err := a.CountCall(ctx, "client-2", minute, 5); err != nil || !ok {
+		t.Fatalf("another client: %v %v", ok, err)
+	}
+	if ok, err := b.CountCall(ctx, "client-1", minute.Add(time.Minute), 5); err != nil || !ok {
+		t.Fatalf("the next minute: %v %v", ok, err)
+	}
+	if ok, err := b.CountCall(ctx, "client-1", minute.Add(3*time.Minute), 5); err != nil || !ok {
+		t.Fatalf("three minutes on: %v %v", ok, err)
+	}
+	var rows int
+	if err := b.QueryRowForTest(ctx, fmt.Sprint("SELECT count(*) FROM rate_counts WHERE minute < ", minute.Add(2*time.Minute).UnixMilli()), &rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 0 {
+		t.Fatalf("%d counts of old minutes kept", rows)
+	}
+}

@@ -64,6 +64,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mattn/go-sqlite3"
@@ -119,6 +120,9 @@ type Ledger struct {
 	obs         vend.Observer // opts.Observer; nil: changes are not collected
 	// pg: the ledger is in PostgreSQL (OpenPostgres), not SQLite.
 	pg bool
+	// rateSwept is the minute (unix ms) whose older rate counts CountCall
+	// deleted last.
+	rateSwept atomic.Int64
 	// readOpts begins read transactions (PostgreSQL: repeatable read, a
 	// snapshot, as SQLite's read transactions are).
 	readOpts *sql.TxOptions

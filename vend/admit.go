@@ -75,7 +75,7 @@ func (v *Vendor) enter(ctx context.Context, r *CallRequest) (context.Context, er
 	if v.payers.has(limitKey(r)) {
 		ctx = Urgent(ctx)
 	}
-	if !v.allow(r) {
+	if !v.allow(ctx, r) {
 		return ctx, fmt.Errorf("%w: more than %d calls a minute", ErrLimit, v.cfg.RequestsPerMinute)
 	}
 	return ctx, nil

@@ -306,3 +306,13 @@ type Leaser interface {
 	// LeaseHolder returns the holder of a running lease, "" if none.
 	LeaseHolder(ctx context.Context, name string) (string, error)
 }
+
+// RateCounter counts calls per client and minute where several capvend
+// instances share it (a ledger), so that Config.RequestsPerMinute holds
+// across them.
+type RateCounter interface {
+	// CountCall counts one call of client in the minute starting at
+	// minute if client made fewer than limit there, and reports whether
+	// it did (false: over the limit). Atomic across instances.
+	CountCall(ctx context.Context, client string, minute time.Time, limit int) (bool, error)
+}

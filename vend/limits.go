@@ -56,9 +56,21 @@ func quotaKey(r *CallRequest) string {
 	return limitKey(r)
 }
 
-// allow applies the rate limit to r.
-func (v *Vendor) allow(r *CallRequest) bool {
-	return v.rate.allow(limitKey(r), time.Now())
+// allow applies the rate limit to r: counted in this process, or, with
+// Config.Shared.Rates, in the ledger the instances share (a count that
+// cannot be written lets the call through: the rate limit is a shield,
+// not money, and the call's own ledger writes fail anyway).
+func (v *Vendor) allow(ctx context.Context, r *CallRequest) bool {
+	rates, limit := v.cfg.Shared.Rates, v.cfg.RequestsPerMinute
+	if rates == nil || limit <= 0 {
+		return v.rate.allow(limitKey(r), time.Now())
+	}
+	ok, err := rates.CountCall(ctx, limitKey(r), time.Now(), limit)
+	if err != nil {
+		v.cfg.Log.Warn("vend: rate limit not counted", "err", err)
+		return true
+	}
+	return ok
 }
 
 // checkWork refuses a request with less proof of work than its front

@@ -27,6 +27,9 @@ type SharedConfig struct {
 	LeaseTTL time.Duration // default 30 s
 	Renew    time.Duration // default LeaseTTL/3
 	Poll     time.Duration // default 1 s
+	// Rates, if set, counts Config.RequestsPerMinute across the
+	// instances (one ledger write per call); nil: in this process.
+	Rates RateCounter
 }
 
 // LeaseWork is the lease of the work that runs on one instance.

@@ -2,6 +2,7 @@ package vend_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
@@ -153,6 +154,42 @@ func TestSharedPaymentSeenByAnotherInstance(t *testing.T) {
 	}
 	if got, _ := l.Payment(ctx, p.Ref); got.State != vend.PaymentSettled {
 		t.Fatalf("hold invoice %s, want settled", got.State)
+	}
+	verify(t, l)
+}
+
+// TestSharedRateLimitCountsAcrossInstances: with the rate limit counted in
+// the shared ledger, a client's calls on two instances add up: the third
+// call in a minute of a two-a-minute limit is refused, whichever instance
+// gets it.
+func TestSharedRateLimitCountsAcrossInstances(t *testing.T) {
+	ctx := context.Background()
+	l, err := openLedger(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	shared := func(name string) func(*vend.Config) {
+		return func(c *vend.Config) {
+			c.RequestsPerMinute, c.MaxUnpaidPerClient = 2, 10
+			c.Shared = vend.SharedConfig{Leases: l, Instance: name, Rates: l}
+		}
+	}
+	a := harnessOn(t, l, false, shared("A"))
+	b := harnessOn(t, l, false, shared("B"))
+	ch1 := a.callAsync(from("1", "pubkey-1", "", nil))
+	p1 := a.nextPayment(t)
+	ch2 := b.callAsync(from("2", "pubkey-1", "", nil))
+	p2 := b.nextPayment(t)
+	if o := result(t, a.callAsync(from("3", "pubkey-1", "", nil))); !errors.Is(o.err, vend.ErrLimit) {
+		t.Fatalf("a third call a minute over two instances: %v", o.err)
+	}
+	a.be.pay(p1.Ref)
+	b.be.pay(p2.Ref)
+	for _, ch := range []<-chan outcome{ch1, ch2} {
+		if o := result(t, ch); o.err != nil {
+			t.Fatal(o.err)
+		}
 	}
 	verify(t, l)
 }
