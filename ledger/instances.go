@@ -160,3 +160,51 @@ func (l *Ledger) CountCall(ctx context.Context, client string, minute time.Time,
 	}
 	return counted, nil
 }
+
+// ErrPricesDiffer: RegisterPrices found a live instance whose price book
+// differs from the registering one's.
+var ErrPricesDiffer = errors.New("the price book differs from a running instance's")
+
+// RegisterPrices records hash, the hash of instance's price book, after
+// comparing it with the price books of the other live instances: those
+// holding a lease on a run ("run:..."), or registered within fresh (an
+// instance that started and has not taken its lease yet). If one differs,
+// it returns ErrPricesDiffer naming that instance and records nothing,
+// unless force (a reload: the new hash is recorded, and the error still
+// returned so that the caller can say so). Rows of instances no longer
+// live are deleted. One write transaction: of two instances starting
+// together with different prices, the second is refused.
+func (l *Ledger) RegisterPrices(ctx context.Context, instance, hash string, fresh time.Duration, force bool) error {
+	if instance == "" || len(hash) != 64 {
+		return errors.New("register prices: an instance and a hex SHA-256 are required")
+	}
+	var differs error
+	err := l.write(ctx, func(tx *wtx, now time.Time) error {
+		live := `instance <> ? AND (registered_at > ? OR instance IN
+			(SELECT holder FROM leases WHERE name LIKE 'run:%' AND expires_at > ?))`
+		args := []any{instance, ms(now.Add(-fresh)), ms(now)}
+		var other string
+		err := tx.QueryRowContext(ctx, "SELECT instance FROM instance_prices WHERE "+live+` AND price_hash <> ?
+			ORDER BY registered_at DESC LIMIT 1`, append(args, hash)...).Scan(&other)
+		switch {
+		case err == nil:
+			differs = fmt.Errorf("%w: instance %s", ErrPricesDiffer, other)
+			if !force {
+				return differs
+			}
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, "DELETE FROM instance_prices WHERE NOT ("+live+")", args...); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO instance_prices (instance, price_hash, registered_at) VALUES (?, ?, ?)
+			ON CONFLICT (instance) DO UPDATE SET price_hash = excluded.price_hash, registered_at = excluded.registered_at`,
+			instance, hash, ms(now))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("register prices: %w", err)
+	}
+	return differs
+}

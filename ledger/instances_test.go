@@ -275,3 +275,49 @@ func TestCountCallAcrossHandles(t *testing.T) {
 		t.Fatalf("%d counts of old minutes kept", rows)
 	}
 }
+
+// TestRegisterPricesRefusesDifferentPrices: an instance whose price book
+// hash differs from a live instance's (registered within the lease time,
+// or holding a run lease) is refused and not recorded; dead instances do
+// not count; a forced registration (a reload) is recorded and reported.
+func TestRegisterPricesRefusesDifferentPrices(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "capvend.db")
+	var mu sync.Mutex
+	now := time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	a, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	h1, h2 := hash("prices 1"), hash("prices 2")
+	const fresh = 30 * time.Second
+	register := func(l *ledger.Ledger, instance, h string, force, refused bool) {
+		t.Helper()
+		err := l.RegisterPrices(ctx, instance, h, fresh, force)
+		if got := errors.Is(err, ledger.ErrPricesDiffer); got != refused || (err != nil && !got) {
+			t.Fatalf("%s registers: %v, want refused %v", instance, err, refused)
+		}
+	}
+	register(a, "A", h1, false, false)
+	register(b, "B", h2, false, true) // A just started with other prices
+	register(b, "B", h1, false, false)
+	advance(time.Minute) // A and B died without a lease
+	register(b, "C", h2, false, false)
+	advance(time.Minute)
+	if ok, err := a.TakeLease(ctx, "run:a1", "A", time.Hour); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	register(a, "A", h1, false, false) // C is dead
+	advance(time.Minute)
+	register(b, "D", h2, false, true) // A lives: it holds its run's lease
+	register(b, "D", h2, true, true)  // a reload: recorded, and reported
+	register(b, "E", h1, false, true) // D is fresh, with h2
+}

@@ -427,6 +427,16 @@ func (u UpstreamConfig) itemPrices() []struct {
 // resources (the latter under pricing.PromptKey and ResourceKey). It
 // fails, naming the item, only on a configuration Validate refuses.
 func (c *Config) PriceBook() (*pricing.Book, error) {
+	rules, err := c.priceRules()
+	if err != nil {
+		return nil, err
+	}
+	return pricing.NewBook(rules)
+}
+
+// priceRules are the price rules of every upstream, by upstream name and
+// tool (or item key).
+func (c *Config) priceRules() (map[string]map[string]pricing.Rule, error) {
 	rules := map[string]map[string]pricing.Rule{}
 	for i, u := range c.Upstreams {
 		m := map[string]pricing.Rule{}
@@ -448,7 +458,7 @@ func (c *Config) PriceBook() (*pricing.Book, error) {
 		}
 		rules[u.Name] = m
 	}
-	return pricing.NewBook(rules)
+	return rules, nil
 }
 
 // defaultConfig is what a missing field means.

@@ -1,13 +1,25 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"time"
 
+	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
+
+// leaseTTL is how long an instance's leases last unrenewed (renewed every
+// third of it): a dead instance's work is taken over within leaseTTL plus
+// a renewal.
+const leaseTTL = 30 * time.Second
 
 // newInstanceID names this process among the capvend instances sharing a
 // ledger: host, process id and a random part (a restarted process is a
@@ -60,9 +72,63 @@ func (s *vendServer) shared() vend.SharedConfig {
 	if s.cfg.Ledger.Driver != "postgres" {
 		return vend.SharedConfig{}
 	}
-	sh := vend.SharedConfig{Leases: s.l, Instance: s.instance}
+	sh := vend.SharedConfig{Leases: s.l, Instance: s.instance, LeaseTTL: leaseTTL}
 	if s.cfg.Limits.RequestsPerMinute > 0 {
 		sh.Rates = s.l // one ledger write per call: see README, Several instances
 	}
 	return sh
+}
+
+// priceHash is the hash of cfg's price book: SHA-256 of its rules as JSON
+// (encoding/json writes map keys sorted, so equal books hash equal).
+func priceHash(cfg *Config) (string, error) {
+	rules, err := cfg.priceRules()
+	if err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(rules)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// registerPrices records this instance's price book hash in a PostgreSQL
+// ledger, refusing to start when a live instance sharing it has other
+// prices (see ledger.RegisterPrices). Nothing on SQLite.
+func (s *vendServer) registerPrices(ctx context.Context) error {
+	if s.cfg.Ledger.Driver != "postgres" {
+		return nil
+	}
+	h, err := priceHash(s.cfg)
+	if err != nil {
+		return err
+	}
+	err = s.l.RegisterPrices(ctx, s.instance, h, leaseTTL, false)
+	if errors.Is(err, ledger.ErrPricesDiffer) {
+		return fmt.Errorf("%w: every capvend instance sharing this ledger must sell at the same prices, and this one's configuration prices differ; "+
+			"give it the same prices, or change the prices of the running instances first (SIGHUP each)", err)
+	}
+	return err
+}
+
+// pricesReloaded records the hash of a reloaded price book (SIGHUP) in a
+// PostgreSQL ledger; the new prices are in force whatever the others
+// have, and an error is logged while they differ from another live
+// instance's (change every instance's prices, SIGHUP each).
+func pricesReloaded(ctx context.Context, l *ledger.Ledger, instance string, next *Config, log *slog.Logger) {
+	if next.Ledger.Driver != "postgres" {
+		return
+	}
+	h, err := priceHash(next)
+	if err == nil {
+		err = l.RegisterPrices(ctx, instance, h, leaseTTL, true)
+	}
+	switch {
+	case errors.Is(err, ledger.ErrPricesDiffer):
+		log.Error("the reloaded prices differ from another running instance's: each sells at its own prices until all have the same (reload every instance)", "err", err)
+	case err != nil:
+		log.Error("the reloaded price book was not recorded in the ledger", "err", err)
+	}
 }

@@ -292,3 +292,53 @@ func TestServeOnPostgres(t *testing.T) {
 		t.Fatalf("verify after serve: exit %d\n%s%s", code, out, errOut)
 	}
 }
+
+// sharedPGConfig writes a serve configuration on the PostgreSQL ledger of
+// dsn whose tool sha256 has the price rule rule (YAML), and returns it
+// with its listen address.
+func sharedPGConfig(t *testing.T, dsn string, rule string) (path, listen string) {
+	t.Helper()
+	src, listen := freeToolsConfig(t, "")
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := strings.Replace(string(b), "ledger:\n  path: capvend.db\n", "ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\n", 1)
+	body += "    tools:\n      sha256:\n        " + rule + "\n"
+	if err := os.WriteFile(src, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(src), "ledger.dsn"), []byte(dsn), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return src, listen
+}
+
+// TestServeRefusesOtherPricesOnASharedLedger: two `capvend serve` with the
+// same price book share one PostgreSQL ledger; a third whose price book
+// differs (here a tool's rule: not idempotent; a price would need a
+// payment backend) is refused at start, saying why.
+func TestServeRefusesOtherPricesOnASharedLedger(t *testing.T) {
+	ctx := context.Background()
+	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
+	if errors.Is(err, pgserver.ErrMissing) {
+		skip.Missing(t, err.Error(), "apt-get install postgresql")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Destroy() })
+	dsn, err := srv.CreateDatabase(ctx, "capvend")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, listenA := sharedPGConfig(t, dsn, "not_idempotent: false")
+	serveInProcess(t, a, listenA)
+	b, listenB := sharedPGConfig(t, dsn, "not_idempotent: false")
+	serveInProcess(t, b, listenB)
+	c, _ := sharedPGConfig(t, dsn, "not_idempotent: true")
+	_, errOut, code := run(t, nil, "serve", "--config", c)
+	if code == 0 || !strings.Contains(errOut, "price book differs from a running instance's") || !strings.Contains(errOut, "same prices") {
+		t.Fatalf("an instance with other prices: exit %d\n%s", code, errOut)
+	}
+}

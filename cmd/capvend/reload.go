@@ -101,7 +101,8 @@ func withoutPrices(ups []UpstreamConfig) []UpstreamConfig {
 // reloadOnHUP starts reloading the prices on every SIGHUP, until ctx ends
 // (the goroutine is tracked by wg). The signal is caught from the moment it
 // returns, so a SIGHUP never kills a running server.
-func reloadOnHUP(ctx context.Context, wg *sync.WaitGroup, cfg *Config, getenv func(string) string, v priceSetter, refresh func(), log *slog.Logger) {
+// reloaded, if not nil, is told each configuration put in force.
+func reloadOnHUP(ctx context.Context, wg *sync.WaitGroup, cfg *Config, getenv func(string) string, v priceSetter, refresh func(), reloaded func(*Config), log *slog.Logger) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	wg.Add(1)
@@ -120,6 +121,9 @@ func reloadOnHUP(ctx context.Context, wg *sync.WaitGroup, cfg *Config, getenv fu
 				}
 				cfg = next
 				log.Info("config reloaded: new prices in force", "config", cfg.path)
+				if reloaded != nil {
+					reloaded(next)
+				}
 			}
 		}
 	}()

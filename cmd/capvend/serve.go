@@ -182,6 +182,9 @@ func (s *vendServer) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.registerPrices(ctx); err != nil {
+		return err
+	}
 	if s.v, err = vend.New(vend.Config{
 		Ledger: s.l, Backends: s.backends, Tools: s.ups, Prices: prices, TTL: cfg.Payments.TTL,
 		MaxUnpaidPerClient: cfg.Limits.MaxUnpaidPerClient, MaxUnpaidTotal: cfg.Limits.MaxUnpaidTotal,
@@ -377,7 +380,8 @@ func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context,
 	endFreedGrants(s.v, s.log) // the prices may have changed while capvend was stopped
 	var reload sync.WaitGroup
 	if s.cfg.path != "" {
-		reloadOnHUP(bctx, &reload, s.cfg, s.e.Getenv, s.v, s.refresh, s.log)
+		reloaded := func(next *Config) { pricesReloaded(bctx, s.l, s.instance, next, s.log) }
+		reloadOnHUP(bctx, &reload, s.cfg, s.e.Getenv, s.v, s.refresh, reloaded, s.log)
 	}
 	if s.nostr != nil {
 		part("reply pruning", func(ctx context.Context) error {
