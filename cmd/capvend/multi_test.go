@@ -1,0 +1,344 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/lightningnetwork/lnd/lnrpc"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/billing/lnd"
+	"github.com/capvend/capvend/internal/ctxvmclient"
+	"github.com/capvend/capvend/internal/pgserver"
+	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/testnet"
+	"github.com/capvend/capvend/vend"
+)
+
+// multiPG starts a PostgreSQL server for the test and returns the DSN of
+// an empty database.
+func multiPG(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
+	if errors.Is(err, pgserver.ErrMissing) {
+		skip.Missing(t, err.Error(), "apt-get install postgresql")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Destroy() })
+	dsn, err := srv.CreateDatabase(ctx, "capvend")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
+
+// onPostgres rewrites the serve configuration at path to keep its ledger
+// in the PostgreSQL database of dsn.
+func onPostgres(t *testing.T, path, dsn string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := strings.Replace(string(b), "ledger:\n  path: capvend.db\n", "ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\n", 1)
+	if body == string(b) {
+		t.Fatal("the configuration has no SQLite ledger section to replace")
+	}
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(path), "ledger.dsn"), []byte(dsn), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitLeaseHolder waits until the work lease is held by an instance of
+// process pid (want true) or by one of another process (want false), and
+// returns the holder.
+func waitLeaseHolder(t *testing.T, l *ledger.Ledger, pid int, want bool, guard time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(guard) // a deadlock guard
+	for {
+		h, err := l.LeaseHolder(context.Background(), vend.LeaseWork)
+		if err == nil && h != "" && strings.Contains(h, fmt.Sprintf("/%d/", pid)) == want {
+			return h
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("work lease held by %q (%v); want pid %d: %v", h, err, pid, want)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// answerCounter counts, on a connection of its own with the client's key,
+// the responses the server key published to each request (by e tag).
+type answerCounter struct {
+	mu      sync.Mutex
+	answers map[string]int
+	marks   map[string]bool
+	done    chan struct{}
+}
+
+func countAnswers(t *testing.T, relay, server, clientKey string) *answerCounter {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w, err := ctxvmclient.Dial(ctx, relay, server, ctxvmclient.Options{SecretKey: clientKey, Events: true,
+		Kinds: []int{ctxvmclient.KindMessage}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	a := &answerCounter{answers: map[string]int{}, marks: map[string]bool{}, done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		for ev := range w.Events() {
+			a.mu.Lock()
+			if ev.PubKey != server {
+				a.marks[ev.Content] = true // the test's own mark
+			} else if strings.Contains(ev.Content, `"result"`) || strings.Contains(ev.Content, `"error"`) {
+				for tag := range ev.Tags.FindAll("e") {
+					a.answers[tag[1]]++
+				}
+			}
+			a.mu.Unlock()
+		}
+	}()
+	return a
+}
+
+// settle waits until the counter has seen mark, published after every
+// answer: the relay delivered all the answers before it.
+func (a *answerCounter) settle(t *testing.T, c *cvmClient, client string) map[string]int {
+	t.Helper()
+	mark := fmt.Sprintf("mark %d", time.Now().UnixNano())
+	ev := &nostr.Event{Kind: ctxvmclient.KindMessage, CreatedAt: nostr.Now(), Content: mark, Tags: nostr.Tags{{"p", client}}}
+	if err := c.c.Sign(ev); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.c.Publish(ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second) // a deadlock guard
+	for {
+		a.mu.Lock()
+		seen := a.marks[mark]
+		out := make(map[string]int, len(a.answers))
+		for k, v := range a.answers {
+			out[k] = v
+		}
+		a.mu.Unlock()
+		if seen {
+			return out
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the relay never delivered the test's mark")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestMultiInstanceOnOnePostgres runs three real `capvend serve` processes
+// on one PostgreSQL ledger, the regtest stack's vendor LND and relay, each
+// with its own MCP port and all with the same Nostr key. The first holds
+// the work lease and is SIGKILLed right after a paid HTTP call's
+// settlement: another instance takes the work lease over and runs the
+// paid call (once) within the lease bound. Then Nostr priced and free
+// calls from a real client are each answered once (counted on the relay)
+// and each paid call executed once, HTTP calls on each live instance are
+// served, the ledger verifies, and every invoice of the ledger is settled
+// at LND exactly when the ledger booked it, for the amount booked.
+func TestMultiInstanceOnOnePostgres(t *testing.T) {
+	s := needStack(t)
+	dsn := multiPG(t)
+	server, nsec := serverKey(t)
+	var paths, listens []string
+	for range 3 {
+		p, l := writeServeConfig(t, s, serveOpts{nsecFile: nsec})
+		onPostgres(t, p, dsn)
+		paths, listens = append(paths, p), append(listens, l)
+	}
+	ctx := context.Background()
+	first := startServe(t, paths[0], listens[0], vend.FailAfterSettlement)
+	l, err := ledger.OpenPostgres(ctx, dsn, ledger.Options{MustExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	waitLeaseHolder(t, l, first.Process.Pid, true, time.Minute)
+	procs := []*exec.Cmd{startServe(t, paths[1], listens[1], ""), startServe(t, paths[2], listens[2], "")}
+
+	// A paid HTTP call on the first instance: it dies once the payment is
+	// booked, before the call runs.
+	pc := newPayingClient(t, s, "http://"+listens[0]+"/mcp")
+	waitTools(t, pc)
+	if _, err := pc.call(t, "t_sha256", map[string]any{"text": "killed"}); err == nil {
+		t.Fatal("the call succeeded although its instance was killed")
+	}
+	if err := waitExit(first, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("the first instance did not die by SIGKILL: %v", err)
+	}
+	killed := time.Now()
+	if err := <-pc.paid; err != nil {
+		t.Fatalf("payment: %v", err)
+	}
+	holder := waitLeaseHolder(t, l, first.Process.Pid, false, 2*time.Minute)
+	c := waitCall(t, l, vend.CallDelivered)
+	t.Logf("the work lease went to %s and the dead instance's paid call was delivered %s after the kill (bound: 30 s lease + 10 s renewal + recovery)",
+		holder, time.Since(killed).Round(time.Second))
+	if c.Executions != 1 {
+		t.Fatalf("the dead instance's paid call executed %d times, want 1", c.Executions)
+	}
+
+	// Nostr: priced and free calls from one client, answered once each.
+	cl := dialContextVM(t, s.RelayURL, server)
+	answers := countAnswers(t, s.RelayURL, server, cl.c.SecretKey)
+	cl.waitReady()
+	cl.waitNames("tools/list", "t_sha256", "t_word_count")
+	const nostrPaid, nostrFree = 8, 8
+	var reqs []*nostr.Event
+	for i := range nostrPaid {
+		req := cl.request(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"t_sha256","arguments":{"text":"nostr %d"}}}`, i+10, i),
+			nostr.Tag{"pmi", vend.PMILightning})
+		res, notes, paid := cl.untilPaid(s, req)
+		if res.Error != nil || len(res.Result) == 0 {
+			t.Fatalf("paid Nostr call %d: %s %+v (notifications %v)", i, res.Result, res.Error, notes)
+		}
+		if err := paid(); err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, req)
+	}
+	for i := range nostrFree {
+		req := cl.request(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"t_word_count","arguments":{"text":"free call %d"}}}`, i+100, i))
+		if res := cl.until(req, func(cvmMessage) {}); res.Error != nil {
+			t.Fatalf("free Nostr call %d: %+v", i, res.Error)
+		}
+		reqs = append(reqs, req)
+	}
+
+	// HTTP: a paid and a free call on each live instance.
+	for _, listen := range listens[1:] {
+		pc := newPayingClient(t, s, "http://"+listen+"/mcp")
+		waitTools(t, pc)
+		if r, err := pc.call(t, "t_sha256", map[string]any{"text": "http " + listen}); err != nil || r.IsError {
+			t.Fatalf("paid HTTP call on %s: %v %v", listen, r, err)
+		}
+		if err := <-pc.paid; err != nil {
+			t.Fatal(err)
+		}
+		if r, err := pc.call(t, "t_word_count", map[string]any{"text": "a b c"}); err != nil || r.IsError {
+			t.Fatalf("free HTTP call on %s: %v %v", listen, r, err)
+		}
+	}
+
+	for _, p := range procs {
+		p.Process.Signal(syscall.SIGTERM)
+		if err := waitExit(p, 60*time.Second); err != nil {
+			t.Fatalf("an instance did not stop cleanly: %v", err)
+		}
+	}
+	counts := answers.settle(t, cl, cl.c.PublicKey)
+	for i, req := range reqs {
+		if n := counts[req.ID]; n != 1 {
+			t.Errorf("Nostr request %d was answered %d times, want once", i, n)
+		}
+	}
+	checkMultiLedger(t, s, dsn, paths[1], 1+nostrPaid+2)
+}
+
+// checkMultiLedger checks the shared ledger after TestMultiInstance: calls
+// paid calls, each delivered and executed once; the customer paid exactly
+// the prices of the delivered calls; every LND invoice of the ledger is
+// settled at LND if and only if the ledger booked it, for the amount it
+// booked; the Nostr claims are spread over the instances (logged); and
+// `capvend ledger verify` passes.
+func checkMultiLedger(t *testing.T, s *testnet.Stack, dsn, config string, calls int) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	defer db.Close()
+	var n, delivered, once int
+	var prices, paid int64
+	if err := db.QueryRowContext(ctx, `SELECT count(*), count(*) FILTER (WHERE state = 'delivered'),
+		count(*) FILTER (WHERE executions = 1), coalesce(sum(price_msat) FILTER (WHERE state = 'delivered'), 0) FROM calls`).
+		Scan(&n, &delivered, &once, &prices); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRowContext(ctx, "SELECT coalesce(sum(settled_msat), 0) FROM payments WHERE state = 'settled'").Scan(&paid); err != nil {
+		t.Fatal(err)
+	}
+	if n != calls || delivered != calls || once != calls || paid != prices {
+		t.Errorf("%d paid calls, %d delivered, %d executed once (want %d each); paid %d msat for %d msat of delivered calls",
+			n, delivered, once, calls, paid, prices)
+	}
+	rows, err := db.QueryContext(ctx, "SELECT holder, count(*) FROM request_claims GROUP BY holder ORDER BY holder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var h string
+		var k int
+		rows.Scan(&h, &k)
+		t.Logf("Nostr requests claimed by %s: %d", h, k)
+	}
+	rows.Close()
+
+	vendor, _ := s.Node(testnet.Vendor)
+	conn, err := lnd.Dial(vendor.RPCHost, vendor.TLSCert, vendor.AdminMacaroon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ln := lnrpc.NewLightningClient(conn)
+	prows, err := db.QueryContext(ctx, "SELECT ref, state, coalesce(settled_msat, 0) FROM payments WHERE backend = 'lnd'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prows.Close()
+	checked := 0
+	for prows.Next() {
+		var ref, state string
+		var msat int64
+		if err := prows.Scan(&ref, &state, &msat); err != nil {
+			t.Fatal(err)
+		}
+		hash, _ := hex.DecodeString(ref)
+		inv, err := ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: hash})
+		if err != nil {
+			t.Fatalf("invoice %s: %v", ref, err)
+		}
+		settled := inv.State == lnrpc.Invoice_SETTLED
+		if settled != (state == "settled") || (settled && inv.AmtPaidMsat != msat) {
+			t.Errorf("invoice %s: LND %s, %d msat paid; ledger %s, %d msat", ref, inv.State, inv.AmtPaidMsat, state, msat)
+		}
+		checked++
+	}
+	t.Logf("%d LND invoices compared with the ledger", checked)
+	out, errOut, code := run(t, nil, "ledger", "verify", "--config", config)
+	if code != 0 || !strings.Contains(out, "checks passed") {
+		t.Fatalf("ledger verify: exit %d\n%s%s", code, out, errOut)
+	}
+}
