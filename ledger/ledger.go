@@ -49,6 +49,18 @@
 // and makes every write see the commits before it, as on SQLite. Reads
 // run in REPEATABLE READ, read-only transactions: a consistent snapshot,
 // as SQLite's read transactions are.
+//
+// Several instances (instances.go). capvend processes sharing a
+// PostgreSQL ledger coordinate through it, each with a claim checked by
+// rows affected: a Nostr request is served by the instance whose
+// ClaimRequest inserted its event id (request_claims); a lease
+// (TakeLease: one upsert that goes through only when the lease is free,
+// expired or the taker's) decides which instance recovers and reconciles,
+// and a run's lease tells the others it is alive; CountCall counts a
+// client's calls per minute against the rate limit (rate_counts); and
+// RegisterPrices refuses an instance whose price book differs from a live
+// one's (instance_prices). These tables are coordination, not books: they
+// are not copied by CopyTo, nor checked by Verify.
 package ledger
 
 import (
