@@ -17,12 +17,21 @@ import (
 // TestClaimRequestOnceAcrossHandles: two ledger handles on one database
 // (two instances) race to claim the same request keys; each key is won by
 // exactly one holder, a holder claiming its own key again still has it,
-// the other never gets it, and pruning deletes the claims made before.
+// the other never gets it while the holder lives; long after, the claims
+// of a holder without a run lease (dead) are taken over, a live one's are
+// not; pruning deletes the claims made before.
 func TestClaimRequestOnceAcrossHandles(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "capvend.db")
-	a := openLedger(t, path)
-	b, err := ledger.OpenForTest(t, ctx, path, ledger.Options{})
+	var mu sync.Mutex
+	now := time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	a, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,6 +67,21 @@ func TestClaimRequestOnceAcrossHandles(t *testing.T) {
 	if _, err := a.ClaimRequest(ctx, "", "x"); err == nil {
 		t.Error("an empty key was claimed")
 	}
+	// instance-0 holds a run lease (it lives); instance-1 died. Long
+	// after, a request instance-0 claimed stays its; one of instance-1's
+	// is taken over when sent again.
+	if ok, err := a.TakeLease(ctx, "run:r0", "instance-0", time.Hour); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	mu.Lock()
+	now = now.Add(2 * ledger.ClaimTakeover)
+	mu.Unlock()
+	for i := range keys {
+		mine := won[i].Load() == 2<<4 // instance-1's
+		if ok, err := a.ClaimRequest(ctx, fmt.Sprint("nostr:ev", i), "instance-2"); err != nil || ok != mine {
+			t.Errorf("key %d, claimed by instance-%d, taken over: %v, %v", i, map[bool]int{true: 1, false: 0}[mine], ok, err)
+		}
+	}
 	if n, err := b.PruneRequestClaims(ctx, time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)); err != nil || n != 0 {
 		t.Errorf("prune before 2000: %d, %v", n, err)
 	}
@@ -66,6 +90,9 @@ func TestClaimRequestOnceAcrossHandles(t *testing.T) {
 	}
 	if ok, err := a.ClaimRequest(ctx, "nostr:ev0", "instance-9"); err != nil || !ok {
 		t.Errorf("a pruned key claimed again: %v, %v", ok, err)
+	}
+	if ok, err := b.ClaimRequest(ctx, "nostr:ev0", "instance-0"); err != nil || ok {
+		t.Errorf("a fresh claim of a dead-looking instance taken over: %v, %v", ok, err)
 	}
 }
 
