@@ -23,6 +23,7 @@ import (
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/internal/pgserver"
 	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
@@ -30,7 +31,7 @@ import (
 
 // multiPG starts a PostgreSQL server for the test and returns the DSN of
 // an empty database.
-func multiPG(t *testing.T) string {
+func multiPG(t testing.TB) string {
 	t.Helper()
 	ctx := context.Background()
 	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
@@ -50,7 +51,7 @@ func multiPG(t *testing.T) string {
 
 // onPostgres rewrites the serve configuration at path to keep its ledger
 // in the PostgreSQL database of dsn.
-func onPostgres(t *testing.T, path, dsn string) {
+func onPostgres(t testing.TB, path, dsn string) {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -340,5 +341,45 @@ func checkMultiLedger(t *testing.T, s *testnet.Stack, dsn, config string, calls 
 	out, errOut, code := run(t, nil, "ledger", "verify", "--config", config)
 	if code != 0 || !strings.Contains(out, "checks passed") {
 		t.Fatalf("ledger verify: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// BenchmarkNostrFreeCallInstances measures end-to-end free tools/call
+// throughput over Nostr with 1, 2 and 3 capvend instances (`serve`
+// in-process, the same code as the binary) on one PostgreSQL ledger and
+// one relay, all with the same key, driven by one Go load client
+// (nostrBenchInFlight calls in flight). Each request costs every instance
+// a claim attempt (one ledger write; the winner answers) and the winner a
+// rate-limit count. The x_1 metric is the throughput over one instance's.
+// On a 2-core machine the instances, the relay, PostgreSQL and the client
+// share the cores.
+//
+//	go test -run '^$' -bench NostrFreeCallInstances -benchtime 400x ./cmd/capvend
+func BenchmarkNostrFreeCallInstances(b *testing.B) {
+	skip.Short(b, "starts PostgreSQL and three capvend instances")
+	dsn := multiPG(b)
+	relay := testkit.Relay(b)
+	sk := nostr.GeneratePrivateKey()
+	server, _ := nostr.GetPublicKey(sk)
+	var one float64
+	for n := 1; n <= 3; n++ {
+		path, listen := nostrToolsConfig(b, relay, sk, "")
+		onPostgres(b, path, dsn)
+		serveStoppable(b, path, listen)
+		c := newLoadClient(b, relay, server)
+		c.warmUp(b)
+		b.Run(fmt.Sprintf("instances=%d", n), func(b *testing.B) {
+			b.ResetTimer()
+			r := c.load(b, b.N).result()
+			b.StopTimer()
+			b.ReportMetric(r.perSecond, "calls/s")
+			b.ReportMetric(ms(r.p50), "p50-ms")
+			b.ReportMetric(ms(r.p99), "p99-ms")
+			if n == 1 {
+				one = r.perSecond
+			} else if one > 0 {
+				b.ReportMetric(r.perSecond/one, "x_1")
+			}
+		})
 	}
 }
