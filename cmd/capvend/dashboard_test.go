@@ -32,13 +32,24 @@ func browser(t *testing.T, headers map[string]any) context.Context {
 	if err != nil {
 		skip.Missing(t, "chromium", "apt-get install chromium")
 	}
+	// The profile is not a t.TempDir: chromium's helper processes may
+	// still write into it for a moment after the browser was stopped, and
+	// TempDir's cleanup fails the test on a directory not yet empty.
+	profile, err := os.MkdirTemp("", "capvend-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), chromedp.ExecPath(bin),
 		chromedp.Flag("headless", true), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.Flag("disable-quic", true),
 		chromedp.NoFirstRun, chromedp.Flag("disable-background-networking", true),
 		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1000))
+		chromedp.Flag("disable-dev-shm-usage", true), chromedp.UserDataDir(profile), chromedp.WindowSize(1280, 1000))
 	ctx, cancel := chromedp.NewContext(alloc)
-	t.Cleanup(func() { cancel(); cancelAlloc() })
+	t.Cleanup(func() {
+		cancel()
+		cancelAlloc() // stops the browser and waits for its process
+		removeSettled(t, profile)
+	})
 	if err := chromedp.Run(ctx, network.Enable(), network.SetExtraHTTPHeaders(network.Headers(headers))); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
@@ -291,4 +302,17 @@ func TestDashboardInChromium(t *testing.T) {
 	if out := runCapvend(t, "ledger", "verify", "--config", path); !strings.Contains(out, "ok    the daily account totals") {
 		t.Errorf("ledger verify:\n%s", out)
 	}
+}
+
+// removeSettled removes dir once whatever still writes into it is done:
+// it tries again for a few seconds, then leaves it with a log line.
+func removeSettled(t *testing.T, dir string) {
+	var err error
+	for range 50 {
+		if err = os.RemoveAll(dir); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("chromium profile %s left behind: %v", dir, err)
 }
