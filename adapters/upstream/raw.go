@@ -17,6 +17,7 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/jsonobj"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -164,6 +165,9 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 		}
 		return nil, fmt.Errorf("upstream %q: call %q: %w: %w", u.cfg.Name, name, vend.ErrUpstream, err)
 	}
+	if body, ok, err := passResult(result); ok || err != nil {
+		return body, err
+	}
 	res, err := mcp.ParseCallToolResult(&result)
 	if err != nil {
 		return nil, fmt.Errorf("upstream %q: call %q: %w: %w", u.cfg.Name, name, vend.ErrUpstream, err)
@@ -172,6 +176,90 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 		return nil, vend.ErrNotRaw
 	}
 	return u.resultBody(name, res)
+}
+
+// passResult returns the upstream's result as it came, without the
+// protocol's decorations of the hop (resultType "complete", _meta holding
+// only serverInfo: the front adds its own), cut out of the bytes. ok
+// false: the result needs the slow reading, which normalises it or
+// refuses it (no content array, a content item whose type mcp-go does not
+// know, a _meta with other members, another resultType, names the bytes
+// do not show as they decode); ErrNotRaw: the result asks for input.
+func passResult(result json.RawMessage) (json.RawMessage, bool, error) {
+	ms, ok := jsonobj.Members(result)
+	if !ok {
+		return nil, false, nil
+	}
+	var cut []int
+	content := false
+	for i, m := range ms {
+		v := result[m.ValueStart:m.End]
+		switch m.Key {
+		case "content":
+			if content = knownContent(v); !content {
+				return nil, false, nil
+			}
+			continue
+		case "resultType":
+			switch mcp.ResultType(unquote(v)) {
+			case mcp.ResultTypeComplete:
+			case mcp.ResultTypeInputRequired:
+				return nil, false, vend.ErrNotRaw
+			default:
+				return nil, false, nil
+			}
+		case "_meta":
+			inner, ok := jsonobj.Members(v)
+			if !ok || len(inner) > 1 || (len(inner) == 1 && inner[0].Key != mcp.MetaKeyServerInfo) {
+				return nil, false, nil
+			}
+		default:
+			continue
+		}
+		cut = append(cut, i)
+	}
+	if !content {
+		return nil, false, nil
+	}
+	return jsonobj.Without(result, ms, cut...), true, nil
+}
+
+// knownContent reports whether v is an array of objects whose "type" is
+// one mcp-go's client reads as it is.
+func knownContent(v []byte) bool {
+	es, ok := jsonobj.Elements(v)
+	if !ok {
+		return false
+	}
+	for _, e := range es {
+		item := v[e[0]:e[1]]
+		ms, ok := jsonobj.Members(item)
+		if !ok {
+			return false
+		}
+		known := false
+		for _, m := range ms {
+			if m.Key == "type" {
+				switch unquote(item[m.ValueStart:m.End]) {
+				case "text", "image", "audio", "resource_link", "resource":
+					known = true
+				}
+			}
+		}
+		if !known {
+			return false
+		}
+	}
+	return true
+}
+
+// unquote returns a JSON string's text if it has no escapes; "" for
+// anything else.
+func unquote(v []byte) string {
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' || bytes.IndexByte(v, '\\') >= 0 {
+		return ""
+	}
+	return string(v[1 : len(v)-1])
 }
 
 // post sends msg (a tools/call of name, id) to the upstream as mcp-go's transport

@@ -145,3 +145,33 @@ func TestCallToolRawAsCallTool(t *testing.T) {
 		}
 	})
 }
+
+// TestPassResult: a result is passed on as the upstream wrote it (key
+// order, number forms), only the hop's decorations cut out; what mcp-go's
+// client would refuse or normalise goes to the slow reading, and a
+// request for input is handed back.
+func TestPassResult(t *testing.T) {
+	const info = `"_meta":{"io.modelcontextprotocol/serverInfo":{"name":"up","version":"1"}}`
+	for _, tc := range []struct {
+		in, want string
+		ok       bool
+		err      error
+	}{
+		{`{"content":[{"type":"text","text":"a"}],"resultType":"complete",` + info + `}`, `{"content":[{"type":"text","text":"a"}]}`, true, nil},
+		{`{"isError":true,"structuredContent":{"n":1.0},"content":[]}`, `{"isError":true,"structuredContent":{"n":1.0},"content":[]}`, true, nil},
+		{`{` + info + `,"content":[{"type":"image","data":"aGk=","mimeType":"image/png"}]}`, `{"content":[{"type":"image","data":"aGk=","mimeType":"image/png"}]}`, true, nil},
+		{`{"content":[],"_meta":{}}`, `{"content":[]}`, true, nil},
+		{`{"resultType":"input_required","inputRequests":{}}`, ``, false, vend.ErrNotRaw},
+		{`{"content":[{"type":"video"}]}`, ``, false, nil},
+		{`{"content":[{"text":"no type"}]}`, ``, false, nil},
+		{`{"structuredContent":{}}`, ``, false, nil},
+		{`{"content":[],"_meta":{"x/extra":1}}`, ``, false, nil},
+		{`{"content":[],"resultType":"other"}`, ``, false, nil},
+		{`{"content":[],"content":[]}`, ``, false, nil},
+	} {
+		got, ok, err := passResult(json.RawMessage(tc.in))
+		if string(got) != tc.want || ok != tc.ok || !errors.Is(err, tc.err) || (err == nil) != (tc.err == nil) {
+			t.Errorf("%s: %s %v %v, want %s %v %v", tc.in, got, ok, err, tc.want, tc.ok, tc.err)
+		}
+	}
+}

@@ -1,0 +1,99 @@
+package jsonobj
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+)
+
+var objects = []string{
+	`{}`, ` { } `, `{"a":1}`, `{"a" : 1 , "b":"x,}]\"{" ,"c":[1,{"d":"]"}],"e":{"f":[]}}`,
+	`{"content":[{"type":"text","text":"the \"quick\" fox"}],"resultType":"complete","_meta":{"serverInfo":{"name":"x","version":"1"}}}`,
+	`{"n":-1.5e+3,"t":true,"f":false,"z":null}`, "{\n\t\"a\"\r\n:\n\"b\"\n}\n",
+}
+
+// TestMembersAsDecoder: Members finds the members encoding/json finds,
+// with the same raw values, and Without cuts exactly the members asked.
+func TestMembersAsDecoder(t *testing.T) {
+	for _, in := range objects {
+		ms, ok := Members([]byte(in))
+		if !ok {
+			t.Errorf("%s: not read", in)
+			continue
+		}
+		var want map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(in), &want); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]json.RawMessage{}
+		for _, m := range ms {
+			got[m.Key] = json.RawMessage(in[m.ValueStart:m.End])
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: members %q, want %q", in, got, want)
+		}
+		for i := range ms {
+			cut := Without([]byte(in), ms, i)
+			var rest map[string]json.RawMessage
+			if err := json.Unmarshal(cut, &rest); err != nil {
+				t.Fatalf("%s without %s: %s: %v", in, ms[i].Key, cut, err)
+			}
+			delete(want, ms[i].Key)
+			if len(rest) != len(want) {
+				t.Errorf("%s without %s: %s", in, ms[i].Key, cut)
+			}
+			for k, v := range want {
+				if string(rest[k]) != string(v) {
+					t.Errorf("%s without %s: %s", in, ms[i].Key, cut)
+				}
+			}
+			want[ms[i].Key] = got[ms[i].Key]
+		}
+		if string(Without([]byte(in), ms)) != in {
+			t.Errorf("%s: Without nothing changed it", in)
+		}
+	}
+}
+
+// TestMembersRefuses: what the decoder would read differently from the
+// bytes (escaped names, repeated names) and what is not an object.
+func TestMembersRefuses(t *testing.T) {
+	for _, in := range []string{`[]`, `"x"`, `1`, ``, `{"a\u0062":1}`, `{"a":1,"a":2}`, `{"a":1}x`, `{"a":1,}`, `{"a"}`} {
+		if _, ok := Members([]byte(in)); ok {
+			t.Errorf("%s: read", in)
+		}
+	}
+}
+
+// TestElementsAsDecoder: Elements finds the values encoding/json finds.
+func TestElementsAsDecoder(t *testing.T) {
+	for _, in := range []string{`[]`, ` [ ] `, `[1]`, `[ "a,]" , {"b":[1,2]},[[]],null ]`, "[\n1\n,\t2]"} {
+		es, ok := Elements([]byte(in))
+		if !ok {
+			t.Errorf("%s: not read", in)
+			continue
+		}
+		var want []json.RawMessage
+		if err := json.Unmarshal([]byte(in), &want); err != nil {
+			t.Fatal(err)
+		}
+		var got []json.RawMessage
+		for _, e := range es {
+			got = append(got, json.RawMessage(in[e[0]:e[1]]))
+		}
+		if len(got) != len(want) {
+			t.Errorf("%s: %q, want %q", in, got, want)
+			continue
+		}
+		for i := range got {
+			if string(got[i]) != string(want[i]) {
+				t.Errorf("%s: %q, want %q", in, got, want)
+			}
+		}
+	}
+	for _, in := range []string{`{}`, `[1,]`, `[1 2]`, `[1]x`} {
+		if _, ok := Elements([]byte(in)); ok {
+			t.Errorf("%s: read", in)
+		}
+	}
+}
