@@ -14,6 +14,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/capvend/capvend/adapters/rpcerr"
+	"github.com/capvend/capvend/internal/jsonobj"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -220,75 +221,60 @@ func (s *Server) fastRequest(r *http.Request, body []byte) (fastCall, bool) {
 	if r.Header.Get(mcp.HeaderLastEventID) != "" || rebindingRefused(r) {
 		return none, false
 	}
-	var top map[string]json.RawMessage
-	if json.Unmarshal(body, &top) != nil {
+	// One validity scan, then the members read off the bytes (no maps):
+	// names as the decoder would read them (jsonobj refuses escaped and
+	// repeated names, which go the usual way).
+	if !json.Valid(body) {
 		return none, false
 	}
-	for k := range top {
-		switch k {
-		case "jsonrpc", "id", "method", "params":
-		default:
-			return none, false
-		}
-	}
-	if string(top["jsonrpc"]) != `"2.0"` || string(top["method"]) != `"tools/call"` {
+	top, ok := members(body, "jsonrpc", "id", "method", "params")
+	if !ok || string(top[0]) != `"2.0"` || string(top[2]) != `"tools/call"` {
 		return none, false
 	}
-	id, ok := echoID(top["id"])
+	id, ok := echoID(top[1])
 	if !ok {
 		return none, false
 	}
-	var params map[string]json.RawMessage
-	if json.Unmarshal(top["params"], &params) != nil {
+	rawParams := top[3]
+	params, ok := members(rawParams, "name", "arguments", "_meta")
+	if !ok {
 		return none, false
-	}
-	for k := range params {
-		switch k {
-		case "name", "arguments", "_meta":
-		default:
-			return none, false
-		}
 	}
 	var name string
-	if json.Unmarshal(params["name"], &name) != nil || name == "" {
+	if json.Unmarshal(params[0], &name) != nil || name == "" {
 		return none, false
 	}
-	var meta map[string]json.RawMessage
-	if json.Unmarshal(params["_meta"], &meta) != nil {
+	meta, ok := members(params[2], "progressToken", mcp.MetaKeyProtocolVersion, mcp.MetaKeyClientInfo, mcp.MetaKeyClientCapabilities)
+	if !ok {
 		return none, false
-	}
-	for k := range meta {
-		if !fastMetaKeys[k] {
-			return none, false
-		}
 	}
 	var version string
-	if json.Unmarshal(meta[mcp.MetaKeyProtocolVersion], &version) != nil || !mcp.IsModernProtocol(version) ||
+	if json.Unmarshal(meta[1], &version) != nil || !mcp.IsModernProtocol(version) ||
 		r.Header.Get(mcp.HeaderProtocolVersion) != version {
 		return none, false
 	}
 	var caps *mcp.ClientCapabilities
-	if json.Unmarshal(meta[mcp.MetaKeyClientCapabilities], &caps) != nil || caps == nil || caps.Elicitation != nil {
+	if json.Unmarshal(meta[3], &caps) != nil || caps == nil || caps.Elicitation != nil {
 		return none, false
 	}
-	if info, ok := meta[mcp.MetaKeyClientInfo]; ok {
+	if info := meta[2]; info != nil {
 		var impl *mcp.Implementation
 		if json.Unmarshal(info, &impl) != nil {
 			return none, false
 		}
 	}
-	if mcp.ValidateStandardHeaders(r.Header.Get, version, mcp.MethodToolsCall, top["params"]) != nil {
+	if mcp.ValidateStandardHeaders(r.Header.Get, version, mcp.MethodToolsCall, rawParams) != nil {
 		return none, false
 	}
 	tool := s.mcp.GetTool(name)
 	if tool == nil || bytes.Contains(tool.Tool.RawInputSchema, []byte("x-mcp-header")) || tool.Tool.Execution != nil {
 		return none, false
 	}
-	call := fastCall{id: id, name: name, args: params["arguments"], payments: hasPayments(caps.Experimental)}
+	call := fastCall{id: id, name: name, args: params[1], payments: hasPayments(caps.Experimental)}
 	if len(call.args) == 0 || string(call.args) == "null" {
 		call.args = json.RawMessage(`{}`)
 	}
-	if raw, ok := meta["progressToken"]; ok {
+	if raw := meta[0]; raw != nil {
 		var tok any
 		if json.Unmarshal(raw, &tok) != nil {
 			return none, false
@@ -301,6 +287,33 @@ func (s *Server) fastRequest(r *http.Request, body []byte) (fastCall, bool) {
 		call.progress, _ = json.Marshal(tok)
 	}
 	return call, true
+}
+
+// members returns the values of the members of the object b named
+// names, in that order (nil for a member b lacks); false if b is not an
+// object, has a member not in names, or names one the bytes do not show
+// as they decode (an escape) or twice. b is valid JSON. An absent or null
+// b is an empty object, as json.Unmarshal into a map reads it.
+func members(b json.RawMessage, names ...string) ([]json.RawMessage, bool) {
+	out := make([]json.RawMessage, len(names))
+	if len(b) == 0 || string(b) == "null" {
+		return out, true
+	}
+	ms, ok := jsonobj.Members(b)
+	if !ok {
+		return nil, false
+	}
+next:
+	for _, m := range ms {
+		for i, n := range names {
+			if m.Key == n {
+				out[i] = b[m.ValueStart:m.End]
+				continue next
+			}
+		}
+		return nil, false
+	}
+	return out, true
 }
 
 // echoID returns a JSON-RPC id (a string or a number) as mcp-go echoes

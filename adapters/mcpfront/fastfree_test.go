@@ -169,6 +169,9 @@ func TestFastFreeSameBytes(t *testing.T) {
 		{"content type", modernCall{id: `32`, tool: "free", header: func(h http.Header) { h.Set("Content-Type", "text/plain") }}, false},
 		{"case variant key", modernCall{id: `33`, tool: "free", extra: `,"Name":"paid"`}, false},
 		{"id is an object", modernCall{id: `{}`, tool: "free"}, false},
+		{"escaped name", modernCall{id: `35`, tool: "free", extra: `,"\u006eame":"free"`}, false},
+		{"repeated name", modernCall{id: `36`, tool: "free", extra: `,"name":"free"`}, false},
+		{"escaped _meta name", modernCall{id: `37`, tool: "free", meta: `,"progress\u0054oken":"t"`}, false},
 		{"rebinding Host", modernCall{id: `34`, tool: "free", header: func(h http.Header) {}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
