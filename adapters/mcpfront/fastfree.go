@@ -48,14 +48,6 @@ type FreeCaller interface {
 // stdio upstream...). The tests in fastfree_test.go compare both paths'
 // bytes for the same requests.
 
-// fastMetaKeys are the params._meta members a fast call may carry.
-var fastMetaKeys = map[string]bool{
-	"progressToken":               true,
-	mcp.MetaKeyProtocolVersion:    true,
-	mcp.MetaKeyClientInfo:         true,
-	mcp.MetaKeyClientCapabilities: true,
-}
-
 // fastCall is a tools/call the fast path may serve.
 type fastCall struct {
 	id       json.RawMessage // as mcp-go would echo it

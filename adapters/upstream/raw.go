@@ -22,17 +22,22 @@ import (
 )
 
 // The raw forwarder (vend.RawToolSource): a tools/call to an HTTP upstream
-// on protocol 2026-07-28 is written as bytes and posted with capvend's own
-// HTTP client, skipping mcp-go's client and transport (which encode and
-// decode the params three times, derive headers from a cached tool list,
-// and decode every message twice). The request is the one mcp-go's client
-// would send: the same params, _meta (protocol version, capabilities,
-// client info, our progress token), Mcp-Method, Mcp-Name, protocol
-// version and configured headers; a progress notification on the
+// on protocol 2026-07-28 is written as bytes and posted by capvend
+// itself (direct.go, or httpClient), skipping mcp-go's client and
+// transport (which encode and decode the params three times, derive
+// headers from a cached tool list, and decode every message twice). The
+// request is the one mcp-go's client would send: the same params, _meta
+// (protocol version, capabilities, client info, our progress token),
+// Mcp-Method, Mcp-Name, protocol version and configured headers; a progress notification on the
 // response stream goes to the same router (onNotification) before the
-// result is read. The result goes through the same decoding and encoding
-// as call's (resultBody), so its bytes are the same: that normalisation
-// (mcp-go's types) is what clients of capvend have always seen.
+// result is read. The result is passed on as the upstream's bytes, with
+// only the hop's decorations cut out (passResult): a result mcp-go's
+// client would refuse or normalise (unknown content, other _meta members)
+// goes through call's decoding and encoding (resultBody) instead, so such
+// results read as CallTool's. A client of capvend thus sees the
+// upstream's result as a direct client would; it equals CallTool's as a
+// JSON value (and byte for byte for an mcp-go upstream, whose encoding
+// is the one resultBody uses).
 //
 // Not raw: stdio upstreams, upstreams before 2026-07-28 (their server-
 // initiated elicitations are answered by the client's handler on the
