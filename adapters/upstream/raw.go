@@ -23,7 +23,7 @@ import (
 
 // The raw forwarder (vend.RawToolSource): a tools/call to an HTTP upstream
 // on protocol 2026-07-28 is written as bytes and posted by capvend
-// itself (direct.go, or httpClient), skipping mcp-go's client and
+// itself (with httpClient), skipping mcp-go's client and
 // transport (which encode and decode the params three times, derive
 // headers from a cached tool list, and decode every message twice). The
 // request is the one mcp-go's client would send: the same params, _meta
