@@ -71,38 +71,21 @@ func (l *Ledger) Balance(ctx context.Context) (*Balance, error) {
 	nowT := l.now().UTC()
 	now := ms(nowT)
 	err := l.read(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `SELECT a.name, -sum(p.amount_msat),
+		var err error
+		b.Tools, err = queryRows(ctx, tx, scanToolRevenue, `SELECT a.name, -sum(p.amount_msat),
 			count(DISTINCT CASE WHEN e.kind = 'settlement' THEN e.id END)
 			FROM postings p JOIN accounts a ON a.id = p.account_id JOIN entries e ON e.id = p.entry_id
 			WHERE `+incomeAccountsWhere+` AND e.sealed = 1 GROUP BY a.name ORDER BY a.name`)
 		if err != nil {
 			return err
 		}
-		for rows.Next() {
-			var t ToolRevenue
-			if err := rows.Scan(&t.Account, &t.Revenue, &t.Calls); err != nil {
-				rows.Close()
-				return err
-			}
-			b.Tools = append(b.Tools, t)
-		}
-		rows.Close()
-		rows, err = tx.QueryContext(ctx, `SELECT date(e.ts / 1000, 'unixepoch') AS day, a.name, -sum(p.amount_msat)
+		b.Days, err = queryRows(ctx, tx, scanDayRevenue, `SELECT date(e.ts / 1000, 'unixepoch') AS day, a.name, -sum(p.amount_msat)
 			FROM postings p JOIN accounts a ON a.id = p.account_id JOIN entries e ON e.id = p.entry_id
 			WHERE `+incomeAccountsWhere+` AND e.sealed = 1 GROUP BY day, a.name ORDER BY day, a.name`)
 		if err != nil {
 			return err
 		}
-		for rows.Next() {
-			var d DayRevenue
-			if err := rows.Scan(&d.Day, &d.Account, &d.Revenue); err != nil {
-				rows.Close()
-				return err
-			}
-			b.Days = append(b.Days, d)
-		}
-		rows.Close()
-		rows, err = tx.QueryContext(ctx, `SELECT a.name, sum(p.amount_msat)
+		rows, err := tx.QueryContext(ctx, `SELECT a.name, sum(p.amount_msat)
 			FROM postings p JOIN accounts a ON a.id = p.account_id JOIN entries e ON e.id = p.entry_id
 			WHERE a.type IN ('assets', 'liabilities', 'expenses', 'equity') AND e.sealed = 1
 			GROUP BY a.name ORDER BY a.name`)
@@ -222,3 +205,27 @@ func (l *Ledger) SaveLNDCursor(ctx context.Context, node string, addIndex, settl
 		return err
 	})
 }
+
+// queryRows runs q in tx and returns one T per row, each filled by scan.
+func queryRows[T any](ctx context.Context, tx *sql.Tx, scan func(*sql.Rows, *T) error, q string, args ...any) ([]T, error) {
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		var v T
+		if err := scan(rows, &v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+func scanToolRevenue(r *sql.Rows, t *ToolRevenue) error {
+	return r.Scan(&t.Account, &t.Revenue, &t.Calls)
+}
+
+func scanDayRevenue(r *sql.Rows, d *DayRevenue) error { return r.Scan(&d.Day, &d.Account, &d.Revenue) }

@@ -78,40 +78,17 @@ func (l *Ledger) Dashboard(ctx context.Context, days int) (*Dashboard, error) {
 }
 
 // readRevenue reads the revenue per tool (ever) and per day (since).
-func (d *Dashboard) readRevenue(ctx context.Context, tx *sql.Tx, since string) error {
-	rows, err := tx.QueryContext(ctx, `SELECT a.name, -sum(d.amount_msat), sum(d.settlements)
+func (d *Dashboard) readRevenue(ctx context.Context, tx *sql.Tx, since string) (err error) {
+	d.Tools, err = queryRows(ctx, tx, scanToolRevenue, `SELECT a.name, -sum(d.amount_msat), sum(d.settlements)
 		FROM account_days d JOIN accounts a ON a.id = d.account_id
 		WHERE `+incomeAccountsWhere+` GROUP BY a.name ORDER BY a.name`)
 	if err != nil {
 		return err
 	}
-	for rows.Next() {
-		var t ToolRevenue
-		if err := rows.Scan(&t.Account, &t.Revenue, &t.Calls); err != nil {
-			rows.Close()
-			return err
-		}
-		d.Tools = append(d.Tools, t)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	rows, err = tx.QueryContext(ctx, `SELECT d.day, a.name, -sum(d.amount_msat)
+	d.Days, err = queryRows(ctx, tx, scanDayRevenue, `SELECT d.day, a.name, -sum(d.amount_msat)
 		FROM account_days d JOIN accounts a ON a.id = d.account_id
 		WHERE d.day >= ? AND `+incomeAccountsWhere+` GROUP BY d.day, a.name ORDER BY d.day, a.name`, since)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var r DayRevenue
-		if err := rows.Scan(&r.Day, &r.Account, &r.Revenue); err != nil {
-			return err
-		}
-		d.Days = append(d.Days, r)
-	}
-	return rows.Err()
+	return err
 }
 
 // readPending reads the pending sums and lists (each by an index on
