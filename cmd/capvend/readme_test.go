@@ -239,6 +239,7 @@ func TestREADME(t *testing.T) {
 		skip.Short(t, "the demo and the ledger commands need the regtest stack")
 	}
 	operating(t, run)
+	payingFromHTTP(t, run, cmds)
 	demoDir := filepath.Join(t.TempDir(), "demo")
 	run("go run ./cmd/capvend demo", func(t *testing.T) { runDemoBinary(t, demoDir) })
 	if t.Failed() {

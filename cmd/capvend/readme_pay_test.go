@@ -1,0 +1,187 @@
+package main
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/testnet"
+)
+
+// The README's "Paying from any HTTP client" walk-through runs from the
+// line that sets url to the ledger check, in README order, in one shell
+// session as a user pastes it.
+const (
+	payFirst = "url=http://127.0.0.1:8402/mcp"
+	payServe = "capvend serve --config regtest.yaml"
+	payLast  = "capvend ledger verify --config regtest.yaml"
+)
+
+// payElsewhere are README commands inside the walk-through's range that
+// TestREADME runs on their own (in the demo's folder).
+var payElsewhere = []string{"capvend l402 list", "capvend credit"}
+
+// payingFromHTTP runs the README's walk-through of L402, X-Cashu and
+// credit with curl against `capvend serve` on the shared regtest stack:
+// each line runs in bash, literally (the README's port replaced by a free
+// one), with capvend on PATH and the stack as its testnet; shell
+// variables carry over from line to line as in a terminal. It checks what
+// the README promises: the 402 with its challenges, the paid results,
+// the credit balance, and `ledger verify`.
+func payingFromHTTP(t *testing.T, run func(string, func(*testing.T)), cmds []string) {
+	first, last := slices.Index(cmds, payFirst), slices.Index(cmds, payLast)
+	serveAt := slices.Index(cmds, payServe)
+	if first < 0 || last < first || serveAt < 0 || serveAt > first {
+		t.Errorf("the README's HTTP payment walk-through (%q, then %q ... %q) is not in order", payServe, payFirst, payLast)
+		return
+	}
+	for _, bin := range []string{"bash", "curl"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			for _, cmd := range append([]string{payServe}, cmds[first:last+1]...) {
+				run(cmd, func(t *testing.T) { skip.Missing(t, bin+" is not installed", "apt-get install bash curl") })
+			}
+			return
+		}
+	}
+	stack := needStack(t)
+	dir := t.TempDir()
+	listen := payConfig(t, stack, dir)
+	serveInProcess(t, filepath.Join(dir, "regtest.yaml"), listen) // until the walk-through ends
+	run(payServe, func(t *testing.T) { waitListed(t, "http://"+listen+"/.well-known/capvend.json") })
+	if err := os.WriteFile(filepath.Join(dir, "vars.sh"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sh := &payShell{dir: dir, listen: listen, env: append(os.Environ(),
+		"PATH="+filepath.Dir(capvendBin)+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"CAPVEND_TESTNET_DIR="+stack.Info.Dir, "CAPVEND_CONFIG=")}
+	for _, cmd := range cmds[first : last+1] {
+		if cmd == payServe || slices.Contains(payElsewhere, cmd) {
+			continue
+		}
+		run(cmd, func(t *testing.T) { payCheck(t, cmd, sh.run(t, cmd), sh) })
+		if t.Failed() {
+			return // the next lines need this one's variables
+		}
+	}
+}
+
+// payShell runs README lines in bash in dir, carrying the lowercase shell
+// variables from one line to the next in dir/vars.sh.
+type payShell struct {
+	dir, listen string
+	env         []string
+}
+
+func (sh *payShell) run(t *testing.T, line string) string {
+	t.Helper()
+	line = strings.ReplaceAll(line, "127.0.0.1:8402", sh.listen)
+	script := "set -eo pipefail\n. ./vars.sh\n" + line +
+		"\nfor v in $(compgen -v); do case $v in [a-z]*) declare -p \"$v\";; esac; done > vars.sh\n"
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Dir, cmd.Env = sh.dir, sh.env
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", line, err, out, stderr.String())
+	}
+	return string(out)
+}
+
+// value is the shell variable name as the walk-through left it.
+func (sh *payShell) value(t *testing.T, name string) string {
+	t.Helper()
+	return strings.TrimSpace(sh.run(t, `printf '%s\n' "$`+name+`"`))
+}
+
+// payCheck checks the output of one walk-through line against what the
+// README says it shows.
+func payCheck(t *testing.T, cmd, out string, sh *payShell) {
+	hi := fmt.Sprintf("%x", sha256.Sum256([]byte("hi")))
+	want := func(subs ...string) {
+		t.Helper()
+		for _, s := range subs {
+			if !strings.Contains(out, s) {
+				t.Errorf("%s: output lacks %q:\n%s", cmd, s, out)
+			}
+		}
+	}
+	switch {
+	case strings.HasSuffix(cmd, "| tee 402.txt"):
+		want("HTTP/1.1 402 Payment Required", `Authenticate: L402 macaroon="`, `invoice="lnbcrt`, `"code":402`)
+	case strings.HasPrefix(cmd, "mac="):
+		if v := sh.value(t, "mac"); len(v) < 40 || !strings.HasPrefix(v, "AgE") {
+			t.Errorf("mac = %q, want a base64 macaroon", v)
+		}
+	case strings.HasPrefix(cmd, "inv="):
+		if v := sh.value(t, "inv"); !strings.HasPrefix(v, "lnbcrt") {
+			t.Errorf("inv = %q, want a regtest bolt11", v)
+		}
+	case strings.HasPrefix(cmd, "pre="):
+		if v := sh.value(t, "pre"); len(v) != 64 {
+			t.Errorf("pre = %q, want a hex preimage", v)
+		}
+	case strings.HasSuffix(cmd, "| grep -i '^x-cashu'"):
+		want("creqA")
+	case strings.HasPrefix(cmd, "tok="):
+		if v := sh.value(t, "tok"); !strings.HasPrefix(v, "cashuB") {
+			t.Errorf("tok = %q, want a cashuB token", v)
+		}
+	case strings.Contains(cmd, "X-Cashu: $tok"):
+		want(`"result"`, hi)
+	case strings.Contains(cmd, "Authorization: L402") && strings.Contains(cmd, `"$topup"`):
+		want(`"result"`, `"balance_msat":100000`)
+	case strings.Contains(cmd, "Authorization: L402") && strings.Contains(cmd, `"$call"`):
+		want(`"result"`, hi)
+		if strings.Contains(sh.value(t, "topup"), "capvend_topup") { // after the top-up: paid from credit
+			want(`"balance_msat":79000`)
+		}
+	case cmd == "capvend credit --config regtest.yaml":
+		want("1 account(s), 79.000 sat owed in credit")
+	case cmd == payLast:
+		want("checks passed")
+	case strings.Contains(cmd, "="): // url, h, meta, call, topup: set only
+		if out != "" {
+			t.Errorf("%s printed %q", cmd, out)
+		}
+	default:
+		t.Fatalf("no check for the README's %q: update payCheck", cmd)
+	}
+}
+
+// waitListed waits until the discovery document at url lists a tool (the
+// upstream connects in the background).
+func waitListed(t *testing.T, url string) {
+	for i := 0; ; i++ {
+		out, err := exec.Command("curl", "-s", url).Output()
+		if err == nil && strings.Contains(string(out), `"price_sats"`) {
+			return
+		}
+		if i == 1200 {
+			t.Fatalf("%s lists no tool after a minute: %v %s", url, err, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// payConfig writes dir/regtest.yaml, the README's configuration with the
+// stack's vendor node and mint and a free port, and returns the port.
+func payConfig(t *testing.T, s *testnet.Stack, dir string) string {
+	v, _ := s.Node(testnet.Vendor)
+	listen := freeAddr(t)
+	cfg := fmt.Sprintf("ledger:\n  path: regtest.db\nhttp:\n  listen: %s\nlnd:\n  host: %s\n  tls_cert_file: %s\n  macaroon_file: %s\n"+
+		"cashu:\n  mints: [%s]\n  wallet_dir: regtest-wallet\npayments:\n  http_402: true\ncredit:\n  enabled: true\n"+
+		"upstreams:\n  - name: example\n    command: %s\n    prefix: ex_\n    tools:\n      sha256: {price_sats: 21}\n",
+		listen, v.RPCHost, v.TLSCert, v.InvoiceMacaroon, s.MintURL, exampleTools(t))
+	if err := os.WriteFile(filepath.Join(dir, "regtest.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return listen
+}
