@@ -113,7 +113,12 @@ func payCheck(t *testing.T, cmd, out string, sh *payShell) {
 			}
 		}
 	}
+	t.Logf("output:\n%s", out)
 	switch {
+	case strings.Contains(cmd, "-w '%{http_code}\\n'"): // the used credential again
+		if out != "401\n" {
+			t.Errorf("%s: HTTP %q, want 401", cmd, out)
+		}
 	case strings.HasSuffix(cmd, "| tee 402.txt"):
 		want("HTTP/1.1 402 Payment Required", `Authenticate: L402 macaroon="`, `invoice="lnbcrt`, `"code":402`)
 	case strings.HasPrefix(cmd, "mac="):
@@ -135,7 +140,7 @@ func payCheck(t *testing.T, cmd, out string, sh *payShell) {
 			t.Errorf("tok = %q, want a cashuB token", v)
 		}
 	case strings.Contains(cmd, "X-Cashu: $tok"):
-		want(`"result"`, hi)
+		want(`"method":"notifications/payment_accepted"`, `"pmi":"bitcoin-cashu-token"`, `"result"`, hi)
 	case strings.Contains(cmd, "Authorization: L402") && strings.Contains(cmd, `"$topup"`):
 		want(`"result"`, `"balance_msat":100000`)
 	case strings.Contains(cmd, "Authorization: L402") && strings.Contains(cmd, `"$call"`):

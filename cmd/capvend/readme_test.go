@@ -78,6 +78,10 @@ func readmeCommands(t *testing.T) []string {
 //     hledger and bean-check read the exports.
 //   - `capvend init` and `capvend serve` run in a fresh folder: the
 //     written configuration validates, and serve answers an MCP client.
+//   - "Paying from any HTTP client": `capvend serve --config regtest.yaml`
+//     runs in-process on the shared regtest stack, and the curl
+//     walk-through (L402, X-Cashu, credit) runs line by line in bash
+//     (payingFromHTTP).
 //   - `go test -race -timeout 60m ./...` is what .ci/run runs; this test checks
 //     that it does.
 func TestREADME(t *testing.T) {
