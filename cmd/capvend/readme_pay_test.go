@@ -176,15 +176,42 @@ func waitListed(t *testing.T, url string) {
 	}
 }
 
-// payConfig writes dir/regtest.yaml, the README's configuration with the
-// stack's vendor node and mint and a free port, and returns the port.
+// payConfig writes dir/regtest.yaml: the README's configuration for the
+// walk-through, its placeholders replaced by the stack's vendor node (TLS
+// certificate and a 0600 copy of the invoice macaroon in dir, as the
+// README says), the stack's mint, example-tools and a free port, which
+// it returns.
 func payConfig(t *testing.T, s *testnet.Stack, dir string) string {
+	var cfg string
+	for _, b := range readmeBlocks(t, "yaml") {
+		if strings.Contains(b, "path: regtest.db") {
+			cfg = b
+		}
+	}
 	v, _ := s.Node(testnet.Vendor)
+	for name, src := range map[string]string{"vendor-tls.cert": v.TLSCert, "vendor-invoice.macaroon": v.InvoiceMacaroon} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	listen := freeAddr(t)
-	cfg := fmt.Sprintf("ledger:\n  path: regtest.db\nhttp:\n  listen: %s\nlnd:\n  host: %s\n  tls_cert_file: %s\n  macaroon_file: %s\n"+
-		"cashu:\n  mints: [%s]\n  wallet_dir: regtest-wallet\npayments:\n  http_402: true\ncredit:\n  enabled: true\n"+
-		"upstreams:\n  - name: example\n    command: %s\n    prefix: ex_\n    tools:\n      sha256: {price_sats: 21}\n",
-		listen, v.RPCHost, v.TLSCert, v.InvoiceMacaroon, s.MintURL, exampleTools(t))
+	for _, r := range [][2]string{
+		{"listen: 127.0.0.1:8402", "listen: " + listen},
+		{"host: 127.0.0.1:10009", "host: " + v.RPCHost},
+		{"[http://127.0.0.1:3338]", "[" + s.MintURL + "]"},
+		{"command: bin/example-tools", "command: " + exampleTools(t)},
+		{"tls_cert_file: vendor-tls.cert", "tls_cert_file: vendor-tls.cert"},
+		{"macaroon_file: vendor-invoice.macaroon", "macaroon_file: vendor-invoice.macaroon"},
+	} {
+		if !strings.Contains(cfg, r[0]) {
+			t.Fatalf("the README's regtest.yaml lacks %q: update payConfig\n%s", r[0], cfg)
+		}
+		cfg = strings.ReplaceAll(cfg, r[0], r[1])
+	}
 	if err := os.WriteFile(filepath.Join(dir, "regtest.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
