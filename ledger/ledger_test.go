@@ -804,3 +804,31 @@ func TestCallArgumentsAndRecovery(t *testing.T) {
 		t.Fatalf("resume of a non-idempotent call: %v", err)
 	}
 }
+
+// PaymentsByRef reads the payments of many refs at once (more than one
+// query's worth), leaving out the refs the ledger does not hold.
+func TestPaymentsByRef(t *testing.T) {
+	ctx := context.Background()
+	l := openLedger(t, "")
+	const n = 1203 // three queries of 500
+	var refs []string
+	for i := 0; i < n; i++ {
+		_, p := quote(t, l, i)
+		refs = append(refs, p.Ref, hash(fmt.Sprint("not capvend's ", i)))
+	}
+	got, err := l.PaymentsByRef(ctx, refs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != n {
+		t.Fatalf("%d payments, want %d", len(got), n)
+	}
+	for i := 0; i < n; i++ {
+		if p, ok := got[refs[2*i]]; !ok || p.Ref != refs[2*i] || p.State != vend.PaymentOpen || p.Amount != 21_000 {
+			t.Fatalf("payment %d: %+v %v", i, p, ok)
+		}
+	}
+	if got, err := l.PaymentsByRef(ctx, nil); err != nil || len(got) != 0 {
+		t.Fatalf("no refs: %v %v", got, err)
+	}
+}

@@ -289,3 +289,29 @@ func (l *Ledger) SchemaVersion(ctx context.Context) (applied, known int, err err
 	}
 	return applied, known, nil
 }
+
+// paymentsChunk is how many refs one query of PaymentsByRef names: well
+// within SQLite's and PostgreSQL's limits on parameters.
+const paymentsChunk = 500
+
+// PaymentsByRef implements reconcile.Store: one query per paymentsChunk
+// refs.
+func (l *Ledger) PaymentsByRef(ctx context.Context, refs []string) (map[string]vend.Payment, error) {
+	out := make(map[string]vend.Payment, len(refs))
+	for len(refs) > 0 {
+		n := min(len(refs), paymentsChunk)
+		args := make([]any, n)
+		for i := range args {
+			args[i] = refs[i]
+		}
+		ps, err := l.payments(ctx, "ref IN (?"+strings.Repeat(", ?", n-1)+")", args...)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range ps {
+			out[p.Ref] = p
+		}
+		refs = refs[n:]
+	}
+	return out, nil
+}

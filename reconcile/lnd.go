@@ -57,8 +57,21 @@ func (r *Reconciler) checkLND(ctx context.Context, run int64, add func(Differenc
 		if err != nil {
 			return err
 		}
+		if len(invs) == 0 {
+			break
+		}
+		// One ledger read for the page's payments, not one per invoice.
+		refs := make([]string, len(invs))
+		for i, inv := range invs {
+			refs[i] = inv.Ref
+		}
+		payments, err := r.cfg.Store.PaymentsByRef(ctx, refs)
+		if err != nil {
+			return err
+		}
 		for _, inv := range invs {
-			final, err := r.compareInvoice(ctx, run, inv, add)
+			p, ok := payments[inv.Ref]
+			final, err := r.compareInvoice(ctx, run, inv, p, ok, add)
 			if err != nil {
 				return err
 			}
@@ -82,17 +95,14 @@ func (r *Reconciler) checkLND(ctx context.Context, run int64, add func(Differenc
 	return nil
 }
 
-// compareInvoice compares one invoice with the ledger's payment, repairs
-// what is safe, and reports whether the invoice is final and agrees now.
-func (r *Reconciler) compareInvoice(ctx context.Context, run int64, inv Invoice, add func(Difference)) (final bool, err error) {
-	p, err := r.cfg.Store.Payment(ctx, inv.Ref)
-	if errors.Is(err, vend.ErrNotFound) {
+// compareInvoice compares one invoice with the ledger's payment p (found:
+// the ledger has one), repairs what is safe, and reports whether the
+// invoice is final and agrees now.
+func (r *Reconciler) compareInvoice(ctx context.Context, run int64, inv Invoice, p vend.Payment, found bool, add func(Difference)) (final bool, err error) {
+	if !found {
 		// Not capvend's (another application's invoice on the node, or
 		// one capvend canceled before recording it).
 		return inv.State == InvoiceSettled || inv.State == InvoiceCanceled, nil
-	}
-	if err != nil {
-		return false, err
 	}
 	d := Difference{Run: run, Backend: vend.BackendLND, Ref: p.Ref, CallID: p.CallID, Ledger: string(p.State), Remote: string(inv.State)}
 	switch inv.State {

@@ -124,6 +124,10 @@ type Store interface {
 	// Payment returns a payment by ref, or an error matching
 	// vend.ErrNotFound.
 	Payment(ctx context.Context, ref string) (vend.Payment, error)
+	// PaymentsByRef returns the payments of refs it holds, by ref (a ref
+	// it does not hold is absent), read at once: a run reads the
+	// payments of a page of invoices in one query, not one by one.
+	PaymentsByRef(ctx context.Context, refs []string) (map[string]vend.Payment, error)
 	// Call returns a call by id, or vend.ErrNotFound.
 	Call(ctx context.Context, id vend.CallID) (vend.Call, error)
 	// UnsettledPayments returns the backend's open or accepted payments.

@@ -300,7 +300,7 @@ func (v *Vendor) callArgs(t *Tool, r *CallRequest) (json.RawMessage, error) {
 // runFree runs a call nobody pays for: a free tool, or one within its
 // daily free quota. Nothing is recorded.
 func (v *Vendor) runFree(ctx context.Context, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
-	body, err := v.execute(ctx, t, args, r)
+	body, err := v.execute(ctx, 0, t, args, r)
 	v.obs.FreeCall(*t, err)
 	if err != nil {
 		return CallResult{}, err

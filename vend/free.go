@@ -55,7 +55,7 @@ func (v *Vendor) CallFree(ctx context.Context, req CallRequest) (res CallResult,
 	if err != nil {
 		return CallResult{}, true, err
 	}
-	body, err := v.executeVia(ctx, raw, &t, args, r)
+	body, err := v.executeVia(ctx, 0, raw, &t, args, r)
 	v.obs.FreeCall(t, err)
 	if err != nil {
 		return CallResult{}, true, err

@@ -31,10 +31,10 @@ type Observer interface {
 	// (a free item, or one within its daily free quota): err is nil if
 	// the upstream answered (even with isError).
 	FreeCall(t Tool, err error)
-	// UpstreamCall reports one execution on an upstream, free or paid:
-	// how long it took and whether it failed (err), not whether the tool
-	// answered isError.
-	UpstreamCall(t Tool, d time.Duration, err error)
+	// UpstreamCall reports one execution on an upstream, free or paid
+	// (call is the priced call's id, 0 for a free call): how long it took
+	// and whether it failed (err), not whether the tool answered isError.
+	UpstreamCall(t Tool, call CallID, d time.Duration, err error)
 }
 
 // NopObserver implements Observer doing nothing.
@@ -52,7 +52,7 @@ func (NopObserver) LedgerCommit(time.Duration, int) {}
 func (NopObserver) FreeCall(Tool, error) {}
 
 // UpstreamCall implements Observer.
-func (NopObserver) UpstreamCall(Tool, time.Duration, error) {}
+func (NopObserver) UpstreamCall(Tool, CallID, time.Duration, error) {}
 
 // ChangeKind is what a Change is about.
 type ChangeKind uint8

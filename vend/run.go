@@ -138,7 +138,7 @@ func (c *pending) finish(ctx context.Context, t *Tool, args json.RawMessage) (Ca
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.ExecTimeout)
 	defer cancel()
 	start := time.Now()
-	body, err := v.execute(ectx, t, args, c.r)
+	body, err := v.execute(ectx, call.ID, t, args, c.r)
 	v.failpoint(FailDuringExecution)
 	outcome := "delivered"
 	defer func() {
@@ -198,16 +198,17 @@ func (c *pending) fail(ctx context.Context, body json.RawMessage, reason string)
 	return v.refunded(ctx, call, CallResult{Body: body, IsError: true}, nil)
 }
 
-// execute runs the tool on its upstream, forwarding progress and passing
-// the client's Elicit along (in ctx).
-func (v *Vendor) execute(ctx context.Context, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
-	return v.executeVia(ctx, nil, t, args, r)
+// execute runs the tool on its upstream for the priced call id (0 for a
+// free call), forwarding progress and passing the client's Elicit along
+// (in ctx).
+func (v *Vendor) execute(ctx context.Context, id CallID, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
+	return v.executeVia(ctx, id, nil, t, args, r)
 }
 
 // executeVia is execute, a tool call going through raw when it is not
 // nil, and through ToolSource.CallTool when raw answers ErrNotRaw (the
 // upstream asked for input).
-func (v *Vendor) executeVia(ctx context.Context, raw RawToolSource, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
+func (v *Vendor) executeVia(ctx context.Context, id CallID, raw RawToolSource, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
 	ctx = WithElicit(ctx, r.Elicit)
 	var progress func(json.RawMessage)
 	if r.ProgressToken != nil {
@@ -240,7 +241,7 @@ func (v *Vendor) executeVia(ctx context.Context, raw RawToolSource, t *Tool, arg
 			body, err = v.cfg.Tools.CallTool(ctx, *t, args, r.ProgressToken, progress)
 		}
 	}
-	v.obs.UpstreamCall(*t, time.Since(start), err)
+	v.obs.UpstreamCall(*t, id, time.Since(start), err)
 	if err != nil {
 		v.cfg.Log.Warn("vend: upstream call failed", "tool", t.Name, "err", err)
 		return nil, fmt.Errorf("%w: %s is unavailable", ErrUpstream, t.Server)

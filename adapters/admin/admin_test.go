@@ -111,7 +111,7 @@ func TestLabelsBounded(t *testing.T) {
 		m.LedgerChanged([]vend.Change{{What: vend.ChangeCall, Call: vend.CallID(i), Kind: vend.ItemKind(name), Server: name, Tool: name,
 			CallFrom: vend.CallExecuting, CallTo: vend.CallDelivered}})
 		m.FreeCall(vend.Tool{Server: name, UpstreamName: name}, nil)
-		m.UpstreamCall(vend.Tool{Server: "words", UpstreamName: name}, time.Millisecond, nil)
+		m.UpstreamCall(vend.Tool{Server: "words", UpstreamName: name}, 0, time.Millisecond, nil)
 	}
 	m.LedgerChanged([]vend.Change{{What: vend.ChangeCall, Call: 1, Kind: vend.KindTool, Server: "words", Tool: "word_count",
 		CallFrom: vend.CallExecuting, CallTo: vend.CallDelivered}})
@@ -139,6 +139,8 @@ func TestCallIDExemplar(t *testing.T) {
 		{What: vend.ChangeCall, Call: 42, Kind: vend.KindTool, Server: "words", Tool: "word_count", CallFrom: vend.CallQuoted, CallTo: vend.CallAwaitingPayment, Since: time.Millisecond},
 		{What: vend.ChangeCall, Call: 42, Kind: vend.KindTool, Server: "words", Tool: "word_count", CallFrom: vend.CallExecuting, CallTo: vend.CallDelivered},
 	})
+	m.UpstreamCall(vend.Tool{Server: "words", UpstreamName: "word_count"}, 42, 3*time.Millisecond, nil)
+	m.UpstreamCall(vend.Tool{Server: "words", UpstreamName: "word_count"}, 0, 30*time.Millisecond, nil) // free: no exemplar
 	r := httptest.NewRequest("GET", "/metrics", nil)
 	r.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
 	w := httptest.NewRecorder()
@@ -147,9 +149,11 @@ func TestCallIDExemplar(t *testing.T) {
 	for _, want := range []string{
 		`capvend_calls_total{kind="tool",outcome="delivered",server="words",tool="word_count"} 1.0 # {call_id="42"} 1.0`,
 		`capvend_quote_to_invoice_seconds_bucket{le="0.001"} 1 # {call_id="42"} 0.001`,
+		`capvend_upstream_call_seconds_bucket{result="ok",server="words",tool="word_count",le="0.005"} 1 # {call_id="42"} 0.003`,
+		`capvend_upstream_call_seconds_bucket{result="ok",server="words",tool="word_count",le="0.05"} 2` + "\n",
 	} {
 		if !strings.Contains(body, want) {
-			t.Errorf("no %q in\n%s", want, grep(body, "capvend_calls_total", "capvend_quote_to_invoice_seconds_bucket"))
+			t.Errorf("no %q in\n%s", want, grep(body, "capvend_calls_total", "capvend_quote_to_invoice_seconds_bucket", "capvend_upstream_call_seconds_bucket"))
 		}
 	}
 }

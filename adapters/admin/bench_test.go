@@ -33,7 +33,7 @@ func BenchmarkObservePaidCall(b *testing.B) {
 				m.LedgerCommit(time.Millisecond, 1)
 				m.LedgerChanged(w)
 			}
-			m.UpstreamCall(tool, time.Millisecond, nil)
+			m.UpstreamCall(tool, 0, time.Millisecond, nil)
 		}
 	})
 }
@@ -45,7 +45,7 @@ func BenchmarkObserveFreeCall(b *testing.B) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			m.UpstreamCall(tool, time.Millisecond, nil)
+			m.UpstreamCall(tool, 0, time.Millisecond, nil)
 			m.FreeCall(tool, nil)
 		}
 	})

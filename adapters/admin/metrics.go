@@ -120,7 +120,7 @@ func NewMetrics(servers []string, items []Item, src Sources, log *slog.Logger) *
 	m.paidToExecution = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "capvend_paid_to_execution_seconds",
 		Help: "From a call's payment to the start of its execution; exemplar: call_id.", Buckets: fastBuckets})
 	m.upstream = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "capvend_upstream_call_seconds",
-		Help: "Upstream executions (free and paid), by server, tool and result (ok, error).", Buckets: fastBuckets}, []string{"server", "tool", "result"})
+		Help: "Upstream executions (free and paid), by server, tool and result (ok, error); exemplar: call_id (paid calls).", Buckets: fastBuckets}, []string{"server", "tool", "result"})
 	m.commit = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "capvend_ledger_commit_seconds",
 		Help: "Ledger write transactions, BEGIN to durable COMMIT (a group commit counts once).", Buckets: fastBuckets})
 	m.differences = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "capvend_reconcile_differences",
@@ -238,13 +238,19 @@ func (m *Metrics) FreeCall(t vend.Tool, err error) {
 }
 
 // UpstreamCall implements vend.Observer.
-func (m *Metrics) UpstreamCall(t vend.Tool, d time.Duration, err error) {
+// A priced call's observation carries its call id as an exemplar.
+func (m *Metrics) UpstreamCall(t vend.Tool, call vend.CallID, d time.Duration, err error) {
 	server, tool := m.label(t.Server, t.UpstreamName)
 	result := "ok"
 	if err != nil {
 		result = "error"
 	}
-	m.upstream.WithLabelValues(server, tool, result).Observe(d.Seconds())
+	h := m.upstream.WithLabelValues(server, tool, result)
+	if call == 0 {
+		h.Observe(d.Seconds())
+		return
+	}
+	h.(prometheus.ExemplarObserver).ObserveWithExemplar(d.Seconds(), callExemplar(call))
 }
 
 // slogPrinter lets promhttp log through slog.
