@@ -94,7 +94,7 @@ func setCallState(ctx context.Context, tx *wtx, c *vend.Call, to vend.CallState,
 		return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(to)}
 	}
 	tx.changed(vend.Change{What: vend.ChangeCall, Call: c.ID, Kind: c.Kind.Or(), Server: c.Server, Tool: c.Tool,
-		CallFrom: c.State, CallTo: to, Since: now.Sub(c.UpdatedAt)})
+		Price: c.Price, CallFrom: c.State, CallTo: to, Reason: reason, Since: now.Sub(c.UpdatedAt)})
 	c.State, c.UpdatedAt = to, now
 	if reason != "" {
 		c.Reason = reason
@@ -173,7 +173,7 @@ func recordCall(ctx context.Context, tx *wtx, nc vend.NewCall, now time.Time) (v
 		return call, false, nil
 	}
 	tx.changed(vend.Change{What: vend.ChangeCall, Call: call.ID, Kind: call.Kind.Or(), Server: call.Server, Tool: call.Tool,
-		CallTo: call.State})
+		Price: call.Price, CallTo: call.State})
 	// A request that was answered free under its quota may come back
 	// priced (the quota is used up or gone), but only as the same
 	// request.

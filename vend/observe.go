@@ -79,8 +79,12 @@ type Change struct {
 	Kind   ItemKind
 	Server string
 	Tool   string
-	// ChangeCall: the call's states before ("" when it was recorded) and after.
+	// ChangeCall: the call's price, its states before ("" when it was
+	// recorded) and after, and the reason the ledger recorded with the
+	// move ("" if none).
+	Price            Msat
 	CallFrom, CallTo CallState
+	Reason           string
 	// ChangePayment, ChangeRefund: the payment's backend and kind.
 	Backend Backend
 	Payment PaymentKind

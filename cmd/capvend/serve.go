@@ -155,10 +155,13 @@ func (s *vendServer) open(ctx context.Context) error {
 			return err
 		}
 	}
-	var obs vend.Observer
+	// Every priced call gets a log line: a paid one when it ends (vend),
+	// one that ends unpaid when the ledger ends it (LogCallEnds).
+	var metrics vend.Observer
 	if s.metrics != nil {
-		obs = s.metrics
+		metrics = s.metrics
 	}
+	obs := vend.LogCallEnds(s.log, metrics)
 	var err error
 	if s.l, err = cfg.Ledger.open(ctx, "", ledger.Options{Observer: obs}); err != nil {
 		return err
