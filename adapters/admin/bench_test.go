@@ -33,7 +33,7 @@ func BenchmarkObservePaidCall(b *testing.B) {
 				m.LedgerCommit(time.Millisecond, 1)
 				m.LedgerChanged(w)
 			}
-			m.UpstreamCall(tool, 0, time.Millisecond, nil)
+			m.UpstreamCall(tool, 7, time.Millisecond, nil)
 		}
 	})
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -73,6 +72,12 @@ type Metrics struct {
 	commit             prometheus.Histogram
 	differences        *prometheus.GaugeVec
 
+	// The children of the vectors observed on a call's path.
+	callsBy, freeBy                    *children[callKey, prometheus.Counter]
+	upstreamBy                         *children[callKey, prometheus.Observer]
+	paymentsBy, receivedBy, refundedBy *children[payKey, prometheus.Counter]
+	invoiceToPaidBy                    *children[payKey, prometheus.Observer]
+
 	openMu sync.Mutex // one ledger read at a time
 }
 
@@ -125,10 +130,31 @@ func NewMetrics(servers []string, items []Item, src Sources, log *slog.Logger) *
 		Help: "Ledger write transactions, BEGIN to durable COMMIT (a group commit counts once).", Buckets: fastBuckets})
 	m.differences = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "capvend_reconcile_differences",
 		Help: "Differences between the ledger and the payment backends found by the last reconciliation, by kind."}, []string{"kind"})
+	m.cacheChildren()
 	m.reg.MustRegister(m.calls, m.free, m.payments, m.received, m.refunded, m.quoteToInvoice, m.invoiceToPaid,
 		m.paidToExecution, m.upstream, m.commit, m.differences, gauges{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// cacheChildren makes the caches of the vectors' children.
+func (m *Metrics) cacheChildren() {
+	counter := func(v *prometheus.CounterVec, labels func(callKey) []string) *children[callKey, prometheus.Counter] {
+		return newChildren(func(k callKey) prometheus.Counter { return v.WithLabelValues(labels(k)...) })
+	}
+	m.callsBy = counter(m.calls, func(k callKey) []string { return []string{k.kind, k.server, k.tool, k.outcome} })
+	m.freeBy = counter(m.free, func(k callKey) []string { return []string{k.kind, k.server, k.tool} })
+	m.upstreamBy = newChildren(func(k callKey) prometheus.Observer { return m.upstream.WithLabelValues(k.server, k.tool, k.outcome) })
+	byBackend := func(v *prometheus.CounterVec, state bool) *children[payKey, prometheus.Counter] {
+		return newChildren(func(k payKey) prometheus.Counter {
+			if state {
+				return v.WithLabelValues(k.backend, k.state)
+			}
+			return v.WithLabelValues(k.backend)
+		})
+	}
+	m.paymentsBy, m.receivedBy, m.refundedBy = byBackend(m.payments, true), byBackend(m.received, false), byBackend(m.refunded, false)
+	m.invoiceToPaidBy = newChildren(func(k payKey) prometheus.Observer { return m.invoiceToPaid.WithLabelValues(k.backend) })
 }
 
 // SetSources replaces the gauges' sources: for parts made after the
@@ -177,10 +203,6 @@ func kindLabel(k vend.ItemKind) string {
 	return Other
 }
 
-func callExemplar(id vend.CallID) prometheus.Labels {
-	return prometheus.Labels{"call_id": strconv.FormatInt(int64(id), 10)}
-}
-
 // LedgerChanged implements vend.Observer.
 func (m *Metrics) LedgerChanged(changes []vend.Change) {
 	for i := range changes {
@@ -191,7 +213,7 @@ func (m *Metrics) LedgerChanged(changes []vend.Change) {
 		case vend.ChangePayment:
 			m.paymentMoved(c)
 		case vend.ChangeRefund:
-			m.refunded.WithLabelValues(string(c.Backend)).Add(float64(c.Amount))
+			m.refundedBy.get(payKey{backend: string(c.Backend)}).Add(float64(c.Amount))
 		}
 	}
 }
@@ -200,28 +222,27 @@ func (m *Metrics) callMoved(c *vend.Change) {
 	switch c.CallTo {
 	case vend.CallAwaitingPayment:
 		if c.CallFrom == vend.CallQuoted {
-			m.quoteToInvoice.(prometheus.ExemplarObserver).ObserveWithExemplar(c.Since.Seconds(), callExemplar(c.Call))
+			observeCall(m.quoteToInvoice, c.Since.Seconds(), c.Call)
 		}
 	case vend.CallExecuting:
-		m.paidToExecution.(prometheus.ExemplarObserver).ObserveWithExemplar(c.Since.Seconds(), callExemplar(c.Call))
+		observeCall(m.paidToExecution, c.Since.Seconds(), c.Call)
 	case vend.CallDelivered, vend.CallFailed, vend.CallRefunded, vend.CallExpired, vend.CallCanceled:
 		server, tool := m.label(c.Server, c.Tool)
-		m.calls.WithLabelValues(kindLabel(c.Kind), server, tool, string(c.CallTo)).(prometheus.ExemplarAdder).
-			AddWithExemplar(1, callExemplar(c.Call))
+		countCall(m.callsBy.get(callKey{kindLabel(c.Kind), server, tool, string(c.CallTo)}), c.Call)
 	}
 }
 
 func (m *Metrics) paymentMoved(c *vend.Change) {
 	backend := string(c.Backend)
-	m.payments.WithLabelValues(backend, string(c.PayTo)).Inc()
+	m.paymentsBy.get(payKey{backend, string(c.PayTo)}).Inc()
 	switch {
 	case c.PayFrom == vend.PaymentOpen && (c.PayTo == vend.PaymentSettled || c.PayTo == vend.PaymentAccepted):
-		m.invoiceToPaid.WithLabelValues(backend).(prometheus.ExemplarObserver).ObserveWithExemplar(c.Since.Seconds(), callExemplar(c.Call))
+		observeCall(m.invoiceToPaidBy.get(payKey{backend: backend}), c.Since.Seconds(), c.Call)
 	case c.PayFrom == vend.PaymentAccepted && c.PayTo == vend.PaymentCanceled:
-		m.refunded.WithLabelValues(backend).Add(float64(c.Amount)) // Lightning returns the locked-in money
+		m.refundedBy.get(payKey{backend: backend}).Add(float64(c.Amount)) // Lightning returns the locked-in money
 	}
 	if c.PayTo == vend.PaymentSettled {
-		m.received.WithLabelValues(backend).Add(float64(c.Amount))
+		m.receivedBy.get(payKey{backend: backend}).Add(float64(c.Amount))
 	}
 }
 
@@ -234,7 +255,7 @@ func (m *Metrics) FreeCall(t vend.Tool, err error) {
 		return // it did not run
 	}
 	server, tool := m.label(t.Server, t.UpstreamName)
-	m.free.WithLabelValues(kindLabel(t.Kind), server, tool).Inc()
+	m.freeBy.get(callKey{kind: kindLabel(t.Kind), server: server, tool: tool}).Inc()
 }
 
 // UpstreamCall implements vend.Observer.
@@ -245,12 +266,12 @@ func (m *Metrics) UpstreamCall(t vend.Tool, call vend.CallID, d time.Duration, e
 	if err != nil {
 		result = "error"
 	}
-	h := m.upstream.WithLabelValues(server, tool, result)
+	h := m.upstreamBy.get(callKey{server: server, tool: tool, outcome: result})
 	if call == 0 {
 		h.Observe(d.Seconds())
 		return
 	}
-	h.(prometheus.ExemplarObserver).ObserveWithExemplar(d.Seconds(), callExemplar(call))
+	observeCall(h, d.Seconds(), call)
 }
 
 // slogPrinter lets promhttp log through slog.
