@@ -806,7 +806,8 @@ func TestCallArgumentsAndRecovery(t *testing.T) {
 }
 
 // PaymentsByRef reads the payments of many refs at once (more than one
-// query's worth), leaving out the refs the ledger does not hold.
+// query's worth), leaving out the refs the ledger does not hold, and
+// those in the state it is told to skip.
 func TestPaymentsByRef(t *testing.T) {
 	ctx := context.Background()
 	l := openLedger(t, "")
@@ -816,7 +817,7 @@ func TestPaymentsByRef(t *testing.T) {
 		_, p := quote(t, l, i)
 		refs = append(refs, p.Ref, hash(fmt.Sprint("not capvend's ", i)))
 	}
-	got, err := l.PaymentsByRef(ctx, refs)
+	got, err := l.PaymentsByRef(ctx, refs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -828,7 +829,21 @@ func TestPaymentsByRef(t *testing.T) {
 			t.Fatalf("payment %d: %+v %v", i, p, ok)
 		}
 	}
-	if got, err := l.PaymentsByRef(ctx, nil); err != nil || len(got) != 0 {
+	if got, err := l.PaymentsByRef(ctx, nil, ""); err != nil || len(got) != 0 {
 		t.Fatalf("no refs: %v %v", got, err)
+	}
+	// Skipping a state leaves out the payments in it.
+	for i := 0; i < 3; i++ {
+		if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: refs[2*i], Amount: 21_000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := l.PaymentsByRef(ctx, refs, vend.PaymentSettled); err != nil || len(got) != n-3 {
+		t.Fatalf("skipping the settled: %d payments, want %d (%v)", len(got), n-3, err)
+	} else if _, ok := got[refs[0]]; ok {
+		t.Fatalf("settled payment %s returned", refs[0])
+	}
+	if got, err := l.PaymentsByRef(ctx, refs[:6], vend.PaymentOpen); err != nil || len(got) != 3 || got[refs[2]].State != vend.PaymentSettled {
+		t.Fatalf("skipping the open: %v %v", got, err)
 	}
 }

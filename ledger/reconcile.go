@@ -296,15 +296,20 @@ const paymentsChunk = 500
 
 // PaymentsByRef implements reconcile.Store: one query per paymentsChunk
 // refs.
-func (l *Ledger) PaymentsByRef(ctx context.Context, refs []string) (map[string]vend.Payment, error) {
-	out := make(map[string]vend.Payment, len(refs))
+func (l *Ledger) PaymentsByRef(ctx context.Context, refs []string, skip vend.PaymentState) (map[string]vend.Payment, error) {
+	out := map[string]vend.Payment{}
 	for len(refs) > 0 {
 		n := min(len(refs), paymentsChunk)
-		args := make([]any, n)
+		args := make([]any, n, n+1)
 		for i := range args {
 			args[i] = refs[i]
 		}
-		ps, err := l.payments(ctx, "ref IN (?"+strings.Repeat(", ?", n-1)+")", args...)
+		where := "ref IN (?" + strings.Repeat(", ?", n-1) + ")"
+		if skip != "" {
+			where += " AND state <> ?"
+			args = append(args, string(skip))
+		}
+		ps, err := l.payments(ctx, where, args...)
 		if err != nil {
 			return nil, err
 		}

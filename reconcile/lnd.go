@@ -60,12 +60,7 @@ func (r *Reconciler) checkLND(ctx context.Context, run int64, add func(Differenc
 		if len(invs) == 0 {
 			break
 		}
-		// One ledger read for the page's payments, not one per invoice.
-		refs := make([]string, len(invs))
-		for i, inv := range invs {
-			refs[i] = inv.Ref
-		}
-		payments, err := r.cfg.Store.PaymentsByRef(ctx, refs)
+		payments, err := r.bookedPayments(ctx, invs)
 		if err != nil {
 			return err
 		}
@@ -95,13 +90,47 @@ func (r *Reconciler) checkLND(ctx context.Context, run int64, add func(Differenc
 	return nil
 }
 
+// bookedPayments reads the ledger's payments of a page of invoices, in
+// one query per kind of invoice, not one per invoice: those of the
+// invoices LND settled only when the ledger does not have them settled
+// (the usual case, settled on both sides, then costs the ledger an index
+// lookup and nothing more), all the others'.
+func (r *Reconciler) bookedPayments(ctx context.Context, invs []Invoice) (map[string]vend.Payment, error) {
+	var settled, other []string
+	for _, inv := range invs {
+		if inv.State == InvoiceSettled {
+			settled = append(settled, inv.Ref)
+		} else {
+			other = append(other, inv.Ref)
+		}
+	}
+	payments := map[string]vend.Payment{}
+	for _, q := range []struct {
+		refs []string
+		skip vend.PaymentState
+	}{{settled, vend.PaymentSettled}, {other, ""}} {
+		if len(q.refs) == 0 {
+			continue
+		}
+		ps, err := r.cfg.Store.PaymentsByRef(ctx, q.refs, q.skip)
+		if err != nil {
+			return nil, err
+		}
+		for ref, p := range ps {
+			payments[ref] = p
+		}
+	}
+	return payments, nil
+}
+
 // compareInvoice compares one invoice with the ledger's payment p (found:
 // the ledger has one), repairs what is safe, and reports whether the
 // invoice is final and agrees now.
 func (r *Reconciler) compareInvoice(ctx context.Context, run int64, inv Invoice, p vend.Payment, found bool, add func(Difference)) (final bool, err error) {
 	if !found {
 		// Not capvend's (another application's invoice on the node, or
-		// one capvend canceled before recording it).
+		// one capvend canceled before recording it), or settled on both
+		// sides (see bookedPayments).
 		return inv.State == InvoiceSettled || inv.State == InvoiceCanceled, nil
 	}
 	d := Difference{Run: run, Backend: vend.BackendLND, Ref: p.Ref, CallID: p.CallID, Ledger: string(p.State), Remote: string(inv.State)}

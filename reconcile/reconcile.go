@@ -125,9 +125,11 @@ type Store interface {
 	// vend.ErrNotFound.
 	Payment(ctx context.Context, ref string) (vend.Payment, error)
 	// PaymentsByRef returns the payments of refs it holds, by ref (a ref
-	// it does not hold is absent), read at once: a run reads the
-	// payments of a page of invoices in one query, not one by one.
-	PaymentsByRef(ctx context.Context, refs []string) (map[string]vend.Payment, error)
+	// it does not hold is absent), except those in state skip ("": none
+	// skipped), read at once: a run reads the payments of a page of
+	// invoices in one query, not one by one, and skips the settled
+	// payments of the invoices LND settled (they agree).
+	PaymentsByRef(ctx context.Context, refs []string, skip vend.PaymentState) (map[string]vend.Payment, error)
 	// Call returns a call by id, or vend.ErrNotFound.
 	Call(ctx context.Context, id vend.CallID) (vend.Call, error)
 	// UnsettledPayments returns the backend's open or accepted payments.

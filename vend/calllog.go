@@ -12,7 +12,9 @@ import "log/slog"
 // before the request was issued, the request was withdrawn to make room,
 // a token was refused, a recovery or a reconciliation ended it), the
 // ledger records the move once, so the call gets exactly one line. Give
-// it to the ledger as its Observer (ledger.Options.Observer).
+// it to the ledger as its Observer (ledger.Options.Observer). The line is
+// written on the ledger's writer goroutine, after the commit: log's
+// handler must be quick (a write to standard error is).
 func LogCallEnds(log *slog.Logger, next Observer) Observer {
 	if next == nil {
 		next = NopObserver{}
