@@ -17,11 +17,11 @@ import (
 // no series appears before its first observation.
 type children[K comparable, M any] struct {
 	m    sync.Map // K -> M
-	make func(K) M
+	newChild func(K) M
 }
 
-func newChildren[K comparable, M any](make func(K) M) *children[K, M] {
-	return &children[K, M]{make: make}
+func newChildren[K comparable, M any](newChild func(K) M) *children[K, M] {
+	return &children[K, M]{newChild: newChild}
 }
 
 // get returns k's child.
@@ -29,7 +29,7 @@ func (c *children[K, M]) get(k K) M {
 	if v, ok := c.m.Load(k); ok {
 		return v.(M)
 	}
-	v, _ := c.m.LoadOrStore(k, c.make(k))
+	v, _ := c.m.LoadOrStore(k, c.newChild(k))
 	return v.(M)
 }
 
