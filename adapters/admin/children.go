@@ -16,7 +16,7 @@ import (
 // child is made the first time its key is seen, as WithLabelValues would:
 // no series appears before its first observation.
 type children[K comparable, M any] struct {
-	m    sync.Map // K -> M
+	m        sync.Map // K -> M
 	newChild func(K) M
 }
 
