@@ -82,6 +82,9 @@ func readmeCommands(t *testing.T) []string {
 //     runs in-process on the shared regtest stack, and the curl
 //     walk-through (L402, X-Cashu, credit) runs line by line in bash
 //     (payingFromHTTP).
+//   - The "Outgrowing one machine" commands then start a stack with its
+//     PostgreSQL server, move a copy of the demo's ledger into it and
+//     verify it there (readmePostgres).
 //   - `go test -race -timeout 60m ./...` is what .ci/run runs; this test checks
 //     that it does.
 func TestREADME(t *testing.T) {
@@ -321,6 +324,7 @@ func TestREADME(t *testing.T) {
 			t.Errorf("credit:\n%s", out)
 		}
 	})
+	readmePostgres(t, run, filepath.Join(demoDir, "capvend.db"), cfgs)
 }
 
 // runCapvend runs capvend in-process with args in the current folder and
