@@ -82,7 +82,8 @@ func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB stri
 			t.Fatal("capvend is not built")
 		}
 		c := exec.Command(capvendBin, args...)
-		c.Dir, c.Env = dir, append(os.Environ(), "HOME="+home, "CAPVEND_TESTNET_DIR="+stackDir)
+		// The real HOME: its cache holds the built btcd and lnd.
+		c.Dir, c.Env = dir, append(os.Environ(), "CAPVEND_TESTNET_DIR="+stackDir)
 		if out, err := c.CombinedOutput(); err != nil {
 			t.Fatalf("capvend %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
