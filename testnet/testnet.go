@@ -186,6 +186,7 @@ type Stack struct {
 	RelayURL string
 
 	out    io.Writer
+	outMu  sync.Mutex // logf's writes: stopAll logs from one goroutine per process
 	start  time.Time
 	detach bool
 
@@ -414,7 +415,10 @@ func (s *Stack) logf(format string, a ...any) {
 	if s.out == nil {
 		return
 	}
-	fmt.Fprintf(s.out, "[%5.1fs] testnet: %s\n", time.Since(s.start).Seconds(), fmt.Sprintf(format, a...))
+	line := fmt.Sprintf("[%5.1fs] testnet: %s\n", time.Since(s.start).Seconds(), fmt.Sprintf(format, a...))
+	s.outMu.Lock()
+	defer s.outMu.Unlock()
+	io.WriteString(s.out, line)
 }
 
 // Load reattaches to the stack described by dir/testnet.json. It returns
