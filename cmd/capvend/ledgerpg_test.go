@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,7 +13,6 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/capvend/capvend/internal/pgserver"
-	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
@@ -65,18 +63,7 @@ func TestLedgerDSNFileIsASecret(t *testing.T) {
 // and the ledger commands read it: verify, balance, export.
 func TestLedgerCommandsOnPostgres(t *testing.T) {
 	ctx := context.Background()
-	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
-	if errors.Is(err, pgserver.ErrMissing) {
-		skip.Missing(t, err.Error(), "apt-get install postgresql")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Destroy() })
-	dsn, err := srv.CreateDatabase(ctx, "capvend")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn := testPostgres(t)
 	// The server trusts loopback; the password is there to be kept secret.
 	dsn = strings.Replace(dsn, pgserver.User+"@", pgserver.User+":s3cret-pw@", 1)
 	dir := t.TempDir()
@@ -132,18 +119,7 @@ func TestLedgerCommandsOnPostgres(t *testing.T) {
 // non-empty target is refused.
 func TestLedgerMigrateToPostgres(t *testing.T) {
 	ctx := context.Background()
-	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
-	if errors.Is(err, pgserver.ErrMissing) {
-		skip.Missing(t, err.Error(), "apt-get install postgresql")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Destroy() })
-	dsn, err := srv.CreateDatabase(ctx, "capvend")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn := testPostgres(t)
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "ledger.dsn"), []byte(dsn), 0o600); err != nil {
 		t.Fatal(err)
@@ -225,18 +201,7 @@ func TestLedgerMigrateToPostgres(t *testing.T) {
 // verifies.
 func TestServeOnPostgres(t *testing.T) {
 	ctx := context.Background()
-	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
-	if errors.Is(err, pgserver.ErrMissing) {
-		skip.Missing(t, err.Error(), "apt-get install postgresql")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Destroy() })
-	dsn, err := srv.CreateDatabase(ctx, "capvend")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn := testPostgres(t)
 	src, listen := freeToolsConfig(t, "")
 	b, err := os.ReadFile(src)
 	if err != nil {
@@ -319,19 +284,7 @@ func sharedPGConfig(t *testing.T, dsn string, rule string) (path, listen string)
 // differs (here a tool's rule: not idempotent; a price would need a
 // payment backend) is refused at start, saying why.
 func TestServeRefusesOtherPricesOnASharedLedger(t *testing.T) {
-	ctx := context.Background()
-	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
-	if errors.Is(err, pgserver.ErrMissing) {
-		skip.Missing(t, err.Error(), "apt-get install postgresql")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Destroy() })
-	dsn, err := srv.CreateDatabase(ctx, "capvend")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn := testPostgres(t)
 	a, listenA := sharedPGConfig(t, dsn, "not_idempotent: false")
 	serveInProcess(t, a, listenA)
 	b, listenB := sharedPGConfig(t, dsn, "not_idempotent: false")

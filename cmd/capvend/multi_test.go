@@ -29,9 +29,10 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// multiPG starts a PostgreSQL server for the test and returns the DSN of
+// testPostgres starts a PostgreSQL server for the test (skipping, and
+// failing under CI, when its binaries are missing) and returns the DSN of
 // an empty database.
-func multiPG(t testing.TB) string {
+func testPostgres(t testing.TB) string {
 	t.Helper()
 	ctx := context.Background()
 	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
@@ -170,7 +171,7 @@ func (a *answerCounter) settle(t *testing.T, c *cvmClient, client string) map[st
 // at LND exactly when the ledger booked it, for the amount booked.
 func TestMultiInstanceOnOnePostgres(t *testing.T) {
 	s := needStack(t)
-	dsn := multiPG(t)
+	dsn := testPostgres(t)
 	server, nsec := serverKey(t)
 	var paths, listens []string
 	for range 3 {
@@ -366,7 +367,7 @@ func checkMultiLedger(t *testing.T, s *testnet.Stack, dsn, config string, calls 
 //	go test -run '^$' -bench NostrFreeCallInstances -benchtime 400x ./cmd/capvend
 func BenchmarkNostrFreeCallInstances(b *testing.B) {
 	skip.Short(b, "starts PostgreSQL and three capvend instances")
-	dsn := multiPG(b)
+	dsn := testPostgres(b)
 	relay := testkit.Relay(b)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
