@@ -2,19 +2,15 @@ package ledger_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
-	"io/fs"
 	"path/filepath"
 	"reflect"
-	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/capvend/capvend/ledger"
-	"github.com/capvend/capvend/migrations"
 	"github.com/capvend/capvend/reconcile"
 	"github.com/capvend/capvend/vend"
 )
@@ -143,29 +139,7 @@ func TestCallHistory(t *testing.T) {
 func TestAccountDaysMigrationAndVerify(t *testing.T) {
 	ledger.SkipOnPostgres(t, "it writes a schema-14 SQLite file by hand; a PostgreSQL ledger is created at the newest schema")
 	path := filepath.Join(t.TempDir(), "old.db")
-	db, err := sql.Open("sqlite3", path+"?_foreign_keys=on")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	names, _ := fs.Glob(migrations.FS, "*.sql")
-	sort.Strings(names)
-	if _, err := db.Exec(fmt.Sprintf(`PRAGMA application_id = %d; CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY,
-		name TEXT NOT NULL, applied_at INTEGER NOT NULL)`, ledger.ApplicationID)); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range names {
-		var v int
-		fmt.Sscanf(n, "%d_", &v)
-		if v >= 15 {
-			break
-		}
-		body, _ := fs.ReadFile(migrations.FS, n)
-		if _, err := db.Exec(string(body)); err != nil {
-			t.Fatalf("%s: %v", n, err)
-		}
-		db.Exec("INSERT INTO schema_migrations VALUES (?, ?, 0)", v, n)
-	}
+	db := legacyLedger(t, path, 14)
 	day := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).UnixMilli()
 	for _, q := range []string{
 		`INSERT INTO accounts (id, name, type, created_at) VALUES (1, 'assets:lightning:lnd', 'assets', 0),

@@ -4,16 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/capvend/capvend/ledger"
-	"github.com/capvend/capvend/migrations"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -273,28 +270,7 @@ func TestLatePaymentIsARefundOwed(t *testing.T) {
 func TestMigrationKeepsProofsAndOwesOldRefunds(t *testing.T) {
 	ledger.SkipOnPostgres(t, "it writes a schema-7 SQLite file by hand; a PostgreSQL ledger is created at the newest schema")
 	path := filepath.Join(t.TempDir(), "old.db")
-	db, err := ledger.OpenRawForTest(t, path+"?_foreign_keys=on")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names, _ := fs.Glob(migrations.FS, "*.sql")
-	sort.Strings(names)
-	if _, err := db.Exec(fmt.Sprintf(`PRAGMA application_id = %d; CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY,
-		name TEXT NOT NULL, applied_at INTEGER NOT NULL)`, ledger.ApplicationID)); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range names {
-		var v int
-		fmt.Sscanf(n, "%d_", &v)
-		if v >= 8 {
-			break
-		}
-		body, _ := fs.ReadFile(migrations.FS, n)
-		if _, err := db.Exec(string(body)); err != nil {
-			t.Fatalf("%s: %v", n, err)
-		}
-		db.Exec("INSERT INTO schema_migrations VALUES (?, ?, 0)", v, n)
-	}
+	db := legacyLedger(t, path, 7)
 	// A refunded call as schema 6 booked it, and a received proof.
 	for _, q := range []string{
 		`INSERT INTO calls (id, transport, client, request_id, server, tool, args_hash, price_msat, state, reason, created_at, updated_at)
