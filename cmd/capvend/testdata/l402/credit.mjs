@@ -14,33 +14,13 @@
 // fact: TOPUP <top-up result json>, RESULT <result json> per call (its
 // arguments {"text": "<text> <i>"}), ERROR <message> for a refused call,
 // PREIMAGE <hex> per payment, PAID <sats>.
-import { readFileSync } from "node:fs";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { fetchWithL402 } from "@getalby/lightning-tools/402/l402";
+import { lndRestWallet } from "./wallet.mjs";
 
 const [url, sats, tool, text, calls, restHost, macaroonFile] = process.argv.slice(2);
-const macaroon = readFileSync(macaroonFile).toString("hex");
-
-const preimages = [];
-let paidSats = 0;
-const wallet = {
-  async payInvoice({ invoice }) {
-    const resp = await fetch(`https://${restHost}/v1/channels/transactions`, {
-      method: "POST",
-      headers: { "Grpc-Metadata-macaroon": macaroon, "Content-Type": "application/json" },
-      body: JSON.stringify({ payment_request: invoice, fee_limit: { fixed: 100 } }),
-    });
-    const body = await resp.json();
-    if (!resp.ok || body.payment_error) {
-      throw new Error(`lnd REST: ${resp.status} ${JSON.stringify(body)}`);
-    }
-    const preimage = Buffer.from(body.payment_preimage, "base64").toString("hex");
-    preimages.push(preimage);
-    paidSats += Number(body.payment_route?.total_amt ?? 0);
-    return { preimage, fees_paid: Number(body.payment_route?.total_fees_msat ?? 0) };
-  },
-};
+const { wallet, paid } = lndRestWallet(restHost, macaroonFile);
 
 // The credential of the one payment, reused for every later request.
 let credentials;
@@ -65,6 +45,6 @@ for (let i = 0; i < Number(calls); i++) {
     console.log("ERROR " + String(e.message ?? e).replaceAll("\n", " "));
   }
 }
-for (const p of preimages) console.log("PREIMAGE " + p);
-console.log("PAID " + paidSats);
+for (const p of paid.preimages) console.log("PREIMAGE " + p);
+console.log("PAID " + paid.sats);
 await client.close();
