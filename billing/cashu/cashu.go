@@ -144,7 +144,8 @@ type Config struct {
 	Now func() time.Time
 	// HTTPClient makes capvend's own calls to the mint (quote state,
 	// keysets, proof state); nil means a client with a 15 s timeout.
-	// gonuts' wallet uses http.DefaultClient for its own calls.
+	// gonuts' wallet uses http.DefaultClient for its own calls; those to
+	// the configured mints time out after MintCallTimeout (deadline.go).
 	HTTPClient *http.Client
 	// Failpoint, if set, is called at the named steps (FailAfterSwap,
 	// FailAfterMint): between the mint's answer and its record. Crash
@@ -335,6 +336,7 @@ func (b *Backend) loadWallet() error {
 // adds the other mints it does not know yet. Errors reaching a mint match
 // ErrMintUnavailable.
 func openWallet(dir string, mints []string) (*wallet.Wallet, error) {
+	mintDeadlines.cover(MintCallTimeout, mints...)
 	w, err := wallet.LoadWallet(wallet.Config{WalletPath: dir, CurrentMintURL: mints[0]})
 	if err != nil {
 		return nil, fmt.Errorf("%w: load wallet at %s: %v", ErrMintUnavailable, mints[0], err)
@@ -368,11 +370,11 @@ func (b *Backend) withWallet(fn func(w *wallet.Wallet) error) error {
 	return fn(b.w)
 }
 
-// slow logs a warning if the operation it starts takes over 10 s: gonuts'
-// wallet calls the mint without timeouts (http.DefaultClient).
+// slow logs a warning if the operation it starts takes over 10 s (each of
+// gonuts' calls to the mint times out after MintCallTimeout).
 func (b *Backend) slow(what string) (done func()) {
 	t := time.AfterFunc(10*time.Second, func() {
-		b.log.Warn("mint call slow (gonuts uses http.DefaultClient: set its Timeout)", "op", what)
+		b.log.Warn("mint call slow", "op", what)
 	})
 	return func() { t.Stop() }
 }

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -99,9 +98,6 @@ func reconcileOnce(ctx context.Context, e *env, cfg *Config, l *ledger.Ledger, r
 		rc.LND, rc.Node = lnd.NewNode(lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn)), cfg.LND.Host
 	}
 	if len(cfg.Cashu.Mints) > 0 {
-		if http.DefaultClient.Timeout == 0 {
-			http.DefaultClient.Timeout = 30 * time.Second
-		}
 		wf, err := cashu.OpenWalletFile(cfg.Cashu.WalletDir, cfg.Cashu.Mints)
 		if errors.Is(err, cashu.ErrWalletBusy) {
 			fmt.Fprintln(e.Stderr, "capvend reconcile: the Cashu wallet is held by a running capvend: its ecash is compared by serve's own reconciliation; mint quotes are compared here")

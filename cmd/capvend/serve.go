@@ -241,12 +241,6 @@ func (s *vendServer) openBackends(ctx context.Context) error {
 		s.rc.LND, s.rc.Node = lnd.NewNode(lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn)), cfg.LND.Host
 	}
 	if len(cfg.Cashu.Mints) > 0 {
-		// gonuts' wallet calls the mint with http.Get and http.Post, on
-		// http.DefaultClient, which has no timeout: a hung mint must not
-		// hang capvend. (Process-wide until gonuts takes a client.)
-		if http.DefaultClient.Timeout == 0 {
-			http.DefaultClient.Timeout = 30 * time.Second
-		}
 		b, err := cashu.New(cashu.Config{Mints: cfg.Cashu.Mints, WalletDir: cfg.Cashu.WalletDir,
 			AcceptTokens: cfg.Cashu.AcceptTokens, MintQuotes: cfg.Cashu.MintQuotes, Log: s.log, Failpoint: s.failpointCheck}, s.l)
 		if err != nil {
