@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/capvend/capvend/vend"
 )
@@ -26,7 +27,17 @@ type Invoice struct {
 	AmountPaid  vend.Msat
 	AddIndex    uint64
 	SettleIndex uint64
+	// Created is when LND added the invoice (zero: unknown).
+	Created time.Time
 }
+
+// unrecordedGrace is how long after LND added an invoice the ledger may
+// still be about to record it: capvend records a payment request right
+// after its backend created it. An open invoice the ledger does not know
+// after that is another application's on the same node (or one capvend
+// created and crashed before recording, which it never will): the cursor
+// passes it rather than stay pinned behind it until it expires.
+const unrecordedGrace = 10 * time.Minute
 
 // LND is the node as the reconciler uses it; billing/lnd's Node
 // implements it.
@@ -130,8 +141,16 @@ func (r *Reconciler) compareInvoice(ctx context.Context, run int64, inv Invoice,
 	if !found {
 		// Not capvend's (another application's invoice on the node, or
 		// one capvend canceled before recording it), or settled on both
-		// sides (see bookedPayments).
-		return inv.State == InvoiceSettled || inv.State == InvoiceCanceled, nil
+		// sides (see bookedPayments). One still open is final once the
+		// ledger can no longer be about to record it; an accepted one
+		// (an HTLC locked in) is looked at again until it ends.
+		switch inv.State {
+		case InvoiceSettled, InvoiceCanceled:
+			return true, nil
+		case InvoiceOpen:
+			return !inv.Created.IsZero() && r.cfg.Now().Sub(inv.Created) > unrecordedGrace, nil
+		}
+		return false, nil
 	}
 	d := Difference{Run: run, Backend: vend.BackendLND, Ref: p.Ref, CallID: p.CallID, Ledger: string(p.State), Remote: string(inv.State)}
 	switch inv.State {

@@ -200,3 +200,38 @@ func TestBookedUnsettledIsNotRepaired(t *testing.T) {
 		t.Fatalf("recorded: %v %+v", err, runs)
 	}
 }
+
+// TestCursorPassesForeignOpenInvoice: an open invoice the ledger does not
+// know (another application's on the same node) holds the cursor only
+// while capvend may still be about to record it; after that the cursor
+// passes it, so each run does not re-read every invoice behind it.
+func TestCursorPassesForeignOpenInvoice(t *testing.T) {
+	l := openLedger(t)
+	ctx := context.Background()
+	_, p := invoice(t, l, 1, vend.KindInvoice)
+	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: 5_000}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	lnd := &fakeLND{invs: []reconcile.Invoice{
+		{Ref: "f0", State: reconcile.InvoiceOpen, AddIndex: 1, Created: now.Add(-time.Minute)},
+		{Ref: p.Ref, State: reconcile.InvoiceSettled, AmountPaid: 5_000, AddIndex: 2, Created: now.Add(-time.Minute)},
+		{Ref: "f1", State: reconcile.InvoiceAccepted, AddIndex: 3, Created: now.Add(-time.Minute)},
+	}}
+	r, _ := reconcile.New(reconcile.Config{Store: l, LND: lnd, Repair: true, Now: func() time.Time { return now }})
+	run := func(want uint64) {
+		t.Helper()
+		s, err := r.Once(ctx)
+		if err != nil || len(s.Differences) != 0 {
+			t.Fatalf("run: %v %+v", err, s)
+		}
+		if cur, _ := l.ReconcileCursor(ctx, "lnd:lnd"); cur != want {
+			t.Fatalf("cursor %d, want %d", cur, want)
+		}
+	}
+	run(0) // a young unknown invoice may be capvend's, about to be recorded
+	now = now.Add(time.Hour)
+	run(2) // then it is not capvend's; an unknown HTLC locked in still holds the cursor
+	lnd.invs[2].State = reconcile.InvoiceCanceled
+	run(3)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"time"
 
 	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/lightningnetwork/lnd/lnrpc/invoicesrpc"
@@ -60,7 +61,8 @@ func (n *Node) Invoices(ctx context.Context, after uint64, max int) ([]reconcile
 			return nil, fmt.Errorf("list invoices: invoice %x in unknown state %v", inv.RHash, inv.State)
 		}
 		out = append(out, reconcile.Invoice{Ref: hex.EncodeToString(inv.RHash), State: st,
-			AmountPaid: vend.Msat(inv.AmtPaidMsat), AddIndex: inv.AddIndex, SettleIndex: inv.SettleIndex})
+			AmountPaid: vend.Msat(inv.AmtPaidMsat), AddIndex: inv.AddIndex, SettleIndex: inv.SettleIndex,
+			Created: time.Unix(inv.CreationDate, 0)})
 	}
 	return out, nil
 }
