@@ -217,6 +217,10 @@ type Ledger interface {
 	// Payment returns a payment by ref, or ErrNotFound. It never carries
 	// the hold preimage: see HoldPreimage.
 	Payment(ctx context.Context, ref string) (Payment, error)
+	// PaymentsByRef returns the payments of refs it holds, by ref, except
+	// those in state skip ("" skips none); refs it does not hold are
+	// left out.
+	PaymentsByRef(ctx context.Context, refs []string, skip PaymentState) (map[string]Payment, error)
 	// UnsettledPayments returns the backend's payments still open or
 	// accepted, oldest first: what a backend reconciles after a restart.
 	UnsettledPayments(ctx context.Context, backend Backend) ([]Payment, error)

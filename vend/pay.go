@@ -186,13 +186,14 @@ func (c *pending) waitPaid(ctx context.Context) (*Payment, error) {
 			// reported: once unwaited, a report either is in events
 			// already (then this call takes it on, as if the client
 			// stayed) or finds nobody waiting (the orphan path).
-			v.waiters.remove(p.Ref, events)
-			select {
-			case e := <-events:
+			// Sharing the ledger, the change may be recorded by another
+			// instance, with no report here: the payment is then
+			// watched in the ledger (watchOrphans).
+			shared := v.cfg.Shared.Leases != nil
+			if e, ok := v.waiters.leave(p.Ref, events, shared, p.ExpiresAt.Add(time.Minute)); ok {
 				return &e.Payment, nil
-			default:
-				return nil, ctx.Err()
 			}
+			return nil, ctx.Err()
 		}
 	}
 }

@@ -19,8 +19,9 @@ import (
 // are so taken over within LeaseTTL+Renew; a stopped one releases its
 // leases, which are then taken at the next Renew. A payment recorded by
 // another instance (each watches the same LND) reaches a call waiting for
-// it here within Poll, and a payment change of another instance's call
-// seen here is left to that instance.
+// it here within Poll, as does one of a call whose client left (see
+// watchOrphans), and a payment change of another instance's call seen
+// here is left to that instance.
 type SharedConfig struct {
 	Leases   Leaser
 	Instance string        // this instance's name (the lease holder); required with Leases
@@ -213,4 +214,42 @@ func (l *liveRuns) alive(ctx context.Context, run string) (bool, error) {
 	}
 	l.seen[run] = holder != ""
 	return holder != "", nil
+}
+
+// watchOrphans, sharing the ledger, reads every Poll the payments this
+// instance issued whose client left while they were open (see
+// waiterSet.leave), and takes the orphan path for each the ledger shows
+// changed: another instance (each watches the same LND) may have
+// recorded the change first, and then this instance's backend reports
+// nothing. Without this watch such a paid call would wait for this
+// instance's next start, and a locked-in hold invoice for its expiry.
+// One ledger query per Poll reads them all.
+func (v *Vendor) watchOrphans(ctx context.Context) {
+	t := time.NewTicker(v.cfg.Shared.Poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		refs := v.waiters.orphanRefs(time.Now())
+		if len(refs) == 0 {
+			continue
+		}
+		changed, err := v.cfg.Ledger.PaymentsByRef(ctx, refs, PaymentOpen)
+		if err != nil {
+			if ctx.Err() == nil {
+				v.cfg.Log.Warn("vend: reading the payments of calls whose client left", "err", err)
+			}
+			continue
+		}
+		for ref, p := range changed {
+			if p.State == PaymentOpen || !v.waiters.claimOrphan(ref, time.Now()) {
+				continue
+			}
+			v.unpaid.end(ref)
+			v.orphanPath(PaymentEvent{Payment: p})
+		}
+	}
 }

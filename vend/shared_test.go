@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,4 +193,60 @@ func TestSharedRateLimitCountsAcrossInstances(t *testing.T) {
 		}
 	}
 	verify(t, l)
+}
+
+// TestSharedPaidAfterClientLeftOnAnotherInstance: the client of a call on
+// A leaves before paying; it pays anyway and B's watcher records the
+// payment first (each instance watches the same LND), so A's backend
+// reports nothing. A still takes the payment on: a plain invoice's call
+// runs once (its answer kept for the replay), and a locked-in hold
+// invoice is canceled (the money goes back), without waiting for A's
+// next start or the invoice's expiry.
+func TestSharedPaidAfterClientLeftOnAnotherInstance(t *testing.T) {
+	for _, hold := range []bool{false, true} {
+		t.Run(map[bool]string{false: "invoice", true: "hold"}[hold], func(t *testing.T) {
+			ctx := context.Background()
+			l, err := openLedger(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			shared := func(name string) func(*vend.Config) {
+				return func(c *vend.Config) {
+					c.Shared = vend.SharedConfig{Leases: l, Instance: name, Poll: 20 * time.Millisecond}
+				}
+			}
+			a := harnessOn(t, l, hold, shared("A"))
+			b := harnessOn(t, l, hold, shared("B"))
+			cctx, leave := context.WithCancel(ctx)
+			left := make(chan error, 1)
+			go func() {
+				_, err := a.v.CallTool(cctx, req("1", "demo_echo", `{"text":"later"}`, nil))
+				left <- err
+			}()
+			p := a.nextPayment(t)
+			leave()
+			if err := <-left; !errors.Is(err, context.Canceled) {
+				t.Fatal(err)
+			}
+			b.be.pay(p.Ref) // B's watcher records it and reports it to B only
+			if !hold {
+				waitState(t, l, p.CallID, vend.CallDelivered)
+				res, err := a.v.CallTool(ctx, req("1", "demo_echo", `{"text":"later"}`, nil))
+				if err != nil || !strings.Contains(string(res.Body), "echo:later") {
+					t.Fatalf("the replay on A: %s %v", res.Body, err)
+				}
+			} else {
+				waitState(t, l, p.CallID, vend.CallRefunded)
+				if got, _ := l.Payment(ctx, p.Ref); got.State != vend.PaymentCanceled {
+					t.Fatalf("hold invoice %s, want canceled", got.State)
+				}
+			}
+			want := map[bool]int32{false: 1, true: 0}[hold]
+			if n := a.tools.count("echo") + b.tools.count("echo"); n != want {
+				t.Fatalf("echo ran %d times, want %d", n, want)
+			}
+			verify(t, l)
+		})
+	}
 }

@@ -200,6 +200,11 @@ func (v *Vendor) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		if v.cfg.Shared.Leases != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				v.watchOrphans(ctx)
+			}()
 			v.runShared(ctx) // recovery on the lease holder
 			return
 		}
@@ -241,6 +246,11 @@ func (v *Vendor) onPayment(e PaymentEvent) {
 	if v.waiters.deliver(e) > 0 {
 		return
 	}
+	v.orphanPath(e)
+}
+
+// orphanPath handles a payment change nobody waits for.
+func (v *Vendor) orphanPath(e PaymentEvent) {
 	switch {
 	case e.Payment.State == PaymentAccepted && e.Payment.Kind == KindHoldInvoice:
 		v.background(func(ctx context.Context) {

@@ -14,6 +14,11 @@ type waiterSet struct {
 	// (taken, with when) before this process's backend reported it: the
 	// report, if it comes, is the waiter's and takes no orphan path.
 	taken map[string]time.Time
+	// orphans holds, sharing the ledger, the refs of this instance's open
+	// payments whose client left (with when to stop watching): another
+	// instance may record their change, and then no report comes here
+	// (see watchOrphans).
+	orphans map[string]time.Time
 }
 
 // takenFor bounds how long a taken ref waits for its report (another
@@ -54,6 +59,10 @@ func (w *waiterSet) add(ref string) chan PaymentEvent {
 func (w *waiterSet) remove(ref string, ch chan PaymentEvent) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.removeLocked(ref, ch)
+}
+
+func (w *waiterSet) removeLocked(ref string, ch chan PaymentEvent) {
 	list := w.m[ref]
 	for i, c := range list {
 		if c == ch {
@@ -77,6 +86,7 @@ func (w *waiterSet) remove(ref string, ch chan PaymentEvent) {
 func (w *waiterSet) deliver(e PaymentEvent) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	delete(w.orphans, e.Payment.Ref) // reported here: no watching needed
 	list := w.m[e.Payment.Ref]
 	if _, ok := w.taken[e.Payment.Ref]; ok && len(list) == 0 {
 		delete(w.taken, e.Payment.Ref)
@@ -89,6 +99,67 @@ func (w *waiterSet) deliver(e PaymentEvent) int {
 		}
 	}
 	return len(list)
+}
+
+// leave ends what add registered for a waiter whose client left. An
+// event delivered before it left is returned (the waiter takes it on, as
+// if its client had stayed); otherwise, if watch, ref is watched as an
+// orphan until until. Both happen under the lock, so an event is either
+// returned here or takes the orphan path once, never both.
+func (w *waiterSet) leave(ref string, ch chan PaymentEvent, watch bool, until time.Time) (PaymentEvent, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.removeLocked(ref, ch)
+	select {
+	case e := <-ch:
+		return e, true
+	default:
+	}
+	if watch {
+		if w.orphans == nil {
+			w.orphans = map[string]time.Time{}
+		}
+		w.orphans[ref] = until
+	}
+	return PaymentEvent{}, false
+}
+
+// orphanRefs returns the watched orphans, forgetting those watched past
+// their time.
+func (w *waiterSet) orphanRefs(now time.Time) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	refs := make([]string, 0, len(w.orphans))
+	for ref, until := range w.orphans {
+		if now.After(until) {
+			delete(w.orphans, ref)
+			continue
+		}
+		refs = append(refs, ref)
+	}
+	return refs
+}
+
+// claimOrphan ends the watch of ref, whose change the ledger shows, and
+// reports whether the caller takes the orphan path for it: not if a
+// report came meanwhile (deliver ended the watch) or a replay of the
+// request waits for it (the waiter reads the ledger itself). A report of
+// the change arriving later counts as delivered (see taken).
+func (w *waiterSet) claimOrphan(ref string, now time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.orphans[ref]; !ok {
+		return false
+	}
+	delete(w.orphans, ref)
+	if len(w.m[ref]) > 0 {
+		return false
+	}
+	if w.taken == nil {
+		w.taken = map[string]time.Time{}
+	}
+	w.taken[ref] = now
+	return true
 }
 
 // waiting reports whether anyone waits for ref.
