@@ -188,8 +188,9 @@ func moduleDir(ctx context.Context, module, version string) (string, error) {
 // of other packages call it once from TestMain and pass the result as
 // Options.Executable, because the stack runs its mint and relay as
 // `capvend testnet mint|relay` processes. It fails if the current directory
-// is not inside the capvend module.
-func BuildCapvend(ctx context.Context, dir string) (string, error) {
+// is not inside the capvend module. tags are build tags (crash tests
+// build with capvend_failpoints).
+func BuildCapvend(ctx context.Context, dir string, tags ...string) (string, error) {
 	gomod, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	if err != nil {
 		return "", fmt.Errorf("testnet: go env GOMOD: %w", err)
@@ -199,7 +200,11 @@ func BuildCapvend(ctx context.Context, dir string) (string, error) {
 		return "", fmt.Errorf("testnet: BuildCapvend: not inside a module")
 	}
 	out := filepath.Join(dir, "capvend")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/capvend")
+	args := []string{"build", "-o", out}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/capvend")...)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("testnet: build capvend: %w\n%s", err, tail(string(b), 4000))

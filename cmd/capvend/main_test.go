@@ -340,3 +340,12 @@ func TestReadmeConfigValidates(t *testing.T) {
 		t.Fatalf("%+v", cfg.Upstreams[0])
 	}
 }
+
+// TestReleaseHasNoFailpoints: the crash tests' SIGKILL hook is only in
+// builds with the capvend_failpoints tag; this test binary, like a
+// release, is built without it and ignores CAPVEND_FAILPOINT.
+func TestReleaseHasNoFailpoints(t *testing.T) {
+	if failpoints(func(string) string { return "after_quote" }) != nil {
+		t.Fatal("a build without the capvend_failpoints tag has the SIGKILL failpoint hook")
+	}
+}

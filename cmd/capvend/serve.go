@@ -9,10 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sort"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/lightningnetwork/lnd/lnrpc"
@@ -61,12 +59,6 @@ Other changes need a restart.
 Stops on SIGINT or SIGTERM: it stops accepting calls, lets running ones
 finish (up to 30 s), stops watching payments, and closes the ledger last.
 What was paid and not yet answered is finished at the next start.
-
-Crash tests set CAPVEND_FAILPOINT to a step of a paid call (after_quote,
-after_invoice, after_settlement, during_execution, after_result; Cashu:
-after_swap, between a token's swap and its record, and after_mint, between
-minting a paid quote and its record): capvend then kills itself with
-SIGKILL there.
 
 A paid call that fails is refunded: a hold invoice is canceled; a Cashu
 payment is paid back at once with a token from the wallet, in the answer;
@@ -167,14 +159,7 @@ func (s *vendServer) open(ctx context.Context) error {
 		return err
 	}
 	s.instance = newInstanceID()
-	if step := s.e.Getenv("CAPVEND_FAILPOINT"); step != "" {
-		// Crash tests: die like a power cut at that step of a paid call.
-		s.failpointCheck = func(at string) {
-			if at == step {
-				syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			}
-		}
-	}
+	s.failpointCheck = failpoints(s.e.Getenv) // crash tests' builds only
 	if err := s.openBackends(ctx); err != nil {
 		return err
 	}

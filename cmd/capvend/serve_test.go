@@ -62,7 +62,7 @@ func needStack(t testing.TB) *testnet.Stack {
 		if binTmp, binErr = os.MkdirTemp("", "capvend-serve-"); binErr != nil {
 			return
 		}
-		capvendBin, binErr = testnet.BuildCapvend(context.Background(), binTmp)
+		capvendBin, binErr = testnet.BuildCapvend(context.Background(), binTmp, "capvend_failpoints") // for the crash tests
 	})
 	if binErr != nil {
 		t.Fatal(binErr)
