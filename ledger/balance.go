@@ -229,3 +229,20 @@ func scanToolRevenue(r *sql.Rows, t *ToolRevenue) error {
 }
 
 func scanDayRevenue(r *sql.Rows, d *DayRevenue) error { return r.Scan(&d.Day, &d.Account, &d.Revenue) }
+
+// AccountBalances returns the balance of every account whose name starts
+// with prefix, by name: what the operator's wallet commands compare (the
+// ecash per mint, assets:cashu:).
+func (l *Ledger) AccountBalances(ctx context.Context, prefix string) (map[string]vend.Msat, error) {
+	b, err := l.Balance(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]vend.Msat{}
+	for _, a := range b.Accounts {
+		if strings.HasPrefix(a.Account, prefix) {
+			out[a.Account] += a.Balance
+		}
+	}
+	return out, nil
+}

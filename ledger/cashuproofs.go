@@ -21,11 +21,11 @@ import (
 // never ran. Only hashes of secrets are stored; a proof's Y
 // (hash_to_curve(secret)) is public and is what the mint is asked by.
 
-// The ends of a swap EndSwap records.
+// The ends of a swap EndSwap records (see vend.SwapReleased).
 const (
-	SwapReleased = "released" // the mint says unspent: the swap did not happen
-	SwapSpent    = "spent"    // the mint says spent by someone else
-	SwapRejected = "rejected" // the mint refused the proofs for another reason
+	SwapReleased = vend.SwapReleased
+	SwapSpent    = vend.SwapSpent
+	SwapRejected = vend.SwapRejected
 )
 
 // ProofsReceived reports how many of the given Cashu proof secret hashes
@@ -109,12 +109,9 @@ func (l *Ledger) ClaimToken(ctx context.Context, id vend.CallID, np vend.NewPaym
 	return p, nil
 }
 
-// SwappingToken is a token payment whose proofs are recorded swapping: the
-// swap's outcome is not recorded.
-type SwappingToken struct {
-	Payment vend.Payment
-	Proofs  []vend.Proof // the proofs swapping, with their Y where recorded
-}
+// SwappingToken is a token payment whose proofs are recorded swapping
+// (see vend.SwappingToken).
+type SwappingToken = vend.SwappingToken
 
 // SwappingTokens returns the token payments with proofs in state swapping,
 // oldest first; with secretHashes, only those holding one of them.

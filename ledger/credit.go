@@ -199,7 +199,7 @@ func drawCredit(ctx context.Context, tx *wtx, c *vend.Call, account string, b ve
 	}
 	desc := fmt.Sprintf("%s%s/%s call %d drawn from credit %s", kindPrefix(c.Kind), c.Server, c.Tool, c.ID, account)
 	if err := creditMove(ctx, tx, account, "draw", -c.Price, c.ID, "", desc,
-		[]Posting{{CreditAccount(account), c.Price}, {AccountCreditDrawn, -c.Price}}, now); err != nil {
+		[]Posting{{Account: CreditAccount(account), Amount: c.Price}, {Account: AccountCreditDrawn, Amount: -c.Price}}, now); err != nil {
 		return 0, err
 	}
 	return bal - c.Price, recordExecution(ctx, tx, c, b, now)
@@ -249,7 +249,7 @@ func deliverCredit(ctx context.Context, tx *wtx, c vend.Call, now time.Time) err
 		}
 		desc := fmt.Sprintf("%s%s/%s call %d delivered, paid from credit %s", kindPrefix(c.Kind), c.Server, c.Tool, c.ID, account)
 		return creditMove(ctx, tx, account, "deliver", 0, c.ID, "", desc,
-			[]Posting{{AccountCreditDrawn, c.Price}, {ItemIncomeAccount(c.Kind, c.Server, c.Tool), -c.Price}}, now)
+			[]Posting{{Account: AccountCreditDrawn, Amount: c.Price}, {Account: ItemIncomeAccount(c.Kind, c.Server, c.Tool), Amount: -c.Price}}, now)
 	}
 	if c.Server != vend.CreditServer {
 		return nil
@@ -262,7 +262,7 @@ func deliverCredit(ctx context.Context, tx *wtx, c vend.Call, now time.Time) err
 	}
 	desc := fmt.Sprintf("top-up call %d credited to %s", c.ID, account)
 	return creditMove(ctx, tx, account, "topup", c.Price, c.ID, "", desc,
-		[]Posting{{topUpIncome, c.Price}, {CreditAccount(account), -c.Price}}, now)
+		[]Posting{{Account: topUpIncome, Amount: c.Price}, {Account: CreditAccount(account), Amount: -c.Price}}, now)
 }
 
 // giveBackCredit gives a refunded credit call's open draw back to its
@@ -280,7 +280,7 @@ func giveBackCredit(ctx context.Context, tx *wtx, c vend.Call, reason string, no
 		desc += ": " + reason
 	}
 	return true, creditMove(ctx, tx, account, "giveback", c.Price, c.ID, "", desc,
-		[]Posting{{AccountCreditDrawn, c.Price}, {CreditAccount(account), -c.Price}}, now)
+		[]Posting{{Account: AccountCreditDrawn, Amount: c.Price}, {Account: CreditAccount(account), Amount: -c.Price}}, now)
 }
 
 // ExpireCredit implements vend.CreditLedger: each expired balance is one
@@ -319,7 +319,7 @@ func (l *Ledger) ExpireCredit(ctx context.Context, after time.Duration) (int, er
 			expired = true
 			desc := fmt.Sprintf("credit %s expired: no top-up since %s (credit.expires_after %s)", id, fromMS(topped).Format(time.RFC3339), after)
 			return creditMove(ctx, tx, id, "expiry", -bal, 0, "", desc,
-				[]Posting{{CreditAccount(id), bal}, {AccountCreditExpired, -bal}}, now)
+				[]Posting{{Account: CreditAccount(id), Amount: bal}, {Account: AccountCreditExpired, Amount: -bal}}, now)
 		})
 		if err != nil {
 			return n, fmt.Errorf("credit expiry of %s: %w", id, l.fileError(err))
@@ -340,9 +340,9 @@ func (l *Ledger) RefundCredit(ctx context.Context, account string, p vend.Credit
 	}
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		desc := fmt.Sprintf("credit %s refunded: %d msat by %s", account, int64(p.Paid), p.Method)
-		ps := []Posting{{CreditAccount(account), p.Paid}, {CashuAccount(p.MintURL), -(p.Paid + p.Fee)}}
+		ps := []Posting{{Account: CreditAccount(account), Amount: p.Paid}, {Account: CashuAccount(p.MintURL), Amount: -(p.Paid + p.Fee)}}
 		if p.Fee > 0 {
-			ps = append(ps, Posting{CashuFeeAccount(p.MintURL), p.Fee})
+			ps = append(ps, Posting{Account: CashuFeeAccount(p.MintURL), Amount: p.Fee})
 		}
 		return creditMove(ctx, tx, account, "refund", -p.Paid, 0, string(p.Method), desc, ps, now)
 	})

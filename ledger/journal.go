@@ -5,10 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
+	"github.com/capvend/capvend/internal/journal"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -46,36 +46,20 @@ func ItemIncomeAccount(kind vend.ItemKind, server, name string) string {
 const incomeAccountsWhere = `(a.name LIKE 'income:tools:%' OR a.name LIKE 'income:prompts:%' OR a.name LIKE 'income:resources:%'
 	OR a.name = 'income:credit_expired') AND a.name <> 'income:tools:capvend:topup'`
 
-// CashuAccount is the ecash held at one mint: assets:cashu:<mint host>.
-func CashuAccount(mintURL string) string { return "assets:cashu:" + mintSegment(mintURL) }
+// Account names and journal types shared with the billing backends live
+// in the leaf package internal/journal; these are the same names.
 
-// CashuFeeAccount is what a mint charged us: expenses:fees:cashu:<mint host>.
-func CashuFeeAccount(mintURL string) string { return "expenses:fees:cashu:" + mintSegment(mintURL) }
+// CashuAccount is the ecash held at one mint: journal.CashuAccount.
+func CashuAccount(mintURL string) string { return journal.CashuAccount(mintURL) }
+
+// CashuFeeAccount is what a mint charged us: journal.CashuFeeAccount.
+func CashuFeeAccount(mintURL string) string { return journal.CashuFeeAccount(mintURL) }
+
+// Segment makes s safe as one account name segment: journal.Segment.
+func Segment(s string) string { return journal.Segment(s) }
 
 // LightningFeeAccount is routing fees we paid: expenses:fees:lightning.
-const LightningFeeAccount = "expenses:fees:lightning"
-
-func mintSegment(mintURL string) string {
-	if u, err := url.Parse(mintURL); err == nil && u.Host != "" {
-		return Segment(strings.Trim(u.Host+u.Path, "/"))
-	}
-	return Segment(mintURL)
-}
-
-// Segment makes s safe as one account name segment: characters outside
-// [A-Za-z0-9._-] become '-', and an empty segment becomes "-".
-func Segment(s string) string {
-	if s == "" {
-		return "-"
-	}
-	b := []byte(s)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			b[i] = '-'
-		}
-	}
-	return string(b)
-}
+const LightningFeeAccount = journal.LightningFeeAccount
 
 var accountTypes = []string{"assets", "liabilities", "equity", "income", "expenses"}
 
@@ -95,21 +79,11 @@ func accountType(name string) (string, error) {
 	return "", fmt.Errorf("account %q: must start with one of %s", name, strings.Join(accountTypes, ", "))
 }
 
-// Posting is one line of a journal entry: a signed amount on an account.
-// Debits are positive, credits negative.
-type Posting struct {
-	Account string
-	Amount  vend.Msat
-}
+// Posting is one line of a journal entry (see journal.Posting).
+type Posting = journal.Posting
 
-// Entry is a balanced journal entry.
-type Entry struct {
-	Kind        string // settlement, refund, fee, melt, adjustment
-	Description string
-	CallID      vend.CallID    // 0 if none
-	PaymentID   vend.PaymentID // 0 if none
-	Postings    []Posting
-}
+// Entry is a balanced journal entry (see journal.Entry).
+type Entry = journal.Entry
 
 // ErrUnbalanced is returned for an entry whose postings do not sum to zero.
 var ErrUnbalanced = errors.New("journal entry does not balance")
@@ -212,18 +186,18 @@ func postSettlement(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, s
 		e.Description += " (" + note + ")"
 	}
 	if net := s.Amount - s.Fee; net > 0 {
-		e.Postings = append(e.Postings, Posting{assetAccount(p), net})
+		e.Postings = append(e.Postings, Posting{Account: assetAccount(p), Amount: net})
 	}
 	if s.Fee > 0 {
 		fee := LightningFeeAccount
 		if p.Backend == vend.BackendCashu {
 			fee = CashuFeeAccount(p.MintURL)
 		}
-		e.Postings = append(e.Postings, Posting{fee, s.Fee})
+		e.Postings = append(e.Postings, Posting{Account: fee, Amount: s.Fee})
 	}
-	e.Postings = append(e.Postings, Posting{ItemIncomeAccount(c.Kind, c.Server, c.Tool), -c.Price})
+	e.Postings = append(e.Postings, Posting{Account: ItemIncomeAccount(c.Kind, c.Server, c.Tool), Amount: -c.Price})
 	if over := s.Amount - c.Price; over > 0 {
-		e.Postings = append(e.Postings, Posting{AccountOverpayment, -over})
+		e.Postings = append(e.Postings, Posting{Account: AccountOverpayment, Amount: -over})
 	}
 	return post(ctx, tx, e, now)
 }

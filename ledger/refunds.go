@@ -82,12 +82,12 @@ func postRefund(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, reaso
 		Description: desc,
 		CallID:      c.ID,
 		PaymentID:   p.ID,
-		Postings:    []Posting{{ItemIncomeAccount(c.Kind, c.Server, c.Tool), c.Price}},
+		Postings:    []Posting{{Account: ItemIncomeAccount(c.Kind, c.Server, c.Tool), Amount: c.Price}},
 	}
 	if over := settled - c.Price; over > 0 {
-		e.Postings = append(e.Postings, Posting{AccountOverpayment, over})
+		e.Postings = append(e.Postings, Posting{Account: AccountOverpayment, Amount: over})
 	}
-	e.Postings = append(e.Postings, Posting{AccountRefunds, -settled})
+	e.Postings = append(e.Postings, Posting{Account: AccountRefunds, Amount: -settled})
 	if err := post(ctx, tx, e, now); err != nil {
 		return err
 	}
@@ -178,18 +178,18 @@ func (l *Ledger) PayRefund(ctx context.Context, id vend.RefundID, p vend.RefundP
 			Kind:        "refund",
 			Description: fmt.Sprintf("refund %d of call %d paid out by %s to %s %s", r.ID, r.CallID, p.Method, r.Transport, r.Client),
 			Postings: []Posting{
-				{AccountRefunds, r.Amount},
-				{CashuAccount(p.MintURL), -(p.Paid + p.Fee)},
+				{Account: AccountRefunds, Amount: r.Amount},
+				{Account: CashuAccount(p.MintURL), Amount: -(p.Paid + p.Fee)},
 			},
 		}
 		if p.Fee > 0 {
-			e.Postings = append(e.Postings, Posting{CashuFeeAccount(p.MintURL), p.Fee})
+			e.Postings = append(e.Postings, Posting{Account: CashuFeeAccount(p.MintURL), Amount: p.Fee})
 		}
 		switch d := p.Paid - r.Amount; {
 		case d > 0:
-			e.Postings = append(e.Postings, Posting{AccountRefundRounding, d})
+			e.Postings = append(e.Postings, Posting{Account: AccountRefundRounding, Amount: d})
 		case d < 0:
-			e.Postings = append(e.Postings, Posting{AccountOverpayment, d})
+			e.Postings = append(e.Postings, Posting{Account: AccountOverpayment, Amount: d})
 		}
 		entry, err := postEntry(ctx, tx, e, now)
 		if err != nil {

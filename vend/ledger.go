@@ -148,6 +148,22 @@ type Proof struct {
 	MintURL   string
 }
 
+// SwappingToken is a token payment whose proofs are recorded swapping
+// (claimed and sent to the mint to swap): the swap's outcome is not
+// recorded yet.
+type SwappingToken struct {
+	Payment Payment
+	Proofs  []Proof // the proofs swapping, with their Y where recorded
+}
+
+// The ends of a token swap whose outcome was not recorded, as the mint
+// tells them (the ledger's EndSwap records one).
+const (
+	SwapReleased = "released" // the mint says unspent: the swap did not happen
+	SwapSpent    = "spent"    // the mint says spent by someone else
+	SwapRejected = "rejected" // the mint refused the proofs for another reason
+)
+
 // Result is the stored answer of a call.
 type Result struct {
 	IsError  bool

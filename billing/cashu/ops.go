@@ -17,7 +17,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
-	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/internal/journal"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -35,8 +35,10 @@ var ErrInsufficientFunds = errors.New("cashu: not enough ecash at the mint")
 // Journal is the part of the ledger the operator commands use;
 // *ledger.Ledger implements it.
 type Journal interface {
-	Post(ctx context.Context, e ledger.Entry) error
-	Balance(ctx context.Context) (*ledger.Balance, error)
+	Post(ctx context.Context, e journal.Entry) error
+	// AccountBalances returns the balance of each account whose name
+	// starts with prefix.
+	AccountBalances(ctx context.Context, prefix string) (map[string]vend.Msat, error)
 }
 
 // walletFile is where gonuts keeps the wallet inside its directory.
@@ -86,7 +88,7 @@ func Balances(ctx context.Context, dir string, mints []string, j Journal) ([]Min
 		if m, ok := byMint[mint]; ok {
 			return m
 		}
-		m := &MintBalance{Mint: mint, Account: ledger.CashuAccount(mint)}
+		m := &MintBalance{Mint: mint, Account: journal.CashuAccount(mint)}
 		byMint[mint] = m
 		order = append(order, mint)
 		return m
@@ -124,7 +126,7 @@ func Balances(ctx context.Context, dir string, mints []string, j Journal) ([]Min
 			return nil, err
 		}
 	}
-	bal, err := j.Balance(ctx)
+	bal, err := j.AccountBalances(ctx, "assets:cashu:")
 	if err != nil {
 		return nil, err
 	}
@@ -133,16 +135,13 @@ func Balances(ctx context.Context, dir string, mints []string, j Journal) ([]Min
 		byAccount[m.Account] = m
 	}
 	var extra []string
-	for _, a := range bal.Accounts {
-		if !strings.HasPrefix(a.Account, "assets:cashu:") {
+	for account, b := range bal {
+		if m, ok := byAccount[account]; ok {
+			m.Ledger += b
 			continue
 		}
-		if m, ok := byAccount[a.Account]; ok {
-			m.Ledger += a.Balance
-			continue
-		}
-		extra = append(extra, a.Account)
-		byMint["account "+a.Account] = &MintBalance{Account: a.Account, Ledger: a.Balance}
+		extra = append(extra, account)
+		byMint["account "+account] = &MintBalance{Account: account, Ledger: b}
 	}
 	sort.Strings(extra)
 	out := make([]MintBalance, 0, len(order)+len(extra))
@@ -257,16 +256,16 @@ func Melt(ctx context.Context, dir, mint, invoice string, j Journal) (MeltResult
 	if err != nil {
 		return res, err
 	}
-	e := ledger.Entry{
+	e := journal.Entry{
 		Kind:        "melt",
 		Description: fmt.Sprintf("melt %s at %s: paid %s", res.Quote, mint, res.Amount),
-		Postings: []ledger.Posting{
-			{Account: ledger.CashuAccount(mint), Amount: -spent},
+		Postings: []journal.Posting{
+			{Account: journal.CashuAccount(mint), Amount: -spent},
 			{Account: "equity:withdrawals", Amount: res.Amount},
 		},
 	}
 	if res.Fee > 0 {
-		e.Postings = append(e.Postings, ledger.Posting{Account: ledger.CashuFeeAccount(mint), Amount: res.Fee})
+		e.Postings = append(e.Postings, journal.Posting{Account: journal.CashuFeeAccount(mint), Amount: res.Fee})
 	}
 	// Not ctx: the money left; the booking must not be skipped because
 	// the operator pressed ^C.

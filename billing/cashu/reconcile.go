@@ -13,7 +13,7 @@ import (
 	"github.com/elnosh/gonuts/wallet"
 	"github.com/elnosh/gonuts/wallet/storage"
 
-	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/internal/journal"
 	"github.com/capvend/capvend/reconcile"
 	"github.com/capvend/capvend/vend"
 )
@@ -38,7 +38,7 @@ func (b *Backend) Holdings(ctx context.Context) ([]reconcile.Holding, error) {
 					sats += s
 				}
 			}
-			out = append(out, reconcile.Holding{Mint: m, Account: ledger.CashuAccount(m), Unspent: vend.Msat(sats * vend.MsatPerSat)})
+			out = append(out, reconcile.Holding{Mint: m, Account: journal.CashuAccount(m), Unspent: vend.Msat(sats * vend.MsatPerSat)})
 		}
 		return nil
 	})
@@ -120,7 +120,7 @@ func (f *WalletFile) Holdings(ctx context.Context) ([]reconcile.Holding, error) 
 	out := make([]reconcile.Holding, 0, len(f.mints))
 	byMint := map[string]*reconcile.Holding{}
 	for _, m := range f.mints {
-		out = append(out, reconcile.Holding{Mint: m, Account: ledger.CashuAccount(m), Checked: true})
+		out = append(out, reconcile.Holding{Mint: m, Account: journal.CashuAccount(m), Checked: true})
 		byMint[m] = &out[len(out)-1]
 	}
 	if _, err := os.Stat(walletFile(f.dir)); errors.Is(err, os.ErrNotExist) {

@@ -10,7 +10,6 @@ import (
 	"github.com/elnosh/gonuts/cashu/nuts/nut07"
 	"github.com/elnosh/gonuts/wallet"
 
-	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -52,13 +51,11 @@ func (b *Backend) failpoint(step string) {
 type tokenLedger interface {
 	ProofsReceived(ctx context.Context, secretHashes []string) (int, error)
 	ClaimToken(ctx context.Context, id vend.CallID, np vend.NewPayment, proofs []vend.Proof) (vend.Payment, error)
-	SwappingTokens(ctx context.Context, secretHashes []string) ([]ledger.SwappingToken, error)
+	SwappingTokens(ctx context.Context, secretHashes []string) ([]vend.SwappingToken, error)
 	EndSwap(ctx context.Context, ref, to, reason string) error
 	SettleSwap(ctx context.Context, s vend.Settlement, reason string) (vend.Payment, error)
 	vend.RefundLedger
 }
-
-var _ tokenLedger = (*ledger.Ledger)(nil)
 
 // swapToken swaps a claimed token's proofs into the wallet and records the
 // payment settled, or what the failure was (swapFailed).
@@ -173,13 +170,13 @@ func (b *Backend) swapFailed(ctx context.Context, p vend.Payment, tok *Token, pr
 	bg := context.WithoutCancel(ctx)
 	if errors.Is(swapErr, ErrClosed) || errors.Is(swapErr, ErrWalletBusy) {
 		// The wallet never sent the swap.
-		b.endSwap(bg, p.Ref, ledger.SwapReleased, "the wallet was closed before the swap")
+		b.endSwap(bg, p.Ref, vend.SwapReleased, "the wallet was closed before the swap")
 		return vend.TokenReceipt{}, swapErr
 	}
 	states, serr := b.proofStates(bg, tok.Mint, tok.Proofs)
 	switch outcomeOf(states, serr) {
 	case swapNotDone:
-		b.endSwap(bg, p.Ref, ledger.SwapReleased, "swap failed; the proofs are unspent")
+		b.endSwap(bg, p.Ref, vend.SwapReleased, "swap failed; the proofs are unspent")
 		if rejectedByMint(swapErr) {
 			log.Info("token refused by the mint", logErr, swapErr)
 			return vend.TokenReceipt{}, fmt.Errorf("%w: %v", ErrMintRejected, swapErr)
@@ -187,13 +184,13 @@ func (b *Backend) swapFailed(ctx context.Context, p vend.Payment, tok *Token, pr
 		log.Warn("token swap failed; the proofs are unspent and released: the client may retry with the same token", logErr, swapErr)
 		return vend.TokenReceipt{}, fmt.Errorf("%w: swap: %v", ErrMintUnavailable, swapErr)
 	case swapSpentBefore:
-		b.endSwap(bg, p.Ref, ledger.SwapSpent, "some proofs were spent before")
+		b.endSwap(bg, p.Ref, vend.SwapSpent, "some proofs were spent before")
 		return vend.TokenReceipt{}, ErrTokenSpent
 	case swapDone:
 		if spentAnswer(swapErr) {
 			// The mint refused the swap because the proofs were spent
 			// already: someone else's spend, not ours.
-			b.endSwap(bg, p.Ref, ledger.SwapSpent, "the mint says already spent")
+			b.endSwap(bg, p.Ref, vend.SwapSpent, "the mint says already spent")
 			return vend.TokenReceipt{}, ErrTokenSpent
 		}
 		// Spent, and the mint never said why: our swap happened and its
@@ -271,7 +268,7 @@ func (b *Backend) resolveEarlier(ctx context.Context, hashes []string) error {
 // recorded, and records it: unspent, released; spent, the ecash restored
 // (NUT-09) and the settlement booked late with the refund owed (the call
 // did not run); no answer, ErrMintUnavailable and nothing changes.
-func (b *Backend) resolveSwap(ctx context.Context, st ledger.SwappingToken) error {
+func (b *Backend) resolveSwap(ctx context.Context, st vend.SwappingToken) error {
 	p := st.Payment
 	mint, ok := b.trusted(p.MintURL)
 	if !ok {
@@ -296,11 +293,11 @@ func (b *Backend) resolveSwap(ctx context.Context, st ledger.SwappingToken) erro
 		}
 		return fmt.Errorf("%w: swap of payment %s: %v", ErrMintUnavailable, short(p.Ref), err)
 	case swapNotDone:
-		b.endSwap(ctx, p.Ref, ledger.SwapReleased, "the mint says unspent: the swap did not happen")
+		b.endSwap(ctx, p.Ref, vend.SwapReleased, "the mint says unspent: the swap did not happen")
 		log.Info("unrecorded token swap did not happen: proofs released")
 		return nil
 	case swapSpentBefore:
-		b.endSwap(ctx, p.Ref, ledger.SwapSpent, "some proofs were spent before")
+		b.endSwap(ctx, p.Ref, vend.SwapSpent, "some proofs were spent before")
 		return nil
 	}
 	// Spent: the swap happened. Restore what the mint signed for the

@@ -1,0 +1,63 @@
+// Package layers holds one test: the module's packages import each other
+// only inward (STYLE.md): adapters, billing and ledger -> vend -> pricing.
+package layers
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/capvend/capvend/internal/skip"
+)
+
+const module = "github.com/capvend/capvend/"
+
+// forbidden lists, per package (a path relative to the module, covering
+// the packages below it), the module packages it must not import.
+var forbidden = map[string][]string{
+	"pricing":          {"vend", "adapters", "billing", "ledger", "reconcile", "cmd", "testnet"},
+	"vend":             {"adapters", "billing", "ledger", "reconcile", "cmd", "testnet", "migrations"},
+	"billing/lnd":      {"adapters", "ledger", "cmd", "testnet"},
+	"billing/cashu":    {"adapters", "ledger", "cmd", "testnet"},
+	"adapters":         {"billing", "ledger", "reconcile", "cmd", "testnet"},
+	"ledger":           {"adapters", "billing", "cmd", "testnet"},
+	"internal/journal": {"adapters", "billing", "ledger", "reconcile", "cmd", "testnet"},
+}
+
+// under reports whether pkg is path or below it.
+func under(pkg, path string) bool { return pkg == path || strings.HasPrefix(pkg, path+"/") }
+
+func TestImportsPointInward(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", module+"...").Output()
+	if err != nil {
+		if _, lookErr := exec.LookPath("go"); lookErr != nil {
+			skip.Missing(t, "the go command", "install Go")
+		}
+		t.Fatalf("go list: %v", err)
+	}
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg := strings.TrimPrefix(fields[0], module)
+		for path, bad := range forbidden {
+			if !under(pkg, path) {
+				continue
+			}
+			checked++
+			for _, imp := range fields[1:] {
+				dep, ours := strings.CutPrefix(imp, module)
+				if !ours {
+					continue
+				}
+				for _, b := range bad {
+					if under(dep, b) {
+						t.Errorf("%s imports %s: dependencies point inward (adapters, billing, ledger -> vend -> pricing)", pkg, dep)
+					}
+				}
+			}
+		}
+	}
+	if checked < len(forbidden) {
+		t.Fatalf("checked %d packages: go list found too few", checked)
+	}
+}
