@@ -14,6 +14,32 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
+// twoHandles opens two ledger handles on one new database (two instances
+// sharing it), with clock (nil: the wall clock), closed when t ends.
+func twoHandles(t *testing.T, clock func() time.Time) (a, b *ledger.Ledger) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "capvend.db")
+	return openHandle(t, path, clock), openHandle(t, path, clock)
+}
+
+// openHandle opens a ledger handle on the database at path, with clock
+// (nil: the wall clock), closed when t ends.
+func openHandle(t *testing.T, path string, clock func() time.Time) *ledger.Ledger {
+	t.Helper()
+	l, err := ledger.OpenForTest(t, context.Background(), path, ledger.Options{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// instancesClock is the clock the instances of a test share, which the
+// test moves.
+func instancesClock() *stepClock {
+	return &stepClock{t: time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC)}
+}
+
 // TestClaimRequestOnceAcrossHandles: two ledger handles on one database
 // (two instances) race to claim the same request keys; each key is won by
 // exactly one holder, a holder claiming its own key again still has it,
@@ -22,20 +48,8 @@ import (
 // not; pruning deletes the claims made before.
 func TestClaimRequestOnceAcrossHandles(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "capvend.db")
-	var mu sync.Mutex
-	now := time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC)
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	a, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	clock := instancesClock()
+	a, b := twoHandles(t, clock.Now)
 	const keys = 20
 	var won [keys]atomic.Int32
 	var wg sync.WaitGroup
@@ -73,9 +87,7 @@ func TestClaimRequestOnceAcrossHandles(t *testing.T) {
 	if ok, err := a.TakeLease(ctx, "run:r0", "instance-0", time.Hour); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	mu.Lock()
-	now = now.Add(2 * ledger.ClaimTakeover)
-	mu.Unlock()
+	clock.add(2 * ledger.ClaimTakeover)
 	for i := range keys {
 		mine := won[i].Load() == 2<<4 // instance-1's
 		if ok, err := a.ClaimRequest(ctx, fmt.Sprint("nostr:ev", i), "instance-2"); err != nil || ok != mine {
@@ -104,12 +116,7 @@ func TestClaimRequestOnceAcrossHandles(t *testing.T) {
 func TestSettlementBookedOnceAcrossHandles(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "capvend.db")
-	a := openLedger(t, path)
-	b, err := ledger.OpenForTest(t, ctx, path, ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, b := openLedger(t, path), openHandle(t, path, nil)
 	const n = 8
 	var calls [n]vend.Call
 	var pays [n]vend.Payment
@@ -195,21 +202,8 @@ func TestSettlementBookedOnceAcrossHandles(t *testing.T) {
 // takes it once it expired unrenewed, and at once after a release.
 func TestLeaseTakenOverOnlyWhenExpired(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "capvend.db")
-	var mu sync.Mutex
-	now := time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC)
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-	a, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	clock := instancesClock()
+	a, b := twoHandles(t, clock.Now)
 	const ttl = 30 * time.Second
 	take := func(l *ledger.Ledger, holder string, want bool) {
 		t.Helper()
@@ -228,11 +222,11 @@ func TestLeaseTakenOverOnlyWhenExpired(t *testing.T) {
 	take(b, "B", false)
 	holder("A")
 	for range 5 { // A renews every 10 s: B never gets it
-		advance(10 * time.Second)
+		clock.add(10 * time.Second)
 		take(a, "A", true)
 		take(b, "B", false)
 	}
-	advance(ttl) // A died: its lease ran out
+	clock.add(ttl) // A died: its lease ran out
 	holder("")
 	take(b, "B", true)
 	take(a, "A", false)
@@ -255,12 +249,7 @@ func TestLeaseTakenOverOnlyWhenExpired(t *testing.T) {
 func TestCountCallAcrossHandles(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "capvend.db")
-	a := openLedger(t, path)
-	b, err := ledger.OpenForTest(t, ctx, path, ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, b := openLedger(t, path), openHandle(t, path, nil)
 	minute := time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC)
 	var counted atomic.Int32
 	var wg sync.WaitGroup
@@ -309,21 +298,8 @@ func TestCountCallAcrossHandles(t *testing.T) {
 // not count; a forced registration (a reload) is recorded and reported.
 func TestRegisterPricesRefusesDifferentPrices(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "capvend.db")
-	var mu sync.Mutex
-	now := time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC)
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-	a, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	clock := instancesClock()
+	a, b := twoHandles(t, clock.Now)
 	h1, h2 := hash("prices 1"), hash("prices 2")
 	const fresh = 30 * time.Second
 	register := func(l *ledger.Ledger, instance, h string, force, refused bool) {
@@ -336,14 +312,14 @@ func TestRegisterPricesRefusesDifferentPrices(t *testing.T) {
 	register(a, "A", h1, false, false)
 	register(b, "B", h2, false, true) // A just started with other prices
 	register(b, "B", h1, false, false)
-	advance(time.Minute) // A and B died without a lease
+	clock.add(time.Minute) // A and B died without a lease
 	register(b, "C", h2, false, false)
-	advance(time.Minute)
+	clock.add(time.Minute)
 	if ok, err := a.TakeLease(ctx, "run:a1", "A", time.Hour); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	register(a, "A", h1, false, false) // C is dead
-	advance(time.Minute)
+	clock.add(time.Minute)
 	register(b, "D", h2, false, true) // A lives: it holds its run's lease
 	register(b, "D", h2, true, true)  // a reload: recorded, and reported
 	register(b, "E", h1, false, true) // D is fresh, with h2
