@@ -54,7 +54,9 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	case r.CashuToken != "":
 		res, err = a.payWithToken(ctx)
 	default:
-		res, err = a.quote(ctx, a.slot, a.turn)
+		turn := a.turn
+		a.turn = nil // given up once the request is issued: not kept while the call waits
+		res, err = a.quote(ctx, a.slot, turn)
 	}
 	return v.withCredit(ctx, account, topUp, res, err)
 }

@@ -75,7 +75,7 @@ func BenchmarkPendingQuotesRSS(b *testing.B) {
 			// the machine: they are counted once all are waiting.
 			c.TTL = time.Hour
 		})
-		h.be.last = make(chan vend.Payment, pending)
+		h.be.last = make(chan vend.Payment, 16)
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		// At most issuing requests wait for their payment request at once:

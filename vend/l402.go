@@ -453,8 +453,8 @@ func (c *pending) awaitProven(ctx context.Context) (CallResult, error) {
 	bound := time.NewTimer(time.Until(p.ExpiresAt.Add(L402Grace)))
 	defer bound.Stop()
 	select {
-	case e := <-events:
-		c.pay = &e.Payment
+	case paid := <-events:
+		c.pay = paid
 		return c.afterPayment(ctx)
 	case <-bound.C:
 		return CallResult{}, ErrPaymentExpired
@@ -463,8 +463,8 @@ func (c *pending) awaitProven(ctx context.Context) (CallResult, error) {
 		// taken on (nobody else would run the call for it).
 		v.waiters.remove(p.Ref, events)
 		select {
-		case e := <-events:
-			c.pay = &e.Payment
+		case paid := <-events:
+			c.pay = paid
 			return c.afterPayment(context.WithoutCancel(ctx))
 		default:
 			return CallResult{}, ctx.Err()

@@ -9,7 +9,7 @@ import (
 // ref. It owns its lock.
 type waiterSet struct {
 	mu sync.Mutex
-	m  map[string][]chan PaymentEvent
+	m  map[string][]chan *Payment
 	// taken holds the refs whose change a waiter read from the ledger
 	// (taken, with when) before this process's backend reported it: the
 	// report, if it comes, is the waiter's and takes no orphan path.
@@ -28,7 +28,7 @@ const takenFor = time.Hour
 // take ends what add registered, as remove, for a waiter that read its
 // payment's change from the ledger: a report of the change arriving
 // later counts as delivered (see deliver).
-func (w *waiterSet) take(ref string, ch chan PaymentEvent, now time.Time) {
+func (w *waiterSet) take(ref string, ch chan *Payment, now time.Time) {
 	w.remove(ref, ch)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -43,12 +43,15 @@ func (w *waiterSet) take(ref string, ch chan PaymentEvent, now time.Time) {
 	w.taken[ref] = now
 }
 
-// add registers a waiter for ref and returns its channel.
-func (w *waiterSet) add(ref string) chan PaymentEvent {
-	ch := make(chan PaymentEvent, 4)
+// add registers a waiter for ref and returns its channel, which holds the
+// first report delivered to it (a waiter takes that one and leaves).
+// Every request waiting for payment holds one, so it holds a pointer:
+// a buffer of payments would cost each waiting request a kilobyte.
+func (w *waiterSet) add(ref string) chan *Payment {
+	ch := make(chan *Payment, 1)
 	w.mu.Lock()
 	if w.m == nil {
-		w.m = map[string][]chan PaymentEvent{}
+		w.m = map[string][]chan *Payment{}
 	}
 	w.m[ref] = append(w.m[ref], ch)
 	w.mu.Unlock()
@@ -56,13 +59,13 @@ func (w *waiterSet) add(ref string) chan PaymentEvent {
 }
 
 // remove ends what add registered. Idempotent.
-func (w *waiterSet) remove(ref string, ch chan PaymentEvent) {
+func (w *waiterSet) remove(ref string, ch chan *Payment) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.removeLocked(ref, ch)
 }
 
-func (w *waiterSet) removeLocked(ref string, ch chan PaymentEvent) {
+func (w *waiterSet) removeLocked(ref string, ch chan *Payment) {
 	list := w.m[ref]
 	for i, c := range list {
 		if c == ch {
@@ -93,8 +96,9 @@ func (w *waiterSet) deliver(e PaymentEvent) int {
 		return 1
 	}
 	for _, ch := range list {
+		p := e.Payment // each waiter's own copy
 		select {
-		case ch <- e:
+		case ch <- &p:
 		default: // the waiter has what it needs already
 		}
 	}
@@ -106,13 +110,13 @@ func (w *waiterSet) deliver(e PaymentEvent) int {
 // if its client had stayed); otherwise, if watch, ref is watched as an
 // orphan until until. Both happen under the lock, so an event is either
 // returned here or takes the orphan path once, never both.
-func (w *waiterSet) leave(ref string, ch chan PaymentEvent, watch bool, until time.Time) (PaymentEvent, bool) {
+func (w *waiterSet) leave(ref string, ch chan *Payment, watch bool, until time.Time) (*Payment, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.removeLocked(ref, ch)
 	select {
-	case e := <-ch:
-		return e, true
+	case p := <-ch:
+		return p, true
 	default:
 	}
 	if watch {
@@ -121,7 +125,7 @@ func (w *waiterSet) leave(ref string, ch chan PaymentEvent, watch bool, until ti
 		}
 		w.orphans[ref] = until
 	}
-	return PaymentEvent{}, false
+	return nil, false
 }
 
 // orphanRefs returns the watched orphans, forgetting those watched past
