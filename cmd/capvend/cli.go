@@ -117,6 +117,24 @@ func dispatch(ctx context.Context, c *command, e *env, path []string, args []str
 	return c.Run(ctx, e, rest)
 }
 
+// parseAfterArg parses the flags that follow a command's one argument
+// (capvend l402 revoke TOKEN --reason TEXT): the flag package stops at the
+// first argument, so args after it are parsed again with register. name
+// is the command's path after "capvend", for the help it points to; more
+// than one argument is refused with tooMany: "<tooMany>, got "x" too".
+func parseAfterArg(name, tooMany string, args []string, register func(fs *flag.FlagSet)) error {
+	fs := flag.NewFlagSet("capvend "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	register(fs)
+	if err := fs.Parse(args[1:]); err != nil {
+		return usageError("%v (see 'capvend %s --help')", err, name)
+	}
+	if fs.NArg() > 0 {
+		return usageError("%s, got %q too", tooMany, fs.Arg(0))
+	}
+	return nil
+}
+
 func subNames(c *command) string {
 	names := make([]string, 0, len(c.Subs))
 	for _, s := range c.Subs {

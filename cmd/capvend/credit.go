@@ -133,7 +133,7 @@ Examples:
 			if len(args) == 0 {
 				return usageError("refund takes the ACCOUNT (see 'capvend credit')")
 			}
-			if err := pf.parse("credit refund", args, register); err != nil {
+			if err := parseAfterArg("credit refund", "credit refund takes one argument", args, register); err != nil {
 				return err
 			}
 			cf, payCashu, invoice, mint := &pf.cf, pf.payCashu, pf.invoice, pf.mint

@@ -114,14 +114,8 @@ Examples:
 			if len(args) == 0 {
 				return usageError("revoke takes the TOKEN (see 'capvend l402 revoke --help')")
 			}
-			fs := flag.NewFlagSet("capvend l402 revoke", flag.ContinueOnError)
-			fs.SetOutput(io.Discard)
-			f.register(fs)
-			if err := fs.Parse(args[1:]); err != nil {
-				return usageError("%v (see 'capvend l402 revoke --help')", err)
-			}
-			if fs.NArg() > 0 {
-				return usageError("revoke takes one TOKEN, got %q too", fs.Arg(0))
+			if err := parseAfterArg("l402 revoke", "revoke takes one TOKEN", args, f.register); err != nil {
+				return err
 			}
 			id, err := l402TokenID(args[0])
 			if err != nil {

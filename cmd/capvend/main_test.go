@@ -82,6 +82,28 @@ func TestUsageErrorsExit2(t *testing.T) {
 	}
 }
 
+// TestFlagsAfterTheArgument: the commands taking one argument read flags
+// that follow it (parseAfterArg), and refuse a second argument or an
+// unknown flag there with a usage error (exit 2) that says which.
+func TestFlagsAfterTheArgument(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"l402", "revoke", "tok", "--reason", "x", "more"}, `revoke takes one TOKEN, got "more" too`},
+		{[]string{"l402", "revoke", "tok", "--nope"}, "flag provided but not defined: -nope (see 'capvend l402 revoke --help')"},
+		{[]string{"credit", "refund", "t0", "--cashu", "more"}, `credit refund takes one argument, got "more" too`},
+		{[]string{"credit", "refund", "t0", "--nope"}, "flag provided but not defined: -nope (see 'capvend credit refund --help')"},
+		{[]string{"refunds", "pay", "3", "--cashu", "more"}, `refunds pay takes one argument, got "more" too`},
+		{[]string{"refunds", "pay", "3", "--mint"}, "flag needs an argument: -mint (see 'capvend refunds pay --help')"},
+	} {
+		_, errOut, code := run(t, nil, tc.args...)
+		if want := "capvend: " + tc.want + "\n"; code != 2 || errOut != want {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2, %q", tc.args, code, errOut, want)
+		}
+	}
+}
+
 func TestVersion(t *testing.T) {
 	out, _, code := run(t, nil, "version")
 	if code != 0 || !strings.HasPrefix(out, "capvend ") || !strings.Contains(out, "sqlite 3.") {

@@ -133,20 +133,6 @@ func (p *payoutFlags) register(fs *flag.FlagSet, invoiceHelp, mintHelp string) {
 	fs.StringVar(&p.mint, "mint", "", "pay from the ecash of mint `URL` "+mintHelp)
 }
 
-// parse parses args after the first (flags may follow it) into p.
-func (p *payoutFlags) parse(name string, args []string, register func(fs *flag.FlagSet)) error {
-	fs := flag.NewFlagSet("capvend "+name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	register(fs)
-	if err := fs.Parse(args[1:]); err != nil {
-		return usageError("%v (see 'capvend %s --help')", err, name)
-	}
-	if fs.NArg() > 0 {
-		return usageError("%s takes one argument, got %q too", name, fs.Arg(0))
-	}
-	return nil
-}
-
 func refundsPayCommand() *command {
 	var pf payoutFlags
 	register := func(fs *flag.FlagSet) {
@@ -184,7 +170,7 @@ Examples:
 				return usageError("pay takes the refund's ID (see 'capvend refunds')")
 			}
 			// Flags may follow the ID: parse them again.
-			if err := pf.parse("refunds pay", args, register); err != nil {
+			if err := parseAfterArg("refunds pay", "refunds pay takes one argument", args, register); err != nil {
 				return err
 			}
 			cf, payCashu, invoice, mint := &pf.cf, pf.payCashu, pf.invoice, pf.mint
