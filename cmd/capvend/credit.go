@@ -38,9 +38,6 @@ Examples:
   capvend credit refund t0123456789abcdef01234567 --cashu`,
 		Flags: lf.register,
 		Run: func(ctx context.Context, e *env, args []string) error {
-			if len(args) > 0 {
-				return usageError("unknown command %q for 'capvend credit'; commands: show, refund", args[0])
-			}
 			return listCredit(ctx, e, &lf, "")
 		},
 		Subs: []*command{creditShowCommand(), creditRefundCommand()},

@@ -28,9 +28,6 @@ presented. A revoked token is refused (HTTP 401) whatever its signature and
 preimage say, at once, also by a running 'capvend serve'. Revocations are
 rows of the ledger (l402_revocations) and are never withdrawn.`,
 		Run: func(ctx context.Context, e *env, args []string) error {
-			if len(args) > 0 {
-				return usageError("unknown command %q for 'capvend l402'; commands: list, revoke", args[0])
-			}
 			return usageError("say what to do: 'capvend l402 list' or 'capvend l402 revoke TOKEN'")
 		},
 		Subs: []*command{l402ListCommand(), l402RevokeCommand()},

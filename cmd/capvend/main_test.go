@@ -69,6 +69,9 @@ func TestUsageErrorsExit2(t *testing.T) {
 	for _, args := range [][]string{
 		{"frobnicate"},
 		{"ledger", "frobnicate"},
+		{"credit", "frobnicate"},
+		{"l402", "frobnicate"},
+		{"refunds", "frobnicate"},
 		{"ledger", "export", "--format", "xlsx", "--db", "x.db"},
 		{"ledger", "export", "--since", "yesterday", "--db", "x.db"},
 		{"ledger", "export", "--since", "2026-11-02", "--until", "2026-11-01", "--db", "x.db"},

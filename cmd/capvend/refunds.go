@@ -48,9 +48,6 @@ Examples:
 			fs.BoolVar(&all, "all", false, "list paid refunds too")
 		},
 		Run: func(ctx context.Context, e *env, args []string) error {
-			if len(args) > 0 {
-				return usageError("unknown command %q for 'capvend refunds'; commands: pay", args[0])
-			}
 			l, err := lf.open(ctx, e)
 			if err != nil {
 				return err
