@@ -90,8 +90,10 @@ const ApplicationID = 0x63617076
 
 // Errors returned by Open.
 var (
-	// ErrNoLedger: the file does not exist and Options.MustExist was set.
-	ErrNoLedger = errors.New("no ledger file")
+	// ErrNoLedger: Options.MustExist was set and there is no ledger: the
+	// SQLite file does not exist, or the PostgreSQL database has no
+	// capvend tables. The error wrapping it says which (noLedgerError).
+	ErrNoLedger = errors.New("no capvend ledger")
 	// ErrNotLedger: the file is not an SQLite database, or an SQLite
 	// database of another application.
 	ErrNotLedger = errors.New("not a capvend ledger")
@@ -223,6 +225,14 @@ func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
 	return l, nil
 }
 
+// noLedgerError is ErrNoLedger in the words of the driver that found no
+// ledger: a missing file is SQLite's, a database without capvend's tables
+// PostgreSQL's.
+type noLedgerError string
+
+func (e noLedgerError) Error() string { return string(e) }
+func (e noLedgerError) Unwrap() error { return ErrNoLedger }
+
 // prepareFile makes sure path is either absent-and-creatable or a file that
 // starts like an SQLite database, and creates a new ledger file 0600 so the
 // SQLite files that follow it (-wal, -shm) inherit that mode.
@@ -231,7 +241,7 @@ func prepareFile(path string, mustExist bool) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		if mustExist {
-			return fmt.Errorf("ledger %s: %w (check ledger.path in the configuration, or pass --db)", path, ErrNoLedger)
+			return fmt.Errorf("ledger %s: %w (check ledger.path in the configuration, or pass --db)", path, noLedgerError("no ledger file"))
 		}
 		if dir := filepath.Dir(path); dir != "" {
 			if err := os.MkdirAll(dir, 0o700); err != nil {

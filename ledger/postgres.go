@@ -102,7 +102,7 @@ func (l *Ledger) migratePG(ctx context.Context, mustExist bool) error {
 	case tables > 0 && !ours:
 		return fmt.Errorf("ledger %s: %w: the database holds %d tables of another application", l.path, ErrNotLedger, tables)
 	case !ours && mustExist:
-		return fmt.Errorf("ledger %s: %w (the database has no capvend ledger; check ledger.dsn_file)", l.path, ErrNoLedger)
+		return fmt.Errorf("ledger %s: %w (check ledger.dsn_file)", l.path, noLedgerError("no capvend ledger in the database"))
 	}
 	err = l.pgTx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (

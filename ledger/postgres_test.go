@@ -75,8 +75,10 @@ func TestOpenPostgresRefusesWhatIsNotALedger(t *testing.T) {
 	ctx := context.Background()
 	path := func(name string) string { return filepath.Join(t.TempDir(), name) }
 
-	if _, err := ledger.OpenForTest(t, ctx, path("missing"), ledger.Options{MustExist: true}); !errors.Is(err, ledger.ErrNoLedger) {
-		t.Errorf("missing: %v", err)
+	_, err := ledger.OpenForTest(t, ctx, path("missing"), ledger.Options{MustExist: true})
+	if !errors.Is(err, ledger.ErrNoLedger) || !strings.Contains(err.Error(), "no capvend ledger in the database") ||
+		strings.Contains(err.Error(), "no ledger file") {
+		t.Errorf("missing: %v; want ErrNoLedger, saying the database has no capvend ledger (a database is no file)", err)
 	}
 
 	foreign := path("foreign")
