@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -33,10 +35,33 @@ func parseArgs(raw json.RawMessage) (json.RawMessage, error) {
 
 // parseArgsObject parses arguments as parseArgs does and returns the root
 // object, to be encoded by encodeArgs.
+//
+// Valid JSON (every call's, but for a client's mistake) is read by
+// argsScanner, off the bytes; anything else by decodeArgsObject, whose
+// json.Decoder names the syntax error. Both give the same values and the
+// same errors for valid JSON (FuzzArgsScanner): json.Decoder.Token makes
+// and formats an error after every scalar it reads, and was the largest
+// cost of a free call.
 func parseArgsObject(raw json.RawMessage) (map[string]any, error) {
-	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) == 0 || string(trimmed) == "null" {
 		return map[string]any{}, nil
 	}
+	if !json.Valid(raw) {
+		return decodeArgsObject(raw)
+	}
+	sc := argsScanner{b: raw}
+	sc.skipSpace()
+	if raw[sc.i] != '{' {
+		return nil, errors.New("arguments must be a JSON object")
+	}
+	sc.i++
+	return sc.object(1)
+}
+
+// decodeArgsObject is parseArgsObject with json.Decoder (UseNumber): raw
+// is not blank nor null.
+func decodeArgsObject(raw json.RawMessage) (map[string]any, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	tok, err := dec.Token()
@@ -147,6 +172,15 @@ func orRoot(at string) string {
 // rune is replaced by the smallest rune of its simple-folding orbit, as
 // encoding/json's case-insensitive field matching folds them).
 func foldKey(k string) string {
+	ascii := true
+	for i := 0; i < len(k) && ascii; i++ {
+		ascii = k[i] < utf8.RuneSelf
+	}
+	if ascii {
+		// An ASCII letter's orbit holds its upper case, the smallest
+		// rune of it (k and s also hold U+212A and U+017F).
+		return strings.ToUpper(k)
+	}
 	var b []byte
 	for _, r := range k {
 		min := r
@@ -158,4 +192,176 @@ func foldKey(k string) string {
 		b = utf8.AppendRune(b, min)
 	}
 	return string(b)
+}
+
+// argsScanner reads valid JSON (json.Valid) as parseObject and parseValue
+// read it through a json.Decoder with UseNumber: objects as
+// map[string]any, arrays as []any, numbers as json.Number, strings
+// decoded (invalid UTF-8 as U+FFFD), with the same refusals (duplicate
+// keys, keys differing only in case, nesting deeper than maxArgsDepth)
+// and messages. The path of a member, only needed in an error, is kept as
+// segments (path) and joined only then.
+type argsScanner struct {
+	b    []byte
+	i    int
+	path []argsSeg
+}
+
+// argsSeg is one step of a path: a member's key, or an element's index.
+type argsSeg struct {
+	key string
+	idx int // -1 for a key
+}
+
+// at is the path as parseObject names it: "/key/0/...".
+func (sc *argsScanner) at() string {
+	var b []byte
+	for _, s := range sc.path {
+		b = append(b, '/')
+		if s.idx < 0 {
+			b = append(b, s.key...)
+		} else {
+			b = strconv.AppendInt(b, int64(s.idx), 10)
+		}
+	}
+	return string(b)
+}
+
+func (sc *argsScanner) skipSpace() {
+	for sc.i < len(sc.b) {
+		switch sc.b[sc.i] {
+		case ' ', '\t', '\n', '\r':
+			sc.i++
+		default:
+			return
+		}
+	}
+}
+
+// object reads an object's members after its '{' (parseObject).
+func (sc *argsScanner) object(depth int) (map[string]any, error) {
+	m := map[string]any{}
+	var folded map[string]string // folded key -> the key as sent; made at the second key
+	var first string
+	n := 0
+	for {
+		sc.skipSpace()
+		if sc.b[sc.i] == '}' {
+			sc.i++
+			return m, nil
+		}
+		if sc.b[sc.i] == ',' {
+			sc.i++
+			sc.skipSpace()
+		}
+		k := sc.str()
+		if n == 0 {
+			first = k // no map for an object of one member
+		} else {
+			if n == 1 {
+				folded = map[string]string{foldKey(first): first}
+			}
+			f := foldKey(k)
+			if prev, dup := folded[f]; dup {
+				at := orRoot(sc.at())
+				if prev == k {
+					return nil, fmt.Errorf("at %s: duplicate key %q", at, k)
+				}
+				return nil, fmt.Errorf("at %s: keys %q and %q differ only in case", at, prev, k)
+			}
+			folded[f] = k
+		}
+		n++
+		sc.skipSpace()
+		sc.i++ // ':'
+		sc.skipSpace()
+		sc.path = append(sc.path, argsSeg{key: k, idx: -1})
+		v, err := sc.value(depth)
+		if err != nil {
+			return nil, err
+		}
+		sc.path = sc.path[:len(sc.path)-1]
+		m[k] = v
+	}
+}
+
+// value reads the value at sc.i (parseValue).
+func (sc *argsScanner) value(depth int) (any, error) {
+	switch c := sc.b[sc.i]; c {
+	case '{', '[':
+		if depth >= maxArgsDepth {
+			return nil, fmt.Errorf("arguments nest deeper than %d levels", maxArgsDepth)
+		}
+		sc.i++
+		if c == '{' {
+			return sc.object(depth + 1)
+		}
+		list := []any{}
+		for {
+			sc.skipSpace()
+			if sc.b[sc.i] == ']' {
+				sc.i++
+				return list, nil
+			}
+			if sc.b[sc.i] == ',' {
+				sc.i++
+				sc.skipSpace()
+			}
+			sc.path = append(sc.path, argsSeg{idx: len(list)})
+			v, err := sc.value(depth + 1)
+			if err != nil {
+				return nil, err
+			}
+			sc.path = sc.path[:len(sc.path)-1]
+			list = append(list, v)
+		}
+	case '"':
+		return sc.str(), nil
+	case 't':
+		sc.i += len("true")
+		return true, nil
+	case 'f':
+		sc.i += len("false")
+		return false, nil
+	case 'n':
+		sc.i += len("null")
+		return nil, nil
+	}
+	start := sc.i
+	for sc.i < len(sc.b) && isNumberByte(sc.b[sc.i]) {
+		sc.i++
+	}
+	return json.Number(sc.b[start:sc.i]), nil
+}
+
+// str reads the string at sc.i, decoded as json.Unmarshal decodes it.
+func (sc *argsScanner) str() string {
+	start := sc.i
+	sc.i++
+	plain := true
+	for {
+		c := sc.b[sc.i]
+		if c == '"' {
+			break
+		}
+		if c == '\\' {
+			plain = false
+			sc.i++ // the escaped byte; a \u's hex digits are plain bytes
+		} else if c >= utf8.RuneSelf {
+			plain = false
+		}
+		sc.i++
+	}
+	sc.i++
+	raw := sc.b[start:sc.i]
+	if plain || (bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw)) {
+		return string(raw[1 : len(raw)-1])
+	}
+	var s string
+	_ = json.Unmarshal(raw, &s) // valid: it cannot fail
+	return s
+}
+
+func isNumberByte(c byte) bool {
+	return '0' <= c && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E'
 }
