@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -82,7 +83,18 @@ func decodeArgsObject(raw json.RawMessage) (map[string]any, error) {
 }
 
 // encodeArgs is parseArgs' one encoding of a parsed arguments object.
+// It writes what json.Encoder (SetEscapeHTML(false)) writes, itself for
+// what parseArgsObject makes (FuzzArgsScanner compares them), through
+// the encoder for a string needing an escape or any other value.
 func encodeArgs(v map[string]any) (json.RawMessage, error) {
+	if b, ok := appendArgs(make([]byte, 0, 128), v); ok {
+		return b, nil
+	}
+	return encodeArgsJSON(v)
+}
+
+// encodeArgsJSON is encodeArgs through json.Encoder.
+func encodeArgsJSON(v any) (json.RawMessage, error) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
@@ -241,8 +253,8 @@ func (sc *argsScanner) skipSpace() {
 // object reads an object's members after its '{' (parseObject).
 func (sc *argsScanner) object(depth int) (map[string]any, error) {
 	m := map[string]any{}
-	var folded map[string]string // folded key -> the key as sent; made at the second key
-	var first string
+	var seen [smallObject]string // the first keys
+	var folded map[string]string // folded key -> the key as sent, past smallObject keys
 	n := 0
 	for {
 		sc.skipSpace()
@@ -255,21 +267,34 @@ func (sc *argsScanner) object(depth int) (map[string]any, error) {
 			sc.skipSpace()
 		}
 		k := sc.str()
-		if n == 0 {
-			first = k // no map for an object of one member
+		// Up to smallObject keys are compared pairwise (EqualFold is
+		// foldKey's equality, allocating nothing), then by folded key.
+		prev, dup := "", false
+		if n < smallObject {
+			for _, p := range seen[:n] {
+				if strings.EqualFold(p, k) {
+					prev, dup = p, true
+					break
+				}
+			}
+			seen[n] = k
 		} else {
-			if n == 1 {
-				folded = map[string]string{foldKey(first): first}
+			if n == smallObject {
+				folded = make(map[string]string, 2*smallObject)
+				for _, p := range seen {
+					folded[foldKey(p)] = p
+				}
 			}
 			f := foldKey(k)
-			if prev, dup := folded[f]; dup {
-				at := orRoot(sc.at())
-				if prev == k {
-					return nil, fmt.Errorf("at %s: duplicate key %q", at, k)
-				}
-				return nil, fmt.Errorf("at %s: keys %q and %q differ only in case", at, prev, k)
-			}
+			prev, dup = folded[f]
 			folded[f] = k
+		}
+		if dup {
+			at := orRoot(sc.at())
+			if prev == k {
+				return nil, fmt.Errorf("at %s: duplicate key %q", at, k)
+			}
+			return nil, fmt.Errorf("at %s: keys %q and %q differ only in case", at, prev, k)
 		}
 		n++
 		sc.skipSpace()
@@ -284,6 +309,9 @@ func (sc *argsScanner) object(depth int) (map[string]any, error) {
 		m[k] = v
 	}
 }
+
+// smallObject is how many keys of an object argsScanner compares pairwise.
+const smallObject = 8
 
 // value reads the value at sc.i (parseValue).
 func (sc *argsScanner) value(depth int) (any, error) {
@@ -364,4 +392,112 @@ func (sc *argsScanner) str() string {
 
 func isNumberByte(c byte) bool {
 	return '0' <= c && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E'
+}
+
+// appendArgs appends v encoded as encodeArgsJSON would; false if v holds
+// something it leaves to the encoder (then b is garbage).
+func appendArgs(b []byte, v any) ([]byte, bool) {
+	switch v := v.(type) {
+	case map[string]any:
+		var buf [smallObject]string
+		keys := buf[:0]
+		for k := range v {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		b = append(b, '{')
+		for i, k := range keys {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			var ok bool
+			if b, ok = appendArgString(b, k); !ok {
+				return b, false
+			}
+			b = append(b, ':')
+			if b, ok = appendArgs(b, v[k]); !ok {
+				return b, false
+			}
+		}
+		return append(b, '}'), true
+	case []any:
+		b = append(b, '[')
+		for i, e := range v {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			var ok bool
+			if b, ok = appendArgs(b, e); !ok {
+				return b, false
+			}
+		}
+		return append(b, ']'), true
+	case string:
+		return appendArgString(b, v)
+	case json.Number:
+		if !isJSONNumber(string(v)) {
+			return b, false // the encoder's "0" or its error
+		}
+		return append(b, v...), true
+	case bool:
+		return strconv.AppendBool(b, v), true
+	case nil:
+		return append(b, "null"...), true
+	}
+	return b, false
+}
+
+// appendArgString appends s as the encoder writes it: quoted as it is if
+// it needs no escape (no control character, quote, backslash, invalid
+// UTF-8, U+2028 or U+2029), else by the encoder.
+func appendArgString(b []byte, s string) ([]byte, bool) {
+	plain := utf8.ValidString(s)
+	for i := 0; i < len(s) && plain; i++ {
+		c := s[i]
+		plain = c >= 0x20 && c != '"' && c != '\\' && c != 0xe2 // 0xe2 starts U+2028 and U+2029 (and others)
+	}
+	if !plain {
+		e, err := encodeArgsJSON(s)
+		return append(b, e...), err == nil
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"'), true
+}
+
+// isJSONNumber reports whether s is a JSON number.
+func isJSONNumber(s string) bool {
+	i := 0
+	digits := func() bool {
+		start := i
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i++
+		}
+		return i > start
+	}
+	if i < len(s) && s[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(s) && s[i] == '0':
+		i++
+	case !digits():
+		return false
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		if !digits() {
+			return false
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			i++
+		}
+		if !digits() {
+			return false
+		}
+	}
+	return i == len(s)
 }

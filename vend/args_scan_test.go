@@ -20,7 +20,9 @@ func FuzzArgsScanner(f *testing.F) {
 		`{"k":1,"` + "\u212a" + `":2}`, `{"s":1,"` + "\u017f" + `":2}`, `{"x":{"y":[0,{"z":1,"z":2}]}}`,
 		`{"a":"\ud800"}`, "{\"a\":\"\xff\xfe\"}", "{\"\xff\":1,\"\xfe\":2}", `{"a\u0041":1,"aA":2}`,
 		` { "a" : [ true , false , null , -0.5E+2 ] } `, "{}\u00a0", `[1]`, `"s"`, `12`, `{"a":1}x`,
-		`{"a":}`, `{"a":"\"\\\/\b\f\n\r\t"}`, deep, deepList, `null`, ``, ` `, `{"":1,"":2}`,
+		`{"a":}`, `{"a":"\"\\\/\b\f\n\r\t"}`, deep, deepList, `null`, ``, ` `, `{"":1,"":2}`, `{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"A":0}`,
+		`{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"I":0}`, `{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"K":0,"k":1}`,
+		`1e5`, `-0.0e-0`, `01`, `1.`, `-`, `.5`, `{"b":"\u2028\u2029<>&\u0007","a":["x\ny",1e400,-0]}`,
 	} {
 		f.Add(s)
 	}
@@ -39,6 +41,18 @@ func FuzzArgsScanner(f *testing.F) {
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("%q: %#v, the decoder's %#v", args, got, want)
+		}
+		if err == nil {
+			enc, err := encodeArgs(got)
+			want, werr := encodeArgsJSON(got)
+			if string(enc) != string(want) || (err == nil) != (werr == nil) {
+				t.Fatalf("%q: encoded %s %v, the encoder's %s %v", args, enc, err, want, werr)
+			}
+		}
+		last := len(args) - 1 // a number ends with a digit, json.Valid allows spaces around it
+		number := last >= 0 && (args[0] == '-' || '0' <= args[0] && args[0] <= '9') && '0' <= args[last] && args[last] <= '9' && json.Valid([]byte(args))
+		if isJSONNumber(args) != number {
+			t.Fatalf("isJSONNumber(%q) = %v", args, !number)
 		}
 		for _, k := range []string{args, strings.ToLower(args)} {
 			if a, b := foldKey(k), foldRunes(k); a != b {
