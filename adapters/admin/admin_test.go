@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"errors"
+	"strconv"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -213,5 +214,39 @@ capvend_reconcile_differences{kind="lnd_settled_not_booked"} 1
 		"capvend_refunds_owed_msat", "capvend_inflight_requests", "capvend_sessions", "capvend_nostr_relays_connected",
 		"capvend_upstreams_connected", "capvend_reconcile_differences"); err != nil {
 		t.Error(err)
+	}
+}
+
+// A free call counts once, in its item's series; an upstream call is ok
+// or error; a series appears at its first observation only, and an item
+// past maxItems is counted all the same.
+func TestFreeAndUpstreamSeries(t *testing.T) {
+	m := NewMetrics([]string{"words"}, []Item{{"words", "word_count"}}, Sources{}, nil)
+	tool := vend.Tool{Server: "words", UpstreamName: "word_count"}
+	m.UpstreamCall(tool, 0, time.Millisecond, nil)
+	m.FreeCall(tool, nil)
+	if n := testutil.CollectAndCount(m.upstream); n != 1 {
+		t.Fatalf("capvend_upstream_call_seconds has %d series before any error, want 1", n)
+	}
+	m.UpstreamCall(tool, 0, time.Millisecond, errors.New("down"))
+	m.FreeCall(tool, errors.New("down")) // did not run: not counted
+	for range 2 {
+		m.UpstreamCall(tool, 0, time.Millisecond, nil)
+		m.FreeCall(tool, nil)
+	}
+	if got := testutil.ToFloat64(m.free.WithLabelValues("tool", "words", "word_count")); got != 3 {
+		t.Errorf("free calls = %v, want 3", got)
+	}
+	if n := testutil.CollectAndCount(m.upstream); n != 2 {
+		t.Errorf("capvend_upstream_call_seconds has %d series, want 2 (ok, error)", n)
+	}
+	for i := range maxItems + 5 {
+		m.FreeCall(vend.Tool{Server: "words", UpstreamName: "t" + strconv.Itoa(i)}, nil)
+	}
+	if got := testutil.ToFloat64(m.free.WithLabelValues("tool", "words", Other)); got != maxItems+5 {
+		t.Errorf("words/other free calls = %v, want %d", got, maxItems+5)
+	}
+	if n := m.items.len(); n != maxItems {
+		t.Errorf("%d items kept, want %d", n, maxItems)
 	}
 }
