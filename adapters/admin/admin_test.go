@@ -3,10 +3,10 @@ package admin
 import (
 	"context"
 	"errors"
-	"strconv"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
