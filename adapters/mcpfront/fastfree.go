@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/mark3labs/mcp-go/mcp"
 
@@ -207,8 +208,10 @@ func (s *Server) serverInfoMeta() json.RawMessage {
 // comment at the top of the file for what it refuses.
 func (s *Server) fastRequest(r *http.Request, body []byte) (fastCall, bool) {
 	var none fastCall
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return none, false
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			return none, false
+		}
 	}
 	if r.Header.Get(mcp.HeaderLastEventID) != "" || rebindingRefused(r) {
 		return none, false
@@ -232,37 +235,27 @@ func (s *Server) fastRequest(r *http.Request, body []byte) (fastCall, bool) {
 	if !ok {
 		return none, false
 	}
-	var name string
-	if json.Unmarshal(params[0], &name) != nil || name == "" {
+	name, ok := decodeString(params[0])
+	if !ok || name == "" {
 		return none, false
 	}
 	meta, ok := members(params[2], "progressToken", mcp.MetaKeyProtocolVersion, mcp.MetaKeyClientInfo, mcp.MetaKeyClientCapabilities)
 	if !ok {
 		return none, false
 	}
-	var version string
-	if json.Unmarshal(meta[1], &version) != nil || !mcp.IsModernProtocol(version) ||
-		r.Header.Get(mcp.HeaderProtocolVersion) != version {
+	version, ok := decodeString(meta[1])
+	if !ok || !mcp.IsModernProtocol(version) || r.Header.Get(mcp.HeaderProtocolVersion) != version {
 		return none, false
 	}
-	var caps *mcp.ClientCapabilities
-	if json.Unmarshal(meta[3], &caps) != nil || caps == nil || caps.Elicitation != nil {
-		return none, false
-	}
-	if info := meta[2]; info != nil {
-		var impl *mcp.Implementation
-		if json.Unmarshal(info, &impl) != nil {
-			return none, false
-		}
-	}
-	if mcp.ValidateStandardHeaders(r.Header.Get, version, mcp.MethodToolsCall, rawParams) != nil {
+	client, ok := s.clientMeta(meta[3], meta[2])
+	if !ok || !standardHeadersMatch(r.Header, version, name) {
 		return none, false
 	}
 	tool := s.mcp.GetTool(name)
 	if tool == nil || bytes.Contains(tool.Tool.RawInputSchema, []byte("x-mcp-header")) || tool.Tool.Execution != nil {
 		return none, false
 	}
-	call := fastCall{id: id, name: name, args: params[1], payments: hasPayments(caps.Experimental)}
+	call := fastCall{id: id, name: name, args: params[1], payments: client.payments}
 	if len(call.args) == 0 || string(call.args) == "null" {
 		call.args = json.RawMessage(`{}`)
 	}
@@ -309,10 +302,15 @@ next:
 }
 
 // echoID returns a JSON-RPC id (a string or a number) as mcp-go echoes
-// it: decoded to a Go value and encoded again.
+// it: decoded to a Go value and encoded again. An id that reads back as
+// it is (a string of printable ASCII that json.Marshal does not escape, a
+// positive integer below 2^53 without leading zeros) is returned as it is.
 func echoID(raw json.RawMessage) (json.RawMessage, bool) {
 	if len(raw) == 0 {
 		return nil, false
+	}
+	if sameEchoID(raw) {
+		return raw, true
 	}
 	switch raw[0] {
 	case '"', '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
@@ -354,3 +352,123 @@ func isLoopback(addr string) bool {
 	ip, err := netip.ParseAddr(host)
 	return err == nil && ip.IsLoopback()
 }
+
+// sameEchoID reports whether echoID's decoding and encoding give raw
+// back: a string of printable ASCII but for what json.Marshal escapes
+// (quote, backslash, <, >, &), or an integer of 1 to 15 digits without a
+// leading zero (exact as a float64, and printed without an exponent).
+func sameEchoID(raw []byte) bool {
+	if raw[0] == '"' {
+		if len(raw) < 2 || raw[len(raw)-1] != '"' {
+			return false
+		}
+		for _, c := range raw[1 : len(raw)-1] {
+			if c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+				return false
+			}
+		}
+		return true
+	}
+	if len(raw) > 15 || (raw[0] == '0' && len(raw) > 1) {
+		return false
+	}
+	for _, c := range raw {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeString decodes raw, a JSON string, as json.Unmarshal into a string
+// does: without the decoder if it has no escape and is valid UTF-8.
+func decodeString(raw []byte) (string, bool) {
+	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' {
+		in := raw[1 : len(raw)-1]
+		if bytes.IndexByte(in, '\\') < 0 && bytes.IndexByte(in, '"') < 0 && utf8.Valid(in) {
+			ok := true
+			for _, c := range in {
+				ok = ok && c >= 0x20
+			}
+			if ok {
+				return string(in), true
+			}
+		}
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// standardHeadersMatch is mcp.ValidateStandardHeaders(...) == nil for a
+// tools/call of name (the params' name, as the request's body gives it),
+// without decoding the params again.
+func standardHeadersMatch(h http.Header, version, name string) bool {
+	if !mcp.RequiresStandardHeaders(version) {
+		return true
+	}
+	if h.Get(mcp.HeaderMethod) != string(mcp.MethodToolsCall) {
+		return false
+	}
+	v := h.Get(mcp.HeaderName)
+	if v == "" {
+		return false
+	}
+	decoded, ok := mcp.DecodeHeaderValue(v)
+	return ok && decoded == name
+}
+
+// clientFacts is what the fast path reads of a request's
+// clientCapabilities and clientInfo.
+type clientFacts struct {
+	payments bool // CapabilityPayments declared
+}
+
+// clientMeta reads a tools/call's _meta clientCapabilities (caps) and
+// clientInfo (info, nil if absent) as mcp-go decodes them: false if
+// either does not decode, caps is null or absent, or the client can
+// elicit. A client sends the same bytes on every call: the answers for
+// up to maxClientMetas of them are kept.
+func (s *Server) clientMeta(caps, info json.RawMessage) (clientFacts, bool) {
+	key := clientMetaKey{string(caps), string(info)}
+	if v, ok := s.clientMetas.Load(key); ok {
+		f := v.(clientMetaAnswer)
+		return f.facts, f.ok
+	}
+	var a clientMetaAnswer
+	var c *mcp.ClientCapabilities
+	if json.Unmarshal(caps, &c) == nil && c != nil && c.Elicitation == nil {
+		a.ok, a.facts.payments = true, hasPayments(c.Experimental)
+	}
+	if info != nil {
+		var impl *mcp.Implementation
+		if json.Unmarshal(info, &impl) != nil {
+			a.ok = false
+		}
+	}
+	if s.clientMetaN.Load() < maxClientMetas && len(caps)+len(info) <= maxClientMetaBytes {
+		if _, loaded := s.clientMetas.LoadOrStore(key, a); !loaded {
+			s.clientMetaN.Add(1)
+		}
+	}
+	return a.facts, a.ok
+}
+
+// clientMetaKey and clientMetaAnswer are the keys and values of
+// Server.clientMetas.
+type (
+	clientMetaKey    struct{ caps, info string }
+	clientMetaAnswer struct {
+		facts clientFacts
+		ok    bool
+	}
+)
+
+// The bounds of Server.clientMetas: how many answers, for _meta members
+// up to how long.
+const (
+	maxClientMetas     = 1024
+	maxClientMetaBytes = 4096
+)

@@ -274,6 +274,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -449,6 +450,10 @@ type Server struct {
 
 	infoOnce sync.Once
 	info     json.RawMessage // serverInfoMeta's answer (fastfree.go)
+	// clientMetas keeps clientMeta's answers (fastfree.go), counted in
+	// clientMetaN.
+	clientMetas sync.Map // clientMetaKey -> clientMetaAnswer
+	clientMetaN atomic.Int64
 }
 
 type ctxKey int
