@@ -7,15 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/capvend/capvend/adapters/admin"
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/reconcile"
 	"github.com/capvend/capvend/vend"
@@ -66,37 +65,21 @@ func overhead(b *testing.B, rec bool) {
 			if rec {
 				hs[true].lnd = &benchLND{}
 			}
-			var rates, cpu [2][]float64 // by on: each round's calls/s, CPU us/call
+			var sides testkit.OnOff
 			var runs int
 			n := max(b.N/overheadPairs/2, 1)
 			b.ResetTimer()
 			for r := 0; r < overheadPairs; r++ {
 				for _, on := range []bool{r%2 == 1, r%2 == 0} { // who goes first alternates
-					i := map[bool]int{false: 0, true: 1}[on]
-					start := cpuTime()
 					pprof.Do(context.Background(), pprof.Labels("on", strconv.FormatBool(on)), func(context.Context) {
 						stop := hs[on].reconcile(b)
-						rates[i] = append(rates[i], benchCalls(b, hs[on], kind == "paid", 16, n))
+						sides.Round(on, n, func() time.Duration { return benchCalls(b, hs[on], kind == "paid", 16, n) })
 						runs += stop()
 					})
-					cpu[i] = append(cpu[i], float64((cpuTime()-start).Microseconds())/float64(n))
 				}
 			}
 			b.StopTimer()
-			rateCost, cpuCost := make([]float64, overheadPairs), make([]float64, overheadPairs)
-			for r := range overheadPairs {
-				rateCost[r] = 100 * (rates[0][r] - rates[1][r]) / rates[0][r]
-				cpuCost[r] = 100 * (cpu[1][r] - cpu[0][r]) / cpu[0][r]
-			}
-			b.ReportMetric(median(rates[0]), "off-calls/s")
-			b.ReportMetric(median(rates[1]), "on-calls/s")
-			b.ReportMetric(median(rateCost), "cost-%")
-			// The process's CPU time per call (the reconciler's and the
-			// metrics' included) varies less than calls/s on a machine
-			// shared with other work.
-			b.ReportMetric(median(cpu[0]), "off-cpu-us/call")
-			b.ReportMetric(median(cpu[1]), "on-cpu-us/call")
-			b.ReportMetric(median(cpuCost), "cpu-cost-%")
+			sides.Report(b)
 			if rec {
 				b.ReportMetric(float64(runs), "reconcile-runs")
 			}
@@ -165,21 +148,6 @@ func (bh *benchHarness) reconcile(b *testing.B) (stop func() int) {
 	}
 }
 
-// cpuTime is the CPU time (user and system) the process used so far.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}
-
 // shmDir is a new directory in /dev/shm, removed when b ends.
 func shmDir(b *testing.B) string {
 	dir, err := os.MkdirTemp("/dev/shm", "capvend-bench")
@@ -216,8 +184,8 @@ func metricsHarness(b *testing.B, dir string, on bool) *harness {
 }
 
 // benchCalls runs n calls (paid: each paid at once through the fake
-// backend) by callers goroutines, and returns calls/s.
-func benchCalls(b *testing.B, bh *benchHarness, paid bool, callers, n int) float64 {
+// backend) by callers goroutines, and returns how long they took.
+func benchCalls(b *testing.B, bh *benchHarness, paid bool, callers, n int) time.Duration {
 	h, next := bh.h, &bh.next
 	last := next.Load() + int64(n) // request ids go on from the last round's
 	var wg sync.WaitGroup
@@ -257,11 +225,11 @@ func benchCalls(b *testing.B, bh *benchHarness, paid bool, callers, n int) float
 		}()
 	}
 	wg.Wait()
-	rate := float64(n) / time.Since(start).Seconds()
+	d := time.Since(start)
 	select {
 	case err := <-errs:
 		b.Fatal(err)
 	default:
 	}
-	return rate
+	return d
 }

@@ -62,12 +62,7 @@ func TestServeListsToolsOnlyOnceUpstreamsListed(t *testing.T) {
 func adminConfig(t *testing.T, path, extra string) string {
 	t.Helper()
 	addr := freeAddr(t)
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	fmt.Fprintf(f, "admin:\n  listen: %s\n%s", addr, extra)
+	appendFile(t, path, fmt.Sprintf("admin:\n  listen: %s\n%s", addr, extra))
 	return addr
 }
 

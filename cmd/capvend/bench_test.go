@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"os"
 	"sort"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/testnet"
 )
 
@@ -143,6 +146,65 @@ func concurrentCalls(b *testing.B, clients []*client.Client, n int, call func(*c
 		b.Fatal(err)
 	}
 	return time.Since(start)
+}
+
+// BenchmarkFreeCallMonitoring measures what monitoring costs free calls
+// end to end, as a user runs serve: two capvends (each with its own
+// example-tools HTTP upstream), one with the admin listener (Prometheus
+// metrics) and continuous reconciliation every 10 s (the shortest
+// interval serve allows), one with neither (reconcile.interval 0), called
+// by freeCallClients concurrent MCP clients each, in monitoringPairs
+// pairs of rounds (see testkit.OnOff). Target (issue #13): <= 5% of
+// free-call throughput. The CPU per call counts the clients' CPU too
+// (they run in this process): the cost in % of capvend's own is higher.
+func BenchmarkFreeCallMonitoring(b *testing.B) {
+	s := needStack(b)
+	clients := map[bool][]*client.Client{}
+	for _, on := range []bool{false, true} {
+		path, listen := writeServeConfig(b, s, serveOpts{})
+		extra := "reconcile:\n  interval: 0s\n"
+		if on {
+			extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", freeAddr(b))
+		}
+		appendFile(b, path, extra)
+		serveInProcess(b, path, listen)
+		waitTools(b, newPayingClient(b, s, "http://"+listen+"/mcp"))
+		for range freeCallClients {
+			clients[on] = append(clients[on], startClient(b, "http://"+listen+"/mcp"))
+		}
+	}
+	args := map[string]any{"text": "the quick brown fox"}
+	call := func(c *client.Client) error {
+		_, err := c.CallTool(context.Background(), mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "w_word_count", Arguments: args}})
+		return err
+	}
+	var sides testkit.OnOff
+	n := max(b.N/monitoringPairs/2, freeCallClients)
+	b.ResetTimer()
+	for r := range monitoringPairs {
+		for _, on := range []bool{r%2 == 1, r%2 == 0} { // who goes first alternates
+			sides.Round(on, n, func() time.Duration { return concurrentCalls(b, clients[on], n, call) })
+		}
+	}
+	b.StopTimer()
+	sides.Report(b)
+}
+
+// monitoringPairs is how many off/on pairs of rounds
+// BenchmarkFreeCallMonitoring runs.
+const monitoringPairs = 10
+
+// appendFile appends text to the file at path.
+func appendFile(t testing.TB, path, text string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(text); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // BenchmarkPaidCalls measures paid calls per second end to end on regtest
