@@ -362,12 +362,7 @@ func sameEchoID(raw []byte) bool {
 		if len(raw) < 2 || raw[len(raw)-1] != '"' {
 			return false
 		}
-		for _, c := range raw[1 : len(raw)-1] {
-			if c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-				return false
-			}
-		}
-		return true
+		return plainJSONText(raw[1 : len(raw)-1])
 	}
 	if len(raw) > 15 || (raw[0] == '0' && len(raw) > 1) {
 		return false
@@ -472,3 +467,15 @@ const (
 	maxClientMetas     = 1024
 	maxClientMetaBytes = 4096
 )
+
+// plainJSONText reports whether s is printable ASCII without what
+// json.Marshal escapes in a string (quote, backslash, <, >, &): the
+// string's JSON is s quoted.
+func plainJSONText[T string | []byte](s T) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
+}

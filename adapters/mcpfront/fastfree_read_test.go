@@ -2,14 +2,16 @@ package mcpfront
 
 import (
 	"encoding/json"
+	"mime"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/mark3labs/mcp-go/mcp"
 )
 
 // FuzzFastRead: the fast path's shortcuts read a request as the decoding
-// they skip: echoID as json.Unmarshal then json.Marshal of the RequestId,
+// they skip (and plainJSONText strings encode as themselves quoted): echoID as json.Unmarshal then json.Marshal of the RequestId,
 // decodeString as json.Unmarshal into a string, standardHeadersMatch as
 // mcp.ValidateStandardHeaders on the params, clientMeta (first call and
 // kept answer) as decoding clientCapabilities and clientInfo.
@@ -23,6 +25,11 @@ func FuzzFastRead(f *testing.F) {
 	f.Add(`"x"`, "tools/list", "x", "2025-06-18")
 	f.Add(`"x"`, "", "", "2026-07-28")
 	f.Fuzz(func(t *testing.T, raw, method, nameHeader, version string) {
+		if plainJSONText(raw) {
+			if m, _ := json.Marshal(raw); string(m) != `"`+raw+`"` {
+				t.Fatalf("plainJSONText(%q), but json.Marshal gives %s", raw, m)
+			}
+		}
 		b := json.RawMessage(raw)
 		if !json.Valid(b) {
 			return // the fast path reads valid JSON only
@@ -73,6 +80,25 @@ func FuzzFastRead(f *testing.F) {
 					t.Fatalf("clientMeta(%s, %s) = %+v %v, want ok %v", raw, info, facts, ok, wantOK)
 				}
 			}
+		}
+	})
+}
+
+// FuzzBareMediaType: a part of an Accept header bareMediaType takes is
+// what mime.ParseMediaType reads it as, with no parameters.
+func FuzzBareMediaType(f *testing.F) {
+	for _, s := range []string{"application/json", " text/event-stream", "application/cashu", "Application/JSON", "a/b;q=1",
+		"a/", "/b", "a", "a/b/c", "application/vnd.l402+json", "*/*", "text/*", " a/b ", "a\t/b", "é/b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, part string) {
+		mt, ok := bareMediaType(part)
+		if !ok {
+			return
+		}
+		want, params, err := mime.ParseMediaType(strings.TrimSpace(part))
+		if err != nil || want != mt || len(params) != 0 {
+			t.Fatalf("bareMediaType(%q) = %q, mime.ParseMediaType: %q %v %v", part, mt, want, params, err)
 		}
 	})
 }

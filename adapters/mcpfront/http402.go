@@ -80,7 +80,13 @@ func (s *Server) wants402(h http.Header) bool {
 		}
 	}
 	for _, v := range h.Values("Accept") {
-		for _, part := range strings.Split(v, ",") {
+		for part := range strings.SplitSeq(v, ",") {
+			if mt, ok := bareMediaType(part); ok {
+				if namesL402(mt) {
+					return true
+				}
+				continue
+			}
 			mt, params, err := mime.ParseMediaType(strings.TrimSpace(part))
 			if err != nil {
 				continue

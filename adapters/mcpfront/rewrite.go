@@ -132,8 +132,14 @@ func appendMember(out []byte, k string, v json.RawMessage, empty *bool) []byte {
 		out = append(out, ',')
 	}
 	*empty = false
-	kb, _ := json.Marshal(k)
-	out = append(out, kb...)
+	if plainJSONText(k) { // json.Marshal(k) is k quoted
+		out = append(out, '"')
+		out = append(out, k...)
+		out = append(out, '"')
+	} else {
+		kb, _ := json.Marshal(k)
+		out = append(out, kb...)
+	}
 	out = append(out, ':')
 	return append(out, v...)
 }

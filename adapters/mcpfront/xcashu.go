@@ -80,10 +80,13 @@ const xcashuSuffix = "#x-cashu:"
 // range "cashu" or "<anything>/cashu".
 func acceptsCashu(h http.Header) bool {
 	for _, v := range h.Values("Accept") {
-		for _, part := range strings.Split(v, ",") {
-			mt, _, err := mime.ParseMediaType(strings.TrimSpace(part))
-			if err != nil {
-				mt = strings.ToLower(strings.TrimSpace(part))
+		for part := range strings.SplitSeq(v, ",") {
+			mt, ok := bareMediaType(part)
+			if !ok {
+				var err error
+				if mt, _, err = mime.ParseMediaType(strings.TrimSpace(part)); err != nil {
+					mt = strings.ToLower(strings.TrimSpace(part))
+				}
 			}
 			if mt == "cashu" || strings.HasSuffix(mt, "/cashu") {
 				return true
@@ -158,4 +161,26 @@ func challengeCashu(s *Server, h http.Header, cr *vend.CallRequest, e *vend.Paym
 	}
 	h.Set(HeaderCashu, creq)
 	return true
+}
+
+// bareMediaType returns part of an Accept header, trimmed, if it is a
+// bare "type/subtype" of lower-case token characters: then it is what
+// mime.ParseMediaType returns for it, with no parameters, and the
+// parser (which allocates) is not needed. false: use the parser.
+func bareMediaType(part string) (string, bool) {
+	part = strings.TrimSpace(part)
+	slash := strings.IndexByte(part, '/')
+	if slash <= 0 || slash == len(part)-1 {
+		return "", false
+	}
+	for i := 0; i < len(part); i++ {
+		c := part[i]
+		switch {
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '-', c == '+', c == '.':
+		case c == '/' && i == slash:
+		default:
+			return "", false
+		}
+	}
+	return part, true
 }
