@@ -317,8 +317,35 @@ func (u *upstream) post(ctx context.Context, version, name string, msg []byte, i
 }
 
 // responseResult returns the result of a JSON-RPC response to id; its
-// error as an error.
+// error as an error. A response whose members are only jsonrpc, id and
+// result, as written (the usual answer), is read off the bytes
+// (jsonobj): json.Unmarshal would give the same id and result bytes.
 func responseResult(b []byte, id string) (json.RawMessage, error) {
+	if json.Valid(b) {
+		if ms, ok := jsonobj.Members(b); ok {
+			var rid, result json.RawMessage
+			plain := true
+			for _, m := range ms {
+				switch m.Key {
+				case "jsonrpc":
+				case "id":
+					rid = b[m.ValueStart:m.End]
+				case "result":
+					result = b[m.ValueStart:m.End]
+				default:
+					plain = false // error, or a name the decoder may match case-insensitively
+				}
+			}
+			if plain && string(rid) == id && result != nil {
+				return result, nil
+			}
+		}
+	}
+	return decodeResponse(b, id)
+}
+
+// decodeResponse is responseResult through json.Unmarshal.
+func decodeResponse(b []byte, id string) (json.RawMessage, error) {
 	var r struct {
 		ID     json.RawMessage `json:"id"`
 		Result json.RawMessage `json:"result"`
