@@ -240,9 +240,9 @@ func (v *Vendor) admitCredit(ctx context.Context, nc NewCall, bind Binding, p pe
 // into r.PaymentToken), validated against t's schema, and priced. A
 // failure is an *InvalidParamsError.
 func (v *Vendor) check(t *Tool, r *CallRequest) (json.RawMessage, Quote, error) {
-	args, err := v.callArgs(t, r)
+	args, inst, err := v.callArgs(t, r)
 	if err == nil {
-		err = v.schemas.validate(t, args)
+		err = v.schemas.validate(t, args, inst)
 	}
 	var q Quote
 	switch {
@@ -260,11 +260,13 @@ func (v *Vendor) check(t *Tool, r *CallRequest) (json.RawMessage, Quote, error) 
 
 // callArgs parses r's arguments once, strictly (parseArgs), for t: a
 // prompt's must be strings, a read has none, and a tool call's PaymentArg
-// is taken out into r.PaymentToken.
-func (v *Vendor) callArgs(t *Tool, r *CallRequest) (json.RawMessage, error) {
+// is taken out into r.PaymentToken. A tool call's arguments come with
+// their parsed value too (inst, for the schema: encodeArgs wrote it as
+// args, and jsonschema.UnmarshalJSON reads args back as it).
+func (v *Vendor) callArgs(t *Tool, r *CallRequest) (args json.RawMessage, inst any, err error) {
 	m, err := parseArgsObject(r.Arguments)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	switch t.Kind {
 	case KindPrompt:
@@ -272,31 +274,35 @@ func (v *Vendor) callArgs(t *Tool, r *CallRequest) (json.RawMessage, error) {
 		if err == nil {
 			_, err = promptArgs(args)
 		}
-		return args, err
+		return args, nil, err
 	case KindResource:
-		return json.RawMessage("{}"), nil // a read has no arguments
+		return json.RawMessage("{}"), nil, nil // a read has no arguments
 	}
 	tok, err := takePaymentArg(m)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	credit, err := takeStringArg(m, CreditArg, "a credit token")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if credit != "" {
 		if r.Credit != "" && r.Credit != credit {
-			return nil, fmt.Errorf("%s and _meta[%q] name different credit tokens", CreditArg, MetaCredit)
+			return nil, nil, fmt.Errorf("%s and _meta[%q] name different credit tokens", CreditArg, MetaCredit)
 		}
 		r.Credit = credit
 	}
 	if tok != "" {
 		if r.PaymentToken != "" && r.PaymentToken != tok {
-			return nil, fmt.Errorf("%s and _meta[%q] name different payment tokens", PaymentArg, MetaPaymentToken)
+			return nil, nil, fmt.Errorf("%s and _meta[%q] name different payment tokens", PaymentArg, MetaPaymentToken)
 		}
 		r.PaymentToken = tok
 	}
-	return encodeArgs(m)
+	args, err = encodeArgs(m)
+	if err != nil {
+		return nil, nil, err
+	}
+	return args, m, nil
 }
 
 // runFree runs a call nobody pays for: a free tool, or one within its

@@ -1,17 +1,23 @@
 package vend
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // FuzzArgsScanner: parseArgsObject (argsScanner for valid JSON) gives
 // what json.Decoder's reading (decodeArgsObject) gives, values and error
-// messages alike, and foldKey's ASCII shortcut folds as the rune loop.
+// messages alike; encodeArgs writes what json.Encoder writes, and
+// jsonschema reads that back as the parsed value (so the schema may
+// validate the value, see callArgs); foldKey's ASCII shortcut folds as
+// the rune loop.
 func FuzzArgsScanner(f *testing.F) {
 	deep := strings.Repeat(`{"a":`, maxArgsDepth) + `1` + strings.Repeat(`}`, maxArgsDepth)
 	deepList := `{"a":` + strings.Repeat(`[`, maxArgsDepth) + strings.Repeat(`]`, maxArgsDepth) + `}`
@@ -47,6 +53,10 @@ func FuzzArgsScanner(f *testing.F) {
 			want, werr := encodeArgsJSON(got)
 			if string(enc) != string(want) || (err == nil) != (werr == nil) {
 				t.Fatalf("%q: encoded %s %v, the encoder's %s %v", args, enc, err, want, werr)
+			}
+			// The schema validates got as it would read enc (callArgs' inst).
+			if inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(enc)); err != nil || !reflect.DeepEqual(inst, any(got)) {
+				t.Fatalf("%q: encoded %s, read back by jsonschema as %#v (%v), not %#v", args, enc, inst, err, got)
 			}
 		}
 		last := len(args) - 1 // a number ends with a digit, json.Valid allows spaces around it

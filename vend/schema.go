@@ -2,7 +2,6 @@ package vend
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"fmt"
 	"strings"
 	"sync"
@@ -12,37 +11,42 @@ import (
 	"golang.org/x/text/message"
 )
 
-// schemaCache compiles each tool's input schema once (keyed by the schema's
-// digest, so a changed upstream schema is recompiled).
+// schemaCache compiles each tool's input schema once (keyed by the
+// schema's text, so a changed upstream schema is recompiled).
 type schemaCache struct {
-	mu       sync.Mutex
-	compiled map[[32]byte]*jsonschema.Schema // nil entry: the schema does not compile
+	mu       sync.RWMutex
+	compiled map[string]*jsonschema.Schema // nil entry: the schema does not compile
 }
 
 // validate checks args against t's input schema. A tool without a schema,
 // or with one that does not compile (the upstream's mistake), accepts any
-// JSON object.
-func (c *schemaCache) validate(t *Tool, args []byte) error {
+// JSON object. inst, if not nil, is args as jsonschema.UnmarshalJSON
+// reads them (parseArgsObject's value that encodeArgs wrote as args):
+// then they are not read again.
+func (c *schemaCache) validate(t *Tool, args []byte, inst any) error {
 	if len(bytes.TrimSpace(t.InputSchema)) == 0 {
 		return nil
 	}
-	key := sha256.Sum256(t.InputSchema)
-	c.mu.Lock()
-	if c.compiled == nil {
-		c.compiled = map[[32]byte]*jsonschema.Schema{}
-	}
-	s, ok := c.compiled[key]
+	c.mu.RLock()
+	s, ok := c.compiled[string(t.InputSchema)] // no copy of the key for a lookup
+	c.mu.RUnlock()
 	if !ok {
 		s = compileSchema(t.InputSchema)
-		c.compiled[key] = s
+		c.mu.Lock()
+		if c.compiled == nil {
+			c.compiled = map[string]*jsonschema.Schema{}
+		}
+		c.compiled[string(t.InputSchema)] = s
+		c.mu.Unlock()
 	}
-	c.mu.Unlock()
 	if s == nil {
 		return nil
 	}
-	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))
-	if err != nil {
-		return fmt.Errorf("arguments are not valid JSON: %v", err)
+	if inst == nil {
+		var err error
+		if inst, err = jsonschema.UnmarshalJSON(bytes.NewReader(args)); err != nil {
+			return fmt.Errorf("arguments are not valid JSON: %v", err)
+		}
 	}
 	if err := s.Validate(inst); err != nil {
 		return fmt.Errorf("%s", schemaMessage(err))
