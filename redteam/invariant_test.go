@@ -1,7 +1,6 @@
 package redteam
 
 import (
-	"bufio"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -42,23 +41,18 @@ func readExecutions(t *testing.T, sh *shop) ([]execution, []exampletools.Record)
 		t.Fatal(err)
 	}
 	defer f.Close()
+	recs, err := exampletools.ReadCallsLog(f)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out []execution
 	var starts []exampletools.Record
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
-		var r exampletools.Record
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("calls log line %q: %v", sc.Text(), err)
-		}
+	for _, r := range recs {
 		if r.Method == exampletools.MethodStart {
 			starts = append(starts, r)
 			continue
 		}
 		out = append(out, classify(t, sh, r))
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return out, starts
 }

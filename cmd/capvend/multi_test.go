@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -316,7 +317,16 @@ func checkMultiLedger(t *testing.T, s *testnet.Stack, dsn, config string, calls 
 		t.Logf("Nostr requests claimed by %s: %d", h, k)
 	}
 	rows.Close()
+	checkInvoicesAtLND(t, s, db)
+	checkLedgerVerifies(t, config)
+}
 
+// checkInvoicesAtLND checks that every LND invoice of the ledger db is
+// settled at the stack's vendor LND if and only if the ledger booked it,
+// for the amount it booked.
+func checkInvoicesAtLND(t *testing.T, s *testnet.Stack, db *sql.DB) {
+	t.Helper()
+	ctx := context.Background()
 	vendor, _ := s.Node(testnet.Vendor)
 	conn, err := lnd.Dial(vendor.RPCHost, vendor.TLSCert, vendor.AdminMacaroon)
 	if err != nil {
@@ -348,6 +358,12 @@ func checkMultiLedger(t *testing.T, s *testnet.Stack, dsn, config string, calls 
 		checked++
 	}
 	t.Logf("%d LND invoices compared with the ledger", checked)
+}
+
+// checkLedgerVerifies runs `capvend ledger verify` on the ledger of the
+// serve configuration config.
+func checkLedgerVerifies(t *testing.T, config string) {
+	t.Helper()
 	out, errOut, code := run(t, nil, "ledger", "verify", "--config", config)
 	if code != 0 || !strings.Contains(out, "checks passed") {
 		t.Fatalf("ledger verify: exit %d\n%s%s", code, out, errOut)

@@ -119,6 +119,9 @@ type serveOpts struct {
 	http402 bool
 	// credit turns prepaid credit on.
 	credit bool
+	// callsLog, if set, is the file the stdio upstream (example-tools
+	// --calls-log) appends a line to per execution.
+	callsLog string
 }
 
 func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen string) {
@@ -148,6 +151,10 @@ func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen
 	if o.credit {
 		backends += "credit:\n  enabled: true\n"
 	}
+	var toolsArgs string
+	if o.callsLog != "" {
+		toolsArgs = fmt.Sprintf("    args: [--calls-log, %s]\n", o.callsLog)
+	}
 	var items string
 	if o.items {
 		items = "    prompts:\n      summarize: {price_sats: 3}\n    resources:\n      \"example://readme\": {price_msat: 1500}\n"
@@ -168,7 +175,7 @@ limits:
 upstreams:
   - name: tools
     command: %s
-    prefix: t_
+%s    prefix: t_
     tools:
       sha256: {price_sats: 21}
       always_fails: {price_sats: 5}
@@ -178,7 +185,7 @@ upstreams:
     prefix: w_
     tools:
       sha256: {price_sats: 13}
-`, listen, backends, o.http402, toolsBin, items, httpUpstream)
+`, listen, backends, o.http402, toolsBin, toolsArgs, items, httpUpstream)
 	path = filepath.Join(t.TempDir(), "capvend.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -197,11 +204,26 @@ type payingClient struct {
 
 func newPayingClient(t testing.TB, s *testnet.Stack, url string) *payingClient {
 	t.Helper()
+	paid := make(chan error, 16)
+	pc := newPayingClientWith(t, url, func(payReq string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		_, err := s.Pay(ctx, payReq)
+		paid <- err
+	})
+	pc.paid = paid
+	return pc
+}
+
+// newPayingClientWith is newPayingClient with pay, run in a goroutine of
+// its own, paying each payment_required's bolt11 (pc.paid is nil).
+func newPayingClientWith(t testing.TB, url string, pay func(payReq string)) *payingClient {
+	t.Helper()
 	c, err := client.NewStreamableHttpClient(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc := &payingClient{Client: c, paid: make(chan error, 16)}
+	pc := &payingClient{Client: c}
 	c.OnNotification(func(n mcp.JSONRPCNotification) {
 		pc.mu.Lock()
 		pc.notes = append(pc.notes, n)
@@ -214,12 +236,7 @@ func newPayingClient(t testing.TB, s *testnet.Stack, url string) *payingClient {
 			PayReq string `json:"pay_req"`
 		}
 		json.Unmarshal(b, &p)
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			_, err := s.Pay(ctx, p.PayReq)
-			pc.paid <- err
-		}()
+		go pay(p.PayReq)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

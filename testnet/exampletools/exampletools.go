@@ -14,6 +14,7 @@
 package exampletools
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -95,6 +96,21 @@ func (l *callsLog) record(r Record) error {
 // WriteRecord writes r to w as one calls-log line (cmd/example-tools
 // writes its MethodStart line with it).
 func WriteRecord(w io.Writer, r Record) error { return (&callsLog{w: w}).record(r) }
+
+// ReadCallsLog reads the Records of a calls log, in order.
+func ReadCallsLog(r io.Reader) ([]Record, error) {
+	var out []Record
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		var rec Record
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			return nil, fmt.Errorf("calls log line %q: %w", sc.Text(), err)
+		}
+		out = append(out, rec)
+	}
+	return out, sc.Err()
+}
 
 // logging returns the server options that write every execution to o.CallsLog.
 func (o Options) logging() []server.ServerOption {
