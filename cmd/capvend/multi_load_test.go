@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -24,6 +25,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/internal/ctxvmclient"
+	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/testnet/exampletools"
 	"github.com/capvend/capvend/vend"
@@ -51,6 +53,7 @@ type loadCall struct {
 	text   string // its arguments' text, unique (slow: "")
 	paid   bool   // a priced tool
 	event  string // a Nostr request's event id
+	ev     *nostr.Event
 	payReq string // the invoice it was asked to pay
 	payErr error  // the customer's payment of it
 	err    error  // nil: the client got the tool's result
@@ -177,7 +180,7 @@ func (ld *load) nostrWorker(w int, cl *ctxvmclient.Client) {
 			continue
 		}
 		ld.mu.Lock()
-		c.event = ev.ID
+		c.event, c.ev = ev.ID, ev
 		ld.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), loadNostrWait)
 		m, _, err := cl.Roundtrip(ctx, ev, nil, func(m ctxvmclient.Message) error {
@@ -363,6 +366,7 @@ func TestMultiInstanceUnderLoad(t *testing.T) {
 	}
 	t.Logf("the dead instance's calls ended %s after the kill (bound: 30 s lease + 10 s renewal + recovery)", time.Since(killed).Round(time.Second))
 	ld.pays.Wait()
+	replayLost(t, ld, cl.c, db, instance, killed)
 	logVictimStates(t, db, run, "at the end")
 	for _, p := range procs {
 		p.Process.Signal(syscall.SIGTERM)
@@ -375,6 +379,49 @@ func TestMultiInstanceUnderLoad(t *testing.T) {
 		sdkPaid: int(sdkPaid.Load()), customer: customerPayments(t, s, start.Add(-time.Minute))})
 	checkInvoicesAtLND(t, s, db)
 	checkLedgerVerifies(t, paths[1])
+}
+
+// replayLost sends again, once ledger.ClaimTakeover has passed since the
+// kill, the Nostr requests the dead instance claimed and never answered
+// whose call is free or was delivered by recovery: another instance
+// answers each, a paid one with its stored result, asking no payment.
+func replayLost(t *testing.T, ld *load, cl *ctxvmclient.Client, db *sql.DB, victim string, killed time.Time) {
+	t.Helper()
+	var lost []*loadCall
+	for _, c := range ld.calls {
+		var holder, state string
+		if c.ev == nil || c.err == nil {
+			continue
+		}
+		db.QueryRow("SELECT holder FROM request_claims WHERE request_key = $1", "nostr:"+c.event).Scan(&holder)
+		db.QueryRow(`SELECT c.state FROM calls c JOIN call_arguments a ON a.call_id = c.id
+			WHERE convert_from(a.arguments, 'UTF8')::jsonb->>'text' = $1`, c.text).Scan(&state)
+		if holder == victim && (!c.paid || state == "delivered") {
+			lost = append(lost, c)
+		}
+	}
+	if len(lost) == 0 {
+		return
+	}
+	time.Sleep(time.Until(killed.Add(ledger.ClaimTakeover + time.Second))) // every claim of the dead instance is older
+	for _, c := range lost {
+		ctx, cancel := context.WithTimeout(context.Background(), loadNostrWait)
+		m, _, err := cl.Roundtrip(ctx, c.ev, nil, func(m ctxvmclient.Message) error {
+			if m.Method == vend.NotifyPaymentRequired {
+				return errors.New("a payment asked again")
+			}
+			return nil
+		})
+		cancel()
+		if err == nil && m.Error != nil {
+			err = m.Error
+		}
+		ld.done(c, string(m.Result), err)
+		if err != nil {
+			t.Errorf("Nostr call %q of the dead instance, sent again: %v", c.text, err)
+		}
+	}
+	t.Logf("%d Nostr requests of the dead instance sent again after %s: answered by the live instances", len(lost), ledger.ClaimTakeover)
 }
 
 // waitRecovered waits until no call is paid or executing and the held
