@@ -39,7 +39,7 @@ func BenchmarkFreeCall(b *testing.B) {
 	waitTools(b, pc)
 	ctx := context.Background()
 	// The direct client talks to the same HTTP upstream capvend uses.
-	directURL := "http://" + lastHTTPUpstream + "/mcp"
+	directURL := "http://" + lastHTTPUpstream.Load().(string) + "/mcp"
 	direct := startClient(b, directURL)
 	args := map[string]any{"text": "the quick brown fox"}
 	callDirect := func(c *client.Client) error {

@@ -171,6 +171,7 @@ func (a *answerCounter) settle(t *testing.T, c *cvmClient, client string) map[st
 // served, the ledger verifies, and every invoice of the ledger is settled
 // at LND exactly when the ledger booked it, for the amount booked.
 func TestMultiInstanceOnOnePostgres(t *testing.T) {
+	t.Parallel() // most of it is the wait for the dead instance's lease
 	s := needStack(t)
 	dsn := testPostgres(t)
 	server, nsec := serverKey(t)

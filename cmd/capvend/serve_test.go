@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -39,7 +40,7 @@ var (
 	capvendBin string
 	// lastHTTPUpstream is the example-tools --http address of the last
 	// configuration written (benchmarks call it directly).
-	lastHTTPUpstream string
+	lastHTTPUpstream atomic.Value // string
 )
 
 func TestMain(m *testing.M) {
@@ -129,7 +130,7 @@ func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen
 	vendor, _ := s.Node(testnet.Vendor)
 	toolsBin := exampleTools(t)
 	httpUpstream := freeAddr(t)
-	lastHTTPUpstream = httpUpstream
+	lastHTTPUpstream.Store(httpUpstream)
 	up := exec.Command(toolsBin, "--http", httpUpstream)
 	up.Stderr = io.Discard
 	if err := up.Start(); err != nil {
