@@ -1,10 +1,8 @@
 package exampletools_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"sync"
 	"testing"
 	"time"
@@ -46,14 +44,9 @@ func TestCallsLog(t *testing.T) {
 	lines := func() []exampletools.Record {
 		log.mu.Lock()
 		defer log.mu.Unlock()
-		var out []exampletools.Record
-		sc := bufio.NewScanner(bytes.NewReader(log.b.Bytes()))
-		for sc.Scan() {
-			var r exampletools.Record
-			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-				t.Fatalf("calls log line %q: %v", sc.Text(), err)
-			}
-			out = append(out, r)
+		out, err := exampletools.ReadCallsLog(bytes.NewReader(log.b.Bytes()))
+		if err != nil {
+			t.Fatal(err)
 		}
 		return out
 	}
