@@ -5,8 +5,11 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/internal/testkit"
 )
 
 // memClaims is an in-memory vend.RequestClaimer (the ledger's is tested
@@ -80,5 +83,50 @@ func TestClaimsServeEachRequestOnce(t *testing.T) {
 	a.handle(ctx, ping)
 	if n := count(outA, ping); n != 0 {
 		t.Errorf("a request whose claim failed was answered %d times", n)
+	}
+}
+
+// takeoverClaims is a vend.RequestClaimer whose first claim of a key is
+// another instance's (one that then dies without answering) and every
+// later one the caller's, as after ledger.ClaimTakeover. Each claim tried
+// is sent on tried.
+type takeoverClaims struct {
+	mu    sync.Mutex
+	seen  map[string]bool
+	tried chan string
+}
+
+func (m *takeoverClaims) ClaimRequest(_ context.Context, key, _ string) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mine := m.seen[key]
+	m.seen[key] = true
+	m.tried <- key
+	return mine, nil
+}
+
+// TestRequestSentAgainAfterTakeover: a request another instance claimed
+// and never answered (it died) is served here when the client sends the
+// same event again once this server's memory of the event (seenFor, made
+// short here) has passed. The relay subscription must not drop the copy:
+// go-nostr's pool (SubscribeMany) did, for one to two minutes after each
+// copy it saw, so a client sending the event again every minute was never
+// answered.
+func TestRequestSentAgainAfterTakeover(t *testing.T) {
+	const keep = 200 * time.Millisecond
+	relay := testkit.Relay(t)
+	claims := &takeoverClaims{seen: map[string]bool{}, tried: make(chan string, 8)}
+	s := startServer(t, relay, &fakeVendor{}, func(c *Config) { c.Claims, c.Instance, c.seenFor = claims, "live", keep })
+	c := newClient(t, relay, s.PublicKey())
+	ping := c.send(`{"jsonrpc":"2.0","id":1,"method":"ping"}`)
+	select {
+	case <-claims.tried: // claimed by the other instance: dropped
+	case <-time.After(30 * time.Second): // a deadlock guard
+		t.Fatal("the request never reached the server")
+	}
+	time.Sleep(2 * keep) // the server forgets the event
+	c.publish(ping)
+	if r, _ := c.expect(ping); r.Error != nil {
+		t.Fatalf("the request sent again: %+v", r.Error)
 	}
 }

@@ -151,6 +151,9 @@ type Config struct {
 	// returns true for, as if they were still queued there (tests of the
 	// lanes, lanes.go).
 	slowMain func(*nostr.Event) bool
+	// seenFor, when set, is how long Run drops copies of an event it let
+	// in (tests; 0: the constant seenFor).
+	seenFor time.Duration
 
 	// Announce publishes the announcements (see the package doc) at start
 	// and after each Refresh that changed them.
@@ -364,9 +367,9 @@ func (s *Server) Run(ctx context.Context) error {
 
 	subCtx, stopSub := context.WithCancel(ctx)
 	defer stopSub()
-	events := pool.SubscribeManyNotifyEOSE(subCtx, append([]string(nil), s.cfg.Relays...), filter, s.ready)
+	events := s.startMain(subCtx, pool, filter, &lanesWG)
 	fast := s.startLanes(subCtx, pool, filter, &lanesWG) // see Lanes in lanes.go
-	var seen laneSeen
+	seen := laneSeen{keep: s.cfg.seenFor}
 
 	// Requests run on work, which ends ShutdownGrace after ctx.
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
@@ -385,11 +388,8 @@ loop:
 			case <-ctx.Done():
 				break loop
 			case ev = <-fast:
-			case rev, ok := <-events:
-				if !ok {
-					break loop
-				}
-				if ev = rev.Event; ev != nil && s.cfg.slowMain != nil && s.cfg.slowMain(ev) {
+			case ev = <-events:
+				if s.cfg.slowMain != nil && s.cfg.slowMain(ev) {
 					continue
 				}
 			}

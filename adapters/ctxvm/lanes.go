@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -68,6 +69,7 @@ type lane uint8
 const (
 	lanePayers lane = iota
 	laneWork
+	laneMain // the main subscription, to every request (see startMain)
 )
 
 // startLanes subscribes the lanes on every relay of the pool with filter
@@ -87,20 +89,55 @@ func (s *Server) startLanes(ctx context.Context, pool *nostr.SimplePool, filter 
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				s.runLane(ctx, pool, url, l, filter, out)
+				s.runLane(ctx, pool, url, l, filter, out, nil)
 			}()
 		}
 	}
 	return out
 }
 
-// runLane keeps lane l subscribed on relay url until ctx ends.
-func (s *Server) runLane(ctx context.Context, pool *nostr.SimplePool, url string, l lane, base nostr.Filter, out chan<- *nostr.Event) {
+// startMain subscribes filter (since the Window) on every relay of the
+// pool, each relay's subscription on its own as a lane's, and passes
+// their events to the returned channel until ctx ends; s.ready is closed
+// once every relay has sent the end of its stored events. Not the pool's
+// SubscribeMany: its duplicate check drops an event id seen in the last
+// one to two minutes, each copy starting that wait again, so a request
+// sent again after the instance that claimed it died (see
+// Config.Claims) would never reach this one. Run drops copies itself,
+// for seenFor (laneSeen). A subscription that ends is made again from
+// then on, as the pool's would be. wg counts the goroutines.
+func (s *Server) startMain(ctx context.Context, pool *nostr.SimplePool, filter nostr.Filter, wg *sync.WaitGroup) <-chan *nostr.Event {
+	out := make(chan *nostr.Event)
+	var left atomic.Int64
+	left.Store(int64(len(s.cfg.Relays)))
+	eosed := func() {
+		if left.Add(-1) == 0 {
+			close(s.ready)
+		}
+	}
+	for _, url := range s.cfg.Relays {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.runLane(ctx, pool, url, laneMain, filter, out, eosed)
+		}()
+	}
+	return out
+}
+
+// runLane keeps lane l subscribed on relay url until ctx ends. eose, if
+// set, is called once, at the first end of stored events.
+func (s *Server) runLane(ctx context.Context, pool *nostr.SimplePool, url string, l lane, base nostr.Filter, out chan<- *nostr.Event, eose func()) {
+	var first sync.Once
+	resubscribed := false
 	for ctx.Err() == nil {
 		f := base
-		// From now on: what was sent before came by the main subscription.
+		// From now on: what was sent before came by the main
+		// subscription, or, for its own first, since base's Since.
 		since := nostr.Timestamp(s.cfg.Now().Unix())
-		f.Since = &since
+		if l != laneMain || resubscribed {
+			f.Since = &since
+		}
 		var opts []nostr.SubscriptionOption
 		var authors []string
 		switch l {
@@ -125,6 +162,16 @@ func (s *Server) runLane(ctx context.Context, pool *nostr.SimplePool, url string
 			cancel()
 			sleepCtx(ctx, laneRetry)
 			continue
+		}
+		resubscribed = true
+		if eose != nil {
+			go func() {
+				select {
+				case <-sub.EndOfStoredEvents:
+					first.Do(eose)
+				case <-subCtx.Done():
+				}
+			}()
 		}
 		ended := s.readLane(ctx, sub, authors, out)
 		sub.Unsub()
@@ -198,6 +245,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // most maxSeen of them, so that an event that comes by a lane and by the
 // main subscription (or from two relays) is served once.
 type laneSeen struct {
+	keep time.Duration // how long an id is remembered; 0: seenFor
 	mu   sync.Mutex
 	at   map[[32]byte]time.Time
 	ring [][32]byte // the ids in at, oldest at next once full
@@ -219,8 +267,12 @@ func (l *laneSeen) admit(id string, now time.Time) bool {
 	if l.at == nil {
 		l.at = make(map[[32]byte]time.Time)
 	}
+	keep := l.keep
+	if keep == 0 {
+		keep = seenFor
+	}
 	if t, ok := l.at[k]; ok {
-		if now.Sub(t) < seenFor {
+		if now.Sub(t) < keep {
 			return false
 		}
 		l.at[k] = now // it keeps its place in the ring

@@ -45,10 +45,8 @@ const (
 	// killed: the kill lands in the middle of the load.
 	loadBeforeKill = 12
 	loadNostrWait  = 45 * time.Second // a Nostr client's wait for an answer
-	// nostrForget is how long an instance drops a repeated Nostr event
-	// (the same id) as a copy of one it saw, at least: go-nostr's pool
-	// forgets an id at its minutely tick once the id was last seen a
-	// minute ago; capvend's own memory of ids lasts a minute.
+	// nostrForget is how long an instance drops a copy of a Nostr event
+	// it let in (the ctxvm front's memory of event ids, seenFor).
 	nostrForget = time.Minute
 )
 
@@ -403,9 +401,9 @@ func testMultiLoad(t *testing.T, hold bool) {
 	checkLedgerVerifies(t, paths[1])
 }
 
-// replayLost sends again, two minutes after the kill (ledger.ClaimTakeover
-// and the live instances' memory of the events, see nostrForget), the
-// Nostr requests the dead instance claimed and never answered
+// replayLost sends again, a minute after the kill (ledger.ClaimTakeover
+// and the live instances' memory of the events, nostrForget), the Nostr
+// requests the dead instance claimed and never answered
 // whose call is free or was delivered by recovery: another instance
 // answers each, a paid one with its stored result, asking no payment.
 func replayLost(t *testing.T, ld *load, cl *ctxvmclient.Client, db *sql.DB, victim string, killed time.Time) {
@@ -427,12 +425,9 @@ func replayLost(t *testing.T, ld *load, cl *ctxvmclient.Client, db *sql.DB, vict
 		return
 	}
 	// Every claim of the dead instance is over ledger.ClaimTakeover old
-	// then, and the live instances' relay subscriptions no longer drop
-	// the events as copies of ones they saw: go-nostr's pool forgets an
-	// event id at its minutely tick once the id was last seen over a
-	// minute ago, so up to two minutes after (see README, Several
-	// instances on one ledger).
-	after := max(ledger.ClaimTakeover, 2*nostrForget)
+	// then, and the live instances no longer drop the events as copies
+	// of ones they let in.
+	after := max(ledger.ClaimTakeover, nostrForget)
 	time.Sleep(time.Until(killed.Add(after + time.Second)))
 	for _, c := range lost {
 		ctx, cancel := context.WithTimeout(context.Background(), loadNostrWait)
