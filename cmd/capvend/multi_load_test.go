@@ -19,8 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/nbd-wtf/go-nostr"
@@ -286,12 +284,7 @@ func testMultiLoad(t *testing.T, hold bool) {
 		onPostgres(t, p, dsn)
 		paths, listens, logs = append(paths, p), append(listens, l), append(logs, log)
 	}
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := stdlib.OpenDB(*cfg)
-	defer db.Close()
+	db := openPG(t, dsn)
 	victim := startServe(t, paths[0], listens[0], "")
 	instance, run := victimOf(t, db, victim.Process.Pid)
 	waitLedger(t, db, "the victim's work lease", time.Minute, func(n int) bool { return n == 1 },

@@ -51,6 +51,19 @@ func testPostgres(t testing.TB) string {
 	return dsn
 }
 
+// openPG opens the PostgreSQL database of dsn for the test's own
+// queries, closed when the test ends.
+func openPG(t testing.TB, dsn string) *sql.DB {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
 // onPostgres rewrites the serve configuration at path to keep its ledger
 // in the PostgreSQL database of dsn.
 func onPostgres(t testing.TB, path, dsn string) {
@@ -287,12 +300,7 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 func checkMultiLedger(t *testing.T, s *testnet.Stack, dsn, config string, calls int) {
 	t.Helper()
 	ctx := context.Background()
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := stdlib.OpenDB(*cfg)
-	defer db.Close()
+	db := openPG(t, dsn)
 	var n, delivered, once int
 	var prices, paid int64
 	if err := db.QueryRowContext(ctx, `SELECT count(*), count(*) FILTER (WHERE state = 'delivered'),
