@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"database/sql"
@@ -66,6 +65,7 @@ type loadCall struct {
 // invoices from the stack's customer node.
 type load struct {
 	s     *testnet.Stack
+	tag   string // in every call's text: the test's calls are its own, though tests run at once
 	mu    sync.Mutex
 	calls []*loadCall
 	pays  sync.WaitGroup
@@ -158,7 +158,7 @@ func (ld *load) httpClients(t *testing.T, cur *atomic.Pointer[loadCall], listens
 // client (another instance), as a client of a dead instance would.
 func (ld *load) httpWorker(w, on int, clients []*payingClient, cur *atomic.Pointer[loadCall]) {
 	for i := range loadHTTPCalls {
-		c := ld.add(&loadCall{front: "http", on: on, text: fmt.Sprintf("http %d-%d", w, i), paid: i%2 == 0})
+		c := ld.add(&loadCall{front: "http", on: on, text: fmt.Sprintf("%s http %d-%d", ld.tag, w, i), paid: i%2 == 0})
 		if ld.httpCall(clients[0], cur, c) != nil && len(clients) > 1 && on == 0 {
 			clients, on = clients[1:], 1+w%2
 		}
@@ -169,7 +169,7 @@ func (ld *load) httpWorker(w, on int, clients []*payingClient, cur *atomic.Point
 // paid and free.
 func (ld *load) nostrWorker(w int, cl *ctxvmclient.Client) {
 	for i := range loadNostrCalls {
-		c := ld.add(&loadCall{front: "nostr", on: -1, text: fmt.Sprintf("nostr %d-%d", w, i), paid: i%2 == 1})
+		c := ld.add(&loadCall{front: "nostr", on: -1, text: fmt.Sprintf("%s nostr %d-%d", ld.tag, w, i), paid: i%2 == 1})
 		tool, tags := "t_word_count", nostr.Tags(nil)
 		if c.paid {
 			tool, tags = "t_sha256", nostr.Tags{{"pmi", vend.PMILightning}}
@@ -292,7 +292,7 @@ func testMultiLoad(t *testing.T, hold bool) {
 	procs := []*exec.Cmd{startServe(t, paths[1], listens[1], ""), startServe(t, paths[2], listens[2], "")}
 	start := time.Now()
 
-	ld := &load{s: s, hold: make(chan *loadCall, loadHeld+1), paidHashes: map[string]bool{}}
+	ld := &load{s: s, tag: fmt.Sprintf("hold=%v", hold), hold: make(chan *loadCall, loadHeld+1), paidHashes: map[string]bool{}}
 	cl := dialContextVM(t, s.RelayURL, server)
 	answers := countAnswers(t, s.RelayURL, server, cl.c.SecretKey)
 	cl.waitReady()
@@ -321,7 +321,7 @@ func testMultiLoad(t *testing.T, hold bool) {
 	var victimCalls sync.WaitGroup
 	special := []*loadCall{{front: "slow", on: 0, paid: true}}
 	for i := range loadHeld {
-		special = append(special, &loadCall{front: "held", on: 0, text: fmt.Sprintf("held %d", i), paid: true})
+		special = append(special, &loadCall{front: "held", on: 0, text: fmt.Sprintf("%s held %d", ld.tag, i), paid: true})
 	}
 	for _, c := range special {
 		cur := &atomic.Pointer[loadCall]{}
@@ -440,14 +440,6 @@ func replayLost(t *testing.T, ld *load, cl *ctxvmclient.Client, db *sql.DB, vict
 		}
 	}
 	t.Logf("%d Nostr requests of the dead instance sent again %s after the kill: answered by the live instances", len(lost), after)
-}
-
-// tail returns the last n bytes written to w (a process's stderr).
-func tail(w *lockedWriter, n int) string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	b := w.w.(*bytes.Buffer).Bytes()
-	return string(b[max(0, len(b)-n):])
 }
 
 // waitRecovered waits until no call is paid or executing and the held
@@ -690,6 +682,15 @@ func checkLoad(t *testing.T, ld *load, b loadBooks, st loadState) {
 		}
 		if checkPaidCall(t, c, b, st, onVictim) {
 			recovered++
+		}
+	}
+	mine := map[string]bool{"hi": true} // and the stock clients'
+	for _, c := range ld.calls {
+		mine[c.text] = true
+	}
+	for _, lc := range b.all {
+		if !mine[lc.text] && !strings.HasSuffix(lc.tool, "slow_count") {
+			t.Errorf("call %d (%s %q) is none the test made", lc.id, lc.tool, lc.text)
 		}
 	}
 	sdk := b.calls["hi"]

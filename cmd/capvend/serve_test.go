@@ -533,17 +533,27 @@ func startServe(t *testing.T, config, listen, failpoint string) *exec.Cmd {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	deadline := time.Now().Add(30 * time.Second)
+	// Its own line, not a connection to listen: another test's process
+	// may have taken the address (freeAddr releases it) and answer there.
+	deadline := time.Now().Add(60 * time.Second) // a deadlock guard; it answers once its upstreams listed (up to 30 s)
 	for {
-		if c, err := net.Dial("tcp", listen); err == nil {
-			c.Close()
+		out := tail(&stderr, 1<<20)
+		if strings.Contains(out, "serving MCP at http://"+listen+"/mcp") {
 			return cmd
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("capvend did not listen: %s", stderr.w)
+		if strings.Contains(out, "address already in use") || time.Now().After(deadline) {
+			t.Fatalf("capvend did not serve at %s: %s", listen, out)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// tail returns the last n bytes written to w (a process's stderr).
+func tail(w *lockedWriter, n int) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b := w.w.(*bytes.Buffer).Bytes()
+	return string(b[max(0, len(b)-n):])
 }
 
 func waitExit(cmd *exec.Cmd, d time.Duration) error {
