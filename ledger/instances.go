@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/capvend/capvend/vend"
@@ -133,6 +134,35 @@ func (l *Ledger) LeaseHolder(ctx context.Context, name string) (string, error) {
 		return "", fmt.Errorf("lease %s: %w", name, err)
 	}
 	return holder, nil
+}
+
+// LeaseHolders returns the holders of the running leases whose name
+// starts with prefix, sorted and without duplicates (the member set of
+// the Nostr servers sharing a key: see ctxvm.Members). One read.
+func (l *Ledger) LeaseHolders(ctx context.Context, prefix string) ([]string, error) {
+	var holders []string
+	err := l.read(ctx, func(tx *sql.Tx) error {
+		holders = holders[:0]
+		rows, err := tx.QueryContext(ctx, `SELECT DISTINCT holder FROM leases WHERE substr(name, 1, ?) = ? AND expires_at > ?
+			ORDER BY holder`, len(prefix), prefix, ms(l.now()))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var h string
+			if err := rows.Scan(&h); err != nil {
+				return err
+			}
+			holders = append(holders, h)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("lease holders %s: %w", prefix, err)
+	}
+	slices.Sort(holders) // byte order whatever the engine's collation
+	return holders, nil
 }
 
 var _ vend.RateCounter = (*Ledger)(nil)

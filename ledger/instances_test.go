@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -323,4 +324,47 @@ func TestRegisterPricesRefusesDifferentPrices(t *testing.T) {
 	register(b, "D", h2, false, true) // A lives: it holds its run's lease
 	register(b, "D", h2, true, true)  // a reload: recorded, and reported
 	register(b, "E", h1, false, true) // D is fresh, with h2
+}
+
+// TestLeaseHoldersLiveByPrefix: LeaseHolders lists, sorted, the holders
+// of the running leases whose name starts with the prefix (literally: no
+// pattern), and drops a lease once it expired or was released.
+func TestLeaseHoldersLiveByPrefix(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	now := time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	l, err := ledger.OpenForTest(t, ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	take := func(name, holder string, ttl time.Duration) {
+		t.Helper()
+		if ok, err := l.TakeLease(ctx, name, holder, ttl); err != nil || !ok {
+			t.Fatalf("take %s: %v, %v", name, ok, err)
+		}
+	}
+	want := func(prefix string, holders ...string) {
+		t.Helper()
+		got, err := l.LeaseHolders(ctx, prefix)
+		if err != nil || !slices.Equal(got, holders) {
+			t.Fatalf("holders of %q: %q, %v; want %q", prefix, got, err, holders)
+		}
+	}
+	take("nostr:k1:b", "b", time.Minute)
+	take("nostr:k1:a", "a", 10*time.Second)
+	take("nostr:k2:c", "c", time.Minute)
+	take("nostr:k1_x", "x", time.Minute) // _ is no pattern
+	take("work", "a", time.Minute)
+	want("nostr:k1:", "a", "b")
+	want("nostr:k2:", "c")
+	want("nostr:k3:")
+	advance(11 * time.Second) // a's lease ran out
+	want("nostr:k1:", "b")
+	if err := l.ReleaseLease(ctx, "nostr:k1:b", "b"); err != nil {
+		t.Fatal(err)
+	}
+	want("nostr:k1:")
 }
