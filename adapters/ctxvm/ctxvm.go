@@ -1,6 +1,7 @@
 package ctxvm
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -103,7 +104,23 @@ type Config struct {
 	Claims vend.RequestClaimer
 	// Instance names this server among those sharing Claims (required
 	// with Claims).
-	Instance  string
+	Instance string
+	// Members, with Claims, shards the requests across the live servers
+	// sharing the key: each serves the requests it owns (rendezvous
+	// hashing of the request's event id over the member set) and drops
+	// the others before checking their signature, writing no claim in
+	// steady state; a claim is written only during a membership change.
+	// See the package doc, "Several servers, one key". Nil: every server
+	// claims every request.
+	Members Members
+	// ShardSample is how often the member set is read (0:
+	// DefaultShardSample); a change is in force after 3 samples, and
+	// served without claims after 9.
+	ShardSample time.Duration
+	// MemberTTL is how long this server's member lease lasts unrenewed
+	// (renewed every third of it; 0: DefaultMemberTTL): a dead server's
+	// requests are taken over within MemberTTL plus 3 samples.
+	MemberTTL time.Duration
 	SecretKey string   // the server's secret key, 64 hex characters (see LoadSecretKey)
 	Relays    []string // ws:// or wss:// URLs; at least one
 
@@ -207,6 +224,7 @@ type Server struct {
 	pool    atomic.Pointer[nostr.SimplePool] // Run's relay pool, nil when not running (RelaysConnected)
 	lists   listWatch                        // list_changed (sessions.go)
 	elicits elicitations                     // elicitations waiting for an answer (elicit.go)
+	shard   *shard                           // with Config.Members (shard.go)
 }
 
 // slotKey is the context key of the function that gives a request's
@@ -241,6 +259,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Claims != nil && cfg.Instance == "" {
 		return nil, errors.New("ctxvm: Claims without an Instance")
 	}
+	if cfg.Members != nil && cfg.Claims == nil {
+		return nil, errors.New("ctxvm: Members without Claims")
+	}
 	if !validSecretKey(cfg.SecretKey) {
 		return nil, errors.New("ctxvm: SecretKey is not a valid secret key")
 	}
@@ -254,6 +275,9 @@ func New(cfg Config) (*Server, error) {
 	access, err := newAccessList(cfg.Allow, cfg.Deny)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.ShardSample < 0 || cfg.MemberTTL < 0 {
+		return nil, errors.New("ctxvm: negative shard durations")
 	}
 	if cfg.Window < 0 || cfg.MaxContentBytes < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownGrace < 0 || cfg.MaxInFlight < 0 || cfg.AnnounceDelay < 0 || cfg.ElicitTimeout < 0 {
 		return nil, errors.New("ctxvm: negative limit")
@@ -303,6 +327,10 @@ func New(cfg Config) (*Server, error) {
 	priv, _ := btcec.PrivKeyFromBytes(skBytes)
 	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, inflight: map[string]bool{}, ready: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight), paying: make(chan struct{}, max(1, cfg.MaxInFlight/10)), ann: newAnnouncer(), lists: newListWatch(), access: access}
+	if cfg.Members != nil {
+		s.shard = &shard{m: cfg.Members, me: cfg.Instance, name: MemberLease(pk, cfg.Instance), prefix: memberPrefix(pk),
+			sample: cmp.Or(cfg.ShardSample, DefaultShardSample), ttl: cmp.Or(cfg.MemberTTL, DefaultMemberTTL), now: cfg.Now}
+	}
 	s.sleep = func(ctx context.Context, d time.Duration) {
 		t := time.NewTimer(d)
 		defer t.Stop()
@@ -365,6 +393,18 @@ func (s *Server) Run(ctx context.Context) error {
 	s.started = nostr.Timestamp(s.cfg.Now().Unix())
 	filter := nostr.Filter{Kinds: kinds, Tags: nostr.TagMap{"p": []string{s.pk}}, Since: &since}
 
+	if s.shard != nil {
+		// Joined before subscribing: the others count this server in
+		// before it reads any request (see the package doc).
+		if err := s.shard.join(ctx); err != nil {
+			return fmt.Errorf("ctxvm: joining the servers sharing the key: %w", err)
+		}
+		// It leaves (releases its lease) when ctx ends and it stops
+		// reading: the others take its requests over at once.
+		shardDone := make(chan struct{})
+		go func() { defer close(shardDone); s.shard.run(ctx, s) }()
+		defer func() { <-shardDone }()
+	}
 	subCtx, stopSub := context.WithCancel(ctx)
 	defer stopSub()
 	events := s.startMain(subCtx, pool, filter, &lanesWG)

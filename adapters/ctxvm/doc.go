@@ -375,5 +375,63 @@
 // DVMCP initialize answers carry ["d", ServerID] (clients name the server
 // with it in later requests' s tags).
 //
+// # Several servers, one key
+//
+// Servers sharing a secret key and a ledger (Config.Claims) all receive
+// every request. Without Config.Members each claims every request's
+// event id in the ledger (one write per request and server) and the
+// winner serves it. With Members the requests are sharded: each server
+// holds a member lease (MemberLease, renewed every MemberTTL/3) and reads
+// the member set every sample S (Config.ShardSample). A request's owner
+// under a view (a member set) is the member with the highest hash of
+// member and request id (rendezvous hashing: a member joining or leaving
+// moves only the requests it gains or had). The request id is the event
+// id (a gift wrap's rumor's, known once unwrapped; a plaintext request's
+// is decided before its signature is checked, so the others' requests
+// cost a JSON peek). Let F = 3S (fresh) and T = 9S (stable); a view's age
+// is the time since this server first read it, and a gap of more than F
+// between two reads (or a failed read) starts it again, its predecessor
+// unknown. A server decides a request on arrival:
+//
+//   - its view is stale (its last read started over F ago): dropped;
+//   - it owns the request, the view T old: served, nothing written;
+//   - it owns the request, the view F old: claimed, served if the claim holds;
+//   - it owned the request under the view before, the view under F old:
+//     claimed, served if the claim holds;
+//   - otherwise dropped.
+//
+// Why each request is answered once. Every server deciding has read the
+// member set within F (reads are at most F apart, or the view starts
+// again). Assume the member set does not change twice within F. If X
+// serves r unclaimed under V (read for T) and Y serves r under W (read
+// for F or more, claimed or not), then within the last F one of them
+// read between two reads of the other, which saw one set both times: V =
+// W, and r has one owner under it. Two servers that both claim r are
+// decided by the claim (one write wins). The prev rule lets the old owner
+// serve a request that moved for F after it sees a change, while the new
+// owner waits F for every server to have seen it; both claim, so a moved
+// request is answered once and not dropped (a joiner's lease is written
+// before it subscribes, and it reads its view at once).
+//
+// Changes within F: two servers starting at once only claim until their
+// views are F old; a server that joins and leaves within F never serves,
+// and the others' owners under the set before and after it are the same
+// (rendezvous hashing). The one change the others can see and a member
+// may not is its own lease running out and renewed between two of its
+// reads: a server whose renewal is late (ttl - F since the last) serves
+// nothing, and one that renews a lease that ran out starts its view
+// again, as a joiner. Clocks of the servers must agree well within S
+// (leases expire by the reader's clock).
+//
+// A dead (or stalled) server's requests are dropped until its member
+// lease runs out and the others count it out (MemberTTL + F at most);
+// the client sends again, and the claims' takeover rule
+// (ledger.ClaimTakeover) still applies to what it claimed. A server that
+// stops releases its lease at once. A copy of a request delivered again
+// more than F later, across a change, to its new owner is answered again
+// (from the stored reply, if kept: a priced call is bound to one call in
+// the ledger by its request id and never runs twice). Without Members
+// (SQLite, one server) nothing of this runs.
+//
 // Not done yet: oversized transfer (CEP-22).
 package ctxvm

@@ -140,6 +140,11 @@ func validID(id json.RawMessage) bool {
 // handle serves one event from a relay: it returns once its answer (if
 // any) is published or given up.
 func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
+	v, mine := s.preShard(ev)
+	if !mine {
+		s.log.Debug("nostr request dropped: another instance's shard", logKeyEvent, ev.ID)
+		return
+	}
 	r, err := s.parse(ev)
 	if err != nil {
 		s.log.Debug("nostr event dropped", logKeyEvent, ev.ID, logKeyReason, err)
@@ -159,7 +164,7 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 	if r.msg.Method == "" {
 		return
 	}
-	if !s.claim(ctx, r) {
+	if !s.claim(ctx, r, v) {
 		return
 	}
 	if !s.access.permits(r.ev.PubKey) {

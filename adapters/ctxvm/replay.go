@@ -84,13 +84,28 @@ func (s *Server) remember(ctx context.Context, r *request, res json.RawMessage, 
 }
 
 // claim says whether this server serves r: always without Config.Claims;
-// otherwise when its claim of r's event id holds (Instance has it). A
-// request another server claimed is dropped, and so is one whose claim
-// could not be written (the ledger unreachable): answering it might
-// answer it twice, or run a free call twice; the client asks again.
-func (s *Server) claim(ctx context.Context, r *request) bool {
+// with Config.Members, when r is in this server's shard (v, or decided
+// here for what preShard left: gift wraps), claimed first only during a
+// membership change; otherwise when its claim of r's event id holds
+// (Instance has it). A request another server claimed is dropped, and so
+// is one whose claim could not be written (the ledger unreachable):
+// answering it might answer it twice, or run a free call twice; the
+// client asks again.
+func (s *Server) claim(ctx context.Context, r *request, v verdict) bool {
 	if s.cfg.Claims == nil {
 		return true
+	}
+	if s.shard != nil {
+		if v < 0 {
+			v = s.shard.decide(r.ev.ID)
+		}
+		switch v {
+		case skip:
+			s.log.Debug("nostr request dropped: another instance's shard", logKeyEvent, r.ev.ID)
+			return false
+		case serveFree:
+			return true
+		}
 	}
 	mine, err := s.cfg.Claims.ClaimRequest(ctx, replayKey(r), s.cfg.Instance)
 	switch {

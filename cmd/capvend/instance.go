@@ -12,6 +12,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
@@ -34,10 +35,21 @@ func newInstanceID() string {
 	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
 }
 
-// instanceClaims are the request claims of one instance (nil: none).
+// instanceClaims are the request claims of one instance (nil: none),
+// and the member set its Nostr front shards the requests by.
 type instanceClaims struct {
 	c        vend.RequestClaimer
+	members  ctxvm.Members
 	instance string
+}
+
+var _ ctxvm.Members = (*ledger.Ledger)(nil)
+
+func (c *instanceClaims) memberSet() ctxvm.Members {
+	if c == nil {
+		return nil
+	}
+	return c.members
 }
 
 func (c *instanceClaims) claimer() vend.RequestClaimer {
@@ -56,12 +68,14 @@ func (c *instanceClaims) id() string {
 
 // claims returns the Nostr request claims of this instance: only on a
 // PostgreSQL ledger, which several instances share. On SQLite one
-// instance serves and a claim would cost a write per request.
+// instance serves and a claim would cost a write per request. The
+// requests are sharded across the live instances (see the ctxvm package
+// doc): in steady state an instance writes no claim.
 func (s *vendServer) claims() *instanceClaims {
 	if s.cfg.Ledger.Driver != "postgres" {
 		return nil
 	}
-	return &instanceClaims{c: s.l, instance: s.instance}
+	return &instanceClaims{c: s.l, members: s.l, instance: s.instance}
 }
 
 // shared is the Vendor's part in sharing the ledger: on PostgreSQL its

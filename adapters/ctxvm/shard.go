@@ -1,0 +1,230 @@
+package ctxvm
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// Members keeps the live set of the servers sharing a secret key (and a
+// ledger): each holds a lease named MemberLease(pubkey, instance) while it
+// runs. The ledger implements it.
+type Members interface {
+	// TakeLease takes or renews holder's lease name for ttl.
+	TakeLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error)
+	// ReleaseLease ends holder's lease name now.
+	ReleaseLease(ctx context.Context, name, holder string) error
+	// LeaseHolders returns the holders of the running leases whose name
+	// starts with prefix, sorted.
+	LeaseHolders(ctx context.Context, prefix string) ([]string, error)
+}
+
+// memberPrefix is the name prefix of the member leases of the servers of
+// pubkey: only servers with the same key share its requests.
+func memberPrefix(pubkey string) string { return "nostr:" + pubkey + ":" }
+
+// MemberLease is the name of instance's member lease among the servers
+// of pubkey.
+func MemberLease(pubkey, instance string) string { return memberPrefix(pubkey) + instance }
+
+// Shard defaults (see Config.ShardSample and Config.MemberTTL).
+const (
+	DefaultShardSample = time.Second
+	DefaultMemberTTL   = 30 * time.Second
+)
+
+// verdict is how a server treats one request under the shard.
+type verdict int
+
+const (
+	skip       verdict = iota // another server's: dropped, nothing written
+	serveFree                 // ours, steady state: served without a claim
+	serveClaim                // ours during a membership change: claimed first
+)
+
+// shard is this server's view of the live servers sharing its key: the
+// sorted member set read from the ledger every sample, and since when it
+// is unchanged. See the package doc, "Several servers, one key", for why
+// the decisions in decide answer each request once.
+type shard struct {
+	m      Members
+	me     string
+	name   string        // this server's member lease
+	prefix string        // of the member leases of the servers sharing the key
+	sample time.Duration // between reads of the member set
+	ttl    time.Duration // of this server's member lease
+	now    func() time.Time
+
+	mu        sync.Mutex
+	view      []string  // the live members, sorted; nil before the first read
+	prev      []string  // the view before view (nil: none known, as a joiner)
+	since     time.Time // when view was first read (the read's end)
+	lastStart time.Time // when the last read that succeeded started
+	lastEnd   time.Time // and ended
+	renewed   time.Time // when the last renewal of the member lease that held started
+}
+
+// fresh is how old the last read of the member set may be (its start)
+// for this server to decide; every live server reads at least this often.
+func (sh *shard) fresh() time.Duration { return 3 * sh.sample }
+
+// stable is how long a view must be unchanged before its requests are
+// served without a claim.
+func (sh *shard) stable() time.Duration { return 3 * sh.fresh() }
+
+// owner is the member that serves id under view: rendezvous hashing
+// (the member with the highest hash of member and id), so that a member
+// joining or leaving moves only the requests it gains or had.
+func owner(view []string, id string) string {
+	var best string
+	var top uint64
+	for _, m := range view {
+		h := sha256.Sum256([]byte(m + "\x00" + id))
+		if v := binary.BigEndian.Uint64(h[:8]); best == "" || v > top {
+			best, top = m, v
+		}
+	}
+	return best
+}
+
+// read reads the member set once and updates the view; a read that fails
+// leaves the view as it was, and it grows stale (see decide).
+func (sh *shard) read(ctx context.Context) error {
+	start := sh.now()
+	view, err := sh.m.LeaseHolders(ctx, sh.prefix)
+	if err != nil {
+		return err
+	}
+	end := sh.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.lastEnd.IsZero() || end.Sub(sh.lastStart) > sh.fresh() || !slices.Equal(view, sh.view) {
+		// A changed view, or a gap in the reads (the member set may have
+		// changed and changed back unseen): its age starts now, and after
+		// a gap (or at the first read) the view before is unknown.
+		if sh.lastEnd.IsZero() || end.Sub(sh.lastStart) > sh.fresh() {
+			sh.prev = nil
+		} else {
+			sh.prev = sh.view
+		}
+		sh.view, sh.since = view, end
+	}
+	sh.lastStart, sh.lastEnd = start, end
+	return nil
+}
+
+// join takes this server's member lease and reads the member set (Run
+// calls it before subscribing).
+func (sh *shard) join(ctx context.Context) error {
+	if err := sh.renew(ctx); err != nil {
+		return err
+	}
+	return sh.read(ctx)
+}
+
+// renew takes or renews the member lease. If it had run out (the renewal
+// is late: this server stalled, or the ledger was unreachable), the
+// others may have counted this server out and back in unseen: its view
+// starts again, as a joiner's.
+func (sh *shard) renew(ctx context.Context) error {
+	start := sh.now()
+	held, err := sh.m.TakeLease(ctx, sh.name, sh.me, sh.ttl)
+	if err == nil && !held {
+		err = errors.New("another instance holds this instance's member lease")
+	}
+	if err != nil {
+		return err
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if !sh.renewed.IsZero() && start.Sub(sh.renewed) >= sh.ttl-sh.fresh() {
+		sh.prev, sh.since = nil, sh.now()
+	}
+	sh.renewed = start
+	return nil
+}
+
+// decide says how this server treats the request with event id id now.
+func (sh *shard) decide(id string) verdict {
+	now := sh.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.lastEnd.IsZero() || now.Sub(sh.lastStart) > sh.fresh() || now.Sub(sh.renewed) >= sh.ttl-sh.fresh() {
+		// A stale view (another server may own it by now), or this
+		// server's lease is running out: the others may count it out.
+		return skip
+	}
+	age := now.Sub(sh.since)
+	switch {
+	case owner(sh.view, id) == sh.me && age >= sh.stable():
+		return serveFree
+	case owner(sh.view, id) == sh.me && age >= sh.fresh():
+		return serveClaim // every live server has read this view by now
+	case age < sh.fresh() && owner(sh.prev, id) == sh.me:
+		return serveClaim // ours before the change: others may not know it yet
+	}
+	return skip
+}
+
+// run renews the member lease every ttl/3 and reads the member set every
+// sample until ctx ends, then releases the lease.
+func (sh *shard) run(ctx context.Context, s *Server) {
+	name := sh.name
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := sh.m.ReleaseLease(rctx, name, sh.me); err != nil {
+			s.log.Warn("releasing the nostr member lease", logKeyErr, err)
+		}
+	}()
+	read := time.NewTicker(sh.sample)
+	defer read.Stop()
+	renew := time.NewTicker(sh.ttl / 3)
+	defer renew.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-renew.C:
+			if err := sh.renew(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("renewing the nostr member lease", logKeyErr, err)
+			}
+		case <-read.C:
+			if err := sh.read(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("reading the nostr members", logKeyErr, err)
+			}
+		}
+	}
+}
+
+// preShard decides a plaintext request before its signature is checked:
+// its event id is its request key. It returns false when the event is
+// another server's (dropped), and the verdict to keep otherwise;
+// responses (to our elicitations), gift wraps and anything unreadable are
+// left to the full checks (verdict -1: decide after parsing).
+func (s *Server) preShard(ev *nostr.Event) (verdict, bool) {
+	if s.shard == nil || ev == nil {
+		return -1, true
+	}
+	switch ev.Kind {
+	case KindJobRequest:
+	case KindMessage:
+		var m struct {
+			Method string `json:"method"`
+		}
+		if json.Unmarshal([]byte(ev.Content), &m) != nil || m.Method == "" {
+			return -1, true
+		}
+	default:
+		return -1, true
+	}
+	v := s.shard.decide(ev.ID)
+	return v, v != skip
+}
