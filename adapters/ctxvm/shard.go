@@ -169,6 +169,10 @@ func (sh *shard) decide(id string) verdict {
 		return serveClaim // every live server has read this view by now
 	case age < sh.fresh() && owner(sh.prev, id) == sh.me:
 		return serveClaim // ours before the change: others may not know it yet
+	case age < sh.fresh() && sh.prev == nil && len(sh.view) == 1 && sh.view[0] == sh.me:
+		// Alone (a first instance starting): nobody else serves; one
+		// joining now waits F, and this one sees it join within F.
+		return serveClaim
 	}
 	return skip
 }

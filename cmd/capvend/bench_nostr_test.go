@@ -207,8 +207,17 @@ func (c *loadClient) warmUp(tb testing.TB) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
 	defer cancel()
-	if _, err := c.call(ctx, "initialize", `{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}`); err != nil {
-		tb.Fatalf("initialize: %v", err)
+	// "serving ContextVM" is printed before the server subscribed: the
+	// relay refuses a request nobody listens for yet.
+	for {
+		_, err := c.call(ctx, "initialize", `{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}`)
+		if err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "no one was listening") || ctx.Err() != nil {
+			tb.Fatalf("initialize: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	n, err := c.Event(ctxvmclient.KindMessage, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
 	if err != nil {

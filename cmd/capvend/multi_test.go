@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -383,11 +384,14 @@ func checkLedgerVerifies(t *testing.T, config string) {
 // throughput over Nostr with 1, 2 and 3 capvend instances (`serve`
 // in-process, the same code as the binary) on one PostgreSQL ledger and
 // one relay, all with the same key, driven by one Go load client
-// (nostrBenchInFlight calls in flight). Each request costs every instance
-// a claim attempt (one ledger write; the winner answers) and the winner a
-// rate-limit count. The x_1 metric is the throughput over one instance's.
-// On a 2-core machine the instances, the relay, PostgreSQL and the client
-// share the cores.
+// (nostrBenchInFlight calls in flight). The instances shard the requests
+// (see the ctxvm package doc): each is measured once their views of each
+// other are steady (a batch of calls writes no claim); each request costs
+// its owner a rate-limit count. The x_1 metric is the throughput over
+// one instance's. On a 2-core machine the instances, the relay,
+// PostgreSQL and the client share the cores: the cpu-ms metrics are the
+// CPU per call of this process (the instances, the relay and the client),
+// of PostgreSQL, and of the upstreams (child processes).
 //
 //	go test -run '^$' -bench NostrFreeCallInstances -benchtime 400x ./cmd/capvend
 func BenchmarkNostrFreeCallInstances(b *testing.B) {
@@ -396,6 +400,19 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 	relay := testkit.Relay(b)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	defer db.Close()
+	claims := func() int {
+		var n int
+		if err := db.QueryRow("SELECT count(*) FROM request_claims").Scan(&n); err != nil {
+			b.Fatal(err)
+		}
+		return n
+	}
 	var one float64
 	for n := 1; n <= 3; n++ {
 		path, listen := nostrToolsConfig(b, relay, sk, "")
@@ -403,13 +420,28 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 		serveStoppable(b, path, listen)
 		c := newLoadClient(b, relay, server)
 		c.warmUp(b)
+		for deadline := time.Now().Add(2 * time.Minute); ; { // a hang guard
+			before := claims()
+			c.load(b, 64)
+			if claims() == before {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("the instances' views never became steady")
+			}
+		}
 		b.Run(fmt.Sprintf("instances=%d", n), func(b *testing.B) {
+			cpu0 := benchCPU(b, cfg.Port)
 			b.ResetTimer()
 			r := c.load(b, b.N).result()
 			b.StopTimer()
+			cpu := benchCPU(b, cfg.Port).minus(cpu0)
 			b.ReportMetric(r.perSecond, "calls/s")
 			b.ReportMetric(ms(r.p50), "p50-ms")
 			b.ReportMetric(ms(r.p99), "p99-ms")
+			b.ReportMetric(1000*cpu.self/float64(b.N), "self-cpu-ms/call")
+			b.ReportMetric(1000*cpu.pg/float64(b.N), "pg-cpu-ms/call")
+			b.ReportMetric(1000*cpu.children/float64(b.N), "upstream-cpu-ms/call")
 			if n == 1 {
 				one = r.perSecond
 			} else if one > 0 {
@@ -417,4 +449,71 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 			}
 		})
 	}
+}
+
+// cpuTimes are CPU seconds (user and system) of this process, its child
+// processes, and the PostgreSQL server (postmaster and backends).
+type cpuTimes struct{ self, children, pg float64 }
+
+func (c cpuTimes) minus(d cpuTimes) cpuTimes {
+	return cpuTimes{c.self - d.self, c.children - d.children, c.pg - d.pg}
+}
+
+// benchCPU reads /proc: this process, its descendants, and the
+// PostgreSQL server listening on port (found by its command line) with
+// its descendants. Linux only; zero elsewhere.
+func benchCPU(tb testing.TB, port uint16) cpuTimes {
+	tb.Helper()
+	type proc struct {
+		ppid int
+		cpu  float64
+	}
+	procs := map[int]proc{}
+	pgRoot := 0
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", d.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ... utime stime: fields 14 and 15.
+		rest := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+		if len(rest) < 13 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(rest[1])
+		ut, _ := strconv.ParseFloat(rest[11], 64)
+		st, _ := strconv.ParseFloat(rest[12], 64)
+		procs[pid] = proc{ppid, (ut + st) / 100} // USER_HZ is 100 on Linux
+		if cmd, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline")); err == nil &&
+			strings.Contains(string(cmd), "\x00-p\x00"+strconv.Itoa(int(port))+"\x00") && strings.Contains(string(cmd), "postgres") {
+			pgRoot = pid
+		}
+	}
+	under := func(root, pid int) bool {
+		for i := 0; pid > 1 && i < 64; i++ {
+			if pid == root {
+				return true
+			}
+			pid = procs[pid].ppid
+		}
+		return false
+	}
+	self := os.Getpid()
+	var t cpuTimes
+	for pid, p := range procs {
+		switch {
+		case pgRoot != 0 && under(pgRoot, pid):
+			t.pg += p.cpu
+		case pid == self:
+			t.self += p.cpu
+		case under(self, pid):
+			t.children += p.cpu
+		}
+	}
+	return t
 }

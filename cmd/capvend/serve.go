@@ -405,8 +405,10 @@ func (s *vendServer) run(ctx context.Context) error {
 		g.Go(func() error {
 			// Requests replayed from relays at start would find no tool.
 			awaitUpstreams(gctx, s.ups, 30*time.Second)
-			s.nostr.Run(gctx) // drains its requests in flight (up to 30 s) after gctx ends
-			return nil
+			// It drains its requests in flight (up to 30 s) after gctx
+			// ends; it fails only at start, joining the instances sharing
+			// a PostgreSQL ledger.
+			return s.nostr.Run(gctx)
 		})
 		fmt.Fprintf(s.e.Stderr, "capvend: serving ContextVM as %s on %d relay(s) (%s)\n", s.nostr.PublicKey(), len(s.cfg.Nostr.Relays), describeBackends(s.backends))
 	}

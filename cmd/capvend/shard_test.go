@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/internal/testkit"
+)
+
+// shardRun is a load of tools/list requests from one client over the
+// relay to the capvend instances sharing one key and one PostgreSQL
+// ledger. Each instance sells its example tools with its own prefix, so
+// a tools/list answer names the instance that answered it.
+type shardRun struct {
+	t       *testing.T
+	c       *loadClient
+	answers *answerCounter
+	claims  func() int
+}
+
+// list makes one tools/list and returns the prefix of the instance that
+// answered; a request left unanswered (dropped by every instance) fails
+// the test.
+func (r *shardRun) list(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second) // far longer than any answer takes: a drop guard
+	defer cancel()
+	out, err := r.c.call(ctx, "tools/list", `{}`)
+	if err != nil {
+		r.t.Errorf("tools/list unanswered: %v", err)
+		return ""
+	}
+	for _, p := range []string{"a_", "b_", "c_"} {
+		if strings.Contains(out, `"name":"`+p) {
+			return p
+		}
+	}
+	r.t.Errorf("tools/list answered %s", out)
+	return ""
+}
+
+// batch makes n lists, 8 at a time, and returns who answered how many.
+func (r *shardRun) batch(n int) map[string]int {
+	var mu sync.Mutex
+	got := map[string]int{}
+	var wg sync.WaitGroup
+	next := make(chan struct{}, n)
+	for range n {
+		next <- struct{}{}
+	}
+	close(next)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range next {
+				p := r.list(context.Background())
+				mu.Lock()
+				got[p]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return got
+}
+
+// steady makes batches until one writes no claim (the instances' views
+// of each other are stable) and every one of want answered in it.
+func (r *shardRun) steady(want ...string) {
+	r.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute) // a hang guard
+	for {
+		before := r.claims()
+		got := r.batch(40)
+		ok := r.claims() == before
+		for _, p := range want {
+			ok = ok && got[p] > 0
+		}
+		if ok || r.t.Failed() {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("no steady state: a batch answered %v and wrote %d claims", got, r.claims()-before)
+		}
+	}
+}
+
+// ghostGone says whether the ghost's member lease ran out.
+func (r *shardRun) ghostGone(db *sql.DB, server string) bool {
+	var n int
+	err := db.QueryRow("SELECT count(*) FROM leases WHERE name = $1 AND expires_at > $2",
+		ctxvm.MemberLease(server, "ghost"), time.Now().UnixMilli()).Scan(&n)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return n == 0
+}
+
+// TestNostrInstancesShareRequests runs capvend serve instances on one
+// PostgreSQL and one relay with the same Nostr key: in steady state each
+// request is answered once, each instance answers a share, and no claim
+// is written; while a third instance joins under load no request is
+// answered twice or left unanswered; and the requests of an instance that
+// died (a member lease nobody renews) are served once its lease ran out.
+func TestNostrInstancesShareRequests(t *testing.T) {
+	skip.Short(t, "starts PostgreSQL and three capvend instances")
+	dsn := testPostgres(t)
+	relay := testkit.Relay(t)
+	sk := nostr.GeneratePrivateKey()
+	server, _ := nostr.GetPublicKey(sk)
+	start := func(prefix string) {
+		path, listen := nostrToolsConfig(t, relay, sk, prefix)
+		onPostgres(t, path, dsn)
+		serveStoppable(t, path, listen)
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	defer db.Close()
+	ctx := context.Background()
+	r := &shardRun{t: t, claims: func() int {
+		var n int
+		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM request_claims").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}}
+	start("a_")
+	start("b_")
+	r.c = newLoadClient(t, relay, server)
+	r.answers = countAnswers(t, relay, server, r.c.SecretKey)
+	r.steady("a_", "b_")
+	t.Log("a and b steady")
+
+	before := r.claims()
+	got := r.batch(200)
+	if n := r.claims() - before; n != 0 {
+		t.Errorf("steady state: %d claims written for 200 requests, want none", n)
+	}
+	if got["a_"] == 0 || got["b_"] == 0 || got["a_"]+got["b_"] != 200 {
+		t.Errorf("steady state: answers by instance %v, want a share each of 200", got)
+	}
+
+	// c joins while requests keep coming.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					r.list(ctx)
+				}
+			}
+		}()
+	}
+	start("c_")
+	r.steady("a_", "b_", "c_")
+	close(stop)
+	wg.Wait()
+	t.Log("c joined; a, b and c steady")
+
+	// An instance that died: its member lease runs on for 15 s, unrenewed.
+	if _, err := db.ExecContext(ctx, "INSERT INTO leases (name, holder, expires_at) VALUES ($1, 'ghost', $2)",
+		ctxvm.MemberLease(server, "ghost"), time.Now().Add(15*time.Second).UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	lost := 0
+	deadline := time.Now().Add(2 * time.Minute) // a hang guard
+	for ok := 0; ok < 40; {
+		lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err := r.c.call(lctx, "tools/list", `{}`)
+		cancel()
+		if err != nil {
+			lost, ok = lost+1, 0 // the ghost's: the client asks again
+		} else if r.ghostGone(db, server) {
+			ok++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the dead instance's requests were never taken over (%d unanswered)", lost)
+		}
+	}
+	if lost == 0 {
+		t.Error("no request went to the dead instance: was it counted in?")
+	}
+	counts := r.answers.settle(t, &cvmClient{t: t, c: r.c.Client}, r.c.PublicKey)
+	for id, n := range counts {
+		if n != 1 {
+			t.Errorf("request %s answered %d times", id, n)
+		}
+	}
+	t.Logf("%d requests answered, %d claims written (membership changes only), %d went to the dead instance", len(counts), r.claims(), lost)
+}
