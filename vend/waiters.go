@@ -19,6 +19,16 @@ type waiterSet struct {
 	// instance may record their change, and then no report comes here
 	// (see watchOrphans).
 	orphans map[string]time.Time
+	// order is taken's refs in the order taken (with when), oldest from
+	// head: each take expires the oldest ones, O(1) amortized. An entry
+	// whose ref was taken again later, or delivered, is skipped.
+	order []takenRef
+	head  int
+}
+
+type takenRef struct {
+	ref string
+	at  time.Time
 }
 
 // takenFor bounds how long a taken ref waits for its report (another
@@ -32,15 +42,26 @@ func (w *waiterSet) take(ref string, ch chan *Payment, now time.Time) {
 	w.remove(ref, ch)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.markTakenLocked(ref, now)
+}
+
+// markTakenLocked records ref as taken at now, expiring the oldest.
+func (w *waiterSet) markTakenLocked(ref string, now time.Time) {
 	if w.taken == nil {
 		w.taken = map[string]time.Time{}
 	}
-	for r, at := range w.taken {
-		if now.Sub(at) > takenFor {
-			delete(w.taken, r)
+	for ; w.head < len(w.order) && now.Sub(w.order[w.head].at) > takenFor; w.head++ {
+		if e := w.order[w.head]; w.taken[e.ref].Equal(e.at) {
+			delete(w.taken, e.ref)
 		}
+		w.order[w.head] = takenRef{}
+	}
+	if w.head > len(w.order)/2 { // the expired half's room back
+		w.order = append(w.order[:0], w.order[w.head:]...)
+		w.head = 0
 	}
 	w.taken[ref] = now
+	w.order = append(w.order, takenRef{ref, now})
 }
 
 // add registers a waiter for ref and returns its channel, which holds the
@@ -159,10 +180,7 @@ func (w *waiterSet) claimOrphan(ref string, now time.Time) bool {
 	if len(w.m[ref]) > 0 {
 		return false
 	}
-	if w.taken == nil {
-		w.taken = map[string]time.Time{}
-	}
-	w.taken[ref] = now
+	w.markTakenLocked(ref, now)
 	return true
 }
 
