@@ -393,19 +393,14 @@ func (s *Server) Run(ctx context.Context) error {
 	s.started = nostr.Timestamp(s.cfg.Now().Unix())
 	filter := nostr.Filter{Kinds: kinds, Tags: nostr.TagMap{"p": []string{s.pk}}, Since: &since}
 
-	if s.shard != nil {
-		// Joined before subscribing: the others count this server in
-		// before it reads any request (see the package doc).
-		if err := s.shard.join(ctx); err != nil {
-			return fmt.Errorf("ctxvm: joining the servers sharing the key: %w", err)
-		}
-		// It leaves (releases its lease) when ctx ends and it stops
-		// reading: the others take its requests over at once.
-		shardDone := make(chan struct{})
-		go func() { defer close(shardDone); s.shard.run(ctx, s) }()
-		defer func() { <-shardDone }()
+	// With a shard, requests are read a little after ctx ends (see
+	// startShard).
+	readCtx, stopShard, err := s.startShard(ctx)
+	if err != nil {
+		return err
 	}
-	subCtx, stopSub := context.WithCancel(ctx)
+	defer stopShard()
+	subCtx, stopSub := context.WithCancel(readCtx)
 	defer stopSub()
 	events := s.startMain(subCtx, pool, filter, &lanesWG)
 	fast := s.startLanes(subCtx, pool, filter, &lanesWG) // see Lanes in lanes.go
@@ -425,7 +420,7 @@ loop:
 		case ev = <-fast: // the lanes first
 		default:
 			select {
-			case <-ctx.Done():
+			case <-readCtx.Done():
 				break loop
 			case ev = <-fast:
 			case ev = <-events:

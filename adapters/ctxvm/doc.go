@@ -427,7 +427,10 @@
 // lease runs out and the others count it out (MemberTTL + F at most);
 // the client sends again, and the claims' takeover rule
 // (ledger.ClaimTakeover) still applies to what it claimed. A server that
-// stops releases its lease at once. A copy of a request delivered again
+// stops leaves: it releases its lease, reads the member set, and goes on
+// reading requests for F + S, serving (by claim) the ones it owned, as
+// the others may see it leave up to S after it and serve them F after
+// that; then Run stops reading and lets the requests in flight finish. A copy of a request delivered again
 // more than F later, across a change, to its new owner is answered again
 // (from the stored reply, if kept: a priced call is bound to one call in
 // the ledger by its request id and never runs twice). Without Members

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -69,6 +70,7 @@ type shard struct {
 	lastStart time.Time // when the last read that succeeded started
 	lastEnd   time.Time // and ended
 	renewed   time.Time // when the last renewal of the member lease that held started
+	leaving   bool      // the lease released: see leave
 }
 
 // fresh is how old the last read of the member set may be (its start)
@@ -151,6 +153,33 @@ func (sh *shard) renew(ctx context.Context) error {
 	return nil
 }
 
+// prevFor is how long a server serves the requests it owned under its
+// view before the change (by claim): F, until the new owners serve them;
+// a server leaving, one sample more, as the others may have seen its
+// leaving up to a sample after it.
+func (sh *shard) prevFor() time.Duration {
+	if sh.leaving {
+		return sh.fresh() + sh.sample
+	}
+	return sh.fresh()
+}
+
+// leave releases the member lease and reads the member set, and returns
+// how long this server should go on reading requests: it serves its own
+// (by claim) until the others serve them (see prevFor).
+func (sh *shard) leave(ctx context.Context) time.Duration {
+	sh.mu.Lock()
+	sh.leaving = true
+	sh.mu.Unlock()
+	if err := sh.m.ReleaseLease(ctx, sh.name, sh.me); err != nil {
+		return 0 // the others count this one out when the lease runs out
+	}
+	if err := sh.read(ctx); err != nil {
+		return 0
+	}
+	return sh.fresh() + sh.sample
+}
+
 // decide says how this server treats the request with event id id now.
 func (sh *shard) decide(id string) verdict {
 	now := sh.now()
@@ -167,7 +196,7 @@ func (sh *shard) decide(id string) verdict {
 		return serveFree
 	case owner(sh.view, id) == sh.me && age >= sh.fresh():
 		return serveClaim // every live server has read this view by now
-	case age < sh.fresh() && owner(sh.prev, id) == sh.me:
+	case age < sh.prevFor() && owner(sh.prev, id) == sh.me:
 		return serveClaim // ours before the change: others may not know it yet
 	case age < sh.fresh() && sh.prev == nil && len(sh.view) == 1 && sh.view[0] == sh.me:
 		// Alone (a first instance starting): nobody else serves; one
@@ -177,8 +206,8 @@ func (sh *shard) decide(id string) verdict {
 	return skip
 }
 
-// run renews the member lease every ttl/3 and reads the member set every
-// sample until ctx ends, then releases the lease.
+// run renews the member lease every ttl/3 (until leave) and reads the
+// member set every sample until ctx ends, then releases the lease.
 func (sh *shard) run(ctx context.Context, s *Server) {
 	name := sh.name
 	defer func() {
@@ -197,6 +226,12 @@ func (sh *shard) run(ctx context.Context, s *Server) {
 		case <-ctx.Done():
 			return
 		case <-renew.C:
+			sh.mu.Lock()
+			leaving := sh.leaving
+			sh.mu.Unlock()
+			if leaving {
+				continue
+			}
 			if err := sh.renew(ctx); err != nil && ctx.Err() == nil {
 				s.log.Error("renewing the nostr member lease", logKeyErr, err)
 			}
@@ -231,4 +266,41 @@ func (s *Server) preShard(ev *nostr.Event) (verdict, bool) {
 	}
 	v := s.shard.decide(ev.ID)
 	return v, v != skip
+}
+
+// startShard joins the servers sharing the key and keeps the member set
+// read; without Members it does nothing. It returns the context to read
+// requests in: with a shard it ends after the leave (see shard.leave)
+// that follows ctx's end, so that this server's requests are served
+// until the others serve them. stop ends it all.
+func (s *Server) startShard(ctx context.Context) (read context.Context, stop func(), err error) {
+	if s.shard == nil {
+		return ctx, func() {}, nil
+	}
+	// Joined before subscribing: the others count this server in before
+	// it reads any request.
+	if err := s.shard.join(ctx); err != nil {
+		return nil, nil, fmt.Errorf("ctxvm: joining the servers sharing the key: %w", err)
+	}
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	read, stopRead := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); s.shard.run(runCtx, s) }()
+	go func() {
+		defer wg.Done()
+		select {
+		case <-ctx.Done():
+		case <-read.Done():
+			return
+		}
+		t := time.NewTimer(s.shard.leave(read))
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-read.Done():
+		}
+		stopRead()
+	}()
+	return read, func() { stopRead(); stopRun(); wg.Wait() }, nil
 }

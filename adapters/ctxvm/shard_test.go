@@ -122,7 +122,9 @@ func (c *shardCluster) join(name string) *Server {
 // live renews name's member lease and reads the member set (one sample).
 func (c *shardCluster) live(name string) {
 	s := c.servers[name]
-	if err := s.shard.renew(context.Background()); err != nil {
+	if s.shard.leaving {
+		// no renewal
+	} else if err := s.shard.renew(context.Background()); err != nil {
 		c.t.Fatal(err)
 	}
 	if err := s.shard.read(context.Background()); err != nil {
@@ -227,12 +229,13 @@ func TestShardServesEachRequestOnceWithoutClaims(t *testing.T) {
 }
 
 // TestShardMembershipChanges: servers a and b serve; c joins; later a
-// dies (its member lease runs out unrenewed). Every server reads the
-// member set once a sample, each at its own phase, and every request of
-// each 100 ms is handed to every live server. No request is answered
-// twice; none is left unanswered (but those a dead server owned until
-// the others count it out); claims are written only during the changes;
-// and once a is out, b and c serve everything.
+// dies (its member lease runs out unrenewed); later c stops (it leaves:
+// releases its lease and reads requests for a while more). Every server
+// reads the member set once a sample, each at its own phase, and every
+// request of each 100 ms is handed to every live server. No request is
+// answered twice; none is left unanswered but those a dead server owned
+// until the others count it out; claims are written only during the
+// changes; and once a is out, b and c serve everything.
 func TestShardMembershipChanges(t *testing.T) {
 	c := newShardCluster(t)
 	c.join("a")
@@ -241,16 +244,20 @@ func TestShardMembershipChanges(t *testing.T) {
 	live := []string{"a", "b"}
 	ctx := context.Background()
 	const tick = testSample / 10
-	joinAt, dieAt := 150, 450 // ticks
-	var died time.Time
-	for i := 0; i < 900; i++ {
+	joinAt, dieAt, leaveAt := 150, 450, 750 // ticks
+	var died, leaveEnd time.Time
+	for i := 0; i < 1000; i++ {
 		c.advance(tick)
-		switch i {
-		case joinAt:
+		switch {
+		case i == joinAt:
 			c.join("c")
 			live = append(live, "c")
-		case dieAt:
+		case i == dieAt:
 			live, died = slices.DeleteFunc(live, func(s string) bool { return s == "a" }), c.clock()
+		case i == leaveAt:
+			leaveEnd = c.clock().Add(c.servers["c"].shard.leave(ctx))
+		case i > leaveAt && !c.clock().Before(leaveEnd) && slices.Contains(live, "c"):
+			live = slices.DeleteFunc(live, func(s string) bool { return s == "c" })
 		}
 		for _, name := range live {
 			if i%10 == phase[name] {
@@ -263,15 +270,16 @@ func TestShardMembershipChanges(t *testing.T) {
 		}
 		got := c.answers(ev)
 		claimed := c.claims.n["nostr:"+ev.ID] > 0
+		aOut := died.Add(10*time.Second + testSample + 3*testSample) // a's lease ran out, the others read it
 		switch n := total(got); {
 		case n > 1:
 			t.Fatalf("tick %d: request answered %v times", i, got)
-		case n == 0 && i > dieAt && c.clock().After(died.Add(10*time.Second+testSample+3*testSample)):
-			t.Fatalf("tick %d: request unanswered %v after a's lease ran out and the others counted it out", i, c.clock().Sub(died))
+		case n == 0 && i > dieAt && c.clock().After(aOut):
+			t.Fatalf("tick %d: request unanswered (a counted out %v before)", i, c.clock().Sub(aOut))
 		case n == 0 && i >= 100 && i < dieAt:
 			t.Fatalf("tick %d: request unanswered during c's joining", i)
 		case n == 0: // a's, before the others count it out
-		case claimed && (i >= 100 && i < joinAt || i >= joinAt+110 && i < dieAt || i >= 700):
+		case claimed && (i >= 100 && i < joinAt || i >= joinAt+110 && i < dieAt || i >= 700 && i < leaveAt || i >= leaveAt+110):
 			t.Errorf("tick %d: a claim written in steady state", i)
 		}
 	}

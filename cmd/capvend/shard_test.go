@@ -109,8 +109,8 @@ func (r *shardRun) ghostGone(db *sql.DB, server string) bool {
 // TestNostrInstancesShareRequests runs capvend serve instances on one
 // PostgreSQL and one relay with the same Nostr key: in steady state each
 // request is answered once, each instance answers a share, and no claim
-// is written; while a third instance joins under load no request is
-// answered twice or left unanswered; and the requests of an instance that
+// is written; while a third instance joins, and then stops, under load no
+// request is answered twice or left unanswered; and the requests of an instance that
 // died (a member lease nobody renews) are served once its lease ran out.
 func TestNostrInstancesShareRequests(t *testing.T) {
 	skip.Short(t, "starts PostgreSQL and three capvend instances")
@@ -118,10 +118,10 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 	relay := testkit.Relay(t)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
-	start := func(prefix string) {
+	start := func(prefix string) (stop func()) {
 		path, listen := nostrToolsConfig(t, relay, sk, prefix)
 		onPostgres(t, path, dsn)
-		serveStoppable(t, path, listen)
+		return serveStoppable(t, path, listen)
 	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -141,6 +141,18 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 	start("b_")
 	r.c = newLoadClient(t, relay, server)
 	r.answers = countAnswers(t, relay, server, r.c.SecretKey)
+	for deadline := time.Now().Add(time.Minute); ; { // a hang guard
+		// "serving ContextVM" is printed before the instances subscribed:
+		// the relay refuses a request nobody listens for yet.
+		_, err := r.c.call(ctx, "tools/list", `{}`)
+		if err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "no one was listening") || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	r.steady("a_", "b_")
 	t.Log("a and b steady")
 
@@ -170,11 +182,14 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 			}
 		}()
 	}
-	start("c_")
+	stopC := start("c_")
 	r.steady("a_", "b_", "c_")
+	t.Log("c joined; a, b and c steady")
+	stopC() // c leaves, while requests keep coming
+	r.steady("a_", "b_")
 	close(stop)
 	wg.Wait()
-	t.Log("c joined; a, b and c steady")
+	t.Log("c left; a and b steady")
 
 	// An instance that died: its member lease runs on for 15 s, unrenewed.
 	if _, err := db.ExecContext(ctx, "INSERT INTO leases (name, holder, expires_at) VALUES ($1, 'ghost', $2)",
