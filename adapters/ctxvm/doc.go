@@ -390,14 +390,18 @@
 // is decided before its signature is checked, so the others' requests
 // cost a JSON peek). Let F = 3S (fresh) and T = 9S (stable); a view's age
 // is the time since this server first read it, and a gap of more than F
-// between two reads (or a failed read) starts it again, its predecessor
-// unknown. A server decides a request on arrival:
+// between two reads starts it again, with itself as its predecessor (the
+// server stayed a member: with rendezvous hashing, a request it owns
+// after one change it owned before, unless its owner left). A joiner's
+// first view has no predecessor. A server decides a request on arrival:
 //
 //   - its view is stale (its last read started over F ago): dropped;
 //   - it owns the request, the view T old: served, nothing written;
 //   - it owns the request, the view F old: claimed, served if the claim holds;
 //   - it owned the request under the view before, the view under F old:
 //     claimed, served if the claim holds;
+//   - it is alone in a view without predecessor (the first instance
+//     starting): claimed, served if the claim holds;
 //   - otherwise dropped.
 //
 // Why each request is answered once. Every server deciding has read the

@@ -109,11 +109,17 @@ func (sh *shard) read(ctx context.Context) error {
 	defer sh.mu.Unlock()
 	if sh.lastEnd.IsZero() || end.Sub(sh.lastStart) > sh.fresh() || !slices.Equal(view, sh.view) {
 		// A changed view, or a gap in the reads (the member set may have
-		// changed and changed back unseen): its age starts now, and after
-		// a gap (or at the first read) the view before is unknown.
-		if sh.lastEnd.IsZero() || end.Sub(sh.lastStart) > sh.fresh() {
+		// changed and changed back unseen): its age starts now. At the
+		// first read the view before is unknown (a joiner); after a gap it
+		// is taken as the view read now: this server stayed a member (its
+		// lease held, see renew), so what it owns now it owned before the
+		// last change, or its owner left (see the package doc).
+		switch {
+		case sh.lastEnd.IsZero():
 			sh.prev = nil
-		} else {
+		case end.Sub(sh.lastStart) > sh.fresh():
+			sh.prev = view
+		default:
 			sh.prev = sh.view
 		}
 		sh.view, sh.since = view, end

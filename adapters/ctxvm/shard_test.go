@@ -226,6 +226,27 @@ func TestShardServesEachRequestOnceWithoutClaims(t *testing.T) {
 			t.Fatalf("a stale view answered request %d", i)
 		}
 	}
+	// Read again after the gap: a serves its own at once, by claim.
+	c.members.fail = false
+	c.live("a")
+	c.live("b")
+	share = map[string]int{}
+	for i := range 40 {
+		ev := c.request(300 + i)
+		c.servers["a"].handle(ctx, ev)
+		c.servers["b"].handle(ctx, ev)
+		got := c.answers(ev)
+		if total(got) != 1 {
+			t.Fatalf("request %d after a's gap answered %v, want once", i, got)
+		}
+		if got["a"] == 1 && c.claims.n["nostr:"+ev.ID] == 0 {
+			t.Fatalf("request %d answered by a without a claim right after its gap", i)
+		}
+		share["a"] += got["a"]
+	}
+	if share["a"] == 0 {
+		t.Error("a answered nothing after its gap")
+	}
 }
 
 // TestShardMembershipChanges: servers a and b serve; c joins; later a
