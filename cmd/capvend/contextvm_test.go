@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -188,7 +189,11 @@ func serveStoppable(t testing.TB, path, listen string) (stop func()) {
 	go func() {
 		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: stderr,
 			Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
-		done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
+		// Its goroutines carry the label capvend=<its config's dir> in CPU
+		// profiles (see BenchmarkNostrFreeCallInstances).
+		pprof.Do(ctx, pprof.Labels("capvend", filepath.Base(filepath.Dir(path))), func(ctx context.Context) {
+			done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
+		})
 	}()
 	var once sync.Once
 	stop = func() {
