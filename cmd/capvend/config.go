@@ -159,6 +159,11 @@ type NostrConfig struct {
 	// committed in a nonce tag) a request needs to get a free call or an
 	// unpaid quote; 0: none. Requests paying with a Cashu token need none.
 	PowDifficulty int `yaml:"pow_difficulty"`
+	// Shard spreads the requests over the instances sharing the key and a
+	// PostgreSQL ledger by their event ids, without a ledger write per
+	// request (see the README's "Several instances on one ledger"); off:
+	// every instance claims each request in the ledger, the first wins.
+	Shard bool `yaml:"shard"`
 }
 
 // LNDConfig is the LND payment backend.
@@ -776,6 +781,9 @@ func (c *Config) validateHTTP(p *problems) {
 
 // validateNostr checks the nostr section.
 func (c *Config) validateNostr(p *problems) {
+	if c.Nostr.Shard && c.Ledger.Driver != "postgres" {
+		p.bad("nostr.shard", "needs ledger.driver: postgres (several instances share a PostgreSQL ledger)")
+	}
 	if len(c.Nostr.Relays) > 0 {
 		if c.Nostr.NsecFile == "" {
 			p.bad("nostr.nsec_file", "required when nostr.relays is set: a file holding the server's secret key")

@@ -68,14 +68,18 @@ func (c *instanceClaims) id() string {
 
 // claims returns the Nostr request claims of this instance: only on a
 // PostgreSQL ledger, which several instances share. On SQLite one
-// instance serves and a claim would cost a write per request. The
-// requests are sharded across the live instances (see the ctxvm package
-// doc): in steady state an instance writes no claim.
+// instance serves and a claim would cost a write per request. With
+// nostr.shard the requests are sharded across the live instances (see
+// the ctxvm package doc): in steady state an instance writes no claim.
 func (s *vendServer) claims() *instanceClaims {
 	if s.cfg.Ledger.Driver != "postgres" {
 		return nil
 	}
-	return &instanceClaims{c: s.l, members: s.l, instance: s.instance}
+	c := &instanceClaims{c: s.l, instance: s.instance}
+	if s.cfg.Nostr.Shard {
+		c.members = s.l
+	}
+	return c
 }
 
 // shared is the Vendor's part in sharing the ledger: on PostgreSQL its

@@ -24,6 +24,7 @@ func TestLedgerDriverConfig(t *testing.T) {
 		{"  driver: mysql\n", "ledger.driver"},
 		{"  driver: postgres\n", "ledger.dsn_file"},
 		{"  driver: sqlite\n  path: \"\"\n", "ledger.path"},
+		{"  driver: sqlite\nnostr:\n  shard: true\n", "nostr.shard"}, // sharding is between instances on PostgreSQL
 	} {
 		_, err := parseConfig("capvend.yaml", []byte("ledger:\n"+tc.ledger+"server:\n  name: t\n"), func(string) string { return "" })
 		if err == nil || !strings.Contains(err.Error(), tc.field+":") {

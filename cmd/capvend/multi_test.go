@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,7 +24,6 @@ import (
 
 	"github.com/capvend/capvend/billing/lnd"
 	"github.com/capvend/capvend/internal/ctxvmclient"
-	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/pgserver"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
@@ -84,6 +82,22 @@ func onPostgres(t testing.TB, path, dsn string) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(filepath.Dir(path), "ledger.dsn"), []byte(dsn), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// shardNostr turns nostr.shard on in the serve configuration at path.
+func shardNostr(t testing.TB, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := strings.Replace(string(b), "\nnostr:\n", "\nnostr:\n  shard: true\n", 1)
+	if body == string(b) {
+		t.Fatal("the configuration has no nostr section")
+	}
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -230,13 +244,11 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 		t.Fatalf("the dead instance's paid call executed %d times, want 1", c.Executions)
 	}
 
-	// Nostr: priced and free calls from one client, answered once each,
-	// once the dead instance's share of the requests is taken over (its
-	// member lease ran out; see the ctxvm package doc).
+	// Nostr: priced and free calls from one client, answered once each.
 	cl := dialContextVM(t, s.RelayURL, server)
 	answers := countAnswers(t, s.RelayURL, server, cl.c.SecretKey)
 	cl.waitReady()
-	waitNostrTakeover(t, l, cl, server, first.Process.Pid)
+	cl.waitNames("tools/list", "t_sha256", "t_word_count")
 	const nostrPaid, nostrFree = 8, 8
 	var reqs []*nostr.Event
 	for i := range nostrPaid {
@@ -295,37 +307,6 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 		}
 	}
 	checkMultiLedger(t, s, dsn, paths[1], 1+nostrPaid+sdkPaid+2)
-}
-
-// waitNostrTakeover waits until the member lease of the Nostr servers of
-// process pid ran out and 20 tools/list in a row, each sent once, were
-// answered by the others: the dead instance's requests (dropped until
-// then: the client would ask again) are served.
-func waitNostrTakeover(t *testing.T, l *ledger.Ledger, cl *cvmClient, server string, pid int) {
-	t.Helper()
-	ctx := context.Background()
-	deadline := time.Now().Add(2 * time.Minute) // a hang guard
-	for ok := 0; ok < 20; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the dead instance's Nostr requests were not taken over")
-		}
-		holders, err := l.LeaseHolders(ctx, "nostr:"+server+":")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if slices.ContainsFunc(holders, func(h string) bool { return strings.Contains(h, fmt.Sprintf("/%d/", pid)) }) {
-			time.Sleep(200 * time.Millisecond)
-			continue
-		}
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second) // an answer takes ms: a drop guard
-		names, err := cl.c.Names(actx, "tools/list", ctxvmclient.Request{})
-		cancel()
-		if err == nil && listed.All("t_sha256", "t_word_count")(names) {
-			ok++
-		} else {
-			ok = 0
-		}
-	}
 }
 
 // checkMultiLedger checks the shared ledger after TestMultiInstance: calls
@@ -453,6 +434,7 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 	for n := 1; n <= 3; n++ {
 		path, listen := nostrToolsConfig(b, relay, sk, "")
 		onPostgres(b, path, dsn)
+		shardNostr(b, path)
 		serveStoppable(b, path, listen)
 		c := newLoadClient(b, relay, server)
 		c.warmUp(b)

@@ -121,6 +121,7 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 	start := func(prefix string) (stop func()) {
 		path, listen := nostrToolsConfig(t, relay, sk, prefix)
 		onPostgres(t, path, dsn)
+		shardNostr(t, path)
 		return serveStoppable(t, path, listen)
 	}
 	cfg, err := pgx.ParseConfig(dsn)
