@@ -129,18 +129,7 @@ func TestSharedRecoveryRunsOnTheLeaseHolder(t *testing.T) {
 // delivered.
 func TestSharedPaymentSeenByAnotherInstance(t *testing.T) {
 	ctx := context.Background()
-	l, err := openLedger(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	shared := func(name string) func(*vend.Config) {
-		return func(c *vend.Config) {
-			c.Shared = vend.SharedConfig{Leases: l, Instance: name, Poll: 20 * time.Millisecond}
-		}
-	}
-	a := harnessOn(t, l, true, shared("A"))
-	b := harnessOn(t, l, true, shared("B"))
+	l, a, b := twoInstances(t, true)
 	ch := a.callAsync(req("1", "demo_echo", `{"text":"hi"}`, nil))
 	p := a.nextPayment(t)
 	b.be.pay(p.Ref) // B's watcher records the lock-in and reports it to B
@@ -206,18 +195,7 @@ func TestSharedPaidAfterClientLeftOnAnotherInstance(t *testing.T) {
 	for _, hold := range []bool{false, true} {
 		t.Run(map[bool]string{false: "invoice", true: "hold"}[hold], func(t *testing.T) {
 			ctx := context.Background()
-			l, err := openLedger(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			shared := func(name string) func(*vend.Config) {
-				return func(c *vend.Config) {
-					c.Shared = vend.SharedConfig{Leases: l, Instance: name, Poll: 20 * time.Millisecond}
-				}
-			}
-			a := harnessOn(t, l, hold, shared("A"))
-			b := harnessOn(t, l, hold, shared("B"))
+			l, a, b := twoInstances(t, hold)
 			cctx, leave := context.WithCancel(ctx)
 			left := make(chan error, 1)
 			go func() {
@@ -249,4 +227,22 @@ func TestSharedPaidAfterClientLeftOnAnotherInstance(t *testing.T) {
 			verify(t, l)
 		})
 	}
+}
+
+// twoInstances runs two Vendors, A and B, sharing one ledger (leases, a
+// fast ledger poll), each with its own payment backend (hold invoices if
+// hold): two instances that watch the same LND.
+func twoInstances(t *testing.T, hold bool) (l *ledger.Ledger, a, b *harness) {
+	t.Helper()
+	l, err := openLedger(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	shared := func(name string) func(*vend.Config) {
+		return func(c *vend.Config) {
+			c.Shared = vend.SharedConfig{Leases: l, Instance: name, Poll: 20 * time.Millisecond}
+		}
+	}
+	return l, harnessOn(t, l, hold, shared("A")), harnessOn(t, l, hold, shared("B"))
 }

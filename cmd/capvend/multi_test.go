@@ -70,17 +70,7 @@ func openPG(t testing.TB, dsn string) *sql.DB {
 // in the PostgreSQL database of dsn.
 func onPostgres(t testing.TB, path, dsn string) {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := strings.Replace(string(b), "ledger:\n  path: capvend.db\n", "ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\n", 1)
-	if body == string(b) {
-		t.Fatal("the configuration has no SQLite ledger section to replace")
-	}
-	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	editConfig(t, path, "ledger:\n  path: capvend.db\n", "ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\n")
 	if err := os.WriteFile(filepath.Join(filepath.Dir(path), "ledger.dsn"), []byte(dsn), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -89,13 +79,20 @@ func onPostgres(t testing.TB, path, dsn string) {
 // shardNostr turns nostr.shard on in the serve configuration at path.
 func shardNostr(t testing.TB, path string) {
 	t.Helper()
+	editConfig(t, path, "\nnostr:\n", "\nnostr:\n  shard: true\n")
+}
+
+// editConfig replaces the first old in the configuration file at path
+// with new; the file must hold old.
+func editConfig(t testing.TB, path, old, new string) {
+	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body := strings.Replace(string(b), "\nnostr:\n", "\nnostr:\n  shard: true\n", 1)
+	body := strings.Replace(string(b), old, new, 1)
 	if body == string(b) {
-		t.Fatal("the configuration has no nostr section")
+		t.Fatalf("the configuration %s has no %q to replace", path, old)
 	}
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
