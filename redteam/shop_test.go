@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/freeport"
 	"github.com/capvend/capvend/testnet"
 )
 
@@ -441,14 +441,15 @@ func runCapvend(t *testing.T, args ...string) (string, int) {
 	return string(out), code
 }
 
+// freeAddr is a free 127.0.0.1:port for a server the test starts, below
+// the range outgoing connections take their ports from (internal/freeport).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 // waitUntil polls ok until it holds; after two minutes (a hang guard, not

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +18,8 @@ import (
 	"github.com/btcsuite/btcd/btcutil"
 	"github.com/lightningnetwork/lnd/lnrpc"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/capvend/capvend/internal/freeport"
 )
 
 // Bring-up limits. Generous: CI machines are slow and share CPU with builds.
@@ -207,26 +208,15 @@ func (s *Stack) healthy(ctx context.Context) error {
 	return nil
 }
 
-// freePorts reserves n distinct free TCP ports on 127.0.0.1 by listening on
-// port 0 (all at once, so they differ), then releases them for the
-// processes to bind.
+// freePorts reserves n distinct free TCP ports on 127.0.0.1, below the
+// range outgoing connections take theirs from (see internal/freeport),
+// for the processes to bind.
 func freePorts(n int) ([]int, error) {
-	ls := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("testnet: reserve port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	ps, err := freeport.Ports(n)
+	if err != nil {
+		return nil, fmt.Errorf("testnet: reserve port: %w", err)
 	}
-	return ports, nil
+	return ps, nil
 }
 
 func hostPort(p int) string { return "127.0.0.1:" + strconv.Itoa(p) }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/freeport"
 	"github.com/capvend/capvend/internal/racesupp"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
@@ -71,13 +71,15 @@ func needStack(t testing.TB) *testnet.Stack {
 	return teststack.Need(t)
 }
 
+// freeAddr is a free 127.0.0.1:port for a server the test starts, below
+// the range outgoing connections take their ports from (internal/freeport).
 func freeAddr(t testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	t.Helper()
+	addr, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 // serving runs `capvend serve` in-process against the stack until the test

@@ -11,7 +11,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -21,6 +20,8 @@ import (
 	"strings"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+
+	"github.com/capvend/capvend/internal/freeport"
 )
 
 // ErrMissing: initdb and pg_ctl are not installed (apt-get install postgresql).
@@ -222,12 +223,11 @@ func (s *Server) run(ctx context.Context, name string, args ...string) ([]byte, 
 }
 
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ps, err := freeport.Ports(1)
 	if err != nil {
 		return 0, err
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return ps[0], nil
 }
 
 // Destroy stops the server and removes its cluster (tests).
