@@ -1,7 +1,6 @@
 package redteam
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -17,6 +16,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/internal/freeport"
+	"github.com/capvend/capvend/internal/syncbuf"
 	"github.com/capvend/capvend/testnet"
 )
 
@@ -128,7 +128,7 @@ type shop struct {
 	mu       sync.Mutex
 	versions []priceVersion // prices in force, oldest first
 	cmd      *exec.Cmd
-	logs     *logBuffer
+	logs     *syncbuf.Buffer
 	exited   chan struct{}
 	exitErr  error
 }
@@ -137,24 +137,6 @@ type shop struct {
 type priceVersion struct {
 	since  time.Time
 	prices prices
-}
-
-// logBuffer collects a process's output.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // newShop writes a shop's configuration (and its Nostr key) without
@@ -258,7 +240,7 @@ func (sh *shop) start() {
 	sh.t.Helper()
 	cmd := exec.Command(serveBin, "serve", "--config", sh.config)
 	cmd.Env = append(os.Environ(), sh.opts.env...)
-	logs := &logBuffer{}
+	logs := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		sh.t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/capvend/capvend/internal/syncbuf"
 )
 
 // stdioClient runs `capvend serve --stdio` as a desktop MCP client
@@ -26,7 +28,7 @@ func startStdioShop(t *testing.T, o shopOpts) (*shop, *stdioClient) {
 	t.Cleanup(sh.finish)
 	cmd := exec.Command(serveBin, "serve", "--stdio", "--config", sh.config)
 	cmd.Env = append(os.Environ(), o.env...)
-	logs := &logBuffer{}
+	logs := &syncbuf.Buffer{}
 	cmd.Stderr = logs
 	in, err := cmd.StdinPipe()
 	if err != nil {

@@ -1,37 +1,18 @@
 package vend_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/capvend/capvend/internal/syncbuf"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
-
-// syncBuffer is a bytes.Buffer that many goroutines may write.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // callLines returns the "vend: priced call" lines of a JSON log, by call
 // id.
@@ -54,7 +35,7 @@ func callLines(t *testing.T, log string) map[int64][]map[string]any {
 // outcome: delivered, and also expired or canceled unpaid (those end in
 // the ledger, wherever they are ended, not on the paid path).
 func TestEveryPricedCallIsLoggedOnce(t *testing.T) {
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
 	l, err := ledger.Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"),
 		ledger.Options{Observer: vend.LogCallEnds(log, nil)})

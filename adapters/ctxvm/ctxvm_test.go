@@ -17,6 +17,7 @@ import (
 
 	"github.com/capvend/capvend/adapters/rpcerr"
 	"github.com/capvend/capvend/internal/ctxvmclient"
+	"github.com/capvend/capvend/internal/syncbuf"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/vend"
 )
@@ -431,7 +432,7 @@ func TestRelayRestart(t *testing.T) {
 func TestMaxInFlight(t *testing.T) {
 	relay := testkit.Relay(t)
 	v := &fakeVendor{block: make(chan struct{})}
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	s := startServer(t, relay, v, func(c *Config) {
 		c.MaxInFlight = 1
 		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
@@ -450,7 +451,7 @@ func TestMaxInFlight(t *testing.T) {
 // takeTheOnlySlot has c start a call of the tool "block" (holding a server
 // with MaxInFlight 1's only slot until v.block closes), then send a ping,
 // and returns the call once the ping was dropped for want of a slot.
-func takeTheOnlySlot(v *fakeVendor, logs *lockedBuffer, c *client) *nostr.Event {
+func takeTheOnlySlot(v *fakeVendor, logs *syncbuf.Buffer, c *client) *nostr.Event {
 	call := c.send(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"block"}}`)
 	for {
 		v.mu.Lock()
@@ -730,23 +731,6 @@ func TestNewRejects(t *testing.T) {
 	if _, err := New(good); err != nil {
 		t.Fatal(err)
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // The shared client's kinds are the server's.

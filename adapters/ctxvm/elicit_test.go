@@ -16,6 +16,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/syncbuf"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/vend"
 )
@@ -120,10 +121,10 @@ func respond(id, result string) string {
 }
 
 // waitLog waits until logs contains s.
-func waitLog(t *testing.T, logs *lockedBuffer, s string) { t.Helper(); waitCount(t, logs, s, 1) }
+func waitLog(t *testing.T, logs *syncbuf.Buffer, s string) { t.Helper(); waitCount(t, logs, s, 1) }
 
 // waitCount waits until logs contains s n times.
-func waitCount(t *testing.T, logs *lockedBuffer, s string, n int) {
+func waitCount(t *testing.T, logs *syncbuf.Buffer, s string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second) // a deadlock guard
 	for strings.Count(logs.String(), s) < n {
@@ -137,7 +138,7 @@ func waitCount(t *testing.T, logs *lockedBuffer, s string, n int) {
 func TestElicitation(t *testing.T) {
 	relay := testkit.Relay(t)
 	v := &elicitVendor{}
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	s := startServer(t, relay, v, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		c.ElicitTimeout = 2 * time.Second

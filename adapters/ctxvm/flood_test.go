@@ -10,6 +10,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip13"
 
+	"github.com/capvend/capvend/internal/syncbuf"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/vend"
 )
@@ -97,7 +98,7 @@ func TestProofOfWorkReachesTheVendor(t *testing.T) {
 // one from a client who paid before still enters (its reserve).
 func TestKnownPayerEntersWhenSlotsAreTaken(t *testing.T) {
 	relay := testkit.Relay(t)
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	v := &fakeVendor{block: make(chan struct{}), payers: map[string]bool{}}
 	s := startServer(t, relay, v, func(c *Config) {
 		c.MaxInFlight = 1

@@ -2,7 +2,6 @@ package upstream
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +17,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/capvend/capvend/internal/syncbuf"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -95,24 +95,6 @@ func answering(name string, got *atomic.Value) vend.ElicitFunc {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 func TestElicitation(t *testing.T) {
 	modern := newTestServer("modern")
 	hm := startHTTP(t, modern)
@@ -127,7 +109,7 @@ func TestElicitation(t *testing.T) {
 		stdioConfig(t, "local", "l_"),
 		legacyStdio,
 	)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	m, err := New(cfg)
 	if err != nil {

@@ -3,31 +3,20 @@ package exampletools_test
 import (
 	"bytes"
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/syncbuf"
 	"github.com/capvend/capvend/testnet/exampletools"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
 
 // TestCallsLog executes a tool, a prompt and a resource: each is one
 // calls-log line, written before the answer, with what the server got.
 func TestCallsLog(t *testing.T) {
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	c, err := client.NewInProcessClient(exampletools.NewServerWith(exampletools.Options{CallsLog: &log}))
 	if err != nil {
 		t.Fatal(err)
@@ -42,9 +31,7 @@ func TestCallsLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := func() []exampletools.Record {
-		log.mu.Lock()
-		defer log.mu.Unlock()
-		out, err := exampletools.ReadCallsLog(bytes.NewReader(log.b.Bytes()))
+		out, err := exampletools.ReadCallsLog(bytes.NewReader(log.Bytes()))
 		if err != nil {
 			t.Fatal(err)
 		}
