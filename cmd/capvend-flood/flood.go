@@ -29,8 +29,19 @@ type flood struct {
 
 	nostrSent, nostrErrs, httpSent atomic.Int64
 
+	pid int // the flood child's, once started
+
 	mu       sync.Mutex
 	outcomes map[string]int // HTTP answers by kind
+	cpu      int64          // the child's CPU ticks, once it was waited for
+	exited   bool
+}
+
+// childCPU is the flood child's CPU ticks once it has been waited for.
+func (f *flood) childCPU() (int64, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cpu, f.exited
 }
 
 func (f *flood) run(ctx context.Context) {
@@ -276,6 +287,7 @@ func (f *flood) start(ctx context.Context) (<-chan struct{}, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("the flood child: %w", err)
 	}
+	f.pid = cmd.Process.Pid
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -296,6 +308,12 @@ func (f *flood) start(ctx context.Context) (<-chan struct{}, error) {
 		}
 		if err := cmd.Wait(); err != nil && ctx.Err() == nil {
 			fmt.Fprintln(os.Stderr, "capvend-flood: the flood child:", err)
+		}
+		if ps := cmd.ProcessState; ps != nil {
+			f.mu.Lock()
+			f.cpu = int64((ps.UserTime() + ps.SystemTime()) * clockTicks / time.Second)
+			f.exited = true
+			f.mu.Unlock()
 		}
 	}()
 	return done, nil

@@ -51,6 +51,7 @@ func main() {
 	fs.IntVar(&o.workers, "workers", 16, "concurrent senders per flood")
 	fs.DurationVar(&callTimeout, "call-timeout", callTimeout, "an honest call not answered within this is not served")
 	fs.DurationVar(&slowAfter, "slow", slowAfter, "say where each honest call slower than this spent its time (to the invoice, paying and running)")
+	fs.DurationVar(&o.invoiceEvery, "invoice-every", 2*time.Second, "count the vendor LND's open invoices this often (each count lists them all: LND work of its own while the customer pays)")
 	fs.DurationVar(&o.limit, "timeout", 20*time.Minute, "give up after this long")
 	fs.BoolVar(&o.returning, "returning", false, "the honest Nostr customer under the flood is the one who paid without it (same key: a known payer); default a fresh key, indistinguishable from the flood")
 	fs.BoolVar(&o.stock, "stock", false, "the HTTP flood's sessions are stock MCP hosts: they do not declare the capvend/payments capability, so each priced call is answered at once with a payment-required tool result (a plain invoice) instead of notifications on a held stream")

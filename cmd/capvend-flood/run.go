@@ -25,7 +25,7 @@ type options struct {
 	config, testnetDir, tool            string
 	pid, keys, sessions, calls, sources int
 	honest, workers, pow, nice          int
-	limit                               time.Duration
+	limit, invoiceEvery                 time.Duration
 	returning                           bool   // -returning
 	stock                               bool   // -stock
 	customerKey                         string // the returning Nostr customer's key, made in the first phase
@@ -125,16 +125,19 @@ func run(ctx context.Context, st *testnet.Stack, o *options) error {
 	if err != nil {
 		return err
 	}
-	mon := &monitor{pid: o.pid, st: st}
+	mon := &monitor{pid: o.pid, st: st, every: o.invoiceEvery}
 	mon.start(ctx)
 	defer mon.stop()
+	cpu := newCPUMeter(st, o.pid)
 
 	say("capvend-flood: %s, relay %s, server %s…", tg.mcpURL, tg.relay, tg.serverPK[:12])
 	say("phase 1: the honest customer alone: %d paid %s calls over Nostr and %d over MCP HTTP", o.honest, o.tool, o.honest)
+	c0 := cpu.sample()
 	base, err := honestPhase(ctx, st, tg, o, "quiet")
 	if err != nil {
 		return err
 	}
+	c1 := cpu.sample()
 	quietRSS, quietOpen := mon.peakRSS(), mon.openInvoices(ctx)
 
 	say("phase 2: flood of %d Nostr keys x %d calls and %d HTTP sessions x %d calls from %d addresses, never paying (a child process at nice %d)",
@@ -147,6 +150,8 @@ func run(ctx context.Context, st *testnet.Stack, o *options) error {
 	if err != nil {
 		return err
 	}
+	cpu.add(fmt.Sprintf("flood (nice %d)", o.nice), fl.pid, fl.childCPU)
+	c2 := cpu.sample()
 	// Let the flood fill capvend's unpaid slots before the customer comes.
 	for fl.nostrSent.Load() < int64(min(o.keys*o.calls/3, 3000)) && ctx.Err() == nil {
 		select {
@@ -161,6 +166,7 @@ func run(ctx context.Context, st *testnet.Stack, o *options) error {
 	if err != nil {
 		return err
 	}
+	c3 := cpu.sample()
 	floodOpen := mon.openInvoices(ctx)
 	<-floodDone
 	say("  flood done: %d Nostr requests (%d publish errors), %d HTTP calls (%s)",
@@ -181,6 +187,10 @@ func run(ctx context.Context, st *testnet.Stack, o *options) error {
 		return append(append([]time.Duration(nil), p.nostr...), p.http...)
 	}
 	report("both", all(base), all(under), base.nostrFail+base.httpFail, under.nostrFail+under.httpFail)
+	say("  without the flood:")
+	cpu.report(c0, c1)
+	say("  from the flood's start to the customers' last call under it:")
+	cpu.report(c2, c3)
 	if o.pid > 0 {
 		say("  capvend RSS: %d MB peak without flood, %d MB peak under flood (pid %d)", quietRSS>>20, mon.peakRSS()>>20, o.pid)
 	} else {
@@ -238,8 +248,9 @@ func pct(ds []time.Duration, p int) time.Duration {
 
 // monitor samples capvend's RSS and the vendor LND's open invoices.
 type monitor struct {
-	pid int
-	st  *testnet.Stack
+	pid   int
+	st    *testnet.Stack
+	every time.Duration // between counts of open invoices
 
 	mu       sync.Mutex
 	rss, top int64 // bytes
@@ -255,13 +266,14 @@ func (m *monitor) start(ctx context.Context) {
 		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
 		n := 0
+		per := max(int(m.every/(250*time.Millisecond)), 1)
 		for {
 			if rss := readRSS(m.pid); rss > 0 {
 				m.mu.Lock()
 				m.rss = max(m.rss, rss)
 				m.mu.Unlock()
 			}
-			if n%8 == 0 { // every 2 s: listing thousands of invoices is not free
+			if n%per == 0 { // listing thousands of invoices is not free
 				m.openInvoices(ctx)
 			}
 			n++
