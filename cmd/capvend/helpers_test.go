@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/capvend/capvend/internal/syncbuf"
 )
 
 var (
@@ -62,12 +64,18 @@ func serveInProcess(t testing.TB, path, listen string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	stderr := &lockedWriter{w: &strings.Builder{}}
+	// serve's log, shown when the test fails: the only way to see why an
+	// upstream or a payment misbehaved in a run that cannot be repeated.
+	logs := &syncbuf.Buffer{}
 	go func() {
 		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: stderr,
-			Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(logs, nil))}
 		done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
 	}()
 	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("serve's log:\n%s", logs)
+		}
 		cancel()
 		select {
 		case code := <-done:
