@@ -39,7 +39,7 @@ func TestStatFieldsOfAnOddlyNamedProcess(t *testing.T) {
 	if busy, idle := machineTicks(); busy <= 0 || idle <= 0 {
 		t.Fatalf("machine ticks busy %d idle %d", busy, idle)
 	}
-	if procTicks(1 << 30) != 0 {
+	if procTicks(1<<30) != 0 {
 		t.Fatal("a missing process has CPU time")
 	}
 }
