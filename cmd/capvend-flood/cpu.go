@@ -107,8 +107,9 @@ func (m *cpuMeter) report(a, b cpuSample) {
 	var parts []string
 	var named int64
 	for _, p := range m.procs {
-		d := b.ticks[p.name] - a.ticks[p.name]
-		if d < 0 { // the process ended or is another one now
+		before, ok := a.ticks[p.name]
+		d := b.ticks[p.name] - before
+		if !ok || d < 0 { // measured since, or ended, or another process now
 			continue
 		}
 		named += d

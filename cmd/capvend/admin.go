@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"strings"
 
 	"golang.org/x/sync/errgroup"
@@ -31,6 +33,13 @@ func newAdmin(cfg *Config, log *slog.Logger) (*admin.Server, *admin.Metrics, err
 	servers, items := metricLabels(cfg)
 	m := admin.NewMetrics(servers, items, admin.Sources{}, log)
 	srv.Handle("GET /metrics", m.Handler())
+	if cfg.Admin.Pprof {
+		srv.Handle("GET /debug/pprof/", http.HandlerFunc(pprof.Index))
+		srv.Handle("GET /debug/pprof/cmdline", http.HandlerFunc(pprof.Cmdline))
+		srv.Handle("GET /debug/pprof/profile", http.HandlerFunc(pprof.Profile))
+		srv.Handle("GET /debug/pprof/symbol", http.HandlerFunc(pprof.Symbol))
+		srv.Handle("GET /debug/pprof/trace", http.HandlerFunc(pprof.Trace))
+	}
 	return srv, m, nil
 }
 

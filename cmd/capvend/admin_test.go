@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -104,10 +105,13 @@ func TestServeAdminListener(t *testing.T) {
 	if code != 200 || !strings.Contains(body, "ok: upstreams") {
 		t.Fatalf("readyz once the MCP endpoint answers: %d\n%s", code, body)
 	}
-	for _, p := range []string{"/metrics", "/healthz", "/readyz"} {
+	for _, p := range []string{"/metrics", "/healthz", "/readyz", "/debug/pprof/"} {
 		if code, _ := get(t, "http://"+listen+p, ""); code != 404 {
 			t.Errorf("the MCP listener answers %s with %d, want 404", p, code)
 		}
+	}
+	if code, _ := get(t, "http://"+addr+"/debug/pprof/", ""); code != 404 {
+		t.Errorf("without admin.pprof the admin listener answers /debug/pprof/ with %d, want 404", code)
 	}
 	for range 3 {
 		req := mcp.CallToolRequest{}
@@ -134,6 +138,27 @@ func TestServeAdminListener(t *testing.T) {
 	}
 }
 
+// admin.pprof serves Go's profiles on the admin listener, behind its token.
+func TestAdminPprof(t *testing.T) {
+	path, listen := freeToolsConfig(t, "")
+	tokenFile := filepath.Join(filepath.Dir(path), "admin.token")
+	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := adminConfig(t, path, "  pprof: true\n  token_file: "+tokenFile+"\n")
+	serveInProcess(t, path, listen)
+	if code, _ := get(t, "http://"+addr+"/debug/pprof/", ""); code != 401 {
+		t.Errorf("/debug/pprof/ without the token: %d, want 401", code)
+	}
+	code, body := get(t, "http://"+addr+"/debug/pprof/goroutine?debug=1", "0123456789abcdef0123")
+	if code != 200 || !strings.Contains(body, "goroutine profile:") {
+		t.Fatalf("/debug/pprof/goroutine with the token: %d\n%.300s", code, body)
+	}
+	if code, body := get(t, "http://"+listen+"/debug/pprof/goroutine?debug=1", ""); code != 404 {
+		t.Errorf("the MCP listener answers /debug/pprof/goroutine with %d: %.200s", code, body)
+	}
+}
+
 // Off loopback, the admin listener needs a token file, and checks it.
 func TestAdminConfigValidates(t *testing.T) {
 	dir := t.TempDir()
@@ -149,6 +174,8 @@ func TestAdminConfigValidates(t *testing.T) {
 		{"log:\n  format: xml\n", "log.format: \"xml\" is not text or json"},
 		{"log:\n  level: loud\n", "log.level: \"loud\" is not one of debug, info, warn, error"},
 		{"log:\n  format: json\n  level: debug\n", ""},
+		{"admin:\n  pprof: true\n", "admin.pprof: profiles are served on the admin listener: set admin.listen too"},
+		{"admin:\n  listen: 127.0.0.1:9402\n  pprof: true\n", ""},
 	} {
 		_, err := parseConfig(dir+"/capvend.yaml", []byte(tc.yaml), func(string) string { return "" })
 		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {

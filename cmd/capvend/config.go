@@ -59,6 +59,9 @@ type AdminConfig struct {
 	// TokenFile names a file holding the bearer token every admin request
 	// must carry (required when Listen is not a loopback address).
 	TokenFile string `yaml:"token_file"`
+	// Pprof serves Go's profiles (net/http/pprof) under /debug/pprof/ on
+	// the admin listener, behind its token: off by default.
+	Pprof bool `yaml:"pprof"`
 }
 
 // LogConfig is how capvend logs (to standard error).
@@ -980,6 +983,8 @@ func hexPubkeys(list []string) []string {
 // validate checks the admin section.
 func (a AdminConfig) validate() error {
 	switch {
+	case a.Listen == "" && a.Pprof:
+		return errors.New("admin.pprof: profiles are served on the admin listener: set admin.listen too")
 	case a.Listen == "":
 		return nil
 	case !validHostPort(a.Listen):
