@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 	"os"
 	"sort"
 	"strings"
@@ -38,6 +39,8 @@ type env struct {
 	// ConfigPath is the --config flag (or $CAPVEND_CONFIG); empty means
 	// "./capvend.yaml if it exists".
 	ConfigPath string
+	// lockWait, if set, replaces serveLockWait (tests).
+	lockWait time.Duration
 }
 
 // exitError carries a specific exit status (e.g. `ledger verify` found

@@ -48,6 +48,10 @@ origins are checked (http.allowed_origins), a bearer token can be required
 standard input and output instead (for desktop MCP clients that launch
 their servers); logs then go to standard error only.
 
+One serve at a time uses an SQLite ledger (it locks LEDGER.lock): a second
+waits up to 40 s for the first to stop (a restart), then refuses. Several
+serves share a PostgreSQL ledger (ledger.driver: postgres).
+
 SIGHUP reloads the prices (the tools:, prompts: and resources: sections of
 the upstreams): a valid file takes effect for new calls at once (calls
 already quoted keep their price), tool lists change and Nostr announcements
@@ -91,6 +95,17 @@ a plain invoice's payment is owed ('capvend refunds').`,
 func serve(ctx context.Context, e *env, cfg *Config, stdio bool) error {
 	if err := cfg.checkSecrets(); err != nil {
 		return err
+	}
+	if cfg.Ledger.Driver != "postgres" {
+		wait := serveLockWait
+		if e.lockWait > 0 {
+			wait = e.lockWait
+		}
+		release, err := lockLedger(ctx, cfg.Ledger.Path, wait, e.Stderr)
+		if err != nil {
+			return err
+		}
+		defer release() // after s.close below: the ledger is closed first
 	}
 	log := e.Log
 	if cfg.Log != defaultConfig().Log {
