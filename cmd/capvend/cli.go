@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"time"
 	"os"
 	"sort"
 	"strings"
+	"time"
 )
 
 // command is one node of the capvend command tree. A command either runs
