@@ -225,6 +225,7 @@ type Server struct {
 	lists   listWatch                        // list_changed (sessions.go)
 	elicits elicitations                     // elicitations waiting for an answer (elicit.go)
 	shard   *shard                           // with Config.Members (shard.go)
+	relays  relayStates                      // the main subscription on each relay (relays.go)
 }
 
 // slotKey is the context key of the function that gives a request's
@@ -327,6 +328,7 @@ func New(cfg Config) (*Server, error) {
 	priv, _ := btcec.PrivKeyFromBytes(skBytes)
 	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, inflight: map[string]bool{}, ready: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight), paying: make(chan struct{}, max(1, cfg.MaxInFlight/10)), ann: newAnnouncer(), lists: newListWatch(), access: access}
+	s.relays.init(cfg.Relays)
 	if cfg.Members != nil {
 		s.shard = &shard{m: cfg.Members, me: cfg.Instance, name: MemberLease(pk, cfg.Instance), prefix: memberPrefix(pk),
 			sample: cmp.Or(cfg.ShardSample, DefaultShardSample), ttl: cmp.Or(cfg.MemberTTL, DefaultMemberTTL), now: cfg.Now}

@@ -24,9 +24,19 @@
 // event. Every answer is signed with the server key and tagged
 // ["p", <client pubkey>] and ["e", <request event id>]. It is published to
 // every relay; publishing succeeds when one relay accepts it (the others
-// still get it). A relay that is down does not stop the service:
-// go-nostr's SimplePool reconnects and resubscribes (since the time the
-// connection broke). The first event to a client not answered before is
+// still get it). A relay that is down does not stop the service: Run
+// connects again every 5 s and subscribes again since the newest
+// created_at it saw on that relay (or its last end of stored events),
+// less 30 s for clients' clocks, and never more than 5 minutes (or the
+// window) back, so that a gift wrap or job request published while the
+// connection was down is served. The stored events of those 30 s it
+// received before are dropped by id; what it served before from another
+// relay is answered from the stored replies (or dropped by Run's one
+// minute memory of event ids, or by a claim). Ephemeral requests (kind
+// 25910) published meanwhile are lost: relays do not keep them, and the
+// client asks again. Settled (closed once every relay's subscription had
+// its end of stored events, or failed, RelayStates naming them) is when
+// serve says it is serving. The first event to a client not answered before is
 // held for Config.FirstAnswerDelay (200 ms): a relay may register a
 // client's subscription after handling its first request (khatru handles
 // each message on its own goroutine), and an ephemeral answer published

@@ -126,15 +126,24 @@ func (s *Server) startMain(ctx context.Context, pool *nostr.SimplePool, filter n
 }
 
 // runLane keeps lane l subscribed on relay url until ctx ends. eose, if
-// set, is called once, at the first end of stored events.
+// set, is called once, at the first end of stored events. The main
+// subscription, subscribed again after its connection broke, starts
+// from where it was (see resume); a lane from then on.
 func (s *Server) runLane(ctx context.Context, pool *nostr.SimplePool, url string, l lane, base nostr.Filter, out chan<- *nostr.Event, eose func()) {
 	var first sync.Once
+	var pos *resume
+	if l == laneMain {
+		pos = &resume{}
+	}
 	resubscribed := false
 	for ctx.Err() == nil {
 		f := base
 		// From now on: what was sent before came by the main
 		// subscription, or, for its own first, since base's Since.
 		since := nostr.Timestamp(s.cfg.Now().Unix())
+		if pos != nil && resubscribed {
+			since = pos.since(s.cfg.Now(), s.cfg.Window)
+		}
 		if l != laneMain || resubscribed {
 			f.Since = &since
 		}
@@ -153,6 +162,7 @@ func (s *Server) runLane(ctx context.Context, pool *nostr.SimplePool, url string
 		}
 		relay, err := pool.EnsureRelay(url)
 		if err != nil {
+			s.relayFailed(l, url, err)
 			sleepCtx(ctx, laneRetry)
 			continue
 		}
@@ -160,23 +170,31 @@ func (s *Server) runLane(ctx context.Context, pool *nostr.SimplePool, url string
 		sub, err := relay.Subscribe(subCtx, nostr.Filters{f}, opts...)
 		if err != nil {
 			cancel()
+			s.relayFailed(l, url, err)
 			sleepCtx(ctx, laneRetry)
 			continue
 		}
-		resubscribed = true
-		if eose != nil {
-			go func() {
-				select {
-				case <-sub.EndOfStoredEvents:
-					first.Do(eose)
-				case <-subCtx.Done():
-				}
-			}()
+		if resubscribed && pos != nil {
+			s.log.Info("nostr relay subscribed again", logKeyRelay, url, "since", since.Time().UTC().Format(time.RFC3339))
 		}
-		ended := s.readLane(ctx, sub, authors, out)
+		resubscribed = true
+		onEOSE := func() {
+			if l == laneMain {
+				s.relaySubscribed(url)
+			}
+			if eose != nil {
+				first.Do(eose)
+			}
+		}
+		ended := s.readLane(ctx, sub, authors, out, pos, onEOSE)
 		sub.Unsub()
 		cancel()
 		if ended {
+			if pos != nil {
+				err := context.Cause(sub.Context)
+				s.relayFailed(l, url, err)
+				s.log.Warn("nostr relay subscription ended", logKeyRelay, url, logKeyErr, err)
+			}
 			sleepCtx(ctx, laneRetry)
 		}
 	}
@@ -184,30 +202,120 @@ func (s *Server) runLane(ctx context.Context, pool *nostr.SimplePool, url string
 
 // readLane passes sub's events to out until ctx ends (false), sub ends
 // (true), or, when authors is set, the payers to follow changed (false).
-func (s *Server) readLane(ctx context.Context, sub *nostr.Subscription, authors []string, out chan<- *nostr.Event) (ended bool) {
+// It calls eose at the end of sub's stored events. With pos (the main
+// subscription), a stored event that came before on this relay is
+// dropped, and the events are noted in pos.
+func (s *Server) readLane(ctx context.Context, sub *nostr.Subscription, authors []string, out chan<- *nostr.Event, pos *resume, eose func()) (ended bool) {
 	var tick <-chan time.Time
 	if authors != nil {
 		t := time.NewTicker(laneRefresh)
 		defer t.Stop()
 		tick = t.C
 	}
+	stored := true
 	for {
 		select {
 		case ev, ok := <-sub.Events:
 			if !ok {
 				return true
 			}
+			if pos != nil && pos.note(ev, stored, s.cfg.Now()) {
+				continue
+			}
 			select {
 			case out <- ev:
 			case <-ctx.Done():
 				return false
 			}
+		case <-sub.EndOfStoredEvents:
+			stored = false
+			if pos != nil {
+				pos.eose(s.cfg.Now())
+			}
+			eose()
 		case <-tick:
 			if !slices.Equal(authors, s.payerAuthors()) {
 				return false
 			}
 		case <-ctx.Done():
 			return false
+		}
+	}
+}
+
+const (
+	// resumeMargin is how far before the newest created_at it saw on a
+	// relay the main subscription starts again after its connection
+	// broke: a request published meanwhile may be dated a little
+	// earlier (its client's clock). resumeMax bounds how far back it
+	// starts (never more than Config.Window), so that a long outage does
+	// not replay every stored request since; maxResumeIDs bounds the ids
+	// remembered to drop what came before.
+	resumeMargin = 30 * time.Second
+	resumeMax    = 5 * time.Minute
+	maxResumeIDs = 1 << 14
+)
+
+// resume is where the main subscription on one relay is: the newest
+// created_at it saw (never later than when the event came), or its last
+// end of stored events, and the ids of the events it saw dated
+// resumeMargin before that or later. Subscribed again since newest minus
+// resumeMargin, the relay sends again the stored events of that margin
+// it had sent (gift wraps and job requests): they are dropped here, as
+// their ids are known. Events after the end of stored events are live,
+// and never dropped here (a client sending the same event again must
+// reach Run: see startMain).
+type resume struct {
+	mu     sync.Mutex
+	newest nostr.Timestamp
+	ids    map[string]nostr.Timestamp
+}
+
+// since is where to subscribe again from at now.
+func (r *resume) since(now time.Time, window time.Duration) nostr.Timestamp {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	floor := nostr.Timestamp(now.Add(-min(window, resumeMax)).Unix())
+	return max(r.newest-nostr.Timestamp(resumeMargin/time.Second), floor)
+}
+
+// eose notes the end of a subscription's stored events at now: every
+// event since came live.
+func (r *resume) eose(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.advance(nostr.Timestamp(now.Unix()))
+}
+
+// note notes an event that came at now (stored: before the end of stored
+// events) and reports whether to drop it: a stored event seen before.
+func (r *resume) note(ev *nostr.Event, stored bool, now time.Time) (drop bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.ids[ev.ID]; ok && stored {
+		return true
+	}
+	r.advance(min(ev.CreatedAt, nostr.Timestamp(now.Unix())))
+	if ev.CreatedAt >= r.newest-nostr.Timestamp(resumeMargin/time.Second) && len(r.ids) < maxResumeIDs {
+		if r.ids == nil {
+			r.ids = make(map[string]nostr.Timestamp)
+		}
+		r.ids[ev.ID] = ev.CreatedAt
+	}
+	return false
+}
+
+// advance moves newest to t if later, forgetting the ids dated before
+// the margin (at most once a second: timestamps are seconds).
+func (r *resume) advance(t nostr.Timestamp) {
+	if t <= r.newest {
+		return
+	}
+	r.newest = t
+	cut := t - nostr.Timestamp(resumeMargin/time.Second)
+	for id, at := range r.ids {
+		if at < cut {
+			delete(r.ids, id)
 		}
 	}
 }

@@ -79,3 +79,70 @@ func StoppableRelay(t testing.TB, addr string) (string, func()) {
 	t.Cleanup(stop)
 	return ln.Addr().String(), stop
 }
+
+// GatedRelay serves one in-memory relay at two URLs: open, always up,
+// and gated, behind a gate the test closes and opens. Closing it (Cut)
+// closes the websocket connections made through gated and refuses new
+// ones (HTTP 503) until Restore; the relay and its stored events stay.
+// For a server that loses its relay while its clients do not.
+type GatedRelay struct {
+	Open, Gated string
+
+	mu    sync.Mutex
+	down  bool
+	conns []net.Conn
+}
+
+// NewGatedRelay serves a GatedRelay until the test ends.
+func NewGatedRelay(t testing.TB) *GatedRelay {
+	t.Helper()
+	rl := NewRelay()
+	g := &GatedRelay{Open: ServeRelay(t, rl)}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.mu.Lock()
+		down := g.down
+		g.mu.Unlock()
+		if down {
+			http.Error(w, "gate closed", http.StatusServiceUnavailable)
+			return
+		}
+		rl.ServeHTTP(w, r)
+	}))
+	srv.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		if st == http.StateHijacked {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			if g.down {
+				c.Close()
+				return
+			}
+			g.conns = append(g.conns, c)
+		}
+	}
+	srv.Start()
+	t.Cleanup(func() {
+		srv.Close()
+		g.Cut() // hijacked connections outlive srv.Close
+	})
+	g.Gated = "ws" + strings.TrimPrefix(srv.URL, "http")
+	return g
+}
+
+// Cut closes the gate: the connections through Gated are closed, and new
+// ones refused until Restore.
+func (g *GatedRelay) Cut() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.down = true
+	for _, c := range g.conns {
+		c.Close()
+	}
+	g.conns = nil
+}
+
+// Restore opens the gate again.
+func (g *GatedRelay) Restore() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.down = false
+}
