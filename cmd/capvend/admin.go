@@ -87,6 +87,9 @@ func (s *vendServer) watch() error {
 		}
 		return nil
 	}})
+	if s.nostr != nil {
+		s.admin.AddCheck(admin.Check{Name: "nostr", Check: s.nostrReady})
+	}
 	_, err := admin.NewDashboard(s.admin, s.metrics, ledgerDashboard{s.l})
 	return err
 }
@@ -105,6 +108,23 @@ func (s *vendServer) relays() int {
 		return 0
 	}
 	return s.nostr.RelaysConnected()
+}
+
+// nostrReady: the Nostr front is subscribed on a relay (its end of
+// stored events came, and the subscription has not ended since).
+func (s *vendServer) nostrReady(context.Context) error {
+	var down []string
+	for _, st := range s.nostr.RelayStates() {
+		if st.Subscribed {
+			return nil
+		}
+		msg := st.URL + ": not subscribed yet"
+		if st.Err != "" {
+			msg = st.URL + ": " + st.Err
+		}
+		down = append(down, msg)
+	}
+	return fmt.Errorf("no relay subscribed: %s", strings.Join(down, "; "))
 }
 
 // upstreamsDown names the upstreams that have not listed their tools (or

@@ -207,8 +207,9 @@ func (c *loadClient) warmUp(tb testing.TB) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
 	defer cancel()
-	// "serving ContextVM" is printed before the server subscribed: the
-	// relay refuses a request nobody listens for yet.
+	// serve says "serving ContextVM" once subscribed (see
+	// TestServingLineMeansSubscribed); the retry guards a relay that
+	// refuses a request nobody listens for yet all the same.
 	for {
 		_, err := c.call(ctx, "initialize", `{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}`)
 		if err == nil {

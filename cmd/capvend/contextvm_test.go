@@ -169,9 +169,16 @@ func serverKey(t testing.TB) (pubkey, nsecFile string) {
 // the test's end stops it too.
 func serveStoppable(t testing.TB, path, listen string) (stop func()) {
 	t.Helper()
+	stop, _ = serveOutput(t, path, listen)
+	return stop
+}
+
+// serveOutput is serveStoppable that also returns serve's standard error.
+func serveOutput(t testing.TB, path, listen string) (stop func(), stderr *lockedWriter) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	stderr := &lockedWriter{w: &strings.Builder{}}
+	stderr = &lockedWriter{w: &strings.Builder{}}
 	// capvend's debug log (why an event was dropped ...), shown when the
 	// test fails.
 	logs := &lockedWriter{w: &strings.Builder{}}
@@ -223,7 +230,7 @@ func serveStoppable(t testing.TB, path, listen string) (stop func()) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return stop
+	return stop, stderr
 }
 
 func (l *lockedWriter) String() string {

@@ -425,7 +425,7 @@ func (s *vendServer) run(ctx context.Context) error {
 			// a PostgreSQL ledger.
 			return s.nostr.Run(gctx)
 		})
-		fmt.Fprintf(s.e.Stderr, "capvend: serving ContextVM as %s on %d relay(s) (%s)\n", s.nostr.PublicKey(), len(s.cfg.Nostr.Relays), describeBackends(s.backends))
+		g.Go(func() error { s.sayServingNostr(gctx); return nil })
 	}
 	if ln != nil {
 		g.Go(func() error { return s.serveHTTP(gctx, ln) })
@@ -433,6 +433,35 @@ func (s *vendServer) run(ctx context.Context) error {
 	err = g.Wait()
 	stopBack()
 	return errors.Join(err, backErr())
+}
+
+// sayServingNostr prints "serving ContextVM" once the Nostr front's
+// subscription is ready: every relay sent the end of its stored events or
+// failed (each failed relay is named), and at least one is subscribed. A
+// request published after the line reaches it.
+func (s *vendServer) sayServingNostr(ctx context.Context) {
+	select {
+	case <-s.nostr.Settled():
+	case <-ctx.Done():
+		return
+	}
+	for _, st := range s.nostr.RelayStates() {
+		if !st.Subscribed {
+			fmt.Fprintf(s.e.Stderr, "capvend: nostr relay %s: not subscribed: %s (trying again every 5 s)\n", st.URL, st.Err)
+		}
+	}
+	select {
+	case <-s.nostr.Up():
+	case <-ctx.Done():
+		return
+	}
+	up := 0
+	for _, st := range s.nostr.RelayStates() {
+		if st.Subscribed {
+			up++
+		}
+	}
+	fmt.Fprintf(s.e.Stderr, "capvend: serving ContextVM as %s on %d of %d relay(s) (%s)\n", s.nostr.PublicKey(), up, len(s.nostr.RelayStates()), describeBackends(s.backends))
 }
 
 // serveHTTP serves the MCP front on ln until ctx ends, then stops
