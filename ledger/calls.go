@@ -151,11 +151,11 @@ func (l *Ledger) RecordCall(ctx context.Context, nc vend.NewCall) (vend.Call, bo
 // the call of the same request key if it sells the same Binding.
 func recordCall(ctx context.Context, tx *wtx, nc vend.NewCall, now time.Time) (vend.Call, bool, error) {
 	res, err := tx.ExecContext(ctx, `INSERT INTO calls (transport, client, request_id, server, tool, args_hash,
-		price_msat, idempotent, state, created_at, updated_at, kind, refund_invoice, run_id)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?, ?, ?, ?)
+		price_msat, idempotent, state, created_at, updated_at, kind, refund_invoice, run_id, limit_key)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (transport, client, request_id) DO NOTHING`,
 		nc.Transport, nc.Client, nc.RequestID, nc.Server, nc.Tool, nc.ArgsHash, nc.Price, nc.Idempotent, ms(now), ms(now),
-		string(nc.Kind.Or()), nc.RefundInvoice, nc.Run)
+		string(nc.Kind.Or()), nc.RefundInvoice, nc.Run, nc.LimitKey)
 	if err != nil {
 		return vend.Call{}, false, err
 	}

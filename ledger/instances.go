@@ -199,6 +199,26 @@ func (l *Ledger) CountCall(ctx context.Context, client string, minute time.Time,
 	return counted, nil
 }
 
+var _ vend.UnpaidCounter = (*Ledger)(nil)
+
+// OpenUnpaid implements vend.UnpaidCounter: two counts from the indexes
+// (calls_unpaid_key, payments_state), no write.
+func (l *Ledger) OpenUnpaid(ctx context.Context, key string, now time.Time) (ofKey, total int, err error) {
+	if key == "" {
+		return 0, 0, errors.New("open unpaid: a key is required")
+	}
+	err = l.reader(ctx).QueryRowContext(ctx, `SELECT
+		(SELECT count(*) FROM calls c JOIN payments p ON p.call_id = c.id
+			WHERE c.limit_key = ? AND c.limit_key <> '' AND c.state = 'awaiting_payment'
+			AND p.state = 'open' AND p.expires_at > ?),
+		(SELECT count(*) FROM payments WHERE state = 'open' AND expires_at > ?)`,
+		key, ms(now), ms(now)).Scan(&ofKey, &total)
+	if err != nil {
+		return 0, 0, fmt.Errorf("open unpaid: %w", err)
+	}
+	return ofKey, total, nil
+}
+
 // ErrPricesDiffer: RegisterPrices found a live instance whose price book
 // differs from the registering one's.
 var ErrPricesDiffer = errors.New("the price book differs from a running instance's")

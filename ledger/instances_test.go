@@ -368,3 +368,59 @@ func TestLeaseHoldersLiveByPrefix(t *testing.T) {
 	}
 	want("nostr:k1:")
 }
+
+// TestOpenUnpaidAcrossHandles: the open unpaid payment requests recorded
+// through one handle are counted through another, per limit key and in
+// all; a settled, canceled or expired one, and a call recorded without a
+// key (one instance), do not count for a key.
+func TestOpenUnpaidAcrossHandles(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "capvend.db")
+	a, b := openLedger(t, path), openHandle(t, path, nil)
+	now := time.Date(2029, 1, 1, 0, 0, 0, 0, time.UTC)
+	unpaid := func(l *ledger.Ledger, i int, key string, expires time.Time) vend.Payment {
+		t.Helper()
+		nc := newCall(i)
+		nc.LimitKey = key
+		c, _, err := l.RecordCall(ctx, nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		np := newPayment(i)
+		np.ExpiresAt = expires
+		p, err := l.RecordPayment(ctx, c.ID, np)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	later := now.Add(time.Hour)
+	unpaid(a, 1, "ip:192.0.2.1", later)
+	unpaid(a, 2, "ip:192.0.2.1", later)
+	settled := unpaid(a, 3, "ip:192.0.2.1", later)
+	if _, err := a.SettlePayment(ctx, vend.Settlement{Ref: settled.Ref, Amount: settled.Amount}); err != nil {
+		t.Fatal(err)
+	}
+	unpaid(a, 4, "ip:192.0.2.1", now.Add(-time.Second)) // expired, not yet reported
+	unpaid(a, 5, "npub-other", later)
+	unpaid(a, 6, "", later)
+	canceled := newCall(7)
+	canceled.LimitKey = "ip:192.0.2.1"
+	c, _, err := a.RecordCall(ctx, canceled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CancelQuote(ctx, c.ID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	ofKey, total, err := b.OpenUnpaid(ctx, "ip:192.0.2.1", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ofKey != 2 || total != 4 {
+		t.Fatalf("open unpaid: %d of the key, %d in all; want 2 and 4", ofKey, total)
+	}
+	if _, _, err := b.OpenUnpaid(ctx, "", now); err == nil {
+		t.Fatal("an empty key counted")
+	}
+}

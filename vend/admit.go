@@ -189,7 +189,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		// is written: a client at its limit, or a request finding the
 		// line full, is refused for free (a flood costs no ledger write),
 		// unless this is a replay of a call it holds already.
-		if slot, err = v.holdUnpaid(r); err == nil {
+		if slot, err = v.holdUnpaid(ctx, r); err == nil {
 			turn, err = v.joinIssuing(r)
 		}
 		if err != nil {
@@ -204,6 +204,9 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Kind: t.Kind.Or(), Tool: t.UpstreamName,
 		ArgsHash: hash, Price: q.Price, Idempotent: q.Idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
 		RefundInvoice: r.RefundInvoice, Run: v.runID,
+	}
+	if v.cfg.Shared.Unpaid != nil {
+		nc.LimitKey = limitKey(r) // counted by the other instances (holdUnpaid)
 	}
 	if byCredit(&t, r) && r.account != "" {
 		return v.admitCredit(ctx, nc, bind, pending{v: v, t: t, args: args, r: r})

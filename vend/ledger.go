@@ -65,6 +65,10 @@ type NewCall struct {
 	// requests serving them. "" for a call recorded by no Vendor (or
 	// before ledger schema 10): always another run's. Written once.
 	Run string
+	// LimitKey is who the call's unpaid limits count (see the package
+	// doc, limits), kept where several instances count them in the
+	// ledger (SharedConfig.Unpaid); "" otherwise. Written once.
+	LimitKey string
 }
 
 // Binding is exactly what a priced call sells: its kind, the upstream
@@ -335,4 +339,14 @@ type RateCounter interface {
 	// minute if client made fewer than limit there, and reports whether
 	// it did (false: over the limit). Atomic across instances.
 	CountCall(ctx context.Context, client string, minute time.Time, limit int) (bool, error)
+}
+
+// UnpaidCounter counts open unpaid payment requests where several capvend
+// instances share it (a ledger), so that Config.MaxUnpaidPerClient and
+// MaxUnpaidTotal hold across them. It only reads.
+type UnpaidCounter interface {
+	// OpenUnpaid returns the payment requests open and not expired at now
+	// of the awaiting calls recorded with NewCall.LimitKey key, and of
+	// every call.
+	OpenUnpaid(ctx context.Context, key string, now time.Time) (ofKey, total int, err error)
 }

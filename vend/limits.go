@@ -139,6 +139,7 @@ type unpaidQuote struct {
 	shed    chan struct{} // closed when it is withdrawn to make room
 	el      *list.Element // in unpaidBook.order; nil once removed
 	held    bool          // counted for its key, not yet in the total (under unpaidBook.mu)
+	full    bool          // the shared total is reached: enter makes room here (under unpaidBook.mu)
 }
 
 // unpaidBook counts the open unpaid payment requests: per key (at most
@@ -199,7 +200,7 @@ func (b *unpaidBook) enter(q *unpaidQuote, now time.Time) (victim *unpaidQuote, 
 	if b.order.Len() >= b.total {
 		b.dropDead(now)
 	}
-	if b.order.Len() >= b.total {
+	if b.order.Len() >= b.total || q.full {
 		victim = b.victim()
 		if victim == nil {
 			return nil, errUnpaidTotal
@@ -361,13 +362,43 @@ func (b *unpaidBook) counts(key string) (total, ofKey int) {
 }
 
 // holdUnpaid takes a slot of r's client's own limit for a new payment
-// request (see unpaidBook.hold). The error wraps ErrLimit.
-func (v *Vendor) holdUnpaid(r *CallRequest) (*unpaidQuote, error) {
-	q, err := v.unpaid.hold(limitKey(r))
+// request (see unpaidBook.hold). The error wraps ErrLimit. With
+// Config.Shared.Unpaid the client's open requests on every instance are
+// counted too (one ledger read, only once this instance's own count let
+// the request through): at MaxUnpaidPerClient it is refused, before
+// anything is written; at MaxUnpaidTotal its entry withdraws this
+// instance's oldest request of its busiest client (see enter). A count
+// that cannot be read lets the request through (the instance's own limits
+// still hold).
+func (v *Vendor) holdUnpaid(ctx context.Context, r *CallRequest) (*unpaidQuote, error) {
+	key := limitKey(r)
+	q, err := v.unpaid.hold(key)
 	if err != nil {
 		return nil, v.unpaidError(err)
 	}
+	counter := v.cfg.Shared.Unpaid
+	if counter == nil {
+		return q, nil
+	}
+	ofKey, total, err := counter.OpenUnpaid(ctx, key, time.Now())
+	switch {
+	case err != nil:
+		v.cfg.Log.Warn("vend: unpaid payment requests not counted in the ledger", "err", err)
+	case ofKey >= v.cfg.MaxUnpaidPerClient:
+		v.unpaid.release(q)
+		return nil, v.unpaidError(errUnpaidPerClient)
+	case total >= v.cfg.MaxUnpaidTotal:
+		v.unpaid.markFull(q)
+	}
 	return q, nil
+}
+
+// markFull notes that the shared total is reached: q's entry must make
+// room (see enter).
+func (b *unpaidBook) markFull(q *unpaidQuote) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	q.full = true
 }
 
 // enterUnpaid admits r's held slot q into the total right before its

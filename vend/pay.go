@@ -43,7 +43,7 @@ func (c *pending) requestPayment(ctx context.Context, slot *unpaidQuote, turn *t
 	}
 	if slot == nil {
 		var err error
-		if slot, err = v.holdUnpaid(r); err != nil {
+		if slot, err = v.holdUnpaid(ctx, r); err != nil {
 			v.leaveIssuing(turn)
 			c.endUnpaid(ctx, "too many unpaid requests")
 			return nil, CallResult{}, err

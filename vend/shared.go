@@ -31,6 +31,11 @@ type SharedConfig struct {
 	// Rates, if set, counts Config.RequestsPerMinute across the
 	// instances (one ledger write per call); nil: in this process.
 	Rates RateCounter
+	// Unpaid, if set, counts the open unpaid payment requests
+	// (MaxUnpaidPerClient, MaxUnpaidTotal) across the instances: one
+	// ledger read per new quote the instance's own count lets through,
+	// and each call records its limit key; nil: in this process only.
+	Unpaid UnpaidCounter
 }
 
 // LeaseWork is the lease of the work that runs on one instance.

@@ -246,3 +246,60 @@ func twoInstances(t *testing.T, hold bool) (l *ledger.Ledger, a, b *harness) {
 	}
 	return l, harnessOn(t, l, hold, shared("A")), harnessOn(t, l, hold, shared("B"))
 }
+
+// TestUnpaidLimitsAcrossInstances: with Shared.Unpaid, a client's open
+// unpaid payment requests on every instance count toward
+// MaxUnpaidPerClient (a client at its limit on A and B together is
+// refused on B, and nothing is written for it), and MaxUnpaidTotal counts
+// every instance's: an instance whose new quote finds the total reached
+// withdraws its own oldest request of its busiest client.
+func TestUnpaidLimitsAcrossInstances(t *testing.T) {
+	l, err := openLedger(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	shared := func(name string) func(*vend.Config) {
+		return func(c *vend.Config) {
+			c.MaxUnpaidPerClient, c.MaxUnpaidTotal = 2, 3
+			c.Shared = vend.SharedConfig{Leases: l, Instance: name, Poll: 20 * time.Millisecond, Unpaid: l}
+		}
+	}
+	a, b := harnessOn(t, l, false, shared("A")), harnessOn(t, l, false, shared("B"))
+	ctx := context.Background()
+	gated := func(h *harness, id, client string) (vend.Payment, error) { // an explicit-gating quote: answered at once
+		t.Helper()
+		r := from(id, client, "", nil)
+		r.Explicit = true
+		var pr *vend.PaymentRequiredError
+		_, err := h.v.CallTool(ctx, r)
+		if !errors.As(err, &pr) {
+			return vend.Payment{}, err
+		}
+		return <-h.be.last, nil
+	}
+	if _, err := gated(a, "s1", "spammer"); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := gated(b, "s2", "spammer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gated(b, "s3", "spammer"); !errors.Is(err, vend.ErrLimit) {
+		t.Fatalf("the client's third unpaid quote, its second on B: %v, want ErrLimit", err)
+	}
+	if _, err := l.CallByRequest(ctx, "test", "spammer", "s3"); !errors.Is(err, vend.ErrNotFound) {
+		t.Fatalf("a refused quote was written: %v", err)
+	}
+	// The total (3) is reached with a third client's quote on A; B's next
+	// new customer gets a quote, and B withdraws its own oldest request
+	// of its busiest client: s2.
+	if _, err := gated(a, "h1", "honest-old"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gated(b, "h2", "honest-new"); err != nil {
+		t.Fatalf("a new customer when the shared total is reached: %v", err)
+	}
+	waitState(t, l, s2.CallID, vend.CallCanceled)
+	verify(t, l)
+}

@@ -85,7 +85,8 @@ func (s *vendServer) claims() *instanceClaims {
 // shared is the Vendor's part in sharing the ledger: on PostgreSQL its
 // leases (recovery and reconciliation on one instance, taken over within
 // 30 s + 10 s of its death) and, with limits.requests_per_minute, the
-// rate limit counted in the ledger; on SQLite none.
+// rate limit counted in the ledger, and the unpaid limits counted there
+// too; on SQLite none.
 func (s *vendServer) shared() vend.SharedConfig {
 	if s.cfg.Ledger.Driver != "postgres" {
 		return vend.SharedConfig{}
@@ -94,6 +95,7 @@ func (s *vendServer) shared() vend.SharedConfig {
 	if s.cfg.Limits.RequestsPerMinute > 0 {
 		sh.Rates = s.l // one ledger write per call: see README, Several instances
 	}
+	sh.Unpaid = s.l // one ledger read per new quote: see README, Several instances
 	return sh
 }
 
