@@ -60,7 +60,10 @@
 // client's calls per minute against the rate limit (rate_counts); and
 // RegisterPrices refuses an instance whose price book differs from a live
 // one's (instance_prices). These tables are coordination, not books: they
-// are not copied by CopyTo, nor checked by Verify.
+// are not copied by CopyTo, nor checked by Verify. OpenUnpaid counts a
+// client's open unpaid payment requests across the instances from the
+// books themselves (the calls' limit_key, a partial index of awaiting
+// calls that have one): a read, no write.
 package ledger
 
 import (

@@ -213,7 +213,16 @@ func TestFreeUseRefusesBadInput(t *testing.T) {
 // tool's free calls of a day are also bounded across all clients, counted
 // in the same transaction as the client's own quota.
 func TestFreeUseTotalCapAcrossClients(t *testing.T) {
-	l := openLedger(t, "")
+	// At noon: newClock starts a minute before midnight and ticks a
+	// second per transaction (the migrations' too), so that the claims
+	// here could straddle two days, each with its own cap.
+	c := newClock()
+	c.t = time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+	l, err := ledger.OpenForTest(t, context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
 	var wg sync.WaitGroup
 	var free atomic.Int32
 	for i := 0; i < 40; i++ {

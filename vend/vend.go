@@ -158,6 +158,14 @@
 //     a client waiting for it gets notifications/payment_rejected and
 //     ErrLimit. Requests of a previous run are not counted (they expire
 //     within the TTL).
+//   - With SharedConfig.Unpaid (instances sharing a ledger), both unpaid
+//     limits also count the requests every instance has open, read from
+//     the ledger (NewCall.LimitKey) once this process's own count let a
+//     new quote through: a client at MaxUnpaidPerClient there is refused
+//     before anything is written; at MaxUnpaidTotal this instance sheds
+//     its own oldest request of its busiest client (none: ErrLimit).
+//     Quotes issued at once on several instances can pass a limit by
+//     those being issued (maxIssuing per instance).
 //   - Daily free quotas (PriceBook's FreePerDay) count per transport and
 //     client, a Source as "source:<source>"; FreePerDayTotal bounds a
 //     tool's free calls per UTC day across all clients and transports (a
