@@ -203,10 +203,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	nc := NewCall{
 		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Kind: t.Kind.Or(), Tool: t.UpstreamName,
 		ArgsHash: hash, Price: q.Price, Idempotent: q.Idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
-		RefundInvoice: r.RefundInvoice, Run: v.runID,
-	}
-	if v.cfg.Shared.Unpaid != nil {
-		nc.LimitKey = limitKey(r) // counted by the other instances (holdUnpaid)
+		RefundInvoice: r.RefundInvoice, Run: v.runID, LimitKey: v.sharedLimitKey(r),
 	}
 	if byCredit(&t, r) && r.account != "" {
 		return v.admitCredit(ctx, nc, bind, pending{v: v, t: t, args: args, r: r})

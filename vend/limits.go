@@ -393,6 +393,16 @@ func (v *Vendor) holdUnpaid(ctx context.Context, r *CallRequest) (*unpaidQuote, 
 	return q, nil
 }
 
+// sharedLimitKey is the NewCall.LimitKey of r's call: its limit key when
+// the instances count the unpaid limits in the ledger (holdUnpaid), else
+// "" (nothing reads it).
+func (v *Vendor) sharedLimitKey(r *CallRequest) string {
+	if v.cfg.Shared.Unpaid == nil {
+		return ""
+	}
+	return limitKey(r)
+}
+
 // markFull notes that the shared total is reached: q's entry must make
 // room (see enter).
 func (b *unpaidBook) markFull(q *unpaidQuote) {
