@@ -164,8 +164,9 @@
 //     new quote through: a client at MaxUnpaidPerClient there is refused
 //     before anything is written; at MaxUnpaidTotal this instance sheds
 //     its own oldest request of its busiest client (none: ErrLimit).
-//     Quotes issued at once on several instances can pass a limit by
-//     those being issued (maxIssuing per instance).
+//     The count is read, not reserved: quotes made at once on several
+//     instances can pass a limit by those not yet recorded when the
+//     others read (each instance's own limits still hold).
 //   - Daily free quotas (PriceBook's FreePerDay) count per transport and
 //     client, a Source as "source:<source>"; FreePerDayTotal bounds a
 //     tool's free calls per UTC day across all clients and transports (a
