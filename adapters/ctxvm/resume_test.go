@@ -101,3 +101,36 @@ func TestResumeSince(t *testing.T) {
 		t.Fatal("an id dated before the margin kept")
 	}
 }
+
+// Settled waits for every relay's main subscription to end its stored
+// events or fail; RelayStates says which relay is subscribed, and why
+// another is not.
+func TestRelayStates(t *testing.T) {
+	good := testkit.Relay(t)
+	addr, stopDead := testkit.StoppableRelay(t, "127.0.0.1:0")
+	stopDead() // nothing listens there any more
+	dead := "ws://" + addr
+	s, err := New(Config{Vendor: &fakeVendor{}, SecretKey: nostr.GeneratePrivateKey(), Relays: []string{good, dead}, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Settled():
+		t.Fatal("settled before Run")
+	default:
+	}
+	runServer(t, s)
+	select {
+	case <-s.Settled():
+	case <-time.After(30 * time.Second): // a deadlock guard
+		t.Fatal("never settled")
+	}
+	<-s.Up()
+	st := s.RelayStates()
+	if len(st) != 2 || st[0].URL != good || !st[0].Subscribed || st[0].Err != "" {
+		t.Fatalf("the good relay: %+v", st)
+	}
+	if st[1].URL != dead || st[1].Subscribed || st[1].Err == "" {
+		t.Fatalf("the dead relay: %+v", st)
+	}
+}
