@@ -295,8 +295,11 @@ func (r *resume) note(ev *nostr.Event, stored bool, now time.Time) (drop bool) {
 	if _, ok := r.ids[ev.ID]; ok && stored {
 		return true
 	}
-	r.advance(min(ev.CreatedAt, nostr.Timestamp(now.Unix())))
-	if ev.CreatedAt >= r.newest-nostr.Timestamp(resumeMargin/time.Second) && len(r.ids) < maxResumeIDs {
+	at, margin := nostr.Timestamp(now.Unix()), nostr.Timestamp(resumeMargin/time.Second)
+	r.advance(min(ev.CreatedAt, at))
+	// Not one dated later than the margin: it would stay (a flood of
+	// future dates would fill the map).
+	if ev.CreatedAt >= r.newest-margin && ev.CreatedAt <= at+margin && len(r.ids) < maxResumeIDs {
 		if r.ids == nil {
 			r.ids = make(map[string]nostr.Timestamp)
 		}

@@ -93,6 +93,9 @@ func TestResumeSince(t *testing.T) {
 	}
 	future := &nostr.Event{ID: "b", CreatedAt: nostr.Timestamp(now.Add(time.Hour).Unix())}
 	r.note(future, false, now)
+	if _, ok := r.ids["b"]; ok {
+		t.Fatal("an id dated an hour ahead kept")
+	}
 	if got, want := r.since(now, time.Hour), nostr.Timestamp(now.Add(-resumeMargin).Unix()); got != want {
 		t.Fatalf("an event dated in the future moved since to %d, want %d", got, want)
 	}
