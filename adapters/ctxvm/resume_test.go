@@ -1,6 +1,7 @@
 package ctxvm
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -135,5 +136,24 @@ func TestRelayStates(t *testing.T) {
 	}
 	if st[1].URL != dead || st[1].Subscribed || st[1].Err == "" {
 		t.Fatalf("the dead relay: %+v", st)
+	}
+}
+
+// BenchmarkResumeNote: what the main subscription's note of each event
+// (resume.note) costs per event, under a flood of fresh events.
+func BenchmarkResumeNote(b *testing.B) {
+	var r resume
+	now := time.Unix(1_800_000_000, 0)
+	evs := make([]nostr.Event, 1<<16)
+	for i := range evs {
+		evs[i] = nostr.Event{ID: fmt.Sprintf("%064x", i), CreatedAt: nostr.Timestamp(now.Unix())}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		// A flood of 1,000 events a second, dated as they come.
+		at := now.Add(time.Duration(i) * time.Millisecond)
+		ev := &evs[i%len(evs)]
+		ev.CreatedAt = nostr.Timestamp(at.Unix())
+		r.note(ev, false, at)
 	}
 }
