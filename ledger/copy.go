@@ -27,10 +27,10 @@ var copyTables = []string{
 // notCopied are the tables CopyTo leaves out: the state machines' rows and
 // schema_migrations, written by the target's own migrations, and the
 // coordination state of instances sharing a ledger (request claims,
-// leases, rate counts, price books), which is not books and belongs to
+// leases, rate counts, price books, MCP sessions), which is not books and belongs to
 // the running instances of the source.
 var notCopied = []string{"call_transitions", "payment_transitions", "schema_migrations",
-	"request_claims", "leases", "rate_counts", "instance_prices"}
+	"request_claims", "leases", "rate_counts", "instance_prices", "mcp_sessions"}
 
 // CopyTo copies every record of l, from one consistent snapshot, into
 // dst, which must be a PostgreSQL ledger with no records (the credit key

@@ -424,3 +424,62 @@ func TestOpenUnpaidAcrossHandles(t *testing.T) {
 		t.Fatal("an empty key counted")
 	}
 }
+
+// TestSharedSessions: a session recorded through one handle is live
+// through another until it expires; a later expiry extends it, an earlier
+// one does not; an ended or never recorded session is not live; expired
+// sessions are deleted by a later PutSession.
+func TestSharedSessions(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "capvend.db")
+	a, b := openLedger(t, path), openHandle(t, path, nil)
+	now := time.Date(2029, 1, 1, 12, 0, 0, 0, time.UTC)
+	one, two := hash("session-1"), hash("session-2")
+	if err := a.PutSession(ctx, one, now.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	live := func(h string, at time.Time) bool {
+		t.Helper()
+		ok, err := b.SessionLive(ctx, h, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !live(one, now) || live(one, now.Add(time.Minute)) || live(two, now) {
+		t.Fatal("live: recorded, expired, never recorded")
+	}
+	if err := b.PutSession(ctx, one, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.PutSession(ctx, one, now.Add(2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if !live(one, now.Add(30*time.Minute)) {
+		t.Fatal("an earlier expiry shortened the session")
+	}
+	if err := a.EndSession(ctx, one); err != nil {
+		t.Fatal(err)
+	}
+	if live(one, now) {
+		t.Fatal("an ended session is live")
+	}
+	if err := a.PutSession(ctx, "short", now); err == nil {
+		t.Fatal("a bad hash recorded")
+	}
+	// The ledger's clock is in 2026: a session that expired then is
+	// deleted by a handle's first PutSession (then at most once a minute).
+	if err := a.PutSession(ctx, two, time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)); err != nil {
+		t.Fatal(err)
+	}
+	if err := openHandle(t, path, nil).PutSession(ctx, one, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := b.QueryRowForTest(ctx, "SELECT count(*) FROM mcp_sessions", &n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%d sessions kept, want 1 (the expired one deleted)", n)
+	}
+}

@@ -140,6 +140,9 @@ type Ledger struct {
 	// rateSwept is the minute (unix ms) whose older rate counts CountCall
 	// deleted last.
 	rateSwept atomic.Int64
+	// sessionsSwept is when PutSession last deleted expired sessions
+	// (unix ms).
+	sessionsSwept atomic.Int64
 	// readOpts begins read transactions (PostgreSQL: repeatable read, a
 	// snapshot, as SQLite's read transactions are).
 	readOpts *sql.TxOptions
