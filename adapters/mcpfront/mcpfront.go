@@ -390,6 +390,14 @@ type Config struct {
 	// initialize evicts the session idle the longest, or gets 503 when
 	// every session has a request in flight. 0: DefaultMaxSessions.
 	MaxSessions int
+	// Sessions, if set, shares the MCP sessions with other instances (a
+	// ledger they share): a session issued by any of them is accepted
+	// here, so that a client whose instance died can send its request
+	// again to another (and get a paid call's stored answer). Each
+	// session costs one write at its first request after initialize and
+	// one more each half SessionIdle it stays active; an unknown
+	// well-formed id costs one read. nil: sessions are this instance's.
+	Sessions SessionStore
 
 	// TrustedProxies are the peers whose X-Forwarded-For (and
 	// ClientIDHeader) are believed: see Source in the package doc.

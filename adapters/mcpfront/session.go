@@ -4,11 +4,14 @@ import (
 	"container/list"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,6 +63,7 @@ type sessions struct {
 
 type session struct {
 	id       string
+	shared   time.Time     // the expiry last written to Config.Sessions (zero: none)
 	last     time.Time     // the end of its last request (or its start)
 	inflight int           // requests being served
 	elem     *list.Element // its place in lru; nil while a request is in flight
@@ -101,6 +105,54 @@ func (ss *sessions) admit() (id string, gone []string, err error) {
 	}
 	ss.byID[id] = &session{id: id, last: ss.now(), inflight: 1}
 	return id, gone, nil
+}
+
+// adopt makes id, a session another instance issued (Config.Sessions
+// says it is live), live here with a request in flight, as admit does a
+// new one; begin it instead if it is live here already.
+func (ss *sessions) adopt(id string) (gone []string, err error) {
+	ss.mu.Lock()
+	if ss.byID[id] != nil {
+		ss.mu.Unlock()
+		return ss.begin(id)
+	}
+	defer ss.mu.Unlock()
+	gone = ss.sweep(nil)
+	if len(ss.byID) >= ss.max {
+		back := ss.lru.Back()
+		if back == nil {
+			return gone, errSessionsFull
+		}
+		victim := back.Value.(*session)
+		ss.remove(victim)
+		gone = append(gone, victim.id)
+	}
+	ss.byID[id] = &session{id: id, last: ss.now(), inflight: 1}
+	return gone, nil
+}
+
+// toShare reports whether session id's expiry is to be written to
+// Config.Sessions now (never written, or half its idle time passed since),
+// and if so marks it written until the returned expiry.
+func (ss *sessions) toShare(id string) (expires time.Time, ok bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	s := ss.byID[id]
+	now := ss.now()
+	if s == nil || (!s.shared.IsZero() && s.shared.Sub(now) > ss.idle/2) {
+		return time.Time{}, false
+	}
+	s.shared = now.Add(ss.idle)
+	return s.shared, true
+}
+
+// unshare forgets that session id's expiry was written (the write failed).
+func (ss *sessions) unshare(id string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if s := ss.byID[id]; s != nil {
+		s.shared = time.Time{}
+	}
 }
 
 // begin marks a request of session id in flight: until end, the session
@@ -293,7 +345,13 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request, body []byt
 			writeRPCError(w, http.StatusBadRequest, rpcID(body), codeTransport, "Bad Request: Mcp-Session-Id header is required")
 			return nil, nil, false
 		}
-		gone, err = s.sessions.begin(id)
+		gone, err = s.beginSession(r.Context(), id)
+		if err == nil && r.Method == http.MethodDelete && s.cfg.Sessions != nil {
+			// The client ends it: on every instance.
+			if err := s.cfg.Sessions.EndSession(r.Context(), sessionHash(id)); err != nil {
+				s.log.Warn("mcp session not ended in the shared store", logKeyErr, err)
+			}
+		}
 	default:
 		return r, func() {}, true // mcp-go refuses other methods
 	}
@@ -314,6 +372,74 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request, body []byt
 		return nil, nil, false
 	}
 	return r, func() { s.sessions.end(id) }, true
+}
+
+// SessionStore keeps MCP sessions where several instances share them (the
+// ledger), by the SHA-256 (hex) of each id, so that a session one
+// instance issued is accepted by the others (see Config.Sessions).
+type SessionStore interface {
+	// PutSession records session hash live until expires (a later
+	// expiry only).
+	PutSession(ctx context.Context, hash string, expires time.Time) error
+	// SessionLive reports whether session hash is recorded and not
+	// expired at now.
+	SessionLive(ctx context.Context, hash string, now time.Time) (bool, error)
+	// EndSession forgets session hash.
+	EndSession(ctx context.Context, hash string) error
+}
+
+// sessionHash is the key of session id in a SessionStore: the hex SHA-256
+// of the id (a bearer secret, never stored).
+func sessionHash(id string) string {
+	h := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(h[:])
+}
+
+// wellFormedSessionID reports whether id has the form of the ids this
+// front issues (newSessionID): nothing else is looked up in the store.
+func wellFormedSessionID(id string) bool {
+	rest, ok := strings.CutPrefix(id, sessionIDPrefix)
+	if !ok || len(rest) != base64.RawURLEncoding.EncodedLen(32) {
+		return false
+	}
+	_, err := base64.RawURLEncoding.DecodeString(rest)
+	return err == nil
+}
+
+// beginSession is sessions.begin, and with Config.Sessions: a session not
+// live here that another instance issued (the store says it is live) is
+// made live here; and a session's idle expiry is written to the store at
+// its first request after initialize, then when half of it has passed.
+// A store that cannot be read refuses the session (404), as an unknown
+// one; a write that fails is logged (another instance may then not know
+// the session).
+func (s *Server) beginSession(ctx context.Context, id string) ([]string, error) {
+	gone, err := s.sessions.begin(id)
+	store := s.cfg.Sessions
+	if store == nil {
+		return gone, err
+	}
+	if errors.Is(err, errUnknownSession) && wellFormedSessionID(id) {
+		live, lerr := store.SessionLive(ctx, sessionHash(id), s.sessions.now())
+		if lerr != nil {
+			s.log.Warn("mcp session not looked up in the shared store", logKeyErr, lerr)
+		}
+		if live {
+			var more []string
+			more, err = s.sessions.adopt(id)
+			gone = append(gone, more...)
+		}
+	}
+	if err != nil {
+		return gone, err
+	}
+	if expires, ok := s.sessions.toShare(id); ok {
+		if err := store.PutSession(ctx, sessionHash(id), expires); err != nil {
+			s.sessions.unshare(id)
+			s.log.Warn("mcp session not written to the shared store", logKeyErr, err)
+		}
+	}
+	return gone, nil
 }
 
 // writeRPCError answers with a JSON-RPC error and HTTP status.
