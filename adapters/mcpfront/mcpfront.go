@@ -173,7 +173,18 @@
 //     -32000, with Retry-After, only when every session has a request in
 //     flight. Ids are 256 random bits. Requests of protocol 2026-07-28
 //     have no session (an Mcp-Session-Id is ignored): each is its own
-//     client.
+//     client. With Config.Sessions (instances sharing a ledger) a session
+//     another instance issued is served too: an id not live here, of the
+//     issued form, is looked up in the store (by its SHA-256), and made
+//     live here when the store has it unexpired. Each session's idle
+//     expiry is written there at its first request after initialize and
+//     again each half SessionIdle it is active, so elsewhere it ends
+//     between SessionIdle/2 and SessionIdle after its last request; a
+//     DELETE ends it in the store (an instance where it is live still
+//     serves it until it is idle there). mcp-go serves a request of such a
+//     session in an ephemeral session of the same id, so its calls are the
+//     same client's: a request sent again (same id) gets the stored answer
+//     of a paid call.
 //
 // With Config.WriteTimeout, every write of a response first moves the
 // connection's write deadline to now + WriteTimeout: a stream may stay

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
@@ -81,6 +82,8 @@ func (s *vendServer) claims() *instanceClaims {
 	}
 	return c
 }
+
+var _ mcpfront.SessionStore = (*ledger.Ledger)(nil)
 
 // shared is the Vendor's part in sharing the ledger: on PostgreSQL its
 // leases (recovery and reconciliation on one instance, taken over within

@@ -206,6 +206,9 @@ func (s *vendServer) open(ctx context.Context) error {
 		return err
 	}
 	fcfg.Vendor, fcfg.Catalog, fcfg.Version, fcfg.Logger = s.v, upstreamCatalog{s.ups}, buildVersion(), s.log
+	if cfg.Ledger.Driver == "postgres" {
+		fcfg.Sessions = s.l // any instance accepts a session any issued: see README, Several instances
+	}
 	if s.front, err = mcpfront.New(fcfg); err != nil {
 		return err
 	}
