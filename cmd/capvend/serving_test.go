@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +17,8 @@ import (
 // a request published right after the line is answered, although the
 // relay takes 2 s to take the server's subscription (khatru refuses an
 // ephemeral request nobody listens for). A relay that cannot be reached
-// is named, and the line counts the relays subscribed.
+// is named, and the line counts the relays subscribed; /readyz counts the
+// Nostr front ready (one relay subscribed).
 func TestServingLineMeansSubscribed(t *testing.T) {
 	rl := testkit.NewRelay()
 	sk := nostr.GeneratePrivateKey()
@@ -36,12 +38,16 @@ func TestServingLineMeansSubscribed(t *testing.T) {
 	ln.Close()
 
 	path, listen := nostrToolsConfig(t, relay+", "+dead, sk, "")
+	admin := adminConfig(t, path, "")
 	_, stderr := serveOutput(t, path, listen)
 	c := newLoadClient(t, relay, server)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a hang guard
 	defer cancel()
 	if _, err := c.call(ctx, "ping", `{}`); err != nil {
 		t.Fatalf("a request right after %q: %v", stderr.String(), err)
+	}
+	if code, body := get(t, "http://"+admin+"/readyz", ""); code != http.StatusOK || !strings.Contains(body, "ok: nostr") {
+		t.Errorf("readyz once subscribed on one relay of two: %d\n%s", code, body)
 	}
 	out := stderr.String()
 	if !strings.Contains(out, "capvend: nostr relay "+dead+": not subscribed: ") {
