@@ -121,8 +121,13 @@ func TestSessionOnAnotherInstance(t *testing.T) {
 	if err := waitExit(a, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
 		t.Fatalf("A did not die by SIGKILL: %v", err)
 	}
-	if err := <-paid; err != nil {
-		t.Fatalf("payment: %v", err)
+	select {
+	case err := <-paid:
+		if err != nil {
+			t.Fatalf("payment: %v", err)
+		}
+	case <-time.After(90 * time.Second): // a hang guard
+		t.Fatal("A sent no payment request")
 	}
 	// B takes the work over and runs the dead instance's paid call.
 	waitLeaseHolder(t, l, a.Process.Pid, false, 2*time.Minute)
