@@ -174,18 +174,35 @@ func (r *Reconciler) compareInvoice(ctx context.Context, run int64, inv Invoice,
 		return true, nil
 	case InvoiceAccepted:
 		if p.State == vend.PaymentSettled {
-			d.Kind, d.Detail = BookedUnsettled, "the ledger booked a settlement of a hold invoice LND only holds"
-			add(d)
-			return false, nil
+			return r.bookedUnsettled(ctx, d, inv, "the ledger booked a settlement of a hold invoice LND only holds", add)
 		}
 		return false, r.checkHold(ctx, d, p, add)
 	default: // open
 		if p.State == vend.PaymentSettled {
-			d.Kind, d.Detail = BookedUnsettled, "the ledger booked a settlement of an invoice open at LND"
-			add(d)
+			return r.bookedUnsettled(ctx, d, inv, "the ledger booked a settlement of an invoice open at LND", add)
 		}
 		return false, nil
 	}
+}
+
+// bookedUnsettled reports d, a settlement the ledger booked of invoice inv
+// that LND had not settled when listed, unless LND has settled it since.
+// The invoices are listed before the ledger is read, and capvend books a
+// settlement once LND made it: an invoice paid between the two reads
+// looks settled in the ledger only (seen under load: a paid call every
+// few milliseconds). An invoice's state only moves forward, so LND asked
+// again, after the ledger was read, says whether the difference is real.
+func (r *Reconciler) bookedUnsettled(ctx context.Context, d Difference, inv Invoice, detail string, add func(Difference)) (final bool, err error) {
+	again, err := r.cfg.LND.Invoices(ctx, inv.AddIndex-1, 1)
+	if err != nil {
+		return false, err
+	}
+	if len(again) == 1 && again[0].Ref == inv.Ref && again[0].State == InvoiceSettled {
+		return true, nil
+	}
+	d.Kind, d.Detail = BookedUnsettled, detail
+	add(d)
+	return false, nil
 }
 
 // repairSettled books a settlement LND made and the ledger missed.

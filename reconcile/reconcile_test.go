@@ -201,6 +201,59 @@ func TestBookedUnsettledIsNotRepaired(t *testing.T) {
 	}
 }
 
+// settlingLND is a fakeLND that settles its invoices right after listing
+// them the first time: capvend's own watcher then books them, before the
+// reconciler reads the ledger.
+type settlingLND struct {
+	fakeLND
+	once   sync.Once
+	settle func()
+}
+
+func (s *settlingLND) Invoices(ctx context.Context, after uint64, max int) ([]reconcile.Invoice, error) {
+	invs, err := s.fakeLND.Invoices(ctx, after, max)
+	s.once.Do(s.settle)
+	return invs, err
+}
+
+// TestSettledBetweenReads: an invoice LND listed open, paid and booked
+// before the reconciler read the ledger, is no difference (seen in
+// BenchmarkPaidCallMonitoring, paid calls under load: a reconciliation
+// found booked_unsettled where nothing was wrong).
+func TestSettledBetweenReads(t *testing.T) {
+	for _, kind := range []vend.PaymentKind{vend.KindInvoice, vend.KindHoldInvoice} {
+		t.Run(string(kind), func(t *testing.T) {
+			l := openLedger(t)
+			ctx := context.Background()
+			_, p := invoice(t, l, 1, kind)
+			listed := reconcile.InvoiceOpen
+			if kind == vend.KindHoldInvoice {
+				listed = reconcile.InvoiceAccepted
+			}
+			lnd := &settlingLND{fakeLND: fakeLND{invs: []reconcile.Invoice{{Ref: p.Ref, State: listed, AddIndex: 1}}}}
+			lnd.settle = func() {
+				lnd.mu.Lock()
+				lnd.invs[0].State, lnd.invs[0].AmountPaid, lnd.invs[0].SettleIndex = reconcile.InvoiceSettled, 5_000, 1
+				lnd.mu.Unlock()
+				if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: 5_000}); err != nil {
+					t.Error(err)
+				}
+			}
+			r, err := reconcile.New(reconcile.Config{Store: l, LND: lnd, Repair: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := r.Once(ctx)
+			if err != nil || len(s.Differences) != 0 || s.Repaired != 0 {
+				t.Fatalf("run: %v %+v", err, s)
+			}
+			if c, err := l.ReconcileCursor(ctx, "lnd:lnd"); err != nil || c != 1 {
+				t.Fatalf("cursor %d, %v; want 1 (settled on both sides)", c, err)
+			}
+		})
+	}
+}
+
 // TestCursorPassesForeignOpenInvoice: an open invoice the ledger does not
 // know (another application's on the same node) holds the cursor only
 // while capvend may still be about to record it; after that the cursor
