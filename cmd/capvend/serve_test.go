@@ -521,7 +521,7 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 	}
 }
 
-func startServe(t *testing.T, config, listen, failpoint string) *exec.Cmd {
+func startServe(t testing.TB, config, listen, failpoint string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(capvendBin, "serve", "--config", config)
 	cmd.Env = append(os.Environ(), "CAPVEND_FAILPOINT="+failpoint)

@@ -14,20 +14,28 @@ import (
 // time per call, and the median pair's is reported. Within a pair the
 // load of the rest of the machine changes less than across the run.
 type OnOff struct {
+	// CPU, if set, is the CPU time side on used so far (e.g. its own
+	// server process's); nil: this process's (CPUTime).
+	CPU func(on bool) time.Duration
+
 	rate, cpu [2][]float64 // by side (0 off, 1 on): each round's calls/s, CPU µs per call
 }
 
 // Round runs one round of calls calls on side on: run makes them and
 // returns how long they took (what it times is the caller's choice), and
-// the process's CPU time is taken around all of run.
+// the CPU time (see CPU) is taken around all of run.
 func (o *OnOff) Round(on bool, calls int, run func() time.Duration) {
 	i := 0
 	if on {
 		i = 1
 	}
-	start := CPUTime()
+	cpu := o.CPU
+	if cpu == nil {
+		cpu = func(bool) time.Duration { return CPUTime() }
+	}
+	start := cpu(on)
 	d := run()
-	o.cpu[i] = append(o.cpu[i], float64((CPUTime()-start).Microseconds())/float64(calls))
+	o.cpu[i] = append(o.cpu[i], float64((cpu(on)-start).Microseconds())/float64(calls))
 	o.rate[i] = append(o.rate[i], float64(calls)/d.Seconds())
 }
 
@@ -42,6 +50,9 @@ func (o *OnOff) Report(b *testing.B) {
 		rateCost = append(rateCost, 100*(o.rate[0][r]-o.rate[1][r])/o.rate[0][r])
 		cpuCost = append(cpuCost, 100*(o.cpu[1][r]-o.cpu[0][r])/o.cpu[0][r])
 	}
+	slices.Sort(rateCost)
+	slices.Sort(cpuCost)
+	b.Logf("%d pairs; cost in %% of off, sorted: throughput %.1f; CPU per call %.1f", n, rateCost, cpuCost)
 	b.ReportMetric(Median(o.rate[0]), "off-calls/s")
 	b.ReportMetric(Median(o.rate[1]), "on-calls/s")
 	b.ReportMetric(Median(rateCost), "cost-%")
