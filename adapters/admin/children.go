@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -88,27 +87,6 @@ type callKey struct{ kind, server, tool, outcome string }
 // metrics by backend only).
 type payKey struct{ backend, state string }
 
-// exemplarLabels lends the label sets of call-id exemplars: the client
-// library copies an exemplar's labels (it keeps none of the map), so one
-// map serves one observation after another instead of a new one each.
-var exemplarLabels = sync.Pool{New: func() any { return prometheus.Labels{"call_id": ""} }}
-
-// observeCall observes v on o (a histogram) with call id as exemplar.
-func observeCall(o prometheus.Observer, v float64, id vend.CallID) {
-	l := exemplarLabels.Get().(prometheus.Labels)
-	l["call_id"] = strconv.FormatInt(int64(id), 10)
-	o.(prometheus.ExemplarObserver).ObserveWithExemplar(v, l)
-	exemplarLabels.Put(l)
-}
-
-// countCall adds 1 to c with call id as exemplar.
-func countCall(c prometheus.Counter, id vend.CallID) {
-	l := exemplarLabels.Get().(prometheus.Labels)
-	l["call_id"] = strconv.FormatInt(int64(id), 10)
-	c.(prometheus.ExemplarAdder).AddWithExemplar(1, l)
-	exemplarLabels.Put(l)
-}
-
 // itemKey is an item as vend.Tool names it.
 type itemKey struct {
 	kind         vend.ItemKind
@@ -121,7 +99,7 @@ type itemKey struct {
 type itemSeries struct {
 	freeKey, okKey, failedKey callKey
 	free                      atomic.Pointer[prometheus.Counter]
-	ok, failed                atomic.Pointer[prometheus.Observer]
+	ok, failed                atomic.Pointer[exObserver]
 }
 
 // itemCache maps itemKeys to their *itemSeries. Items come from the

@@ -68,15 +68,19 @@ type Metrics struct {
 	quoteToInvoice     prometheus.Histogram
 	invoiceToPaid      *prometheus.HistogramVec
 	paidToExecution    prometheus.Histogram
+	// The exemplars of the call metrics, registered in their place.
+	callsEx, quoteToInvoiceEx, invoiceToPaidEx, paidToExecutionEx, upstreamEx *exemplars
+	quoteToInvoiceBy, paidToExecutionBy                                     exObserver
 	upstream           *prometheus.HistogramVec
 	commit             prometheus.Histogram
 	differences        *prometheus.GaugeVec
 
 	// The children of the vectors observed on a call's path.
-	callsBy, freeBy                    *children[callKey, prometheus.Counter]
-	upstreamBy                         *children[callKey, prometheus.Observer]
+	callsBy                            *children[callKey, exCounter]
+	freeBy                             *children[callKey, prometheus.Counter]
+	upstreamBy                         *children[callKey, exObserver]
 	paymentsBy, receivedBy, refundedBy *children[payKey, prometheus.Counter]
-	invoiceToPaidBy                    *children[payKey, prometheus.Observer]
+	invoiceToPaidBy                    *children[payKey, exObserver]
 	// items holds each item's series of free and upstream calls (see
 	// series): one map read per observation instead of four.
 	items itemCache
@@ -134,20 +138,27 @@ func NewMetrics(servers []string, items []Item, src Sources, log *slog.Logger) *
 	m.differences = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "capvend_reconcile_differences",
 		Help: "Differences between the ledger and the payment backends found by the last reconciliation, by kind."}, []string{"kind"})
 	m.cacheChildren()
-	m.reg.MustRegister(m.calls, m.free, m.payments, m.received, m.refunded, m.quoteToInvoice, m.invoiceToPaid,
-		m.paidToExecution, m.upstream, m.commit, m.differences, gauges{m},
+	m.reg.MustRegister(m.callsEx, m.free, m.payments, m.received, m.refunded, m.quoteToInvoiceEx, m.invoiceToPaidEx,
+		m.paidToExecutionEx, m.upstreamEx, m.commit, m.differences, gauges{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
 // cacheChildren makes the caches of the vectors' children.
 func (m *Metrics) cacheChildren() {
-	counter := func(v *prometheus.CounterVec, labels func(callKey) []string) *children[callKey, prometheus.Counter] {
-		return newChildren(func(k callKey) prometheus.Counter { return v.WithLabelValues(labels(k)...) })
-	}
-	m.callsBy = counter(m.calls, func(k callKey) []string { return []string{k.kind, k.server, k.tool, k.outcome} })
-	m.freeBy = counter(m.free, func(k callKey) []string { return []string{k.kind, k.server, k.tool} })
-	m.upstreamBy = newChildren(func(k callKey) prometheus.Observer { return m.upstream.WithLabelValues(k.server, k.tool, k.outcome) })
+	m.callsEx, m.upstreamEx, m.invoiceToPaidEx = newExemplars(m.calls, nil), newExemplars(m.upstream, fastBuckets), newExemplars(m.invoiceToPaid, slowBuckets)
+	m.quoteToInvoiceEx, m.paidToExecutionEx = newExemplars(m.quoteToInvoice, fastBuckets), newExemplars(m.paidToExecution, fastBuckets)
+	m.quoteToInvoiceBy = exObserver{m.quoteToInvoice, m.quoteToInvoiceEx.series(m.quoteToInvoice)}
+	m.paidToExecutionBy = exObserver{m.paidToExecution, m.paidToExecutionEx.series(m.paidToExecution)}
+	m.callsBy = newChildren(func(k callKey) exCounter {
+		c := m.calls.WithLabelValues(k.kind, k.server, k.tool, k.outcome)
+		return exCounter{c, m.callsEx.series(c)}
+	})
+	m.freeBy = newChildren(func(k callKey) prometheus.Counter { return m.free.WithLabelValues(k.kind, k.server, k.tool) })
+	m.upstreamBy = newChildren(func(k callKey) exObserver {
+		h := m.upstream.WithLabelValues(k.server, k.tool, k.outcome)
+		return exObserver{h, m.upstreamEx.series(h.(prometheus.Metric))}
+	})
 	byBackend := func(v *prometheus.CounterVec, state bool) *children[payKey, prometheus.Counter] {
 		return newChildren(func(k payKey) prometheus.Counter {
 			if state {
@@ -157,7 +168,10 @@ func (m *Metrics) cacheChildren() {
 		})
 	}
 	m.paymentsBy, m.receivedBy, m.refundedBy = byBackend(m.payments, true), byBackend(m.received, false), byBackend(m.refunded, false)
-	m.invoiceToPaidBy = newChildren(func(k payKey) prometheus.Observer { return m.invoiceToPaid.WithLabelValues(k.backend) })
+	m.invoiceToPaidBy = newChildren(func(k payKey) exObserver {
+		h := m.invoiceToPaid.WithLabelValues(k.backend)
+		return exObserver{h, m.invoiceToPaidEx.series(h.(prometheus.Metric))}
+	})
 }
 
 // SetSources replaces the gauges' sources: for parts made after the
@@ -225,10 +239,10 @@ func (m *Metrics) callMoved(c *vend.Change) {
 	switch c.CallTo {
 	case vend.CallAwaitingPayment:
 		if c.CallFrom == vend.CallQuoted {
-			observeCall(m.quoteToInvoice, c.Since.Seconds(), c.Call)
+			observeCall(m.quoteToInvoiceBy, c.Since.Seconds(), c.Call)
 		}
 	case vend.CallExecuting:
-		observeCall(m.paidToExecution, c.Since.Seconds(), c.Call)
+		observeCall(m.paidToExecutionBy, c.Since.Seconds(), c.Call)
 	case vend.CallDelivered, vend.CallFailed, vend.CallRefunded, vend.CallExpired, vend.CallCanceled:
 		server, tool := m.label(c.Server, c.Tool)
 		countCall(m.callsBy.get(callKey{kindLabel(c.Kind), server, tool, string(c.CallTo)}), c.Call)
