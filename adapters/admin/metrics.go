@@ -70,10 +70,10 @@ type Metrics struct {
 	paidToExecution    prometheus.Histogram
 	// The exemplars of the call metrics, registered in their place.
 	callsEx, quoteToInvoiceEx, invoiceToPaidEx, paidToExecutionEx, upstreamEx *exemplars
-	quoteToInvoiceBy, paidToExecutionBy                                     exObserver
-	upstream           *prometheus.HistogramVec
-	commit             prometheus.Histogram
-	differences        *prometheus.GaugeVec
+	quoteToInvoiceBy, paidToExecutionBy                                       exObserver
+	upstream                                                                  *prometheus.HistogramVec
+	commit                                                                    prometheus.Histogram
+	differences                                                               *prometheus.GaugeVec
 
 	// The children of the vectors observed on a call's path.
 	callsBy                            *children[callKey, exCounter]
