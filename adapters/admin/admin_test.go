@@ -159,6 +159,36 @@ func TestCallIDExemplar(t *testing.T) {
 	}
 }
 
+// A scrape shows each bucket's latest exemplar, the +Inf bucket's too,
+// and a counter's latest, however many calls were observed before.
+func TestLatestExemplars(t *testing.T) {
+	m := NewMetrics([]string{"words"}, []Item{{"words", "word_count"}}, Sources{}, nil)
+	tool := vend.Tool{Server: "words", UpstreamName: "word_count"}
+	for id := vend.CallID(1); id <= 100; id++ {
+		m.UpstreamCall(tool, id, 3*time.Millisecond, nil)
+		m.UpstreamCall(tool, 1000+id, 100*time.Second, nil) // above the last bound
+		m.LedgerChanged([]vend.Change{{What: vend.ChangeCall, Call: id, Kind: vend.KindTool, Server: "words", Tool: "word_count",
+			CallFrom: vend.CallExecuting, CallTo: vend.CallDelivered}})
+	}
+	r := httptest.NewRequest("GET", "/metrics", nil)
+	r.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+	w := httptest.NewRecorder()
+	m.Handler().ServeHTTP(w, r)
+	body := w.Body.String()
+	for _, want := range []string{
+		`capvend_calls_total{kind="tool",outcome="delivered",server="words",tool="word_count"} 100.0 # {call_id="100"} 1.0`,
+		`capvend_upstream_call_seconds_bucket{result="ok",server="words",tool="word_count",le="0.005"} 100 # {call_id="100"} 0.003`,
+		`capvend_upstream_call_seconds_bucket{result="ok",server="words",tool="word_count",le="+Inf"} 200 # {call_id="1100"} 100.0`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("no %q in\n%s", want, grep(body, "capvend_calls_total", "capvend_upstream_call_seconds_bucket"))
+		}
+	}
+	if n := strings.Count(body, "# {call_id="); n != 3 {
+		t.Errorf("%d exemplars, want 3:\n%s", n, grep(body, "# {"))
+	}
+}
+
 func grep(s string, subs ...string) string {
 	var out []string
 	for _, l := range strings.Split(s, "\n") {

@@ -68,12 +68,14 @@ type Metrics struct {
 	quoteToInvoice     prometheus.Histogram
 	invoiceToPaid      *prometheus.HistogramVec
 	paidToExecution    prometheus.Histogram
-	// The exemplars of the call metrics, registered in their place.
+	upstream           *prometheus.HistogramVec
+	commit             prometheus.Histogram
+	differences        *prometheus.GaugeVec
+
+	// The call metrics' exemplars (see exemplars), registered in the
+	// place of the call metrics.
 	callsEx, quoteToInvoiceEx, invoiceToPaidEx, paidToExecutionEx, upstreamEx *exemplars
 	quoteToInvoiceBy, paidToExecutionBy                                       exObserver
-	upstream                                                                  *prometheus.HistogramVec
-	commit                                                                    prometheus.Histogram
-	differences                                                               *prometheus.GaugeVec
 
 	// The children of the vectors observed on a call's path.
 	callsBy                            *children[callKey, exCounter]
