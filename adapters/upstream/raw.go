@@ -23,7 +23,7 @@ import (
 
 // The raw forwarder (vend.RawToolSource): a tools/call to an HTTP upstream
 // on protocol 2026-07-28 is written as bytes and posted by capvend
-// itself (with httpClient), skipping mcp-go's client and
+// itself (with h1Client, or httpClient), skipping mcp-go's client and
 // transport (which encode and decode the params three times, derive
 // headers from a cached tool list, and decode every message twice). The
 // request is the one mcp-go's client would send: the same params, _meta
@@ -291,7 +291,12 @@ func (u *upstream) post(ctx context.Context, version, name string, msg []byte, i
 	for k, v := range u.cfg.Headers {
 		req.Header.Set(k, v)
 	}
-	resp, err := httpClient.Do(req)
+	var resp *http.Response
+	if h := u.h1Client(); h != nil {
+		resp, err = h.do(req)
+	} else {
+		resp, err = httpClient.Do(req)
+	}
 	if err != nil {
 		signal(u.check)
 		return nil, err
@@ -416,6 +421,13 @@ func (u *upstream) readEvents(body io.Reader, id string) (json.RawMessage, error
 			return responseResult(msg, id)
 		}
 	}
+}
+
+// h1Client returns the upstream's h1Client; nil if its calls go through
+// httpClient (see newH1Client).
+func (u *upstream) h1Client() *h1Client {
+	u.h1Once.Do(func() { u.h1 = newH1Client(u.cfg.URL) })
+	return u.h1
 }
 
 // httpClient is the HTTP client of every HTTP upstream session. It keeps

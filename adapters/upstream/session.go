@@ -61,6 +61,11 @@ type upstream struct {
 	resourcesChanged chan struct{} // a resources list_changed arrived
 	check            chan struct{} // a call saw a transport error: ping now
 
+	// h1 is the raw forwarder's HTTP/1.1 client (nil: httpClient); see
+	// h1Client.
+	h1Once sync.Once
+	h1     *h1Client
+
 	// legacyHTTP is set once an HTTP upstream turned out to speak only
 	// protocols before 2026-07-28: it is then dialled with a GET stream,
 	// the only way such a server sends list_changed. Only run's goroutine
@@ -169,6 +174,11 @@ func offered(caps mcp.ServerCapabilities) (have, changes lists) {
 
 // run keeps the upstream connected until ctx ends.
 func (u *upstream) run(ctx context.Context) {
+	defer func() {
+		if h := u.h1Client(); h != nil {
+			h.close()
+		}
+	}()
 	backoff := u.m.cfg.MinBackoff
 	for ctx.Err() == nil {
 		start := time.Now()

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -66,15 +67,22 @@ func serveInProcess(t testing.TB, path, listen string) {
 	stderr := &lockedWriter{w: &strings.Builder{}}
 	// serve's log, shown when the test fails: the only way to see why an
 	// upstream or a payment misbehaved in a run that cannot be repeated.
-	logs := &syncbuf.Buffer{}
+	var logs io.Writer = &syncbuf.Buffer{}
+	if _, bench := t.(*testing.B); bench {
+		logs = io.Discard // a benchmark's calls would fill it
+	}
 	go func() {
 		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: stderr,
 			Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(logs, nil))}
-		done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
+		// serve's goroutines (and those they start) carry the label
+		// capvend=serve in CPU profiles (go tool pprof -tagfocus).
+		pprof.Do(ctx, pprof.Labels("capvend", "serve"), func(ctx context.Context) {
+			done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
+		})
 	}()
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("serve's log:\n%s", logs)
+			t.Logf("serve's log:\n%s", logs.(fmt.Stringer))
 		}
 		cancel()
 		select {

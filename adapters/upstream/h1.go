@@ -1,0 +1,222 @@
+package upstream
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// h1Client posts the raw forwarder's requests (post) to a plain-HTTP
+// upstream over HTTP/1.1 keep-alive connections it pools itself, writing
+// the request and reading the response in the caller's goroutine: net/http's
+// Transport hands each request to a connection's writeLoop goroutine and
+// its response back from a readLoop goroutine, which on a free call costs
+// more CPU than the call's own work. The request is written by
+// http.Request.Write and the response read by http.ReadResponse, as the
+// Transport does (less its gzip: no Accept-Encoding is sent, so the
+// upstream answers uncompressed).
+//
+// A request that fails on a reused connection before any byte of its
+// response arrived (the upstream closed the idle connection: net/http's
+// readLoop notices that while the connection is idle, this client when it
+// uses it) is sent once more on a new connection. Anything else this
+// client does not do goes through httpClient: https, a proxy from the
+// environment (see newH1Client).
+type h1Client struct {
+	addr string // host:port to dial
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	mu   sync.Mutex
+	idle []*h1Conn // most recently used last
+}
+
+// h1Conn is one pooled connection.
+type h1Conn struct {
+	c  net.Conn
+	r  countingReader
+	br *bufio.Reader
+	bw *bufio.Writer
+}
+
+// countingReader counts the bytes read from its connection.
+type countingReader struct {
+	c net.Conn
+	n int64
+}
+
+func (r *countingReader) Read(p []byte) (int, error) {
+	n, err := r.c.Read(p)
+	r.n += int64(n)
+	return n, err
+}
+
+// newH1Client returns an h1Client for the upstream at rawURL, or nil if
+// its requests must go through httpClient: not http, or a proxy applies
+// (HTTP_PROXY and NO_PROXY, as http.DefaultTransport reads them).
+func newH1Client(rawURL string) *h1Client {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return nil
+	}
+	if p, err := http.ProxyFromEnvironment(&http.Request{URL: u}); err != nil || p != nil {
+		return nil
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), "80")
+	}
+	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second} // http.DefaultTransport's
+	return &h1Client{addr: addr, dial: d.DialContext}
+}
+
+// do sends req (its body a *bytes.Reader, *bytes.Buffer or
+// *strings.Reader: one that can be sent again) and returns the response.
+// Its body must be closed: read to its end, it gives the connection back
+// to the pool. The request's context ends a call at any point.
+func (h *h1Client) do(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	for attempt := 0; ; attempt++ {
+		pc, reused := h.get()
+		if pc == nil {
+			c, err := h.dial(ctx, "tcp", h.addr)
+			if err != nil {
+				return nil, err
+			}
+			pc = newH1Conn(c)
+		}
+		resp, err := h.roundTrip(ctx, pc, req)
+		if err == nil {
+			return resp, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if !reused || attempt > 0 || !errors.Is(err, errNoResponse) {
+			return nil, err
+		}
+		body, gerr := req.GetBody()
+		if gerr != nil {
+			return nil, err
+		}
+		req.Body = body
+	}
+}
+
+// errNoResponse wraps a failure on a connection before any byte of the
+// response arrived.
+var errNoResponse = errors.New("connection failed before the response")
+
+// roundTrip writes req on pc and reads the response's head; on error pc is
+// closed.
+func (h *h1Client) roundTrip(ctx context.Context, pc *h1Conn, req *http.Request) (*http.Response, error) {
+	// The context's end unblocks the connection's reads and writes.
+	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
+	before := pc.r.n
+	fail := func(err error) (*http.Response, error) {
+		stop()
+		pc.c.Close()
+		if pc.r.n == before {
+			return nil, errors.Join(errNoResponse, err)
+		}
+		return nil, err
+	}
+	if err := req.Write(pc.bw); err != nil {
+		return fail(err)
+	}
+	if err := pc.bw.Flush(); err != nil {
+		return fail(err)
+	}
+	resp, err := http.ReadResponse(pc.br, req)
+	if err != nil {
+		return fail(err)
+	}
+	resp.Body = &h1Body{ReadCloser: resp.Body, h: h, pc: pc, stop: stop, keep: !resp.Close}
+	return resp, nil
+}
+
+// h1Body is a response's body: closed after it was read to its end, it
+// puts its connection back in the pool, else closes it.
+type h1Body struct {
+	io.ReadCloser
+	h    *h1Client
+	pc   *h1Conn
+	stop func() bool
+	keep bool // the response does not ask to close the connection
+	eof  bool
+	done bool
+}
+
+func (b *h1Body) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
+}
+
+func (b *h1Body) Close() error {
+	if b.done {
+		return nil
+	}
+	b.done = true
+	err := b.ReadCloser.Close()
+	// stop false: the context ended and may have set a deadline.
+	if b.stop() && b.eof && b.keep && err == nil && b.pc.br.Buffered() == 0 {
+		b.h.put(b.pc)
+	} else {
+		b.pc.c.Close()
+	}
+	return err
+}
+
+func newH1Conn(c net.Conn) *h1Conn {
+	pc := &h1Conn{c: c}
+	pc.r.c = c
+	pc.br = bufio.NewReader(&pc.r)
+	pc.bw = bufio.NewWriter(c)
+	return pc
+}
+
+// get takes the most recently used idle connection; nil if none.
+func (h *h1Client) get() (*h1Conn, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := len(h.idle)
+	if n == 0 {
+		return nil, false
+	}
+	pc := h.idle[n-1]
+	h.idle[n-1] = nil
+	h.idle = h.idle[:n-1]
+	return pc, true
+}
+
+// put keeps pc for the next request, up to maxIdlePerUpstream.
+func (h *h1Client) put(pc *h1Conn) {
+	h.mu.Lock()
+	if len(h.idle) < maxIdlePerUpstream {
+		h.idle = append(h.idle, pc)
+		pc = nil
+	}
+	h.mu.Unlock()
+	if pc != nil {
+		pc.c.Close()
+	}
+}
+
+// close closes the idle connections.
+func (h *h1Client) close() {
+	h.mu.Lock()
+	idle := h.idle
+	h.idle = nil
+	h.mu.Unlock()
+	for _, pc := range idle {
+		pc.c.Close()
+	}
+}
