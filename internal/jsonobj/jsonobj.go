@@ -28,11 +28,13 @@ func Members(b []byte) ([]Member, bool) {
 	if i >= len(b) || b[i] != '{' {
 		return nil, false
 	}
-	var out []Member
 	i = skipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
-		return out, skipSpace(b, i+1) == len(b)
+		return nil, skipSpace(b, i+1) == len(b)
 	}
+	// Room for the members of the usual object at once, not growing
+	// through 1, 2, 4 and 8.
+	out := make([]Member, 0, 8)
 	for i < len(b) {
 		if b[i] != '"' {
 			return nil, false
@@ -59,7 +61,7 @@ func Members(b []byte) ([]Member, bool) {
 				return nil, false
 			}
 		}
-		out = append(out, Member{Key: string(key), Start: start, ValueStart: vs, End: ve})
+		out = append(out, Member{Key: keyString(key), Start: start, ValueStart: vs, End: ve})
 		i = skipSpace(b, ve)
 		if i >= len(b) {
 			return nil, false
@@ -189,4 +191,45 @@ func Elements(b []byte) ([][2]int, bool) {
 		}
 	}
 	return nil, false
+}
+
+// keyString is string(key), without allocating for the names JSON-RPC
+// and MCP messages use on every call (a switch on string(key) does not
+// copy key).
+func keyString(key []byte) string {
+	switch string(key) {
+	case "jsonrpc":
+		return "jsonrpc"
+	case "id":
+		return "id"
+	case "method":
+		return "method"
+	case "params":
+		return "params"
+	case "result":
+		return "result"
+	case "error":
+		return "error"
+	case "name":
+		return "name"
+	case "arguments":
+		return "arguments"
+	case "_meta":
+		return "_meta"
+	case "progressToken":
+		return "progressToken"
+	case "content":
+		return "content"
+	case "type":
+		return "type"
+	case "text":
+		return "text"
+	case "isError":
+		return "isError"
+	case "resultType":
+		return "resultType"
+	case "structuredContent":
+		return "structuredContent"
+	}
+	return string(key)
 }
