@@ -133,6 +133,11 @@ func (h *h1Client) roundTrip(ctx context.Context, pc *h1Conn, req *http.Request)
 		return fail(err)
 	}
 	resp, err := http.ReadResponse(pc.br, req)
+	// Interim answers (100 Continue, 103 Early Hints) come before the
+	// response, as the Transport skips them.
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp, err = http.ReadResponse(pc.br, req)
+	}
 	if err != nil {
 		return fail(err)
 	}

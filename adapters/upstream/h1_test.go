@@ -214,3 +214,17 @@ func TestNewH1ClientOnlyPlainHTTP(t *testing.T) {
 		t.Errorf("http://example.com/mcp: %+v", h)
 	}
 }
+
+// An interim answer (103 Early Hints) before the response is skipped.
+func TestH1SkipsInterimAnswers(t *testing.T) {
+	url := rawServer(t, func(c net.Conn, br *bufio.Reader) {
+		if _, err := http.ReadRequest(br); err == nil {
+			io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	h := newH1Client(url)
+	defer h.close()
+	if b, err := h1Post(context.Background(), h, url, "one"); err != nil || b != "ok" {
+		t.Errorf("got %q, %v", b, err)
+	}
+}
