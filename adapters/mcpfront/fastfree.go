@@ -154,9 +154,8 @@ func (s *Server) writeFree(ctx context.Context, rw *rewriteWriter, call fastCall
 	}
 	rw.Header().Set("Content-Type", "application/json")
 	rw.mu.Lock()
-	rw.extend()
 	rw.wroteHeader = true
-	rw.w.WriteHeader(status)
+	rw.w.WriteHeader(status) // buffered: Write moves the deadline before it writes
 	rw.mu.Unlock()
 	_, _ = rw.Write(append(msg, '\n'))
 }
