@@ -31,6 +31,7 @@ import (
 type h1Client struct {
 	addr string // host:port to dial
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	now  func() time.Time
 
 	mu   sync.Mutex
 	idle []*h1Conn // most recently used last
@@ -38,10 +39,11 @@ type h1Client struct {
 
 // h1Conn is one pooled connection.
 type h1Conn struct {
-	c  net.Conn
-	r  countingReader
-	br *bufio.Reader
-	bw *bufio.Writer
+	idleSince time.Time // when it went back to the pool
+	c         net.Conn
+	r         countingReader
+	br        *bufio.Reader
+	bw        *bufio.Writer
 }
 
 // countingReader counts the bytes read from its connection.
@@ -72,7 +74,7 @@ func newH1Client(rawURL string) *h1Client {
 		addr = net.JoinHostPort(u.Hostname(), "80")
 	}
 	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second} // http.DefaultTransport's
-	return &h1Client{addr: addr, dial: d.DialContext}
+	return &h1Client{addr: addr, dial: d.DialContext, now: time.Now}
 }
 
 // do sends req (its body a *bytes.Reader, *bytes.Buffer or
@@ -188,22 +190,39 @@ func newH1Conn(c net.Conn) *h1Conn {
 	return pc
 }
 
-// get takes the most recently used idle connection; nil if none.
+// get takes the most recently used idle connection; nil if none. The
+// connections idle for h1IdleTimeout or longer are closed.
 func (h *h1Client) get() (*h1Conn, bool) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	n := len(h.idle)
 	if n == 0 {
+		h.mu.Unlock()
 		return nil, false
 	}
 	pc := h.idle[n-1]
 	h.idle[n-1] = nil
 	h.idle = h.idle[:n-1]
-	return pc, true
+	var stale []*h1Conn
+	if h.now().Sub(pc.idleSince) >= h1IdleTimeout {
+		// The others are older still.
+		stale = append(h.idle, pc)
+		h.idle = nil
+		pc = nil
+	}
+	h.mu.Unlock()
+	for _, c := range stale {
+		c.c.Close()
+	}
+	return pc, pc != nil
 }
+
+// h1IdleTimeout is how long an idle connection is kept: as
+// http.DefaultTransport's IdleConnTimeout.
+const h1IdleTimeout = 90 * time.Second
 
 // put keeps pc for the next request, up to maxIdlePerUpstream.
 func (h *h1Client) put(pc *h1Conn) {
+	pc.idleSince = h.now()
 	h.mu.Lock()
 	if len(h.idle) < maxIdlePerUpstream {
 		h.idle = append(h.idle, pc)

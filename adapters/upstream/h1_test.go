@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // h1Post posts body to url with h and returns the response's body.
@@ -226,5 +227,36 @@ func TestH1SkipsInterimAnswers(t *testing.T) {
 	defer h.close()
 	if b, err := h1Post(context.Background(), h, url, "one"); err != nil || b != "ok" {
 		t.Errorf("got %q, %v", b, err)
+	}
+}
+
+// A connection idle for h1IdleTimeout is not used again: the call dials.
+func TestH1DropsStaleIdleConnections(t *testing.T) {
+	got := make(chan string, 4)
+	url := rawServer(t,
+		func(c net.Conn, br *bufio.Reader) {
+			for answer(c, br, got) {
+			}
+		},
+		func(c net.Conn, br *bufio.Reader) {
+			for answer(c, br, got) {
+			}
+		})
+	h := newH1Client(url)
+	defer h.close()
+	dials := countDials(h)
+	now := time.Now()
+	h.now = func() time.Time { return now }
+	for i, want := range []int32{1, 1, 2} {
+		if i == 2 {
+			now = now.Add(h1IdleTimeout)
+		}
+		if _, err := h1Post(context.Background(), h, url, "x"); err != nil {
+			t.Fatal(err)
+		}
+		<-got
+		if n := dials.Load(); n != want {
+			t.Errorf("call %d: %d dials, want %d", i, n, want)
+		}
 	}
 }
