@@ -81,8 +81,8 @@ func serveInProcess(t testing.TB, path, listen string) {
 		})
 	}()
 	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("serve's log:\n%s", logs.(fmt.Stringer))
+		if sb, ok := logs.(fmt.Stringer); ok && t.Failed() {
+			t.Logf("serve's log:\n%s", sb)
 		}
 		cancel()
 		select {
