@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -22,12 +23,14 @@ import (
 // Transport does (less its gzip: no Accept-Encoding is sent, so the
 // upstream answers uncompressed).
 //
-// A request that fails on a reused connection before any byte of its
-// response arrived (the upstream closed the idle connection: net/http's
-// readLoop notices that while the connection is idle, this client when it
-// uses it) is sent once more on a new connection. Anything else this
-// client does not do goes through httpClient: https, a proxy from the
-// environment (see newH1Client).
+// An idle connection the upstream closed is not used: net/http's readLoop
+// notices the close while the connection is idle, this client checks
+// each connection it takes from the pool (alive). Like the Transport for a
+// POST, a request is sent again (once, on a new connection) only if it
+// could not be written: once written, the upstream may have run it, and a
+// tool call must not run twice. Anything else this client does not do
+// goes through httpClient: https, a proxy from the environment (see
+// newH1Client).
 type h1Client struct {
 	addr string // host:port to dial
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -99,7 +102,7 @@ func (h *h1Client) do(req *http.Request) (*http.Response, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if !reused || attempt > 0 || !errors.Is(err, errNoResponse) {
+		if !reused || attempt > 0 || !errors.Is(err, errNotSent) {
 			return nil, err
 		}
 		body, gerr := req.GetBody()
@@ -110,15 +113,20 @@ func (h *h1Client) do(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// errNoResponse wraps a failure on a connection before any byte of the
-// response arrived.
+// errNotSent wraps a failure to write a request: the upstream did not get
+// all of it, so it did not run it.
+var errNotSent = errors.New("the request could not be sent")
+
+// errNoResponse wraps a failure on a connection after the request was
+// sent and before any byte of the response arrived: the upstream may have
+// run it.
 var errNoResponse = errors.New("connection failed before the response")
 
 // roundTrip writes req on pc and reads the response's head; on error pc is
 // closed.
 func (h *h1Client) roundTrip(ctx context.Context, pc *h1Conn, req *http.Request) (*http.Response, error) {
 	// The context's end unblocks the connection's reads and writes.
-	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(aLongTimeAgo) })
 	before := pc.r.n
 	fail := func(err error) (*http.Response, error) {
 		stop()
@@ -128,11 +136,16 @@ func (h *h1Client) roundTrip(ctx context.Context, pc *h1Conn, req *http.Request)
 		}
 		return nil, err
 	}
+	notSent := func(err error) (*http.Response, error) {
+		stop()
+		pc.c.Close()
+		return nil, errors.Join(errNotSent, err)
+	}
 	if err := req.Write(pc.bw); err != nil {
-		return fail(err)
+		return notSent(err)
 	}
 	if err := pc.bw.Flush(); err != nil {
-		return fail(err)
+		return notSent(err)
 	}
 	resp, err := http.ReadResponse(pc.br, req)
 	// Interim answers (100 Continue, 103 Early Hints) come before the
@@ -190,9 +203,51 @@ func newH1Conn(c net.Conn) *h1Conn {
 	return pc
 }
 
-// get takes the most recently used idle connection; nil if none. The
-// connections idle for h1IdleTimeout or longer are closed.
+// get takes the most recently used idle connection that is still open;
+// nil if none (those closed are dropped).
 func (h *h1Client) get() (*h1Conn, bool) {
+	for {
+		pc, _ := h.getIdle()
+		if pc == nil || pc.alive() {
+			return pc, pc != nil
+		}
+		pc.c.Close()
+	}
+}
+
+// aLongTimeAgo is a deadline that has passed: blocked reads and writes
+// return at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// alive reports whether the idle connection pc is still open: a peek that
+// does not wait finds nothing to read (the upstream sent neither a close
+// nor stray bytes). A connection that cannot be peeked at (not a socket)
+// counts as open.
+func (pc *h1Conn) alive() bool {
+	if pc.br.Buffered() > 0 {
+		return false
+	}
+	sc, ok := pc.c.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	open := false
+	err = rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, perr := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		open = perr == syscall.EAGAIN || perr == syscall.EWOULDBLOCK
+		return true // done: never wait for the socket to be readable
+	})
+	return err == nil && open
+}
+
+// getIdle takes the most recently used idle connection; nil if none. The
+// connections idle for h1IdleTimeout or longer are closed.
+func (h *h1Client) getIdle() (*h1Conn, bool) {
 	h.mu.Lock()
 	n := len(h.idle)
 	if n == 0 {
