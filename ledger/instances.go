@@ -13,19 +13,20 @@ import (
 
 var _ vend.RequestClaimer = (*Ledger)(nil)
 
-// ClaimTakeover is how long a request claim of an instance that died (it
-// holds no run lease) stands before another instance may take the request
-// over (the client sends it again): longer than a run lease lasts, so that
-// an instance that has just started and not yet taken its lease keeps its
+// DefaultClaimTakeover is how long, unless Options.ClaimTakeover says
+// otherwise, a request claim of an instance that died (it holds no run
+// lease) stands before another instance may take the request over (the
+// client sends it again): longer than a run lease lasts, so that an
+// instance that has just started and not yet taken its lease keeps its
 // claims.
-const ClaimTakeover = time.Minute
+const DefaultClaimTakeover = time.Minute
 
 // ClaimRequest implements vend.RequestClaimer: it inserts key's claim for
 // holder (an upsert checked by rows affected, as every claim here) and
 // reports whether holder has it: the insert went through, holder claimed
 // key before (a copy of the request delivered again to the same
 // instance), or the claim's holder died (it holds no run lease, and
-// claimed key over ClaimTakeover ago): a request its dead instance never
+// claimed key over Options.ClaimTakeover ago): a request its dead instance never
 // answered is served when the client sends it again. Another live
 // holder's claim is false. On PostgreSQL every write transaction holds
 // the write lock (see the package doc), so two instances claiming the
@@ -38,13 +39,13 @@ func (l *Ledger) ClaimRequest(ctx context.Context, key, holder string) (bool, er
 	var mine bool
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		// The claim is holder's if new, holder's already, or taken over
-		// from a dead holder: claimed over ClaimTakeover ago by an
+		// from a dead holder: claimed over claimTakeover ago by an
 		// instance holding no run lease (see Ledger.TakeLease).
 		res, err := tx.ExecContext(ctx, `INSERT INTO request_claims (request_key, holder, claimed_at) VALUES (?, ?, ?)
 			ON CONFLICT (request_key) DO UPDATE SET holder = excluded.holder, claimed_at = excluded.claimed_at
 			WHERE request_claims.holder = excluded.holder OR (request_claims.claimed_at <= ? AND NOT EXISTS (
 				SELECT 1 FROM leases WHERE name LIKE 'run:%' AND leases.holder = request_claims.holder AND expires_at > ?))`,
-			key, holder, ms(now), ms(now.Add(-ClaimTakeover)), ms(now))
+			key, holder, ms(now), ms(now.Add(-l.claimTakeover)), ms(now))
 		if err != nil {
 			return err
 		}

@@ -88,7 +88,7 @@ func TestClaimRequestOnceAcrossHandles(t *testing.T) {
 	if ok, err := a.TakeLease(ctx, "run:r0", "instance-0", time.Hour); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	clock.add(2 * ledger.ClaimTakeover)
+	clock.add(2 * ledger.DefaultClaimTakeover)
 	for i := range keys {
 		mine := won[i].Load() == 2<<4 // instance-1's
 		if ok, err := a.ClaimRequest(ctx, fmt.Sprint("nostr:ev", i), "instance-2"); err != nil || ok != mine {
@@ -481,5 +481,40 @@ func TestSharedSessions(t *testing.T) {
 	}
 	if n != 1 {
 		t.Fatalf("%d sessions kept, want 1 (the expired one deleted)", n)
+	}
+}
+
+// TestClaimTakeoverOption: with Options.ClaimTakeover, a dead holder's
+// claim stands exactly that long (not DefaultClaimTakeover): refused just
+// before, taken over at it; a live holder's is never taken over.
+func TestClaimTakeoverOption(t *testing.T) {
+	ctx := context.Background()
+	clock := instancesClock()
+	const takeover = 5 * time.Second
+	path := filepath.Join(t.TempDir(), "capvend.db")
+	l, err := ledger.OpenForTest(t, ctx, path, ledger.Options{Now: clock.Now, ClaimTakeover: takeover})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	if ok, err := l.TakeLease(ctx, "run:live", "live", time.Hour); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	for _, holder := range []string{"dead", "live"} {
+		if ok, err := l.ClaimRequest(ctx, "nostr:"+holder, holder); err != nil || !ok {
+			t.Fatal(holder, ok, err)
+		}
+	}
+	clock.add(takeover - time.Millisecond)
+	if ok, err := l.ClaimRequest(ctx, "nostr:dead", "other"); err != nil || ok {
+		t.Errorf("a dead holder's claim taken over before ClaimTakeover: %v, %v", ok, err)
+	}
+	clock.add(time.Millisecond)
+	if ok, err := l.ClaimRequest(ctx, "nostr:dead", "other"); err != nil || !ok {
+		t.Errorf("a dead holder's claim not taken over at ClaimTakeover: %v, %v", ok, err)
+	}
+	clock.add(ledger.DefaultClaimTakeover)
+	if ok, err := l.ClaimRequest(ctx, "nostr:live", "other"); err != nil || ok {
+		t.Errorf("a live holder's claim taken over: %v, %v", ok, err)
 	}
 }

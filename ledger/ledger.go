@@ -67,6 +67,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -120,6 +121,9 @@ type Options struct {
 	// Observer, if set, is told each write's changes once committed and
 	// how long each write transaction took (see vend.Observer).
 	Observer vend.Observer
+	// ClaimTakeover is how long a dead instance's request claim stands
+	// (see ClaimRequest); 0: DefaultClaimTakeover.
+	ClaimTakeover time.Duration
 }
 
 // Ledger is an open ledger file. It is safe for concurrent use.
@@ -135,6 +139,8 @@ type Ledger struct {
 	creditKeyMu sync.Mutex
 	creditKey   []byte
 	obs         vend.Observer // opts.Observer; nil: changes are not collected
+	// claimTakeover is opts.ClaimTakeover, or DefaultClaimTakeover.
+	claimTakeover time.Duration
 	// pg: the ledger is in PostgreSQL (OpenPostgres), not SQLite.
 	pg bool
 	// rateSwept is the minute (unix ms) whose older rate counts CountCall
@@ -203,7 +209,7 @@ func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
 		rdb.Close()
 		return nil, fmt.Errorf("ledger %s: %w", path, err)
 	}
-	l := &Ledger{path: path, db: db, rdb: rdb, udb: udb, now: opts.Now, obs: opts.Observer,
+	l := &Ledger{path: path, db: db, rdb: rdb, udb: udb, now: opts.Now, obs: opts.Observer, claimTakeover: cmp.Or(opts.ClaimTakeover, DefaultClaimTakeover),
 		readOpts: &sql.TxOptions{ReadOnly: true}}
 	if l.now == nil {
 		l.now = time.Now

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -62,7 +63,7 @@ func OpenPostgres(ctx context.Context, dsn string, opts Options) (*Ledger, error
 	rdb.SetMaxOpenConns(4)
 	udb := sql.OpenDB(pgConnector{stdlib.GetConnector(*ro)})
 	udb.SetMaxOpenConns(2)
-	l := &Ledger{path: name, db: db, rdb: rdb, udb: udb, now: opts.Now, obs: opts.Observer, pg: true,
+	l := &Ledger{path: name, db: db, rdb: rdb, udb: udb, now: opts.Now, obs: opts.Observer, claimTakeover: cmp.Or(opts.ClaimTakeover, DefaultClaimTakeover), pg: true,
 		readOpts: &sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead}}
 	if l.now == nil {
 		l.now = time.Now

@@ -88,7 +88,7 @@ func TestClaimsServeEachRequestOnce(t *testing.T) {
 
 // takeoverClaims is a vend.RequestClaimer whose first claim of a key is
 // another instance's (one that then dies without answering) and every
-// later one the caller's, as after ledger.ClaimTakeover. Each claim tried
+// later one the caller's, as after ledger.DefaultClaimTakeover. Each claim tried
 // is sent on tried.
 type takeoverClaims struct {
 	mu    sync.Mutex
@@ -107,7 +107,7 @@ func (m *takeoverClaims) ClaimRequest(_ context.Context, key, _ string) (bool, e
 
 // TestRequestSentAgainAfterTakeover: a request another instance claimed
 // and never answered (it died) is served here when the client sends the
-// same event again once this server's memory of the event (seenFor, made
+// same event again once this server's memory of the event (SeenFor, made
 // short here) has passed. The relay subscription must not drop the copy:
 // go-nostr's pool (SubscribeMany) did, for one to two minutes after each
 // copy it saw, so a client sending the event again every minute was never
@@ -116,7 +116,7 @@ func TestRequestSentAgainAfterTakeover(t *testing.T) {
 	const keep = 200 * time.Millisecond
 	relay := testkit.Relay(t)
 	claims := &takeoverClaims{seen: map[string]bool{}, tried: make(chan string, 8)}
-	s := startServer(t, relay, &fakeVendor{}, func(c *Config) { c.Claims, c.Instance, c.seenFor = claims, "live", keep })
+	s := startServer(t, relay, &fakeVendor{}, func(c *Config) { c.Claims, c.Instance, c.SeenFor = claims, "live", keep })
 	c := newClient(t, relay, s.PublicKey())
 	ping := c.send(`{"jsonrpc":"2.0","id":1,"method":"ping"}`)
 	select {

@@ -121,6 +121,13 @@ type Config struct {
 	// (renewed every third of it; 0: DefaultMemberTTL): a dead server's
 	// requests are taken over within MemberTTL plus 3 samples.
 	MemberTTL time.Duration
+	// SeenFor is how long Run drops copies of an event it let in (the
+	// same request delivered again by another relay or a client sending
+	// it again); 0: one minute. With Claims, a request a dead instance
+	// claimed is served when sent again after the claim's takeover time
+	// (ledger.Options.ClaimTakeover) and SeenFor: capvend sets both alike.
+	SeenFor time.Duration
+
 	SecretKey string   // the server's secret key, 64 hex characters (see LoadSecretKey)
 	Relays    []string // ws:// or wss:// URLs; at least one
 
@@ -168,9 +175,6 @@ type Config struct {
 	// returns true for, as if they were still queued there (tests of the
 	// lanes, lanes.go).
 	slowMain func(*nostr.Event) bool
-	// seenFor, when set, is how long Run drops copies of an event it let
-	// in (tests; 0: the constant seenFor).
-	seenFor time.Duration
 
 	// Announce publishes the announcements (see the package doc) at start
 	// and after each Refresh that changed them.
@@ -277,7 +281,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.ShardSample < 0 || cfg.MemberTTL < 0 {
+	if cfg.ShardSample < 0 || cfg.MemberTTL < 0 || cfg.SeenFor < 0 {
 		return nil, errors.New("ctxvm: negative shard durations")
 	}
 	if cfg.Window < 0 || cfg.MaxContentBytes < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownGrace < 0 || cfg.MaxInFlight < 0 || cfg.AnnounceDelay < 0 || cfg.ElicitTimeout < 0 {
@@ -406,7 +410,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer stopSub()
 	events := s.startMain(subCtx, pool, filter, &lanesWG)
 	fast := s.startLanes(subCtx, pool, filter, &lanesWG) // see Lanes in lanes.go
-	seen := laneSeen{keep: s.cfg.seenFor}
+	seen := laneSeen{keep: s.cfg.SeenFor}
 
 	// Requests run on work, which ends ShutdownGrace after ctx.
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))

@@ -440,7 +440,7 @@
 // A dead (or stalled) server's requests are dropped until its member
 // lease runs out and the others count it out (MemberTTL + F at most);
 // the client sends again, and the claims' takeover rule
-// (ledger.ClaimTakeover) still applies to what it claimed. A server that
+// (ledger.Options.ClaimTakeover) still applies to what it claimed. A server that
 // stops leaves: it releases its lease, reads the member set, and goes on
 // reading requests for F + S, serving (by claim) the ones it owned, as
 // the others may see it leave up to S after it and serve them F after

@@ -81,6 +81,15 @@ type LedgerConfig struct {
 	// a secret (it may hold a password), read when the ledger opens,
 	// never logged.
 	DSNFile string `yaml:"dsn_file"`
+	// LeaseTTL (driver postgres) is how long an instance's leases last
+	// unrenewed (renewed every third of it): a dead instance's calls and
+	// work are taken over within LeaseTTL plus a third of it.
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// ClaimTakeover (driver postgres) is how long a Nostr request claimed
+	// by an instance that died stands before another instance serves it
+	// when the client sends it again; also how long an instance drops
+	// copies of a request it let in. Longer than LeaseTTL.
+	ClaimTakeover time.Duration `yaml:"claim_takeover"`
 }
 
 // ServerConfig is how capvend presents itself to clients.
@@ -472,7 +481,7 @@ func (c *Config) priceRules() (map[string]map[string]pricing.Rule, error) {
 // defaultConfig is what a missing field means.
 func defaultConfig() Config {
 	return Config{
-		Ledger: LedgerConfig{Driver: "sqlite", Path: "capvend.db"},
+		Ledger: LedgerConfig{Driver: "sqlite", Path: "capvend.db", LeaseTTL: 30 * time.Second, ClaimTakeover: time.Minute},
 		Server: ServerConfig{Name: "capvend"},
 		HTTP: HTTPConfig{MaxRequestBytes: 1 << 20, SessionIdle: 30 * time.Minute, MaxSessions: 10_000, MaxConnections: 1000,
 			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute},
@@ -722,6 +731,12 @@ func (c *Config) validateServer(p *problems) {
 		}
 	default:
 		p.bad("ledger.driver", "%q is not a ledger driver: sqlite (the default) or postgres", c.Ledger.Driver)
+	}
+	if c.Ledger.LeaseTTL < 3*time.Second || c.Ledger.LeaseTTL > 10*time.Minute {
+		p.bad("ledger.lease_ttl", "%s is outside 3s .. 10m", c.Ledger.LeaseTTL)
+	}
+	if c.Ledger.ClaimTakeover <= c.Ledger.LeaseTTL || c.Ledger.ClaimTakeover > time.Hour {
+		p.bad("ledger.claim_takeover", "%s must be longer than ledger.lease_ttl (%s) and at most 1h", c.Ledger.ClaimTakeover, c.Ledger.LeaseTTL)
 	}
 	if c.Server.Name == "" {
 		p.bad("server.name", "required: a short name clients see")

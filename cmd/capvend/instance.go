@@ -10,18 +10,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"time"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
-
-// leaseTTL is how long an instance's leases last unrenewed (renewed every
-// third of it): a dead instance's work is taken over within leaseTTL plus
-// a renewal.
-const leaseTTL = 30 * time.Second
 
 // newInstanceID names this process among the capvend instances sharing a
 // ledger: host, process id and a random part (a restarted process is a
@@ -87,14 +81,14 @@ var _ mcpfront.SessionStore = (*ledger.Ledger)(nil)
 
 // shared is the Vendor's part in sharing the ledger: on PostgreSQL its
 // leases (recovery and reconciliation on one instance, taken over within
-// 30 s + 10 s of its death) and, with limits.requests_per_minute, the
-// rate limit counted in the ledger, and the unpaid limits counted there
-// too; on SQLite none.
+// ledger.lease_ttl and a third of it after its death) and, with
+// limits.requests_per_minute, the rate limit counted in the ledger, and
+// the unpaid limits counted there too; on SQLite none.
 func (s *vendServer) shared() vend.SharedConfig {
 	if s.cfg.Ledger.Driver != "postgres" {
 		return vend.SharedConfig{}
 	}
-	sh := vend.SharedConfig{Leases: s.l, Instance: s.instance, LeaseTTL: leaseTTL}
+	sh := vend.SharedConfig{Leases: s.l, Instance: s.instance, LeaseTTL: s.cfg.Ledger.LeaseTTL}
 	if s.cfg.Limits.RequestsPerMinute > 0 {
 		sh.Rates = s.l // one ledger write per call: see README, Several instances
 	}
@@ -128,7 +122,7 @@ func (s *vendServer) registerPrices(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	err = s.l.RegisterPrices(ctx, s.instance, h, leaseTTL, false)
+	err = s.l.RegisterPrices(ctx, s.instance, h, s.cfg.Ledger.LeaseTTL, false)
 	if errors.Is(err, ledger.ErrPricesDiffer) {
 		return fmt.Errorf("%w: every capvend instance sharing this ledger must sell at the same prices, and this one's configuration prices differ; "+
 			"give it the same prices, or change the prices of the running instances first (SIGHUP each)", err)
@@ -146,7 +140,7 @@ func pricesReloaded(ctx context.Context, l *ledger.Ledger, instance string, next
 	}
 	h, err := priceHash(next)
 	if err == nil {
-		err = l.RegisterPrices(ctx, instance, h, leaseTTL, true)
+		err = l.RegisterPrices(ctx, instance, h, next.Ledger.LeaseTTL, true)
 	}
 	switch {
 	case errors.Is(err, ledger.ErrPricesDiffer):

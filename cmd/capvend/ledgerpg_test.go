@@ -25,11 +25,24 @@ func TestLedgerDriverConfig(t *testing.T) {
 		{"  driver: postgres\n", "ledger.dsn_file"},
 		{"  driver: sqlite\n  path: \"\"\n", "ledger.path"},
 		{"  driver: sqlite\nnostr:\n  shard: true\n", "nostr.shard"}, // sharding is between instances on PostgreSQL
+		{"  lease_ttl: 2s\n", "ledger.lease_ttl"},
+		{"  lease_ttl: 11m\n  claim_takeover: 20m\n", "ledger.lease_ttl"},
+		{"  lease_ttl: 1m\n", "ledger.claim_takeover"}, // the default minute is not longer
+		{"  lease_ttl: 10s\n  claim_takeover: 10s\n", "ledger.claim_takeover"},
+		{"  claim_takeover: 2h\n", "ledger.claim_takeover"},
 	} {
 		_, err := parseConfig("capvend.yaml", []byte("ledger:\n"+tc.ledger+"server:\n  name: t\n"), func(string) string { return "" })
 		if err == nil || !strings.Contains(err.Error(), tc.field+":") {
 			t.Errorf("%q: %v", tc.ledger, err)
 		}
+	}
+	cfg, err := parseConfig("capvend.yaml", []byte("server:\n  name: t\n"), func(string) string { return "" })
+	if err != nil || cfg.Ledger.LeaseTTL != 30*time.Second || cfg.Ledger.ClaimTakeover != time.Minute {
+		t.Errorf("the default lease and claim times: %+v, %v", cfg.Ledger, err)
+	}
+	cfg, err = parseConfig("capvend.yaml", []byte("ledger:\n  lease_ttl: 10s\n  claim_takeover: 15s\nserver:\n  name: t\n"), func(string) string { return "" })
+	if err != nil || cfg.Ledger.LeaseTTL != 10*time.Second || cfg.Ledger.ClaimTakeover != 15*time.Second {
+		t.Errorf("lease_ttl 10s, claim_takeover 15s: %+v, %v", cfg.Ledger, err)
 	}
 }
 

@@ -170,7 +170,7 @@ func (s *vendServer) open(ctx context.Context) error {
 	}
 	obs := vend.LogCallEnds(s.log, metrics)
 	var err error
-	if s.l, err = cfg.Ledger.open(ctx, "", ledger.Options{Observer: obs}); err != nil {
+	if s.l, err = cfg.Ledger.open(ctx, "", ledger.Options{Observer: obs, ClaimTakeover: cfg.Ledger.ClaimTakeover}); err != nil {
 		return err
 	}
 	s.instance = newInstanceID()
@@ -611,6 +611,7 @@ func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.Re
 		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: log,
 		Announce: cfg.Nostr.Announce, Allow: hexPubkeys(cfg.Nostr.Allow), Deny: hexPubkeys(cfg.Nostr.Deny),
 		PowDifficulty: cfg.Nostr.PowDifficulty, Claims: claims.claimer(), Instance: claims.id(), Members: claims.memberSet(),
+		SeenFor: cfg.Ledger.ClaimTakeover,
 	})
 }
 
