@@ -23,7 +23,6 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/internal/ctxvmclient"
-	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/testnet/exampletools"
 	"github.com/capvend/capvend/vend"
@@ -42,9 +41,6 @@ const (
 	// killed: the kill lands in the middle of the load.
 	loadBeforeKill = 12
 	loadNostrWait  = 45 * time.Second // a Nostr client's wait for an answer
-	// nostrForget is how long an instance drops a copy of a Nostr event
-	// it let in (the ctxvm front's memory of event ids, seenFor).
-	nostrForget = time.Minute
 )
 
 // loadCall is one call of the load and what its client saw.
@@ -259,12 +255,14 @@ func waitLedger(t *testing.T, db *sql.DB, what string, guard time.Duration, ok f
 // exactly the delivered calls and the refunds owed.
 //
 // It runs twice at once (most of its time is the wait for the dead
-// instance's leases to expire): on plain invoices, where a paid call the
+// instance's leases to expire, and for its Nostr clients' requests lost
+// with it): on plain invoices, where a paid call the
 // kill interrupted is run by another instance or refunded, and on LND
 // hold invoices, where it is canceled at LND instead (the customer's
 // payment fails) and the held calls' invoices, paid after the kill, are
 // canceled by the recovering instance, not run.
 func TestMultiInstanceUnderLoad(t *testing.T) {
+	t.Parallel() // with the other multi-instance tests, after the serial ones
 	for _, hold := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) {
 			t.Parallel()
@@ -282,6 +280,7 @@ func testMultiLoad(t *testing.T, hold bool) {
 		log := filepath.Join(t.TempDir(), fmt.Sprintf("calls-%d.jsonl", i))
 		p, l := writeServeConfig(t, s, serveOpts{nsecFile: nsec, callsLog: log, hold: hold})
 		onPostgres(t, p, dsn)
+		fastTakeover(t, p)
 		paths, listens, logs = append(paths, p), append(listens, l), append(logs, log)
 	}
 	db := openPG(t, dsn)
@@ -377,7 +376,7 @@ func testMultiLoad(t *testing.T, hold bool) {
 	if !waitRecovered(t, db, 3*time.Minute) {
 		t.Errorf("calls not ended %s after the kill", time.Since(killed).Round(time.Second))
 	}
-	t.Logf("the dead instance's calls ended %s after the kill (bound: 30 s lease + 10 s renewal + recovery)", time.Since(killed).Round(time.Second))
+	t.Logf("the dead instance's calls ended %s after the kill (bound: %s lease + a third of it + recovery)", time.Since(killed).Round(time.Second), testLeaseTTL)
 	ld.pays.Wait()
 	replayLost(t, ld, cl.c, db, instance, killed)
 	logVictimStates(t, db, run, "at the end")
@@ -394,11 +393,11 @@ func testMultiLoad(t *testing.T, hold bool) {
 	checkLedgerVerifies(t, paths[1])
 }
 
-// replayLost sends again, a minute after the kill (ledger.ClaimTakeover
-// and the live instances' memory of the events, nostrForget), the Nostr
-// requests the dead instance claimed and never answered
-// whose call is free or was delivered by recovery: another instance
-// answers each, a paid one with its stored result, asking no payment.
+// replayLost sends again, testClaimTakeover after the kill (the claims'
+// ledger.claim_takeover, also the live instances' memory of the events),
+// the Nostr requests the dead instance claimed and never answered whose
+// call is free or was delivered by recovery: another instance answers
+// each, a paid one with its stored result, asking no payment.
 func replayLost(t *testing.T, ld *load, cl *ctxvmclient.Client, db *sql.DB, victim string, killed time.Time) {
 	t.Helper()
 	var lost []*loadCall
@@ -417,10 +416,10 @@ func replayLost(t *testing.T, ld *load, cl *ctxvmclient.Client, db *sql.DB, vict
 	if len(lost) == 0 {
 		return
 	}
-	// Every claim of the dead instance is over ledger.ClaimTakeover old
-	// then, and the live instances no longer drop the events as copies
-	// of ones they let in.
-	after := max(ledger.ClaimTakeover, nostrForget)
+	// Every claim of the dead instance is over claim_takeover old then,
+	// and the live instances no longer drop the events as copies of ones
+	// they let in (they forget them after claim_takeover too).
+	after := testClaimTakeover
 	time.Sleep(time.Until(killed.Add(after + time.Second)))
 	for _, c := range lost {
 		ctx, cancel := context.WithTimeout(context.Background(), loadNostrWait)
