@@ -41,6 +41,13 @@ const (
 	// killed: the kill lands in the middle of the load.
 	loadBeforeKill = 12
 	loadNostrWait  = 45 * time.Second // a Nostr client's wait for an answer
+	// loadLostAfter is how long after the victim's death (its process
+	// reaped) a Nostr client stops waiting for the answer to a request
+	// the victim claimed: whatever it published before it died has
+	// reached the relay, and nobody else answers the request unless it
+	// is sent again (replayLost). Without it the client waits
+	// loadNostrWait.
+	loadLostAfter = 10 * time.Second
 )
 
 // loadCall is one call of the load and what its client saw.
@@ -70,6 +77,37 @@ type load struct {
 	hold chan *loadCall
 	// paidHashes are the payment hashes the customer paid.
 	paidHashes map[string]bool
+	// dead is closed once the victim is dead (killed: when), whose
+	// claims of Nostr requests are in db under its instance name victim.
+	dead   chan struct{}
+	killed time.Time
+	db     *sql.DB
+	victim string
+}
+
+// lost cancels the wait of a Nostr request, event id ev, once it is lost
+// with the victim: the victim is dead, it holds the request's claim, and
+// loadLostAfter has passed since its death. Stop it when the answer came.
+func (ld *load) lost(ev string, cancel context.CancelFunc) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ld.dead:
+		case <-done:
+			return
+		}
+		var holder string
+		ld.db.QueryRow("SELECT holder FROM request_claims WHERE request_key = $1", "nostr:"+ev).Scan(&holder)
+		if holder != ld.victim {
+			return // a live instance's, or not claimed: it is answered, or the wait ends at loadNostrWait
+		}
+		select {
+		case <-time.After(time.Until(ld.killed.Add(loadLostAfter))):
+			cancel()
+		case <-done:
+		}
+	}()
+	return func() { close(done) }
 }
 
 func (ld *load) add(c *loadCall) *loadCall {
@@ -181,6 +219,7 @@ func (ld *load) nostrWorker(w int, cl *ctxvmclient.Client) {
 		c.event, c.ev = ev.ID, ev
 		ld.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), loadNostrWait)
+		stop := ld.lost(ev.ID, cancel)
 		m, _, err := cl.Roundtrip(ctx, ev, nil, func(m ctxvmclient.Message) error {
 			if m.Method == vend.NotifyPaymentRequired {
 				var p vend.PaymentOption
@@ -189,6 +228,7 @@ func (ld *load) nostrWorker(w int, cl *ctxvmclient.Client) {
 			}
 			return nil
 		})
+		stop()
 		cancel()
 		var res struct {
 			IsError bool `json:"isError"`
@@ -291,7 +331,8 @@ func testMultiLoad(t *testing.T, hold bool) {
 	procs := []*exec.Cmd{startServe(t, paths[1], listens[1], ""), startServe(t, paths[2], listens[2], "")}
 	start := time.Now()
 
-	ld := &load{s: s, tag: fmt.Sprintf("hold=%v", hold), hold: make(chan *loadCall, loadHeld+1), paidHashes: map[string]bool{}}
+	ld := &load{s: s, tag: fmt.Sprintf("hold=%v", hold), hold: make(chan *loadCall, loadHeld+1), paidHashes: map[string]bool{},
+		dead: make(chan struct{}), db: db, victim: instance}
 	cl := dialContextVM(t, s.RelayURL, server)
 	answers := countAnswers(t, s.RelayURL, server, cl.c.SecretKey)
 	cl.waitReady()
@@ -349,6 +390,8 @@ func testMultiLoad(t *testing.T, hold bool) {
 		t.Fatalf("the victim did not die by SIGKILL: %v", err)
 	}
 	killed := time.Now()
+	ld.killed = killed
+	close(ld.dead)
 	logVictimStates(t, db, run, "at the kill")
 	for _, c := range held {
 		ld.payNow(c, c.payReq) // the dead instance's invoices, paid
