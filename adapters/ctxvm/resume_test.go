@@ -21,7 +21,7 @@ func TestRequestDuringRelayOutage(t *testing.T) {
 		t.Skip("waits for the server to connect again (5 s)")
 	}
 	g := testkit.NewGatedRelay(t)
-	s := startServer(t, g.Gated, &fakeVendor{}, func(c *Config) { c.seenFor = time.Nanosecond })
+	s := startServer(t, g.Gated, &fakeVendor{}, func(c *Config) { c.SeenFor = time.Nanosecond })
 	c := newClient(t, g.Open, s.PublicKey())
 	job := func(name string) *nostr.Event { // a stored kind: relays keep it for a later subscription
 		ev := &nostr.Event{Kind: KindJobRequest, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}, {"c", "list-tools"}, {"t", name}}}

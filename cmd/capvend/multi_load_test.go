@@ -321,6 +321,11 @@ func testMultiLoad(t *testing.T, hold bool) {
 		p, l := writeServeConfig(t, s, serveOpts{nsecFile: nsec, callsLog: log, hold: hold})
 		onPostgres(t, p, dsn)
 		fastTakeover(t, p)
+		// The unpaid limits count a client by its address across the
+		// instances, and every MCP HTTP client here comes from 127.0.0.1:
+		// one client to the limits, with the dead instance's unpaid
+		// quotes counted until they end. Room for all of them.
+		editConfig(t, p, "limits:\n", "limits:\n  max_unpaid_per_client: 100\n")
 		paths, listens, logs = append(paths, p), append(listens, l), append(logs, log)
 	}
 	db := openPG(t, dsn)
