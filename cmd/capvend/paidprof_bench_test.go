@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// BenchmarkPaidCallProfile accounts where a paid call's CPU goes in
+// capvend: one `capvend serve` (admin listener with admin.pprof, default
+// reconciliation) is first left idle for paidProfIdle, then called by
+// paidMonClients paying MCP clients (as BenchmarkPaidCallMonitoring's) for
+// paidProfLoad while Go's CPU profile of it is taken over
+// /debug/pprof/profile. It reports the serve process's CPU per second
+// idle (background tickers: not the calls'), and per call under load
+// (from /proc/PID/stat). With PAIDPROF_DIR set, the profiles are written
+// there (invoice.pprof, hold.pprof) for `go tool pprof`. b.N is ignored:
+// run it with -benchtime 1x.
+func BenchmarkPaidCallProfile(b *testing.B) {
+	s := needStack(b)
+	for _, hold := range []bool{false, true} {
+		name := "invoice"
+		if hold {
+			name = "hold"
+		}
+		b.Run(name, func(b *testing.B) {
+			path, listen := writeServeConfig(b, s, serveOpts{hold: hold})
+			admin := freeAddr(b)
+			appendFile(b, path, fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", admin))
+			side := &paidMonSide{admin: admin}
+			side.proc = startServe(b, path, listen, "")
+			url := "http://" + listen + "/mcp"
+			for i := range paidMonClients {
+				pc := newPayingClient(b, s, url)
+				if i == 0 {
+					waitTools(b, pc)
+				}
+				side.clients = append(side.clients, pc)
+			}
+			side.calls(b, 2*paidMonClients) // warm-up
+			pid := side.proc.Process.Pid
+			b.Logf("load average before: %s", loadAvg())
+			c0 := procCPU(b, pid)
+			time.Sleep(paidProfIdle)
+			idle := procCPU(b, pid) - c0
+			b.ResetTimer()
+			prof := make(chan []byte, 1)
+			go func() { prof <- fetchProfile(b, admin, paidProfLoad) }()
+			c0 = procCPU(b, pid)
+			var n atomic.Int64
+			ctx, cancel := context.WithTimeout(context.Background(), paidProfLoad)
+			defer cancel()
+			var g errgroup.Group
+			for _, pc := range side.clients {
+				g.Go(func() error {
+					for ctx.Err() == nil {
+						if err := paidMonCall(pc); err != nil {
+							return err
+						}
+						n.Add(1)
+					}
+					return nil
+				})
+			}
+			if err := g.Wait(); err != nil {
+				b.Fatal(err)
+			}
+			busy := procCPU(b, pid) - c0
+			b.StopTimer()
+			p := <-prof
+			b.Logf("load average after: %s", loadAvg())
+			if dir := os.Getenv("PAIDPROF_DIR"); dir != "" && p != nil {
+				if err := os.WriteFile(filepath.Join(dir, name+".pprof"), p, 0o644); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(idle.Microseconds())/1000/paidProfIdle.Seconds(), "idle-cpu-ms/s")
+			b.ReportMetric(float64(n.Load()), "calls")
+			b.ReportMetric(float64(busy.Microseconds())/1000/float64(max(n.Load(), 1)), "cpu-ms/call")
+		})
+	}
+}
+
+const (
+	// paidProfIdle is how long BenchmarkPaidCallProfile measures an idle
+	// serve's CPU.
+	paidProfIdle = 10 * time.Second
+	// paidProfLoad is how long it calls (and profiles) the serve.
+	paidProfLoad = 30 * time.Second
+)
+
+// fetchProfile takes a CPU profile of the serve whose admin listener is
+// admin over d; nil (logged) if it failed.
+func fetchProfile(b *testing.B, admin string, d time.Duration) []byte {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, int(d.Seconds())))
+	if err != nil {
+		b.Log(err)
+		return nil
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.Logf("profile: %s %v: %s", resp.Status, err, body)
+		return nil
+	}
+	return body
+}
