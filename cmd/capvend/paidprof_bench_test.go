@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,7 +23,8 @@ import (
 // paidProfLoad while Go's CPU profile of it is taken over
 // /debug/pprof/profile. It reports the serve process's CPU per second
 // idle (background tickers: not the calls'), and per call under load
-// (from /proc/PID/stat). With PAIDPROF_DIR set, the profiles are written
+// (from /proc/PID/stat), and the ledger commits per call (its /metrics).
+// With PAIDPROF_DIR set, the profiles are written
 // there (invoice.pprof, hold.pprof) for `go tool pprof`. b.N is ignored:
 // run it with -benchtime 1x.
 func BenchmarkPaidCallProfile(b *testing.B) {
@@ -52,6 +55,7 @@ func BenchmarkPaidCallProfile(b *testing.B) {
 			time.Sleep(paidProfIdle)
 			idle := procCPU(b, pid) - c0
 			b.ResetTimer()
+			commits0 := ledgerCommits(b, side)
 			prof := make(chan []byte, 1)
 			go func() { prof <- fetchProfile(b, admin, paidProfLoad) }()
 			c0 = procCPU(b, pid)
@@ -74,6 +78,7 @@ func BenchmarkPaidCallProfile(b *testing.B) {
 				b.Fatal(err)
 			}
 			busy := procCPU(b, pid) - c0
+			commits := ledgerCommits(b, side) - commits0
 			b.StopTimer()
 			p := <-prof
 			b.Logf("load average after: %s", loadAvg())
@@ -85,6 +90,7 @@ func BenchmarkPaidCallProfile(b *testing.B) {
 			b.ReportMetric(float64(idle.Microseconds())/1000/paidProfIdle.Seconds(), "idle-cpu-ms/s")
 			b.ReportMetric(float64(n.Load()), "calls")
 			b.ReportMetric(float64(busy.Microseconds())/1000/float64(max(n.Load(), 1)), "cpu-ms/call")
+			b.ReportMetric(commits/float64(max(n.Load(), 1)), "commits/call")
 		})
 	}
 }
@@ -96,6 +102,26 @@ const (
 	// paidProfLoad is how long it calls (and profiles) the serve.
 	paidProfLoad = 30 * time.Second
 )
+
+var commitCount = regexp.MustCompile(`(?m)^capvend_ledger_commit_seconds_count ([0-9.e+]+)`)
+
+// ledgerCommits is how many ledger commits (group commits count once)
+// side's /metrics counted so far.
+func ledgerCommits(b *testing.B, side *paidMonSide) float64 {
+	body, err := side.scrape(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := commitCount.FindStringSubmatch(body)
+	if m == nil {
+		b.Fatalf("no capvend_ledger_commit_seconds_count in /metrics:\n%s", grepLines(body, "capvend_ledger"))
+	}
+	n, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
 
 // fetchProfile takes a CPU profile of the serve whose admin listener is
 // admin over d; nil (logged) if it failed.
