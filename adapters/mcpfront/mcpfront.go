@@ -452,6 +452,10 @@ type Server struct {
 	inStdi bool
 
 	catalog catalogState // what Refresh registered of the Catalog
+	// toolsMu makes each Refresh read the Vendor's tools and register
+	// them in one step: two upstreams changing at once each call
+	// Refresh, and the one that read first must not register last.
+	toolsMu sync.Mutex
 
 	sessions  *sessions    // the MCP sessions issued (protocols before 2026-07-28)
 	origins   []originRule // Config.AllowedOrigins
@@ -626,10 +630,12 @@ func withRPCID(h http.Header, id any) http.Header {
 // any, and registers the prompts, resources and templates that changed;
 // mcp-go then sends notifications/prompts/list_changed or
 // notifications/resources/list_changed (only when something changed).
-// Safe to call concurrently; cheap enough to call on every upstream
-// change.
+// Safe to call concurrently (the last call registers the newest tools);
+// cheap enough to call on every upstream change.
 func (s *Server) Refresh() {
 	defer s.refreshCatalog()
+	s.toolsMu.Lock()
+	defer s.toolsMu.Unlock()
 	vt := s.cfg.Vendor.Tools()
 	ranger, _ := s.cfg.Vendor.(PriceRanger)
 	tools := make([]server.ServerTool, 0, len(vt))
