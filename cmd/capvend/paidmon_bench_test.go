@@ -48,36 +48,30 @@ import (
 // run's median is within about ±5% of the truth, not 3%.
 func BenchmarkPaidCallMonitoring(b *testing.B) {
 	s := needStack(b)
-	for _, hold := range []bool{false, true} {
-		name := "invoice"
-		if hold {
-			name = "hold"
+	eachInvoiceKind(b, func(b *testing.B, hold bool) {
+		sides := map[bool]*paidMonSide{}
+		for _, on := range []bool{false, true} {
+			sides[on] = startPaidMonSide(b, s, serveOpts{hold: hold}, on)
 		}
-		b.Run(name, func(b *testing.B) {
-			sides := map[bool]*paidMonSide{}
-			for _, on := range []bool{false, true} {
-				sides[on] = startPaidMonSide(b, s, serveOpts{hold: hold}, on)
+		b.Logf("load average before: %s", loadAvg())
+		scrapes := sides[true].scrapeEvery(b, paidMonScrape)
+		oo := testkit.OnOff{CPU: func(on bool) time.Duration { return procCPU(b, sides[on].proc.Process.Pid) }}
+		n := max(b.N/monitoringPairs, paidMonClients)
+		b.ResetTimer()
+		for r := range monitoringPairs {
+			for _, on := range []bool{r%2 == 1, r%2 == 0} { // who goes first alternates
+				oo.Round(on, n, func() time.Duration { return sides[on].calls(b, n) })
 			}
-			b.Logf("load average before: %s", loadAvg())
-			scrapes := sides[true].scrapeEvery(b, paidMonScrape)
-			oo := testkit.OnOff{CPU: func(on bool) time.Duration { return procCPU(b, sides[on].proc.Process.Pid) }}
-			n := max(b.N/monitoringPairs, paidMonClients)
-			b.ResetTimer()
-			for r := range monitoringPairs {
-				for _, on := range []bool{r%2 == 1, r%2 == 0} { // who goes first alternates
-					oo.Round(on, n, func() time.Duration { return sides[on].calls(b, n) })
-				}
-			}
-			b.StopTimer()
-			b.Logf("load average after: %s", loadAvg())
-			oo.Report(b)
-			for on, name := range map[bool]string{false: "off", true: "on"} {
-				b.ReportMetric(float64(p50(sides[on].lat).Microseconds())/1000, name+"-p50-ms")
-			}
-			b.ReportMetric(float64(scrapes()), "scrapes")
-			sides[true].checkMetrics(b)
-		})
-	}
+		}
+		b.StopTimer()
+		b.Logf("load average after: %s", loadAvg())
+		oo.Report(b)
+		for on, name := range map[bool]string{false: "off", true: "on"} {
+			b.ReportMetric(float64(p50(sides[on].lat).Microseconds())/1000, name+"-p50-ms")
+		}
+		b.ReportMetric(float64(scrapes()), "scrapes")
+		sides[true].checkMetrics(b)
+	})
 }
 
 const (
@@ -290,4 +284,16 @@ func loadAvg() string {
 	}
 	f := strings.Fields(string(l))
 	return strings.Join(f[:min(3, len(f))], " ")
+}
+
+// eachInvoiceKind runs f as the sub-benchmarks "invoice" (plain invoices)
+// and "hold" (hold invoices).
+func eachInvoiceKind(b *testing.B, f func(b *testing.B, hold bool)) {
+	for _, hold := range []bool{false, true} {
+		name := "invoice"
+		if hold {
+			name = "hold"
+		}
+		b.Run(name, func(b *testing.B) { f(b, hold) })
+	}
 }

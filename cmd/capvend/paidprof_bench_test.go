@@ -29,70 +29,64 @@ import (
 // run it with -benchtime 1x.
 func BenchmarkPaidCallProfile(b *testing.B) {
 	s := needStack(b)
-	for _, hold := range []bool{false, true} {
-		name := "invoice"
-		if hold {
-			name = "hold"
+	eachInvoiceKind(b, func(b *testing.B, hold bool) {
+		path, listen := writeServeConfig(b, s, serveOpts{hold: hold})
+		admin := freeAddr(b)
+		appendFile(b, path, fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", admin))
+		side := &paidMonSide{admin: admin}
+		side.proc = startServe(b, path, listen, "")
+		url := "http://" + listen + "/mcp"
+		for i := range paidMonClients {
+			pc := newPayingClient(b, s, url)
+			if i == 0 {
+				waitTools(b, pc)
+			}
+			side.clients = append(side.clients, pc)
 		}
-		b.Run(name, func(b *testing.B) {
-			path, listen := writeServeConfig(b, s, serveOpts{hold: hold})
-			admin := freeAddr(b)
-			appendFile(b, path, fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", admin))
-			side := &paidMonSide{admin: admin}
-			side.proc = startServe(b, path, listen, "")
-			url := "http://" + listen + "/mcp"
-			for i := range paidMonClients {
-				pc := newPayingClient(b, s, url)
-				if i == 0 {
-					waitTools(b, pc)
-				}
-				side.clients = append(side.clients, pc)
-			}
-			side.calls(b, 2*paidMonClients) // warm-up
-			pid := side.proc.Process.Pid
-			b.Logf("load average before: %s", loadAvg())
-			c0 := procCPU(b, pid)
-			time.Sleep(paidProfIdle)
-			idle := procCPU(b, pid) - c0
-			b.ResetTimer()
-			commits0 := ledgerCommits(b, side)
-			prof := make(chan []byte, 1)
-			go func() { prof <- fetchProfile(b, admin, paidProfLoad) }()
-			c0 = procCPU(b, pid)
-			var n atomic.Int64
-			ctx, cancel := context.WithTimeout(context.Background(), paidProfLoad)
-			defer cancel()
-			var g errgroup.Group
-			for _, pc := range side.clients {
-				g.Go(func() error {
-					for ctx.Err() == nil {
-						if err := paidMonCall(pc); err != nil {
-							return err
-						}
-						n.Add(1)
+		side.calls(b, 2*paidMonClients) // warm-up
+		pid := side.proc.Process.Pid
+		b.Logf("load average before: %s", loadAvg())
+		c0 := procCPU(b, pid)
+		time.Sleep(paidProfIdle)
+		idle := procCPU(b, pid) - c0
+		b.ResetTimer()
+		commits0 := ledgerCommits(b, side)
+		prof := make(chan []byte, 1)
+		go func() { prof <- fetchProfile(b, admin, paidProfLoad) }()
+		c0 = procCPU(b, pid)
+		var n atomic.Int64
+		ctx, cancel := context.WithTimeout(context.Background(), paidProfLoad)
+		defer cancel()
+		var g errgroup.Group
+		for _, pc := range side.clients {
+			g.Go(func() error {
+				for ctx.Err() == nil {
+					if err := paidMonCall(pc); err != nil {
+						return err
 					}
-					return nil
-				})
-			}
-			if err := g.Wait(); err != nil {
+					n.Add(1)
+				}
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		busy := procCPU(b, pid) - c0
+		commits := ledgerCommits(b, side) - commits0
+		b.StopTimer()
+		p := <-prof
+		b.Logf("load average after: %s", loadAvg())
+		if dir := os.Getenv("PAIDPROF_DIR"); dir != "" && p != nil {
+			if err := os.WriteFile(filepath.Join(dir, filepath.Base(b.Name())+".pprof"), p, 0o644); err != nil {
 				b.Fatal(err)
 			}
-			busy := procCPU(b, pid) - c0
-			commits := ledgerCommits(b, side) - commits0
-			b.StopTimer()
-			p := <-prof
-			b.Logf("load average after: %s", loadAvg())
-			if dir := os.Getenv("PAIDPROF_DIR"); dir != "" && p != nil {
-				if err := os.WriteFile(filepath.Join(dir, name+".pprof"), p, 0o644); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(idle.Microseconds())/1000/paidProfIdle.Seconds(), "idle-cpu-ms/s")
-			b.ReportMetric(float64(n.Load()), "calls")
-			b.ReportMetric(float64(busy.Microseconds())/1000/float64(max(n.Load(), 1)), "cpu-ms/call")
-			b.ReportMetric(commits/float64(max(n.Load(), 1)), "commits/call")
-		})
-	}
+		}
+		b.ReportMetric(float64(idle.Microseconds())/1000/paidProfIdle.Seconds(), "idle-cpu-ms/s")
+		b.ReportMetric(float64(n.Load()), "calls")
+		b.ReportMetric(float64(busy.Microseconds())/1000/float64(max(n.Load(), 1)), "cpu-ms/call")
+		b.ReportMetric(commits/float64(max(n.Load(), 1)), "commits/call")
+	})
 }
 
 const (
