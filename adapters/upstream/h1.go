@@ -18,10 +18,11 @@ import (
 // the request and reading the response in the caller's goroutine: net/http's
 // Transport hands each request to a connection's writeLoop goroutine and
 // its response back from a readLoop goroutine, which on a free call costs
-// more CPU than the call's own work. The request is written by
-// http.Request.Write and the response read by http.ReadResponse, as the
-// Transport does (less its gzip: no Accept-Encoding is sent, so the
-// upstream answers uncompressed).
+// more CPU than the call's own work. A tools/call is written as bytes
+// and its usual answer read by hand (postPlain, in h1plain.go); other
+// requests are written by http.Request.Write and other responses read by
+// http.ReadResponse, as the Transport does (less its gzip: no
+// Accept-Encoding is sent, so the upstream answers uncompressed).
 //
 // An idle connection the upstream closed is not used: net/http's readLoop
 // notices the close while the connection is idle, this client checks
@@ -33,6 +34,7 @@ import (
 // newH1Client).
 type h1Client struct {
 	addr string // host:port to dial
+	line string // the request's first lines (requestLine); "" if postPlain cannot be used
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	now  func() time.Time
 
@@ -77,7 +79,7 @@ func newH1Client(rawURL string) *h1Client {
 		addr = net.JoinHostPort(u.Hostname(), "80")
 	}
 	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second} // http.DefaultTransport's
-	return &h1Client{addr: addr, dial: d.DialContext, now: time.Now}
+	return &h1Client{addr: addr, line: requestLine(u), dial: d.DialContext, now: time.Now}
 }
 
 // do sends req (its body a *bytes.Reader, *bytes.Buffer or
@@ -85,31 +87,54 @@ func newH1Client(rawURL string) *h1Client {
 // Its body must be closed: read to its end, it gives the connection back
 // to the pool. The request's context ends a call at any point.
 func (h *h1Client) do(req *http.Request) (*http.Response, error) {
-	ctx := req.Context()
+	sent := false
+	write := func(w *bufio.Writer) error {
+		if sent { // a second attempt: the body again
+			body, err := req.GetBody()
+			if err != nil {
+				return err
+			}
+			req.Body = body
+		}
+		sent = true
+		return req.Write(w)
+	}
+	r, err := h.exchange(req.Context(), write, req, false)
+	return r.resp, err
+}
+
+// h1Answer is an exchange's answer: the body of a plain JSON response
+// (fast), or else the response, its body to close.
+type h1Answer struct {
+	fast bool
+	body []byte
+	resp *http.Response
+}
+
+// exchange writes a request with write and reads its answer (see
+// roundTrip), on a pooled connection or a new one. Like the Transport for
+// a POST, the request is written again (once, on a new connection) only
+// if it could not be written on a pooled one.
+func (h *h1Client) exchange(ctx context.Context, write func(*bufio.Writer) error, req *http.Request, fast bool) (h1Answer, error) {
 	for attempt := 0; ; attempt++ {
 		pc, reused := h.get()
 		if pc == nil {
 			c, err := h.dial(ctx, "tcp", h.addr)
 			if err != nil {
-				return nil, err
+				return h1Answer{}, err
 			}
 			pc = newH1Conn(c)
 		}
-		resp, err := h.roundTrip(ctx, pc, req)
+		a, err := h.roundTrip(ctx, pc, write, req, fast)
 		if err == nil {
-			return resp, nil
+			return a, nil
 		}
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return h1Answer{}, ctx.Err()
 		}
 		if !reused || attempt > 0 || !errors.Is(err, errNotSent) {
-			return nil, err
+			return h1Answer{}, err
 		}
-		body, gerr := req.GetBody()
-		if gerr != nil {
-			return nil, err
-		}
-		req.Body = body
 	}
 }
 
@@ -122,30 +147,46 @@ var errNotSent = errors.New("the request could not be sent")
 // run it.
 var errNoResponse = errors.New("connection failed before the response")
 
-// roundTrip writes req on pc and reads the response's head; on error pc is
+// roundTrip writes a request on pc with write and reads the answer: with
+// fast, a plain JSON response (readPlain) is read here, in full, and pc
+// goes back to the pool; any other response is read by http.ReadResponse
+// (for req, nil for a POST), as the Transport reads it. On error pc is
 // closed.
-func (h *h1Client) roundTrip(ctx context.Context, pc *h1Conn, req *http.Request) (*http.Response, error) {
+func (h *h1Client) roundTrip(ctx context.Context, pc *h1Conn, write func(*bufio.Writer) error, req *http.Request, fast bool) (h1Answer, error) {
 	// The context's end unblocks the connection's reads and writes.
 	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(aLongTimeAgo) })
 	before := pc.r.n
-	fail := func(err error) (*http.Response, error) {
+	fail := func(err error) (h1Answer, error) {
 		stop()
 		pc.c.Close()
 		if pc.r.n == before {
-			return nil, errors.Join(errNoResponse, err)
+			return h1Answer{}, errors.Join(errNoResponse, err)
 		}
-		return nil, err
+		return h1Answer{}, err
 	}
-	notSent := func(err error) (*http.Response, error) {
-		stop()
-		pc.c.Close()
-		return nil, errors.Join(errNotSent, err)
-	}
-	if err := req.Write(pc.bw); err != nil {
-		return notSent(err)
+	if err := write(pc.bw); err != nil {
+		return h1Answer{}, notSent(stop, pc, err)
 	}
 	if err := pc.bw.Flush(); err != nil {
-		return notSent(err)
+		return h1Answer{}, notSent(stop, pc, err)
+	}
+	if fast {
+		body, keep, ok, err := readPlain(pc.br)
+		if err != nil {
+			return fail(err)
+		}
+		if ok {
+			// stop false: the context ended and may have set a deadline.
+			if stop() && keep && pc.br.Buffered() == 0 {
+				h.put(pc)
+			} else {
+				pc.c.Close()
+			}
+			return h1Answer{fast: true, body: body}, nil
+		}
+	}
+	if req == nil {
+		req = &http.Request{Method: http.MethodPost}
 	}
 	resp, err := http.ReadResponse(pc.br, req)
 	// Interim answers (100 Continue, 103 Early Hints) come before the
@@ -157,7 +198,14 @@ func (h *h1Client) roundTrip(ctx context.Context, pc *h1Conn, req *http.Request)
 		return fail(err)
 	}
 	resp.Body = &h1Body{ReadCloser: resp.Body, h: h, pc: pc, stop: stop, keep: !resp.Close}
-	return resp, nil
+	return h1Answer{resp: resp}, nil
+}
+
+// notSent closes pc, whose request could not be written.
+func notSent(stop func() bool, pc *h1Conn, err error) error {
+	stop()
+	pc.c.Close()
+	return errors.Join(errNotSent, err)
 }
 
 // h1Body is a response's body: closed after it was read to its end, it

@@ -273,23 +273,29 @@ func unquote(v []byte) string {
 // whose notifications go to onNotification first, in order. A transport
 // failure also asks the session to check the upstream (ping).
 func (u *upstream) post(ctx context.Context, version, name string, msg []byte, id string) (json.RawMessage, error) {
+	if h := u.h1Client(); h != nil && h.line != "" {
+		header, setsName, ok := u.plainHeader(version)
+		nameValue := ""
+		if ok && mcp.RequiresStandardHeaders(version) && !setsName && name != "" {
+			if v, enc := mcp.EncodeHeaderValue(name); enc {
+				nameValue, ok = v, plainHeaderValue(v)
+			}
+		}
+		if ok {
+			return u.postPlain(ctx, h, header, nameValue, msg, id)
+		}
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.cfg.URL, bytes.NewReader(msg))
 	if err != nil {
 		return nil, err
 	}
+	u.setHeaders(req.Header, version)
 	// mcp.StandardHeaders for a tools/call of name, without reading the
 	// params again.
-	if mcp.RequiresStandardHeaders(version) {
-		req.Header.Set(mcp.HeaderMethod, string(mcp.MethodToolsCall))
+	if mcp.RequiresStandardHeaders(version) && req.Header.Get(mcp.HeaderName) == "" {
 		if v, ok := mcp.EncodeHeaderValue(name); ok && name != "" {
 			req.Header.Set(mcp.HeaderName, v)
 		}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set(transport.HeaderKeyProtocolVersion, version)
-	for k, v := range u.cfg.Headers {
-		req.Header.Set(k, v)
 	}
 	var resp *http.Response
 	if h := u.h1Client(); h != nil {
@@ -301,6 +307,64 @@ func (u *upstream) post(ctx context.Context, version, name string, msg []byte, i
 		signal(u.check)
 		return nil, err
 	}
+	return u.readResponse(resp, id)
+}
+
+// postPlain is post through h.postPlain (see there for header and
+// nameValue).
+func (u *upstream) postPlain(ctx context.Context, h *h1Client, header []byte, nameValue string, msg []byte, id string) (json.RawMessage, error) {
+	a, err := h.postPlain(ctx, header, nameValue, msg)
+	if err != nil {
+		signal(u.check)
+		return nil, err
+	}
+	if a.fast {
+		return responseResult(a.body, id)
+	}
+	return u.readResponse(a.resp, id)
+}
+
+// setHeaders sets on h the headers of a tools/call on protocol version
+// but Mcp-Name: those mcp-go's transport sets, then the configured ones.
+func (u *upstream) setHeaders(h http.Header, version string) {
+	if mcp.RequiresStandardHeaders(version) {
+		h.Set(mcp.HeaderMethod, string(mcp.MethodToolsCall))
+	}
+	h.Set("Content-Type", "application/json")
+	h.Set("Accept", "application/json, text/event-stream")
+	h.Set(transport.HeaderKeyProtocolVersion, version)
+	for k, v := range u.cfg.Headers {
+		h.Set(k, v)
+	}
+}
+
+// plainHeader is setHeaders' header for version as postPlain writes it
+// (headerBlock), kept per version; setsName: the configuration sets
+// Mcp-Name. ok false: the request goes through http.Request.
+func (u *upstream) plainHeader(version string) (block []byte, setsName, ok bool) {
+	if v, found := u.plainHeaders.Load(version); found {
+		p := v.(plainHeader)
+		return p.block, p.setsName, p.ok
+	}
+	h := http.Header{}
+	u.setHeaders(h, version)
+	var p plainHeader
+	_, p.setsName = h[mcp.HeaderName]
+	p.block, p.ok = headerBlock(h)
+	u.plainHeaders.Store(version, p)
+	return p.block, p.setsName, p.ok
+}
+
+// plainHeader is a value of upstream.plainHeaders.
+type plainHeader struct {
+	block    []byte
+	setsName bool
+	ok       bool
+}
+
+// readResponse returns the result of the response to id (see post) and
+// closes its body.
+func (u *upstream) readResponse(resp *http.Response, id string) (json.RawMessage, error) {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))

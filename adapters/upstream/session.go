@@ -65,6 +65,8 @@ type upstream struct {
 	// h1Client.
 	h1Once sync.Once
 	h1     *h1Client
+	// plainHeaders holds plainHeader's answers, by protocol version.
+	plainHeaders sync.Map
 
 	// legacyHTTP is set once an HTTP upstream turned out to speak only
 	// protocols before 2026-07-28: it is then dialled with a GET stream,
