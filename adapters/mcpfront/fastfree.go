@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"hash/maphash"
 	"mime"
 	"net"
 	"net/http"
@@ -426,10 +427,11 @@ type clientFacts struct {
 // elicit. A client sends the same bytes on every call: the answers for
 // up to maxClientMetas of them are kept.
 func (s *Server) clientMeta(caps, info json.RawMessage) (clientFacts, bool) {
-	key := clientMetaKey{string(caps), string(info)}
+	key := clientMetaHash(caps, info)
 	if v, ok := s.clientMetas.Load(key); ok {
-		f := v.(clientMetaAnswer)
-		return f.facts, f.ok
+		if a := v.(clientMetaAnswer); a.caps == string(caps) && a.info == string(info) && a.hasInfo == (info != nil) {
+			return a.facts, a.ok
+		}
 	}
 	var a clientMetaAnswer
 	var c *mcp.ClientCapabilities
@@ -443,6 +445,7 @@ func (s *Server) clientMeta(caps, info json.RawMessage) (clientFacts, bool) {
 		}
 	}
 	if s.clientMetaN.Load() < maxClientMetas && len(caps)+len(info) <= maxClientMetaBytes {
+		a.caps, a.info, a.hasInfo = string(caps), string(info), info != nil
 		if _, loaded := s.clientMetas.LoadOrStore(key, a); !loaded {
 			s.clientMetaN.Add(1)
 		}
@@ -450,15 +453,30 @@ func (s *Server) clientMeta(caps, info json.RawMessage) (clientFacts, bool) {
 	return a.facts, a.ok
 }
 
-// clientMetaKey and clientMetaAnswer are the keys and values of
-// Server.clientMetas.
-type (
-	clientMetaKey    struct{ caps, info string }
-	clientMetaAnswer struct {
-		facts clientFacts
-		ok    bool
+// clientMetaHash is the key of caps and info (nil or not) in
+// Server.clientMetas: the bytes are compared with the answer's, so a
+// lookup makes no string of them.
+func clientMetaHash(caps, info []byte) uint64 {
+	var h maphash.Hash
+	h.SetSeed(clientMetaSeed)
+	h.Write(caps)
+	if info != nil {
+		h.WriteByte(0)
+		h.Write(info)
 	}
-)
+	return h.Sum64()
+}
+
+var clientMetaSeed = maphash.MakeSeed()
+
+// clientMetaAnswer is a value of Server.clientMetas: the answer for the
+// members caps and info.
+type clientMetaAnswer struct {
+	caps, info string
+	hasInfo    bool
+	facts      clientFacts
+	ok         bool
+}
 
 // The bounds of Server.clientMetas: how many answers, for _meta members
 // up to how long.

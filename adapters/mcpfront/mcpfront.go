@@ -475,7 +475,7 @@ type Server struct {
 	info     json.RawMessage // serverInfoMeta's answer (fastfree.go)
 	// clientMetas keeps clientMeta's answers (fastfree.go), counted in
 	// clientMetaN.
-	clientMetas sync.Map // clientMetaKey -> clientMetaAnswer
+	clientMetas sync.Map // clientMetaHash -> clientMetaAnswer
 	clientMetaN atomic.Int64
 }
 

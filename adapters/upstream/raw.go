@@ -142,16 +142,15 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	if err != nil {
 		return nil, fmt.Errorf("upstream %q: call %q: %w: %w", u.cfg.Name, name, vend.ErrUpstream, err)
 	}
-	nameJSON, _ := json.Marshal(name)
 	// The keys in the order mcp-go's client sends them (a map, sorted);
 	// args as vend parsed them (compact).
-	params := make([]byte, 0, 64+len(meta)+len(args)+len(nameJSON))
+	params := make([]byte, 0, 64+len(meta)+len(args)+len(name))
 	params = append(params, `{"_meta":`...)
 	params = append(params, meta...)
 	params = append(params, `,"arguments":`...)
 	params = append(params, args...)
 	params = append(params, `,"name":`...)
-	params = append(params, nameJSON...)
+	params = appendName(params, name)
 	params = append(params, '}')
 
 	id := `"capvend-raw-` + strconv.FormatUint(u.seq.Add(1), 10) + `"`
@@ -181,6 +180,21 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 		return nil, vend.ErrNotRaw
 	}
 	return u.resultBody(name, res)
+}
+
+// appendName appends json.Marshal(name) to b: name quoted if json.Marshal
+// would not escape any of it (printable ASCII but quote, backslash, <, >
+// and &).
+func appendName(b []byte, name string) []byte {
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(name)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, name...)
+	return append(b, '"')
 }
 
 // passResult returns the upstream's result as it came, without the
