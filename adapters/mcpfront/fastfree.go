@@ -186,7 +186,9 @@ func (s *Server) decorate(body json.RawMessage) (json.RawMessage, bool) {
 		return body, true
 	}
 	trimmed = bytes.TrimRight(body, " \t\r\n")
-	out := append([]byte(nil), trimmed[:len(trimmed)-1]...)
+	// Sized at once for both members.
+	out := make([]byte, 0, len(trimmed)+len(`,"resultType":"complete","_meta":`)+len(s.serverInfoMeta())+1)
+	out = append(out, trimmed[:len(trimmed)-1]...)
 	if !hasType {
 		out = appendMember(out, "resultType", json.RawMessage(`"`+mcp.ResultTypeComplete+`"`), &empty)
 	}

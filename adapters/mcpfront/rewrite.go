@@ -54,13 +54,15 @@ func (s *Server) rewrite(msg []byte) []byte {
 }
 
 func envelope(id json.RawMessage, key string, value json.RawMessage) []byte {
-	var b bytes.Buffer
-	b.WriteString(`{"jsonrpc":"2.0","id":`)
-	b.Write(id)
-	b.WriteString(`,"` + key + `":`)
-	b.Write(value)
-	b.WriteByte('}')
-	return b.Bytes()
+	// Sized at once, with room for the newline writeFree adds.
+	b := make([]byte, 0, len(`{"jsonrpc":"2.0","id":,"":}`)+len(id)+len(key)+len(value)+1)
+	b = append(b, `{"jsonrpc":"2.0","id":`...)
+	b = append(b, id...)
+	b = append(b, `,"`...)
+	b = append(b, key...)
+	b = append(b, `":`...)
+	b = append(b, value...)
+	return append(b, '}')
 }
 
 // restoreResult turns mcp-go's rendering of a placeholder back into the
