@@ -230,6 +230,14 @@ func keyString(key []byte) string {
 		return "resultType"
 	case "structuredContent":
 		return "structuredContent"
+	case "io.modelcontextprotocol/protocolVersion":
+		return "io.modelcontextprotocol/protocolVersion"
+	case "io.modelcontextprotocol/clientInfo":
+		return "io.modelcontextprotocol/clientInfo"
+	case "io.modelcontextprotocol/clientCapabilities":
+		return "io.modelcontextprotocol/clientCapabilities"
+	case "io.modelcontextprotocol/serverInfo":
+		return "io.modelcontextprotocol/serverInfo"
 	}
 	return string(key)
 }

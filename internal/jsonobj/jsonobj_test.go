@@ -109,3 +109,19 @@ func BenchmarkMembers(b *testing.B) {
 		}
 	}
 }
+
+// The names of a free call's request and result are read without an
+// allocation each (keyString); the only one is Members' slice.
+func TestMembersCallNamesAllocateOnce(t *testing.T) {
+	for _, b := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}`,
+		`{"name":"x","arguments":{},"_meta":{}}`,
+		`{"progressToken":1,"io.modelcontextprotocol/protocolVersion":"v","io.modelcontextprotocol/clientInfo":{},"io.modelcontextprotocol/clientCapabilities":{}}`,
+		`{"content":[],"isError":false,"structuredContent":{},"resultType":"complete","_meta":{"io.modelcontextprotocol/serverInfo":{}}}`,
+	} {
+		bb := []byte(b)
+		if n := testing.AllocsPerRun(10, func() { _, _ = Members(bb) }); n != 1 {
+			t.Errorf("%s: %v allocations, want 1", b, n)
+		}
+	}
+}
