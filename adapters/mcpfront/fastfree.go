@@ -338,6 +338,9 @@ func rebindingRefused(r *http.Request) bool {
 	if !ok || local == nil {
 		return false
 	}
+	if ta, ok := local.(*net.TCPAddr); ok { // without local.String()'s allocations
+		return ta.IP.IsLoopback() && !isLoopback(r.Host)
+	}
 	return isLoopback(local.String()) && !isLoopback(r.Host)
 }
 
