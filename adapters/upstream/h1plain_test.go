@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -254,5 +255,59 @@ func TestPostPlainResponses(t *testing.T) {
 				t.Errorf("%d dials, want %d", n, c.wantDials)
 			}
 		})
+	}
+}
+
+// postPlain keeps do's retry rule: a request it could not write on a
+// pooled connection is written again on a new one; one the upstream read
+// is not (TestH1NoRetryAfterRequestSent for do).
+func TestPostPlainRetriesOnlyARequestNotSent(t *testing.T) {
+	got := make(chan string, 4)
+	serve := func(c net.Conn, br *bufio.Reader) {
+		for answer(c, br, got) {
+		}
+	}
+	readThenClose := func(c net.Conn, br *bufio.Reader) {
+		answer(c, br, got)
+		if req, err := http.ReadRequest(br); err == nil {
+			b, _ := io.ReadAll(req.Body)
+			got <- string(b)
+		}
+	}
+	raw := rawServer(t, serve, serve, readThenClose)
+	h := newH1Client(raw)
+	defer h.close()
+	var fail atomic.Bool
+	dial := h.dial
+	var dials atomic.Int32
+	h.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil || dials.Add(1) > 1 {
+			return c, err
+		}
+		return failingConn{c, &fail}, nil
+	}
+	if b, fast, err := plainPost(h, `"one"`); err != nil || b != `"one"` || !fast {
+		t.Fatalf("first call: %q %v, %v", b, fast, err)
+	}
+	<-got
+	fail.Store(true)
+	if b, _, err := plainPost(h, `"two"`); err != nil || b != `"two"` {
+		t.Fatalf("second call (its write failed on the pooled connection): %q, %v", b, err)
+	}
+	if g := <-got; g != `"two"` || dials.Load() != 2 {
+		t.Fatalf("the upstream got %q, %d dials, want 2", g, dials.Load())
+	}
+	h.close() // the next call dials the connection that reads and closes
+	if _, _, err := plainPost(h, `"three"`); err != nil {
+		t.Fatal(err)
+	}
+	<-got
+	if _, _, err := plainPost(h, `"four"`); !errors.Is(err, errNoResponse) {
+		t.Fatalf("got %v, want the connection's failure before the response", err)
+	}
+	<-got
+	if n := dials.Load(); n != 3 {
+		t.Errorf("%d dials, want 3 (no retry after the upstream read the request)", n)
 	}
 }
