@@ -245,8 +245,14 @@ func (s *Server) fastRequest(r *http.Request, body []byte) (fastCall, bool) {
 	if !ok {
 		return none, false
 	}
-	version, ok := decodeString(meta[1])
-	if !ok || !mcp.IsModernProtocol(version) || r.Header.Get(mcp.HeaderProtocolVersion) != version {
+	version := r.Header.Get(mcp.HeaderProtocolVersion)
+	if !quotes(meta[1], version) { // else the header's string is the version's
+		v, ok := decodeString(meta[1])
+		if !ok || v != version {
+			return none, false
+		}
+	}
+	if !mcp.IsModernProtocol(version) {
 		return none, false
 	}
 	client, ok := s.clientMeta(meta[3], meta[2])
@@ -400,6 +406,12 @@ func decodeString(raw []byte) (string, bool) {
 		return "", false
 	}
 	return s, true
+}
+
+// quotes reports whether raw is the JSON string of s as s quoted (s is
+// plainJSONText): then raw decodes to s.
+func quotes(raw []byte, s string) bool {
+	return len(raw) == len(s)+2 && raw[0] == '"' && raw[len(raw)-1] == '"' && string(raw[1:len(raw)-1]) == s && plainJSONText(s)
 }
 
 // standardHeadersMatch is mcp.ValidateStandardHeaders(...) == nil for a

@@ -24,6 +24,8 @@ func FuzzFastRead(f *testing.F) {
 	f.Add(`"x"`, "tools/call", "=?base64?eA==?=", "2026-07-28")
 	f.Add(`"x"`, "tools/list", "x", "2025-06-18")
 	f.Add(`"x"`, "", "", "2026-07-28")
+	f.Add(`"2026-07-28"`, "tools/call", "x", "2026-07-28")
+	f.Add(`"a\u0062"`, "tools/call", "x", "a\u0062")
 	f.Fuzz(func(t *testing.T, raw, method, nameHeader, version string) {
 		if plainJSONText(raw) {
 			if m, _ := json.Marshal(raw); string(m) != `"`+raw+`"` {
@@ -51,6 +53,9 @@ func FuzzFastRead(f *testing.F) {
 		var want string
 		if err := json.Unmarshal(b, &want); ok != (err == nil) || got != want {
 			t.Fatalf("decodeString(%s) = %q %v, json.Unmarshal: %q %v", raw, got, ok, want, err)
+		}
+		if quotes(b, version) && (!ok || got != version) {
+			t.Fatalf("quotes(%s, %q), but it decodes to %q %v", raw, version, got, ok)
 		}
 		if ok {
 			h := http.Header{}
