@@ -142,24 +142,19 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	if err != nil {
 		return nil, fmt.Errorf("upstream %q: call %q: %w: %w", u.cfg.Name, name, vend.ErrUpstream, err)
 	}
-	// The keys in the order mcp-go's client sends them (a map, sorted);
-	// args as vend parsed them (compact).
-	params := make([]byte, 0, 64+len(meta)+len(args)+len(name))
-	params = append(params, `{"_meta":`...)
-	params = append(params, meta...)
-	params = append(params, `,"arguments":`...)
-	params = append(params, args...)
-	params = append(params, `,"name":`...)
-	params = appendName(params, name)
-	params = append(params, '}')
-
+	// The request in one buffer; the params' keys in the order mcp-go's
+	// client sends them (a map, sorted), args as vend parsed them (compact).
 	id := `"capvend-raw-` + strconv.FormatUint(u.seq.Add(1), 10) + `"`
-	msg := make([]byte, 0, 80+len(params))
+	msg := make([]byte, 0, 144+len(id)+len(meta)+len(args)+len(name))
 	msg = append(msg, `{"jsonrpc":"2.0","id":`...)
 	msg = append(msg, id...)
-	msg = append(msg, `,"method":"tools/call","params":`...)
-	msg = append(msg, params...)
-	msg = append(msg, '}')
+	msg = append(msg, `,"method":"tools/call","params":{"_meta":`...)
+	msg = append(msg, meta...)
+	msg = append(msg, `,"arguments":`...)
+	msg = append(msg, args...)
+	msg = append(msg, `,"name":`...)
+	msg = appendName(msg, name)
+	msg = append(msg, "}}"...)
 
 	defer u.inflight(ctx)()
 	result, err := u.post(ctx, version, name, msg, id)
