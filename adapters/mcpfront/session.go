@@ -93,30 +93,18 @@ func (ss *sessions) admit() (id string, gone []string, err error) {
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	gone = ss.sweep(nil)
-	if len(ss.byID) >= ss.max {
-		back := ss.lru.Back()
-		if back == nil {
-			return "", gone, errSessionsFull
-		}
-		victim := back.Value.(*session)
-		ss.remove(victim)
-		gone = append(gone, victim.id)
+	gone, err = ss.addLocked(id)
+	if err != nil {
+		return "", gone, err
 	}
-	ss.byID[id] = &session{id: id, last: ss.now(), inflight: 1}
 	return id, gone, nil
 }
 
-// adopt makes id, a session another instance issued (Config.Sessions
-// says it is live), live here with a request in flight, as admit does a
-// new one; begin it instead if it is live here already.
-func (ss *sessions) adopt(id string) (gone []string, err error) {
-	ss.mu.Lock()
-	if ss.byID[id] != nil {
-		ss.mu.Unlock()
-		return ss.begin(id)
-	}
-	defer ss.mu.Unlock()
+// addLocked makes session id live with a request in flight, evicting the
+// least recently used idle session if the bound is reached: the ids of
+// the sessions that expired or were evicted; errSessionsFull if none
+// could be evicted. ss.mu is held.
+func (ss *sessions) addLocked(id string) (gone []string, err error) {
 	gone = ss.sweep(nil)
 	if len(ss.byID) >= ss.max {
 		back := ss.lru.Back()
@@ -129,6 +117,19 @@ func (ss *sessions) adopt(id string) (gone []string, err error) {
 	}
 	ss.byID[id] = &session{id: id, last: ss.now(), inflight: 1}
 	return gone, nil
+}
+
+// adopt makes id, a session another instance issued (Config.Sessions
+// says it is live), live here with a request in flight, as admit does a
+// new one; begin it instead if it is live here already.
+func (ss *sessions) adopt(id string) (gone []string, err error) {
+	ss.mu.Lock()
+	if ss.byID[id] != nil {
+		ss.mu.Unlock()
+		return ss.begin(id)
+	}
+	defer ss.mu.Unlock()
+	return ss.addLocked(id)
 }
 
 // toShare reports whether session id's expiry is to be written to
