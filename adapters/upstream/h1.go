@@ -176,12 +176,7 @@ func (h *h1Client) roundTrip(ctx context.Context, pc *h1Conn, write func(*bufio.
 			return fail(err)
 		}
 		if ok {
-			// stop false: the context ended and may have set a deadline.
-			if stop() && keep && pc.br.Buffered() == 0 {
-				h.put(pc)
-			} else {
-				pc.c.Close()
-			}
+			h.release(pc, stop, keep)
 			return h1Answer{fast: true, body: body}, nil
 		}
 	}
@@ -234,13 +229,20 @@ func (b *h1Body) Close() error {
 	}
 	b.done = true
 	err := b.ReadCloser.Close()
-	// stop false: the context ended and may have set a deadline.
-	if b.stop() && b.eof && b.keep && err == nil && b.pc.br.Buffered() == 0 {
-		b.h.put(b.pc)
-	} else {
-		b.pc.c.Close()
-	}
+	b.h.release(b.pc, b.stop, b.eof && b.keep && err == nil)
 	return err
+}
+
+// release ends pc's exchange (stop: its context watch): pc goes back to
+// the pool if reusable (its response read to the end, no close asked)
+// and nothing more came, else it is closed. stop false: the context ended
+// and may have set a deadline on pc.
+func (h *h1Client) release(pc *h1Conn, stop func() bool, reusable bool) {
+	if stop() && reusable && pc.br.Buffered() == 0 {
+		h.put(pc)
+	} else {
+		pc.c.Close()
+	}
 }
 
 func newH1Conn(c net.Conn) *h1Conn {
