@@ -94,6 +94,15 @@ func rawServer(t *testing.T, serve ...func(c net.Conn, br *bufio.Reader)) string
 	return "http://" + ln.Addr().String() + "/mcp"
 }
 
+// answerAll answers every request of a connection with its body (see
+// answer).
+func answerAll(got chan<- string) func(c net.Conn, br *bufio.Reader) {
+	return func(c net.Conn, br *bufio.Reader) {
+		for answer(c, br, got) {
+		}
+	}
+}
+
 // answer reads one request from br and answers it with its body; false if
 // none came.
 func answer(c net.Conn, br *bufio.Reader, got chan<- string) bool {
@@ -118,10 +127,7 @@ func TestH1SkipsClosedIdleConnection(t *testing.T) {
 			c.Close()
 			close(closed)
 		},
-		func(c net.Conn, br *bufio.Reader) {
-			for answer(c, br, got) {
-			}
-		})
+		answerAll(got))
 	h := newH1Client(url)
 	defer h.close()
 	dials := countDials(h)
@@ -164,10 +170,7 @@ func (c failingConn) Write(p []byte) (int, error) {
 // connection: the upstream did not get it.
 func TestH1RetriesARequestNotSent(t *testing.T) {
 	got := make(chan string, 4)
-	serve := func(c net.Conn, br *bufio.Reader) {
-		for answer(c, br, got) {
-		}
-	}
+	serve := answerAll(got)
 	url := rawServer(t, serve, serve)
 	h := newH1Client(url)
 	defer h.close()
@@ -210,10 +213,7 @@ func TestH1NoRetryAfterRequestSent(t *testing.T) {
 				got <- string(b)
 			}
 		},
-		func(c net.Conn, br *bufio.Reader) {
-			for answer(c, br, got) {
-			}
-		})
+		answerAll(got))
 	h := newH1Client(url)
 	defer h.close()
 	dials := countDials(h)
@@ -336,14 +336,8 @@ func TestH1SkipsInterimAnswers(t *testing.T) {
 func TestH1DropsStaleIdleConnections(t *testing.T) {
 	got := make(chan string, 4)
 	url := rawServer(t,
-		func(c net.Conn, br *bufio.Reader) {
-			for answer(c, br, got) {
-			}
-		},
-		func(c net.Conn, br *bufio.Reader) {
-			for answer(c, br, got) {
-			}
-		})
+		answerAll(got),
+		answerAll(got))
 	h := newH1Client(url)
 	defer h.close()
 	dials := countDials(h)

@@ -263,10 +263,7 @@ func TestPostPlainResponses(t *testing.T) {
 // is not (TestH1NoRetryAfterRequestSent for do).
 func TestPostPlainRetriesOnlyARequestNotSent(t *testing.T) {
 	got := make(chan string, 4)
-	serve := func(c net.Conn, br *bufio.Reader) {
-		for answer(c, br, got) {
-		}
-	}
+	serve := answerAll(got)
 	readThenClose := func(c net.Conn, br *bufio.Reader) {
 		answer(c, br, got)
 		if req, err := http.ReadRequest(br); err == nil {
