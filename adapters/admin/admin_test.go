@@ -142,11 +142,7 @@ func TestCallIDExemplar(t *testing.T) {
 	})
 	m.UpstreamCall(vend.Tool{Server: "words", UpstreamName: "word_count"}, 42, 3*time.Millisecond, nil)
 	m.UpstreamCall(vend.Tool{Server: "words", UpstreamName: "word_count"}, 0, 30*time.Millisecond, nil) // free: no exemplar
-	r := httptest.NewRequest("GET", "/metrics", nil)
-	r.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
-	w := httptest.NewRecorder()
-	m.Handler().ServeHTTP(w, r)
-	body := w.Body.String()
+	body := scrapeOpenMetrics(m)
 	for _, want := range []string{
 		`capvend_calls_total{kind="tool",outcome="delivered",server="words",tool="word_count"} 1.0 # {call_id="42"} 1.0`,
 		`capvend_quote_to_invoice_seconds_bucket{le="0.001"} 1 # {call_id="42"} 0.001`,
@@ -170,11 +166,7 @@ func TestLatestExemplars(t *testing.T) {
 		m.LedgerChanged([]vend.Change{{What: vend.ChangeCall, Call: id, Kind: vend.KindTool, Server: "words", Tool: "word_count",
 			CallFrom: vend.CallExecuting, CallTo: vend.CallDelivered}})
 	}
-	r := httptest.NewRequest("GET", "/metrics", nil)
-	r.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
-	w := httptest.NewRecorder()
-	m.Handler().ServeHTTP(w, r)
-	body := w.Body.String()
+	body := scrapeOpenMetrics(m)
 	for _, want := range []string{
 		`capvend_calls_total{kind="tool",outcome="delivered",server="words",tool="word_count"} 100.0 # {call_id="100"} 1.0`,
 		`capvend_upstream_call_seconds_bucket{result="ok",server="words",tool="word_count",le="0.005"} 100 # {call_id="100"} 0.003`,
@@ -187,6 +179,16 @@ func TestLatestExemplars(t *testing.T) {
 	if n := strings.Count(body, "# {call_id="); n != 3 {
 		t.Errorf("%d exemplars, want 3:\n%s", n, grep(body, "# {"))
 	}
+}
+
+// scrapeOpenMetrics is m's /metrics as a scraper asking for OpenMetrics
+// (with exemplars) reads it.
+func scrapeOpenMetrics(m *Metrics) string {
+	r := httptest.NewRequest("GET", "/metrics", nil)
+	r.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+	w := httptest.NewRecorder()
+	m.Handler().ServeHTTP(w, r)
+	return w.Body.String()
 }
 
 func grep(s string, subs ...string) string {
