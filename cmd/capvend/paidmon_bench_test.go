@@ -97,13 +97,30 @@ type paidMonSide struct {
 // call first (a warm-up, not measured).
 func startPaidMonSide(b *testing.B, s *testnet.Stack, o serveOpts, on bool) *paidMonSide {
 	path, listen := writeServeConfig(b, s, o)
-	side := &paidMonSide{}
+	admin := ""
 	extra := "reconcile:\n  interval: 0s\n"
 	if on {
-		side.admin = freeAddr(b)
-		extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", side.admin)
+		admin = freeAddr(b)
+		extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", admin)
 	}
 	appendFile(b, path, extra)
+	side := servePaying(b, s, path, listen, admin)
+	var g errgroup.Group
+	for _, pc := range side.clients {
+		g.Go(func() error { return paidMonCall(pc) })
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+	side.done = len(side.clients)
+	return side
+}
+
+// servePaying starts a serve of the configuration at path (its admin
+// listener at admin, "" if none) and paidMonClients paying MCP clients of
+// it, once it lists its tools.
+func servePaying(b *testing.B, s *testnet.Stack, path, listen, admin string) *paidMonSide {
+	side := &paidMonSide{admin: admin}
 	side.proc = startServe(b, path, listen, "")
 	url := "http://" + listen + "/mcp"
 	for i := range paidMonClients {
@@ -113,14 +130,6 @@ func startPaidMonSide(b *testing.B, s *testnet.Stack, o serveOpts, on bool) *pai
 		}
 		side.clients = append(side.clients, pc)
 	}
-	var g errgroup.Group
-	for _, pc := range side.clients {
-		g.Go(func() error { return paidMonCall(pc) })
-	}
-	if err := g.Wait(); err != nil {
-		b.Fatal(err)
-	}
-	side.done = len(side.clients)
 	return side
 }
 

@@ -33,16 +33,7 @@ func BenchmarkPaidCallProfile(b *testing.B) {
 		path, listen := writeServeConfig(b, s, serveOpts{hold: hold})
 		admin := freeAddr(b)
 		appendFile(b, path, fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", admin))
-		side := &paidMonSide{admin: admin}
-		side.proc = startServe(b, path, listen, "")
-		url := "http://" + listen + "/mcp"
-		for i := range paidMonClients {
-			pc := newPayingClient(b, s, url)
-			if i == 0 {
-				waitTools(b, pc)
-			}
-			side.clients = append(side.clients, pc)
-		}
+		side := servePaying(b, s, path, listen, admin)
 		side.calls(b, 2*paidMonClients) // warm-up
 		pid := side.proc.Process.Pid
 		b.Logf("load average before: %s", loadAvg())
