@@ -182,6 +182,7 @@ func unpaidCall(t *testing.T, s *testnet.Stack, url string) (string, <-chan erro
 // canceled at LND behind capvend's back) appears on the page by its own
 // refresh, without a reload. Screenshots are saved in the test's temp dir.
 func TestDashboardInChromium(t *testing.T) {
+	t.Parallel()
 	const token = "dashboard-token-0123456789"
 	s := needStack(t)
 	ctx := browser(t, map[string]any{"Authorization": "Bearer " + token})

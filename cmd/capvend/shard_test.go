@@ -114,6 +114,7 @@ func (r *shardRun) ghostGone(db *sql.DB, server string) bool {
 // died (a member lease nobody renews) are served once its lease ran out.
 func TestNostrInstancesShareRequests(t *testing.T) {
 	skip.Short(t, "starts PostgreSQL and three capvend instances")
+	t.Parallel()
 	dsn := testPostgres(t)
 	relay := testkit.Relay(t)
 	sk := nostr.GeneratePrivateKey()
