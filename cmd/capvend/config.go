@@ -176,6 +176,10 @@ type NostrConfig struct {
 	// request (see the README's "Several instances on one ledger"); off:
 	// every instance claims each request in the ledger, the first wins.
 	Shard bool `yaml:"shard"`
+	// ShardSample is how often a sharding instance reads the member set;
+	// the times a membership change takes are multiples of it (see the
+	// README). 0: 1s.
+	ShardSample time.Duration `yaml:"shard_sample"`
 }
 
 // LNDConfig is the LND payment backend.
@@ -801,6 +805,11 @@ func (c *Config) validateHTTP(p *problems) {
 func (c *Config) validateNostr(p *problems) {
 	if c.Nostr.Shard && c.Ledger.Driver != "postgres" {
 		p.bad("nostr.shard", "needs ledger.driver: postgres (several instances share a PostgreSQL ledger)")
+	}
+	if c.Nostr.ShardSample != 0 && (c.Nostr.ShardSample < 100*time.Millisecond || c.Nostr.ShardSample > 5*time.Second) {
+		// Above 5 s a view would go stale (3 samples) after the member
+		// lease's renewal is due (a third of its 30 s).
+		p.bad("nostr.shard_sample", "%s is outside 100ms .. 5s", c.Nostr.ShardSample)
 	}
 	if len(c.Nostr.Relays) > 0 {
 		if c.Nostr.NsecFile == "" {

@@ -30,6 +30,8 @@ func TestLedgerDriverConfig(t *testing.T) {
 		{"  lease_ttl: 1m\n", "ledger.claim_takeover"}, // the default minute is not longer
 		{"  lease_ttl: 10s\n  claim_takeover: 10s\n", "ledger.claim_takeover"},
 		{"  claim_takeover: 2h\n", "ledger.claim_takeover"},
+		{"  driver: sqlite\nnostr:\n  shard_sample: 50ms\n", "nostr.shard_sample"},
+		{"  driver: sqlite\nnostr:\n  shard_sample: 6s\n", "nostr.shard_sample"},
 	} {
 		_, err := parseConfig("capvend.yaml", []byte("ledger:\n"+tc.ledger+"server:\n  name: t\n"), func(string) string { return "" })
 		if err == nil || !strings.Contains(err.Error(), tc.field+":") {
@@ -43,6 +45,10 @@ func TestLedgerDriverConfig(t *testing.T) {
 	cfg, err = parseConfig("capvend.yaml", []byte("ledger:\n  lease_ttl: 10s\n  claim_takeover: 15s\nserver:\n  name: t\n"), func(string) string { return "" })
 	if err != nil || cfg.Ledger.LeaseTTL != 10*time.Second || cfg.Ledger.ClaimTakeover != 15*time.Second {
 		t.Errorf("lease_ttl 10s, claim_takeover 15s: %+v, %v", cfg.Ledger, err)
+	}
+	cfg, err = parseConfig("capvend.yaml", []byte("nostr:\n  shard_sample: 300ms\nserver:\n  name: t\n"), func(string) string { return "" })
+	if err != nil || cfg.Nostr.ShardSample != 300*time.Millisecond {
+		t.Errorf("shard_sample 300ms: %+v, %v", cfg.Nostr, err)
 	}
 }
 

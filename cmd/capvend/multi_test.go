@@ -93,10 +93,16 @@ func fastTakeover(t testing.TB, path string) {
 	editConfig(t, path, "  driver: postgres\n", fmt.Sprintf("  driver: postgres\n  lease_ttl: %s\n  claim_takeover: %s\n", testLeaseTTL, testClaimTakeover))
 }
 
-// shardNostr turns nostr.shard on in the serve configuration at path.
-func shardNostr(t testing.TB, path string) {
+// shardNostr turns nostr.shard on in the serve configuration at path,
+// with the member set read every sample (0: the default second; a
+// membership change settles in 9 samples).
+func shardNostr(t testing.TB, path string, sample time.Duration) {
 	t.Helper()
-	editConfig(t, path, "\nnostr:\n", "\nnostr:\n  shard: true\n")
+	extra := ""
+	if sample > 0 {
+		extra = fmt.Sprintf("  shard_sample: %s\n", sample)
+	}
+	editConfig(t, path, "\nnostr:\n", "\nnostr:\n  shard: true\n"+extra)
 }
 
 // editConfig replaces the first old in the configuration file at path
@@ -449,7 +455,7 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 	for n := 1; n <= 3; n++ {
 		path, listen := nostrToolsConfig(b, relay, sk, "")
 		onPostgres(b, path, dsn)
-		shardNostr(b, path)
+		shardNostr(b, path, 0) // as served by default
 		serveStoppable(b, path, listen)
 		c := newLoadClient(b, relay, server)
 		c.warmUp(b)

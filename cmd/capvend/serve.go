@@ -611,7 +611,7 @@ func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.Re
 		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: log,
 		Announce: cfg.Nostr.Announce, Allow: hexPubkeys(cfg.Nostr.Allow), Deny: hexPubkeys(cfg.Nostr.Deny),
 		PowDifficulty: cfg.Nostr.PowDifficulty, Claims: claims.claimer(), Instance: claims.id(), Members: claims.memberSet(),
-		SeenFor: cfg.Ledger.ClaimTakeover,
+		SeenFor: cfg.Ledger.ClaimTakeover, ShardSample: cfg.Nostr.ShardSample,
 	})
 }
 

@@ -122,7 +122,7 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 	start := func(prefix string) (stop func()) {
 		path, listen := nostrToolsConfig(t, relay, sk, prefix)
 		onPostgres(t, path, dsn)
-		shardNostr(t, path)
+		shardNostr(t, path, 300*time.Millisecond) // changes settle in 2.7 s, not 9 s
 		return serveStoppable(t, path, listen)
 	}
 	cfg, err := pgx.ParseConfig(dsn)
@@ -198,9 +198,9 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 	wg.Wait()
 	t.Log("c left; a and b steady")
 
-	// An instance that died: its member lease runs on for 15 s, unrenewed.
+	// An instance that died: its member lease runs on for 8 s, unrenewed.
 	if _, err := db.ExecContext(ctx, "INSERT INTO leases (name, holder, expires_at) VALUES ($1, 'ghost', $2)",
-		ctxvm.MemberLease(server, "ghost"), time.Now().Add(15*time.Second).UnixMilli()); err != nil {
+		ctxvm.MemberLease(server, "ghost"), time.Now().Add(8*time.Second).UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
 	lost := 0
