@@ -37,6 +37,7 @@ func slowUpstream(t *testing.T, path string) {
 // The README test's flake (#15): a client that asks as soon as serve
 // accepts connections must see the upstream's tools, not an empty list.
 func TestServeListsToolsOnlyOnceUpstreamsListed(t *testing.T) {
+	t.Parallel()
 	path, listen := freeToolsConfig(t, "")
 	slowUpstream(t, path)
 	serveInProcess(t, path, listen)
@@ -85,6 +86,7 @@ func get(t *testing.T, url, token string) (int, string) {
 // serve with admin.listen: health, readiness and metrics on the admin
 // listener, none of them on the MCP endpoint's.
 func TestServeAdminListener(t *testing.T) {
+	t.Parallel()
 	path, listen := freeToolsConfig(t, "")
 	slowUpstream(t, path)
 	addr := adminConfig(t, path, "")

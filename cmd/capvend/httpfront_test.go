@@ -65,6 +65,7 @@ func errorCode(body string) int {
 // sessions, the bearer token of http.auth_token_file, Origin checks, and a
 // response that waits longer than http.write_timeout.
 func TestServeHTTPFrontGuards(t *testing.T) {
+	t.Parallel()
 	const token = "0123456789abcdef0123456789abcdef"
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "http.token")

@@ -324,6 +324,7 @@ func TestLedgerCommandRefusesForeignFile(t *testing.T) {
 // TestBinaryBuildsAndRuns builds the real binary once and runs it: what a
 // user types, exit codes included.
 func TestBinaryBuildsAndRuns(t *testing.T) {
+	t.Parallel()
 	skip.Short(t, "builds the binary")
 	bin := filepath.Join(t.TempDir(), "capvend")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {

@@ -86,6 +86,7 @@ func promQuery(base, q string) (float64, bool, error) {
 // failed and refunded calls are made on regtest: every counter and
 // histogram moved by exactly the number of calls.
 func TestPrometheusScrapesCallMetrics(t *testing.T) {
+	t.Parallel()
 	s := needStack(t)
 	path, listen := writeServeConfig(t, s, serveOpts{hold: true})
 	admin := adminConfig(t, path, "")

@@ -20,6 +20,7 @@ import (
 // is named, and the line counts the relays subscribed; /readyz counts the
 // Nostr front ready (one relay subscribed).
 func TestServingLineMeansSubscribed(t *testing.T) {
+	t.Parallel()
 	rl := testkit.NewRelay()
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
