@@ -43,12 +43,12 @@ func TestMadeUpSession(t *testing.T) {
 	}
 }
 
-// TestSessionIdleExpiry configures http.session_idle (its least value, a
-// minute) and checks that an idle session is forgotten (404), while a
+// TestSessionIdleExpiry configures http.session_idle (its least value, 10
+// seconds) and checks that an idle session is forgotten (404), while a
 // fresh one works.
 func TestSessionIdleExpiry(t *testing.T) {
 	t.Parallel()
-	const idle = time.Minute
+	const idle = 10 * time.Second
 	sh := startShop(t, shopOpts{http: fmt.Sprintf("  session_idle: %s\n", idle)})
 	c := newHTTPClient(t, sh)
 	sess := c.initialize()

@@ -762,8 +762,8 @@ func (c *Config) validateHTTP(p *problems) {
 	if c.HTTP.MaxRequestBytes < 1024 || c.HTTP.MaxRequestBytes > 64<<20 {
 		p.bad("http.max_request_bytes", "%d is outside 1024 .. 67108864", c.HTTP.MaxRequestBytes)
 	}
-	if c.HTTP.SessionIdle < time.Minute || c.HTTP.SessionIdle > 24*time.Hour {
-		p.bad("http.session_idle", "%s is outside 1m .. 24h", c.HTTP.SessionIdle)
+	if c.HTTP.SessionIdle < 10*time.Second || c.HTTP.SessionIdle > 24*time.Hour {
+		p.bad("http.session_idle", "%s is outside 10s .. 24h", c.HTTP.SessionIdle)
 	}
 	if c.HTTP.MaxSessions < 1 || c.HTTP.MaxSessions > 1_000_000 {
 		p.bad("http.max_sessions", "%d is outside 1 .. 1000000", c.HTTP.MaxSessions)

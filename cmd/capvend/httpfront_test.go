@@ -219,7 +219,7 @@ func TestHTTPConfigValidates(t *testing.T) {
 		{"bad header name", "http:\n  trusted_proxies: [10.0.0.1]\n  client_id_header: \"X Client\"\n", []string{"http.client_id_header", "header name"}},
 		{"bad proxy", "http:\n  trusted_proxies: [10.0.0.0/33]\n", []string{"http.trusted_proxies[0]", "CIDR"}},
 		{"bad origin", "http:\n  allowed_origins: [app.example.com]\n", []string{"http.allowed_origins[0]", "scheme://host"}},
-		{"bad session idle", "http:\n  session_idle: 1s\n", []string{"http.session_idle", "1m .. 24h"}},
+		{"bad session idle", "http:\n  session_idle: 9s\n", []string{"http.session_idle", "10s .. 24h"}},
 		{"bad max sessions", "http:\n  max_sessions: 0\n", []string{"http.max_sessions"}},
 		{"bad max connections", "http:\n  max_connections: -1\n", []string{"http.max_connections"}},
 		{"bad write timeout", "http:\n  write_timeout: 0s\n", []string{"http.write_timeout", "1s .. 10m"}},
