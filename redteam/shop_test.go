@@ -202,7 +202,10 @@ func (sh *shop) writeConfig(p prices) {
 		fmt.Fprintf(&b, "cashu:\n  mints: [%s]\n  wallet_dir: %s\n", sh.s.MintURL, filepath.Join(sh.dir, "cashu-wallet"))
 	}
 	if o.nostr {
-		fmt.Fprintf(&b, "nostr:\n  relays: [%s]\n  nsec_file: %s\n  announce: false\n%s", sh.s.RelayURL, sh.nsecFile, o.nostrExtra)
+		// A test stops its shop once it has every answer it checks: the
+		// calls left waiting for a payment nobody makes (a flood, a
+		// second quote) would hold the stop for the default 30 s grace.
+		fmt.Fprintf(&b, "nostr:\n  relays: [%s]\n  nsec_file: %s\n  announce: false\n  shutdown_grace: 1s\n%s", sh.s.RelayURL, sh.nsecFile, o.nostrExtra)
 	}
 	fmt.Fprintf(&b, "payments:\n  ttl: 2m\n")
 	limits := o.limits

@@ -171,6 +171,10 @@ type NostrConfig struct {
 	// committed in a nonce tag) a request needs to get a free call or an
 	// unpaid quote; 0: none. Requests paying with a Cashu token need none.
 	PowDifficulty int `yaml:"pow_difficulty"`
+	// ShutdownGrace is how long a stop lets Nostr requests in flight
+	// finish (a call waiting for its payment among them) before it
+	// cancels them.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
 	// Shard spreads the requests over the instances sharing the key and a
 	// PostgreSQL ledger by their event ids, without a ledger write per
 	// request (see the README's "Several instances on one ledger"); off:
@@ -489,7 +493,7 @@ func defaultConfig() Config {
 		Server: ServerConfig{Name: "capvend"},
 		HTTP: HTTPConfig{MaxRequestBytes: 1 << 20, SessionIdle: 30 * time.Minute, MaxSessions: 10_000, MaxConnections: 1000,
 			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute},
-		Nostr:     NostrConfig{Encryption: "optional", Announce: true, Window: 5 * time.Minute},
+		Nostr:     NostrConfig{Encryption: "optional", Announce: true, Window: 5 * time.Minute, ShutdownGrace: 30 * time.Second},
 		LND:       LNDConfig{HoldInvoices: true, MaxHoldInvoices: 1_000},
 		Cashu:     CashuConfig{WalletDir: "cashu-wallet", AcceptTokens: true, MintQuotes: true},
 		Payments:  PaymentsConfig{TTL: 10 * time.Minute},
@@ -826,6 +830,9 @@ func (c *Config) validateNostr(p *problems) {
 	}
 	if c.Nostr.Window < 10*time.Second || c.Nostr.Window > time.Hour {
 		p.bad("nostr.window", "%s is outside 10s .. 1h", c.Nostr.Window)
+	}
+	if c.Nostr.ShutdownGrace < time.Second || c.Nostr.ShutdownGrace > 10*time.Minute {
+		p.bad("nostr.shutdown_grace", "%s is outside 1s .. 10m", c.Nostr.ShutdownGrace)
 	}
 	if c.Nostr.PowDifficulty < 0 || c.Nostr.PowDifficulty > 64 {
 		p.bad("nostr.pow_difficulty", "%d is outside 0 (off) .. 64 leading zero bits", c.Nostr.PowDifficulty)

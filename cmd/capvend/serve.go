@@ -61,8 +61,9 @@ back, see the ledger's liabilities:refunds); an unpaid one is withdrawn.
 Other changes need a restart.
 
 Stops on SIGINT or SIGTERM: it stops accepting calls, lets running ones
-finish (up to 30 s), stops watching payments, and closes the ledger last.
-What was paid and not yet answered is finished at the next start.
+finish (up to 30 s; Nostr ones nostr.shutdown_grace), stops watching
+payments, and closes the ledger last. What was paid and not yet answered
+is finished at the next start.
 
 A paid call that fails is refunded: a hold invoice is canceled; a Cashu
 payment is paid back at once with a token from the wallet, in the answer;
@@ -423,7 +424,7 @@ func (s *vendServer) run(ctx context.Context) error {
 		g.Go(func() error {
 			// Requests replayed from relays at start would find no tool.
 			awaitUpstreams(gctx, s.ups, 30*time.Second)
-			// It drains its requests in flight (up to 30 s) after gctx
+			// It drains its requests in flight (nostr.shutdown_grace) after gctx
 			// ends; it fails only at start, joining the instances sharing
 			// a PostgreSQL ledger.
 			return s.nostr.Run(gctx)
@@ -611,7 +612,7 @@ func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.Re
 		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: log,
 		Announce: cfg.Nostr.Announce, Allow: hexPubkeys(cfg.Nostr.Allow), Deny: hexPubkeys(cfg.Nostr.Deny),
 		PowDifficulty: cfg.Nostr.PowDifficulty, Claims: claims.claimer(), Instance: claims.id(), Members: claims.memberSet(),
-		SeenFor: cfg.Ledger.ClaimTakeover, ShardSample: cfg.Nostr.ShardSample,
+		SeenFor: cfg.Ledger.ClaimTakeover, ShardSample: cfg.Nostr.ShardSample, ShutdownGrace: cfg.Nostr.ShutdownGrace,
 	})
 }
 
