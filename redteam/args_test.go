@@ -46,6 +46,7 @@ func TestDuplicateArgumentKeys(t *testing.T) {
 		}
 	}
 	t.Run("mcp-http", func(t *testing.T) {
+		t.Parallel()
 		sh := startShop(t, shopOpts{})
 		c := newHTTPClient(t, sh)
 		sess := c.initialize()
@@ -63,6 +64,7 @@ func TestDuplicateArgumentKeys(t *testing.T) {
 		nothingCharged(t, sh)
 	})
 	t.Run("stdio", func(t *testing.T) {
+		t.Parallel()
 		sh, c := startStdioShop(t, shopOpts{})
 		for i, a := range ambiguousArgs {
 			for j, tool := range []string{"sha256", "word_count"} {
@@ -74,6 +76,7 @@ func TestDuplicateArgumentKeys(t *testing.T) {
 		nothingCharged(t, sh)
 	})
 	t.Run("contextvm", func(t *testing.T) {
+		t.Parallel()
 		sh := startShop(t, shopOpts{nostr: true})
 		c := dialNostr(t, sh)
 		c.waitReady()

@@ -178,6 +178,7 @@ func TestReusedIDFreeQuota(t *testing.T) {
 		}
 	}
 	t.Run("mcp-http", func(t *testing.T) {
+		t.Parallel()
 		sh := startShop(t, shopOpts{})
 		c := newHTTPClient(t, sh)
 		sess := c.initialize()
@@ -192,6 +193,7 @@ func TestReusedIDFreeQuota(t *testing.T) {
 		check(t, answers)
 	})
 	t.Run("stdio", func(t *testing.T) {
+		t.Parallel()
 		_, c := startStdioShop(t, shopOpts{})
 		var answers []rpcMessage
 		for _, text := range texts {

@@ -33,6 +33,7 @@ func initializeWith(c *httpClient, hdr http.Header) int {
 func TestHTTPOrigin(t *testing.T) {
 	t.Parallel()
 	t.Run("loopback only by default", func(t *testing.T) {
+		t.Parallel()
 		sh := startShop(t, shopOpts{})
 		c := newHTTPClient(t, sh)
 		for _, origin := range []string{"http://evil.example", "https://attacker.example:8443", "null"} {
@@ -50,6 +51,7 @@ func TestHTTPOrigin(t *testing.T) {
 		}
 	})
 	t.Run("allow list", func(t *testing.T) {
+		t.Parallel()
 		sh := startShop(t, shopOpts{http: "  allowed_origins: [\"https://app.example\"]\n"})
 		c := newHTTPClient(t, sh)
 		if got := initializeWith(c, http.Header{"Origin": {"https://app.example"}}); got != http.StatusOK {
@@ -181,6 +183,7 @@ func TestHTTPTimeouts(t *testing.T) {
 	t.Parallel()
 	sh := startShop(t, shopOpts{http: "  read_timeout: 2s\n  write_timeout: 2s\n  idle_timeout: 2s\n"})
 	t.Run("slow body", func(t *testing.T) {
+		t.Parallel()
 		conn, err := net.Dial("tcp", sh.listen)
 		if err != nil {
 			t.Fatal(err)
@@ -192,6 +195,7 @@ func TestHTTPTimeouts(t *testing.T) {
 		}
 	})
 	t.Run("idle keep-alive", func(t *testing.T) {
+		t.Parallel()
 		conn, err := net.Dial("tcp", sh.listen)
 		if err != nil {
 			t.Fatal(err)
@@ -211,6 +215,7 @@ func TestHTTPTimeouts(t *testing.T) {
 		}
 	})
 	t.Run("payment wait outlives write timeout", func(t *testing.T) {
+		t.Parallel()
 		// A call waiting for its payment streams heartbeats and waits
 		// minutes: the write timeout must not cut it.
 		c := newHTTPClient(t, sh)
@@ -255,6 +260,7 @@ func TestHTTPClientIdentity(t *testing.T) {
 	}
 	xff := []http.Header{{"X-Forwarded-For": {"10.0.0.1"}}, {"X-Forwarded-For": {"10.0.0.2"}}, {"X-Forwarded-For": {"10.0.0.3"}}}
 	t.Run("X-Forwarded-For untrusted", func(t *testing.T) {
+		t.Parallel()
 		sh := startShop(t, shopOpts{})
 		if n := countFree(t, sh, xff); n > 1 {
 			t.Fatalf("%d free calls from one address with forged X-Forwarded-For, want 1", n)
@@ -262,6 +268,7 @@ func TestHTTPClientIdentity(t *testing.T) {
 	})
 	ids := []http.Header{{"X-Client-Id": {"alice"}}, {"X-Client-Id": {"bob"}}, {"X-Client-Id": {"carol"}}}
 	t.Run("client id header untrusted", func(t *testing.T) {
+		t.Parallel()
 		// Refusing the configuration is as good as ignoring the header.
 		sh := newShop(t, shopOpts{http: "  client_id_header: X-Client-Id\n"})
 		t.Cleanup(sh.finish)
@@ -284,12 +291,14 @@ func TestHTTPClientIdentity(t *testing.T) {
 		}
 	})
 	t.Run("client id header behind a trusted proxy", func(t *testing.T) {
+		t.Parallel()
 		sh := startShop(t, shopOpts{http: "  trusted_proxies: [127.0.0.1/32]\n  client_id_header: X-Client-Id\n"})
 		if n := countFree(t, sh, ids); n != len(ids) {
 			t.Fatalf("%d free calls for %d clients named by a trusted proxy, want one each", n, len(ids))
 		}
 	})
 	t.Run("X-Forwarded-For behind a trusted proxy", func(t *testing.T) {
+		t.Parallel()
 		sh := startShop(t, shopOpts{http: "  trusted_proxies: [127.0.0.1/32]\n"})
 		if n := countFree(t, sh, xff); n != len(xff) {
 			t.Fatalf("%d free calls for %d clients behind a trusted proxy, want one each", n, len(xff))

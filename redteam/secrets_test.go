@@ -55,11 +55,13 @@ func modeOf(path string) os.FileMode {
 func TestSecretFilePermissions(t *testing.T) {
 	t.Parallel()
 	t.Run("nsec", func(t *testing.T) {
+		t.Parallel()
 		sh := newShop(t, shopOpts{nostr: true, nsecMode: 0o644})
 		t.Cleanup(sh.finish)
 		expectRefusal(t, sh, sh.nsecFile)
 	})
 	t.Run("macaroon", func(t *testing.T) {
+		t.Parallel()
 		sh := newShop(t, shopOpts{lnd: noLND, cashu: true})
 		vendor, _ := sh.s.Node(testnet.Vendor)
 		mac, err := os.ReadFile(vendor.InvoiceMacaroon)
@@ -77,6 +79,7 @@ func TestSecretFilePermissions(t *testing.T) {
 		expectRefusal(t, sh, path)
 	})
 	t.Run("cashu wallet", func(t *testing.T) {
+		t.Parallel()
 		sh := startShop(t, shopOpts{lnd: noLND, cashu: true})
 		sh.stop()
 		wallet := filepath.Join(sh.dir, "cashu-wallet")
