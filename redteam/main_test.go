@@ -32,10 +32,11 @@ var (
 	tools     string // the example-tools binary
 )
 
-// parallel is how many tests run at once unless -test.parallel says: the
-// tests mostly wait (on capvend's shutdown bound for calls awaiting
-// payment, session expiry, quote expiry), so more than the cores.
-const parallel = 6
+// parallel is how many tests (and subtests) run at once unless
+// -test.parallel says: the tests mostly wait (for capvend to start and
+// stop, for payments, session expiry, timeouts), so many more than the
+// cores; each holds a capvend process or a few.
+const parallel = 12
 
 func TestMain(m *testing.M) {
 	racesupp.Reexec() // go-nostr races inside itself: see package racesupp
