@@ -27,8 +27,8 @@ var (
 	setupErr  error
 	tmpDir    string
 	stack     *testnet.Stack
-	capvend   string // the capvend binary (runs the ledger commands)
-	serveBin  string // the capvend that serves: built with -race when the tests are
+	capvend   string // the capvend binary (runs the ledger commands): built with -race when the tests are
+	serveBin  string // the capvend that serves: capvend unless CAPVEND_REDTEAM_SERVE names another
 	tools     string // the example-tools binary
 )
 
@@ -76,12 +76,8 @@ func binaries(t testing.TB) {
 		if tmpDir, setupErr = os.MkdirTemp("", "capvend-redteam-"); setupErr != nil {
 			return
 		}
-		// Three builds at once: linking is single-threaded.
+		// The builds at once: linking is single-threaded.
 		var g errgroup.Group
-		g.Go(func() (err error) {
-			capvend, err = testnet.BuildCapvend(context.Background(), tmpDir)
-			return err
-		})
 		tools = filepath.Join(tmpDir, "example-tools")
 		g.Go(func() error {
 			if out, err := exec.Command("go", "build", "-o", tools, "../cmd/example-tools").CombinedOutput(); err != nil {
@@ -89,29 +85,34 @@ func binaries(t testing.TB) {
 			}
 			return nil
 		})
-		raceBin := ""
-		if os.Getenv("CAPVEND_REDTEAM_SERVE") == "" && racesupp.Enabled {
-			// The binary under attack runs with the race detector too;
-			// finish fails the test on any report in its output.
-			raceBin = filepath.Join(tmpDir, "capvend-race")
+		serve := os.Getenv("CAPVEND_REDTEAM_SERVE")
+		if serve == "" && racesupp.Enabled {
+			// The binary under attack runs with the race detector too
+			// (finish fails the test on any report in its output); it
+			// runs the ledger commands as well, one link fewer (a
+			// report there fails them: exit code 66).
+			capvend = filepath.Join(tmpDir, "capvend-race")
 			g.Go(func() error {
-				if out, err := exec.Command("go", "build", "-race", "-o", raceBin, "../cmd/capvend").CombinedOutput(); err != nil {
+				if out, err := exec.Command("go", "build", "-race", "-o", capvend, "../cmd/capvend").CombinedOutput(); err != nil {
 					return fmt.Errorf("build capvend -race: %v\n%s", err, out)
 				}
 				return nil
+			})
+		} else {
+			g.Go(func() (err error) {
+				capvend, err = testnet.BuildCapvend(context.Background(), tmpDir)
+				return err
 			})
 		}
 		if setupErr = g.Wait(); setupErr != nil {
 			return
 		}
 		serveBin = capvend
-		if bin := os.Getenv("CAPVEND_REDTEAM_SERVE"); bin != "" {
+		if serve != "" {
 			// Another build to attack (an older one, to see a test
 			// fail where its hole is open); the suite's own capvend
 			// still runs the ledger commands.
-			serveBin = bin
-		} else if raceBin != "" {
-			serveBin = raceBin
+			serveBin = serve
 		}
 	})
 	if setupErr != nil {
