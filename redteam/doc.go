@@ -47,15 +47,16 @@
 //	go run ./cmd/capvend testnet build   # once: btcd and lnd, cached
 //	go test -race ./redteam/
 //
-// It builds capvend (twice: for the ledger commands, and the one under
-// attack with -race) while the regtest stack comes up (the one every test
+// It builds capvend (with -race when the tests are: the one under attack,
+// which runs the ledger commands too) while the regtest stack comes up (the one every test
 // binary of the `go test` run shares: testnet/teststack), and runs a
 // capvend per test, on 127.0.0.1 only (the HTTP flood also connects from
 // 127.0.0.2 to .21 and .100, which Linux routes to the loopback); every
-// wait and loop is bounded. The tests run in parallel, 6 at a time unless
-// -parallel says otherwise: each has its own capvend, ledger, upstream and
-// keys, and they mostly wait on capvend's bounds. It takes about 4 minutes
-// on a 2-core machine. Without the
+// wait and loop is bounded. The tests and their subtests run in parallel,
+// 12 at a time unless -parallel says otherwise: each has its own capvend,
+// ledger, upstream and keys, and they mostly wait (for capvend to start
+// and stop, payments, timeouts). It takes about a minute on a 2-core
+// machine once the stack is up. Without the
 // regtest binaries, or those loopback addresses, the tests that need them
 // are skipped saying what is missing, and fail when CI is set; with
 // -short all are skipped. CAPVEND_REDTEAM_SERVE=/path/to/capvend attacks
