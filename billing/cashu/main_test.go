@@ -33,6 +33,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(crashEnv) != "" {
 		crashChild() // a crash test's child process: see swap_test.go
 	}
+	// The conformance suite's parallel subtests mostly wait (on the mint,
+	// on payments, on expiries): more of them at once than the cores.
+	teststack.Parallel(16)
 	os.Exit(teststack.Run(m))
 }
 
@@ -120,6 +123,12 @@ func TestConformance(t *testing.T) {
 	}
 	for name, opt := range variants {
 		t.Run(name, func(t *testing.T) {
+			// The variants share nothing but the mint and the customer's
+			// node: each subtest has its own ledger, proxy and wallet.
+			// They run in parallel, which billingtest.Run allows because
+			// a Cashu backend has no hold invoices (the balance-measuring
+			// hold test skips).
+			t.Parallel()
 			billingtest.Run(t, billingtest.Harness{
 				Open: func(t *testing.T, l *ledger.Ledger, addr, dir string) vend.PaymentBackend {
 					b := newBackend(t, l, "http://"+addr, dir, opt)

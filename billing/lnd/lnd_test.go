@@ -29,6 +29,9 @@ import (
 var stack *testnet.Stack
 
 func TestMain(m *testing.M) {
+	// The conformance suite's parallel subtests mostly wait (on LND, on
+	// payments, on expiries): more of them at once than the cores.
+	teststack.Parallel(8)
 	os.Exit(teststack.Run(m))
 }
 

@@ -22,7 +22,9 @@ package teststack
 
 import (
 	"context"
+	"flag"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -74,6 +76,19 @@ func Need(t testing.TB) *testnet.Stack {
 		t.Fatal(err)
 	}
 	return stack
+}
+
+// Parallel sets -test.parallel to n unless the command line gave it: for
+// a package whose parallel tests mostly wait on the stack (payments,
+// expiries, polling), more than GOMAXPROCS at once. Call it from TestMain
+// before Run; it parses the flags.
+func Parallel(n int) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(n))
+	}
 }
 
 // Run runs m's tests, gives the stack back if Need attached to it, prints
