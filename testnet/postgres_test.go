@@ -19,6 +19,7 @@ func TestStackPostgres(t *testing.T) {
 	if _, err := pgserver.Bin(); errors.Is(err, pgserver.ErrMissing) {
 		skip.Missing(t, err.Error(), "apt-get install postgresql")
 	}
+	t.Parallel() // its own directory and port, like TestStack and TestShared
 	ctx := context.Background()
 	dir := t.TempDir()
 	ports, err := freePorts(1)

@@ -126,6 +126,10 @@ func TestSweepShared(t *testing.T) {
 // over on fresh ports instead of failing.
 func TestShared(t *testing.T) {
 	skip.Short(t, "starts a regtest stack")
+	// Parallel with TestStack and TestStackPostgres, which start their
+	// stacks with Start (or none) and never read currentRun, which only
+	// Shared reads: no other test calls Shared.
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
 	exe, err := BuildCapvend(ctx, t.TempDir())

@@ -15,6 +15,7 @@ import (
 
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/testnet"
+	"github.com/capvend/capvend/testnet/teststack"
 	"github.com/elnosh/gonuts/cashu"
 	"github.com/elnosh/gonuts/wallet"
 	"github.com/lightningnetwork/lnd/lnrpc"
@@ -23,6 +24,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// TestStack, TestShared and TestStackPostgres run in parallel, all
+	// three at once on two cores: they mostly wait on their stacks.
+	teststack.Parallel(3)
 	os.Exit(skip.Run(m))
 }
 
@@ -46,6 +50,10 @@ func (w *logWriter) Write(p []byte) (int, error) {
 // A cold run builds btcd and lnd (minutes); run with -timeout 60m.
 func TestStack(t *testing.T) {
 	skip.Short(t, "starts a regtest stack")
+	// Parallel with TestShared and TestStackPostgres: each brings up its
+	// own processes in its own directory on ports it reserved, and waits
+	// on them (blocks, channel confirmations) most of the time.
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
 
