@@ -144,6 +144,15 @@ func TestConformance(t *testing.T) {
 	}
 }
 
+// Parallel tests: TestBalanceAndMelt, TestRecoversLostMintAnswer,
+// TestQuoteMintedBySomeoneElse, TestStartsWithMintDown,
+// TestTransientMintErrorKeepsTheToken and TestAcceptToken wait on the mint
+// (polls, expiries, retries) and run in parallel with each other once the
+// package's other tests are done (needStack first: it writes stack). Each
+// has its own ledger, wallet directory, backend and proxies, and gets its
+// ecash from a fresh wallet (Stack.CashuMint); none measures the customer's
+// balance, which TestPayOwedRefunds does and so stays serial.
+
 func openLedger(t testing.TB) *ledger.Ledger {
 	t.Helper()
 	l, err := ledger.Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})

@@ -13,6 +13,7 @@ import (
 
 func TestBalanceAndMelt(t *testing.T) {
 	needStack(t)
+	t.Parallel() // see "Parallel tests" in main_test.go
 	ctx := context.Background()
 	l := openLedger(t)
 	b, wdir := holdingEcash(t, l, 64, 40)

@@ -105,6 +105,7 @@ func TestNUT17DetectsPayment(t *testing.T) {
 // once the mint is back everything works.
 func TestStartsWithMintDown(t *testing.T) {
 	needStack(t)
+	t.Parallel() // see "Parallel tests" in main_test.go
 	proxy := billingtest.NewProxy(t, mintHostPort())
 	proxy.Cut()
 	l := openLedger(t)

@@ -31,6 +31,7 @@ import (
 // wallet is not left reusing outputs the mint already signed.
 func TestRecoversLostMintAnswer(t *testing.T) {
 	needStack(t)
+	t.Parallel() // see "Parallel tests" in main_test.go
 	ctx := context.Background()
 	l := openLedger(t)
 	dir := t.TempDir()
@@ -81,6 +82,7 @@ func TestRecoversLostMintAnswer(t *testing.T) {
 // payment must not be recorded as settled (the call would run for free).
 func TestQuoteMintedBySomeoneElse(t *testing.T) {
 	needStack(t)
+	t.Parallel() // see "Parallel tests" in main_test.go
 	ctx := context.Background()
 	l := openLedger(t)
 	dir := t.TempDir()

@@ -136,6 +136,7 @@ func reconciled(t *testing.T, b *cashu.Backend, l *ledger.Ledger, wdir, mint str
 // a token really spent is still refused.
 func TestTransientMintErrorKeepsTheToken(t *testing.T) {
 	needStack(t)
+	t.Parallel() // see "Parallel tests" in main_test.go
 	ctx := context.Background()
 	l := openLedger(t)
 	mp := newMintProxy(t)

@@ -83,6 +83,7 @@ func revenue(bal *ledger.Balance) vend.Msat {
 
 func TestAcceptToken(t *testing.T) {
 	needStack(t)
+	t.Parallel() // see "Parallel tests" in main_test.go
 	ctx := context.Background()
 	l := openLedger(t)
 	b := newBackend(t, l, stack.MintURL, t.TempDir())
