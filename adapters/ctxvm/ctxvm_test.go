@@ -402,6 +402,9 @@ func TestRelayRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for the pool's reconnection (seconds)")
 	}
+	// Parallel: it waits seconds for the pool to reconnect, on a relay
+	// and server of its own.
+	t.Parallel()
 	addr, stopRelay := testkit.StoppableRelay(t, "127.0.0.1:0")
 	url := "ws://" + addr
 	s := startServer(t, url, &fakeVendor{}, nil)

@@ -20,6 +20,9 @@ func TestRequestDuringRelayOutage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for the server to connect again (5 s)")
 	}
+	// Parallel: it waits seconds for the server to connect again, on a
+	// relay and server of its own.
+	t.Parallel()
 	g := testkit.NewGatedRelay(t)
 	s := startServer(t, g.Gated, &fakeVendor{}, func(c *Config) { c.SeenFor = time.Nanosecond })
 	c := newClient(t, g.Open, s.PublicKey())

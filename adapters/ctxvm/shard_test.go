@@ -258,6 +258,9 @@ func TestShardServesEachRequestOnceWithoutClaims(t *testing.T) {
 // until the others count it out; claims are written only during the
 // changes; and once a is out, b and c serve everything.
 func TestShardMembershipChanges(t *testing.T) {
+	// Parallel: a fake clock and a cluster of its own; it computes while
+	// TestRelayRestart and TestRequestDuringRelayOutage wait.
+	t.Parallel()
 	c := newShardCluster(t)
 	c.join("a")
 	c.join("b")
