@@ -2,12 +2,10 @@ package redteam
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"testing"
 
@@ -40,12 +38,7 @@ const parallel = 12
 
 func TestMain(m *testing.M) {
 	racesupp.Reexec() // go-nostr races inside itself: see package racesupp
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		_ = flag.Set("test.parallel", strconv.Itoa(parallel))
-	}
+	teststack.Parallel(parallel)
 	code := teststack.Run(m)
 	if tmpDir != "" {
 		os.RemoveAll(tmpDir)

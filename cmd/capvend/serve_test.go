@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,7 +45,10 @@ var (
 
 func TestMain(m *testing.M) {
 	racesupp.Reexec() // go-nostr and khatru race inside themselves: see package racesupp
-	raiseParallel(4)
+	// The parallel tests (the multi-instance ones among them) mostly wait,
+	// for leases to lapse and requests lost with a killed instance, not for
+	// the CPU; each runs a few capvend processes.
+	teststack.Parallel(4)
 	code := teststack.Run(m)
 	if binTmp != "" {
 		os.RemoveAll(binTmp)
@@ -73,21 +73,6 @@ func needStack(t testing.TB) *testnet.Stack {
 		t.Fatal(binErr)
 	}
 	return teststack.Need(t)
-}
-
-// raiseParallel lets n parallel tests run at once (-test.parallel) when
-// the command line does not say how many: this package's parallel tests
-// (the multi-instance ones) mostly wait, for leases to lapse and requests
-// lost with a killed instance, not for the CPU, so more than GOMAXPROCS
-// (the default) of them overlap their waits. Each runs a few capvend
-// processes (race-detector builds).
-func raiseParallel(n int) {
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set && runtime.GOMAXPROCS(0) < n {
-		flag.Set("test.parallel", strconv.Itoa(n))
-	}
 }
 
 // freeAddr is a free 127.0.0.1:port for a server the test starts, below
