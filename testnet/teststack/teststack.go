@@ -24,6 +24,7 @@ import (
 	"context"
 	"flag"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -78,15 +79,16 @@ func Need(t testing.TB) *testnet.Stack {
 	return stack
 }
 
-// Parallel sets -test.parallel to n unless the command line gave it: for
-// a package whose parallel tests mostly wait on the stack (payments,
-// expiries, polling), more than GOMAXPROCS at once. Call it from TestMain
-// before Run; it parses the flags.
+// Parallel sets -test.parallel to n unless the command line gave it or
+// GOMAXPROCS (its default) is already as high: for a package whose
+// parallel tests mostly wait on the stack (payments, expiries, polling),
+// more than the cores at once. Call it from TestMain before Run; it
+// parses the flags.
 func Parallel(n int) {
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
+	if !set && runtime.GOMAXPROCS(0) < n {
 		_ = flag.Set("test.parallel", strconv.Itoa(n))
 	}
 }
