@@ -373,7 +373,7 @@ func sameEchoID(raw []byte) bool {
 		if len(raw) < 2 || raw[len(raw)-1] != '"' {
 			return false
 		}
-		return plainJSONText(raw[1 : len(raw)-1])
+		return jsonobj.Plain(raw[1 : len(raw)-1])
 	}
 	if len(raw) > 15 || (raw[0] == '0' && len(raw) > 1) {
 		return false
@@ -409,9 +409,9 @@ func decodeString(raw []byte) (string, bool) {
 }
 
 // quotes reports whether raw is the JSON string of s as s quoted (s is
-// plainJSONText): then raw decodes to s.
+// jsonobj.Plain): then raw decodes to s.
 func quotes(raw []byte, s string) bool {
-	return len(raw) == len(s)+2 && raw[0] == '"' && raw[len(raw)-1] == '"' && string(raw[1:len(raw)-1]) == s && plainJSONText(s)
+	return len(raw) == len(s)+2 && raw[0] == '"' && raw[len(raw)-1] == '"' && string(raw[1:len(raw)-1]) == s && jsonobj.Plain(s)
 }
 
 // standardHeadersMatch is mcp.ValidateStandardHeaders(...) == nil for a
@@ -501,15 +501,3 @@ const (
 	maxClientMetas     = 1024
 	maxClientMetaBytes = 4096
 )
-
-// plainJSONText reports whether s is printable ASCII without what
-// json.Marshal escapes in a string (quote, backslash, <, >, &): the
-// string's JSON is s quoted.
-func plainJSONText[T string | []byte](s T) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			return false
-		}
-	}
-	return true
-}

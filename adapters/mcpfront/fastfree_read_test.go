@@ -8,10 +8,12 @@ import (
 	"testing"
 
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/internal/jsonobj"
 )
 
 // FuzzFastRead: the fast path's shortcuts read a request as the decoding
-// they skip (and plainJSONText strings encode as themselves quoted): echoID as json.Unmarshal then json.Marshal of the RequestId,
+// they skip (and jsonobj.Plain strings encode as themselves quoted): echoID as json.Unmarshal then json.Marshal of the RequestId,
 // decodeString as json.Unmarshal into a string, standardHeadersMatch as
 // mcp.ValidateStandardHeaders on the params, clientMeta (first call and
 // kept answer) as decoding clientCapabilities and clientInfo.
@@ -27,9 +29,9 @@ func FuzzFastRead(f *testing.F) {
 	f.Add(`"2026-07-28"`, "tools/call", "x", "2026-07-28")
 	f.Add(`"a\u0062"`, "tools/call", "x", "a\u0062")
 	f.Fuzz(func(t *testing.T, raw, method, nameHeader, version string) {
-		if plainJSONText(raw) {
+		if jsonobj.Plain(raw) {
 			if m, _ := json.Marshal(raw); string(m) != `"`+raw+`"` {
-				t.Fatalf("plainJSONText(%q), but json.Marshal gives %s", raw, m)
+				t.Fatalf("jsonobj.Plain(%q), but json.Marshal gives %s", raw, m)
 			}
 		}
 		b := json.RawMessage(raw)

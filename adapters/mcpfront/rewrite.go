@@ -15,6 +15,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/capvend/capvend/adapters/rpcerr"
+	"github.com/capvend/capvend/internal/jsonobj"
 )
 
 // rewrite returns msg (one JSON-RPC message) with this Server's
@@ -134,14 +135,7 @@ func appendMember(out []byte, k string, v json.RawMessage, empty *bool) []byte {
 		out = append(out, ',')
 	}
 	*empty = false
-	if plainJSONText(k) { // json.Marshal(k) is k quoted
-		out = append(out, '"')
-		out = append(out, k...)
-		out = append(out, '"')
-	} else {
-		kb, _ := json.Marshal(k)
-		out = append(out, kb...)
-	}
+	out = jsonobj.AppendString(out, k)
 	out = append(out, ':')
 	return append(out, v...)
 }

@@ -153,7 +153,7 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	msg = append(msg, `,"arguments":`...)
 	msg = append(msg, args...)
 	msg = append(msg, `,"name":`...)
-	msg = appendName(msg, name)
+	msg = jsonobj.AppendString(msg, name)
 	msg = append(msg, "}}"...)
 
 	defer u.inflight(ctx)()
@@ -175,21 +175,6 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 		return nil, vend.ErrNotRaw
 	}
 	return u.resultBody(name, res)
-}
-
-// appendName appends json.Marshal(name) to b: name quoted if json.Marshal
-// would not escape any of it (printable ASCII but quote, backslash, <, >
-// and &).
-func appendName(b []byte, name string) []byte {
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			q, _ := json.Marshal(name)
-			return append(b, q...)
-		}
-	}
-	b = append(b, '"')
-	b = append(b, name...)
-	return append(b, '"')
 }
 
 // passResult returns the upstream's result as it came, without the

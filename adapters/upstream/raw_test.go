@@ -175,16 +175,3 @@ func TestPassResult(t *testing.T) {
 		}
 	}
 }
-
-// FuzzAppendName: appendName writes what json.Marshal writes.
-func FuzzAppendName(f *testing.F) {
-	for _, s := range []string{"word_count", "a<b", `q"`, "é", "\x00", "a\\b", "\u2028", "\xff"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, name string) {
-		want, _ := json.Marshal(name)
-		if got := appendName([]byte("x"), name); string(got) != "x"+string(want) {
-			t.Fatalf("%q: %s, json.Marshal: %s", name, got[1:], want)
-		}
-	})
-}

@@ -1,7 +1,8 @@
 // Package jsonobj reads the top-level members of a JSON object without
 // decoding it, so that a member can be found, kept or cut out by slicing
 // the bytes (the free-call fast path passes an upstream's result through
-// this way instead of decoding and encoding it).
+// this way instead of decoding and encoding it), and writes a JSON
+// string as json.Marshal does without it for the plain ones (AppendString).
 //
 // Its functions expect valid JSON (checked by the caller, e.g. by the
 // json.Unmarshal that found the object); on anything else they report

@@ -125,3 +125,20 @@ func TestMembersCallNamesAllocateOnce(t *testing.T) {
 		}
 	}
 }
+
+// FuzzAppendString: AppendString writes what json.Marshal writes, and
+// Plain strings are their JSON quoted.
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"word_count", "a<b", `q"`, "é", "\x00", "a\\b", "\u2028", "\xff", "a&b", "~ !"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		want, _ := json.Marshal(s)
+		if got := AppendString([]byte("x"), s); string(got) != "x"+string(want) {
+			t.Fatalf("%q: %s, json.Marshal: %s", s, got[1:], want)
+		}
+		if Plain(s) && string(want) != `"`+s+`"` {
+			t.Fatalf("Plain(%q), but json.Marshal gives %s", s, want)
+		}
+	})
+}
