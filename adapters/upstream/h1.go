@@ -117,7 +117,8 @@ type h1Answer struct {
 // if it could not be written on a pooled one.
 func (h *h1Client) exchange(ctx context.Context, write func(*bufio.Writer) error, req *http.Request, fast bool) (h1Answer, error) {
 	for attempt := 0; ; attempt++ {
-		pc, reused := h.get()
+		pc := h.get()
+		reused := pc != nil
 		if pc == nil {
 			c, err := h.dial(ctx, "tcp", h.addr)
 			if err != nil {
@@ -255,11 +256,11 @@ func newH1Conn(c net.Conn) *h1Conn {
 
 // get takes the most recently used idle connection that is still open;
 // nil if none (those closed are dropped).
-func (h *h1Client) get() (*h1Conn, bool) {
+func (h *h1Client) get() *h1Conn {
 	for {
-		pc, _ := h.getIdle()
+		pc := h.getIdle()
 		if pc == nil || pc.alive() {
-			return pc, pc != nil
+			return pc
 		}
 		pc.c.Close()
 	}
@@ -297,12 +298,12 @@ func (pc *h1Conn) alive() bool {
 
 // getIdle takes the most recently used idle connection; nil if none. The
 // connections idle for h1IdleTimeout or longer are closed.
-func (h *h1Client) getIdle() (*h1Conn, bool) {
+func (h *h1Client) getIdle() *h1Conn {
 	h.mu.Lock()
 	n := len(h.idle)
 	if n == 0 {
 		h.mu.Unlock()
-		return nil, false
+		return nil
 	}
 	pc := h.idle[n-1]
 	h.idle[n-1] = nil
@@ -318,7 +319,7 @@ func (h *h1Client) getIdle() (*h1Conn, bool) {
 	for _, c := range stale {
 		c.c.Close()
 	}
-	return pc, pc != nil
+	return pc
 }
 
 // h1IdleTimeout is how long an idle connection is kept: as

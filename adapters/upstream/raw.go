@@ -267,7 +267,8 @@ func unquote(v []byte) string {
 // whose notifications go to onNotification first, in order. A transport
 // failure also asks the session to check the upstream (ping).
 func (u *upstream) post(ctx context.Context, version, name string, msg []byte, id string) (json.RawMessage, error) {
-	if h := u.h1Client(); h != nil && h.line != "" {
+	h := u.h1Client()
+	if h != nil && h.line != "" {
 		header, setsName, ok := u.plainHeader(version)
 		nameValue := ""
 		if ok && mcp.RequiresStandardHeaders(version) && !setsName && name != "" {
@@ -292,7 +293,7 @@ func (u *upstream) post(ctx context.Context, version, name string, msg []byte, i
 		}
 	}
 	var resp *http.Response
-	if h := u.h1Client(); h != nil {
+	if h != nil {
 		resp, err = h.do(req)
 	} else {
 		resp, err = httpClient.Do(req)
