@@ -20,21 +20,25 @@ type RelayStatus struct {
 // relayStates tracks the main subscription on each relay (see Settled).
 type relayStates struct {
 	mu      sync.Mutex
-	st      map[string]*RelayStatus
-	done    map[string]bool // relays whose first attempt ended
-	left    int             // relays whose first attempt has not ended
-	settled chan struct{}   // closed when left is 0
-	up      chan struct{}   // closed at the first relay subscribed
+	st      map[string]*relayState
+	left    int           // relays whose first attempt has not ended
+	settled chan struct{} // closed when left is 0
+	up      chan struct{} // closed at the first relay subscribed
 	upOnce  sync.Once
+}
+
+// relayState is one relay's status, and whether its first attempt ended.
+type relayState struct {
+	RelayStatus
+	settled bool
 }
 
 // init makes the states of urls, each not settled (New calls it).
 func (r *relayStates) init(urls []string) {
-	r.st = make(map[string]*RelayStatus, len(urls))
-	r.done = make(map[string]bool, len(urls))
+	r.st = make(map[string]*relayState, len(urls))
 	for _, u := range urls {
 		if r.st[u] == nil {
-			r.st[u] = &RelayStatus{URL: u}
+			r.st[u] = &relayState{RelayStatus: RelayStatus{URL: u}}
 			r.left++
 		}
 	}
@@ -54,8 +58,8 @@ func (r *relayStates) set(url string, subscribed bool, err error) {
 	if err != nil {
 		st.Err = err.Error()
 	}
-	if !r.done[url] {
-		r.done[url] = true
+	if !st.settled {
+		st.settled = true
 		if r.left--; r.left == 0 {
 			close(r.settled)
 		}
@@ -84,7 +88,7 @@ func (s *Server) RelayStates() []RelayStatus {
 	out := make([]RelayStatus, 0, len(s.relays.st))
 	for _, u := range s.cfg.Relays {
 		if st := s.relays.st[u]; st != nil && !slices.ContainsFunc(out, func(o RelayStatus) bool { return o.URL == u }) {
-			out = append(out, *st)
+			out = append(out, st.RelayStatus)
 		}
 	}
 	return out
