@@ -1,12 +1,14 @@
 package admin
 
 import (
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/capvend/capvend/vend"
 )
@@ -55,22 +57,39 @@ func (s *exemplarSeries) add(v float64, id vend.CallID) {
 // series of the vector must be made through it.
 type exemplars struct {
 	prometheus.Collector // the vector: Describe
-	bounds               []float64
 	mu                   sync.Mutex
 	all                  []*exemplarSeries
 }
 
-func newExemplars(c prometheus.Collector, bounds []float64) *exemplars {
-	return &exemplars{Collector: c, bounds: bounds}
+func newExemplars(c prometheus.Collector) *exemplars {
+	return &exemplars{Collector: c}
 }
 
-// series returns a new exemplarSeries of m, a series of e's vector.
+// series returns a new exemplarSeries of m, a series of e's vector: a
+// histogram's with its buckets' bounds, as m has them.
 func (e *exemplars) series(m prometheus.Metric) *exemplarSeries {
-	s := &exemplarSeries{metric: m, bounds: e.bounds, latest: make([]atomic.Pointer[callExemplar], len(e.bounds)+1)}
+	bounds := histogramBounds(m)
+	s := &exemplarSeries{metric: m, bounds: bounds, latest: make([]atomic.Pointer[callExemplar], len(bounds)+1)}
 	e.mu.Lock()
 	e.all = append(e.all, s)
 	e.mu.Unlock()
 	return s
+}
+
+// histogramBounds returns the upper bounds of m's buckets but +Inf; nil
+// if m is not a histogram.
+func histogramBounds(m prometheus.Metric) []float64 {
+	var d dto.Metric
+	if m.Write(&d) != nil || d.Histogram == nil {
+		return nil
+	}
+	var bounds []float64
+	for _, b := range d.Histogram.Bucket {
+		if ub := b.GetUpperBound(); !math.IsInf(ub, +1) {
+			bounds = append(bounds, ub)
+		}
+	}
+	return bounds
 }
 
 // Collect implements prometheus.Collector.

@@ -148,8 +148,8 @@ func NewMetrics(servers []string, items []Item, src Sources, log *slog.Logger) *
 
 // cacheChildren makes the caches of the vectors' children.
 func (m *Metrics) cacheChildren() {
-	m.callsEx, m.upstreamEx, m.invoiceToPaidEx = newExemplars(m.calls, nil), newExemplars(m.upstream, fastBuckets), newExemplars(m.invoiceToPaid, slowBuckets)
-	m.quoteToInvoiceEx, m.paidToExecutionEx = newExemplars(m.quoteToInvoice, fastBuckets), newExemplars(m.paidToExecution, fastBuckets)
+	m.callsEx, m.upstreamEx, m.invoiceToPaidEx = newExemplars(m.calls), newExemplars(m.upstream), newExemplars(m.invoiceToPaid)
+	m.quoteToInvoiceEx, m.paidToExecutionEx = newExemplars(m.quoteToInvoice), newExemplars(m.paidToExecution)
 	m.quoteToInvoiceBy = exObserver{m.quoteToInvoice, m.quoteToInvoiceEx.series(m.quoteToInvoice)}
 	m.paidToExecutionBy = exObserver{m.paidToExecution, m.paidToExecutionEx.series(m.paidToExecution)}
 	m.callsBy = newChildren(func(k callKey) exCounter {
