@@ -2,6 +2,7 @@ package vend_test
 
 import (
 	"context"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -48,6 +49,18 @@ func openLedger(ctx context.Context, path string, o ledger.Options) (*ledger.Led
 		watches.Store(l, w)
 	}
 	return l, err
+}
+
+// tempLedger opens a watched ledger (openLedger) in a new file of the
+// test's temp dir, closed when the test ends.
+func tempLedger(t testing.TB) *ledger.Ledger {
+	t.Helper()
+	l, err := openLedger(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // waitState waits until call id is in state want, waking at each commit

@@ -32,11 +32,7 @@ func (g *gatedTools) CallTool(ctx context.Context, t vend.Tool, args json.RawMes
 // with a bounded pool of workers, not one goroutine per call.
 func TestRecoverFanOutIsBounded(t *testing.T) {
 	const calls, bound = 30, 8
-	l, err := openLedger(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := tempLedger(t)
 	var ids []vend.CallID
 	for i := 0; i < calls; i++ {
 		c, _ := crashedCall(t, l, fmt.Sprint("c", i), "demo_echo", true, false, false, 1)

@@ -234,11 +234,7 @@ func TestSharedPaidAfterClientLeftOnAnotherInstance(t *testing.T) {
 // hold): two instances that watch the same LND.
 func twoInstances(t *testing.T, hold bool) (l *ledger.Ledger, a, b *harness) {
 	t.Helper()
-	l, err := openLedger(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	l = tempLedger(t)
 	shared := func(name string) func(*vend.Config) {
 		return func(c *vend.Config) {
 			c.Shared = vend.SharedConfig{Leases: l, Instance: name, Poll: 20 * time.Millisecond}
@@ -254,11 +250,7 @@ func twoInstances(t *testing.T, hold bool) (l *ledger.Ledger, a, b *harness) {
 // every instance's: an instance whose new quote finds the total reached
 // withdraws its own oldest request of its busiest client.
 func TestUnpaidLimitsAcrossInstances(t *testing.T) {
-	l, err := openLedger(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	l := tempLedger(t)
 	shared := func(name string) func(*vend.Config) {
 		return func(c *vend.Config) {
 			c.MaxUnpaidPerClient, c.MaxUnpaidTotal = 2, 3

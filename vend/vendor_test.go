@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -226,11 +225,7 @@ type harness struct {
 
 func newHarness(t testing.TB, hold bool, mod func(*vend.Config)) *harness {
 	t.Helper()
-	l, err := openLedger(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	l := tempLedger(t)
 	return harnessOn(t, l, hold, mod)
 }
 
@@ -741,11 +736,7 @@ func crashedCall(t *testing.T, l *ledger.Ledger, id, tool string, idempotent, ho
 }
 
 func TestRecoverFinishesWhatACrashLeft(t *testing.T) {
-	l, err := openLedger(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := tempLedger(t)
 	paid, _ := crashedCall(t, l, "paid", "demo_echo", true, false, false, 1)
 	rerun, _ := crashedCall(t, l, "rerun", "demo_echo", true, false, false, 2)
 	once, _ := crashedCall(t, l, "once", "demo_echo", false, false, false, 2)
