@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/capvend/capvend/internal/procstat"
 )
 
 // Proc records one process of the stack: enough to find it again from
@@ -61,39 +63,22 @@ func spawn(bin string, args []string, logPath string, tied bool) (Proc, error) {
 	return p, nil
 }
 
-// startTicks reads the start time of pid from /proc.
+// startTicks reads the start time of pid from /proc (field 22 of its
+// stat).
 func startTicks(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
+	f := procstat.Fields(pid)
+	if len(f) < 22 {
+		return 0, errors.New("no stat")
 	}
-	s := string(b)
-	// The command name (field 2) may contain spaces; fields after the
-	// closing parenthesis are plain.
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, errors.New("malformed stat")
-	}
-	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); field 22 is f[19].
-	if len(f) < 20 {
-		return 0, errors.New("short stat")
-	}
-	return strconv.ParseUint(f[19], 10, 64)
+	return strconv.ParseUint(f[21], 10, 64)
 }
 
 // procState returns the one-letter state of pid from /proc ("" if gone).
 func procState(pid int) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return ""
+	if f := procstat.Fields(pid); len(f) > 2 {
+		return f[2]
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+3 > len(s) {
-		return ""
-	}
-	return s[i+2 : i+3]
+	return ""
 }
 
 // Alive reports whether the recorded process is still running. A zombie

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/procstat"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/testnet/teststack"
@@ -365,13 +366,8 @@ func TestStack(t *testing.T) {
 // isRunning reports whether pid exists and is not a zombie (a container's
 // init may never reap the stack's exited processes).
 func isRunning(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
+	f := procstat.Fields(pid)
+	return len(f) > 2 && f[2] != "Z" && f[2] != "X"
 }
 
 // processesUnder lists live processes whose command line mentions dir.

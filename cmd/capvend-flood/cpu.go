@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capvend/capvend/internal/procstat"
 	"github.com/capvend/capvend/testnet"
 )
 
@@ -21,10 +22,6 @@ import (
 // CPU time of each process from /proc at the start and end of a phase and
 // reports who used how much of the machine: the figures to read beside the
 // latencies.
-
-// clockTicks is USER_HZ, the unit of /proc's CPU times: 100 on every Linux
-// architecture Go supports (the kernel's ABI fixes it, whatever its HZ).
-const clockTicks = 100
 
 // proc is one measured process (and, for capvend, its children: the
 // upstream servers it started).
@@ -123,39 +120,14 @@ func (m *cpuMeter) report(a, b cpuSample) {
 }
 
 func share(name string, ticks int64, capacity float64) string {
-	sec := float64(ticks) / clockTicks
+	sec := float64(ticks) / procstat.ClockTicks
 	return fmt.Sprintf("%s %.1f s (%.0f%%)", name, sec, 100*sec/max(capacity, 1e-9))
 }
 
-// procTicks is utime+stime of pid (fields 14 and 15 of /proc/PID/stat),
-// 0 if it is gone.
+// procTicks is pid's CPU time in ticks, 0 if it is gone.
 func procTicks(pid int) int64 {
-	f := statFields(pid)
-	if len(f) < 15 {
-		return 0
-	}
-	u, _ := strconv.ParseInt(f[13], 10, 64)
-	s, _ := strconv.ParseInt(f[14], 10, 64)
-	return u + s
-}
-
-// statFields splits /proc/PID/stat into its fields, the command name (in
-// parentheses, and possibly with spaces) as one.
-func statFields(pid int) []string {
-	if pid <= 0 {
-		return nil
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return nil
-	}
-	head, _, _ := strings.Cut(s[:i], " (")
-	return append([]string{head, s[len(head)+2 : i]}, strings.Fields(s[i+1:])...)
+	t, _ := procstat.CPUTicks(pid)
+	return t
 }
 
 // allParents maps each process id on the machine to its parent's.
@@ -167,7 +139,7 @@ func allParents() map[int]int {
 		if err != nil {
 			continue
 		}
-		if f := statFields(pid); len(f) > 3 {
+		if f := procstat.Fields(pid); len(f) > 3 {
 			ppid, _ := strconv.Atoi(f[3])
 			m[pid] = ppid
 		}

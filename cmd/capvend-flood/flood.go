@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/internal/procstat"
 )
 
 // flood sends priced calls it never pays for: fresh Nostr keys, and fresh
@@ -311,7 +313,7 @@ func (f *flood) start(ctx context.Context) (<-chan struct{}, error) {
 		}
 		if ps := cmd.ProcessState; ps != nil {
 			f.mu.Lock()
-			f.cpu = int64((ps.UserTime() + ps.SystemTime()) * clockTicks / time.Second)
+			f.cpu = int64((ps.UserTime() + ps.SystemTime()) * procstat.ClockTicks / time.Second)
 			f.exited = true
 			f.mu.Unlock()
 		}

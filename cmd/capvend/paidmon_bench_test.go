@@ -18,6 +18,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/capvend/capvend/internal/procstat"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/testnet"
 )
@@ -264,25 +265,13 @@ func grepLines(s, prefix string) string {
 	return strings.Join(out, "\n")
 }
 
-// procCPU is the CPU time (user and system) process pid used so far, from
-// /proc/PID/stat (in clock ticks of 10 ms: USER_HZ is 100 on Linux).
+// procCPU is the CPU time (user and system) process pid used so far.
 func procCPU(b *testing.B, pid int) time.Duration {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		b.Fatal(err)
+	d, ok := procstat.CPU(pid)
+	if !ok {
+		b.Fatalf("no CPU time of process %d", pid)
 	}
-	// The fields after the command's name, which ends with the last ')':
-	// state is field 3, utime 14 and stime 15.
-	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	if len(f) < 13 {
-		b.Fatalf("/proc/%d/stat: %q", pid, stat)
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		b.Fatalf("/proc/%d/stat: %q", pid, stat)
-	}
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return d
 }
 
 // loadAvg is the machine's load average (/proc/loadavg's first three).
