@@ -145,3 +145,38 @@ func TestEndedHoldInvoicesCloseTheirStreams(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestWatchOfAnEndedHoldInvoiceEnds: a hold invoice watch that begins
+// after the invoice was canceled (and deleted at LND) ends. Request starts
+// the watch's goroutine and Cancel may run before it subscribes; LND keeps
+// a stream for a deleted invoice open forever, sending nothing, so the
+// watch (and its gRPC stream) used to stay for as long as capvend ran.
+func TestWatchOfAnEndedHoldInvoiceEnds(t *testing.T) {
+	needStack(t)
+	l := newLedger(t)
+	be := open(t, l, vendor(t).RPCHost, lnd.Config{Hold: true})
+	ctx := context.Background()
+	c := recordCall(t, l, 0)
+	p, err := be.Request(ctx, vend.PaymentRequest{CallID: c.ID, Amount: 1000, Memo: "late watch", Expiry: time.Hour, Hold: true})
+	if err != nil || p.Kind != vend.KindHoldInvoice {
+		t.Fatalf("%s %v", p.Kind, err)
+	}
+	if err := be.Cancel(ctx, p.Ref); err != nil { // not running: no watch yet
+		t.Fatal(err)
+	}
+	runBackend(t, be)
+	deadline := time.Now().Add(30 * time.Second)
+	for !be.Connected() {
+		if time.Now().After(deadline) {
+			t.Fatal("the backend never connected")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	be.WatchHold(p.Ref) // as a watch goroutine that lost the race with Cancel
+	for be.Watching() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch of a canceled, deleted hold invoice is still open")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -132,9 +132,9 @@ type Backend struct {
 
 	mu       sync.Mutex
 	report   func(vend.PaymentEvent)
-	watchCtx context.Context      // the running Run's context, nil when not running
-	watching map[string]bool      // hold invoices with a live SubscribeSingleInvoice
-	holds    map[string]time.Time // open hold invoices (when recorded; zero while being issued): at most cfg.MaxHold new ones
+	watchCtx context.Context       // the running Run's context, nil when not running
+	watching map[string]*holdWatch // hold invoices with a live SubscribeSingleInvoice
+	holds    map[string]time.Time  // open hold invoices (when recorded; zero while being issued): at most cfg.MaxHold new ones
 	wg       sync.WaitGroup
 }
 
@@ -164,7 +164,7 @@ func New(ctx context.Context, ln Lightning, inv Invoices, led Ledger, cfg Config
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	b := &Backend{ln: ln, inv: inv, led: led, cfg: cfg, watching: map[string]bool{}, holds: map[string]time.Time{}}
+	b := &Backend{ln: ln, inv: inv, led: led, cfg: cfg, watching: map[string]*holdWatch{}, holds: map[string]time.Time{}}
 	probe := make([]byte, 32)
 	rand.Read(probe)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -344,6 +344,7 @@ func (b *Backend) Cancel(ctx context.Context, ref string) error {
 	}
 	switch p.State {
 	case vend.PaymentCanceled, vend.PaymentExpired:
+		b.endWatch(ref) // ended elsewhere
 		return nil
 	case vend.PaymentSettled:
 		return fmt.Errorf("%w: %s", ErrSettled, ref)
@@ -367,11 +368,12 @@ func (b *Backend) Cancel(ctx context.Context, ref string) error {
 	}
 	b.record(ctx, ref, func() (vend.Payment, error) {
 		p, err := b.led.Payment(ctx, ref)
-		if err != nil || (p.State != vend.PaymentOpen && p.State != vend.PaymentAccepted) {
+		if err != nil || paymentOver(p.State) {
 			return p, errUnchanged // a watcher saw the cancel first
 		}
 		return b.led.EndPayment(ctx, ref, vend.PaymentCanceled, "canceled")
 	})
+	b.endWatch(ref)                  // even when a watcher recorded the cancel first
 	if p.State == vend.PaymentOpen { // unpaid: nothing to keep at LND
 		b.deleteCanceled(ctx, hash)
 	}
@@ -590,33 +592,45 @@ func (b *Backend) countHolds(ps []vend.Payment, asked time.Time) {
 	}
 }
 
+// holdWatch is one hold invoice's SubscribeSingleInvoice watch.
+type holdWatch struct{ cancel context.CancelFunc }
+
 // watchHold follows one hold invoice with SubscribeSingleInvoice until it
 // is settled or canceled, while Run runs. Idempotent per ref.
 func (b *Backend) watchHold(ref string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	ctx := b.watchCtx
-	if ctx == nil || b.watching[ref] {
-		return // Run's reconcile starts it
-	}
 	hash, err := hex.DecodeString(ref)
 	if err != nil {
 		return
 	}
-	b.watching[ref] = true
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.watchCtx == nil || b.watching[ref] != nil {
+		return // Run's reconcile starts it
+	}
+	// The stream ends with this watch: gRPC keeps a stream (and a
+	// goroutine) until its context ends or Recv returns an error.
+	ctx, cancel := context.WithCancel(b.watchCtx)
+	w := &holdWatch{cancel: cancel}
+	b.watching[ref] = w
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
 		defer func() {
 			b.mu.Lock()
-			delete(b.watching, ref)
+			if b.watching[ref] == w {
+				delete(b.watching, ref)
+			}
 			b.mu.Unlock()
+			cancel()
 		}()
-		// The stream ends with this function: gRPC keeps a stream (and a
-		// goroutine) until its context ends or Recv returns an error, and
-		// we stop reading at the invoice's final state.
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
+		// An invoice whose end is already recorded is not watched: LND
+		// keeps the stream of a canceled invoice it has deleted open
+		// forever, sending nothing. That happens when a cancel wins the
+		// race with this goroutine, or a reconcile's listing is stale.
+		// An end recorded from now on ends this watch (endWatch).
+		if p, err := b.led.Payment(ctx, ref); err != nil || paymentOver(p.State) {
+			return // on an error, the next reconcile retries
+		}
 		stream, err := b.inv.SubscribeSingleInvoice(ctx, &invoicesrpc.SubscribeSingleInvoiceRequest{RHash: hash})
 		if err != nil {
 			return // the next reconcile retries
@@ -632,6 +646,22 @@ func (b *Backend) watchHold(ref string) {
 			}
 		}
 	}()
+}
+
+// endWatch ends the watch of hold invoice ref, if any: its end is
+// recorded in the ledger.
+func (b *Backend) endWatch(ref string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if w := b.watching[ref]; w != nil {
+		w.cancel()
+	}
+}
+
+// paymentOver reports whether a payment in state s is over: neither payable
+// nor held.
+func paymentOver(s vend.PaymentState) bool {
+	return s != vend.PaymentOpen && s != vend.PaymentAccepted
 }
 
 // apply records what LND says of one invoice, if it is ours and changed.
@@ -658,7 +688,7 @@ func (b *Backend) apply(ctx context.Context, inv *lnrpc.Invoice) {
 	case lnrpc.Invoice_CANCELED:
 		b.record(ctx, ref, func() (vend.Payment, error) {
 			p, err := b.led.Payment(ctx, ref)
-			if err != nil || (p.State != vend.PaymentOpen && p.State != vend.PaymentAccepted) {
+			if err != nil || paymentOver(p.State) {
 				return p, errUnchanged
 			}
 			to, why := vend.PaymentCanceled, "canceled at LND"
@@ -685,8 +715,9 @@ func (b *Backend) record(ctx context.Context, ref string, change func() (vend.Pa
 	b.applyMu.Unlock()
 	switch {
 	case err == nil:
-		if p.State != vend.PaymentOpen && p.State != vend.PaymentAccepted {
+		if paymentOver(p.State) {
 			b.dropHold(ref)
+			b.endWatch(ref)
 		}
 		b.cfg.Log.Info("lnd: payment "+string(p.State), "payment_hash", ref, "amount_msat", int64(p.Amount), "call", int64(p.CallID))
 		b.mu.Lock()
