@@ -335,7 +335,7 @@ func New(cfg Config) (*Server, error) {
 	s.relays.init(cfg.Relays)
 	if cfg.Members != nil {
 		s.shard = &shard{m: cfg.Members, me: cfg.Instance, name: MemberLease(pk, cfg.Instance), prefix: memberPrefix(pk),
-			sample: cmp.Or(cfg.ShardSample, DefaultShardSample), ttl: cmp.Or(cfg.MemberTTL, DefaultMemberTTL), now: cfg.Now}
+			sample: cmp.Or(cfg.ShardSample, DefaultShardSample), ttl: cmp.Or(cfg.MemberTTL, DefaultMemberTTL), now: cfg.Now, log: s.log}
 	}
 	s.sleep = func(ctx context.Context, d time.Duration) {
 		t := time.NewTimer(d)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -62,6 +63,7 @@ type shard struct {
 	sample time.Duration // between reads of the member set
 	ttl    time.Duration // of this server's member lease
 	now    func() time.Time
+	log    *slog.Logger
 
 	mu        sync.Mutex
 	view      []string  // the live members, sorted; nil before the first read
@@ -71,6 +73,7 @@ type shard struct {
 	lastEnd   time.Time // and ended
 	renewed   time.Time // when the last renewal of the member lease that held started
 	leaving   bool      // the lease released: see leave
+	dropping  bool      // requests are dropped as the view is stale (logged once)
 }
 
 // fresh is how old the last read of the member set may be (its start)
@@ -106,8 +109,9 @@ func (sh *shard) read(ctx context.Context) error {
 	}
 	end := sh.now()
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if sh.lastEnd.IsZero() || end.Sub(sh.lastStart) > sh.fresh() || !slices.Equal(view, sh.view) {
+	gap := end.Sub(sh.lastStart)
+	late := !sh.lastEnd.IsZero() && gap > sh.fresh()
+	if sh.lastEnd.IsZero() || late || !slices.Equal(view, sh.view) {
 		// A changed view, or a gap in the reads (the member set may have
 		// changed and changed back unseen): its age starts now. At the
 		// first read the view before is unknown (a joiner); after a gap it
@@ -117,7 +121,7 @@ func (sh *shard) read(ctx context.Context) error {
 		switch {
 		case sh.lastEnd.IsZero():
 			sh.prev = nil
-		case end.Sub(sh.lastStart) > sh.fresh():
+		case late:
 			sh.prev = view
 		default:
 			sh.prev = sh.view
@@ -125,6 +129,14 @@ func (sh *shard) read(ctx context.Context) error {
 		sh.view, sh.since = view, end
 	}
 	sh.lastStart, sh.lastEnd = start, end
+	sh.mu.Unlock()
+	if late {
+		// The machine or the ledger stalled: requests arriving in the
+		// gap were dropped (see decide), and the ones of the next T are
+		// claimed, a write each.
+		sh.log.Warn("nostr member set read late: requests are claimed until the view is stable again",
+			"since_last_read", gap.Round(time.Millisecond), "fresh", sh.fresh())
+	}
 	return nil
 }
 
@@ -187,29 +199,45 @@ func (sh *shard) leave(ctx context.Context) time.Duration {
 }
 
 // decide says how this server treats the request with event id id now.
+// The first request it drops for a stale view is logged.
 func (sh *shard) decide(id string) verdict {
 	now := sh.now()
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	v, stale := sh.decideLocked(id, now)
+	first := stale && !sh.dropping && !sh.lastEnd.IsZero()
+	sh.dropping = stale
+	lastStart, renewed := sh.lastStart, sh.renewed
+	sh.mu.Unlock()
+	if first {
+		sh.log.Warn("nostr requests dropped: this instance's view of the members is stale; the clients ask again",
+			"since_last_read", now.Sub(lastStart).Round(time.Millisecond), "since_renewal", now.Sub(renewed).Round(time.Millisecond),
+			"fresh", sh.fresh())
+	}
+	return v
+}
+
+// decideLocked is decide under sh.mu; stale says the view is too old to
+// decide on.
+func (sh *shard) decideLocked(id string, now time.Time) (v verdict, stale bool) {
 	if sh.lastEnd.IsZero() || now.Sub(sh.lastStart) > sh.fresh() || now.Sub(sh.renewed) >= sh.ttl-sh.fresh() {
 		// A stale view (another server may own it by now), or this
 		// server's lease is running out: the others may count it out.
-		return skip
+		return skip, true
 	}
 	age := now.Sub(sh.since)
 	switch {
 	case owner(sh.view, id) == sh.me && age >= sh.stable():
-		return serveFree
+		return serveFree, false
 	case owner(sh.view, id) == sh.me && age >= sh.fresh():
-		return serveClaim // every live server has read this view by now
+		return serveClaim, false // every live server has read this view by now
 	case age < sh.prevFor() && owner(sh.prev, id) == sh.me:
-		return serveClaim // ours before the change: others may not know it yet
+		return serveClaim, false // ours before the change: others may not know it yet
 	case age < sh.fresh() && sh.prev == nil && len(sh.view) == 1 && sh.view[0] == sh.me:
 		// Alone (a first instance starting): nobody else serves; one
 		// joining now waits F, and this one sees it join within F.
-		return serveClaim
+		return serveClaim, false
 	}
-	return skip
+	return skip, false
 }
 
 // run renews the member lease every ttl/3 (until leave) and reads the

@@ -3,6 +3,7 @@ package ctxvm
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/internal/syncbuf"
 )
 
 // memMembers is an in-memory Members on a test clock (the ledger's is
@@ -217,6 +220,8 @@ func TestShardServesEachRequestOnceWithoutClaims(t *testing.T) {
 	if n := len(c.claims.n); n != 0 {
 		t.Errorf("%d claims written in steady state, want none", n)
 	}
+	var logs syncbuf.Buffer // a's warnings: the operator learns of the drops, once
+	c.servers["a"].shard.log = slog.New(slog.NewTextHandler(&logs, nil))
 	c.members.fail = true
 	c.advance(3*testSample + time.Millisecond)
 	for i := range 20 {
@@ -226,10 +231,16 @@ func TestShardServesEachRequestOnceWithoutClaims(t *testing.T) {
 			t.Fatalf("a stale view answered request %d", i)
 		}
 	}
+	if n := strings.Count(logs.String(), "view of the members is stale"); n != 1 {
+		t.Errorf("20 requests dropped for a stale view logged %d times, want once:\n%s", n, logs.String())
+	}
 	// Read again after the gap: a serves its own at once, by claim.
 	c.members.fail = false
 	c.live("a")
 	c.live("b")
+	if n := strings.Count(logs.String(), "member set read late"); n != 1 {
+		t.Errorf("the late read logged %d times, want once:\n%s", n, logs.String())
+	}
 	share = map[string]int{}
 	for i := range 40 {
 		ev := c.request(300 + i)

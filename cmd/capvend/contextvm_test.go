@@ -176,12 +176,18 @@ func serveStoppable(t testing.TB, path, listen string) (stop func()) {
 // serveOutput is serveStoppable that also returns serve's standard error.
 func serveOutput(t testing.TB, path, listen string) (stop func(), stderr *lockedWriter) {
 	t.Helper()
+	stop, stderr, _ = serveLogged(t, path, listen)
+	return stop, stderr
+}
+
+// serveLogged is serveOutput that also returns serve's debug log (why an
+// event was dropped ...), which is shown when the test fails.
+func serveLogged(t testing.TB, path, listen string) (stop func(), stderr, logs *lockedWriter) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	stderr = &lockedWriter{w: &strings.Builder{}}
-	// capvend's debug log (why an event was dropped ...), shown when the
-	// test fails.
-	logs := &lockedWriter{w: &strings.Builder{}}
+	logs = &lockedWriter{w: &strings.Builder{}}
 	t.Cleanup(func() {
 		if t.Failed() {
 			logs.mu.Lock()
@@ -230,7 +236,7 @@ func serveOutput(t testing.TB, path, listen string) (stop func(), stderr *locked
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return stop, stderr
+	return stop, stderr, logs
 }
 
 func (l *lockedWriter) String() string {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,21 +23,26 @@ import (
 // ledger. Each instance sells its example tools with its own prefix, so
 // a tools/list answer names the instance that answered it.
 type shardRun struct {
-	t       *testing.T
-	c       *loadClient
-	answers *answerCounter
-	claims  func() int
+	t          *testing.T
+	c          *loadClient
+	answers    *answerCounter
+	claims     func() int
+	unanswered atomic.Int64
+
+	mu   sync.Mutex
+	logs []*lockedWriter // of every instance started
 }
 
 // list makes one tools/list and returns the prefix of the instance that
-// answered; a request left unanswered (dropped by every instance) fails
-// the test.
+// answered, or "" when it was left unanswered (dropped by every
+// instance; see dropsExplained).
 func (r *shardRun) list(ctx context.Context) string {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second) // far longer than any answer takes: a drop guard
 	defer cancel()
 	out, err := r.c.call(ctx, "tools/list", `{}`)
 	if err != nil {
-		r.t.Errorf("tools/list unanswered: %v", err)
+		r.unanswered.Add(1)
+		r.t.Logf("tools/list unanswered: %v", err)
 		return ""
 	}
 	for _, p := range []string{"a_", "b_", "c_"} {
@@ -46,6 +52,46 @@ func (r *shardRun) list(ctx context.Context) string {
 	}
 	r.t.Errorf("tools/list answered %s", out)
 	return ""
+}
+
+// stalls counts the instances' warnings that their view of the members
+// went stale or was read late: the machine (or PostgreSQL) stalled an
+// instance for longer than F. Then, by design (ctxvm's package doc,
+// "Several servers, one key"), the requests it owned in the gap are
+// dropped and those of the next T claimed. Nothing else drops one.
+func (r *shardRun) stalls() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, l := range r.logs {
+		text := l.String()
+		n += strings.Count(text, "member set read late") + strings.Count(text, "view of the members is stale")
+	}
+	return n
+}
+
+// shardMark is where a phase of the test began.
+type shardMark struct {
+	stalls, claims int
+	unanswered     int64
+}
+
+func (r *shardRun) mark() shardMark {
+	return shardMark{stalls: r.stalls(), claims: r.claims(), unanswered: r.unanswered.Load()}
+}
+
+// dropsExplained fails the test if requests went unanswered since m
+// while no instance stalled.
+func (r *shardRun) dropsExplained(what string, m shardMark) {
+	r.t.Helper()
+	n := r.unanswered.Load() - m.unanswered
+	switch {
+	case n == 0:
+	case r.stalls() > m.stalls:
+		r.t.Logf("%s: %d requests unanswered while an instance stalled (its log says so); the clients ask again", what, n)
+	default:
+		r.t.Errorf("%s: %d requests unanswered, and no instance stalled", what, n)
+	}
 }
 
 // batch makes n lists, 8 at a time, and returns who answered how many.
@@ -74,15 +120,16 @@ func (r *shardRun) batch(n int) map[string]int {
 	return got
 }
 
-// steady makes batches until one writes no claim (the instances' views
-// of each other are stable) and every one of want answered in it.
+// steady makes batches until one writes no claim, leaves nothing
+// unanswered (the instances' views of each other are stable) and every
+// one of want answered in it.
 func (r *shardRun) steady(want ...string) {
 	r.t.Helper()
 	deadline := time.Now().Add(2 * time.Minute) // a hang guard
 	for {
-		before := r.claims()
+		m := r.mark()
 		got := r.batch(40)
-		ok := r.claims() == before
+		ok := r.claims() == m.claims && r.unanswered.Load() == m.unanswered
 		for _, p := range want {
 			ok = ok && got[p] > 0
 		}
@@ -90,8 +137,31 @@ func (r *shardRun) steady(want ...string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			r.t.Fatalf("no steady state: a batch answered %v and wrote %d claims", got, r.claims()-before)
+			r.t.Fatalf("no steady state: a batch answered %v and wrote %d claims", got, r.claims()-m.claims)
 		}
+	}
+}
+
+// steadyBatch checks the steady state of a and b: 200 requests, each
+// answered, a share by each, and no claim written. A batch that
+// overlapped a stall (see stalls) is made again once the views are
+// stable again, up to 5 times.
+func (r *shardRun) steadyBatch() {
+	r.t.Helper()
+	for attempt := 1; ; attempt++ {
+		m := r.mark()
+		got := r.batch(200)
+		claims, dropped := r.claims()-m.claims, r.unanswered.Load()-m.unanswered
+		if claims == 0 && dropped == 0 && got["a_"] > 0 && got["b_"] > 0 {
+			return
+		}
+		if r.stalls() == m.stalls || attempt == 5 {
+			r.t.Errorf("steady state: %d claims written and %d requests unanswered of 200 (answers by instance %v; %d stall warnings), want none, and a share each",
+				claims, dropped, got, r.stalls()-m.stalls)
+			return
+		}
+		r.t.Logf("steady state: batch %d overlapped a stall (%d claims, %d unanswered, answers %v): again", attempt, claims, dropped, got)
+		r.steady("a_", "b_")
 	}
 }
 
@@ -110,8 +180,11 @@ func (r *shardRun) ghostGone(db *sql.DB, server string) bool {
 // PostgreSQL and one relay with the same Nostr key: in steady state each
 // request is answered once, each instance answers a share, and no claim
 // is written; while a third instance joins, and then stops, under load no
-// request is answered twice or left unanswered; and the requests of an instance that
-// died (a member lease nobody renews) are served once its lease ran out.
+// request is answered twice or left unanswered; and the requests of an
+// instance that died (a member lease nobody renews) are served once its
+// lease ran out. An instance stalled by the machine for longer than F
+// drops requests by design, and says so in its log: the test then makes
+// a steady-state batch again, and lets a drop pass (see stalls).
 func TestNostrInstancesShareRequests(t *testing.T) {
 	skip.Short(t, "starts PostgreSQL and three capvend instances")
 	t.Parallel()
@@ -119,11 +192,16 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 	relay := testkit.Relay(t)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
+	r := &shardRun{t: t}
 	start := func(prefix string) (stop func()) {
 		path, listen := nostrToolsConfig(t, relay, sk, prefix)
 		onPostgres(t, path, dsn)
-		shardNostr(t, path, 300*time.Millisecond) // changes settle in 2.7 s, not 9 s
-		return serveStoppable(t, path, listen)
+		shardNostr(t, path, 500*time.Millisecond) // changes settle in 4.5 s, not 9 s
+		stop, _, logs := serveLogged(t, path, listen)
+		r.mu.Lock()
+		r.logs = append(r.logs, logs)
+		r.mu.Unlock()
+		return stop
 	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -132,13 +210,13 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 	db := stdlib.OpenDB(*cfg)
 	defer db.Close()
 	ctx := context.Background()
-	r := &shardRun{t: t, claims: func() int {
+	r.claims = func() int {
 		var n int
 		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM request_claims").Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
-	}}
+	}
 	start("a_")
 	start("b_")
 	r.c = newLoadClient(t, relay, server)
@@ -160,19 +238,14 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	m := r.mark()
 	r.steady("a_", "b_")
+	r.dropsExplained("a and b starting", m)
 	t.Log("a and b steady")
-
-	before := r.claims()
-	got := r.batch(200)
-	if n := r.claims() - before; n != 0 {
-		t.Errorf("steady state: %d claims written for 200 requests, want none", n)
-	}
-	if got["a_"] == 0 || got["b_"] == 0 || got["a_"]+got["b_"] != 200 {
-		t.Errorf("steady state: answers by instance %v, want a share each of 200", got)
-	}
+	r.steadyBatch()
 
 	// c joins while requests keep coming.
+	m = r.mark()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range 4 {
@@ -196,6 +269,7 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 	r.steady("a_", "b_")
 	close(stop)
 	wg.Wait()
+	r.dropsExplained("c joining and leaving", m)
 	t.Log("c left; a and b steady")
 
 	// An instance that died: its member lease runs on for 8 s, unrenewed.
