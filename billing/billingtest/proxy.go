@@ -5,6 +5,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Proxy forwards TCP connections from a loopback port to a server, and can
@@ -14,10 +15,11 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	mu      sync.Mutex
+	down    bool
+	refused int // connections refused while down
+	conns   map[net.Conn]struct{}
+	wg      sync.WaitGroup
 }
 
 // NewProxy listens on 127.0.0.1 and forwards to target until the test ends.
@@ -54,6 +56,25 @@ func (p *Proxy) Restore() {
 	p.mu.Unlock()
 }
 
+// WaitRefused waits until the proxy has refused n connections since it
+// started (a backend reconnecting while it is cut), at most 30 s.
+func (p *Proxy) WaitRefused(t testing.TB, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second) // a hang guard
+	for {
+		p.mu.Lock()
+		got := p.refused
+		p.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy refused %d connections in 30 s, want %d: nothing reconnected", got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func (p *Proxy) close() {
 	p.ln.Close()
 	p.Cut()
@@ -69,6 +90,7 @@ func (p *Proxy) accept() {
 		}
 		p.mu.Lock()
 		if p.down {
+			p.refused++
 			p.mu.Unlock()
 			c.Close()
 			continue

@@ -453,7 +453,7 @@ func testConnectionDropped(t *testing.T, h Harness) {
 	e.proxy.Cut() // mid-stream: the backend's connection breaks
 	e.pay(t, ps[0].Bolt11)
 	e.pay(t, ps[1].Bolt11)
-	time.Sleep(2 * time.Second) // a few failed reconnects
+	e.proxy.WaitRefused(t, 2) // the backend tried to reconnect, and failed
 	e.proxy.Restore()
 	e.rec.wait(t, 60*time.Second, vend.PaymentSettled, ps[0].Ref, ps[1].Ref)
 	e.pay(t, ps[2].Bolt11)
