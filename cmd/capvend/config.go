@@ -119,6 +119,10 @@ type HTTPConfig struct {
 	ReadTimeout  time.Duration `yaml:"read_timeout"`
 	WriteTimeout time.Duration `yaml:"write_timeout"`
 	IdleTimeout  time.Duration `yaml:"idle_timeout"`
+	// ShutdownGrace is how long a stop lets HTTP calls in flight finish
+	// (a call waiting for its payment among them) before it closes their
+	// connections.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
 	// AllowedOrigins are the browser origins served (scheme://host[:port],
 	// :* for any port, or *); absent: loopback origins only.
 	AllowedOrigins []string `yaml:"allowed_origins"`
@@ -492,7 +496,8 @@ func defaultConfig() Config {
 		Ledger: LedgerConfig{Driver: "sqlite", Path: "capvend.db", LeaseTTL: 30 * time.Second, ClaimTakeover: time.Minute},
 		Server: ServerConfig{Name: "capvend"},
 		HTTP: HTTPConfig{MaxRequestBytes: 1 << 20, SessionIdle: 30 * time.Minute, MaxSessions: 10_000, MaxConnections: 1000,
-			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute},
+			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
+			ShutdownGrace: 30 * time.Second},
 		Nostr:     NostrConfig{Encryption: "optional", Announce: true, Window: 5 * time.Minute, ShutdownGrace: 30 * time.Second},
 		LND:       LNDConfig{HoldInvoices: true, MaxHoldInvoices: 1_000},
 		Cashu:     CashuConfig{WalletDir: "cashu-wallet", AcceptTokens: true, MintQuotes: true},
@@ -782,6 +787,7 @@ func (c *Config) validateHTTP(p *problems) {
 		{"http.read_timeout", c.HTTP.ReadTimeout, time.Second, 10 * time.Minute},
 		{"http.write_timeout", c.HTTP.WriteTimeout, time.Second, 10 * time.Minute},
 		{"http.idle_timeout", c.HTTP.IdleTimeout, time.Second, time.Hour},
+		{"http.shutdown_grace", c.HTTP.ShutdownGrace, time.Second, 10 * time.Minute},
 	} {
 		if d.v < d.lo || d.v > d.hi {
 			p.bad(d.name, "%s is outside %s .. %s", d.v, d.lo, d.hi)

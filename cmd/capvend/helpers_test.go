@@ -59,8 +59,8 @@ func freeToolsConfig(t testing.TB, prefix string) (path, listen string) {
 }
 
 // serveInProcess runs `capvend serve --config path` in this process until
-// the test ends (then it must exit 0) and returns once it listens.
-func serveInProcess(t testing.TB, path, listen string) {
+// the test ends or stop (then it must exit 0) and returns once it listens.
+func serveInProcess(t testing.TB, path, listen string) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
@@ -80,26 +80,32 @@ func serveInProcess(t testing.TB, path, listen string) {
 			done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
 		})
 	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case code := <-done:
+				if code != 0 {
+					t.Errorf("serve exited %d", code)
+				}
+			case <-time.After(60 * time.Second):
+				t.Error("serve did not stop within 60 s")
+			}
+		})
+	}
 	t.Cleanup(func() {
 		if sb, ok := logs.(fmt.Stringer); ok && t.Failed() {
 			t.Logf("serve's log:\n%s", sb)
 		}
-		cancel()
-		select {
-		case code := <-done:
-			if code != 0 {
-				t.Errorf("serve exited %d", code)
-			}
-		case <-time.After(60 * time.Second):
-			t.Error("serve did not stop within 60 s")
-		}
+		stop()
 	})
 	// A bound on waiting: a deadlock guard, not a speed check.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if c, err := net.Dial("tcp", listen); err == nil {
 			c.Close()
-			return
+			return stop
 		}
 		select {
 		case code := <-done:

@@ -61,8 +61,8 @@ back, see the ledger's liabilities:refunds); an unpaid one is withdrawn.
 Other changes need a restart.
 
 Stops on SIGINT or SIGTERM: it stops accepting calls, lets running ones
-finish (up to 30 s; Nostr ones nostr.shutdown_grace), stops watching
-payments, and closes the ledger last. What was paid and not yet answered
+finish (http.shutdown_grace and nostr.shutdown_grace, 30 s each by
+default), stops watching payments, and closes the ledger last. What was paid and not yet answered
 is finished at the next start.
 
 A paid call that fails is refunded: a hold invoice is canceled; a Cashu
@@ -401,7 +401,7 @@ func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context,
 
 // run serves the fronts (MCP HTTP, Nostr) and the admin listener until
 // ctx ends or one fails, then stops them in order: the fronts stop
-// accepting and drain (up to 30 s), then the payment watchers and the
+// accepting and drain (http.shutdown_grace, nostr.shutdown_grace), then the payment watchers and the
 // upstreams stop; the ledger is closed last (by close).
 func (s *vendServer) run(ctx context.Context) error {
 	adminLn, err := s.bindAdmin()
@@ -469,7 +469,7 @@ func (s *vendServer) sayServingNostr(ctx context.Context) {
 }
 
 // serveHTTP serves the MCP front on ln until ctx ends, then stops
-// accepting and lets in-flight calls finish (up to 30 s). It answers only
+// accepting and lets in-flight calls finish (http.shutdown_grace). It answers only
 // once the upstreams listed their tools (or failed, or 30 s passed): a
 // tools/list before would be empty, and a call of a tool not listed yet
 // refused. Connections made meanwhile wait in the listen backlog.
@@ -491,10 +491,14 @@ func (s *vendServer) serveHTTP(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("http: %w", err)
 	case <-ctx.Done():
 	}
-	shutdown, stop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	shutdown, stop := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.HTTP.ShutdownGrace)
 	defer stop()
 	s.front.CloseStreams() // long-lived listen streams would hold Shutdown
-	srv.Shutdown(shutdown) // stop accepting; in-flight calls finish
+	// Stop accepting; in-flight calls finish, or their connections are
+	// closed after the grace (their handlers see their requests end).
+	if srv.Shutdown(shutdown) != nil {
+		srv.Close()
+	}
 	<-serveErr
 	return nil
 }
