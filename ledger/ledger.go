@@ -209,11 +209,7 @@ func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
 		rdb.Close()
 		return nil, fmt.Errorf("ledger %s: %w", path, err)
 	}
-	l := &Ledger{path: path, db: db, rdb: rdb, udb: udb, now: opts.Now, obs: opts.Observer, claimTakeover: cmp.Or(opts.ClaimTakeover, DefaultClaimTakeover),
-		readOpts: &sql.TxOptions{ReadOnly: true}}
-	if l.now == nil {
-		l.now = time.Now
-	}
+	l := newLedger(path, db, rdb, udb, opts, sql.TxOptions{ReadOnly: true})
 	if err := l.migrate(ctx); err != nil {
 		l.Close()
 		return nil, err
@@ -353,6 +349,18 @@ func inspect(ctx context.Context, path, base string) error {
 		return fmt.Errorf("ledger %s: %w: it is an SQLite database of another application (application_id %#x, %d tables)", path, ErrNotLedger, appID, tables)
 	}
 	return nil
+}
+
+// newLedger is the ledger named name on its pools (writes, reads, and
+// urgent reads), with opts' settings or their defaults, before its
+// migration; read is its read transactions' options.
+func newLedger(name string, db, rdb, udb *sql.DB, opts Options, read sql.TxOptions) *Ledger {
+	l := &Ledger{path: name, db: db, rdb: rdb, udb: udb, now: opts.Now, obs: opts.Observer,
+		claimTakeover: cmp.Or(opts.ClaimTakeover, DefaultClaimTakeover), readOpts: &read}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	return l
 }
 
 // migrate applies the embedded migrations that are not recorded yet, each

@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -63,11 +62,8 @@ func OpenPostgres(ctx context.Context, dsn string, opts Options) (*Ledger, error
 	rdb.SetMaxOpenConns(4)
 	udb := sql.OpenDB(pgConnector{stdlib.GetConnector(*ro)})
 	udb.SetMaxOpenConns(2)
-	l := &Ledger{path: name, db: db, rdb: rdb, udb: udb, now: opts.Now, obs: opts.Observer, claimTakeover: cmp.Or(opts.ClaimTakeover, DefaultClaimTakeover), pg: true,
-		readOpts: &sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead}}
-	if l.now == nil {
-		l.now = time.Now
-	}
+	l := newLedger(name, db, rdb, udb, opts, sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead})
+	l.pg = true
 	if err := l.migratePG(ctx, opts.MustExist); err != nil {
 		l.Close()
 		return nil, err
