@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"maps"
+	"net"
 	"net/http"
 	"os"
 	"sort"
@@ -28,10 +32,14 @@ func p50(d []time.Duration) time.Duration {
 
 // BenchmarkFreeCall measures a free tools/call through capvend (MCP HTTP
 // front -> upstream over MCP HTTP) against calling the same upstream
-// directly, in the same run: the p50 latency of one client, the two
+// directly, in the same run: the p50 latency of one client, the calls
 // interleaved call by call (target: <= 1.3x direct), and the throughput
 // of freeCallClients concurrent clients, direct and through capvend in
-// alternating rounds (target: >= 0.75x direct).
+// alternating rounds (target: >= 0.75x direct). Beside them, the same
+// through a bare hop (bareHop: a net/http server that forwards each
+// request and copies the answer back, nothing else): the floor of any
+// HTTP hop in Go on this machine, reported as hop-x_direct and
+// hop-x_direct_throughput.
 func BenchmarkFreeCall(b *testing.B) {
 	s := needStack(b) // for the example-tools binary and a configuration
 	url, _ := serving(b, s, serveOpts{})
@@ -41,6 +49,8 @@ func BenchmarkFreeCall(b *testing.B) {
 	// The direct client talks to the same HTTP upstream capvend uses.
 	directURL := "http://" + lastHTTPUpstream.Load().(string) + "/mcp"
 	direct := startClient(b, directURL)
+	hopURL := startBareHop(b, directURL)
+	hop := startClient(b, hopURL)
 	args := map[string]any{"text": "the quick brown fox"}
 	callDirect := func(c *client.Client) error {
 		_, err := c.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "word_count", Arguments: args}})
@@ -50,45 +60,87 @@ func BenchmarkFreeCall(b *testing.B) {
 		_, err := c.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "w_word_count", Arguments: args}})
 		return err
 	}
-	var ours, theirs []time.Duration
+	var ours, theirs, hops []time.Duration
+	timed := func(d *[]time.Duration, call func(*client.Client) error, c *client.Client) {
+		start := time.Now()
+		if err := call(c); err != nil {
+			b.Fatal(err)
+		}
+		*d = append(*d, time.Since(start))
+	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		start := time.Now()
-		if err := callDirect(direct); err != nil {
-			b.Fatal(err)
-		}
-		theirs = append(theirs, time.Since(start))
-		start = time.Now()
-		if err := callOurs(pc.Client); err != nil {
-			b.Fatal(err)
-		}
-		ours = append(ours, time.Since(start))
+		timed(&theirs, callDirect, direct)
+		timed(&ours, callOurs, pc.Client)
+		timed(&hops, callDirect, hop)
 	}
 	b.StopTimer()
-	o, d := p50(ours), p50(theirs)
+	o, d, h := p50(ours), p50(theirs), p50(hops)
 	b.ReportMetric(float64(o.Microseconds())/1000, "capvend-p50-ms")
 	b.ReportMetric(float64(d.Microseconds())/1000, "direct-p50-ms")
 	b.ReportMetric(float64(o)/float64(d), "x_direct")
+	b.ReportMetric(float64(h)/float64(d), "hop-x_direct")
 
 	// Throughput: freeCallClients clients at once, b.N calls in all per
-	// side, in freeCallRounds alternating rounds so that both sides see
+	// side, in freeCallRounds alternating rounds so that every side sees
 	// the same load on a shared machine.
 	directs := make([]*client.Client, freeCallClients)
 	oursClients := make([]*client.Client, freeCallClients)
+	hopClients := make([]*client.Client, freeCallClients)
 	for i := range directs {
 		directs[i] = startClient(b, directURL)
 		oursClients[i] = startClient(b, url)
+		hopClients[i] = startClient(b, hopURL)
 	}
-	var directTime, oursTime time.Duration
+	var directTime, oursTime, hopTime time.Duration
 	perRound := max(b.N/freeCallRounds, freeCallClients)
 	for round := 0; round < freeCallRounds; round++ {
 		directTime += concurrentCalls(b, directs, perRound, callDirect)
 		oursTime += concurrentCalls(b, oursClients, perRound, callOurs)
+		hopTime += concurrentCalls(b, hopClients, perRound, callDirect)
 	}
 	total := float64(perRound * freeCallRounds)
 	b.ReportMetric(total/directTime.Seconds(), "direct-calls/s")
 	b.ReportMetric(total/oursTime.Seconds(), "capvend-calls/s")
 	b.ReportMetric(directTime.Seconds()/oursTime.Seconds(), "x_direct_throughput")
+	b.ReportMetric(directTime.Seconds()/hopTime.Seconds(), "hop-x_direct_throughput")
+}
+
+// startBareHop serves, on a loopback port until b ends, a net/http server
+// that forwards every request to upstream (headers and body) and copies
+// the answer back (status, headers, body), and returns its URL. It checks
+// nothing and keeps no state: one HTTP hop in Go at its cheapest with the
+// standard library, the floor under capvend's front.
+func startBareHop(b *testing.B, upstream string) string {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		req, err := http.NewRequestWithContext(r.Context(), r.Method, upstream, bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		req.Header = r.Header.Clone()
+		resp, err := benchHTTP.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		maps.Copy(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+	})}
+	go srv.Serve(ln)
+	b.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String() + "/mcp"
 }
 
 // The concurrent part of BenchmarkFreeCall.
