@@ -7,12 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -184,59 +182,22 @@ func serveOutput(t testing.TB, path, listen string) (stop func(), stderr *locked
 // event was dropped ...), which is shown when the test fails.
 func serveLogged(t testing.TB, path, listen string) (stop func(), stderr, logs *lockedWriter) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	stderr = &lockedWriter{w: &strings.Builder{}}
 	logs = &lockedWriter{w: &strings.Builder{}}
 	t.Cleanup(func() {
 		if t.Failed() {
-			logs.mu.Lock()
-			text := logs.w.(*strings.Builder).String()
-			logs.mu.Unlock()
+			text := logs.String()
 			if len(text) > 20_000 {
 				text = "…" + text[len(text)-20_000:]
 			}
 			t.Logf("capvend serve log (%s):\n%s", path, text)
 		}
 	})
-	go func() {
-		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: stderr,
-			Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
-		// Its goroutines carry the label capvend=<its config's dir> in CPU
-		// profiles (see BenchmarkNostrFreeCallInstances).
-		pprof.Do(ctx, pprof.Labels("capvend", filepath.Base(filepath.Dir(path))), func(ctx context.Context) {
-			done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
-		})
-	}()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case code := <-done:
-				if code != 0 {
-					t.Errorf("serve exited %d: %s", code, stderr.w)
-				}
-			case <-time.After(60 * time.Second):
-				t.Error("serve did not stop within 60 s")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	deadline := time.Now().Add(60 * time.Second) // a deadlock guard
-	for !strings.Contains(stderr.String(), "serving ContextVM") {
-		select {
-		case code := <-done:
-			done <- code
-			t.Fatalf("serve exited %d: %s", code, stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve did not start: %s", stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return stop, stderr, logs
+	// Its goroutines carry the label capvend=<its config's dir> in CPU
+	// profiles (see BenchmarkNostrFreeCallInstances).
+	sv := runServe(t, path, filepath.Base(filepath.Dir(path)),
+		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	sv.await(t, "start", func() bool { return strings.Contains(sv.stderr.String(), "serving ContextVM") })
+	return sv.stop, sv.stderr, logs
 }
 
 func (l *lockedWriter) String() string {

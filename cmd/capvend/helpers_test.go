@@ -62,59 +62,82 @@ func freeToolsConfig(t testing.TB, prefix string) (path, listen string) {
 // the test ends or stop (then it must exit 0) and returns once it listens.
 func serveInProcess(t testing.TB, path, listen string) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	stderr := &lockedWriter{w: &strings.Builder{}}
 	// serve's log, shown when the test fails: the only way to see why an
 	// upstream or a payment misbehaved in a run that cannot be repeated.
 	var logs io.Writer = &syncbuf.Buffer{}
 	if _, bench := t.(*testing.B); bench {
 		logs = io.Discard // a benchmark's calls would fill it
 	}
+	t.Cleanup(func() {
+		if sb, ok := logs.(fmt.Stringer); ok && t.Failed() {
+			t.Logf("serve's log:\n%s", sb)
+		}
+	})
+	// serve's goroutines (and those they start) carry the label
+	// capvend=serve in CPU profiles (go tool pprof -tagfocus).
+	sv := runServe(t, path, "serve", slog.New(slog.NewTextHandler(logs, nil)))
+	sv.await(t, "listen", func() bool {
+		c, err := net.Dial("tcp", listen)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	return sv.stop
+}
+
+// inProcessServe is a `capvend serve` running in this test binary.
+type inProcessServe struct {
+	stop   func() // cancels it and waits until it exits (it must exit 0)
+	done   chan int
+	stderr *lockedWriter
+}
+
+// runServe runs `capvend serve --config path` in this process, logging
+// to log, its goroutines labelled capvend=label in CPU profiles, until the
+// test ends or stop.
+func runServe(t testing.TB, path, label string, log *slog.Logger) *inProcessServe {
+	ctx, cancel := context.WithCancel(context.Background())
+	sv := &inProcessServe{done: make(chan int, 1), stderr: &lockedWriter{w: &strings.Builder{}}}
 	go func() {
-		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: stderr,
-			Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(logs, nil))}
-		// serve's goroutines (and those they start) carry the label
-		// capvend=serve in CPU profiles (go tool pprof -tagfocus).
-		pprof.Do(ctx, pprof.Labels("capvend", "serve"), func(ctx context.Context) {
-			done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
+		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: sv.stderr,
+			Getenv: func(string) string { return "" }, Log: log}
+		pprof.Do(ctx, pprof.Labels("capvend", label), func(ctx context.Context) {
+			sv.done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
 		})
 	}()
 	var once sync.Once
-	stop = func() {
+	sv.stop = func() {
 		once.Do(func() {
 			cancel()
 			select {
-			case code := <-done:
+			case code := <-sv.done:
 				if code != 0 {
-					t.Errorf("serve exited %d", code)
+					t.Errorf("serve exited %d: %s", code, sv.stderr)
 				}
 			case <-time.After(60 * time.Second):
 				t.Error("serve did not stop within 60 s")
 			}
 		})
 	}
-	t.Cleanup(func() {
-		if sb, ok := logs.(fmt.Stringer); ok && t.Failed() {
-			t.Logf("serve's log:\n%s", sb)
-		}
-		stop()
-	})
-	// A bound on waiting: a deadlock guard, not a speed check.
+	t.Cleanup(sv.stop)
+	return sv
+}
+
+// await waits until ready says so, failing the test if serve exits
+// first or 60 s pass (a deadlock guard, not a speed check).
+func (sv *inProcessServe) await(t testing.TB, what string, ready func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if c, err := net.Dial("tcp", listen); err == nil {
-			c.Close()
-			return stop
-		}
+	for !ready() {
 		select {
-		case code := <-done:
-			done <- code
-			t.Fatalf("serve exited %d: %s", code, stderr.w)
+		case code := <-sv.done:
+			sv.done <- code
+			t.Fatalf("serve exited %d: %s", code, sv.stderr)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("serve did not listen")
+			t.Fatalf("serve did not %s: %s", what, sv.stderr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
