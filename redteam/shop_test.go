@@ -192,7 +192,10 @@ func (sh *shop) writeConfig(p prices) {
 	vendor, _ := sh.s.Node(testnet.Vendor)
 	var b strings.Builder
 	fmt.Fprintf(&b, "ledger:\n  path: %s\nserver:\n  name: redteam shop\n", sh.db)
-	fmt.Fprintf(&b, "http:\n  listen: %s\n%s", sh.listen, o.http)
+	// A test stops its shop once it has every answer it checks: the calls
+	// left waiting for a payment nobody makes (a flood, a second quote)
+	// would hold the stop for a front's default 30 s grace.
+	fmt.Fprintf(&b, "http:\n  listen: %s\n  shutdown_grace: 1s\n%s", sh.listen, o.http)
 	switch o.lnd {
 	case "", holdInvoices, plainInvoices:
 		fmt.Fprintf(&b, "lnd:\n  host: %s\n  tls_cert_file: %s\n  macaroon_file: %s\n  hold_invoices: %v\n%s",
@@ -202,9 +205,6 @@ func (sh *shop) writeConfig(p prices) {
 		fmt.Fprintf(&b, "cashu:\n  mints: [%s]\n  wallet_dir: %s\n", sh.s.MintURL, filepath.Join(sh.dir, "cashu-wallet"))
 	}
 	if o.nostr {
-		// A test stops its shop once it has every answer it checks: the
-		// calls left waiting for a payment nobody makes (a flood, a
-		// second quote) would hold the stop for the default 30 s grace.
 		fmt.Fprintf(&b, "nostr:\n  relays: [%s]\n  nsec_file: %s\n  announce: false\n  shutdown_grace: 1s\n%s", sh.s.RelayURL, sh.nsecFile, o.nostrExtra)
 	}
 	fmt.Fprintf(&b, "payments:\n  ttl: 2m\n")
