@@ -62,8 +62,8 @@ Other changes need a restart.
 
 Stops on SIGINT or SIGTERM: it stops accepting calls, lets running ones
 finish (http.shutdown_grace and nostr.shutdown_grace, 30 s each by
-default), stops watching payments, and closes the ledger last. What was paid and not yet answered
-is finished at the next start.
+default), stops watching payments, and closes the ledger last. What was
+paid and not yet answered is finished at the next start.
 
 A paid call that fails is refunded: a hold invoice is canceled; a Cashu
 payment is paid back at once with a token from the wallet, in the answer;
@@ -401,8 +401,9 @@ func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context,
 
 // run serves the fronts (MCP HTTP, Nostr) and the admin listener until
 // ctx ends or one fails, then stops them in order: the fronts stop
-// accepting and drain (http.shutdown_grace, nostr.shutdown_grace), then the payment watchers and the
-// upstreams stop; the ledger is closed last (by close).
+// accepting and drain (http.shutdown_grace, nostr.shutdown_grace), then
+// the payment watchers and the upstreams stop; the ledger is closed last
+// (by close).
 func (s *vendServer) run(ctx context.Context) error {
 	adminLn, err := s.bindAdmin()
 	if err != nil {
