@@ -48,17 +48,17 @@
 //	go test -race ./redteam/
 //
 // It builds capvend (with -race when the tests are: the one under attack,
-// which runs the ledger commands too) while the regtest stack comes up (the one every test
-// binary of the `go test` run shares: testnet/teststack), and runs a
-// capvend per test, on 127.0.0.1 only (the HTTP flood also connects from
-// 127.0.0.2 to .21 and .100, which Linux routes to the loopback); every
-// wait and loop is bounded. The tests and their subtests run in parallel,
-// 12 at a time unless -parallel says otherwise: each has its own capvend,
-// ledger, upstream and keys, and they mostly wait (for capvend to start
-// and stop, payments, timeouts). It takes about a minute on a 2-core
-// machine once the stack is up. Without the
-// regtest binaries, or those loopback addresses, the tests that need them
-// are skipped saying what is missing, and fail when CI is set; with
+// which runs the ledger commands too) while the regtest stack comes up
+// (the one every test binary of the `go test` run shares:
+// testnet/teststack), and runs a capvend per test, on 127.0.0.1 only (the
+// HTTP flood also connects from 127.0.0.2 to .21 and .100, which Linux
+// routes to the loopback); every wait and loop is bounded. The tests and
+// their subtests run in parallel, 12 at a time unless -parallel says
+// otherwise: each has its own capvend, ledger, upstream and keys, and they
+// mostly wait (for capvend to start and stop, payments, timeouts). It
+// takes about a minute on a 2-core machine once the stack is up. Without
+// the regtest binaries, or those loopback addresses, the tests that need
+// them are skipped saying what is missing, and fail when CI is set; with
 // -short all are skipped. CAPVEND_REDTEAM_SERVE=/path/to/capvend attacks
 // that build instead of this tree's (e.g. an older commit's, to see which
 // tests fail where the holes are open).

@@ -69,7 +69,7 @@ func binaries(t testing.TB) {
 		if tmpDir, setupErr = os.MkdirTemp("", "capvend-redteam-"); setupErr != nil {
 			return
 		}
-		// The builds at once: linking is single-threaded.
+		// Both builds at once: linking is single-threaded.
 		var g errgroup.Group
 		tools = filepath.Join(tmpDir, "example-tools")
 		g.Go(func() error {

@@ -425,9 +425,9 @@ func (s *vendServer) run(ctx context.Context) error {
 		g.Go(func() error {
 			// Requests replayed from relays at start would find no tool.
 			awaitUpstreams(gctx, s.ups, 30*time.Second)
-			// It drains its requests in flight (nostr.shutdown_grace) after gctx
-			// ends; it fails only at start, joining the instances sharing
-			// a PostgreSQL ledger.
+			// It drains its requests in flight (nostr.shutdown_grace)
+			// after gctx ends; it fails only at start, joining the
+			// instances sharing a PostgreSQL ledger.
 			return s.nostr.Run(gctx)
 		})
 		g.Go(func() error { s.sayServingNostr(gctx); return nil })
@@ -470,10 +470,10 @@ func (s *vendServer) sayServingNostr(ctx context.Context) {
 }
 
 // serveHTTP serves the MCP front on ln until ctx ends, then stops
-// accepting and lets in-flight calls finish (http.shutdown_grace). It answers only
-// once the upstreams listed their tools (or failed, or 30 s passed): a
-// tools/list before would be empty, and a call of a tool not listed yet
-// refused. Connections made meanwhile wait in the listen backlog.
+// accepting and lets in-flight calls finish (http.shutdown_grace). It
+// answers only once the upstreams listed their tools (or failed, or 30 s
+// passed): a tools/list before would be empty, and a call of a tool not
+// listed yet refused. Connections made meanwhile wait in the listen backlog.
 func (s *vendServer) serveHTTP(ctx context.Context, ln net.Listener) error {
 	awaitUpstreams(ctx, s.ups, 30*time.Second)
 	if ctx.Err() != nil {
