@@ -3,17 +3,17 @@ package main
 import (
 	"context"
 	"database/sql"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/billing/billingtest"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
 )
@@ -24,13 +24,83 @@ import (
 // a tools/list answer names the instance that answered it.
 type shardRun struct {
 	t          *testing.T
+	relay, sk  string // the relay's URL, the instances' shared key
+	server     string // its public key
+	db         *sql.DB
 	c          *loadClient
 	answers    *answerCounter
-	claims     func() int
 	unanswered atomic.Int64
 
 	mu   sync.Mutex
 	logs []*lockedWriter // of every instance started
+}
+
+// newShardRun starts a relay for instances sharding on the PostgreSQL
+// ledger of dsn (see start), opened for the test's own queries.
+func newShardRun(t *testing.T, dsn string) *shardRun {
+	sk := nostr.GeneratePrivateKey()
+	server, _ := nostr.GetPublicKey(sk)
+	return &shardRun{t: t, relay: testkit.Relay(t), sk: sk, server: server, db: openPG(t, dsn)}
+}
+
+// start runs an instance selling its example tools with prefix, on the
+// ledger of dsn, sampling the member set every 500 ms: F is 1.5 s, and
+// changes settle in 4.5 s (T), not 9 s.
+func (r *shardRun) start(prefix, dsn string) (stop func()) {
+	path, listen := nostrToolsConfig(r.t, r.relay, r.sk, prefix)
+	onPostgres(r.t, path, dsn)
+	shardNostr(r.t, path, 500*time.Millisecond)
+	stop, _, logs := serveLogged(r.t, path, listen)
+	r.mu.Lock()
+	r.logs = append(r.logs, logs)
+	r.mu.Unlock()
+	return stop
+}
+
+// connect starts the client and the answer counter, and returns once a
+// tools/list was answered.
+func (r *shardRun) connect() {
+	r.t.Helper()
+	r.c = newLoadClient(r.t, r.relay, r.server)
+	r.answers = countAnswers(r.t, r.relay, r.server, r.c.SecretKey)
+	for deadline := time.Now().Add(time.Minute); ; { // a hang guard
+		// Each instance says "serving ContextVM" once subscribed (see
+		// TestServingLineMeansSubscribed); a sharding instance may still
+		// drop a request while its first view of the members is young:
+		// the client asks again.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := r.c.call(ctx, "tools/list", `{}`)
+		dropped := ctx.Err() != nil
+		cancel()
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "no one was listening") && !dropped || time.Now().After(deadline) {
+			r.t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// claims counts the request claims written.
+func (r *shardRun) claims() int {
+	var n int
+	if err := r.db.QueryRow("SELECT count(*) FROM request_claims").Scan(&n); err != nil {
+		r.t.Fatal(err)
+	}
+	return n
+}
+
+// answeredOnce fails the test if a request was answered more than once.
+func (r *shardRun) answeredOnce() map[string]int {
+	r.t.Helper()
+	counts := r.answers.settle(r.t, &cvmClient{t: r.t, c: r.c.Client}, r.c.PublicKey)
+	for id, n := range counts {
+		if n != 1 {
+			r.t.Errorf("request %s answered %d times", id, n)
+		}
+	}
+	return counts
 }
 
 // list makes one tools/list and returns the prefix of the instance that
@@ -165,11 +235,55 @@ func (r *shardRun) steadyBatch() {
 	}
 }
 
+// keepListing makes tools/list requests from 4 goroutines, each waiting
+// up to wait for its answer, until the returned stop is called.
+func (r *shardRun) keepListing(wait time.Duration) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				r.list(ctx)
+				cancel()
+			}
+		}()
+	}
+	return func() { close(done); wg.Wait() }
+}
+
+// logged counts text in the log of the i-th instance started.
+func (r *shardRun) logged(i int, text string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Count(r.logs[i].String(), text)
+}
+
+// waitLogged waits until the i-th instance's log holds text more than n
+// times, at most 30 s.
+func (r *shardRun) waitLogged(i int, text string, n int) {
+	r.t.Helper()
+	deadline := time.Now().Add(30 * time.Second) // a hang guard
+	for r.logged(i, text) <= n {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("instance %d never logged %q", i, text)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // ghostGone says whether the ghost's member lease ran out.
-func (r *shardRun) ghostGone(db *sql.DB, server string) bool {
+func (r *shardRun) ghostGone() bool {
 	var n int
-	err := db.QueryRow("SELECT count(*) FROM leases WHERE name = $1 AND expires_at > $2",
-		ctxvm.MemberLease(server, "ghost"), time.Now().UnixMilli()).Scan(&n)
+	err := r.db.QueryRow("SELECT count(*) FROM leases WHERE name = $1 AND expires_at > $2",
+		ctxvm.MemberLease(r.server, "ghost"), time.Now().UnixMilli()).Scan(&n)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -189,55 +303,11 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 	skip.Short(t, "starts PostgreSQL and three capvend instances")
 	t.Parallel()
 	dsn := testPostgres(t)
-	relay := testkit.Relay(t)
-	sk := nostr.GeneratePrivateKey()
-	server, _ := nostr.GetPublicKey(sk)
-	r := &shardRun{t: t}
-	start := func(prefix string) (stop func()) {
-		path, listen := nostrToolsConfig(t, relay, sk, prefix)
-		onPostgres(t, path, dsn)
-		shardNostr(t, path, 500*time.Millisecond) // changes settle in 4.5 s, not 9 s
-		stop, _, logs := serveLogged(t, path, listen)
-		r.mu.Lock()
-		r.logs = append(r.logs, logs)
-		r.mu.Unlock()
-		return stop
-	}
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := stdlib.OpenDB(*cfg)
-	defer db.Close()
+	r := newShardRun(t, dsn)
+	r.start("a_", dsn)
+	r.start("b_", dsn)
+	r.connect()
 	ctx := context.Background()
-	r.claims = func() int {
-		var n int
-		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM request_claims").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	start("a_")
-	start("b_")
-	r.c = newLoadClient(t, relay, server)
-	r.answers = countAnswers(t, relay, server, r.c.SecretKey)
-	for deadline := time.Now().Add(time.Minute); ; { // a hang guard
-		// Each instance says "serving ContextVM" once subscribed (see
-		// TestServingLineMeansSubscribed); a sharding instance may still
-		// drop a request while its first view of the members is young:
-		// the client asks again.
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := r.c.call(lctx, "tools/list", `{}`)
-		dropped := lctx.Err() != nil
-		cancel()
-		if err == nil {
-			break
-		}
-		if !strings.Contains(err.Error(), "no one was listening") && !dropped || time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 	m := r.mark()
 	r.steady("a_", "b_")
 	r.dropsExplained("a and b starting", m)
@@ -246,35 +316,19 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 
 	// c joins while requests keep coming.
 	m = r.mark()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-					r.list(ctx)
-				}
-			}
-		}()
-	}
-	stopC := start("c_")
+	stopLoad := r.keepListing(20 * time.Second)
+	stopC := r.start("c_", dsn)
 	r.steady("a_", "b_", "c_")
 	t.Log("c joined; a, b and c steady")
 	stopC() // c leaves, while requests keep coming
 	r.steady("a_", "b_")
-	close(stop)
-	wg.Wait()
+	stopLoad()
 	r.dropsExplained("c joining and leaving", m)
 	t.Log("c left; a and b steady")
 
 	// An instance that died: its member lease runs on for 8 s, unrenewed.
-	if _, err := db.ExecContext(ctx, "INSERT INTO leases (name, holder, expires_at) VALUES ($1, 'ghost', $2)",
-		ctxvm.MemberLease(server, "ghost"), time.Now().Add(8*time.Second).UnixMilli()); err != nil {
+	if _, err := r.db.ExecContext(ctx, "INSERT INTO leases (name, holder, expires_at) VALUES ($1, 'ghost', $2)",
+		ctxvm.MemberLease(r.server, "ghost"), time.Now().Add(8*time.Second).UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
 	lost := 0
@@ -285,7 +339,7 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 		cancel()
 		if err != nil {
 			lost, ok = lost+1, 0 // the ghost's: the client asks again
-		} else if r.ghostGone(db, server) {
+		} else if r.ghostGone() {
 			ok++
 		}
 		if time.Now().After(deadline) {
@@ -295,11 +349,61 @@ func TestNostrInstancesShareRequests(t *testing.T) {
 	if lost == 0 {
 		t.Error("no request went to the dead instance: was it counted in?")
 	}
-	counts := r.answers.settle(t, &cvmClient{t: t, c: r.c.Client}, r.c.PublicKey)
-	for id, n := range counts {
-		if n != 1 {
-			t.Errorf("request %s answered %d times", id, n)
-		}
-	}
+	counts := r.answeredOnce()
 	t.Logf("%d requests answered, %d claims written (membership changes only), %d went to the dead instance", len(counts), r.claims(), lost)
+}
+
+// The shard's warnings (ctxvm): an instance whose view of the members is
+// stale drops requests; one that reads them again after a gap claims.
+const (
+	logStale = "view of the members is stale"
+	logLate  = "member set read late"
+)
+
+// TestNostrShardRidesOutALedgerOutage cuts one of two sharding instances
+// off PostgreSQL while requests keep coming, until it says its view of
+// the members is stale (F after its last read), then lets it reach the
+// ledger again. By design it drops the requests it owns meanwhile, and
+// the client asks again; back, it says it read the members late, claims
+// until its view is stable, and then the two serve their shares
+// unclaimed as before. It keeps running through the outage, and no
+// request is answered twice.
+func TestNostrShardRidesOutALedgerOutage(t *testing.T) {
+	skip.Short(t, "starts PostgreSQL and two capvend instances")
+	t.Parallel()
+	dsn := testPostgres(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := billingtest.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	r := newShardRun(t, dsn)
+	r.start("a_", dsn)
+	r.start("b_", u.String()) // b reaches the ledger through the proxy
+	r.connect()
+	r.steady("a_", "b_")
+	t.Log("a and b steady")
+
+	m := r.mark()
+	stale, late := r.logged(1, logStale), r.logged(1, logLate)
+	stopLoad := r.keepListing(3 * time.Second)
+	proxy.Cut()
+	r.waitLogged(1, logStale, stale)
+	proxy.Restore()
+	r.waitLogged(1, logLate, late)
+	stopLoad()
+	dropped := r.unanswered.Load() - m.unanswered
+	if dropped == 0 {
+		t.Error("no request went unanswered while b was cut off from the ledger: did it serve on a stale view?")
+	}
+	if n := r.logged(0, logStale); n > 0 {
+		t.Errorf("a, which kept its ledger, logged %d stale views", n)
+	}
+	t.Logf("b cut off and back: %d requests unanswered meanwhile, %d claims written", dropped, r.claims()-m.claims)
+
+	r.steady("a_", "b_")
+	r.steadyBatch()
+	counts := r.answeredOnce()
+	t.Logf("%d requests answered, each once", len(counts))
 }
