@@ -44,6 +44,7 @@ type watchedQuote struct {
 	urgent    bool      // the mint said PAID: check now
 	foreign   bool      // minted by someone else: never settle it
 	nextCheck time.Time // when to poll it next
+	checks    int       // checks ended (tests wait for one: CheckNow)
 }
 
 // Request implements vend.PaymentBackend: it asks the quote mint for a
@@ -568,6 +569,7 @@ func (b *Backend) check(ctx context.Context, q *watchedQuote, emit func(vend.Pay
 	defer func() {
 		b.qmu.Lock()
 		q.busy = false
+		q.checks++
 		q.nextCheck = b.now().Add(b.checkInterval(q))
 		if done {
 			delete(b.watched, q.ref)

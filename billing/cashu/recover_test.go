@@ -102,7 +102,12 @@ func TestQuoteMintedBySomeoneElse(t *testing.T) {
 	runBackend(t, b2, ev)
 	// Expiry is recorded; a settlement never is.
 	ev.wait(t, p.Ref, vend.PaymentExpired, 60*time.Second)
-	time.Sleep(time.Second) // several poll rounds (not a timing assertion)
+	// A check after the expiry, which must book nothing either.
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a hang guard
+	defer cancel()
+	if err := b2.CheckNow(cctx, p.Ref); err != nil {
+		t.Fatalf("the quote was not checked again after its expiry: %v", err)
+	}
 	if got, _ := l.Payment(ctx, p.Ref); got.State != vend.PaymentExpired {
 		t.Fatalf("payment is %s", got.State)
 	}

@@ -2,6 +2,7 @@ package lnd_test
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -85,6 +86,49 @@ func harness(t *testing.T) billingtest.Harness {
 			return stack.Balance(ctx, testnet.Customer)
 		},
 		Expiry: 3 * time.Second,
+		Done:   streamPassed,
+	}
+}
+
+// streamPassed is the conformance suite's Harness.Done for LND: it
+// returns once the backend's settlement stream has delivered the
+// settlements of refs (the ledger's cursor, saved after each one, has
+// reached the last of them), so a copy of one that the stream or a
+// reconcile recorded first has been seen.
+func streamPassed(t *testing.T, l *ledger.Ledger, _ vend.PaymentBackend, refs ...string) {
+	t.Helper()
+	n := vendor(t)
+	conn, err := lnd.Dial(n.RPCHost, n.TLSCert, n.InvoiceMacaroon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ln := lnrpc.NewLightningClient(conn)
+	ctx := context.Background()
+	var last uint64
+	for _, ref := range refs {
+		hash, err := hex.DecodeString(ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv, err := ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: hash})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = max(last, inv.SettleIndex)
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; { // a hang guard
+		_, at, err := l.LNDCursor(ctx, "lnd") // lnd.Config's default Node
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at >= last {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the settlement stream is at %d, the payments were settled at up to %d", at, last)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
