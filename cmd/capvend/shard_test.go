@@ -397,9 +397,6 @@ func TestNostrShardRidesOutALedgerOutage(t *testing.T) {
 	if dropped == 0 {
 		t.Error("no request went unanswered while b was cut off from the ledger: did it serve on a stale view?")
 	}
-	if n := r.logged(0, logStale); n > 0 {
-		t.Errorf("a, which kept its ledger, logged %d stale views", n)
-	}
 	t.Logf("b cut off and back: %d requests unanswered meanwhile, %d claims written", dropped, r.claims()-m.claims)
 
 	r.steady("a_", "b_")
