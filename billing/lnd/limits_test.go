@@ -63,13 +63,7 @@ func TestCanceledUnpaidInvoicesAreDeleted(t *testing.T) {
 	needStack(t)
 	l := newLedger(t)
 	be := open(t, l, vendor(t).RPCHost, lnd.Config{Hold: true})
-	n := vendor(t)
-	conn, err := lnd.Dial(n.RPCHost, n.TLSCert, n.InvoiceMacaroon)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ln := lnrpc.NewLightningClient(conn)
+	ln := lnrpc.NewLightningClient(vendorConn(t))
 	ctx := context.Background()
 	for i, hold := range []bool{true, false} {
 		c := recordCall(t, l, i)

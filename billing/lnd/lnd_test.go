@@ -15,6 +15,7 @@ import (
 
 	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/lightningnetwork/lnd/lnrpc/invoicesrpc"
+	"google.golang.org/grpc"
 
 	"github.com/capvend/capvend/billing/billingtest"
 	"github.com/capvend/capvend/billing/lnd"
@@ -90,6 +91,19 @@ func harness(t *testing.T) billingtest.Harness {
 	}
 }
 
+// vendorConn is a connection to the vendor node with the invoice
+// macaroon capvend's backend uses, closed when the test ends.
+func vendorConn(t testing.TB) *grpc.ClientConn {
+	t.Helper()
+	n := vendor(t)
+	conn, err := lnd.Dial(n.RPCHost, n.TLSCert, n.InvoiceMacaroon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
 // streamPassed is the conformance suite's Harness.Done for LND: it
 // returns once the backend's settlement stream has delivered the
 // settlements of refs (the ledger's cursor, saved after each one, has
@@ -97,13 +111,7 @@ func harness(t *testing.T) billingtest.Harness {
 // reconcile recorded first has been seen.
 func streamPassed(t *testing.T, l *ledger.Ledger, _ vend.PaymentBackend, refs ...string) {
 	t.Helper()
-	n := vendor(t)
-	conn, err := lnd.Dial(n.RPCHost, n.TLSCert, n.InvoiceMacaroon)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ln := lnrpc.NewLightningClient(conn)
+	ln := lnrpc.NewLightningClient(vendorConn(t))
 	ctx := context.Background()
 	var last uint64
 	for _, ref := range refs {

@@ -39,12 +39,7 @@ func newRecEnv(t *testing.T) *recEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	n := vendor(t)
-	conn, err := lnd.Dial(n.RPCHost, n.TLSCert, n.InvoiceMacaroon)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := vendorConn(t)
 	ln, inv := lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn)
 	b, err := lnd.New(context.Background(), ln, inv, l, lnd.Config{Hold: true})
 	if err != nil {
