@@ -135,7 +135,7 @@ func (r *shardRun) stalls() int {
 	n := 0
 	for _, l := range r.logs {
 		text := l.String()
-		n += strings.Count(text, "member set read late") + strings.Count(text, "view of the members is stale")
+		n += strings.Count(text, logLate) + strings.Count(text, logStale)
 	}
 	return n
 }
