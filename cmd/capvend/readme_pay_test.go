@@ -59,7 +59,7 @@ func payingFromHTTP(t *testing.T, run func(string, func(*testing.T)), cmds []str
 		t.Fatal(err)
 	}
 	sh := &payShell{dir: dir, listen: listen, env: append(os.Environ(),
-		"PATH="+filepath.Dir(capvendBin)+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"PATH="+filepath.Dir(builtCapvend(t))+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"CAPVEND_TESTNET_DIR="+stack.Info.Dir, "CAPVEND_CONFIG=")}
 	for _, cmd := range cmds[first : last+1] {
 		switch {

@@ -68,7 +68,10 @@ func readmeCommands(t *testing.T) []string {
 }
 
 // TestREADME runs every command of the README, the way a newcomer would,
-// and fails when the README gains a command this test does not run.
+// and fails when the README gains a command this test does not run. Each
+// capvend command is the built binary run in its folder (capvendIn), so
+// the test changes no working directory and runs beside the other
+// parallel tests.
 //
 //   - `go run ./cmd/capvend demo`: the built capvend binary runs `demo
 //     --dir D` (the same command keeping its files), against its own
@@ -88,6 +91,7 @@ func readmeCommands(t *testing.T) []string {
 //   - `go test -race -timeout 60m ./...` is what .ci/run runs; this test checks
 //     that it does.
 func TestREADME(t *testing.T) {
+	t.Parallel() // its commands run as the built binary, each in its folder
 	cmds := readmeCommands(t)
 	ran := map[string]bool{}
 	run := func(cmd string, f func(t *testing.T)) {
@@ -132,23 +136,22 @@ func TestREADME(t *testing.T) {
 
 	fresh := t.TempDir()
 	run("capvend init", func(t *testing.T) {
-		t.Chdir(fresh)
-		out := runCapvend(t, "init")
-		if _, err := loadConfig("capvend.yaml", func(string) string { return "" }); err != nil {
+		out := capvendIn(t, fresh, nil, "init")
+		if _, err := loadConfig(filepath.Join(fresh, "capvend.yaml"), func(string) string { return "" }); err != nil {
 			t.Fatalf("init wrote a configuration that does not load: %v (%s)", err, out)
 		}
 	})
 	run("capvend serve --config capvend.yaml", func(t *testing.T) {
 		src, listen := freeToolsConfig(t, "") // builds example-tools from here
-		t.Chdir(t.TempDir())
 		b, err := os.ReadFile(src)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile("capvend.yaml", b, 0o600); err != nil {
+		path := filepath.Join(t.TempDir(), "capvend.yaml")
+		if err := os.WriteFile(path, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		serveInProcess(t, "capvend.yaml", listen)
+		serveInProcess(t, path, listen)
 		c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
 		if err != nil {
 			t.Fatal(err)
@@ -232,8 +235,7 @@ func TestREADME(t *testing.T) {
 		if err := r.Publish(context.Background(), ann); err != nil {
 			t.Fatal(err)
 		}
-		t.Chdir(filepath.Dir(src))
-		runCapvend(t, "unannounce", "--config", "capvend.yaml")
+		capvendIn(t, filepath.Dir(src), nil, "unannounce", "--config", "capvend.yaml")
 		if n := len(announcementsOn(t, relay, pk)); n != 0 {
 			t.Fatalf("%d announcements left after unannounce", n)
 		}
@@ -252,10 +254,9 @@ func TestREADME(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	t.Chdir(demoDir)
 	ledgerCmd := func(cmd string, check func(t *testing.T, out string)) {
 		run(cmd, func(t *testing.T) {
-			out := runCapvend(t, strings.Fields(cmd)[1:]...)
+			out := capvendIn(t, demoDir, nil, strings.Fields(cmd)[1:]...)
 			if check != nil {
 				check(t, out)
 			}
@@ -267,7 +268,9 @@ func TestREADME(t *testing.T) {
 				skip.Missing(t, bin+" is not installed", "apt-get install beancount hledger")
 			}
 			f := strings.Fields(cmd)
-			out, err := exec.Command(f[0], f[1:]...).CombinedOutput()
+			c := exec.Command(f[0], f[1:]...)
+			c.Dir = demoDir
+			out, err := c.CombinedOutput()
 			if err != nil {
 				t.Fatalf("%s: %v\n%s", cmd, err, out)
 			}
@@ -327,6 +330,25 @@ func TestREADME(t *testing.T) {
 	readmePostgres(t, run, filepath.Join(demoDir, "capvend.db"), cfgs)
 }
 
+// capvendIn runs the built capvend binary with args in dir, as a user at a
+// shell there would, with PATH and HOME from this process's environment
+// and env, and returns its standard output; a non-zero exit fails the
+// test.
+func capvendIn(t *testing.T, dir string, env []string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
+	defer cancel()
+	cmd := exec.CommandContext(ctx, builtCapvend(t), args...)
+	cmd.Dir, cmd.Stdin = dir, strings.NewReader("")
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, env...)
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("capvend %s (in %s): %v\n%s%s", strings.Join(args, " "), dir, err, out.String(), errOut.String())
+	}
+	return out.String()
+}
+
 // runCapvend runs capvend in-process with args in the current folder and
 // returns its standard output; a non-zero exit fails the test.
 func runCapvend(t *testing.T, args ...string) string {
@@ -345,14 +367,7 @@ func runCapvend(t *testing.T, args ...string) string {
 func runDemoBinary(t *testing.T, dir string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	bin := capvendBin
-	if bin == "" {
-		var err error
-		if bin, err = testnet.BuildCapvend(ctx, t.TempDir()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cmd := exec.CommandContext(ctx, bin, "demo", "--dir", dir)
+	cmd := exec.CommandContext(ctx, builtCapvend(t), "demo", "--dir", dir)
 	var out, errOut strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
@@ -409,8 +424,7 @@ func operating(t *testing.T, run func(string, func(*testing.T))) {
 	}
 	capvend := func(t *testing.T, args ...string) string {
 		t.Helper()
-		t.Chdir(dir)
-		return runCapvend(t, args...)
+		return capvendIn(t, dir, nil, args...)
 	}
 	run("capvend doctor --config capvend.yaml", func(t *testing.T) {
 		out := capvend(t, "doctor", "--config", "capvend.yaml")

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,8 +20,7 @@ import (
 // server (the stack's directory is ~/.cache/capvend/testnet of a home of
 // its own, so the README's jq line reads it), the DSN is written to
 // ledger.dsn, the ledger is migrated into that database and verified
-// there. The stack is torn down at the end. It needs capvendBin (built by
-// needStack). yamlBlocks are the README's
+// there. The stack is torn down at the end. yamlBlocks are the README's
 // configuration examples.
 func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB string, yamlBlocks []string) {
 	home := t.TempDir()
@@ -46,21 +42,9 @@ func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB stri
 	if err := os.WriteFile(filepath.Join(dir, "capvend.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	getenv := func(k string) string {
-		if k == "CAPVEND_TESTNET_DIR" {
-			return stackDir
-		}
-		return ""
-	}
 	capvend := func(t *testing.T, args ...string) string {
 		t.Helper()
-		t.Chdir(dir)
-		var out, errOut strings.Builder
-		e := &env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errOut, Getenv: getenv, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		if code := execute(context.Background(), rootCommand(), e, args); code != 0 {
-			t.Fatalf("capvend %s exited %d: %s%s", strings.Join(args, " "), code, out.String(), errOut.String())
-		}
-		return out.String()
+		return capvendIn(t, dir, []string{"CAPVEND_TESTNET_DIR=" + stackDir}, args...)
 	}
 	shell := func(cmd string) {
 		run(cmd, func(t *testing.T) {
@@ -78,11 +62,9 @@ func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB stri
 	// real binary starts and stops it, not this test binary.
 	bin := func(t *testing.T, args ...string) {
 		t.Helper()
-		if capvendBin == "" {
-			t.Fatal("capvend is not built")
-		}
-		c := exec.Command(capvendBin, args...)
-		// The real HOME: its cache holds the built btcd and lnd.
+		c := exec.Command(builtCapvend(t), args...)
+		// The whole environment: its HOME's cache holds the built btcd
+		// and lnd, and the Go settings to build them if it does not.
 		c.Dir, c.Env = dir, append(os.Environ(), "CAPVEND_TESTNET_DIR="+stackDir)
 		if out, err := c.CombinedOutput(); err != nil {
 			t.Fatalf("capvend %s: %v\n%s", strings.Join(args, " "), err, out)

@@ -63,6 +63,15 @@ func needStack(t testing.TB) *testnet.Stack {
 	t.Helper()
 	skip.Short(t, "needs the regtest stack")
 	teststack.Prepare() // the stack comes up while capvend builds
+	builtCapvend(t)
+	return teststack.Need(t)
+}
+
+// builtCapvend returns capvendBin, the capvend binary built once for the
+// run, with the crash tests' failpoints (off unless a test's environment
+// names one).
+func builtCapvend(t testing.TB) string {
+	t.Helper()
 	binOnce.Do(func() {
 		if binTmp, binErr = os.MkdirTemp("", "capvend-serve-"); binErr != nil {
 			return
@@ -72,7 +81,7 @@ func needStack(t testing.TB) *testnet.Stack {
 	if binErr != nil {
 		t.Fatal(binErr)
 	}
-	return teststack.Need(t)
+	return capvendBin
 }
 
 // freeAddr is a free 127.0.0.1:port for a server the test starts, below
