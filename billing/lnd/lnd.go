@@ -373,7 +373,6 @@ func (b *Backend) Cancel(ctx context.Context, ref string) error {
 		}
 		return b.led.EndPayment(ctx, ref, vend.PaymentCanceled, "canceled")
 	})
-	b.endWatch(ref)                  // even when a watcher recorded the cancel first
 	if p.State == vend.PaymentOpen { // unpaid: nothing to keep at LND
 		b.deleteCanceled(ctx, hash)
 	}
@@ -708,7 +707,9 @@ var errUnchanged = errors.New("unchanged")
 
 // record runs one ledger change under applyMu and reports it if it
 // happened. Changes already recorded (or of payments that are not ours)
-// are silently skipped: LND reports some changes more than once.
+// are silently skipped: LND reports some changes more than once. A
+// payment whose end is in the ledger, recorded now or before (by a
+// watcher, a reconcile, another instance), has its hold watch ended.
 func (b *Backend) record(ctx context.Context, ref string, change func() (vend.Payment, error)) {
 	b.applyMu.Lock()
 	p, err := change()
@@ -726,7 +727,9 @@ func (b *Backend) record(ctx context.Context, ref string, change func() (vend.Pa
 		if report != nil {
 			report(vend.PaymentEvent{Payment: p})
 		}
-	case errors.Is(err, errUnchanged), errors.Is(err, vend.ErrAlreadySettled), errors.Is(err, vend.ErrNotFound):
+	case errors.Is(err, vend.ErrAlreadySettled), errors.Is(err, errUnchanged) && p.State != "" && paymentOver(p.State):
+		b.endWatch(ref)
+	case errors.Is(err, errUnchanged), errors.Is(err, vend.ErrNotFound):
 	case ctx.Err() != nil:
 	default:
 		b.cfg.Log.Error("lnd: recording a payment change failed", "payment_hash", ref, "err", err)
