@@ -16,6 +16,11 @@
 //     UTF-8 encoding (1 byte .. 1024 bytes is 1 KB; "" is 0 KB).
 //   - PerItem: an array argument, counted in elements.
 //
+// An argument whose name differs from the priced one only in case (as Go's
+// encoding/json folds names: strings.EqualFold, with the Kelvin sign and
+// the long s) is refused with ErrBadArgument: an upstream matching names
+// without regard to case would read it as the priced argument.
+//
 // A missing argument, or one that is JSON null, counts 0: the price is then
 // the base price (raised to Min). The schema's default is not consulted:
 // the upstream, not capvend, applies defaults, and a default the client
@@ -342,6 +347,14 @@ func count(p *Per, args json.RawMessage) (uint64, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(args, &m); err != nil {
 		return 0, fmt.Errorf("%w: arguments must be a JSON object", ErrBadArgument)
+	}
+	for k := range m {
+		// An upstream that reads its arguments into a Go struct (or a
+		// .NET model) takes "TEXT", "Text" or "ſ"/"K" spellings for the
+		// argument priced: such a key would escape its price.
+		if k != p.Arg && strings.EqualFold(k, p.Arg) {
+			return 0, fmt.Errorf("%w: argument %q is a case variant of the priced argument %q: send it as %q", ErrBadArgument, k, p.Arg, p.Arg)
+		}
 	}
 	v := bytes.TrimSpace(m[p.Arg])
 	if len(v) == 0 || string(v) == "null" {

@@ -261,3 +261,46 @@ func TestResourceTemplates(t *testing.T) {
 		}
 	}
 }
+
+// TestCaseVariantOfPricedArgumentIsRefused (issue 26, hole 3): a key that
+// folds onto the priced argument's name the way Go's encoding/json folds
+// (ASCII case, the Kelvin sign, the long s) is refused, never quoted the
+// base price while an upstream reads it as the priced argument.
+func TestCaseVariantOfPricedArgumentIsRefused(t *testing.T) {
+	b, err := pricing.NewBook(map[string]map[string]pricing.Rule{"s": {
+		"text": {Price: 2000, Per: &pricing.Per{Kind: pricing.PerKB, Arg: "text", Price: 1000}, Max: 1_000_000},
+		"keys": {Price: 2000, Per: &pricing.Per{Kind: pricing.PerItem, Arg: "keys", Price: 1000}, Max: 1_000_000},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", 40*1024)
+	for _, tc := range []struct {
+		tool, args string
+		refused    bool
+	}{
+		{"text", `{"TEXT":"` + big + `"}`, true},
+		{"text", `{"Text":"` + big + `"}`, true},
+		{"text", `{"text":"a","tExt":"` + big + `"}`, true},
+		{"text", "{\"\u212aeys\":1,\"texts\":\"" + big + "\"}", false}, // no fold onto text
+		{"keys", "{\"\u212aeys\":[1,2,3]}", true},                      // the Kelvin sign folds to k
+		{"keys", `{"KEYS":[1,2,3]}`, true},
+	} {
+		_, err := b.Quote("s", tc.tool, json.RawMessage(tc.args))
+		if tc.refused != errors.Is(err, pricing.ErrBadArgument) {
+			t.Errorf("%s %.40s: %v", tc.tool, tc.args, err)
+		}
+	}
+	long, err := pricing.NewBook(map[string]map[string]pricing.Rule{"s": {
+		"t": {Price: 2000, Per: &pricing.Per{Kind: pricing.PerKB, Arg: "stext", Price: 1000}, Max: 1_000_000}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := long.Quote("s", "t", json.RawMessage("{\"\u017ftext\":\""+big+"\"}")); !errors.Is(err, pricing.ErrBadArgument) {
+		t.Errorf("the long s: %v", err)
+	}
+	q, err := b.Quote("s", "text", json.RawMessage(`{"text":"`+big+`","other":"x"}`))
+	if err != nil || q.Price != 42000 {
+		t.Errorf("the exact name: %+v %v", q, err)
+	}
+}
