@@ -107,7 +107,7 @@ func runPaidCalls(b *testing.B, l *ledger.Ledger, callers int) {
 		if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount}); err != nil {
 			return err
 		}
-		if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+		if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 			return err
 		}
 		return l.Deliver(ctx, c.ID, vend.Result{Body: body})

@@ -206,7 +206,7 @@ func TestExecutionRecordsWhatWasSent(t *testing.T) {
 	} {
 		o := b
 		mod(&o)
-		if _, err := l.StartExecution(ctx, c.ID, o); !errors.Is(err, vend.ErrExecutionMismatch) {
+		if _, err := l.StartExecution(ctx, c.ID, o, c.Released(vend.SchemeInvoice)); !errors.Is(err, vend.ErrExecutionMismatch) {
 			t.Fatalf("start with %+v: %v, want ErrExecutionMismatch", o, err)
 		}
 		if got, _ := l.Call(ctx, c.ID); got.State != vend.CallPaid || got.Executions != 0 {
@@ -216,15 +216,15 @@ func TestExecutionRecordsWhatWasSent(t *testing.T) {
 	if rows := executionRows(t, path, c.ID); len(rows) != 0 {
 		t.Fatalf("a refused start recorded %q", rows)
 	}
-	if _, err := l.StartExecution(ctx, c.ID, b); err != nil {
+	if _, err := l.StartExecution(ctx, c.ID, b, c.Released(vend.SchemeInvoice)); err != nil {
 		t.Fatal(err)
 	}
 	o := b
 	o.ArgsHash = hash("EXPENSIVE")
-	if _, err := l.ResumeExecution(ctx, c.ID, o); !errors.Is(err, vend.ErrExecutionMismatch) {
+	if _, err := l.ResumeExecution(ctx, c.ID, o, c.Released(vend.SchemeRecover)); !errors.Is(err, vend.ErrExecutionMismatch) {
 		t.Fatalf("resume with other arguments: %v", err)
 	}
-	if got, err := l.ResumeExecution(ctx, c.ID, b); err != nil || got.Executions != 2 {
+	if got, err := l.ResumeExecution(ctx, c.ID, b, c.Released(vend.SchemeRecover)); err != nil || got.Executions != 2 {
 		t.Fatalf("resume: %+v %v", got, err)
 	}
 	want := fmt.Sprintf("tool demo echo %.8s 0", b.ArgsHash)

@@ -369,7 +369,7 @@ func (l *Ledger) CallsIn(ctx context.Context, states ...vend.CallState) ([]vend.
 }
 
 // ResumeExecution implements vend.Ledger.
-func (l *Ledger) ResumeExecution(ctx context.Context, id vend.CallID, b vend.Binding) (vend.Call, error) {
+func (l *Ledger) ResumeExecution(ctx context.Context, id vend.CallID, b vend.Binding, by vend.Release) (vend.Call, error) {
 	var c vend.Call
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		var err error
@@ -382,7 +382,7 @@ func (l *Ledger) ResumeExecution(ctx context.Context, id vend.CallID, b vend.Bin
 		if err := checkBinding(c, b); err != nil {
 			return err
 		}
-		if err := recordExecution(ctx, tx, &c, b, now); err != nil {
+		if err := recordExecution(ctx, tx, &c, b, by, now); err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, "UPDATE calls SET updated_at = ? WHERE id = ?", ms(now), c.ID)
@@ -612,10 +612,17 @@ func checkBinding(c vend.Call, b vend.Binding) error {
 }
 
 // recordExecution writes the record of one more execution of c, which
-// sends b, and counts it (the schema checks both against the call).
-func recordExecution(ctx context.Context, tx *wtx, c *vend.Call, b vend.Binding, now time.Time) error {
-	if _, err := tx.ExecContext(ctx, `INSERT INTO executions (call_id, seq, kind, server, tool, args_hash, started_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`, c.ID, c.Executions+1, string(b.Kind), b.Server, b.Tool, b.ArgsHash, ms(now)); err != nil {
+// sends b and was released by by, and counts it (the schema checks both
+// against the call). A release the table of ways to pay refuses for c (an
+// unknown scheme, a bound one of another client) is an error and nothing
+// is written: the ledger keeps no execution its own verify would flag.
+func recordExecution(ctx context.Context, tx *wtx, c *vend.Call, b vend.Binding, by vend.Release, now time.Time) error {
+	if err := by.Check(c.NewCall); err != nil {
+		return fmt.Errorf("call %d: %w", c.ID, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO executions (call_id, seq, kind, server, tool, args_hash, started_at,
+		released_by, released_transport, released_client) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		c.ID, c.Executions+1, string(b.Kind), b.Server, b.Tool, b.ArgsHash, ms(now), string(by.Scheme), by.Transport, by.Client); err != nil {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, "UPDATE calls SET executions = executions + 1 WHERE id = ?", c.ID); err != nil {
@@ -626,7 +633,7 @@ func recordExecution(ctx context.Context, tx *wtx, c *vend.Call, b vend.Binding,
 }
 
 // StartExecution implements vend.Ledger.
-func (l *Ledger) StartExecution(ctx context.Context, id vend.CallID, b vend.Binding) (vend.Call, error) {
+func (l *Ledger) StartExecution(ctx context.Context, id vend.CallID, b vend.Binding, by vend.Release) (vend.Call, error) {
 	var c vend.Call
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		var err error
@@ -654,7 +661,7 @@ func (l *Ledger) StartExecution(ctx context.Context, id vend.CallID, b vend.Bind
 		if err := setCallState(ctx, tx, &c, vend.CallExecuting, "", now); err != nil {
 			return err
 		}
-		return recordExecution(ctx, tx, &c, b, now)
+		return recordExecution(ctx, tx, &c, b, by, now)
 	})
 	if err != nil {
 		return vend.Call{}, fmt.Errorf("start execution: %w", err)

@@ -65,7 +65,7 @@ func crashChild(path string) {
 					fail(err)
 				}
 				told(i, vend.CallPaid)
-				if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+				if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 					fail(err)
 				}
 				told(i, vend.CallExecuting)

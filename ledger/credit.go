@@ -115,7 +115,7 @@ func (l *Ledger) CreditBalance(ctx context.Context, account string) (vend.Msat, 
 // entry and move), the call's moves to executing and its execution record
 // are one transaction. vend records and draws a new call in one
 // (RecordCreditCall); this is the draw alone, for a call recorded before.
-func (l *Ledger) DrawCredit(ctx context.Context, id vend.CallID, account string, b vend.Binding) (vend.Call, vend.Msat, error) {
+func (l *Ledger) DrawCredit(ctx context.Context, id vend.CallID, account string, b vend.Binding, by vend.Release) (vend.Call, vend.Msat, error) {
 	var c vend.Call
 	var bal vend.Msat
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
@@ -123,7 +123,7 @@ func (l *Ledger) DrawCredit(ctx context.Context, id vend.CallID, account string,
 		if c, err = getCall(ctx, tx, id); err != nil {
 			return err
 		}
-		bal, err = drawCredit(ctx, tx, &c, account, b, now)
+		bal, err = drawCredit(ctx, tx, &c, account, b, by, now)
 		return err
 	})
 	if err = drawError(err, l); err != nil {
@@ -135,7 +135,7 @@ func (l *Ledger) DrawCredit(ctx context.Context, id vend.CallID, account string,
 // RecordCreditCall implements vend.CreditLedger: RecordCall and, for a
 // new call, the draw of DrawCredit, in one transaction. A refused draw
 // (*CreditExhaustedError, a binding mismatch) records nothing.
-func (l *Ledger) RecordCreditCall(ctx context.Context, nc vend.NewCall, account string, b vend.Binding) (vend.Call, bool, vend.Msat, error) {
+func (l *Ledger) RecordCreditCall(ctx context.Context, nc vend.NewCall, account string, b vend.Binding, by vend.Release) (vend.Call, bool, vend.Msat, error) {
 	if err := validateNewCall(nc); err != nil {
 		return vend.Call{}, false, 0, err
 	}
@@ -147,7 +147,7 @@ func (l *Ledger) RecordCreditCall(ctx context.Context, nc vend.NewCall, account 
 		if c, created, err = recordCall(ctx, tx, nc, now); err != nil || !created {
 			return err
 		}
-		bal, err = drawCredit(ctx, tx, &c, account, b, now)
+		bal, err = drawCredit(ctx, tx, &c, account, b, by, now)
 		return err
 	})
 	if err = drawError(err, l); err != nil {
@@ -178,7 +178,7 @@ func exhaustedBalance(err error) vend.Msat {
 
 // drawCredit is the draw of the quoted call c from account in tx (see
 // DrawCredit); it returns the balance left.
-func drawCredit(ctx context.Context, tx *wtx, c *vend.Call, account string, b vend.Binding, now time.Time) (vend.Msat, error) {
+func drawCredit(ctx context.Context, tx *wtx, c *vend.Call, account string, b vend.Binding, by vend.Release, now time.Time) (vend.Msat, error) {
 	if c.State != vend.CallQuoted {
 		return 0, &vend.TransitionError{What: fmt.Sprintf("call %d (credit draw)", c.ID), From: string(c.State), To: string(vend.CallExecuting)}
 	}
@@ -202,7 +202,7 @@ func drawCredit(ctx context.Context, tx *wtx, c *vend.Call, account string, b ve
 		[]Posting{{Account: CreditAccount(account), Amount: c.Price}, {Account: AccountCreditDrawn, Amount: -c.Price}}, now); err != nil {
 		return 0, err
 	}
-	return bal - c.Price, recordExecution(ctx, tx, c, b, now)
+	return bal - c.Price, recordExecution(ctx, tx, c, b, by, now)
 }
 
 // creditMove books one move of an account's credit: its journal entry

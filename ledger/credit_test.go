@@ -41,7 +41,7 @@ func topUp(t testing.TB, l *ledger.Ledger, account string, i int, sats int64) ve
 	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+	if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Deliver(ctx, c.ID, vend.Result{Body: []byte(`{"content":[]}`)}); err != nil {
@@ -84,7 +84,7 @@ func TestCreditBuyDrawDeliverGiveBack(t *testing.T) {
 	var calls []vend.Call
 	for i := range 4 {
 		c := creditCall(t, l, i)
-		got, bal, err := l.DrawCredit(ctx, c.ID, acctA, c.Binding())
+		got, bal, err := l.DrawCredit(ctx, c.ID, acctA, c.Binding(), c.Released(vend.SchemeCreditToken))
 		if err != nil {
 			t.Fatalf("draw %d: %v", i, err)
 		}
@@ -94,7 +94,7 @@ func TestCreditBuyDrawDeliverGiveBack(t *testing.T) {
 		calls = append(calls, got)
 	}
 	fifth := creditCall(t, l, 4)
-	_, _, err := l.DrawCredit(ctx, fifth.ID, acctA, fifth.Binding())
+	_, _, err := l.DrawCredit(ctx, fifth.ID, acctA, fifth.Binding(), fifth.Released(vend.SchemeCreditToken))
 	var ex *vend.CreditExhaustedError
 	if !errors.As(err, &ex) || ex.Balance != 16_000 || ex.Price != 21_000 || ex.TopUpSats() != 5 {
 		t.Fatalf("fifth draw: %v (%+v), want credit exhausted at 16000 msat", err, ex)
@@ -153,7 +153,9 @@ func TestConcurrentDrawsOnTheLastSats(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i, c := range calls {
-		wg.Go(func() { _, _, errs[i] = l.DrawCredit(ctx, c.ID, acctA, c.Binding()) })
+		wg.Go(func() {
+			_, _, errs[i] = l.DrawCredit(ctx, c.ID, acctA, c.Binding(), c.Released(vend.SchemeCreditToken))
+		})
 	}
 	wg.Wait()
 	ran := 0
@@ -181,7 +183,7 @@ func TestCreditDrawSurvivesRestart(t *testing.T) {
 	l := openLedger(t, path)
 	topUp(t, l, acctA, 1, 50)
 	c := creditCall(t, l, 1)
-	if _, _, err := l.DrawCredit(ctx, c.ID, acctA, c.Binding()); err != nil {
+	if _, _, err := l.DrawCredit(ctx, c.ID, acctA, c.Binding(), c.Released(vend.SchemeCreditToken)); err != nil {
 		t.Fatal(err)
 	}
 	l.Close()
@@ -190,10 +192,10 @@ func TestCreditDrawSurvivesRestart(t *testing.T) {
 		t.Fatalf("balance after reopen %d", got)
 	}
 	mustVerify(t, l) // an open draw of an executing call is consistent
-	if _, _, err := l.DrawCredit(ctx, c.ID, acctA, c.Binding()); err == nil {
+	if _, _, err := l.DrawCredit(ctx, c.ID, acctA, c.Binding(), c.Released(vend.SchemeCreditToken)); err == nil {
 		t.Fatal("a call was drawn twice")
 	}
-	if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err == nil {
+	if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err == nil {
 		t.Fatal("a drawn call was claimed again")
 	}
 	must(t, l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte(`{}`)}, "crashed"))
@@ -212,7 +214,7 @@ func TestCreditRulesAreSchemaRules(t *testing.T) {
 	l := openLedger(t, "")
 	tu := topUp(t, l, acctA, 1, 10)
 	c := creditCall(t, l, 1)
-	if _, _, err := l.DrawCredit(ctx, c.ID, acctA, c.Binding()); err == nil {
+	if _, _, err := l.DrawCredit(ctx, c.ID, acctA, c.Binding(), c.Released(vend.SchemeCreditToken)); err == nil {
 		t.Fatal("21 sats drawn on 10")
 	}
 	for _, tc := range []struct{ name, q string }{
@@ -284,12 +286,12 @@ func TestVerifyCatchesTamperedCredit(t *testing.T) {
 			topUp(t, l, acctA, 1, 100)
 			topUp(t, l, acctB, 2, 5)
 			d := creditCall(t, l, 1)
-			if _, _, err := l.DrawCredit(ctx, d.ID, acctA, d.Binding()); err != nil {
+			if _, _, err := l.DrawCredit(ctx, d.ID, acctA, d.Binding(), d.Released(vend.SchemeCreditToken)); err != nil {
 				t.Fatal(err)
 			}
 			must(t, l.Deliver(ctx, d.ID, okBody))
 			r := creditCall(t, l, 2)
-			if _, _, err := l.DrawCredit(ctx, r.ID, acctA, r.Binding()); err != nil {
+			if _, _, err := l.DrawCredit(ctx, r.ID, acctA, r.Binding(), r.Released(vend.SchemeCreditToken)); err != nil {
 				t.Fatal(err)
 			}
 			deliverPaid(t, l, 3) // a neighbour paid per call
@@ -365,7 +367,7 @@ func TestRefundCreditPaysWhatIsLeft(t *testing.T) {
 	l := openLedger(t, "")
 	topUp(t, l, acctA, 1, 100)
 	c := creditCall(t, l, 1)
-	if _, _, err := l.DrawCredit(ctx, c.ID, acctA, c.Binding()); err != nil {
+	if _, _, err := l.DrawCredit(ctx, c.ID, acctA, c.Binding(), c.Released(vend.SchemeCreditToken)); err != nil {
 		t.Fatal(err)
 	}
 	must(t, l.Deliver(ctx, c.ID, okBody))
@@ -393,11 +395,11 @@ func TestRecordCreditCallIsOneTransaction(t *testing.T) {
 	topUp(t, l, acctA, 1, 42)
 
 	nc := newCall(1)
-	c, created, bal, err := l.RecordCreditCall(ctx, nc, acctA, nc.Binding())
+	c, created, bal, err := l.RecordCreditCall(ctx, nc, acctA, nc.Binding(), nc.Released(vend.SchemeCreditToken))
 	if err != nil || !created || bal != 21_000 || c.State != vend.CallExecuting || c.Executions != 1 {
 		t.Fatalf("first: %+v created=%v balance=%d err=%v", c, created, bal, err)
 	}
-	again, created, _, err := l.RecordCreditCall(ctx, nc, acctA, nc.Binding())
+	again, created, _, err := l.RecordCreditCall(ctx, nc, acctA, nc.Binding(), nc.Released(vend.SchemeCreditToken))
 	if err != nil || created || again.ID != c.ID || balance(t, l, acctA) != 21_000 {
 		t.Fatalf("replay: %+v created=%v err=%v balance %d", again, created, err, balance(t, l, acctA))
 	}
@@ -408,13 +410,13 @@ func TestRecordCreditCallIsOneTransaction(t *testing.T) {
 	bad := newCall(2)
 	other := bad.Binding()
 	other.ArgsHash = hash("something else")
-	if _, _, _, err := l.RecordCreditCall(ctx, bad, acctA, other); !errors.Is(err, vend.ErrExecutionMismatch) {
+	if _, _, _, err := l.RecordCreditCall(ctx, bad, acctA, other, bad.Released(vend.SchemeCreditToken)); !errors.Is(err, vend.ErrExecutionMismatch) {
 		t.Fatalf("wrong binding: %v", err)
 	}
 	short := newCall(3)
 	short.Price = 22_000
 	var ex *vend.CreditExhaustedError
-	if _, _, _, err := l.RecordCreditCall(ctx, short, acctA, short.Binding()); !errors.As(err, &ex) || ex.Balance != 21_000 {
+	if _, _, _, err := l.RecordCreditCall(ctx, short, acctA, short.Binding(), short.Released(vend.SchemeCreditToken)); !errors.As(err, &ex) || ex.Balance != 21_000 {
 		t.Fatalf("short: %v", err)
 	}
 	for _, nc := range []vend.NewCall{bad, short} {
@@ -428,7 +430,9 @@ func TestRecordCreditCallIsOneTransaction(t *testing.T) {
 	errs := make([]error, n)
 	for i := range n {
 		nc := newCall(10 + i)
-		wg.Go(func() { _, _, _, errs[i] = l.RecordCreditCall(ctx, nc, acctA, nc.Binding()) })
+		wg.Go(func() {
+			_, _, _, errs[i] = l.RecordCreditCall(ctx, nc, acctA, nc.Binding(), nc.Released(vend.SchemeCreditToken))
+		})
 	}
 	wg.Wait()
 	ran := 0

@@ -63,7 +63,7 @@ func fixtureLedger(t *testing.T) *ledger.Ledger {
 		return cl, p
 	}
 	deliver := func(c vend.Call) {
-		_, err := l.StartExecution(ctx, c.ID, c.Binding())
+		_, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice))
 		must(err)
 		must(l.Deliver(ctx, c.ID, vend.Result{Body: []byte(`{"content":[]}`)}))
 	}
@@ -81,7 +81,7 @@ func fixtureLedger(t *testing.T) *ledger.Ledger {
 	c3, p3 := call(3, "demo", "echo", 21_000, vend.KindHoldInvoice, vend.BackendLND)
 	_, err = l.AcceptPayment(ctx, p3.Ref)
 	must(err)
-	_, err = l.StartExecution(ctx, c3.ID, c3.Binding())
+	_, err = l.StartExecution(ctx, c3.ID, c3.Binding(), c3.Released(vend.SchemeInvoice))
 	must(err)
 	must(l.Fail(ctx, c3.ID, vend.Result{IsError: true, Body: []byte(`{}`)}, "upstream timed out"))
 	_, err = l.EndPayment(ctx, p3.Ref, vend.PaymentCanceled, "tool failed")
@@ -91,7 +91,7 @@ func fixtureLedger(t *testing.T) *ledger.Ledger {
 	c4, p4 := call(4, "my.srv", "get_quote", 1_001, vend.KindMintQuote, vend.BackendCashu)
 	_, err = l.SettlePayment(ctx, vend.Settlement{Ref: p4.Ref, Amount: 1_001})
 	must(err)
-	_, err = l.StartExecution(ctx, c4.ID, c4.Binding())
+	_, err = l.StartExecution(ctx, c4.ID, c4.Binding(), c4.Released(vend.SchemeInvoice))
 	must(err)
 	must(l.Fail(ctx, c4.ID, vend.Result{IsError: true, Body: []byte(`{}`)}, `said "no", then crashed; sorry`))
 	must(l.Refund(ctx, c4.ID, `upstream said "no", then crashed; sorry`))

@@ -169,7 +169,7 @@ func TestSettlementBookedOnceAcrossHandles(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		_, err = l.StartExecution(ctx, c.ID, c.Binding())
+		_, err = l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice))
 		var te *vend.TransitionError
 		if errors.As(err, &te) { // the winner moved the call to executing
 			return vend.ErrAlreadyClaimed

@@ -94,7 +94,7 @@ func deliverPaid(t testing.TB, l *ledger.Ledger, i int) vend.Call {
 	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount, AddIndex: uint64(i + 1), SettleIndex: uint64(i + 1)}); err != nil {
 		t.Fatalf("settle %d: %v", i, err)
 	}
-	if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+	if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 		t.Fatalf("start %d: %v", i, err)
 	}
 	if err := l.Deliver(ctx, c.ID, vend.Result{Body: []byte(`{"content":[{"type":"text","text":"ok"}]}`)}); err != nil {
@@ -314,7 +314,7 @@ func TestExecutionClaimIsExactlyOnceUnderConcurrency(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := l.StartExecution(ctx, c.ID, c.Binding())
+			_, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice))
 			switch {
 			case err == nil:
 				wins.Add(1)
@@ -403,15 +403,24 @@ func TestIllegalTransitionsChangeNothing(t *testing.T) {
 		op   func() error
 		want error
 	}{
-		{"execute unpaid", awaiting.ID, func() error { _, err := l.StartExecution(ctx, awaiting.ID, awaiting.Binding()); return err }, vend.ErrIllegalTransition},
+		{"execute unpaid", awaiting.ID, func() error {
+			_, err := l.StartExecution(ctx, awaiting.ID, awaiting.Binding(), awaiting.Released(vend.SchemeInvoice))
+			return err
+		}, vend.ErrIllegalTransition},
 		{"deliver unpaid", awaiting.ID, func() error { return l.Deliver(ctx, awaiting.ID, vend.Result{Body: []byte("{}")}) }, vend.ErrIllegalTransition},
 		{"refund unpaid", awaiting.ID, func() error { return l.Refund(ctx, awaiting.ID, "x") }, vend.ErrIllegalTransition},
 		{"second payment request", awaiting.ID, func() error { _, err := l.RecordPayment(ctx, awaiting.ID, newPayment(99)); return err }, vend.ErrIllegalTransition},
-		{"execute delivered", delivered.ID, func() error { _, err := l.StartExecution(ctx, delivered.ID, delivered.Binding()); return err }, vend.ErrIllegalTransition},
+		{"execute delivered", delivered.ID, func() error {
+			_, err := l.StartExecution(ctx, delivered.ID, delivered.Binding(), delivered.Released(vend.SchemeInvoice))
+			return err
+		}, vend.ErrIllegalTransition},
 		{"deliver twice", delivered.ID, func() error { return l.Deliver(ctx, delivered.ID, vend.Result{Body: []byte("{}")}) }, vend.ErrIllegalTransition},
 		{"refund delivered", delivered.ID, func() error { return l.Refund(ctx, delivered.ID, "x") }, vend.ErrIllegalTransition},
 		{"fail delivered", delivered.ID, func() error { return l.Fail(ctx, delivered.ID, vend.Result{Body: []byte("{}")}, "x") }, vend.ErrIllegalTransition},
-		{"execute quoted", quoted.ID, func() error { _, err := l.StartExecution(ctx, quoted.ID, quoted.Binding()); return err }, vend.ErrIllegalTransition},
+		{"execute quoted", quoted.ID, func() error {
+			_, err := l.StartExecution(ctx, quoted.ID, quoted.Binding(), quoted.Released(vend.SchemeInvoice))
+			return err
+		}, vend.ErrIllegalTransition},
 		{"settle expired", expired.ID, func() error {
 			_, err := l.SettlePayment(ctx, vend.Settlement{Ref: expiredPay.Ref, Amount: 21_000})
 			return err
@@ -430,7 +439,10 @@ func TestIllegalTransitionsChangeNothing(t *testing.T) {
 			return vend.ErrIllegalTransition // the only error this table expects for it
 		}, vend.ErrIllegalTransition},
 		{"duplicate payment ref", quoted.ID, func() error { _, err := l.RecordPayment(ctx, quoted.ID, newPayment(1)); return err }, vend.ErrDuplicatePayment},
-		{"unknown call", 999, func() error { _, err := l.StartExecution(ctx, 999, vend.Binding{}); return err }, vend.ErrNotFound},
+		{"unknown call", 999, func() error {
+			_, err := l.StartExecution(ctx, 999, vend.Binding{}, vend.Release{Scheme: vend.SchemeInvoice})
+			return err
+		}, vend.ErrNotFound},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -590,7 +602,7 @@ func TestHoldInvoiceSettlesAfterSuccessAndCancelsAfterFailure(t *testing.T) {
 		if s := callState(t, l, c.ID); s != vend.CallPaid {
 			t.Fatalf("accepted hold invoice: call is %s", s)
 		}
-		if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+		if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 			t.Fatal(err)
 		}
 		return c, p
@@ -638,7 +650,7 @@ func TestRefundOfSettledPaymentBooksALiability(t *testing.T) {
 	l := openLedger(t, "")
 	c, p := quote(t, l, 1)
 	l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount})
-	if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+	if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte("{}")}, "crashed"); err != nil {
@@ -737,7 +749,7 @@ func TestLateMintQuotePaymentIsOwedBack(t *testing.T) {
 	if s := callState(t, l, c.ID); s != vend.CallExpired {
 		t.Fatalf("call is %s, want expired (it never runs)", s)
 	}
-	if _, err := l.StartExecution(ctx, c.ID, c.Binding()); !errors.Is(err, vend.ErrIllegalTransition) {
+	if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); !errors.Is(err, vend.ErrIllegalTransition) {
 		t.Fatalf("late-paid call started: %v", err)
 	}
 	b, _ := l.Balance(ctx)
@@ -780,15 +792,15 @@ func TestCallArgumentsAndRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount})
-	if _, err := l.ResumeExecution(ctx, c.ID, c.Binding()); !errors.Is(err, vend.ErrIllegalTransition) {
+	if _, err := l.ResumeExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeRecover)); !errors.Is(err, vend.ErrIllegalTransition) {
 		t.Fatalf("resume of a paid call: %v", err)
 	}
-	l.StartExecution(ctx, c.ID, c.Binding())
+	l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice))
 	got, err := l.CallsIn(ctx, vend.CallExecuting, vend.CallPaid)
 	if err != nil || len(got) != 1 || got[0].ID != c.ID {
 		t.Fatalf("calls in %+v %v", got, err)
 	}
-	r, err := l.ResumeExecution(ctx, c.ID, c.Binding())
+	r, err := l.ResumeExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeRecover))
 	if err != nil || r.Executions != 2 {
 		t.Fatalf("resume: %+v %v", r, err)
 	}
@@ -799,8 +811,8 @@ func TestCallArgumentsAndRecovery(t *testing.T) {
 	c2, _, _ := l.RecordCall(ctx, nc2)
 	p2, _ := l.RecordPayment(ctx, c2.ID, newPayment(2))
 	l.SettlePayment(ctx, vend.Settlement{Ref: p2.Ref, Amount: p2.Amount})
-	l.StartExecution(ctx, c2.ID, c2.Binding())
-	if _, err := l.ResumeExecution(ctx, c2.ID, c2.Binding()); !errors.Is(err, vend.ErrIllegalTransition) {
+	l.StartExecution(ctx, c2.ID, c2.Binding(), c2.Released(vend.SchemeInvoice))
+	if _, err := l.ResumeExecution(ctx, c2.ID, c2.Binding(), c2.Released(vend.SchemeRecover)); !errors.Is(err, vend.ErrIllegalTransition) {
 		t.Fatalf("resume of a non-idempotent call: %v", err)
 	}
 }

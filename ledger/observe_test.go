@@ -64,7 +64,7 @@ func TestObserverHearsCommittedChanges(t *testing.T) {
 	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: 22_000}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+	if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte(`{}`)}, "boom"); err != nil {

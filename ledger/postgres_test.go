@@ -159,7 +159,7 @@ func TestPostgresInstancesKeepOneSetOfBooks(t *testing.T) {
 				case !errors.Is(err, vend.ErrAlreadySettled):
 					t.Errorf("settle %d: %v", i, err)
 				}
-				if _, err := l.StartExecution(ctx, quoted[i].ID, quoted[i].Binding()); err == nil {
+				if _, err := l.StartExecution(ctx, quoted[i].ID, quoted[i].Binding(), quoted[i].Released(vend.SchemeInvoice)); err == nil {
 					started.Add(1)
 				} else if !errors.Is(err, vend.ErrIllegalTransition) {
 					t.Errorf("start %d: %v", i, err)

@@ -32,7 +32,7 @@ func failRefunded(t *testing.T, l *ledger.Ledger, i int, invoice string, over ve
 	if p, err = l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount + over}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+	if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte("{}")}, "tool failed"); err != nil {

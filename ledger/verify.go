@@ -7,6 +7,8 @@ import (
 	"io"
 	"slices"
 	"strings"
+
+	"github.com/capvend/capvend/vend"
 )
 
 // Check is the outcome of one invariant check.
@@ -241,7 +243,7 @@ var invariants = []invariant{
 				UNION ALL SELECT 'credit_moves_immutable' UNION ALL SELECT 'credit_moves_no_delete'
 				UNION ALL SELECT 'credit_moves_close_draw' UNION ALL SELECT 'credit_moves_topup'
 				UNION ALL SELECT 'credit_accounts_no_delete' UNION ALL SELECT 'credit_topups_immutable'
-				UNION ALL SELECT 'account_days_on_seal') t
+				UNION ALL SELECT 'account_days_on_seal' UNION ALL SELECT 'executions_released') t
 			WHERE NOT EXISTS (SELECT 1 FROM sqlite_master m WHERE m.type = 'trigger' AND m.name = t.name)`,
 		format: "trigger %v is missing",
 	},
@@ -260,6 +262,29 @@ func (l *Ledger) VerifyFull(ctx context.Context) (*Report, error) {
 	return l.verify(ctx, "integrity_check")
 }
 
+// releaseInvariant checks every execution's release (schema 23 on)
+// against the table of ways to pay, vend.Schemes: a scheme the table
+// knows, and a bound one only to the call's own client (the SQL form of
+// vend.Release.Check). Executions recorded before have no release.
+func releaseInvariant() invariant {
+	var known, bound []string
+	for _, s := range vend.Schemes() {
+		known = append(known, "'"+string(s.Name)+"'")
+		if !s.Bearer {
+			bound = append(bound, "'"+string(s.Name)+"'")
+		}
+	}
+	return invariant{
+		name: "every execution was released by a way to pay the table allows (bound ones only to the call's own client)",
+		query: `SELECT e.call_id, e.seq, e.released_by, e.released_transport, e.released_client, c.transport, c.client
+			FROM executions e JOIN calls c ON c.id = e.call_id
+			WHERE e.released_by IS NOT NULL AND (e.released_by NOT IN (` + strings.Join(known, ", ") + `)
+				OR e.released_by IN (` + strings.Join(bound, ", ") + `)
+					AND (e.released_transport <> c.transport OR e.released_client <> c.client))`,
+		format: "call %v execution %v was released by %v to %v %q; the call is %v %q's",
+	}
+}
+
 func (l *Ledger) verify(ctx context.Context, pragma string) (*Report, error) {
 	r := &Report{Path: l.path}
 	err := l.read(ctx, func(tx *sql.Tx) error {
@@ -268,7 +293,7 @@ func (l *Ledger) verify(ctx context.Context, pragma string) (*Report, error) {
 				return err
 			}
 		}
-		for _, inv := range slices.Concat(invariants, refundInvariants) {
+		for _, inv := range slices.Concat(invariants, refundInvariants, []invariant{releaseInvariant()}) {
 			c, err := runInvariant(ctx, tx, inv)
 			if err != nil {
 				return fmt.Errorf("check %q: %w", inv.name, err)

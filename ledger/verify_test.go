@@ -54,6 +54,7 @@ func TestVerifyCatchesEachBrokenRule(t *testing.T) {
 		claimed    = "no call executed without payment"
 		hasResult  = "every call that ran keeps its stored result"
 		schemaRule = "the schema's money rules are in place"
+		released   = "every execution was released by a way to pay the table allows (bound ones only to the call's own client)"
 	)
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -85,7 +86,7 @@ func TestVerifyCatchesEachBrokenRule(t *testing.T) {
 		}, []string{covered}},
 		{"an executing call's only payment was canceled", func(t *testing.T, l *ledger.Ledger) {
 			c, p := holdPaid(t, l, 1)
-			if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+			if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := l.EndPayment(ctx, p.Ref, vend.PaymentCanceled, "canceled"); err != nil {
@@ -96,6 +97,14 @@ func TestVerifyCatchesEachBrokenRule(t *testing.T) {
 			c := deliverPaid(t, l, 1)
 			must(t, l.BypassForTest(ctx, []string{"results_no_delete"}, "DELETE FROM results WHERE call_id = ?", c.ID))
 		}, []string{hasResult}},
+		{"a bound scheme released another client's call", func(t *testing.T, l *ledger.Ledger) {
+			c := deliverPaid(t, l, 1)
+			must(t, l.BypassForTest(ctx, []string{"executions_immutable"}, "UPDATE executions SET released_by = 'preimage', released_client = 'thief' WHERE call_id = ?", c.ID))
+		}, []string{released}},
+		{"a release by a scheme the table does not know", func(t *testing.T, l *ledger.Ledger) {
+			c := deliverPaid(t, l, 1)
+			must(t, l.BypassForTest(ctx, []string{"executions_immutable"}, "UPDATE executions SET released_by = 'made-up' WHERE call_id = ?", c.ID))
+		}, []string{released}},
 		{"a trigger was dropped", func(t *testing.T, l *ledger.Ledger) {
 			deliverPaid(t, l, 1)
 			must(t, l.ExecForTest(ctx, ledger.DropTriggerSQL("results_no_delete")))
@@ -107,7 +116,7 @@ func TestVerifyCatchesEachBrokenRule(t *testing.T) {
 			// canceled and refunded, and one in between (failed, canceled).
 			for i, refund := range []bool{true, false} {
 				c, p := holdPaid(t, l, 100+i)
-				if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+				if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 					t.Fatal(err)
 				}
 				must(t, l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte(`{}`)}, "boom"))
@@ -131,6 +140,41 @@ func TestVerifyCatchesEachBrokenRule(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestExecutionsRecordTheirRelease: an execution records who released
+// its call; a bound scheme's release to another client (or to a client
+// without an identity), or one by a scheme the table does not know, is
+// refused and nothing is recorded; a bearer scheme's release to another
+// client is recorded; the schema refuses an execution without a release.
+func TestExecutionsRecordTheirRelease(t *testing.T) {
+	ctx := context.Background()
+	l := openLedger(t, "")
+	for i, tc := range []struct {
+		by vend.Release
+		ok bool
+	}{
+		{vend.Release{Scheme: vend.SchemePreimage, Transport: "t", Client: "thief"}, false},
+		{vend.Release{Scheme: vend.SchemeGrant, Transport: "t", Client: ""}, false},
+		{vend.Release{Scheme: "made-up", Transport: "t", Client: "x"}, false},
+		{vend.Release{Scheme: vend.SchemePaymentToken, Transport: "t", Client: ""}, true},
+	} {
+		c, _ := holdPaid(t, l, 10+i)
+		_, err := l.StartExecution(ctx, c.ID, c.Binding(), tc.by)
+		if (err == nil) != tc.ok {
+			t.Fatalf("%+v: %v", tc.by, err)
+		}
+		got, _ := l.Call(ctx, c.ID)
+		if want := map[bool]int{true: 1, false: 0}[tc.ok]; got.Executions != want {
+			t.Fatalf("%+v: %d executions", tc.by, got.Executions)
+		}
+	}
+	c, _ := holdPaid(t, l, 20)
+	if err := l.BypassForTest(ctx, []string{"executions_match_call"}, `INSERT INTO executions (call_id, seq, kind, server, tool, args_hash, started_at)
+		VALUES (?, 1, 'tool', ?, ?, ?, 0)`, c.ID, c.Server, c.Tool, c.ArgsHash); err == nil {
+		t.Fatal("an execution without its release was recorded")
+	}
+	mustVerify(t, l)
 }
 
 // TestResultsAreNeverDeleted: the schema refuses to delete a stored

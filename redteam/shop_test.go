@@ -28,12 +28,18 @@ type price struct {
 	// free calls, whoever makes them (issue 11: Nostr keys are free to
 	// make).
 	freeTotal int
+	// extra is more of the rule's YAML (a per-argument price), after
+	// price_sats: the base price.
+	extra string
 }
 
 func (p price) msat() int64 { return p.sats * 1000 }
 
 func (p price) yaml() string {
 	s := fmt.Sprintf("price_sats: %d", p.sats)
+	if p.extra != "" {
+		s += ", " + p.extra
+	}
 	if p.freePerDay > 0 {
 		s += fmt.Sprintf(", free_per_day: %d", p.freePerDay)
 	}

@@ -3,7 +3,6 @@ package vend
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -51,20 +50,14 @@ func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, err
 	case a.drawn:
 		res, err = a.runDrawn(ctx, account)
 		return v.withBalance(ctx, account, a.balance, res, err)
-	case r.CashuToken != "":
+	case a.scheme == SchemeCashu:
 		res, err = a.payWithToken(ctx)
 	default:
 		turn := a.turn
 		a.turn = nil // given up once the request is issued: not kept while the call waits
 		res, err = a.quote(ctx, a.slot, turn)
 	}
-	return v.withCredit(ctx, account, topUp, res, err)
-}
-
-// byCredit reports whether r is paid from credit: it names an account and
-// is not a top-up.
-func byCredit(t *Tool, r *CallRequest) bool {
-	return (r.Credit != "" || r.CreditSelf || r.account != "") && !isTopUp(t)
+	return v.withCredit(ctx, account, topUp && r.secretsAllowed(), res, err)
 }
 
 // enter starts serving r, whatever path serves it (CallTool, CallFree):
@@ -105,6 +98,9 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	if r.L402 {
 		r.Explicit = true // the challenge is the answer
 	}
+	if err := checkTravel(r); err != nil { // _meta's secrets
+		return nil, CallResult{}, err
+	}
 	t, ok := v.item(r.Kind, r.Tool)
 	if !ok {
 		return nil, CallResult{}, fmt.Errorf("%w: %q", ErrUnknownTool, r.Tool)
@@ -116,6 +112,9 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		return nil, CallResult{}, err
 	}
 	r.Arguments = args
+	if err := checkTravel(r); err != nil { // the arguments' secrets
+		return nil, CallResult{}, err
+	}
 	// The credit token (perhaps an argument check took out) is checked
 	// before anything is recorded.
 	if r.account, err = v.creditAccount(ctx, r); err != nil {
@@ -133,33 +132,25 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
 	}
 	bind := Binding{Kind: t.Kind.Or(), Server: t.Server, Tool: t.UpstreamName, ArgsHash: hash}
-	if r.Macaroon != nil && r.CashuToken == "" {
-		// An L402 macaroon names its grant, and its preimage proves
-		// the payment: that call or nothing; a credit macaroon names
-		// the account that pays (r.account).
-		grant, ok, err := v.grantByMacaroon(ctx, r, &t, bind)
-		if err != nil {
-			return nil, CallResult{}, err
-		}
-		r.Explicit = true
-		if ok {
-			return &admitted{pending: pending{v: v, call: grant, t: t, args: args, r: r, byToken: true, proven: true}, known: true}, CallResult{}, nil
+	// The ways to pay, in the order of Schemes: a credential that names a
+	// call already recorded (an L402 macaroon, a payment token, an
+	// explicit-gating repeat) releases it; else the request is a new call
+	// paid by a Cashu token, from credit, or by an invoice.
+	if r.CashuToken == "" {
+		if a, err := v.releaseGrant(ctx, r, &t, args, bind); a != nil || err != nil {
+			return a, CallResult{}, err
 		}
 	}
-	if r.PaymentToken != "" && r.CashuToken == "" {
-		// A payment token names its grant: that call or nothing.
-		grant, err := v.grantByToken(ctx, r, bind)
-		if err != nil {
-			return nil, CallResult{}, err
-		}
-		r.Explicit = true
-		return &admitted{pending: pending{v: v, call: grant, t: t, args: args, r: r, byToken: true}, known: true}, CallResult{}, nil
+	if err := checkOutbound(&t, r); err != nil {
+		return nil, CallResult{}, err
 	}
-	if r.Explicit && r.CashuToken == "" {
-		if grant, ok := v.findGrant(ctx, r, bind); ok {
-			return &admitted{pending: pending{v: v, call: grant, t: t, args: args, r: r}, known: true}, CallResult{}, nil
-		}
-	}
+	return v.admitNew(ctx, r, &t, args, q, hash, bind)
+}
+
+// admitNew records r, a new call of t (or finds the call its request key
+// recorded before: a replay), to be paid by a Cashu token, from credit or
+// by an invoice; or runs it free under its daily quota.
+func (v *Vendor) admitNew(ctx context.Context, r *CallRequest, t *Tool, args json.RawMessage, q Quote, hash string, bind Binding) (*admitted, CallResult, error) {
 	if r.Anonymous {
 		// Anonymous request ids collide between clients: never treat
 		// one as a replay of another client's call.
@@ -167,22 +158,24 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	}
 	if q.FreePerDay > 0 && checkWork(r) == nil { // too little work: priced
 		free, err := v.cfg.Ledger.ClaimFreeUse(ctx, FreeUse{Transport: r.Transport, Client: quotaKey(r),
-			RequestID: r.RequestID, Server: t.Server, Tool: priceKey(&t), ArgsHash: hash, PerDay: q.FreePerDay, PerDayTotal: q.FreePerDayTotal})
+			RequestID: r.RequestID, Server: t.Server, Tool: priceKey(t), ArgsHash: hash, PerDay: q.FreePerDay, PerDayTotal: q.FreePerDayTotal})
 		if err != nil {
 			return nil, CallResult{}, err
 		}
 		if free {
 			v.cfg.Log.Info("vend: free call (daily quota)", "tool", t.Name, "price_msat", int64(q.Price))
-			res, err := v.runFree(ctx, &t, args, r)
+			res, err := v.runFree(ctx, t, args, r)
 			return nil, res, err
 		}
 	}
-	paysNow := r.CashuToken != "" || byCredit(&t, r) // no unpaid quote
+	scheme := choosePayment(t, r)
+	paysNow := scheme != SchemeInvoice // no unpaid quote
 	if err := checkWork(r); err != nil && !paysNow {
 		return nil, CallResult{}, err // it would get an unpaid quote
 	}
 	var slot *unpaidQuote
 	var turn *ticket
+	var err error
 	if !paysNow {
 		// A new quote takes a slot of its client's unpaid limit, and a
 		// place in the line to issue its payment request, before anything
@@ -205,8 +198,9 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 		ArgsHash: hash, Price: q.Price, Idempotent: q.Idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
 		RefundInvoice: r.RefundInvoice, Run: v.runID, LimitKey: v.sharedLimitKey(r),
 	}
-	if byCredit(&t, r) && r.account != "" {
-		return v.admitCredit(ctx, nc, bind, pending{v: v, t: t, args: args, r: r})
+	p := pending{v: v, t: *t, args: args, r: r, scheme: scheme}
+	if isCredit(scheme) {
+		return v.admitCredit(ctx, nc, bind, p)
 	}
 	call, created, err := v.cfg.Ledger.RecordCall(ctx, nc)
 	if err != nil || !created {
@@ -217,22 +211,11 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	if err != nil {
 		return nil, CallResult{}, err
 	}
-	return &admitted{pending: pending{v: v, call: call, t: t, args: args, r: r}, known: !created, slot: slot, turn: turn}, CallResult{}, nil
-}
-
-// admitCredit records the new call nc paid from r's credit account and
-// draws its price, in one ledger transaction (CreditLedger.RecordCreditCall):
-// the admitted call is drawn and executing, ready to run (runDrawn), or
-// known (a replay: nothing drawn). A balance short of the price records
-// nothing and is a *CreditExhaustedError.
-func (v *Vendor) admitCredit(ctx context.Context, nc NewCall, bind Binding, p pending) (*admitted, CallResult, error) {
-	cl, _ := v.creditLedger() // r.account is set only with credit on
-	call, created, bal, err := cl.RecordCreditCall(Urgent(ctx), nc, p.r.account, bind)
-	if err != nil {
-		return nil, CallResult{}, err
-	}
 	p.call = call
-	return &admitted{pending: p, known: !created, drawn: created, balance: bal}, CallResult{}, nil
+	if !created {
+		p.scheme = SchemeReplay
+	}
+	return &admitted{pending: p, known: !created, slot: slot, turn: turn}, CallResult{}, nil
 }
 
 // check runs the checks of a call of t before anything is done for it:
@@ -314,34 +297,6 @@ func (v *Vendor) runFree(ctx context.Context, t *Tool, args json.RawMessage, r *
 		return CallResult{}, err
 	}
 	return CallResult{Body: body, IsError: isErrorResult(body)}, nil
-}
-
-// findGrant finds the paid (or still awaited) explicit-gating call a
-// repeated call may use: the one whose invoice's preimage the client
-// presents, else, for an identified client, its own newest one for the
-// same call. Either must sell exactly bind.
-func (v *Vendor) findGrant(ctx context.Context, r *CallRequest, bind Binding) (Call, bool) {
-	if r.PaymentProof != "" {
-		pre, err := hex.DecodeString(r.PaymentProof)
-		if err != nil || len(pre) != 32 {
-			return Call{}, false
-		}
-		sum := sha256.Sum256(pre)
-		p, err := v.cfg.Ledger.Payment(ctx, hex.EncodeToString(sum[:]))
-		if err != nil {
-			return Call{}, false
-		}
-		c, err := v.cfg.Ledger.Call(ctx, p.CallID)
-		if err != nil || c.Binding() != bind || (c.State != CallAwaitingPayment && c.State != CallPaid) {
-			return Call{}, false
-		}
-		return c, true
-	}
-	if r.Anonymous {
-		return Call{}, false
-	}
-	c, err := v.cfg.Ledger.FindGrant(ctx, r.Client, bind)
-	return c, err == nil
 }
 
 func randomHex(n int) string {

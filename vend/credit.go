@@ -103,7 +103,8 @@ type CreditLedger interface {
 	// *CreditExhaustedError and nothing is recorded; of any number of
 	// concurrent draws only those the balance covers succeed. b not nc's
 	// Binding is ErrExecutionMismatch.
-	RecordCreditCall(ctx context.Context, nc NewCall, account string, b Binding) (call Call, created bool, balance Msat, err error)
+	// by is who released it (Release), recorded with its execution.
+	RecordCreditCall(ctx context.Context, nc NewCall, account string, b Binding, by Release) (call Call, created bool, balance Msat, err error)
 	// DrawOf returns the account call id drew its price from, or
 	// ErrNotFound. Read only.
 	DrawOf(ctx context.Context, id CallID) (string, error)
@@ -171,7 +172,9 @@ func creditMAC(key []byte, account string) string {
 }
 
 // accountOfToken checks a credit token against key and returns its
-// account, or ErrCreditToken.
+// account, or ErrCreditToken. A Nostr key's account has no token: one
+// naming it is refused, whatever its mac (earlier versions handed such
+// tokens out, and they spent the account without the key).
 func accountOfToken(key []byte, token string) (string, error) {
 	rest, ok := strings.CutPrefix(strings.TrimSpace(token), creditTokenPrefix)
 	i := strings.LastIndexByte(rest, '_')
@@ -179,6 +182,9 @@ func accountOfToken(key []byte, token string) (string, error) {
 		return "", ErrCreditToken
 	}
 	account, mac := rest[:i], rest[i+1:]
+	if isKeyAccount(account) {
+		return "", fmt.Errorf("%w: a Nostr key's account is spent only by requests signed by its key (_meta[%q] = true)", ErrCreditToken, MetaCredit)
+	}
 	if !hmac.Equal([]byte(mac), []byte(creditMAC(key, account))) {
 		return "", ErrCreditToken
 	}
@@ -202,6 +208,9 @@ func validAccount(id string) bool {
 	s, ok := strings.CutPrefix(id, "t")
 	return ok && hexOf(s, 24)
 }
+
+// isKeyAccount reports whether account is a Nostr key's own account.
+func isKeyAccount(account string) bool { return strings.HasPrefix(account, "nostr-") }
 
 // NostrAccount is the credit account of a Nostr pubkey (hex).
 func NostrAccount(pubkey string) string { return "nostr-" + strings.ToLower(pubkey) }
@@ -242,67 +251,6 @@ func (v *Vendor) topUpQuote(args json.RawMessage) (Quote, error) {
 	return Quote{Price: price, Idempotent: true, Description: fmt.Sprintf("%d sats of prepaid credit", a.Sats)}, nil
 }
 
-// creditAccount returns the account r pays from or tops up: its token's,
-// or its Nostr identity's (CreditSelf); "" if r names none. A bad token,
-// or credit off while r names an account, is an error and nothing is done.
-func (v *Vendor) creditAccount(ctx context.Context, r *CallRequest) (string, error) {
-	if r.Credit == "" && !r.CreditSelf {
-		return "", nil
-	}
-	cl, ok := v.creditLedger()
-	if !ok {
-		return "", ErrCreditOff
-	}
-	if r.Credit == "" {
-		if !validAccount(NostrAccount(r.Client)) {
-			return "", fmt.Errorf("%w: no Nostr identity to hold credit", ErrCreditToken)
-		}
-		return NostrAccount(r.Client), nil
-	}
-	key, err := cl.CreditKey(ctx)
-	if err != nil {
-		return "", err
-	}
-	return accountOfToken(key, r.Credit)
-}
-
-// bindTopUp names the account the top-up call a credits: the one recorded
-// with the call if it is known, else r's, else a new token account.
-func (a *admitted) bindTopUp(ctx context.Context, account string) (string, error) {
-	cl, _ := a.v.creditLedger()
-	if a.known {
-		if acct, err := cl.TopUpAccount(ctx, a.call.ID); err == nil {
-			return acct, nil
-		}
-	}
-	if account == "" {
-		account = "t" + randomHex(12)
-	}
-	if err := cl.BindTopUp(ctx, a.call.ID, account); err != nil {
-		return "", err
-	}
-	return account, nil
-}
-
-// runDrawn runs the new call admitCredit drew from account (it is
-// executing, its execution recorded): there is no payment to wait for.
-func (c *admitted) runDrawn(ctx context.Context, account string) (CallResult, error) {
-	v := c.v
-	ctx = Urgent(ctx) // paid
-	done := v.running.start(c.call.ID)
-	if done == nil { // a new call runs nowhere else
-		return CallResult{}, fmt.Errorf("call %d: %w", c.call.ID, ErrAlreadyClaimed)
-	}
-	defer v.running.stop(c.call.ID, done)
-	p := creditPayment(c.call, account)
-	c.pay = &p
-	v.paid(c.r)
-	// The ledger recorded the request's own item and arguments with the
-	// call (admit), and bound the execution to them: they are what runs.
-	// Drawn: the run and its records go ahead even if the client leaves.
-	return c.finish(context.WithoutCancel(ctx), &c.t, c.args)
-}
-
 // withBalance is withCredit for the answer of a call drawn from account
 // leaving balance: a delivered call's answer carries that balance with no
 // ledger read (delivering moves nothing of the account); any other
@@ -329,16 +277,22 @@ func (v *Vendor) withCredit(ctx context.Context, account string, topUp bool, res
 		return res, err
 	}
 	res.Body = withMeta(res.Body, MetaCredit, info)
-	if topUp {
+	switch {
+	case topUp && info.Token != "":
 		res.Body = withText(res.Body, fmt.Sprintf("Your credit token is %s (balance %d sats). Keep it: send it in _meta[%q], "+
 			"the %s HTTP header or the %s argument of a priced tool to pay from your balance.", info.Token, info.Balance,
 			MetaCredit, HeaderCredit, CreditArg))
+	case topUp:
+		res.Body = withText(res.Body, fmt.Sprintf("Your balance is %d sats. Pay from it with _meta[%q] = true in requests signed by "+
+			"this Nostr key: no token spends it without the key.", info.Balance, MetaCredit))
 	}
 	return res, err
 }
 
-// CreditInfo returns account's balance, with its token if withToken.
-// ErrCreditOff without credit; an account never topped up has balance 0.
+// CreditInfo returns account's balance, with its token if withToken and
+// the account has one: a Nostr key's account has none (it is spent only
+// by requests signed by its key). ErrCreditOff without credit; an account
+// never topped up has balance 0.
 func (v *Vendor) CreditInfo(ctx context.Context, account string, withToken bool) (CreditInfo, error) {
 	cl, ok := v.creditLedger()
 	if !ok {
@@ -349,7 +303,7 @@ func (v *Vendor) CreditInfo(ctx context.Context, account string, withToken bool)
 		return CreditInfo{}, err
 	}
 	info := CreditInfo{Account: account, Balance: int64(bal / MsatPerSat), BalanceMsat: int64(bal)}
-	if withToken {
+	if withToken && !isKeyAccount(account) {
 		key, err := cl.CreditKey(ctx)
 		if err != nil {
 			return CreditInfo{}, err

@@ -19,16 +19,16 @@ type racedLedger struct {
 	raced atomic.Bool
 }
 
-func (l *racedLedger) StartExecution(ctx context.Context, id vend.CallID, b vend.Binding) (vend.Call, error) {
+func (l *racedLedger) StartExecution(ctx context.Context, id vend.CallID, b vend.Binding, by vend.Release) (vend.Call, error) {
 	if l.raced.CompareAndSwap(false, true) {
-		if _, err := l.Ledger.StartExecution(ctx, id, b); err != nil {
+		if _, err := l.Ledger.StartExecution(ctx, id, b, by); err != nil {
 			return vend.Call{}, err
 		}
 		if err := l.Ledger.Deliver(ctx, id, vend.Result{Body: []byte(`{"content":[{"type":"text","text":"ran elsewhere"}]}`)}); err != nil {
 			return vend.Call{}, err
 		}
 	}
-	return l.Ledger.StartExecution(ctx, id, b)
+	return l.Ledger.StartExecution(ctx, id, b, by)
 }
 
 // TestRunAnswersACallThatRanElsewhere is the run -> resume self-deadlock:

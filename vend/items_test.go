@@ -250,7 +250,7 @@ func TestRecoverRedoesAnInterruptedPrompt(t *testing.T) {
 	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: 3_000}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+	if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 		t.Fatal(err)
 	}
 	items := &fakeItems{fakeTools: &fakeTools{}}

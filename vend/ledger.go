@@ -88,6 +88,12 @@ func (c NewCall) Binding() Binding {
 	return Binding{Kind: c.Kind.Or(), Server: c.Server, Tool: c.Tool, ArgsHash: c.ArgsHash}
 }
 
+// Released is the release of c by scheme s to c's own client (its
+// transport and client).
+func (c NewCall) Released(s SchemeName) Release {
+	return Release{Scheme: s, Transport: c.Transport, Client: c.Client}
+}
+
 // Call is a recorded priced request.
 type Call struct {
 	NewCall
@@ -224,10 +230,11 @@ type Ledger interface {
 	// capvend reconciles at start).
 	CallsIn(ctx context.Context, states ...CallState) ([]Call, error)
 	// ResumeExecution counts and records another execution of an
-	// idempotent call left executing by a crash, which sends b upstream;
+	// idempotent call left executing by a crash, which sends b upstream
+	// and was released by by (see StartExecution);
 	// ErrIllegalTransition for any other call, ErrExecutionMismatch (and
 	// nothing recorded) if b is not the call's Binding.
-	ResumeExecution(ctx context.Context, id CallID, b Binding) (Call, error)
+	ResumeExecution(ctx context.Context, id CallID, b Binding, by Release) (Call, error)
 	// CancelQuote ends a quoted call that never got a payment request
 	// (no backend, a limit, a backend error): quoted -> canceled.
 	CancelQuote(ctx context.Context, id CallID, reason string) error
@@ -272,8 +279,11 @@ type Ledger interface {
 	// one payment) exactly one succeeds; the others get ErrAlreadyClaimed
 	// or an ErrIllegalTransition. ErrUnpaid if no settled or accepted
 	// payment covers the call's price; ErrExecutionMismatch if b is not
-	// the call's Binding. A refused start changes nothing.
-	StartExecution(ctx context.Context, id CallID, b Binding) (Call, error)
+	// the call's Binding. by is who released the call (Release): it is
+	// recorded with the execution, and one the table of ways to pay
+	// refuses for the call (Release.Check) is an error. A refused start
+	// changes nothing.
+	StartExecution(ctx context.Context, id CallID, b Binding, by Release) (Call, error)
 	// Deliver stores the call's result and moves it to delivered. The
 	// call's payment must be settled (hold invoices are settled first).
 	Deliver(ctx context.Context, id CallID, r Result) error

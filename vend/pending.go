@@ -27,4 +27,20 @@ type pending struct {
 	// preimage): a payment the backend has not reported yet is waited
 	// for (awaitProven), not answered as pending.
 	proven bool
+	// scheme is the way to pay that admitted the request (choose), and
+	// released the call to it: what its executions record (Release).
+	scheme SchemeName
+}
+
+// release is who released c's call for an execution: its scheme and
+// request (see Release). An anonymous request has no identity: unless it
+// is the request that recorded the call (its request key, made unique,
+// is the call's own), its Client is "", which a bound scheme never
+// releases to.
+func (c *pending) release() Release {
+	client := c.r.Client
+	if c.r.Anonymous && c.r.RequestID != c.call.RequestID {
+		client = ""
+	}
+	return Release{Scheme: c.scheme, Transport: c.r.Transport, Client: client}
 }

@@ -9,6 +9,13 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
+// schemeRecover: no request presents anything. capvend itself runs (or
+// refunds) a paid call no request waits for: one a previous run left, or
+// one whose client left before its payment was reported. Its answer waits
+// in the ledger for the call's own request key (SchemeReplay).
+var schemeRecover = Scheme{Name: SchemeRecover, Credential: "none: capvend finishes a paid call no request waits for",
+	Releases: ReleasesCall}
+
 // recoverWorkers bounds how many calls Recover handles at once.
 const recoverWorkers = 8
 
@@ -131,7 +138,7 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool, until ti
 	}
 	r := CallRequest{Kind: call.Kind, Transport: call.Transport, Client: call.Client, RequestID: call.RequestID, Tool: name, Arguments: args,
 		Notify: func(string, any) {}}
-	c := &pending{v: v, call: call, pay: &p, t: t, args: args, r: &r}
+	c := &pending{v: v, call: call, pay: &p, t: t, args: args, r: &r, scheme: SchemeRecover}
 	if !resume {
 		if _, err := c.run(ctx); err != nil && !errors.Is(err, ErrUpstream) {
 			log.Warn("vend: recover: run", "err", err)
@@ -145,7 +152,7 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool, until ti
 	defer v.running.stop(id, done)
 	t, args, bind, err := v.storedItem(ctx, &call)
 	if err == nil {
-		_, err = v.cfg.Ledger.ResumeExecution(ctx, id, bind)
+		_, err = v.cfg.Ledger.ResumeExecution(ctx, id, bind, call.Released(SchemeRecover))
 	}
 	if err != nil && !errors.Is(err, errNoArguments) && !errors.Is(err, errItemGone) && !errors.Is(err, ErrExecutionMismatch) {
 		log.Error("vend: recover: resume", "err", err)
@@ -206,7 +213,8 @@ func (v *Vendor) refundInterrupted(ctx context.Context, c Call) {
 		return
 	}
 	v.cfg.Log.Warn("vend: recover: refunding a call interrupted while it ran", "call", int64(c.ID), "tool", c.Tool)
-	pc := &pending{v: v, call: c, pay: &p, r: &CallRequest{Notify: func(string, any) {}}}
+	pc := &pending{v: v, call: c, pay: &p, r: &CallRequest{Transport: c.Transport, Client: c.Client, Notify: func(string, any) {}},
+		scheme: SchemeRecover}
 	pc.fail(ctx, nil, "interrupted by a restart while it ran; not run again")
 }
 

@@ -130,6 +130,10 @@ type RefundInfo struct {
 	// Owed is set while the refund is not paid: the server owes it (the
 	// operator pays it, to the refund invoice if the client gave one).
 	Owed bool `json:"owed,omitempty"`
+	// Withheld is set when the refund was paid as a token that this
+	// answer does not carry: it went to a public channel. The client
+	// repeats its request encrypted to receive the token.
+	Withheld bool `json:"withheld,omitempty"`
 }
 
 // Info is what the client is told of r.
@@ -139,6 +143,15 @@ func (r Refund) Info() RefundInfo {
 		i.Amount, i.Cashu = r.Paid.SatsCeil(), r.Token
 	}
 	i.Owed = r.State == RefundOwed
+	return i
+}
+
+// withoutToken is i without its token, for an answer on a public
+// channel: a paid refund's token is not shown there (Withheld says so).
+func (i RefundInfo) withoutToken() RefundInfo {
+	if i.Cashu != "" {
+		i.Cashu, i.Withheld = "", true
+	}
 	return i
 }
 
@@ -198,12 +211,16 @@ func checkRefundInvoice(s string) (string, error) {
 	return s, nil
 }
 
-// refunded completes the answer to a refunded call: res (an isError
+// refunded completes the answer to c's refunded call: res (an isError
 // result) or err (what failed), with the call's refund attached. An owed
 // refund of a Cashu payment is paid now if the backend can (a token from
 // its wallet); otherwise the client is told the refund is owed. A call
 // without a refund (its hold invoice was canceled) is answered as it is.
-func (v *Vendor) refunded(ctx context.Context, call *Call, res CallResult, err error) (CallResult, error) {
+// On a public channel the refund is never paid or shown as a token (it
+// stays owed, or paid and not shown): the client repeats its request
+// encrypted to receive it.
+func (c *pending) refunded(ctx context.Context, res CallResult, err error) (CallResult, error) {
+	v, call := c.v, &c.call
 	rl, ok := v.cfg.Ledger.(RefundLedger)
 	if !ok {
 		return res, err
@@ -215,10 +232,13 @@ func (v *Vendor) refunded(ctx context.Context, call *Call, res CallResult, err e
 		}
 		return res, err
 	}
-	if r.State == RefundOwed && r.Backend == BackendCashu && ctx.Value(noClientKey{}) == nil {
+	if r.State == RefundOwed && r.Backend == BackendCashu && ctx.Value(noClientKey{}) == nil && c.r.secretsAllowed() {
 		r = v.payRefund(ctx, r)
 	}
 	info := r.Info()
+	if !c.r.secretsAllowed() {
+		info = info.withoutToken()
+	}
 	if err != nil {
 		return CallResult{}, &RefundError{Refund: info, Err: err}
 	}

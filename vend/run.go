@@ -8,75 +8,6 @@ import (
 	"time"
 )
 
-// resume answers a call the ledger knows already: a replayed request, or
-// an explicit-gating grant being used.
-func (c *pending) resume(ctx context.Context) (CallResult, error) {
-	v := c.v
-	if done := v.running.done(c.call.ID); done != nil {
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return CallResult{}, ctx.Err()
-		}
-		if cur, err := v.cfg.Ledger.Call(ctx, c.call.ID); err == nil {
-			c.call = cur
-		}
-	}
-	switch c.call.State {
-	case CallDelivered, CallFailed, CallRefunded, CallExecuting:
-		if c.byToken { // ran, runs or ended for another request
-			return CallResult{}, ErrTokenUsed
-		}
-	}
-	switch c.call.State {
-	case CallDelivered, CallFailed, CallRefunded:
-		res, err := v.cfg.Ledger.Result(ctx, c.call.ID)
-		if err != nil {
-			return v.refunded(ctx, &c.call, CallResult{}, fmt.Errorf("%w: the call was refunded before it ran", ErrPaymentFailed))
-		}
-		if c.call.State == CallRefunded {
-			return v.refunded(ctx, &c.call, CallResult{Body: res.Body, IsError: res.IsError}, nil)
-		}
-		return CallResult{Body: res.Body, IsError: res.IsError}, nil
-	case CallExpired, CallCanceled:
-		// Paid after all (late, or a swap learned late): owed back.
-		return v.refunded(ctx, &c.call, CallResult{}, ErrPaymentExpired)
-	case CallQuoted:
-		return c.quote(ctx, nil, nil)
-	case CallExecuting:
-		return CallResult{}, &PaymentPendingError{RetryAfter: 5}
-	}
-	ps, err := v.cfg.Ledger.CallPayments(ctx, c.call.ID)
-	if err != nil || len(ps) == 0 {
-		return CallResult{}, fmt.Errorf("call %d has no payment: %w", c.call.ID, ErrPaymentFailed)
-	}
-	c.pay = &ps[len(ps)-1]
-	if c.call.State == CallPaid {
-		return c.run(ctx)
-	}
-	// awaiting_payment (as the call read; its payment, read after it, may
-	// be settled by now: awaitProven takes either on)
-	if c.proven {
-		return c.awaitProven(ctx)
-	}
-	if c.r.Explicit {
-		if c.pay.State == PaymentOpen && c.r.L402 && c.r.Macaroon == nil {
-			// An L402 client's repeat without a credential: the same
-			// invoice again, with a macaroon of its own.
-			e := c.required()
-			if err := c.addMacaroon(ctx, e); err != nil {
-				return CallResult{}, err
-			}
-			return CallResult{}, e
-		}
-		if c.pay.State == PaymentOpen {
-			return CallResult{}, &PaymentPendingError{RetryAfter: 2, Token: c.r.PaymentToken, ExpiresAt: c.pay.ExpiresAt}
-		}
-		return CallResult{}, c.required()
-	}
-	return c.awaitPayment(ctx)
-}
-
 // run executes a paid call exactly once, with the tool and arguments
 // recorded with it, and records its end: delivered (a hold invoice
 // settled first), or failed and refunded (a hold invoice canceled,
@@ -111,7 +42,7 @@ func (c *pending) claimAndFinish(ctx context.Context) (CallResult, *Call, error)
 	v := c.v
 	t, args, bind, err := v.storedItem(ctx, &c.call)
 	if err == nil {
-		_, err = v.cfg.Ledger.StartExecution(ctx, c.call.ID, bind)
+		_, err = v.cfg.Ledger.StartExecution(ctx, c.call.ID, bind, c.release())
 	}
 	if err == nil {
 		res, err := c.finish(ctx, &t, args)
@@ -193,9 +124,9 @@ func (c *pending) fail(ctx context.Context, body json.RawMessage, reason string)
 		return CallResult{}, err
 	}
 	if body == nil {
-		return v.refunded(ctx, call, CallResult{}, fmt.Errorf("%w: %s", ErrUpstream, "the tool could not run; the payment is refunded"))
+		return c.refunded(ctx, CallResult{}, fmt.Errorf("%w: %s", ErrUpstream, "the tool could not run; the payment is refunded"))
 	}
-	return v.refunded(ctx, call, CallResult{Body: body, IsError: true}, nil)
+	return c.refunded(ctx, CallResult{Body: body, IsError: true}, nil)
 }
 
 // execute runs the tool on its upstream for the priced call id (0 for a

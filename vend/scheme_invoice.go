@@ -7,6 +7,15 @@ import (
 	"time"
 )
 
+// schemeInvoice: the request waits for its own invoice. A new call is
+// quoted and the request is told what to pay (notifications/payment_required,
+// and progress heartbeats) on its own stream, then answered once the
+// backend reports the payment: a hold invoice where the backend can, so
+// that a failed call's money returns by itself. Nothing is presented:
+// the call is released to the request that is waiting for it.
+var schemeInvoice = Scheme{Name: SchemeInvoice, Credential: "none: the request waits for its invoice to be paid",
+	Releases: ReleasesCall}
+
 func (v *Vendor) backend(name Backend) PaymentBackend {
 	for _, b := range v.cfg.Backends {
 		if b.Backend() == name {
@@ -76,7 +85,7 @@ func (c *pending) requestPayment(ctx context.Context, slot *unpaidQuote, turn *t
 	if r.Explicit { // a grant waits in the ledger, not in memory
 		c.pay = &p
 		e := c.required()
-		if r.PaymentTokens {
+		if r.PaymentTokens && r.secretsAllowed() {
 			if e.Token, err = c.issueToken(ctx); err != nil {
 				// The client never sees this invoice: it expires unpaid.
 				v.cfg.Log.Error("vend: issuing a payment token failed", "tool", c.t.Name, "call", int64(call.ID), "err", err)
@@ -306,32 +315,6 @@ func (c *pending) afterPayment(ctx context.Context) (CallResult, error) {
 			"message": "the payment request expired unpaid"})
 		return CallResult{}, ErrPaymentExpired
 	}
-}
-
-// payWithToken takes a Cashu token for the call, then runs it.
-func (c *pending) payWithToken(ctx context.Context) (CallResult, error) {
-	v, call, r := c.v, &c.call, c.r
-	ctx = Urgent(ctx) // the money is in the request
-	for _, b := range v.cfg.Backends {
-		ta, ok := b.(TokenAcceptor)
-		if !ok {
-			continue
-		}
-		receipt, err := ta.AcceptToken(ctx, call.ID, call.Price, r.CashuToken)
-		if err != nil {
-			c.endUnpaid(ctx, "token refused")
-			// Both wrapped: fronts tell the client why (ErrProofSpent,
-			// ErrUnderpaid, ErrForeignMint, ErrBadToken), never more.
-			return CallResult{}, fmt.Errorf("%w: %w", ErrPaymentFailed, err)
-		}
-		v.paid(r)
-		r.Notify(NotifyPaymentAccepted, map[string]any{"amount": receipt.Payment.Amount.SatsCeil(), "pmi": PMICashu,
-			"_meta": map[string]any{"change": receipt.Change}})
-		c.pay = &receipt.Payment
-		return c.run(ctx)
-	}
-	c.endUnpaid(ctx, "no Cashu backend")
-	return CallResult{}, fmt.Errorf("%w: this server takes no Cashu tokens", ErrNoPaymentMethod)
 }
 
 // endUnpaid ends a call that never got a payment request, or whose token

@@ -54,6 +54,19 @@ import (
 // first, through TopUp, if it was paid and not yet credited), as a
 // credit token would, as many times as the balance covers.
 
+// schemeL402: an L402 call macaroon with its invoice's preimage (HTTP
+// Authorization: L402 or LSAT) releases the one call it was minted for,
+// once. The preimage alone is no secret (every routing hop learns it),
+// but the macaroon is: handed to the client in its 402 answer only.
+var schemeL402 = Scheme{Name: SchemeL402, Credential: "an L402 call macaroon with its invoice's preimage", Bearer: true,
+	Releases: ReleasesCall, Private: true, HandsBack: "the macaroon (the 402 answer)"}
+
+// schemeL402Credit: an L402 credit macaroon ("an L402 token for N sats")
+// with its top-up invoice's preimage pays any priced call from the
+// account its top-up credited, as a credit token would.
+var schemeL402Credit = Scheme{Name: SchemeL402Credit, Credential: "an L402 credit macaroon with its top-up invoice's preimage",
+	Bearer: true, Releases: ReleasesAccount, Private: true, HandsBack: "the macaroon (the 402 answer)"}
+
 // L402Service is the service name in the services caveat.
 const L402Service = "capvend"
 
@@ -167,7 +180,7 @@ func (c *pending) mintMacaroon(ctx context.Context) ([]byte, error) {
 // ledger keeps L402 keys and the payment is an LND invoice (whose Ref is
 // the payment hash the preimage proves); else it leaves e as it is.
 func (c *pending) addMacaroon(ctx context.Context, e *PaymentRequiredError) error {
-	if _, keys := c.v.cfg.Ledger.(L402Keys); !keys || !c.r.L402 || c.pay.Kind != KindInvoice {
+	if _, keys := c.v.cfg.Ledger.(L402Keys); !keys || !c.r.L402 || !c.r.secretsAllowed() || c.pay.Kind != KindInvoice {
 		return nil
 	}
 	mac, err := c.mintMacaroon(ctx)

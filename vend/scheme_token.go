@@ -12,6 +12,14 @@ import (
 	"time"
 )
 
+// schemePaymentToken: the payment token (cvp_...) of a payment-required
+// answer, given back as PaymentArg or _meta[MetaPaymentToken], releases
+// the one call it names, once, to whoever holds it: for clients with
+// neither a session nor _meta (a stock MCP host, where only the model can
+// act). Issued only on a private channel.
+var schemePaymentToken = Scheme{Name: SchemePaymentToken, Credential: "the payment token (cvp_...) of a payment-required answer",
+	Bearer: true, Releases: ReleasesCall, Private: true, HandsBack: "the token (the payment-required answer)"}
+
 // PaymentArg is the tool argument that carries a payment token on a
 // retry: fronts that hand out tokens (CallRequest.PaymentTokens) list it
 // in priced tools' input schemas, and vend strips it from a tool call's

@@ -158,6 +158,12 @@ type CallRequest struct {
 	// they are not used to find replays, and an explicit-gating grant is
 	// only released against PaymentProof.
 	Anonymous bool
+	// Public says the request came, and its answers go, where anyone can
+	// read them: a plaintext Nostr event, which every relay keeps and
+	// serves. A request carrying a bearer secret there is refused
+	// (*PublicSecretError), and its answers carry none (see Schemes).
+	// False for MCP HTTP, stdio and encrypted Nostr.
+	Public bool
 	// Source is who the limits count when not empty (see the package
 	// doc, Limits): "ip:<address>" for a request from that address, or
 	// "id:<client id>" for a client a trusted proxy identified. Empty:
@@ -171,8 +177,9 @@ type CallRequest struct {
 	// Cashu token (it is then not offered a free use either).
 	Work, WorkRequired int
 	// PaymentProof is the hex preimage of a paid Lightning invoice
-	// (_meta[MetaPaymentProof]): it releases the explicit-gating grant
-	// that invoice paid for, to whoever presents it.
+	// (_meta[MetaPaymentProof]): it picks the explicit-gating grant that
+	// invoice paid for, and releases it only to the client it was quoted
+	// to (a preimage is learned by every routing hop: SchemePreimage).
 	PaymentProof string
 	// PaymentToken is a payment token a payment-required answer handed
 	// out (PaymentRequiredError.Token): the tool call's PaymentArg

@@ -27,7 +27,11 @@
 // isError result; see refund.go). With explicit gating the call instead fails with
 // PaymentRequiredError (a plain invoice, never a hold invoice); the client
 // pays and repeats the call, which finds its single-use grant by client
-// (or invoice preimage) and Binding. A Cashu token in _meta pays at once.
+// (or invoice preimage, from that same client: every routing hop learns a
+// plain invoice's preimage) and Binding. A Cashu token in _meta pays at
+// once. Every way to pay is a Scheme of one table (scheme.go): who may
+// present its credential, what it releases, and whether it may travel on
+// a public channel (a plaintext Nostr event: CallRequest.Public).
 //
 // Payment tokens: a front whose clients may have neither a session nor
 // _meta (a stock MCP host, where only the model can act) sets
@@ -111,8 +115,11 @@
 // MCP HTTP, or the argument CreditArg (stripped like PaymentArg); a Nostr
 // front sets CreditSelf for _meta[MetaCredit] = true, naming the account of
 // the pubkey that signed the request (no token needed: the signature
-// proves it). A top-up without an account opens a new token account. A
-// bad token is -32602 and nothing is recorded.
+// proves it). A Nostr key's own account has no token: only requests signed
+// by the key spend it, and a top-up's answer on it carries none. A
+// top-up without an account opens a new token account (refused on a
+// public channel: its answer is the token). A bad token is -32602 and
+// nothing is recorded.
 //
 // Paying: a priced call naming an account is recorded like any call (the
 // request key and Binding rules above hold per call: a replay gets its

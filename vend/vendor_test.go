@@ -723,7 +723,7 @@ func crashedCall(t *testing.T, l *ledger.Ledger, id, tool string, idempotent, ho
 		}
 	}
 	if steps >= 2 { // executing
-		if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+		if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -803,13 +803,15 @@ func TestAnonymousClientsNeitherCollideNorShareGrants(t *testing.T) {
 	}
 
 	// Explicit gating without a session: the grant goes only to the holder
-	// of the invoice's preimage.
+	// of its payment token. The invoice's preimage, which every routing
+	// hop learns, releases nothing to a client without an identity.
 	r := anon("2", "grant")
-	r.Explicit = true
+	r.Explicit, r.PaymentTokens = true, true
 	var pr *vend.PaymentRequiredError
-	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) || pr.Token == "" {
 		t.Fatal(err)
 	}
+	token := pr.Token
 	p := h.nextPayment(t)
 	h.be.pay(p.Ref)
 	r.RequestID = "3"
@@ -830,9 +832,14 @@ func TestAnonymousClientsNeitherCollideNorShareGrants(t *testing.T) {
 	proof := h.be.preimages[p.Ref]
 	h.be.mu.Unlock()
 	r.RequestID, r.PaymentProof = "5", proof
+	if res, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+		t.Fatalf("the preimage alone released an anonymous grant: %s %v", res.Body, err)
+	}
+	h.nextPayment(t)
+	r.RequestID, r.PaymentProof, r.PaymentToken = "6", "", token
 	res, err := h.v.CallTool(context.Background(), r)
 	if err != nil || !strings.Contains(string(res.Body), "echo:grant") {
-		t.Fatalf("with the preimage: %s %v", res.Body, err)
+		t.Fatalf("with the payment token: %s %v", res.Body, err)
 	}
 	verify(t, h.l)
 }

@@ -265,6 +265,10 @@ func (s *Server) callRequest(r *request, out *outbox, kind vend.ItemKind, name s
 		Notify:       out.notify,
 		Work:         work(r.ev),
 		WorkRequired: s.cfg.PowDifficulty,
+		// A plaintext event is public: every relay keeps and serves it
+		// and the answer. vend refuses a bearer secret in it and hands
+		// none back.
+		Public: !r.encrypted,
 	}
 	if len(cr.Arguments) == 0 || string(cr.Arguments) == "null" {
 		cr.Arguments = json.RawMessage(`{}`)

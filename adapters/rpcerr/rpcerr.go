@@ -33,7 +33,7 @@ const (
 
 // Instructions sent with -32042 and -32043.
 const (
-	InstructionsRequired = "Pay one of payment_options, then repeat the same call; with a Lightning invoice, put its preimage (hex) in _meta[\"capvend/preimage\"] (required without an MCP session), with Cashu put the token in _meta[\"capvend/cashu\"]."
+	InstructionsRequired = "Pay one of payment_options, then repeat the same call from the same session (or Nostr key); without a session, pass the capvend_payment token of this answer; with Cashu put the token in _meta[\"capvend/cashu\"] (over Nostr, encrypted)."
 	InstructionsPending  = "Payment not received yet; repeat the same call after retry_after seconds."
 )
 
@@ -67,8 +67,11 @@ func FromVend(err error, tool string) Error {
 		if opts == nil {
 			opts = []vend.PaymentOption{}
 		}
-		return Error{CodePaymentRequired, "Payment Required", map[string]any{
-			"instructions": InstructionsRequired, "payment_options": opts}}
+		data := map[string]any{"instructions": InstructionsRequired, "payment_options": opts}
+		if pr.Token != "" { // only where secrets may go (vend issues none on a public channel)
+			data[vend.PaymentArg] = pr.Token
+		}
+		return Error{CodePaymentRequired, "Payment Required", data}
 	case errors.As(err, &pp):
 		return Error{CodePaymentPending, "Payment Pending", map[string]any{
 			"instructions": InstructionsPending, "retry_after": pp.RetryAfter}}
@@ -78,6 +81,9 @@ func FromVend(err error, tool string) Error {
 		return Error{CodeWorkRequired, "Proof of work required", map[string]any{
 			"difficulty": wr.Required, "work": wr.Work,
 			"instructions": "Mine the request event to the difficulty (NIP-13: leading zero bits of its id, committed in a nonce tag), or pay with a Cashu token."}}
+	case errors.Is(err, vend.ErrPublicSecret):
+		// The message names the secret by its kind, never its value.
+		return Error{Code: CodeInvalidRequest, Message: "Encryption required: " + err.Error()}
 	case errors.Is(err, vend.ErrL402Invalid):
 		// vend's reasons name no secret: they say which check failed.
 		return Error{Code: CodeInvalidRequest, Message: "Invalid Request: " + err.Error()}

@@ -504,7 +504,7 @@ func testHold(t *testing.T, h Harness) {
 	if cl, _ := e.l.Call(ctx, c.ID); cl.State != vend.CallPaid {
 		t.Fatalf("call is %s once the HTLC is locked in", cl.State)
 	}
-	if _, err := e.l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+	if _, err := e.l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := hs.SettleHeld(ctx, p.Ref); err != nil {
@@ -528,7 +528,7 @@ func testHold(t *testing.T, h Harness) {
 	p2 := e.request(t, b, c2, 10*time.Minute, true)
 	go func() { paid <- h.Pay(ctx, p2.Bolt11) }()
 	e.rec.wait(t, 30*time.Second, vend.PaymentAccepted, p2.Ref)
-	if _, err := e.l.StartExecution(ctx, c2.ID, c2.Binding()); err != nil {
+	if _, err := e.l.StartExecution(ctx, c2.ID, c2.Binding(), c2.Released(vend.SchemeInvoice)); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.l.Fail(ctx, c2.ID, vend.Result{IsError: true, Body: []byte(`{}`)}, "tool failed"); err != nil {

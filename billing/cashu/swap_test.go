@@ -506,7 +506,7 @@ func owedLND(t *testing.T, l *ledger.Ledger, sats int64, invoice string) vend.Re
 	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: ref, Amount: c.Price}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+	if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte(`{}`)}, "tool failed"); err != nil {

@@ -291,7 +291,7 @@ func TestReconcileCancelsOrphanHold(t *testing.T) {
 	if _, err := e.l.AcceptPayment(ctx, p.Ref); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+	if _, err := e.l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte(`{}`)}, "upstream failed"); err != nil {

@@ -170,7 +170,7 @@ func TestLedgerMigrateToPostgres(t *testing.T) {
 		if _, err := src.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := src.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+		if _, err := src.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 			t.Fatal(err)
 		}
 		if i == 3 {

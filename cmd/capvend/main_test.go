@@ -247,7 +247,7 @@ func bookSomething(t *testing.T, path string) {
 	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: 21_000}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.StartExecution(ctx, c.ID, c.Binding()); err != nil {
+	if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Deliver(ctx, c.ID, vend.Result{Body: []byte(`{}`)}); err != nil {

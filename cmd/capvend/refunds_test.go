@@ -35,7 +35,10 @@ func owedRefund(t *testing.T, l *ledger.Ledger, i int, client, invoice string) v
 	}
 	for _, step := range []func() error{
 		func() error { _, err := l.SettlePayment(ctx, vend.Settlement{Ref: ref, Amount: 5_000}); return err },
-		func() error { _, err := l.StartExecution(ctx, c.ID, c.Binding()); return err },
+		func() error {
+			_, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice))
+			return err
+		},
 		func() error {
 			return l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte("{}")}, "the tool failed")
 		},
