@@ -154,7 +154,7 @@ func (c *httpClient) postRaw(session, body string, hdr http.Header) (*stream, er
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
 		cancel()
-		return nil, &statusError{code: resp.StatusCode, body: string(b)}
+		return nil, &statusError{code: resp.StatusCode, body: string(b), header: resp.Header}
 	}
 	s := &stream{resp: resp, msgs: make(chan rpcMessage, 64), done: make(chan struct{}), cancel: cancel}
 	go s.read()
@@ -163,8 +163,9 @@ func (c *httpClient) postRaw(session, body string, hdr http.Header) (*stream, er
 
 // statusError is a non-2xx HTTP answer.
 type statusError struct {
-	code int
-	body string
+	code   int
+	body   string
+	header http.Header
 }
 
 func (e *statusError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.code, e.body) }

@@ -3,6 +3,7 @@ package vend
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Ways to pay.
@@ -68,7 +69,8 @@ type Releases string
 
 // What a credential releases.
 const (
-	ReleasesCall    Releases = "call"    // one call: its kind, item and canonical arguments
+	ReleasesCall    Releases = "call"    // the one recorded call it names: its kind, item and canonical arguments
+	ReleasesPaid    Releases = "paid"    // the one call it comes with, which it pays at once
 	ReleasesAccount Releases = "account" // a credit account: any priced call its balance covers
 )
 
@@ -234,3 +236,33 @@ func checkOutbound(t *Tool, r *CallRequest) error {
 // (Cashu change and refund tokens, credit and payment tokens): not on a
 // public channel.
 func (r *CallRequest) secretsAllowed() bool { return !r.Public }
+
+// SchemesMarkdown renders the table of the ways to pay as the Markdown
+// table the README shows (a test keeps the two the same).
+func SchemesMarkdown() string {
+	var b strings.Builder
+	b.WriteString("| scheme | credential | who may present it | releases | travels | hands back |\n|---|---|---|---|---|---|\n")
+	for _, s := range Schemes() {
+		who := "bound: its own client only"
+		if s.Bearer {
+			who = "bearer: whoever holds it"
+		}
+		where := "any channel"
+		if s.Private {
+			where = "never in plaintext Nostr"
+		}
+		back := s.HandsBack
+		if back == "" {
+			back = "nothing secret"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", s.Name, s.Credential, who, releasesWords[s.Releases], where, back)
+	}
+	return b.String()
+}
+
+// releasesWords says what a scheme releases, for people.
+var releasesWords = map[Releases]string{
+	ReleasesCall:    "the one call it names (kind, item, arguments)",
+	ReleasesPaid:    "the call it comes with, paid at once",
+	ReleasesAccount: "an account: any priced call its balance covers",
+}

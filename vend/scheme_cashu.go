@@ -10,7 +10,7 @@ import (
 // price comes back as change, and a failed call's refund as a token:
 // bearer ecash both ways, so never on a public channel.
 var schemeCashu = Scheme{Name: SchemeCashu, Credential: "a Cashu token (cashuA/cashuB) in the request", Bearer: true,
-	Releases: ReleasesCall, Private: true, HandsBack: "change and refund tokens"}
+	Releases: ReleasesPaid, Private: true, HandsBack: "change and refund tokens"}
 
 // payWithToken takes a Cashu token for the call, then runs it.
 func (c *pending) payWithToken(ctx context.Context) (CallResult, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -195,5 +196,18 @@ func TestReleaseCheckFollowsTheTable(t *testing.T) {
 	}
 	if err := (vend.Release{Scheme: "made-up", Transport: "test", Client: "a"}).Check(c); err == nil {
 		t.Error("an unknown scheme passed")
+	}
+}
+
+// TestREADMEShowsTheSchemeTable: the README's "Ways to pay" table is the
+// code's (vend.SchemesMarkdown): the docs cannot drift from the table
+// that is enforced.
+func TestREADMEShowsTheSchemeTable(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), vend.SchemesMarkdown()) {
+		t.Fatalf("README.md's Ways to pay table differs from vend.SchemesMarkdown(); put this in:\n%s", vend.SchemesMarkdown())
 	}
 }
