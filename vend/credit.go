@@ -75,48 +75,6 @@ type CreditConfig struct {
 // DefaultMaxTopUp is the largest top-up by default: 1,000,000 sats.
 const DefaultMaxTopUp Msat = 1_000_000 * MsatPerSat
 
-// CreditLedger is an optional ability of a Ledger (capvend's ledger has
-// it): credit accounts. Each method is one atomic transaction. Deliver and
-// Refund of a Ledger with this ability also book a top-up call's credit
-// (delivered) and a credit call's draw (delivered: to income; refunded:
-// given back), in their own transaction.
-type CreditLedger interface {
-	// CreditKey returns the secret credit tokens are derived from (32
-	// bytes, made once by the ledger). Read only.
-	CreditKey(ctx context.Context) ([]byte, error)
-	// BindTopUp records that the top-up call id credits account (created
-	// with a zero balance if new) once delivered. Idempotent for the same
-	// account; a call bound to another account is an error matching
-	// ErrRequestReused and nothing changes.
-	BindTopUp(ctx context.Context, id CallID, account string) error
-	// TopUpAccount returns the account a top-up call credits, or
-	// ErrNotFound. Read only.
-	TopUpAccount(ctx context.Context, id CallID) (string, error)
-	// RecordCreditCall records the new call nc like Ledger.RecordCall
-	// and, if it is new (created), pays it from account and claims it for
-	// one execution sending b, in the same transaction: the call's price
-	// moves from the account to the drawn credit, the call becomes
-	// executing and its execution is recorded. It returns the call,
-	// created, and the balance left. A request key known already
-	// (created false) draws nothing: its call is returned as RecordCall
-	// returns it. A balance short of the price (or no such account) is a
-	// *CreditExhaustedError and nothing is recorded; of any number of
-	// concurrent draws only those the balance covers succeed. b not nc's
-	// Binding is ErrExecutionMismatch.
-	// by is who released it (Release), recorded with its execution.
-	RecordCreditCall(ctx context.Context, nc NewCall, account string, b Binding, by Release) (call Call, created bool, balance Msat, err error)
-	// DrawOf returns the account call id drew its price from, or
-	// ErrNotFound. Read only.
-	DrawOf(ctx context.Context, id CallID) (string, error)
-	// CreditBalance returns an account's balance, or ErrNotFound. Read
-	// only.
-	CreditBalance(ctx context.Context, account string) (Msat, error)
-	// ExpireCredit books to income, with a journal reason, the balance of
-	// every account whose last top-up is older than after, and returns
-	// how many accounts expired.
-	ExpireCredit(ctx context.Context, after time.Duration) (int, error)
-}
-
 // CreditPayout is how (part of) the rest of a credit account was paid
 // back to its client.
 type CreditPayout struct {
@@ -215,9 +173,9 @@ func isKeyAccount(account string) bool { return strings.HasPrefix(account, "nost
 // NostrAccount is the credit account of a Nostr pubkey (hex).
 func NostrAccount(pubkey string) string { return "nostr-" + strings.ToLower(pubkey) }
 
+// creditLedger is the ledger's credit role, and whether credit is on.
 func (v *Vendor) creditLedger() (CreditLedger, bool) {
-	cl, ok := v.cfg.Ledger.(CreditLedger)
-	return cl, ok && v.cfg.Credit.Enabled
+	return v.cfg.Ledger, v.cfg.Credit.Enabled
 }
 
 // topUpTool is the built-in tool that sells credit.

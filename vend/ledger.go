@@ -203,7 +203,28 @@ type FreeUse struct {
 // method is one atomic transaction: it either fully happens or changes
 // nothing. A refused transition returns an error matching
 // ErrIllegalTransition and changes nothing.
+//
+// It is the roles vend's parts use: the calls (CallBook), their payments
+// (PaymentBook, which is also what a payment backend records into),
+// executions (ExecutionBook), free quotas (FreeUseBook), and those of the
+// ways to pay, each declared beside its scheme: explicit-gating grants
+// (GrantBook), payment tokens (GrantTokens), L402 keys (L402Keys), credit
+// (CreditLedger) and refunds (RefundLedger). *ledger.Ledger has them all.
 type Ledger interface {
+	CallBook
+	PaymentBook
+	ExecutionBook
+	FreeUseBook
+	GrantBook
+	GrantTokens
+	L402Keys
+	CreditLedger
+	RefundLedger
+}
+
+// CallBook is the ledger's record of priced calls: what admission records
+// and reads, and what Recover finds. *ledger.Ledger implements it.
+type CallBook interface {
 	// RecordCall stores a new priced call in state quoted. It is
 	// idempotent on (Transport, Client, RequestID): a replayed request
 	// (the same key with the same Binding) returns the existing call and
@@ -216,28 +237,24 @@ type Ledger interface {
 	// CallByRequest returns the call recorded for a request key
 	// (transport, client, request id), or ErrNotFound. Read only.
 	CallByRequest(ctx context.Context, transport, client, requestID string) (Call, error)
-	// FindGrant returns the newest call of client selling exactly b
-	// (kind, server, tool and args hash) that is awaiting payment or paid
-	// and not yet executed (an explicit-gating grant), or ErrNotFound.
-	FindGrant(ctx context.Context, client string, b Binding) (Call, error)
-	// CallPayments returns the payments recorded for a call, oldest
-	// first.
-	CallPayments(ctx context.Context, id CallID) ([]Payment, error)
 	// CallArguments returns the tool name and arguments recorded with a
 	// call and whether it used explicit gating, or ErrNotFound.
 	CallArguments(ctx context.Context, id CallID) (tool string, args []byte, explicit bool, err error)
 	// CallsIn returns the calls in any of the states, oldest first (what
 	// capvend reconciles at start).
 	CallsIn(ctx context.Context, states ...CallState) ([]Call, error)
-	// ResumeExecution counts and records another execution of an
-	// idempotent call left executing by a crash, which sends b upstream
-	// and was released by by (see StartExecution);
-	// ErrIllegalTransition for any other call, ErrExecutionMismatch (and
-	// nothing recorded) if b is not the call's Binding.
-	ResumeExecution(ctx context.Context, id CallID, b Binding, by Release) (Call, error)
 	// CancelQuote ends a quoted call that never got a payment request
 	// (no backend, a limit, a backend error): quoted -> canceled.
 	CancelQuote(ctx context.Context, id CallID, reason string) error
+	// CallPayments returns the payments recorded for a call, oldest
+	// first.
+	CallPayments(ctx context.Context, id CallID) ([]Payment, error)
+}
+
+// PaymentBook is the ledger's record of payments: the role a payment
+// backend records into (each change exactly once, before reporting it),
+// and that vend reads payments from. *ledger.Ledger implements it.
+type PaymentBook interface {
 	// RecordPayment stores a payment request for a quoted call and moves
 	// the call to awaiting_payment. ErrDuplicatePayment if the ref exists.
 	RecordPayment(ctx context.Context, id CallID, p NewPayment) (Payment, error)
@@ -271,6 +288,12 @@ type Ledger interface {
 	// ErrProofSpent is returned and nothing is recorded. The payment's
 	// settlement marks them swapped.
 	ClaimProofs(ctx context.Context, payment PaymentID, proofs []Proof) error
+}
+
+// ExecutionBook is the ledger's record of a paid call's execution: its
+// claim, what it sent and who released it, and its end. *ledger.Ledger
+// implements it.
+type ExecutionBook interface {
 	// StartExecution claims the call's payment and moves the call from
 	// paid to executing, counting the execution and recording that it
 	// sends b upstream (the kind, server, tool and canonical args hash
@@ -284,6 +307,12 @@ type Ledger interface {
 	// refuses for the call (Release.Check) is an error. A refused start
 	// changes nothing.
 	StartExecution(ctx context.Context, id CallID, b Binding, by Release) (Call, error)
+	// ResumeExecution counts and records another execution of an
+	// idempotent call left executing by a crash, which sends b upstream
+	// and was released by by (see StartExecution);
+	// ErrIllegalTransition for any other call, ErrExecutionMismatch (and
+	// nothing recorded) if b is not the call's Binding.
+	ResumeExecution(ctx context.Context, id CallID, b Binding, by Release) (Call, error)
 	// Deliver stores the call's result and moves it to delivered. The
 	// call's payment must be settled (hold invoices are settled first).
 	Deliver(ctx context.Context, id CallID, r Result) error
@@ -296,6 +325,10 @@ type Ledger interface {
 	Refund(ctx context.Context, id CallID, reason string) error
 	// Result returns the stored result of a call, or ErrNotFound.
 	Result(ctx context.Context, id CallID) (Result, error)
+}
+
+// FreeUseBook counts the daily free quotas. *ledger.Ledger implements it.
+type FreeUseBook interface {
 	// ClaimFreeUse decides whether a call is free under its tool's daily
 	// quota, atomically: it counts a use for u.Client, the tool and the
 	// current UTC day (by the ledger's clock) only if fewer than u.PerDay

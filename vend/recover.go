@@ -278,10 +278,8 @@ func (v *Vendor) lastPayment(ctx context.Context, c Call) (Payment, error) {
 	if len(ps) > 0 {
 		return ps[len(ps)-1], nil
 	}
-	if cl, ok := v.cfg.Ledger.(CreditLedger); ok {
-		if account, err := cl.DrawOf(ctx, c.ID); err == nil {
-			return creditPayment(c, account), nil
-		}
+	if account, err := v.cfg.Ledger.DrawOf(ctx, c.ID); err == nil {
+		return creditPayment(c, account), nil
 	}
 	return Payment{}, fmt.Errorf("call %d has no payment: %w", c.ID, ErrNotFound)
 }

@@ -93,7 +93,7 @@ type RefundPayout struct {
 // ErrRefundPaid: the refund was paid out before; nothing was booked again.
 var ErrRefundPaid = errors.New("refund already paid")
 
-// RefundLedger is a Ledger that keeps refunds (*ledger.Ledger does). The
+// RefundLedger is the ledger's role of refunds (*ledger.Ledger has it). The
 // ledger creates a call's refund, owed, in the same transaction as the
 // refund entry (Refund, or a late settlement).
 type RefundLedger interface {
@@ -221,11 +221,7 @@ func checkRefundInvoice(s string) (string, error) {
 // encrypted to receive it.
 func (c *pending) refunded(ctx context.Context, res CallResult, err error) (CallResult, error) {
 	v, call := c.v, &c.call
-	rl, ok := v.cfg.Ledger.(RefundLedger)
-	if !ok {
-		return res, err
-	}
-	r, rerr := rl.CallRefund(ctx, call.ID)
+	r, rerr := v.cfg.Ledger.CallRefund(ctx, call.ID)
 	if rerr != nil {
 		if !errors.Is(rerr, ErrNotFound) {
 			v.cfg.Log.Error("vend: reading a call's refund", "call", int64(call.ID), "err", rerr)

@@ -3,6 +3,7 @@ package vend
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // schemeCreditToken: a credit token (_meta[MetaCredit], the HeaderCredit
@@ -19,6 +20,48 @@ var schemeCreditToken = Scheme{Name: SchemeCreditToken, Credential: "a credit to
 // token exists that spends the account without the key.
 var schemeCreditKey = Scheme{Name: SchemeCreditKey, Credential: "a request signed by the account's Nostr key",
 	Releases: ReleasesAccount}
+
+// CreditLedger is the ledger's role of the credit schemes
+// (scheme_credit.go): credit accounts. Each method is one atomic
+// transaction. The ledger's Deliver and Refund also book a top-up call's credit
+// (delivered) and a credit call's draw (delivered: to income; refunded:
+// given back), in their own transaction.
+type CreditLedger interface {
+	// CreditKey returns the secret credit tokens are derived from (32
+	// bytes, made once by the ledger). Read only.
+	CreditKey(ctx context.Context) ([]byte, error)
+	// BindTopUp records that the top-up call id credits account (created
+	// with a zero balance if new) once delivered. Idempotent for the same
+	// account; a call bound to another account is an error matching
+	// ErrRequestReused and nothing changes.
+	BindTopUp(ctx context.Context, id CallID, account string) error
+	// TopUpAccount returns the account a top-up call credits, or
+	// ErrNotFound. Read only.
+	TopUpAccount(ctx context.Context, id CallID) (string, error)
+	// RecordCreditCall records the new call nc like Ledger.RecordCall
+	// and, if it is new (created), pays it from account and claims it for
+	// one execution sending b, in the same transaction: the call's price
+	// moves from the account to the drawn credit, the call becomes
+	// executing and its execution is recorded. It returns the call,
+	// created, and the balance left. A request key known already
+	// (created false) draws nothing: its call is returned as RecordCall
+	// returns it. A balance short of the price (or no such account) is a
+	// *CreditExhaustedError and nothing is recorded; of any number of
+	// concurrent draws only those the balance covers succeed. b not nc's
+	// Binding is ErrExecutionMismatch.
+	// by is who released it (Release), recorded with its execution.
+	RecordCreditCall(ctx context.Context, nc NewCall, account string, b Binding, by Release) (call Call, created bool, balance Msat, err error)
+	// DrawOf returns the account call id drew its price from, or
+	// ErrNotFound. Read only.
+	DrawOf(ctx context.Context, id CallID) (string, error)
+	// CreditBalance returns an account's balance, or ErrNotFound. Read
+	// only.
+	CreditBalance(ctx context.Context, account string) (Msat, error)
+	// ExpireCredit books to income, with a journal reason, the balance of
+	// every account whose last top-up is older than after, and returns
+	// how many accounts expired.
+	ExpireCredit(ctx context.Context, after time.Duration) (int, error)
+}
 
 // isCredit reports whether a scheme pays a new call from an account.
 func isCredit(s SchemeName) bool {

@@ -26,6 +26,15 @@ var schemeGrant = Scheme{Name: SchemeGrant, Credential: "none: the quoted client
 var schemePreimage = Scheme{Name: SchemePreimage, Credential: "the paid invoice's preimage, from the quoted client",
 	Releases: ReleasesCall, Private: true}
 
+// GrantBook finds the explicit-gating grant a repeated call may use
+// (schemeGrant). *ledger.Ledger implements it.
+type GrantBook interface {
+	// FindGrant returns the newest call of client selling exactly b
+	// (kind, server, tool and args hash) that is awaiting payment or paid
+	// and not yet executed (an explicit-gating grant), or ErrNotFound.
+	FindGrant(ctx context.Context, client string, b Binding) (Call, error)
+}
+
 // releaseGrant finds the recorded call r's credential names, in the order
 // of Schemes: an L402 macaroon's, a payment token's, or explicit gating's
 // grant (by the preimage r presents, else the client's own newest). A nil

@@ -99,9 +99,8 @@ const l402IDLen = 2 + 32 + 32
 // request. Fronts answer HTTP 401. Nothing runs and nothing is charged.
 var ErrL402Invalid = errors.New("invalid L402 credential")
 
-// L402Keys is an optional ability of a Ledger (capvend's ledger has it):
-// the macaroon root key and the revocations of L402. Without it, no
-// macaroon is minted and a request presenting one gets ErrL402Invalid.
+// L402Keys is the ledger's role of the L402 schemes: the macaroon root
+// key and the revocations of L402.
 type L402Keys interface {
 	// L402RootKey returns the root key macaroons are signed with: 32
 	// random bytes generated and stored the first time it is asked for,
@@ -123,10 +122,7 @@ type l402Key struct {
 // l402RootKey returns the root key (from the ledger the first time) and
 // the ledger's L402Keys; ErrL402Invalid if the ledger keeps none.
 func (v *Vendor) l402RootKey(ctx context.Context) ([]byte, L402Keys, error) {
-	lk, ok := v.cfg.Ledger.(L402Keys)
-	if !ok {
-		return nil, nil, fmt.Errorf("%w: the ledger keeps no L402 keys", ErrL402Invalid)
-	}
+	lk := v.cfg.Ledger
 	v.l402.mu.Lock()
 	defer v.l402.mu.Unlock()
 	if v.l402.key == nil {
@@ -180,7 +176,7 @@ func (c *pending) mintMacaroon(ctx context.Context) ([]byte, error) {
 // ledger keeps L402 keys and the payment is an LND invoice (whose Ref is
 // the payment hash the preimage proves); else it leaves e as it is.
 func (c *pending) addMacaroon(ctx context.Context, e *PaymentRequiredError) error {
-	if _, keys := c.v.cfg.Ledger.(L402Keys); !keys || !c.r.L402 || !c.r.secretsAllowed() || c.pay.Kind != KindInvoice {
+	if !c.r.L402 || !c.r.secretsAllowed() || c.pay.Kind != KindInvoice {
 		return nil
 	}
 	mac, err := c.mintMacaroon(ctx)

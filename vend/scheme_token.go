@@ -51,9 +51,8 @@ var (
 	ErrTokenExpired = fmt.Errorf("payment token's invoice expired unpaid: %w", ErrPaymentExpired)
 )
 
-// GrantTokens is an optional ability of a Ledger (capvend's ledger has
-// it): the payment tokens of explicit-gating grants. Without it no token
-// is issued and a call presenting one gets ErrTokenUnknown.
+// GrantTokens is the ledger's role of the payment-token scheme: the
+// payment tokens of explicit-gating grants.
 type GrantTokens interface {
 	// AddGrantToken records tokenHash (hex SHA-256 of a token) as naming
 	// the explicit-gating call id, payable until expires (its invoice's
@@ -90,10 +89,7 @@ func tokenHash(token string) string {
 // issueToken records a new payment token for the explicit-gating call c
 // (whose payment is c.pay) and returns it.
 func (c *pending) issueToken(ctx context.Context) (string, error) {
-	gt, ok := c.v.cfg.Ledger.(GrantTokens)
-	if !ok {
-		return "", nil
-	}
+	gt := c.v.cfg.Ledger
 	tok, hash, err := newPaymentToken()
 	if err != nil {
 		return "", err
@@ -108,11 +104,7 @@ func (c *pending) issueToken(ctx context.Context) (string, error) {
 // token unless that call sells exactly bind and is awaiting payment (its
 // invoice not yet expired) or paid and not yet run.
 func (v *Vendor) grantByToken(ctx context.Context, r *CallRequest, bind Binding) (Call, error) {
-	gt, ok := v.cfg.Ledger.(GrantTokens)
-	if !ok {
-		return Call{}, ErrTokenUnknown
-	}
-	c, expires, err := gt.GrantByToken(ctx, tokenHash(r.PaymentToken))
+	c, expires, err := v.cfg.Ledger.GrantByToken(ctx, tokenHash(r.PaymentToken))
 	if errors.Is(err, ErrNotFound) {
 		return Call{}, ErrTokenUnknown
 	}

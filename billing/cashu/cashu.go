@@ -171,7 +171,7 @@ const (
 type Backend struct {
 	cfg    Config
 	mints  []string // normalised, cfg.Mints order
-	ledger vend.Ledger
+	ledger vend.PaymentBook
 	tl     tokenLedger // the same ledger: token swaps and refunds
 	born   time.Time   // token payments open from before were a previous run's
 	log    *slog.Logger
@@ -208,9 +208,17 @@ var (
 	_ vend.RefundPayer    = (*Backend)(nil)
 )
 
+// Ledger is what the backend records into: payments (vend's PaymentBook),
+// the swapping state of token proofs, and refunds. *ledger.Ledger
+// implements it.
+type Ledger interface {
+	vend.PaymentBook
+	tokenLedger
+}
+
 // New returns a Backend recording into l. It validates cfg and touches
 // neither the mint nor the wallet file.
-func New(cfg Config, l vend.Ledger) (*Backend, error) {
+func New(cfg Config, l Ledger) (*Backend, error) {
 	if l == nil {
 		return nil, errors.New("cashu: nil ledger")
 	}
@@ -220,14 +228,10 @@ func New(cfg Config, l vend.Ledger) (*Backend, error) {
 	if cfg.WalletDir == "" {
 		return nil, errors.New("cashu: no wallet directory configured")
 	}
-	tl, ok := l.(tokenLedger)
-	if !ok {
-		return nil, errors.New("cashu: the ledger cannot record token swaps and refunds (use *ledger.Ledger)")
-	}
 	b := &Backend{
 		cfg:     cfg,
 		ledger:  l,
-		tl:      tl,
+		tl:      l,
 		log:     cfg.Log,
 		now:     cfg.Now,
 		http:    cfg.HTTPClient,

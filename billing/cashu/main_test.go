@@ -75,7 +75,7 @@ func holdingEcash(t testing.TB, l *ledger.Ledger, sats ...int64) (*cashu.Backend
 	return b, filepath.Join(dir, "wallet")
 }
 
-func newBackend(t testing.TB, l vend.Ledger, mintURL, dir string, opts ...func(*cashu.Config)) *cashu.Backend {
+func newBackend(t testing.TB, l cashu.Ledger, mintURL, dir string, opts ...func(*cashu.Config)) *cashu.Backend {
 	t.Helper()
 	cfg := cashu.Config{
 		Mints:        []string{mintURL},

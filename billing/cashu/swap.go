@@ -45,7 +45,7 @@ func (b *Backend) failpoint(step string) {
 	}
 }
 
-// tokenLedger is what the backend needs of its ledger beyond vend.Ledger:
+// tokenLedger is what the backend needs of its ledger beyond payments:
 // the swapping state of token proofs, and refunds. *ledger.Ledger
 // implements it.
 type tokenLedger interface {

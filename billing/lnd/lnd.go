@@ -74,10 +74,11 @@ type Invoices interface {
 	SubscribeSingleInvoice(ctx context.Context, in *invoicesrpc.SubscribeSingleInvoiceRequest, opts ...grpc.CallOption) (invoicesrpc.Invoices_SubscribeSingleInvoiceClient, error)
 }
 
-// Ledger is what the backend records into: vend's ledger plus where the
-// invoice subscription resumes.
+// Ledger is what the backend records into: payments (vend's PaymentBook)
+// and where the invoice subscription resumes. *ledger.Ledger implements
+// it.
 type Ledger interface {
-	vend.Ledger
+	vend.PaymentBook
 	LNDCursor(ctx context.Context, node string) (addIndex, settleIndex uint64, err error)
 	SaveLNDCursor(ctx context.Context, node string, addIndex, settleIndex uint64) error
 }
