@@ -155,46 +155,27 @@ func (e *PublicSecretError) Error() string {
 // Is makes errors.Is(err, ErrPublicSecret) true.
 func (e *PublicSecretError) Is(target error) bool { return target == ErrPublicSecret }
 
-// presented lists what r presents: the schemes whose credential it
-// carries, with the secret's name, whether or not that scheme is the one
-// chosen to pay (a top-up names the account it credits with a credit
-// token, and pays by another).
-func presented(r *CallRequest) []struct {
-	s    Scheme
-	what string
-} {
-	type p = struct {
-		s    Scheme
-		what string
-	}
-	var out []p
-	if r.Macaroon != nil {
-		out = append(out, p{schemeL402, "an L402 credential"})
-	}
-	if r.PaymentToken != "" {
-		out = append(out, p{schemePaymentToken, "a payment token (" + PaymentArg + ")"})
-	}
-	if r.CashuToken != "" {
-		out = append(out, p{schemeCashu, "a Cashu token (_meta[\"" + MetaCashuToken + "\"])"})
-	}
-	if r.Credit != "" {
-		out = append(out, p{schemeCreditToken, "a credit token"})
-	}
-	if r.PaymentProof != "" {
-		out = append(out, p{schemePreimage, "a payment preimage (_meta[\"" + MetaPaymentProof + "\"])"})
-	}
-	return out
-}
-
 // checkTravel refuses a request on a public channel that carries a
-// private scheme's credential. Run before anything is recorded or spent.
+// private scheme's credential, whether or not that scheme is the one that
+// pays (a top-up names the account it credits with a credit token, and
+// pays by another). Run before anything is recorded or spent.
 func checkTravel(r *CallRequest) error {
 	if !r.Public {
 		return nil
 	}
-	for _, p := range presented(r) {
-		if p.s.Private {
-			return &PublicSecretError{What: p.what}
+	for _, c := range []struct {
+		carried bool
+		s       Scheme
+		what    string
+	}{
+		{r.Macaroon != nil, schemeL402, "an L402 credential"},
+		{r.PaymentToken != "", schemePaymentToken, "a payment token (" + PaymentArg + ")"},
+		{r.CashuToken != "", schemeCashu, "a Cashu token (_meta[\"" + MetaCashuToken + "\"])"},
+		{r.Credit != "", schemeCreditToken, "a credit token"},
+		{r.PaymentProof != "", schemePreimage, "a payment preimage (_meta[\"" + MetaPaymentProof + "\"])"},
+	} {
+		if c.carried && c.s.Private {
+			return &PublicSecretError{What: c.what}
 		}
 	}
 	return nil
