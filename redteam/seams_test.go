@@ -298,7 +298,7 @@ func TestCaseVariantOfPricedArgument(t *testing.T) {
 	t.Parallel()
 	p := issuePrices()
 	p.tools["byte_count"] = price{sats: 2, extra: "per_kb: {arg: text, sats: 1}, max_sats: 1000"}
-	sh := startShop(t, shopOpts{prices: &p})
+	sh := startShop(t, shopOpts{prices: &p, toolFlags: []string{"--byte-count"}})
 	c := newHTTPClient(t, sh)
 	sess := c.initialize()
 	big := strings.Repeat("x", 40*1024)

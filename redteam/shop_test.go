@@ -107,6 +107,8 @@ type shopOpts struct {
 	// Extra YAML lines, indented for their section (two spaces; four
 	// under the upstream).
 	http, nostrExtra, lndExtra, limits, upstream, top string
+	// toolFlags are more flags of example-tools (--byte-count).
+	toolFlags []string
 	// nsecMode is the mode of the nsec file (default 0600).
 	nsecMode os.FileMode
 	// env is added to capvend's environment.
@@ -220,8 +222,8 @@ func (sh *shop) writeConfig(p prices) {
 	}
 	fmt.Fprintf(&b, "limits:\n%s", limits)
 	b.WriteString(o.top)
-	fmt.Fprintf(&b, "upstreams:\n  - name: ex\n    command: %s\n    args: [--calls-log, %s]\n%s%s",
-		tools, sh.callsLog, o.upstream, p.yaml())
+	fmt.Fprintf(&b, "upstreams:\n  - name: ex\n    command: %s\n    args: [--calls-log, %s%s]\n%s%s",
+		tools, sh.callsLog, strings.Join(append([]string{""}, o.toolFlags...), ", "), o.upstream, p.yaml())
 	if err := os.WriteFile(sh.config, []byte(b.String()), 0o600); err != nil {
 		sh.t.Fatal(err)
 	}

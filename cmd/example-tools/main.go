@@ -24,8 +24,9 @@ import (
 func main() {
 	addr := flag.String("http", "", "serve Streamable HTTP at http://`ADDR`/mcp instead of stdio")
 	callsLog := flag.String("calls-log", "", "append one JSON line per executed request to `FILE`")
+	byteCount := flag.Bool("byte-count", false, "also offer byte_count, which reads its arguments without regard to case")
 	flag.Parse()
-	var opts exampletools.Options
+	opts := exampletools.Options{ByteCount: *byteCount}
 	if *callsLog != "" {
 		f, err := os.OpenFile(*callsLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 		if err != nil {

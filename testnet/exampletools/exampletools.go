@@ -65,6 +65,10 @@ type Options struct {
 	// written with a single Write before the handler runs, so that it is
 	// there when the answer is. Write errors fail the request.
 	CallsLog io.Writer
+	// ByteCount adds the tool byte_count, which reads its arguments as
+	// most Go (and .NET) servers do: into a struct, matching keys without
+	// regard to case (the red team's case-variant test sells it).
+	ByteCount bool
 }
 
 // NewServer returns the example MCP server: tools word_count, sha256,
@@ -229,26 +233,6 @@ func NewServerWith(o Options) *server.MCPServer {
 		}
 		return mcp.NewToolResultText(fmt.Sprintf("counted to %d", n)), nil
 	})
-	// byte_count reads its arguments as most Go (and .NET) servers do:
-	// into a struct, whose keys encoding/json matches without regard to
-	// case ("TEXT" and "Text" are text). Its schema allows other
-	// properties, as a schema without additionalProperties does.
-	s.AddTool(mcp.NewTool("byte_count",
-		mcp.WithDescription("The length of a text in bytes (0 without one)."),
-		mcp.WithString("text", mcp.Description("the text to measure")),
-	), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		var a struct {
-			Text string `json:"text"`
-		}
-		raw := r.Params.RawArguments
-		if len(raw) == 0 {
-			raw, _ = json.Marshal(r.Params.Arguments)
-		}
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return mcp.NewToolResultError(err.Error()), nil
-		}
-		return mcp.NewToolResultText(fmt.Sprintf("%d bytes", len(a.Text))), nil
-	})
 	s.AddTool(mcp.NewTool("always_fails",
 		mcp.WithDescription("Always fails: shows that a paid call whose tool fails is refunded."),
 		mcp.WithString("text", mcp.Description("ignored")),
@@ -276,5 +260,27 @@ func NewServerWith(o Options) *server.MCPServer {
 				"required":   []string{"confirm"}},
 		}).ToolResult(), nil
 	})
+	if o.ByteCount {
+		// byte_count reads its arguments as most Go (and .NET) servers do:
+		// into a struct, whose keys encoding/json matches without regard to
+		// case ("TEXT" and "Text" are text). Its schema allows other
+		// properties, as a schema without additionalProperties does.
+		s.AddTool(mcp.NewTool("byte_count",
+			mcp.WithDescription("The length of a text in bytes (0 without one)."),
+			mcp.WithString("text", mcp.Description("the text to measure")),
+		), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			var a struct {
+				Text string `json:"text"`
+			}
+			raw := r.Params.RawArguments
+			if len(raw) == 0 {
+				raw, _ = json.Marshal(r.Params.Arguments)
+			}
+			if err := json.Unmarshal(raw, &a); err != nil {
+				return mcp.NewToolResultError(err.Error()), nil
+			}
+			return mcp.NewToolResultText(fmt.Sprintf("%d bytes", len(a.Text))), nil
+		})
+	}
 	return s
 }
