@@ -106,9 +106,13 @@ type HTTPConfig struct {
 	MaxRequestBytes int64  `yaml:"max_request_bytes"`
 	// SessionIdle ends an MCP session without a request in flight for
 	// this long; MaxSessions bounds the live sessions (a new one evicts
-	// the longest idle, or gets 503 when all are busy).
-	SessionIdle time.Duration `yaml:"session_idle"`
-	MaxSessions int           `yaml:"max_sessions"`
+	// the longest idle of the client holding the most, or gets 503 when
+	// all are busy); MaxSessionsPerSource bounds one client's (an
+	// address, or a trusted proxy's client id): its next evicts its own
+	// longest idle, or gets 429 when all of its are busy.
+	SessionIdle          time.Duration `yaml:"session_idle"`
+	MaxSessions          int           `yaml:"max_sessions"`
+	MaxSessionsPerSource int           `yaml:"max_sessions_per_source"`
 	// MaxConnections bounds the open TCP connections; one more is
 	// answered 503 and closed.
 	MaxConnections int `yaml:"max_connections"`
@@ -495,7 +499,7 @@ func defaultConfig() Config {
 	return Config{
 		Ledger: LedgerConfig{Driver: "sqlite", Path: "capvend.db", LeaseTTL: 30 * time.Second, ClaimTakeover: time.Minute},
 		Server: ServerConfig{Name: "capvend"},
-		HTTP: HTTPConfig{MaxRequestBytes: 1 << 20, SessionIdle: 30 * time.Minute, MaxSessions: 10_000, MaxConnections: 1000,
+		HTTP: HTTPConfig{MaxRequestBytes: 1 << 20, SessionIdle: 30 * time.Minute, MaxSessions: 10_000, MaxSessionsPerSource: 100, MaxConnections: 1000,
 			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
 			ShutdownGrace: 30 * time.Second},
 		Nostr:     NostrConfig{Encryption: "optional", Announce: true, Window: 5 * time.Minute, ShutdownGrace: 30 * time.Second},
@@ -776,6 +780,9 @@ func (c *Config) validateHTTP(p *problems) {
 	}
 	if c.HTTP.MaxSessions < 1 || c.HTTP.MaxSessions > 1_000_000 {
 		p.bad("http.max_sessions", "%d is outside 1 .. 1000000", c.HTTP.MaxSessions)
+	}
+	if c.HTTP.MaxSessionsPerSource < 1 || c.HTTP.MaxSessionsPerSource > 1_000_000 {
+		p.bad("http.max_sessions_per_source", "%d is outside 1 .. 1000000", c.HTTP.MaxSessionsPerSource)
 	}
 	if c.HTTP.MaxConnections < 1 || c.HTTP.MaxConnections > 1_000_000 {
 		p.bad("http.max_connections", "%d is outside 1 .. 1000000", c.HTTP.MaxConnections)

@@ -41,8 +41,10 @@ func serveCommand() *command {
 also announces its tools and prices (nostr.announce). Priced tool calls
 send notifications/payment_required with a Lightning invoice, run once
 paid, and are recorded in the ledger; see the README for how clients pay.
-Over HTTP only MCP sessions it issued are served (404 otherwise), browser
-origins are checked (http.allowed_origins), a bearer token can be required
+Over HTTP only MCP sessions it issued are served (404 otherwise), at most
+http.max_sessions_per_source (100) per client (its next initialize evicts
+its own session idle the longest, or gets 429), browser origins are
+checked (http.allowed_origins), a bearer token can be required
 (http.auth_token_file), and limits count clients by address
 (http.trusted_proxies for X-Forwarded-For). With --stdio it serves one MCP client on
 standard input and output instead (for desktop MCP clients that launch
@@ -513,7 +515,7 @@ func frontConfig(cfg *Config) (mcpfront.Config, error) {
 	}
 	fc := mcpfront.Config{
 		Name: cfg.Server.Name, MaxBodyBytes: cfg.HTTP.MaxRequestBytes,
-		SessionIdle: cfg.HTTP.SessionIdle, MaxSessions: cfg.HTTP.MaxSessions,
+		SessionIdle: cfg.HTTP.SessionIdle, MaxSessions: cfg.HTTP.MaxSessions, MaxSessionsPerSource: cfg.HTTP.MaxSessionsPerSource,
 		TrustedProxies: proxies, ClientIDHeader: cfg.HTTP.ClientIDHeader,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins, WriteTimeout: cfg.HTTP.WriteTimeout,
 		LegacyGatingCode: cfg.Payments.LegacyGatingCode, HTTP402: cfg.Payments.HTTP402,
