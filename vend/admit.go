@@ -105,9 +105,9 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	if r.L402 {
 		r.Explicit = true // the challenge is the answer
 	}
-	t, ok := v.item(r.Kind, r.Tool)
-	if !ok {
-		return nil, CallResult{}, fmt.Errorf("%w: %q", ErrUnknownTool, r.Tool)
+	t, err := v.lookup(r.Kind, r.Tool)
+	if err != nil {
+		return nil, CallResult{}, err
 	}
 	// Parsed once: this one encoding is validated, priced, hashed,
 	// recorded and sent upstream; the live request carries it from here.
