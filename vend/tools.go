@@ -81,11 +81,12 @@ type ItemSource interface {
 	PromptItem(name string) (t Tool, ok bool)
 	// ResourceItem returns the resource read as uri as a Tool of
 	// KindResource: Name uri, Server the upstream that serves the read,
-	// UpstreamName the key its price is looked up by first (uri itself
-	// when an upstream lists it or it is a listed URI template, else the
+	// UpstreamName a key its price may be looked up by (uri itself when
+	// an upstream lists it or it is a listed URI template, else the
 	// first listed URI template uri matches), and Templates the further
 	// URI templates of Server that uri matches (vend prices the read by
-	// the first of these keys the book prices). ok=false if neither.
+	// the most specific of these keys, and its own, the book prices).
+	// ok=false if neither.
 	ResourceItem(uri string) (t Tool, ok bool)
 	// GetPrompt renders the prompt exposed as name with args and returns
 	// the MCP GetPromptResult as JSON. An error means it could not be
