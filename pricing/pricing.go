@@ -28,6 +28,13 @@
 // error (ErrBadArgument), which capvend answers with JSON-RPC -32602
 // invalid params.
 //
+// A Book also says what an item without a rule is (Unpriced: free, or
+// refused: not offered at all), orders the resource templates matching a
+// URI from the most specific (CompareSpecificity: the most literal
+// characters, then the fewest expressions), and checks its rules against
+// what an upstream lists (Unmatched: a rule naming nothing is a
+// configuration error, since the item it meant would go without it).
+//
 // Prices are integers (Msat) throughout; all arithmetic saturates at
 // MaxPrice, so no argument can make a price negative or overflow. A rule
 // without a Max is capped at MaxPrice (21 million bitcoin): its listed
@@ -189,13 +196,49 @@ type Quote struct {
 var ErrBadArgument = errors.New("bad argument")
 
 // Book is a set of rules by upstream server and tool name (or PromptKey,
-// ResourceKey). A tool, prompt or resource without a rule is free. A Book is immutable once built, so it is safe for
-// concurrent use; a new configuration builds a new Book.
+// ResourceKey). A tool, prompt or resource without a rule is free, or,
+// for a server the book refuses unpriced items of (WithUnpriced), not
+// offered at all (see Unpriced). A Book is immutable once built, so it is
+// safe for concurrent use; a new configuration builds a new Book.
 type Book struct {
 	rules map[string]map[string]Rule
 	// templates are, by server, the priced resource keys that are URI
-	// templates (see ResourceTemplates), in key order.
+	// templates (see ResourceTemplates), the most specific first.
 	templates map[string][]pricedTemplate
+	// unpriced is, by server, what an item without a rule is; absent:
+	// UnpricedFree.
+	unpriced map[string]Unpriced
+}
+
+// Unpriced is what a Book makes of an item it has no rule for.
+type Unpriced string
+
+// What an item without a rule is.
+const (
+	// UnpricedFree: offered free, like an item whose rule is free (the
+	// default).
+	UnpricedFree Unpriced = "free"
+	// UnpricedRefuse: not offered: neither listed nor sold. An item is
+	// offered free by a rule of its own that is free.
+	UnpricedRefuse Unpriced = "refuse"
+)
+
+// Option configures NewBook.
+type Option func(*Book)
+
+// WithUnpriced sets what items without a rule are, by server (a server
+// not in byServer: UnpricedFree).
+func WithUnpriced(byServer map[string]Unpriced) Option {
+	return func(b *Book) {
+		for s, u := range byServer {
+			if u == UnpricedRefuse {
+				if b.unpriced == nil {
+					b.unpriced = map[string]Unpriced{}
+				}
+				b.unpriced[s] = u
+			}
+		}
+	}
 }
 
 // pricedTemplate is a priced resource URI template and what its URIs match.
@@ -206,8 +249,11 @@ type pricedTemplate struct {
 
 // NewBook builds a book from rules[server][tool]. It fails, naming the
 // tool, if a rule does not Validate.
-func NewBook(rules map[string]map[string]Rule) (*Book, error) {
+func NewBook(rules map[string]map[string]Rule, opts ...Option) (*Book, error) {
 	b := &Book{rules: map[string]map[string]Rule{}}
+	for _, o := range opts {
+		o(b)
+	}
 	for server, tools := range rules {
 		m := make(map[string]Rule, len(tools))
 		for tool, r := range tools {
@@ -229,15 +275,34 @@ func NewBook(rules map[string]map[string]Rule) (*Book, error) {
 			}
 		}
 		b.rules[server] = m
-		slices.SortFunc(b.templates[server], func(a, b pricedTemplate) int { return strings.Compare(a.template, b.template) })
+		slices.SortFunc(b.templates[server], func(a, b pricedTemplate) int { return CompareSpecificity(a.template, b.template) })
 	}
 	return b, nil
 }
 
+// Unpriced returns what an item of server without a rule is.
+func (b *Book) Unpriced(server string) Unpriced {
+	if u, ok := b.unpriced[server]; ok {
+		return u
+	}
+	return UnpricedFree
+}
+
+// RefusesUnpriced reports whether Unpriced is UnpricedRefuse for any
+// server.
+func (b *Book) RefusesUnpriced() bool { return len(b.unpriced) > 0 }
+
+// Has reports whether the book has a rule for key (a tool name,
+// PromptKey, ResourceKey) on server, a free one included.
+func (b *Book) Has(server, key string) bool {
+	_, ok := b.rules[server][key]
+	return ok
+}
+
 // ResourceTemplates returns the URI templates the book prices resources of
-// server by (ResourceKey of a template) that uri matches, in lexical
-// order; nil if none. A template the uritemplate package cannot parse
-// matches nothing.
+// server by (ResourceKey of a template) that uri matches, the most
+// specific first (see CompareSpecificity); nil if none. A template the
+// uritemplate package cannot parse matches nothing.
 func (b *Book) ResourceTemplates(server, uri string) []string {
 	var out []string
 	for _, t := range b.templates[server] {
@@ -253,12 +318,15 @@ func (b *Book) ResourceTemplates(server, uri string) []string {
 // "resource:<uri or URI template>". MCP tool names have no ':' (their
 // recommended alphabet is A-Z a-z 0-9 _ - .), so the three never collide;
 // capvend's config refuses tool names with these prefixes.
-func PromptKey(name string) string { return "prompt:" + name }
+func PromptKey(name string) string { return promptPrefix + name }
 
 // ResourceKey: see PromptKey.
 func ResourceKey(uri string) string { return resourcePrefix + uri }
 
-const resourcePrefix = "resource:"
+const (
+	promptPrefix   = "prompt:"
+	resourcePrefix = "resource:"
+)
 
 // Quote prices a call of tool on server with args (a JSON object; empty or
 // null means no arguments). It returns an error wrapping ErrBadArgument if

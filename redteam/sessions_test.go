@@ -3,6 +3,7 @@ package redteam
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,5 +93,75 @@ func TestSessionCountBounded(t *testing.T) {
 	}
 	if usable == 0 {
 		t.Fatal("no session usable at all")
+	}
+}
+
+// TestSessionFloodKeepsOthersGrants: one address sends initialize after
+// initialize (issue 26, item 5c). Another address's idle session, which
+// holds a paid explicit-gating grant, must survive it: its repeat of the
+// call is answered in that session, not refused as an unknown session.
+func TestSessionFloodKeepsOthersGrants(t *testing.T) {
+	t.Parallel()
+	needLoopback(t, "127.0.0.2")
+	const max = 6
+	sh := startShop(t, shopOpts{lnd: plainInvoices, http: fmt.Sprintf("  max_sessions: %d\n", max)})
+	victim := newHTTPClient(t, sh)
+	sess := victim.initialize()
+	call := callParams("sha256", map[string]any{"text": "held grant"}, explicit())
+	m, err := victim.tryRPC(sess, 1, "tools/call", call, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-payAsync(sh.s, gatedInvoice(t, m)); err != nil {
+		t.Fatalf("paying the grant: %v", err)
+	}
+	waitUntil(t, "the grant paid", func() bool { return callState(t, sh, 1) == "paid" })
+
+	flooder := newHTTPClientFrom(t, sh, "127.0.0.2")
+	issued := 0
+	for range 5 * max {
+		if _, err := flooder.tryInitialize(); err == nil {
+			issued++
+		}
+	}
+	if issued == 0 {
+		t.Fatal("the flooding address got no session at all")
+	}
+	m, err = victim.tryRPC(sess, 2, "tools/call", call, nil)
+	if err != nil {
+		t.Fatalf("the paid grant's session after %d initialize from another address (http.max_sessions %d): %v", 5*max, max, err)
+	}
+	if !strings.Contains(string(m.Result), sha256Hex("held grant")) {
+		t.Fatalf("the paid grant's repeat: %s", m)
+	}
+}
+
+// TestSessionsPerSourceCapped configures http.max_sessions_per_source and
+// opens more from one address: at most that many are usable at once, and
+// another address still gets a session.
+func TestSessionsPerSourceCapped(t *testing.T) {
+	t.Parallel()
+	needLoopback(t, "127.0.0.2")
+	const perSource = 3
+	sh := startShop(t, shopOpts{http: fmt.Sprintf("  max_sessions_per_source: %d\n", perSource)})
+	c := newHTTPClientFrom(t, sh, "127.0.0.2")
+	var sessions []string
+	for range 4 * perSource {
+		if s, err := c.tryInitialize(); err == nil {
+			sessions = append(sessions, s)
+		}
+	}
+	usable := 0
+	for i, s := range sessions {
+		if _, err := c.tryRPC(s, i+1, "ping", nil, nil); err == nil {
+			usable++
+		}
+	}
+	if usable == 0 || usable > perSource {
+		t.Fatalf("%d sessions of one address usable at once with http.max_sessions_per_source %d (%d initialized)", usable, perSource, len(sessions))
+	}
+	other := newHTTPClient(t, sh)
+	if _, err := other.tryRPC(other.initialize(), 1, "ping", nil, nil); err != nil {
+		t.Fatalf("another address's session: %v", err)
 	}
 }

@@ -101,9 +101,9 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	if err := checkTravel(r); err != nil { // _meta's secrets
 		return nil, CallResult{}, err
 	}
-	t, ok := v.item(r.Kind, r.Tool)
-	if !ok {
-		return nil, CallResult{}, fmt.Errorf("%w: %q", ErrUnknownTool, r.Tool)
+	t, err := v.lookup(r.Kind, r.Tool)
+	if err != nil {
+		return nil, CallResult{}, err
 	}
 	// Parsed once: this one encoding is validated, priced, hashed,
 	// recorded and sent upstream; the live request carries it from here.

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/capvend/capvend/pricing"
 )
 
 // storedItem returns what running call sends upstream: the item its
@@ -49,7 +51,7 @@ func (v *Vendor) Tools() []Tool {
 	book := v.book()
 	out := make([]Tool, 0, len(ts))
 	for _, t := range ts {
-		if !v.offered(&t) {
+		if !v.offered(&t) || !v.forSale(&t) {
 			continue
 		}
 		lo, _ := book.Listed(t.Server, t.UpstreamName)
@@ -79,60 +81,143 @@ func (v *Vendor) tool(name string) (Tool, bool) {
 	}
 	for _, t := range v.cfg.Tools.Tools() {
 		if t.Name == name {
-			return t, v.offered(&t)
+			return t, v.offered(&t) && v.forSale(&t)
 		}
 	}
 	return Tool{}, false
+}
+
+// UnpricedPolicy is an optional ability of a PriceBook (pricing.Book has
+// it): what an item without a rule of its own is. A server whose
+// Unpriced is pricing.UnpricedRefuse offers only the items its book has
+// a rule for (a free rule names an item offered free): the others are
+// neither listed nor sold, on every front. Without it, every item is
+// offered (an item without a rule is free).
+type UnpricedPolicy interface {
+	// Unpriced returns what an item of server without a rule is.
+	Unpriced(server string) pricing.Unpriced
+	// RefusesUnpriced reports whether Unpriced is UnpricedRefuse for
+	// any server.
+	RefusesUnpriced() bool
+	// Has reports whether the book has a rule for key on server.
+	Has(server, key string) bool
+	// MayMatch reports whether a resource rule of server may apply to a
+	// URI that template (a listed URI template) matches.
+	MayMatch(server, template string) bool
+}
+
+// forSale reports whether the price book offers t (see UnpricedPolicy):
+// a resource when a rule applies to any key it may be priced under.
+func (v *Vendor) forSale(t *Tool) bool {
+	up, ok := v.book().(UnpricedPolicy)
+	if !ok || up.Unpriced(t.Server) != pricing.UnpricedRefuse {
+		return true
+	}
+	if t.Kind.Or() != KindResource {
+		return up.Has(t.Server, priceKey(t))
+	}
+	if up.Has(t.Server, itemPriceKey(KindResource, t.UpstreamName)) || up.Has(t.Server, itemPriceKey(KindResource, t.Name)) {
+		return true
+	}
+	return slices.ContainsFunc(t.Templates, func(k string) bool { return up.Has(t.Server, itemPriceKey(KindResource, k)) })
 }
 
 // item returns what a request of kind asks for by name: a tool, or a
 // prompt or resource (as a Tool, see Tool) if the ToolSource is an
 // ItemSource that serves it.
 func (v *Vendor) item(kind ItemKind, name string) (Tool, bool) {
+	t, err := v.lookup(kind, name)
+	return t, err == nil
+}
+
+// errNotListed: no upstream lists the item asked for (lookup).
+var errNotListed = errors.New("not listed")
+
+// lookup is item, saying why not: an error wrapping ErrUnknownTool and
+// errNotListed (no upstream lists it) or not (not for sale, see
+// UnpricedPolicy), or an *InvalidParamsError (a resource URI not in
+// normal form, see normalURI).
+func (v *Vendor) lookup(kind ItemKind, name string) (Tool, error) {
 	if kind.Or() == KindTool {
-		return v.tool(name)
+		t, ok := v.tool(name)
+		if !ok {
+			return Tool{}, fmt.Errorf("%w: %q", ErrUnknownTool, name)
+		}
+		return t, nil
 	}
 	items, ok := v.cfg.Tools.(ItemSource)
 	if !ok {
-		return Tool{}, false
+		return Tool{}, fmt.Errorf("%w: %w: %s %q", ErrUnknownTool, errNotListed, kind, name)
 	}
 	var t Tool
 	switch kind {
 	case KindPrompt:
 		t, ok = items.PromptItem(name)
 	case KindResource:
-		t, ok = items.ResourceItem(name)
-		t.InputSchema = nil // a read has no arguments
-		if tp, isTP := v.book().(TemplatePricer); ok && isTP {
-			for _, k := range tp.ResourceTemplates(t.Server, t.Name) {
-				if k != t.UpstreamName && !slices.Contains(t.Templates, k) {
-					t.Templates = append(t.Templates, k)
-				}
-			}
+		if t, ok = items.ResourceItem(name); !ok {
+			break
 		}
+		if n := normalURI(name); n != name && t.UpstreamName != name {
+			return Tool{}, &InvalidParamsError{Tool: name, Reason: "the URI is not in normal form (RFC 3986): read " + n}
+		}
+		t.InputSchema = nil // a read has no arguments
+		v.priceKeys(&t)
 		t.UpstreamName = v.resourceKey(&t)
 	}
 	if !ok {
-		return Tool{}, false
+		return Tool{}, fmt.Errorf("%w: %w: %s %q", ErrUnknownTool, errNotListed, kind, name)
 	}
 	t.Kind, t.Name, t.Idempotent = kind, name, true
-	return t, true
+	if !v.forSale(&t) {
+		return Tool{}, fmt.Errorf("%w: %s %q is not for sale", ErrUnknownTool, kind, name)
+	}
+	return t, nil
 }
 
-// resourceKey is the key a resource is priced under: the first of its
-// UpstreamName (a listed URI, or the template its ItemSource chose) and
-// its Templates (its upstream's, then the price book's, see
-// TemplatePricer) that the price book prices, else UpstreamName (free). A
-// listed URI without a price of its own is priced by the template it
-// matches.
-func (v *Vendor) resourceKey(t *Tool) string {
-	book := v.book()
-	for _, k := range append([]string{t.UpstreamName}, t.Templates...) {
-		if _, hi := book.Listed(t.Server, itemPriceKey(KindResource, k)); hi > 0 {
-			return k
+// priceKeys adds to a resource's Templates the further keys it may be
+// priced under: the URI itself, the price book's templates it matches
+// (see TemplatePricer), and, when it reads as another URI once folded
+// (see foldedURI), that URI and the book's templates matching it.
+func (v *Vendor) priceKeys(t *Tool) {
+	add := func(k string) {
+		if k != t.UpstreamName && !slices.Contains(t.Templates, k) {
+			t.Templates = append(t.Templates, k)
 		}
 	}
-	return t.UpstreamName
+	tp, _ := v.book().(TemplatePricer)
+	uris := []string{t.Name}
+	if f := foldedURI(t.Name); f != t.Name {
+		uris = append(uris, f)
+	}
+	for _, uri := range uris {
+		add(uri)
+		if tp != nil {
+			for _, k := range tp.ResourceTemplates(t.Server, uri) {
+				add(k)
+			}
+		}
+	}
+}
+
+// resourceKey is the key a resource is priced under: of its UpstreamName
+// (a listed URI, or the template its ItemSource chose) and its Templates
+// (see priceKeys), the most specific the price book prices
+// (pricing.CompareSpecificity: the most literal characters, then the
+// fewest variables), else UpstreamName (free). A URI's own price so wins
+// over its templates', and a listed URI without a price of its own is
+// priced by the most specific template it matches.
+func (v *Vendor) resourceKey(t *Tool) string {
+	book := v.book()
+	best := ""
+	for _, k := range append([]string{t.UpstreamName}, t.Templates...) {
+		if _, hi := book.Listed(t.Server, itemPriceKey(KindResource, k)); hi > 0 && (best == "" || pricing.CompareSpecificity(k, best) < 0) {
+			best = k
+		}
+	}
+	if best == "" {
+		return t.UpstreamName
+	}
+	return best
 }
 
 // priceKey is the name t's price is looked up by in the price book (and

@@ -44,10 +44,11 @@ type Tool struct {
 	Price        Msat            // 0: free
 	Idempotent   bool            // may be re-run after a crash during execution
 	// Templates (resources only) are further keys the resource may be
-	// priced under, in order: the URI templates of Server that Name
-	// matches (the ItemSource's; vend adds the price book's, see
-	// TemplatePricer). The first key the price book prices is used, so a
-	// listed URI without a price of its own is priced by its template.
+	// priced under: the URI templates of Server that Name matches (the
+	// ItemSource's; vend adds Name itself, the price book's templates and
+	// those of Name's folded spelling, see TemplatePricer and foldedURI).
+	// The most specific key the price book prices is used, so a listed
+	// URI without a price of its own is priced by its template.
 	Templates []string
 }
 
@@ -80,11 +81,12 @@ type ItemSource interface {
 	PromptItem(name string) (t Tool, ok bool)
 	// ResourceItem returns the resource read as uri as a Tool of
 	// KindResource: Name uri, Server the upstream that serves the read,
-	// UpstreamName the key its price is looked up by first (uri itself
-	// when an upstream lists it or it is a listed URI template, else the
+	// UpstreamName a key its price may be looked up by (uri itself when
+	// an upstream lists it or it is a listed URI template, else the
 	// first listed URI template uri matches), and Templates the further
 	// URI templates of Server that uri matches (vend prices the read by
-	// the first of these keys the book prices). ok=false if neither.
+	// the most specific of these keys, and its own, the book prices).
+	// ok=false if neither.
 	ResourceItem(uri string) (t Tool, ok bool)
 	// GetPrompt renders the prompt exposed as name with args and returns
 	// the MCP GetPromptResult as JSON. An error means it could not be
@@ -114,10 +116,10 @@ type PriceBook interface {
 
 // TemplatePricer is an optional ability of a PriceBook (pricing.Book has
 // it): the URI templates it prices resources of server by that uri
-// matches. A resource is priced by such a template when neither its own
-// URI nor a template its upstream lists has a price, so that a template
-// of the configuration prices every URI it matches, whether or not the
-// upstream declares that template.
+// matches. Such a template competes with the resource's own URI and the
+// templates its upstream lists (the most specific priced key wins), so
+// that a template of the configuration prices every URI it matches,
+// whether or not the upstream declares that template.
 type TemplatePricer interface {
 	ResourceTemplates(server, uri string) []string
 }

@@ -76,10 +76,16 @@
 //
 // Prompts and resources are sold the same way (CallRequest.Kind): a
 // prompts/get of a priced prompt or a resources/read of a priced resource
-// (a listed URI, or one matching a priced URI template: a listed URI
-// without a price of its own is priced by the template it matches) goes
-// through CallTool with the same guarantees, run by the ToolSource's
-// optional ItemSource. Their prices are the book's rules under
+// (a listed URI, or one matching a priced URI template: a URI's own price
+// wins, else the most specific priced template it matches, see
+// pricing.CompareSpecificity) goes through CallTool with the same
+// guarantees, run by the ToolSource's optional ItemSource. A resource URI
+// not in RFC 3986 normal form (and not listed as it is) is refused as
+// invalid params, on every path (see uri.go): what is priced is what is
+// read. The fronts serve free prompts and resources from their Catalog
+// through Vendor.Offered, which applies these rules and the price book's
+// UnpricedPolicy (an item without a rule is free, or neither listed nor
+// sold) to what they list and read. Their prices are the book's rules under
 // pricing.PromptKey and pricing.ResourceKey, so they never collide with
 // tool names; the ledger records the kind, so income is booked per kind.
 // Prompt gets and resource reads are idempotent: one a crash interrupted

@@ -101,6 +101,28 @@ func TestReadyzStates(t *testing.T) {
 	}
 }
 
+// A check's Info is shown beside it while it passes; its reason while it
+// fails.
+func TestReadyzInfo(t *testing.T) {
+	s, err := NewServer("127.0.0.1:0", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pricesErr error
+	s.AddCheck(Check{Name: "prices", Check: func(context.Context) error { return pricesErr }, Info: func() string { return "unpriced items free" }})
+	w := httptest.NewRecorder()
+	s.ServeHTTP(w, httptest.NewRequest("GET", "/readyz", nil))
+	if body := w.Body.String(); w.Code != 200 || body != "ok: prices: unpriced items free\n" {
+		t.Fatalf("readyz: %d %q", w.Code, body)
+	}
+	pricesErr = errors.New("a price names nothing")
+	w = httptest.NewRecorder()
+	s.ServeHTTP(w, httptest.NewRequest("GET", "/readyz", nil))
+	if body := w.Body.String(); w.Code != 503 || body != "not ready: prices: a price names nothing\n" {
+		t.Fatalf("readyz: %d %q", w.Code, body)
+	}
+}
+
 // Label values come from the configuration only: a tool, server or kind
 // nobody configured is counted as "other", however many there are.
 func TestLabelsBounded(t *testing.T) {

@@ -207,7 +207,7 @@ type Health struct {
 type CheckResult struct {
 	Name string
 	OK   bool
-	Why  string
+	Why  string // why not ready; when ready, the check's Info, if any
 }
 
 func (d *Dashboard) view(ctx context.Context) (*view, error) {

@@ -25,10 +25,13 @@ import (
 var ErrNeedsToken = errors.New("an admin listener off loopback needs a bearer token (admin.token_file)")
 
 // Check is one condition of readiness: nil when it holds, else why not
-// (the reason is shown on /readyz: it must hold no secret).
+// (the reason is shown on /readyz: it must hold no secret). Info, if set,
+// is what /readyz shows of it when it holds (a setting in force; no
+// secret either).
 type Check struct {
 	Name  string
 	Check func(ctx context.Context) error
+	Info  func() string
 }
 
 // Server is the admin listener's HTTP handler. Register routes and checks
@@ -116,14 +119,16 @@ func (s *Server) runChecks(ctx context.Context) []CheckResult {
 		r := CheckResult{Name: c.Name, OK: true}
 		if err := c.Check(ctx); err != nil {
 			r.OK, r.Why = false, err.Error()
+		} else if c.Info != nil {
+			r.Why = c.Info()
 		}
 		out = append(out, r)
 	}
 	return out
 }
 
-// readyz runs every check and answers 200 with "ok" lines, or 503 with
-// the failing checks' reasons.
+// readyz runs every check and answers 200 with "ok" lines (with a
+// check's Info), or 503 with the failing checks' reasons.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	var b strings.Builder
 	ready := true
@@ -131,6 +136,8 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		if !c.OK {
 			ready = false
 			fmt.Fprintf(&b, "not ready: %s: %s\n", c.Name, c.Why)
+		} else if c.Why != "" {
+			fmt.Fprintf(&b, "ok: %s: %s\n", c.Name, c.Why)
 		} else {
 			fmt.Fprintf(&b, "ok: %s\n", c.Name)
 		}

@@ -315,12 +315,18 @@ func withMember(body json.RawMessage, member string) (json.RawMessage, error) {
 }
 
 // catalogError logs a Catalog failure and returns what the client gets:
-// -32054 for an upstream failure, else -32603, never the details.
+// -32054 for an upstream failure, -32602 for a vend.InvalidParamsError
+// (its reason names nothing internal), else -32603, never the details.
 func (s *Server) catalogError(ctx context.Context, method, key, what string, err error) *rpcError {
 	w := &rpcError{Code: rpcerr.CodeInternal, Message: "Internal error"}
 	lvl := slog.LevelError
-	if errors.Is(err, vend.ErrUpstream) {
+	var ip *vend.InvalidParamsError
+	switch {
+	case errors.Is(err, vend.ErrUpstream):
 		w = &rpcError{Code: rpcerr.CodeUpstream, Message: "Upstream server failed"}
+		lvl = slog.LevelInfo
+	case errors.As(err, &ip): // not for sale, or a URI not in normal form (vend.Vendor.Offered)
+		w = &rpcError{Code: rpcerr.CodeInvalidParams, Message: "Invalid params: " + ip.Reason}
 		lvl = slog.LevelInfo
 	}
 	s.log.Log(ctx, lvl, "catalog request answered with an error", logKeyMethod, method, key, what, logKeyCode, w.Code, logKeyErr, err)

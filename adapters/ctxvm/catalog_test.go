@@ -16,7 +16,8 @@ import (
 // fakeCatalog lists prompts greet, down, broken and a duplicate greet;
 // resources test://readme, test://down, test://bad, test://noname and
 // one with a bad definition; the template test://item/{id}. "down" fails
-// upstream, "broken" fails otherwise, test://bad returns no JSON object.
+// upstream, "broken" fails otherwise, test://bad returns no JSON object,
+// test://item/%37 is refused as invalid params.
 type fakeCatalog struct{}
 
 func (fakeCatalog) Prompts() []vend.Prompt {
@@ -65,6 +66,8 @@ func (fakeCatalog) ReadResource(ctx context.Context, uri string) (json.RawMessag
 		return nil, fmt.Errorf("%w: deadbeef", vend.ErrUpstream)
 	case uri == "test://bad":
 		return json.RawMessage(`"deadbeef"`), nil
+	case uri == "test://item/%37": // as vend.Vendor.Offered refuses it
+		return nil, &vend.InvalidParamsError{Tool: uri, Reason: "the URI is not in normal form (RFC 3986): read test://item/7"}
 	case strings.HasPrefix(uri, "test://item/"):
 		return json.RawMessage(`{"contents":[{"uri":"` + uri + `","text":"item ` + strings.TrimPrefix(uri, "test://item/") + `"}]}`), nil
 	}
@@ -122,6 +125,7 @@ func TestCatalog(t *testing.T) {
 			{`"resources/read","params":{"uri":"test://readme"}`, `{"contents":[{"uri":"test://readme","mimeType":"text/plain","text":"hello"}],"_meta":{"k":"v"}}`},
 			{`"resources/read","params":{"uri":"test://item/42"}`, `{"contents":[{"uri":"test://item/42","text":"item 42"}]}`},
 			{`"resources/read","params":{"uri":"test://down"}`, "-32054 Upstream server failed"},
+			{`"resources/read","params":{"uri":"test://item/%37"}`, "-32602 Invalid params: the URI is not in normal form (RFC 3986): read test://item/7"},
 			{`"resources/read","params":{"uri":"test://bad"}`, "-32603 Internal error"},
 			{`"resources/read","params":{"uri":"other://x"}`, "-32602 Unknown resource: other://x"},
 			{`"prompts/get","params":{"name":"bad"}`, "-32602 Unknown prompt: bad"},

@@ -76,7 +76,8 @@ type Catalog interface {
 	Prompts() []vend.Prompt
 	// GetPrompt renders the prompt listed as name with args and returns an
 	// MCP GetPromptResult as JSON. Errors wrapping vend.ErrUpstream are
-	// answered as such; any other as an internal error.
+	// answered as such, a *vend.InvalidParamsError as invalid params; any
+	// other as an internal error.
 	GetPrompt(ctx context.Context, name string, args map[string]string) (json.RawMessage, error)
 	// Resources returns the resources to list now (not modified by the caller).
 	Resources() []vend.Resource

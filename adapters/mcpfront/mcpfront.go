@@ -168,10 +168,15 @@
 //     (other than initialize) gets 400, -32000; an id never issued, ended
 //     by DELETE, idle (no request in flight) for Config.SessionIdle, or
 //     evicted, gets 404, -32001 "Session not found" (the client must
-//     initialize again). At most Config.MaxSessions live at once: a new
-//     initialize evicts the session idle the longest, and gets 503,
-//     -32000, with Retry-After, only when every session has a request in
-//     flight. Ids are 256 random bits. Requests of protocol 2026-07-28
+//     initialize again). Each session belongs to the Source of its
+//     initialize, which holds at most Config.MaxSessionsPerSource: beyond
+//     that, its initialize evicts its own session idle the longest, and
+//     gets 429, -32000, with Retry-After, when each of its sessions has a
+//     request in flight. At most Config.MaxSessions live at once: a new
+//     initialize evicts the session idle the longest of the source
+//     holding the most sessions (one source flooding initialize evicts
+//     its own, not others'), and gets 503, -32000, with Retry-After, only
+//     when every session has a request in flight. Ids are 256 random bits. Requests of protocol 2026-07-28
 //     have no session (an Mcp-Session-Id is ignored): each is its own
 //     client. With Config.Sessions (instances sharing a ledger) a session
 //     another instance issued is served too: an id not live here, of the
@@ -398,9 +403,16 @@ type Config struct {
 	// had no request in flight for this long. 0: DefaultSessionIdle.
 	SessionIdle time.Duration
 	// MaxSessions bounds the live MCP sessions: at the bound, a new
-	// initialize evicts the session idle the longest, or gets 503 when
-	// every session has a request in flight. 0: DefaultMaxSessions.
+	// initialize evicts the session idle the longest of the source holding
+	// the most, or gets 503 when every session has a request in flight.
+	// 0: DefaultMaxSessions.
 	MaxSessions int
+	// MaxSessionsPerSource bounds the live MCP sessions of one source
+	// (see Source in the package doc): beyond it, the source's
+	// initialize evicts its own session idle the longest, or gets 429
+	// when each of its sessions has a request in flight. 0:
+	// DefaultMaxSessionsPerSource.
+	MaxSessionsPerSource int
 	// Sessions, if set, shares the MCP sessions with other instances (a
 	// ledger they share): a session issued by any of them is accepted
 	// here, so that a client whose instance died can send its request
@@ -517,8 +529,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxElicits == 0 {
 		cfg.MaxElicits = DefaultMaxElicits
 	}
-	if cfg.SessionIdle < 0 || cfg.MaxSessions < 0 {
-		return nil, errors.New("mcpfront: SessionIdle or MaxSessions is negative")
+	if cfg.SessionIdle < 0 || cfg.MaxSessions < 0 || cfg.MaxSessionsPerSource < 0 {
+		return nil, errors.New("mcpfront: SessionIdle, MaxSessions or MaxSessionsPerSource is negative")
 	}
 	if cfg.SessionIdle == 0 {
 		cfg.SessionIdle = DefaultSessionIdle
@@ -550,6 +562,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxSessions == 0 {
 		cfg.MaxSessions = DefaultMaxSessions
 	}
+	if cfg.MaxSessionsPerSource == 0 {
+		cfg.MaxSessionsPerSource = DefaultMaxSessionsPerSource
+	}
 	if cfg.Name == "" {
 		cfg.Name = "capvend"
 	}
@@ -567,7 +582,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, nonce: hex.EncodeToString(b[:]), elicits: map[string]*pendingAsk{}, elicitBy: map[string]int{},
-		sessions: newSessions(cfg.SessionIdle, cfg.MaxSessions), origins: origins, tokenHash: tokenHash}
+		sessions: newSessions(cfg.SessionIdle, cfg.MaxSessions, cfg.MaxSessionsPerSource), origins: origins, tokenHash: tokenHash}
 	s.streams, s.closeStreams = context.WithCancel(context.Background())
 
 	hooks := &server.Hooks{}

@@ -26,10 +26,12 @@ const (
 	codeSessionNotFound = -32001
 )
 
-// Session defaults (Config.SessionIdle, Config.MaxSessions).
+// Session defaults (Config.SessionIdle, Config.MaxSessions,
+// Config.MaxSessionsPerSource).
 const (
-	DefaultSessionIdle = 30 * time.Minute
-	DefaultMaxSessions = 10_000
+	DefaultSessionIdle          = 30 * time.Minute
+	DefaultMaxSessions          = 10_000
+	DefaultMaxSessionsPerSource = 100
 )
 
 // sessionIDPrefix starts every session id (as mcp-go's own ids do); 32
@@ -40,6 +42,9 @@ var (
 	// errSessionsFull: every one of MaxSessions sessions has a request in
 	// flight, so none can be evicted for a new one (503).
 	errSessionsFull = errors.New("too many sessions")
+	// errSourceFull: the source asking holds MaxSessionsPerSource
+	// sessions, each with a request in flight (429).
+	errSourceFull = errors.New("too many sessions from one source")
 	// errUnknownSession: a session id this Server did not issue, or
 	// issued and then ended (expired, evicted, terminated by DELETE).
 	errUnknownSession = errors.New("unknown session")
@@ -47,30 +52,54 @@ var (
 
 // sessions are the MCP sessions (protocols before 2026-07-28) this Server
 // issued. A session is live from its initialize until DELETE, until it was
-// idle (no request in flight) for idle, or until it is evicted: when max
-// sessions are live, a new initialize evicts the one idle the longest, and
-// is refused (503) when every session has a request in flight. Ids are 256
-// random bits; nothing else is accepted.
+// idle (no request in flight) for idle, or until it is evicted. Each
+// session belongs to the source whose initialize made it (the Source of
+// limits: "ip:<address>" or "id:<client id>"), so that one source cannot
+// take the others' sessions:
+//
+//   - a source holding perSource sessions evicts its own idle the
+//     longest for a new one, and is refused (429) when all of its have a
+//     request in flight;
+//   - when max sessions are live, a new initialize evicts the session idle
+//     the longest of the source holding the most live sessions (of those
+//     with an idle one; at equal counts, the one idle the longest of
+//     all), and is refused (503) when every session has a request in
+//     flight. A flood from one source so evicts only its own sessions,
+//     while it holds more than any other.
+//
+// Ids are 256 random bits; nothing else is accepted.
 type sessions struct {
-	idle time.Duration
-	max  int
-	now  func() time.Time // the clock; tests move it
+	idle      time.Duration
+	max       int
+	perSource int
+	now       func() time.Time // the clock; tests move it
 
-	mu   sync.Mutex
-	byID map[string]*session
-	lru  *list.List // sessions with no request in flight, least recently active at the back
+	mu       sync.Mutex
+	byID     map[string]*session
+	lru      *list.List // sessions with no request in flight, least recently active at the back
+	bySource map[string]*sourceSessions
 }
 
 type session struct {
 	id       string
+	source   string        // who made it (see sessions)
 	shared   time.Time     // the expiry last written to Config.Sessions (zero: none)
 	last     time.Time     // the end of its last request (or its start)
 	inflight int           // requests being served
 	elem     *list.Element // its place in lru; nil while a request is in flight
+	selem    *list.Element // its place in its source's lru; nil likewise
 }
 
-func newSessions(idle time.Duration, max int) *sessions {
-	return &sessions{idle: idle, max: max, now: time.Now, byID: map[string]*session{}, lru: list.New()}
+// sourceSessions are one source's live sessions: how many, and its idle
+// ones, least recently active at the back.
+type sourceSessions struct {
+	n   int
+	lru *list.List
+}
+
+func newSessions(idle time.Duration, max, perSource int) *sessions {
+	return &sessions{idle: idle, max: max, perSource: perSource, now: time.Now,
+		byID: map[string]*session{}, lru: list.New(), bySource: map[string]*sourceSessions{}}
 }
 
 // newSessionID returns a fresh session id.
@@ -82,54 +111,89 @@ func newSessionID() (string, error) {
 	return sessionIDPrefix + base64.RawURLEncoding.EncodeToString(b[:]), nil
 }
 
-// admit issues a new session for an initialize request, with that request
-// in flight (call end when it is answered). It returns the ids of the
-// sessions that expired or were evicted, for the caller to clean up
-// (outside any lock); errSessionsFull if none could be evicted.
-func (ss *sessions) admit() (id string, gone []string, err error) {
+// admit issues a new session of source for an initialize request, with
+// that request in flight (call end when it is answered). It returns the
+// ids of the sessions that expired or were evicted, for the caller to
+// clean up (outside any lock); errSourceFull or errSessionsFull if none
+// could be evicted.
+func (ss *sessions) admit(source string) (id string, gone []string, err error) {
 	id, err = newSessionID()
 	if err != nil {
 		return "", nil, err
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	gone, err = ss.addLocked(id)
+	gone, err = ss.addLocked(id, source)
 	if err != nil {
 		return "", gone, err
 	}
 	return id, gone, nil
 }
 
-// addLocked makes session id live with a request in flight, evicting the
-// least recently used idle session if the bound is reached: the ids of
-// the sessions that expired or were evicted; errSessionsFull if none
-// could be evicted. ss.mu is held.
-func (ss *sessions) addLocked(id string) (gone []string, err error) {
+// addLocked makes session id of source live with a request in flight,
+// evicting an idle session if a bound is reached (see sessions): the ids
+// of the sessions that expired or were evicted; errSourceFull or
+// errSessionsFull if none could be evicted. ss.mu is held.
+func (ss *sessions) addLocked(id, source string) (gone []string, err error) {
 	gone = ss.sweep(nil)
-	if len(ss.byID) >= ss.max {
-		back := ss.lru.Back()
+	src := ss.bySource[source]
+	if src != nil && src.n >= ss.perSource {
+		back := src.lru.Back()
 		if back == nil {
-			return gone, errSessionsFull
+			return gone, errSourceFull
 		}
 		victim := back.Value.(*session)
 		ss.remove(victim)
 		gone = append(gone, victim.id)
 	}
-	ss.byID[id] = &session{id: id, last: ss.now(), inflight: 1}
+	if len(ss.byID) >= ss.max {
+		victim := ss.victim()
+		if victim == nil {
+			return gone, errSessionsFull
+		}
+		ss.remove(victim)
+		gone = append(gone, victim.id)
+	}
+	if src = ss.bySource[source]; src == nil {
+		src = &sourceSessions{lru: list.New()}
+		ss.bySource[source] = src
+	}
+	src.n++
+	ss.byID[id] = &session{id: id, source: source, last: ss.now(), inflight: 1}
 	return gone, nil
 }
 
+// victim is the session to evict at the global bound: the idle session
+// idle the longest of the source holding the most live sessions (of
+// those with an idle one); of sources holding as many, the one whose
+// session has been idle the longest. nil if no session is idle.
+func (ss *sessions) victim() *session {
+	var v *session
+	vn := 0
+	for _, src := range ss.bySource {
+		back := src.lru.Back()
+		if back == nil {
+			continue
+		}
+		s := back.Value.(*session)
+		if v == nil || src.n > vn || src.n == vn && s.last.Before(v.last) {
+			v, vn = s, src.n
+		}
+	}
+	return v
+}
+
 // adopt makes id, a session another instance issued (Config.Sessions
-// says it is live), live here with a request in flight, as admit does a
-// new one; begin it instead if it is live here already.
-func (ss *sessions) adopt(id string) (gone []string, err error) {
+// says it is live), live here as source's with a request in flight, as
+// admit does a new one; begin it instead if it is live here already.
+func (ss *sessions) adopt(id, source string) (gone []string, err error) {
 	ss.mu.Lock()
 	if ss.byID[id] != nil {
 		ss.mu.Unlock()
 		return ss.begin(id)
 	}
 	defer ss.mu.Unlock()
-	return ss.addLocked(id)
+	return ss.addLocked(id, source)
 }
 
 // toShare reports whether session id's expiry is to be written to
@@ -171,10 +235,7 @@ func (ss *sessions) begin(id string) (gone []string, err error) {
 		ss.remove(s)
 		return append(gone, id), errUnknownSession
 	}
-	if s.elem != nil {
-		ss.lru.Remove(s.elem)
-		s.elem = nil
-	}
+	ss.unidle(s)
 	s.inflight++
 	return gone, nil
 }
@@ -193,6 +254,9 @@ func (ss *sessions) end(id string) {
 	if s.inflight == 0 {
 		s.last = ss.now()
 		s.elem = ss.lru.PushFront(s)
+		if src := ss.bySource[s.source]; src != nil {
+			s.selem = src.lru.PushFront(s)
+		}
 	}
 }
 
@@ -240,12 +304,26 @@ func (ss *sessions) sweep(gone []string) []string {
 
 func (ss *sessions) expired(s *session) bool { return ss.now().Sub(s.last) >= ss.idle }
 
-func (ss *sessions) remove(s *session) {
+// unidle takes s off the lists of idle sessions.
+func (ss *sessions) unidle(s *session) {
 	if s.elem != nil {
 		ss.lru.Remove(s.elem)
 		s.elem = nil
 	}
+	if s.selem != nil {
+		ss.bySource[s.source].lru.Remove(s.selem)
+		s.selem = nil
+	}
+}
+
+func (ss *sessions) remove(s *session) {
+	ss.unidle(s)
 	delete(ss.byID, s.id)
+	if src := ss.bySource[s.source]; src != nil {
+		if src.n--; src.n <= 0 {
+			delete(ss.bySource, s.source)
+		}
+	}
 }
 
 // ctxNewSession carries the id admit issued for an initialize request to
@@ -336,7 +414,7 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request, body []byt
 	var err error
 	switch {
 	case r.Method == http.MethodPost && isInitialize(body):
-		id, gone, err = s.sessions.admit()
+		id, gone, err = s.sessions.admit(s.source(r))
 		if err == nil {
 			r = r.WithContext(context.WithValue(r.Context(), ctxNewSession{}, id))
 		}
@@ -346,7 +424,7 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request, body []byt
 			writeRPCError(w, http.StatusBadRequest, rpcID(body), codeTransport, "Bad Request: Mcp-Session-Id header is required")
 			return nil, nil, false
 		}
-		gone, err = s.beginSession(r.Context(), id)
+		gone, err = s.beginSession(r, id)
 		if err == nil && r.Method == http.MethodDelete && s.cfg.Sessions != nil {
 			// The client ends it: on every instance.
 			if err := s.cfg.Sessions.EndSession(r.Context(), sessionHash(id)); err != nil {
@@ -366,6 +444,11 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request, body []byt
 		s.log.Warn("mcp initialize refused: every session is busy", "max_sessions", s.sessions.max)
 		w.Header().Set("Retry-After", strconv.Itoa(1))
 		writeRPCError(w, http.StatusServiceUnavailable, rpcID(body), codeTransport, "Service Unavailable: too many sessions")
+		return nil, nil, false
+	case errors.Is(err, errSourceFull):
+		s.log.Info("mcp initialize refused: every session of its source is busy", "max_sessions_per_source", s.sessions.perSource)
+		w.Header().Set("Retry-After", strconv.Itoa(1))
+		writeRPCError(w, http.StatusTooManyRequests, rpcID(body), codeTransport, "Too Many Requests: too many sessions from this client")
 		return nil, nil, false
 	case err != nil:
 		s.log.Error("mcp session not issued", logKeyErr, err)
@@ -414,7 +497,8 @@ func wellFormedSessionID(id string) bool {
 // A store that cannot be read refuses the session (404), as an unknown
 // one; a write that fails is logged (another instance may then not know
 // the session).
-func (s *Server) beginSession(ctx context.Context, id string) ([]string, error) {
+func (s *Server) beginSession(r *http.Request, id string) ([]string, error) {
+	ctx := r.Context()
 	gone, err := s.sessions.begin(id)
 	store := s.cfg.Sessions
 	if store == nil {
@@ -427,7 +511,7 @@ func (s *Server) beginSession(ctx context.Context, id string) ([]string, error) 
 		}
 		if live {
 			var more []string
-			more, err = s.sessions.adopt(id)
+			more, err = s.sessions.adopt(id, s.source(r))
 			gone = append(gone, more...)
 		}
 	}

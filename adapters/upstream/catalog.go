@@ -10,6 +10,7 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/pricing"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -97,6 +98,37 @@ func (m *Manager) ResourceTemplates() []ResourceTemplate {
 }
 
 var _ vend.ItemSource = (*Manager)(nil)
+
+// Listings returns, by upstream name, what each upstream listed last
+// (kept while it is down), by the names prices are keyed under: its own
+// tool and prompt names (without the prefix), its resource URIs and
+// templates, whether or not another upstream's hide them. An upstream
+// none of whose lists has arrived yet is absent; the lists of a kind that
+// has not arrived (listing it failed) are marked unknown. No I/O.
+func (m *Manager) Listings() map[string]pricing.Listing {
+	out := map[string]pricing.Listing{}
+	for _, u := range m.upstreams {
+		u.mu.Lock()
+		if u.known != 0 {
+			l := pricing.Listing{ToolsKnown: u.known&listTools != 0, PromptsKnown: u.known&listPrompts != 0, ResourcesKnown: u.known&listResources != 0}
+			for _, t := range u.tools {
+				l.Tools = append(l.Tools, t.UpstreamName)
+			}
+			for _, p := range u.prompts {
+				l.Prompts = append(l.Prompts, p.UpstreamName)
+			}
+			for _, r := range u.resources {
+				l.Resources = append(l.Resources, r.URI)
+			}
+			for _, t := range u.templates {
+				l.Templates = append(l.Templates, t.URITemplate)
+			}
+			out[u.cfg.Name] = l
+		}
+		u.mu.Unlock()
+	}
+	return out
+}
 
 // PromptItem implements vend.ItemSource: the prompt exposed as name, its
 // upstream server and name there, and a JSON Schema of its arguments

@@ -328,3 +328,43 @@ func TestPromptsOnlyUpstream(t *testing.T) {
 	}
 	_ = fmt.Sprint
 }
+
+// Listings gives each upstream's own names, as prices are keyed: tool and
+// prompt names without the prefix, URIs and templates, including those
+// another upstream hides (test://shared); none before the lists arrive.
+func TestListings(t *testing.T) {
+	hs := newTestServer("http-upstream")
+	h := startHTTP(t, hs)
+	e := newEvents()
+	m, err := New(e.config(
+		ServerConfig{Name: "web", Prefix: "w_", URL: h.url()},
+		stdioConfig(t, "local", "l_"),
+	))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(m.Listings()); n != 0 {
+		t.Fatalf("%d listings before Run", n)
+	}
+	run(t, m)
+	waitCatalog(t, m, e, "w_greet", "l_greet", "http-upstream://item/{id}", "stdio-upstream://item/{id}")
+	ls := m.Listings()
+	for server, name := range map[string]string{"web": "http-upstream", "local": "stdio-upstream"} {
+		l, ok := ls[server]
+		if !ok || !l.ToolsKnown || !l.PromptsKnown || !l.ResourcesKnown {
+			t.Fatalf("%s: %+v", server, l)
+		}
+		if !slices.Contains(l.Prompts, "greet") || !slices.Contains(l.Resources, "test://shared") ||
+			!slices.Contains(l.Resources, name+"://readme") || !slices.Equal(l.Templates, []string{name + "://item/{id}"}) {
+			t.Errorf("%s: %+v", server, l)
+		}
+		for _, tool := range l.Tools {
+			if strings.HasPrefix(tool, "w_") || strings.HasPrefix(tool, "l_") {
+				t.Errorf("%s lists tool %q with its prefix", server, tool)
+			}
+		}
+		if len(l.Tools) == 0 {
+			t.Errorf("%s: no tools", server)
+		}
+	}
+}

@@ -44,6 +44,8 @@ type upstream struct {
 	prompts   []Prompt
 	resources []Resource
 	templates []ResourceTemplate
+	// known are the lists that arrived once (see Manager.Listings).
+	known lists
 
 	// progress routes the upstream's notifications/progress to the call
 	// that asked for them, by the token the Manager chose.
@@ -400,6 +402,7 @@ func (u *upstream) relist(ctx context.Context, c *client.Client, which, have lis
 	}
 
 	u.mu.Lock()
+	u.known |= got
 	var changed lists
 	if got&listTools != 0 && !sameTools(u.tools, tools) {
 		u.tools = tools

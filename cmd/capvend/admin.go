@@ -81,6 +81,9 @@ func (s *vendServer) watch() error {
 		return err
 	}})
 	s.admin.AddCheck(admin.Check{Name: "payments", Check: s.paymentsReady})
+	// What unpriced items are; not ready while a price names nothing its
+	// upstream lists (see priceCheck).
+	s.admin.AddCheck(admin.Check{Name: "prices", Check: s.prices.ready, Info: s.prices.info})
 	s.admin.AddCheck(admin.Check{Name: "upstreams", Check: func(context.Context) error {
 		if down := s.upstreamsDown(); len(down) > 0 {
 			return fmt.Errorf("not listed yet: %s", strings.Join(down, ", "))

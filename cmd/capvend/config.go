@@ -43,6 +43,7 @@ type Config struct {
 	Payments  PaymentsConfig   `yaml:"payments"`
 	Limits    LimitsConfig     `yaml:"limits"`
 	Credit    CreditConfig     `yaml:"credit"`
+	Pricing   PricingConfig    `yaml:"pricing"`
 	Reconcile ReconcileConfig  `yaml:"reconcile"`
 	Upstreams []UpstreamConfig `yaml:"upstreams"`
 	Admin     AdminConfig      `yaml:"admin"`
@@ -106,9 +107,13 @@ type HTTPConfig struct {
 	MaxRequestBytes int64  `yaml:"max_request_bytes"`
 	// SessionIdle ends an MCP session without a request in flight for
 	// this long; MaxSessions bounds the live sessions (a new one evicts
-	// the longest idle, or gets 503 when all are busy).
-	SessionIdle time.Duration `yaml:"session_idle"`
-	MaxSessions int           `yaml:"max_sessions"`
+	// the longest idle of the client holding the most, or gets 503 when
+	// all are busy); MaxSessionsPerSource bounds one client's (an
+	// address, or a trusted proxy's client id): its next evicts its own
+	// longest idle, or gets 429 when all of its are busy.
+	SessionIdle          time.Duration `yaml:"session_idle"`
+	MaxSessions          int           `yaml:"max_sessions"`
+	MaxSessionsPerSource int           `yaml:"max_sessions_per_source"`
 	// MaxConnections bounds the open TCP connections; one more is
 	// answered 503 and closed.
 	MaxConnections int `yaml:"max_connections"`
@@ -235,6 +240,19 @@ type CreditConfig struct {
 	ExpiresAfter time.Duration `yaml:"expires_after"`
 }
 
+// PricingConfig is what is sold beside the prices of the upstreams'
+// sections.
+type PricingConfig struct {
+	// Unpriced is what a tool, prompt or resource without a price of its
+	// own (not named under its upstream's tools:, prompts:, resources:)
+	// is: "free" (the default) sells it free; "refuse" neither lists nor
+	// sells it (a call is answered as an unknown tool, a get or read as
+	// invalid params): only what the configuration names is offered, an
+	// entry without a price ({}) free. An upstream's own unpriced wins.
+	// Reloads with the prices (SIGHUP).
+	Unpriced string `yaml:"unpriced"`
+}
+
 // ReconcileConfig is the continuous reconciliation of the ledger with LND
 // and the Cashu wallet and mints (package reconcile).
 type ReconcileConfig struct {
@@ -270,6 +288,17 @@ type UpstreamConfig struct {
 	// prices, min and max are for tools. Not listed: free.
 	Prompts   map[string]ToolConfig `yaml:"prompts"`
 	Resources map[string]ToolConfig `yaml:"resources"`
+	// Unpriced is pricing.unpriced for this upstream's items ("free" or
+	// "refuse"); empty: pricing.unpriced.
+	Unpriced string `yaml:"unpriced"`
+}
+
+// unpriced is what u's items without a price are under cfg.
+func (c *Config) unpriced(u UpstreamConfig) pricing.Unpriced {
+	if u.Unpriced != "" {
+		return pricing.Unpriced(u.Unpriced)
+	}
+	return pricing.Unpriced(c.Pricing.Unpriced)
 }
 
 // ToolConfig prices one tool. A tool not listed is free. Every amount is
@@ -453,14 +482,24 @@ func (u UpstreamConfig) itemPrices() []struct {
 }
 
 // PriceBook builds the price book of the upstreams' tools, prompts and
-// resources (the latter under pricing.PromptKey and ResourceKey). It
-// fails, naming the item, only on a configuration Validate refuses.
+// resources (the latter under pricing.PromptKey and ResourceKey), with
+// what their unpriced items are. It fails, naming the item, only on a
+// configuration Validate refuses.
 func (c *Config) PriceBook() (*pricing.Book, error) {
 	rules, err := c.priceRules()
 	if err != nil {
 		return nil, err
 	}
-	return pricing.NewBook(rules)
+	return pricing.NewBook(rules, pricing.WithUnpriced(c.unpricedBy()))
+}
+
+// unpricedBy is what each upstream's items without a price are.
+func (c *Config) unpricedBy() map[string]pricing.Unpriced {
+	m := make(map[string]pricing.Unpriced, len(c.Upstreams))
+	for _, u := range c.Upstreams {
+		m[u.Name] = c.unpriced(u)
+	}
+	return m
 }
 
 // priceRules are the price rules of every upstream, by upstream name and
@@ -495,7 +534,7 @@ func defaultConfig() Config {
 	return Config{
 		Ledger: LedgerConfig{Driver: "sqlite", Path: "capvend.db", LeaseTTL: 30 * time.Second, ClaimTakeover: time.Minute},
 		Server: ServerConfig{Name: "capvend"},
-		HTTP: HTTPConfig{MaxRequestBytes: 1 << 20, SessionIdle: 30 * time.Minute, MaxSessions: 10_000, MaxConnections: 1000,
+		HTTP: HTTPConfig{MaxRequestBytes: 1 << 20, SessionIdle: 30 * time.Minute, MaxSessions: 10_000, MaxSessionsPerSource: 100, MaxConnections: 1000,
 			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
 			ShutdownGrace: 30 * time.Second},
 		Nostr:     NostrConfig{Encryption: "optional", Announce: true, Window: 5 * time.Minute, ShutdownGrace: 30 * time.Second},
@@ -503,6 +542,7 @@ func defaultConfig() Config {
 		Cashu:     CashuConfig{WalletDir: "cashu-wallet", AcceptTokens: true, MintQuotes: true},
 		Payments:  PaymentsConfig{TTL: 10 * time.Minute},
 		Limits:    LimitsConfig{MaxUnpaidPerClient: 10, MaxUnpaidTotal: 1_000, RequestsPerMinute: 120},
+		Pricing:   PricingConfig{Unpriced: string(pricing.UnpricedFree)},
 		Reconcile: ReconcileConfig{Interval: reconcile.DefaultInterval},
 		Log:       LogConfig{Format: "text", Level: "info"},
 	}
@@ -777,6 +817,9 @@ func (c *Config) validateHTTP(p *problems) {
 	if c.HTTP.MaxSessions < 1 || c.HTTP.MaxSessions > 1_000_000 {
 		p.bad("http.max_sessions", "%d is outside 1 .. 1000000", c.HTTP.MaxSessions)
 	}
+	if c.HTTP.MaxSessionsPerSource < 1 || c.HTTP.MaxSessionsPerSource > 1_000_000 {
+		p.bad("http.max_sessions_per_source", "%d is outside 1 .. 1000000", c.HTTP.MaxSessionsPerSource)
+	}
 	if c.HTTP.MaxConnections < 1 || c.HTTP.MaxConnections > 1_000_000 {
 		p.bad("http.max_connections", "%d is outside 1 .. 1000000", c.HTTP.MaxConnections)
 	}
@@ -884,8 +927,8 @@ func (c *Config) validateLND(p *problems) {
 	}
 }
 
-// validatePayments checks the cashu, payments, credit, limits and
-// reconcile sections.
+// validatePayments checks the cashu, payments, credit, limits, pricing
+// and reconcile sections.
 func (c *Config) validatePayments(p *problems) {
 	for i, m := range c.Cashu.Mints {
 		if u, err := url.Parse(m); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
@@ -916,6 +959,14 @@ func (c *Config) validatePayments(p *problems) {
 	if c.Limits.RequestsPerMinute < 1 {
 		p.bad("limits.requests_per_minute", "must be at least 1, got %d", c.Limits.RequestsPerMinute)
 	}
+	if !validUnpriced(c.Pricing.Unpriced) {
+		p.bad("pricing.unpriced", "%q is not free (the default: an item without a price is sold free) or refuse (it is neither listed nor sold)", c.Pricing.Unpriced)
+	}
+}
+
+// validUnpriced reports whether s is a value of pricing.unpriced.
+func validUnpriced(s string) bool {
+	return s == string(pricing.UnpricedFree) || s == string(pricing.UnpricedRefuse)
 }
 
 // validateUpstreams checks the upstreams and their prices, and says
@@ -947,6 +998,9 @@ func (c *Config) validateUpstreams(p *problems) (priced bool) {
 		}
 		if !toolPrefix.MatchString(u.Prefix) {
 			p.bad(field+".prefix", "%q must be at most 32 characters of A-Z a-z 0-9 _ . -", u.Prefix)
+		}
+		if u.Unpriced != "" && !validUnpriced(u.Unpriced) {
+			p.bad(field+".unpriced", "%q is not free or refuse (or leave it out for pricing.unpriced)", u.Unpriced)
 		}
 		names := make([]string, 0, len(u.Tools))
 		for name := range u.Tools {

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -64,7 +63,9 @@ for anything that fails:
   - each mint is reachable, with its keysets and input fees;
   - each relay is reachable and takes our kinds: an ephemeral probe event
     (kind 25910, signed with the server's key) is published and read back;
-  - each upstream starts and lists its tools, and every priced tool exists;
+  - each upstream starts and lists its tools, and every price (of a tool,
+    prompt or resource) names something it lists; and what an item
+    without a price is (pricing.unpriced: free or refuse);
   - the clock agrees with the mints' (within the Nostr window);
   - secret files (nsec, macaroon, wallet, bearer token) are readable only
     by their owner.
@@ -342,10 +343,15 @@ func probeRelay(ctx context.Context, url, sk string) outcome {
 }
 
 // checkUpstreams starts every upstream (its own copy), waits until each
-// connected or failed, and checks every priced tool is listed.
+// connected or failed, and checks every price names something its
+// upstream lists (see priceCheck); then says what unpriced items are.
 func checkUpstreams(ctx context.Context, cfg *Config) []outcome {
 	if len(cfg.Upstreams) == 0 {
 		return []outcome{failed("upstreams", "add an upstream MCP server under upstreams:", "none configured: nothing to sell")}
+	}
+	book, err := cfg.PriceBook()
+	if err != nil {
+		return []outcome{failed("upstreams", "fix the prices under upstreams:", "%v", err)}
 	}
 	ups, err := upstream.New(upstream.Config{Servers: upstreamServers(cfg)})
 	if err != nil {
@@ -356,13 +362,7 @@ func checkUpstreams(ctx context.Context, cfg *Config) []outcome {
 	go func() { defer close(done); ups.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	listedAll(ctx, ups, checkTimeout)
-	listed := map[string]map[string]bool{}
-	for _, t := range ups.Tools() {
-		if listed[t.Server] == nil {
-			listed[t.Server] = map[string]bool{}
-		}
-		listed[t.Server][t.UpstreamName] = true
-	}
+	listings := ups.Listings()
 	var out []outcome
 	for i, st := range ups.Status() {
 		u := cfg.Upstreams[i]
@@ -376,20 +376,18 @@ func checkUpstreams(ctx context.Context, cfg *Config) []outcome {
 			continue
 		}
 		var missing []string
-		for tool := range u.Tools {
-			if !listed[u.Name][tool] {
-				missing = append(missing, tool)
-			}
+		for _, key := range book.Unmatched(u.Name, listings[u.Name]) {
+			missing = append(missing, configKey(key))
 		}
-		sort.Strings(missing)
 		if len(missing) > 0 {
-			out = append(out, failed(name, "correct the tool names under its tools: (they are the upstream's names, without the prefix)",
-				"lists %d tools, but not the priced %s", st.Tools, strings.Join(missing, ", ")))
+			out = append(out, failed(name, "correct the names under its tools:, prompts:, resources: (the upstream's names, without the prefix; a resource's URI, or a URI template)",
+				"lists %d tools, but nothing the prices %s name", st.Tools, strings.Join(missing, ", ")))
 			continue
 		}
-		out = append(out, passed(name, "started and lists %d tools; all %d priced tools exist", st.Tools, len(u.Tools)))
+		n := len(u.Tools) + len(u.Prompts) + len(u.Resources)
+		out = append(out, passed(name, "started and lists %d tools; all %d prices name something it lists", st.Tools, n))
 	}
-	return out
+	return append(out, passed("unpriced", "%s", unpricedSummary(cfg)))
 }
 
 // listedAll waits until every upstream has listed its tools or failed,

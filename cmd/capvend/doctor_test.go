@@ -193,3 +193,21 @@ func TestDoctorLND(t *testing.T) {
 		})
 	}
 }
+
+// Doctor checks every price against what its upstream lists, prompts and
+// resources too, and shows what an item without a price is.
+func TestDoctorItemPricesAndUnpriced(t *testing.T) {
+	s := newDoctorSetup(t)
+	path := s.write(t)
+	appendFile(t, path, "    prompts:\n      summarize: {price_sats: 2}\n    resources:\n      \"example://readm\": {price_sats: 1}\n      \"example://{name}\": {price_sats: 1}\n")
+	code, rep := runDoctor(t, path)
+	if code != 1 || strings.Count(rep, "FAIL") != 1 {
+		t.Fatalf("exit %d, want 1 with one failure:\n%s", code, rep)
+	}
+	if l := wantStatus(t, rep, "upstream tools", "FAIL"); !strings.Contains(l, "resources.example://readm") || strings.Contains(l, "summarize") || strings.Contains(l, "{name}") {
+		t.Fatalf("the upstream's line does not name just the resource price naming nothing: %q", l)
+	}
+	if l := wantStatus(t, rep, "unpriced", "ok"); !strings.Contains(l, "free") {
+		t.Fatalf("unpriced: %q", l)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/pricing"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -97,13 +98,26 @@ func (s *vendServer) shared() vend.SharedConfig {
 }
 
 // priceHash is the hash of cfg's price book: SHA-256 of its rules as JSON
-// (encoding/json writes map keys sorted, so equal books hash equal).
+// (encoding/json writes map keys sorted, so equal books hash equal), with
+// the upstreams whose unpriced items are refused, if any.
 func priceHash(cfg *Config) (string, error) {
 	rules, err := cfg.priceRules()
 	if err != nil {
 		return "", err
 	}
-	b, err := json.Marshal(rules)
+	var v any = rules
+	// What unpriced items are is part of the prices; free, the default,
+	// keeps the hash of the rules alone (as before it was a setting).
+	refused := map[string]pricing.Unpriced{}
+	for server, u := range cfg.unpricedBy() {
+		if u == pricing.UnpricedRefuse {
+			refused[server] = u
+		}
+	}
+	if len(refused) > 0 {
+		v = map[string]any{"rules": rules, "unpriced": refused}
+	}
+	b, err := json.Marshal(v)
 	if err != nil {
 		return "", err
 	}

@@ -187,6 +187,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"bad nostr window", "nostr:\n  window: 1s\n", []string{"nostr.window", "10s .. 1h"}},
 		{"bad nostr shutdown grace", "nostr:\n  shutdown_grace: 0s\n", []string{"nostr.shutdown_grace", "1s .. 10m"}},
 		{"bad http shutdown grace", "http:\n  shutdown_grace: 11m\n", []string{"http.shutdown_grace", "1s .. 10m"}},
+		{"no sessions per source", "http:\n  max_sessions_per_source: 0\n", []string{"http.max_sessions_per_source", "1 .. 1000000"}},
 		{"inline nsec", "nostr:\n  nsec_file: nsec1qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqq\n", []string{"nostr.nsec_file", "not the key itself"}},
 		{"inline macaroon", "lnd:\n  host: h:1\n  tls_cert_file: c\n  macaroon_file: " + strings.Repeat("0201", 40) + "\n", []string{"lnd.macaroon_file", "not the macaroon itself"}},
 		{"lnd without macaroon", "lnd:\n  host: 127.0.0.1:10009\n  tls_cert_file: c\n", []string{"lnd.macaroon_file", "invoice.macaroon"}},

@@ -10,16 +10,24 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/capvend/capvend/pricing"
 	"github.com/capvend/capvend/vend"
 )
 
 // priceSetter takes a new price book (vend.Vendor).
 type priceSetter interface{ SetPrices(vend.PriceBook) }
 
+// priceChecker is the optional ability of a priceSetter to refuse a
+// price book before it is set (see priceCheck).
+type priceChecker interface {
+	checkPrices(next *Config, book *pricing.Book) error
+}
+
 // reloadPrices re-reads the configuration file cur was read from and, if
-// it is valid, gives v its prices and calls refresh (tool lists and
-// announcements change). It returns the configuration now in force: cur
-// when the new one is refused. Only prices change without a restart;
+// it is valid (and v, a priceChecker, accepts its prices), gives v its
+// prices and calls refresh (tool lists and announcements change). It
+// returns the configuration now in force: cur when the new one is
+// refused. Only prices (and pricing.unpriced) change without a restart;
 // other changed sections are logged.
 func reloadPrices(cur *Config, getenv func(string) string, v priceSetter, refresh func(), log *slog.Logger) (*Config, error) {
 	next, err := loadConfig(cur.path, getenv)
@@ -29,6 +37,11 @@ func reloadPrices(cur *Config, getenv func(string) string, v priceSetter, refres
 	book, err := next.PriceBook()
 	if err != nil {
 		return cur, err
+	}
+	if pc, ok := v.(priceChecker); ok {
+		if err := pc.checkPrices(next, book); err != nil {
+			return cur, err
+		}
 	}
 	if changed := restartSections(cur, next); len(changed) > 0 {
 		log.Warn("config reload: these settings changed but only take effect after a restart", "sections", changed)
@@ -65,7 +78,8 @@ func endFreedGrants(v any, log *slog.Logger) {
 }
 
 // restartSections names the sections of next that differ from cur other
-// than the prices of tools, prompts and resources.
+// than the prices of tools, prompts and resources and what unpriced ones
+// are.
 func restartSections(cur, next *Config) []string {
 	var out []string
 	a, b := *cur, *next
@@ -73,6 +87,7 @@ func restartSections(cur, next *Config) []string {
 		out = append(out, "upstreams")
 	}
 	a.Upstreams, b.Upstreams = nil, nil
+	a.Pricing, b.Pricing = PricingConfig{}, PricingConfig{}
 	ta, tb := reflect.TypeOf(a), reflect.ValueOf(b)
 	va := reflect.ValueOf(a)
 	for i := range ta.NumField() {
@@ -87,12 +102,12 @@ func restartSections(cur, next *Config) []string {
 	return out
 }
 
-// withoutPrices returns ups without their price sections (tools, prompts
-// and resources: all of them reload).
+// withoutPrices returns ups without their price sections (tools, prompts,
+// resources and unpriced: all of them reload).
 func withoutPrices(ups []UpstreamConfig) []UpstreamConfig {
 	out := make([]UpstreamConfig, len(ups))
 	for i, u := range ups {
-		u.Tools, u.Prompts, u.Resources = nil, nil, nil
+		u.Tools, u.Prompts, u.Resources, u.Unpriced = nil, nil, nil, ""
 		out[i] = u
 	}
 	return out

@@ -41,8 +41,10 @@ func serveCommand() *command {
 also announces its tools and prices (nostr.announce). Priced tool calls
 send notifications/payment_required with a Lightning invoice, run once
 paid, and are recorded in the ledger; see the README for how clients pay.
-Over HTTP only MCP sessions it issued are served (404 otherwise), browser
-origins are checked (http.allowed_origins), a bearer token can be required
+Over HTTP only MCP sessions it issued are served (404 otherwise), at most
+http.max_sessions_per_source (100) per client (its next initialize evicts
+its own session idle the longest, or gets 429), browser origins are
+checked (http.allowed_origins), a bearer token can be required
 (http.auth_token_file), and limits count clients by address
 (http.trusted_proxies for X-Forwarded-For). With --stdio it serves one MCP client on
 standard input and output instead (for desktop MCP clients that launch
@@ -52,13 +54,25 @@ One serve at a time uses an SQLite ledger (it locks LEDGER.lock): a second
 waits up to 40 s for the first to stop (a restart), then refuses. Several
 serves share a PostgreSQL ledger (ledger.driver: postgres).
 
+An item without a price is sold free (pricing.unpriced: free, the default)
+or neither listed nor sold (refuse; an upstream's own unpriced: wins).
+Every price must name a tool, prompt or resource its upstream lists (a
+resource price that is a URI template names what it matches): upstreams
+connect in the background, so each upstream's prices are checked when its
+lists first arrive, and one naming nothing stops serve, naming it. If a
+running upstream's lists change so that a price names nothing, it is
+logged and /readyz fails, and serving goes on. A resources/read of a URI
+not in RFC 3986 normal form (dot segments, needless percent-encoding) is
+refused as invalid params.
+
 SIGHUP reloads the prices (the tools:, prompts: and resources: sections of
-the upstreams): a valid file takes effect for new calls at once (calls
-already quoted keep their price), tool lists change and Nostr announcements
-are republished; an invalid one is logged and the old prices stay. An
-explicit-gating grant paid for an item that became free is refunded (owed
-back, see the ledger's liabilities:refunds); an unpaid one is withdrawn.
-Other changes need a restart.
+the upstreams, their unpriced: and pricing.unpriced): a valid file takes
+effect for new calls at once (calls already quoted keep their price), tool
+lists change and Nostr announcements are republished; an invalid one, or
+one with a price naming nothing an upstream listed, is logged and the old
+prices stay. An explicit-gating grant paid for an item that became free is
+refunded (owed back, see the ledger's liabilities:refunds); an unpaid one
+is withdrawn. Other changes need a restart.
 
 Stops on SIGINT or SIGTERM: it stops accepting calls, lets running ones
 finish (http.shutdown_grace and nostr.shutdown_grace, 30 s each by
@@ -140,6 +154,7 @@ type vendServer struct {
 	backends []vend.PaymentBackend
 	closers  []func() error
 	ups      *upstream.Manager
+	prices   *priceCheck // the prices in force against the upstreams' lists
 	v        *vend.Vendor
 	front    *mcpfront.Server
 	nostr    *ctxvm.Server // nil without relays (or with --stdio)
@@ -186,6 +201,7 @@ func (s *vendServer) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.prices = newPriceCheck(cfg, prices, s.ups.Listings, s.log)
 	if err := s.registerPrices(ctx); err != nil {
 		return err
 	}
@@ -206,7 +222,10 @@ func (s *vendServer) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fcfg.Vendor, fcfg.Catalog, fcfg.Version, fcfg.Logger = s.v, upstreamCatalog{s.ups}, buildVersion(), s.log
+	// Prompts and resources reach the fronts through the Vendor's view of
+	// them (what it offers, URIs in normal form).
+	catalog := s.v.Offered(upstreamCatalog{s.ups})
+	fcfg.Vendor, fcfg.Catalog, fcfg.Version, fcfg.Logger = s.v, catalog, buildVersion(), s.log
 	if cfg.Ledger.Driver == "postgres" {
 		fcfg.Sessions = s.l // any instance accepts a session any issued: see README, Several instances
 	}
@@ -214,7 +233,7 @@ func (s *vendServer) open(ctx context.Context) error {
 		return err
 	}
 	if !s.stdio && len(cfg.Nostr.Relays) > 0 {
-		if s.nostr, err = nostrFront(cfg, s.v, upstreamCatalog{s.ups}, s.l, s.claims(), s.backends, s.log); err != nil {
+		if s.nostr, err = nostrFront(cfg, s.v, catalog, s.l, s.claims(), s.backends, s.log); err != nil {
 			return err
 		}
 	}
@@ -278,8 +297,12 @@ func (s *vendServer) openReconciler() error {
 	return err
 }
 
-// refresh tells the fronts that the upstreams' lists changed.
+// refresh checks the prices against the upstreams' lists and tells the
+// fronts that the lists changed.
 func (s *vendServer) refresh() {
+	if s.prices != nil {
+		s.prices.listed()
+	}
 	s.frontMu.Lock()
 	f, n := s.refreshFront, s.refreshNostr
 	s.frontMu.Unlock()
@@ -314,6 +337,9 @@ func (s *vendServer) runStdio(ctx context.Context) error {
 	g.Go(func() error {
 		// A tools/list before the upstreams listed theirs would be empty.
 		awaitUpstreams(gctx, s.ups, 30*time.Second)
+		if s.prices.stopping() {
+			return errStopped // the prices' error stops serve
+		}
 		err := s.front.ServeStdio(gctx, s.e.Stdin, s.e.Stdout)
 		if errors.Is(err, context.Canceled) {
 			err = nil
@@ -361,6 +387,7 @@ func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context,
 		})
 	}
 	part("upstreams", s.ups.Run)
+	part("prices", s.prices.Run)
 	part("payments", s.v.Run)
 	if r := s.reconciler; r != nil {
 		part("reconcile", func(ctx context.Context) error {
@@ -382,7 +409,7 @@ func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context,
 	var reload sync.WaitGroup
 	if s.cfg.path != "" {
 		reloaded := func(next *Config) { pricesReloaded(bctx, s.l, s.instance, next, s.log) }
-		reloadOnHUP(bctx, &reload, s.cfg, s.e.Getenv, s.v, s.refresh, reloaded, s.log)
+		reloadOnHUP(bctx, &reload, s.cfg, s.e.Getenv, checkedVendor{s.v, s.prices}, s.refresh, reloaded, s.log)
 	}
 	if s.nostr != nil {
 		part("reply pruning", func(ctx context.Context) error {
@@ -425,6 +452,9 @@ func (s *vendServer) run(ctx context.Context) error {
 		g.Go(func() error {
 			// Requests replayed from relays at start would find no tool.
 			awaitUpstreams(gctx, s.ups, 30*time.Second)
+			if s.prices.stopping() {
+				return nil // the prices' error stops serve
+			}
 			// It drains its requests in flight (nostr.shutdown_grace)
 			// after gctx ends; it fails only at start, joining the
 			// instances sharing a PostgreSQL ledger.
@@ -476,7 +506,7 @@ func (s *vendServer) sayServingNostr(ctx context.Context) {
 // listed yet refused. Connections made meanwhile wait in the listen backlog.
 func (s *vendServer) serveHTTP(ctx context.Context, ln net.Listener) error {
 	awaitUpstreams(ctx, s.ups, 30*time.Second)
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || s.prices.stopping() {
 		ln.Close()
 		return nil
 	}
@@ -513,7 +543,7 @@ func frontConfig(cfg *Config) (mcpfront.Config, error) {
 	}
 	fc := mcpfront.Config{
 		Name: cfg.Server.Name, MaxBodyBytes: cfg.HTTP.MaxRequestBytes,
-		SessionIdle: cfg.HTTP.SessionIdle, MaxSessions: cfg.HTTP.MaxSessions,
+		SessionIdle: cfg.HTTP.SessionIdle, MaxSessions: cfg.HTTP.MaxSessions, MaxSessionsPerSource: cfg.HTTP.MaxSessionsPerSource,
 		TrustedProxies: proxies, ClientIDHeader: cfg.HTTP.ClientIDHeader,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins, WriteTimeout: cfg.HTTP.WriteTimeout,
 		LegacyGatingCode: cfg.Payments.LegacyGatingCode, HTTP402: cfg.Payments.HTTP402,
