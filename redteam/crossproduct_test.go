@@ -72,6 +72,11 @@ func expected(s vend.Scheme, p who, home bool, c callKind) outcome {
 	if p == plaintextNostr && s.Private {
 		return encryption
 	}
+	if p == plaintextNostr && c == aTopUp && (s.Bearer || s.Releases != vend.ReleasesAccount) {
+		// A top-up of a token account answers with its token: only a
+		// key's own account (a bound account scheme) tops up in plaintext.
+		return encryption
+	}
 	if !s.Bearer && !home {
 		return refused
 	}

@@ -20,7 +20,9 @@ import (
 const creditShop = "credit:\n  enabled: true\n"
 
 // preimageOf pays bolt11 from the customer node and returns its preimage
-// (hex): what every routing hop learned at settlement.
+// (hex): what every routing hop learned at settlement. An invoice of
+// capvend's LND (a payment the ledger holds by its hash) is waited for
+// until capvend recorded it settled: the customer's node knows first.
 func preimageOf(t *testing.T, sh *shop, bolt11 string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -28,6 +30,15 @@ func preimageOf(t *testing.T, sh *shop, bolt11 string) string {
 	res, err := sh.s.Pay(ctx, bolt11)
 	if err != nil {
 		t.Fatalf("paying %.20s…: %v", bolt11, err)
+	}
+	hash, db := paymentHash(t, bolt11), openLedger(t, sh.db)
+	state := func() string {
+		var s string
+		db.QueryRow(`SELECT state FROM payments WHERE ref = ?`, hash).Scan(&s)
+		return s
+	}
+	if state() != "" {
+		waitUntil(t, "capvend recorded the payment settled", func() bool { return state() == "settled" })
 	}
 	return res.Preimage
 }

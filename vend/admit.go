@@ -136,13 +136,15 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	// call already recorded (an L402 macaroon, a payment token, an
 	// explicit-gating repeat) releases it; else the request is a new call
 	// paid by a Cashu token, from credit, or by an invoice.
+	// What the answer would hand back is checked first: a paid top-up
+	// grant released to a plaintext repeat would answer with its token.
+	if err := checkOutbound(&t, r); err != nil {
+		return nil, CallResult{}, err
+	}
 	if r.CashuToken == "" {
 		if a, err := v.releaseGrant(ctx, r, &t, args, bind); a != nil || err != nil {
 			return a, CallResult{}, err
 		}
-	}
-	if err := checkOutbound(&t, r); err != nil {
-		return nil, CallResult{}, err
 	}
 	return v.admitNew(ctx, r, &t, args, q, hash, bind)
 }

@@ -211,3 +211,26 @@ func TestREADMEShowsTheSchemeTable(t *testing.T) {
 		t.Fatalf("README.md's Ways to pay table differs from vend.SchemesMarkdown(); put this in:\n%s", vend.SchemesMarkdown())
 	}
 }
+
+// TestPlaintextRepeatOfATopUpGetsNoToken: a key pays a top-up of a token
+// account it asked for encrypted, then repeats it in plaintext: the grant
+// is its own, but the answer would carry the account's token in a public
+// event, so the repeat is refused naming encryption (the cross-product
+// found this), and the encrypted repeat still gets the token.
+func TestPlaintextRepeatOfATopUpGetsNoToken(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, true, withCredit)
+	r := req("t1", vend.TopUpTool, `{"sats":10}`, nil)
+	r.Client = strings.Repeat("ab", 32)
+	h.paidGrant(t, r)
+	plain := r
+	plain.RequestID, plain.Explicit, plain.Public = "t2", true, true
+	if res, err := h.v.CallTool(ctx, plain); !errors.Is(err, vend.ErrPublicSecret) {
+		t.Fatalf("plaintext repeat: %s %v", res.Body, err)
+	}
+	r.RequestID, r.Explicit = "t3", true
+	if res, err := h.v.CallTool(ctx, r); err != nil || creditOf(t, res.Body).Token == "" {
+		t.Fatalf("encrypted repeat: %s %v", res.Body, err)
+	}
+	verify(t, h.l)
+}
