@@ -214,10 +214,20 @@ func creditMove(ctx context.Context, tx *wtx, account, kind string, amount vend.
 	if err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO credit_moves (account_id, kind, amount_msat, call_id, entry_id, reason, created_at, method)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, account, kind, amount, nullID(int64(call)), entry, desc, ms(now),
-		sql.NullString{String: method, Valid: method != ""})
+	return insertCreditMove(ctx, tx, account, kind, amount, call, method, desc, entry, 0, now)
+}
+
+// insertCreditMove writes the credit_moves row of a move booked by entry
+// (of payout, if not 0).
+func insertCreditMove(ctx context.Context, tx *wtx, account, kind string, amount vend.Msat, call vend.CallID, method, desc string,
+	entry int64, payout vend.PayoutID, now time.Time) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO credit_moves (account_id, kind, amount_msat, call_id, entry_id, reason, created_at, method, payout_id)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, account, kind, amount, nullID(int64(call)), entry, desc, ms(now),
+		sql.NullString{String: method, Valid: method != ""}, nullID(int64(payout)))
 	if isConstraint(err) {
+		if kind == "payout" {
+			return fmt.Errorf("%w: credit %s: refused by the ledger's rules: %v", ErrCreditShort, account, err)
+		}
 		return fmt.Errorf("credit %s of %s: refused by the ledger's rules: %w", kind, account, vend.ErrIllegalTransition)
 	}
 	return err
@@ -331,20 +341,24 @@ func (l *Ledger) ExpireCredit(ctx context.Context, after time.Duration) (int, er
 	return n, nil
 }
 
-// RefundCredit books a payout of an account's credit in one transaction:
-// Paid leaves the account to the wallet's ecash at MintURL (the fee an
-// expense). A payout larger than the balance is refused and books nothing.
+// RefundCredit books a payout of an account's credit made already, in
+// one transaction: it is reserved and booked at once (see ReservePayout
+// and BookPayout; a payer that has not paid yet reserves first). Paid
+// leaves the account to the wallet's ecash at MintURL (the fee an
+// expense). A payout larger than the balance is refused (ErrCreditShort)
+// and books nothing.
 func (l *Ledger) RefundCredit(ctx context.Context, account string, p vend.CreditPayout) error {
 	if p.Paid <= 0 || p.Fee < 0 || p.MintURL == "" || (p.Method != vend.RefundCashu && p.Method != vend.RefundBolt11) {
 		return fmt.Errorf("credit refund of %s: a method, a mint and a positive amount are required", account)
 	}
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
-		desc := fmt.Sprintf("credit %s refunded: %d msat by %s", account, int64(p.Paid), p.Method)
-		ps := []Posting{{Account: CreditAccount(account), Amount: p.Paid}, {Account: CashuAccount(p.MintURL), Amount: -(p.Paid + p.Fee)}}
-		if p.Fee > 0 {
-			ps = append(ps, Posting{Account: CashuFeeAccount(p.MintURL), Amount: p.Fee})
+		po, err := reservePayout(ctx, tx, vend.NewPayout{Kind: vend.PayoutCredit, Account: account, Method: p.Method,
+			MintURL: p.MintURL, Amount: p.Paid}, now)
+		if err != nil {
+			return err
 		}
-		return creditMove(ctx, tx, account, "refund", -p.Paid, 0, string(p.Method), desc, ps, now)
+		_, err = bookPayout(ctx, tx, po, p.Fee, now)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("credit refund of %s: %w", account, l.fileError(err))
@@ -358,9 +372,10 @@ type CreditAccountInfo struct {
 	Balance   vend.Msat
 	CreatedAt time.Time
 	ToppedUp  time.Time // zero if never
-	// Sums of its moves, each positive.
-	TopUps, Draws, GiveBacks, Expired, Refunded vend.Msat
-	Calls                                       int // calls paid from it (draws)
+	// Sums of its moves, each positive; Refunded is what its payouts
+	// booked, Reserved what payouts in flight hold (not in Balance).
+	TopUps, Draws, GiveBacks, Expired, Refunded, Reserved vend.Msat
+	Calls                                                 int // calls paid from it (draws)
 }
 
 // CreditAccounts returns every credit account, or only id if id is not
@@ -371,7 +386,9 @@ func (l *Ledger) CreditAccounts(ctx context.Context, id string) ([]CreditAccount
 		-coalesce(sum(m.amount_msat) FILTER (WHERE m.kind = 'draw'), 0),
 		coalesce(sum(m.amount_msat) FILTER (WHERE m.kind = 'giveback'), 0),
 		-coalesce(sum(m.amount_msat) FILTER (WHERE m.kind = 'expiry'), 0),
-		-coalesce(sum(m.amount_msat) FILTER (WHERE m.kind = 'refund'), 0),
+		-coalesce(sum(m.amount_msat) FILTER (WHERE m.kind = 'refund'), 0)
+			+ coalesce((SELECT sum(p.amount_msat) FROM payouts p WHERE p.account_id = a.id AND p.state = 'booked'), 0),
+		coalesce((SELECT sum(p.amount_msat) FROM payouts p WHERE p.account_id = a.id AND p.state = 'reserved'), 0),
 		count(m.id) FILTER (WHERE m.kind = 'draw')
 		FROM credit_accounts a LEFT JOIN credit_moves m ON m.account_id = a.id
 		WHERE ? = '' OR a.id = ? GROUP BY a.id ORDER BY a.id`, id, id)
@@ -383,7 +400,7 @@ func (l *Ledger) CreditAccounts(ctx context.Context, id string) ([]CreditAccount
 	for rows.Next() {
 		var a CreditAccountInfo
 		var created, topped int64
-		if err := rows.Scan(&a.ID, &a.Balance, &created, &topped, &a.TopUps, &a.Draws, &a.GiveBacks, &a.Expired, &a.Refunded, &a.Calls); err != nil {
+		if err := rows.Scan(&a.ID, &a.Balance, &created, &topped, &a.TopUps, &a.Draws, &a.GiveBacks, &a.Expired, &a.Refunded, &a.Reserved, &a.Calls); err != nil {
 			return nil, err
 		}
 		a.CreatedAt = fromMS(created)

@@ -142,13 +142,17 @@ func (l *Ledger) Refunds(ctx context.Context, all bool) ([]vend.Refund, error) {
 	return out, rows.Err()
 }
 
-// PayRefund implements vend.RefundLedger. The payout entry (kind refund, no
-// call: the call's own refund entry is the one that owes it) debits
-// liabilities:refunds by the owed amount and credits the mint's ecash by
-// what left the wallet (p.Paid + p.Fee); p.Fee is an expense, a token
-// rounded up to a whole sat the expense AccountRefundRounding, a bolt11
-// for less than owed leaves the rest in income:overpayments. It refuses a
-// payout above the owed amount (a token: above it rounded up to a sat).
+// PayRefund implements vend.RefundLedger for a payout made already: the
+// payout is reserved and booked in one transaction (see ReservePayout and
+// BookPayout; a payer that has not paid yet reserves first). The payout
+// entry (kind refund, no call: the call's own refund entry is the one that
+// owes it) debits liabilities:refunds by the owed amount and credits the
+// mint's ecash by what left the wallet (p.Paid + p.Fee); p.Fee is an
+// expense, a token rounded up to a whole sat the expense
+// AccountRefundRounding, a bolt11 for less than owed leaves the rest in
+// income:overpayments. It refuses a payout above the owed amount (a
+// token: above it rounded up to a sat), and one of a refund another payout
+// is paying (vend.ErrPayoutInFlight).
 func (l *Ledger) PayRefund(ctx context.Context, id vend.RefundID, p vend.RefundPayout) (vend.Refund, error) {
 	switch {
 	case p.Method != vend.RefundCashu && p.Method != vend.RefundBolt11:
@@ -160,55 +164,22 @@ func (l *Ledger) PayRefund(ctx context.Context, id vend.RefundID, p vend.RefundP
 	}
 	var r vend.Refund
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
-		var err error
-		if r, err = scanRefund(tx.QueryRowContext(ctx, "SELECT "+refundColumns+refundFrom+" WHERE r.id = ?", id)); err != nil {
-			return err
+		np := vend.NewPayout{Kind: vend.PayoutRefund, Refund: id, Method: p.Method, MintURL: p.MintURL, Amount: p.Paid}
+		if p.Method == vend.RefundBolt11 {
+			np.Quote = p.Ref
 		}
-		if r.State != vend.RefundOwed {
-			return fmt.Errorf("%w: refund %d (call %d) was paid %s", vend.ErrRefundPaid, r.ID, r.CallID, r.PaidAt.Format(time.RFC3339))
-		}
-		limit := r.Amount
-		if p.Method == vend.RefundCashu {
-			limit = vend.Msat(r.Amount.SatsCeil() * vend.MsatPerSat)
-		}
-		if p.Paid > limit {
-			return fmt.Errorf("pay refund %d: %s is more than the %s owed", r.ID, p.Paid, r.Amount)
-		}
-		e := Entry{
-			Kind:        "refund",
-			Description: fmt.Sprintf("refund %d of call %d paid out by %s to %s %s", r.ID, r.CallID, p.Method, r.Transport, r.Client),
-			Postings: []Posting{
-				{Account: AccountRefunds, Amount: r.Amount},
-				{Account: CashuAccount(p.MintURL), Amount: -(p.Paid + p.Fee)},
-			},
-		}
-		if p.Fee > 0 {
-			e.Postings = append(e.Postings, Posting{Account: CashuFeeAccount(p.MintURL), Amount: p.Fee})
-		}
-		switch d := p.Paid - r.Amount; {
-		case d > 0:
-			e.Postings = append(e.Postings, Posting{Account: AccountRefundRounding, Amount: d})
-		case d < 0:
-			e.Postings = append(e.Postings, Posting{Account: AccountOverpayment, Amount: d})
-		}
-		entry, err := postEntry(ctx, tx, e, now)
+		po, err := reservePayout(ctx, tx, np, now)
 		if err != nil {
 			return err
 		}
-		// The state condition is the exactly-once claim; the schema's
-		// triggers refuse a second payout whatever the Go code does.
-		res, err := tx.ExecContext(ctx, `UPDATE refunds SET state = 'paid', paid_at = ?, method = ?, paid_msat = ?,
-			fee_msat = ?, mint_url = ?, token = nullif(?, ''), payout_ref = nullif(?, ''), entry_id = ?
-			WHERE id = ? AND state = 'owed'`,
-			ms(now), string(p.Method), p.Paid, p.Fee, p.MintURL, p.Token, p.Ref, entry, r.ID)
-		if err != nil {
-			if isConstraint(err) {
-				return fmt.Errorf("%w: refund %d: %v", vend.ErrRefundPaid, r.ID, err)
+		po.Token = p.Token
+		if p.Token != "" {
+			if _, err := tx.ExecContext(ctx, "UPDATE payouts SET token = ? WHERE id = ?", p.Token, po.ID); err != nil {
+				return err
 			}
-			return err
 		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return fmt.Errorf("%w: refund %d", vend.ErrRefundPaid, r.ID)
+		if _, err := bookPayout(ctx, tx, po, p.Fee, now); err != nil {
+			return err
 		}
 		r, err = scanRefund(tx.QueryRowContext(ctx, "SELECT "+refundColumns+refundFrom+" WHERE r.id = ?", id))
 		return err
@@ -217,6 +188,64 @@ func (l *Ledger) PayRefund(ctx context.Context, id vend.RefundID, p vend.RefundP
 		return vend.Refund{}, fmt.Errorf("pay refund: %w", err)
 	}
 	return r, nil
+}
+
+// payRefundEntry books the payout p of owed refund id in tx: its entry
+// (see PayRefund) and the refund paid; it returns the entry's id. The
+// schema refuses it unless a payout of the refund is reserved for it.
+func payRefundEntry(ctx context.Context, tx *wtx, id vend.RefundID, p vend.RefundPayout, now time.Time) (int64, error) {
+	r, err := scanRefund(tx.QueryRowContext(ctx, "SELECT "+refundColumns+refundFrom+" WHERE r.id = ?", id))
+	if err != nil {
+		return 0, fmt.Errorf("refund %d: %w", id, err)
+	}
+	if r.State != vend.RefundOwed {
+		return 0, fmt.Errorf("%w: refund %d (call %d) was paid %s", vend.ErrRefundPaid, r.ID, r.CallID, r.PaidAt.Format(time.RFC3339))
+	}
+	limit := r.Amount
+	if p.Method == vend.RefundCashu {
+		limit = vend.Msat(r.Amount.SatsCeil() * vend.MsatPerSat)
+	}
+	if p.Paid > limit {
+		return 0, fmt.Errorf("pay refund %d: %s is more than the %s owed", r.ID, p.Paid, r.Amount)
+	}
+	e := Entry{
+		Kind:        "refund",
+		Description: fmt.Sprintf("refund %d of call %d paid out by %s to %s %s", r.ID, r.CallID, p.Method, r.Transport, r.Client),
+		Postings: []Posting{
+			{Account: AccountRefunds, Amount: r.Amount},
+			{Account: CashuAccount(p.MintURL), Amount: -(p.Paid + p.Fee)},
+		},
+	}
+	if p.Fee > 0 {
+		e.Postings = append(e.Postings, Posting{Account: CashuFeeAccount(p.MintURL), Amount: p.Fee})
+	}
+	switch d := p.Paid - r.Amount; {
+	case d > 0:
+		e.Postings = append(e.Postings, Posting{Account: AccountRefundRounding, Amount: d})
+	case d < 0:
+		e.Postings = append(e.Postings, Posting{Account: AccountOverpayment, Amount: d})
+	}
+	entry, err := postEntry(ctx, tx, e, now)
+	if err != nil {
+		return 0, err
+	}
+	// The state condition is the exactly-once claim; the schema's
+	// triggers refuse a second payout, or one not reserved, whatever the
+	// Go code does.
+	res, err := tx.ExecContext(ctx, `UPDATE refunds SET state = 'paid', paid_at = ?, method = ?, paid_msat = ?,
+		fee_msat = ?, mint_url = ?, token = nullif(?, ''), payout_ref = nullif(?, ''), entry_id = ?
+		WHERE id = ? AND state = 'owed'`,
+		ms(now), string(p.Method), p.Paid, p.Fee, p.MintURL, p.Token, p.Ref, entry, r.ID)
+	if err != nil {
+		if isConstraint(err) {
+			return 0, fmt.Errorf("%w: refund %d: %v", vend.ErrRefundPaid, r.ID, err)
+		}
+		return 0, err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return 0, fmt.Errorf("%w: refund %d", vend.ErrRefundPaid, r.ID)
+	}
+	return entry, nil
 }
 
 // refundInvariants are ledger verify's checks of refunds.

@@ -27,8 +27,9 @@ import (
 //     with `capvend refunds pay` (a Cashu token to hand over, or the bolt11
 //     the client gave in _meta[MetaRefundInvoice]).
 //
-// A refund is paid at most once: the ledger's schema allows one payout per
-// refund.
+// A refund is paid at most once, by one payer: its payout is reserved in
+// the ledger before any money leaves (Payout), and the ledger's schema
+// allows one reservation and one payout per refund.
 
 // RefundID identifies a refund in the ledger.
 type RefundID int64
@@ -111,11 +112,13 @@ type RefundLedger interface {
 // RefundPayer is a payment backend that can pay a refund at once as ecash
 // (billing/cashu).
 type RefundPayer interface {
-	// PayRefund makes a Cashu token for an owed refund from the
-	// backend's wallet (the ecash of r.MintURL, else its first mint) and
-	// books the payout (RefundLedger.PayRefund). It returns the refund
-	// paid, with its token. A refund paid already is returned as it is
-	// (the same token); an error leaves it owed.
+	// PayRefund pays an owed refund with a Cashu token from the
+	// backend's wallet (the ecash of r.MintURL, else its first mint):
+	// the payout is reserved in the ledger before the token is made (a
+	// refund another payer has in flight is refused, ErrPayoutInFlight),
+	// then booked. It returns the refund paid, with its token. A refund
+	// paid already is returned as it is (the same token); an error
+	// leaves it owed.
 	PayRefund(ctx context.Context, r Refund) (Refund, error)
 }
 

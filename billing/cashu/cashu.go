@@ -18,7 +18,10 @@
 // It also pays refunds (vend.RefundPayer): a failed call paid in Cashu is
 // paid back at once with a token made by the wallet (refund.go), and the
 // operator's `capvend refunds pay` uses PayRefundToken and
-// PayRefundInvoice on the wallet file.
+// PayRefundInvoice on the wallet file. Every payout (refunds, credit paid
+// back, withdrawals) is reserved in the ledger before its money leaves,
+// then booked or released; one left in flight by a crash is resolved from
+// the mint's word by the next process holding the wallet (payout.go).
 //
 // The wallet is gonuts' bbolt wallet in Config.WalletDir. Loading it contacts
 // the mint, so a Backend never loads it in New: the first operation that
@@ -27,6 +30,7 @@
 package cashu
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +38,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/elnosh/gonuts/wallet"
@@ -185,10 +190,16 @@ type Backend struct {
 	// bbolt, so it runs under the read lock.
 	wmu    sync.RWMutex
 	w      *wallet.Wallet
+	wid    string // walletID(w), once loaded
 	closed bool
 
-	// refundMu serializes refund payouts: one token per refund.
+	// refundMu serializes this process's payouts and their resolution:
+	// held, no payout of this wallet is in flight here, so every one the
+	// ledger has in flight was left by an earlier process.
 	refundMu sync.Mutex
+	// payoutsLeft: payouts of this wallet left in flight that Run could
+	// not resolve yet (it tries again every SafetyPoll).
+	payoutsLeft atomic.Bool
 
 	// fees caches input_fee_ppk per keyset id, per mint.
 	feeMu sync.Mutex
@@ -331,8 +342,8 @@ func (b *Backend) loadWallet() error {
 	if err != nil {
 		return err
 	}
-	b.w = w
-	b.log.Info("cashu wallet loaded", logMint, b.mints[0])
+	b.w, b.wid = w, walletID(w)
+	b.log.Info("cashu wallet loaded", logMint, b.mints[0], "wallet", b.wid)
 	return nil
 }
 
@@ -428,4 +439,41 @@ func short(ref string) string {
 		return ref[:12] + "…"
 	}
 	return ref
+}
+
+// payer is the payer of the backend's wallet (payout.go), loading it.
+func (b *Backend) payer() (*payer, error) {
+	if err := b.loadWallet(); err != nil {
+		return nil, err
+	}
+	b.wmu.RLock()
+	id := b.wid
+	b.wmu.RUnlock()
+	if id == "" {
+		return nil, b.notLoaded()
+	}
+	return &payer{with: b.withWallet, book: b.tl, wallet: id, mint: b, fail: b.cfg.Failpoint}, nil
+}
+
+// resolvePayouts ends the payouts this wallet left in flight (a capvend
+// killed between paying and booking), from the mint's word (payout.go),
+// and returns how many it could not end yet.
+func (b *Backend) resolvePayouts(ctx context.Context) int {
+	b.refundMu.Lock()
+	defer b.refundMu.Unlock()
+	p, err := b.payer()
+	if err != nil {
+		b.payoutsLeft.Store(true)
+		return 1
+	}
+	ended, left, err := p.resolve(ctx)
+	for _, po := range ended {
+		b.log.Warn("payout left in flight resolved", "payout", int64(po.ID), "kind", string(po.Kind), logState, string(po.State),
+			logAmount, int64(po.Amount), "reason", po.Reason)
+	}
+	if err != nil {
+		b.log.Warn("payouts left in flight not resolved yet; tried again later", "payouts", left, logErr, err)
+	}
+	b.payoutsLeft.Store(left > 0 || err != nil)
+	return left
 }

@@ -2,6 +2,7 @@ package cashu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -12,21 +13,23 @@ import (
 // implements it.
 type CreditBook interface {
 	CreditBalance(ctx context.Context, account string) (vend.Msat, error)
-	// RefundCredit books a payout of an account's credit in one
-	// transaction; one larger than the balance is refused.
-	RefundCredit(ctx context.Context, account string, p vend.CreditPayout) error
+	PayoutBook
 }
 
 // PayCreditToken pays what is left of a credit account (whole sats; a
 // fraction of a sat stays in the account) as a Cashu token from the wallet
-// in dir, at mint (or the first of mints), and books it. A token made but
-// not booked is taken back into the wallet. ErrWalletBusy while capvend
-// serves.
+// in dir, at mint (or the first of mints). The payout is reserved in the
+// ledger first (the balance at that moment, taken out of it at once: no
+// draw on any instance spends it meanwhile), the token is made and
+// recorded, then booked; it is returned only once booked. Not booked, the
+// reservation is released and the token taken back into the wallet. It
+// first resolves the payouts this wallet left in flight. ErrWalletBusy
+// while capvend serves.
 func PayCreditToken(ctx context.Context, dir string, mints []string, mint, account string, l CreditBook) (vend.CreditPayout, string, error) {
 	if err := checkWalletFree(dir); err != nil {
 		return vend.CreditPayout{}, "", err
 	}
-	sats, mint, err := creditToPay(ctx, l, mints, mint, account)
+	_, mint, err := creditToPay(ctx, l, mints, mint, account)
 	if err != nil {
 		return vend.CreditPayout{}, "", err
 	}
@@ -35,23 +38,26 @@ func PayCreditToken(ctx context.Context, dir string, mints []string, mint, accou
 		return vend.CreditPayout{}, "", err
 	}
 	defer w.Shutdown()
-	token, fee, err := makeToken(w, mint, uint64(sats))
+	p := cliPayer(w, l)
+	p.resolve(ctx) // what it cannot resolve stays reserved: nothing below can spend it
+	po, err := p.payToken(ctx, vend.NewPayout{Kind: vend.PayoutCredit, Account: account, MintURL: mint})
 	if err != nil {
-		return vend.CreditPayout{}, "", err
-	}
-	p := vend.CreditPayout{Method: vend.RefundCashu, MintURL: mint, Paid: vend.Msat(sats) * vend.MsatPerSat, Fee: vend.Msat(fee) * vend.MsatPerSat}
-	if err := l.RefundCredit(context.WithoutCancel(ctx), account, p); err != nil {
-		if terr := takeBack(w, token); terr != nil {
-			return p, "", fmt.Errorf("cashu: credit %s: booking failed: %w; taking the token back failed too (%v): hand it over or receive it: %s", account, err, terr, token)
+		if errors.Is(err, errNotTakenBack) && po.Token != "" {
+			return vend.CreditPayout{}, "", fmt.Errorf("cashu: credit %s: %w: hand it over or receive it: %s", account, err, po.Token)
 		}
-		return p, "", fmt.Errorf("cashu: credit %s: booking failed (the token was taken back): %w", account, err)
+		return vend.CreditPayout{}, "", fmt.Errorf("cashu: credit %s: %w", account, err)
 	}
-	return p, token, nil
+	return vend.CreditPayout{Method: vend.RefundCashu, MintURL: mint, Paid: po.Amount, Fee: po.Fee}, po.Token, nil
 }
 
 // PayCreditInvoice pays a credit account's client the bolt11 invoice (an
 // amount in whole sats, at most the balance) from the wallet's ecash (a
-// melt, NUT-05) and books it once the mint reports it paid.
+// melt, NUT-05): the payout is reserved in the ledger with its melt quote
+// first (the amount taken out of the balance at once: refused if the
+// balance no longer covers it), then melted, then booked once the mint
+// reports it paid, or released if it did not pay. A melt the mint reports
+// pending stays reserved (the error says so) until the wallet is opened
+// again. It first resolves the payouts this wallet left in flight.
 func PayCreditInvoice(ctx context.Context, dir string, mints []string, mint, account, invoice string, l CreditBook) (vend.CreditPayout, MeltResult, error) {
 	if err := checkWalletFree(dir); err != nil {
 		return vend.CreditPayout{}, MeltResult{}, err
@@ -72,20 +78,18 @@ func PayCreditInvoice(ctx context.Context, dir string, mints []string, mint, acc
 		return vend.CreditPayout{}, MeltResult{}, err
 	}
 	defer w.Shutdown()
-	res, _, err := melt(w, mint, invoice)
+	p := cliPayer(w, l)
+	p.resolve(ctx)
+	po, res, err := p.payInvoice(ctx, vend.NewPayout{Kind: vend.PayoutCredit, Account: account, MintURL: mint, Amount: amount}, invoice)
 	if err != nil {
-		return vend.CreditPayout{}, res, err
+		return vend.CreditPayout{}, res, fmt.Errorf("cashu: credit %s: %w", account, err)
 	}
-	p := vend.CreditPayout{Method: vend.RefundBolt11, MintURL: mint, Paid: res.Amount, Fee: res.Fee}
-	// Not ctx: the money left; the booking must not be skipped.
-	if err := l.RefundCredit(context.Background(), account, p); err != nil {
-		return p, res, fmt.Errorf("cashu: credit %s: the invoice was PAID (melt quote %s, %s + %s fee) but booking it failed: %w; book it by hand", account, res.Quote, res.Amount, res.Fee, err)
-	}
-	return p, res, nil
+	return vend.CreditPayout{Method: vend.RefundBolt11, MintURL: mint, Paid: po.Amount, Fee: po.Fee}, res, nil
 }
 
 // creditToPay returns the whole sats left in account and the mint to pay
-// them from (mint if given, else the first of mints).
+// them from (mint if given, else the first of mints). The balance read
+// here only words an early refusal: the reservation decides.
 func creditToPay(ctx context.Context, l CreditBook, mints []string, mint, account string) (int64, string, error) {
 	bal, err := l.CreditBalance(ctx, account)
 	if err != nil {

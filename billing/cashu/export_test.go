@@ -58,3 +58,6 @@ func (b *Backend) CheckNow(ctx context.Context, ref string) error {
 		}
 	}
 }
+
+// SetCLIFailpoint sets the operator commands' FailAfterPayout hook.
+func SetCLIFailpoint(f func(step string)) { cliFailpoint = f }

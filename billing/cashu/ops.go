@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/elnosh/gonuts/cashu/nuts/nut05"
-	"github.com/elnosh/gonuts/wallet"
 	"github.com/elnosh/gonuts/wallet/storage"
 	decodepay "github.com/nbd-wtf/ln-decodepay"
 	bolt "go.etcd.io/bbolt"
@@ -171,47 +169,6 @@ func meltableInvoice(invoice string) (string, vend.Msat, error) {
 	return invoice, vend.Msat(inv.MSatoshi), nil
 }
 
-// melt pays invoice (amount checked by the caller) from the ecash w holds
-// at mint (NUT-05) and returns the payment with spent, what left the
-// wallet (at least the invoice's amount). An error means the mint did not
-// report it paid (a pending payment says so; nothing is to be booked).
-func melt(w *wallet.Wallet, mint, invoice string) (MeltResult, vend.Msat, error) {
-	q, err := w.RequestMeltQuote(invoice, mint)
-	if err != nil {
-		return MeltResult{}, 0, fmt.Errorf("cashu: melt quote at %s: %w", mint, err)
-	}
-	res := MeltResult{Mint: mint, Quote: q.Quote, Amount: vend.Msat(q.Amount * vend.MsatPerSat)}
-	before := w.GetBalanceByMints()[mint]
-	if before < q.Amount+q.FeeReserve {
-		return res, 0, fmt.Errorf("%w: %s holds %d sat, the melt needs %d sat + %d sat fee reserve", ErrInsufficientFunds, mint, before, q.Amount, q.FeeReserve)
-	}
-	mr, err := w.Melt(q.Quote)
-	if err != nil {
-		if errors.Is(err, wallet.ErrInsufficientMintBalance) {
-			return res, 0, fmt.Errorf("%w: %v", ErrInsufficientFunds, err)
-		}
-		return res, 0, fmt.Errorf("cashu: melt at %s: %w", mint, err)
-	}
-	switch mr.State {
-	case nut05.Paid:
-	case nut05.Pending:
-		return res, 0, fmt.Errorf("cashu: melt quote %s is pending at the mint: nothing booked yet; the proofs stay pending in the wallet", q.Quote)
-	default:
-		return res, 0, fmt.Errorf("cashu: the mint could not pay the invoice (quote %s is %s); the proofs were returned to the wallet", q.Quote, mr.State)
-	}
-	res.Preimage = mr.Preimage
-	after := w.GetBalanceByMints()[mint]
-	spent := vend.Msat(0)
-	if before > after {
-		spent = vend.Msat((before - after) * vend.MsatPerSat)
-	}
-	if spent < res.Amount {
-		spent = res.Amount // the mint paid; never book less than the invoice
-	}
-	res.Fee = spent - res.Amount
-	return res, spent, nil
-}
-
 // MeltResult is a Lightning payment made from the wallet's ecash.
 type MeltResult struct {
 	Mint     string
@@ -222,22 +179,25 @@ type MeltResult struct {
 }
 
 // Melt pays a bolt11 invoice from the ecash the wallet in dir holds at mint
-// (NUT-05) and books it in the journal with one entry: Cr
-// assets:cashu:<mint> amount+fee, Dr expenses:fees:cashu:<mint> fee, Dr
-// equity:withdrawals amount. The fee is measured as the wallet's balance
-// change less the amount (change for an unused fee reserve comes back).
-// It contacts the mint. It fails with ErrWalletBusy while capvend serves,
-// ErrInsufficientFunds if the wallet cannot cover amount + fee reserve; an
-// invoice without an amount is refused. If the mint reports the payment
-// pending, nothing is booked and the error says so (the wallet keeps the
-// proofs pending). Not idempotent: the mint refuses to pay an invoice
-// twice.
-func Melt(ctx context.Context, dir, mint, invoice string, j Journal) (MeltResult, error) {
+// (NUT-05), the operator's withdrawal. The withdrawal is reserved in the
+// ledger with its melt quote before the melt, then booked with one entry
+// once the mint reports it paid: Cr assets:cashu:<mint> amount+fee, Dr
+// expenses:fees:cashu:<mint> fee, Dr equity:withdrawals amount (the fee
+// is the wallet's balance change less the amount), or released if the
+// mint did not pay. It contacts the mint. It first resolves the payouts
+// this wallet left in flight. It fails with ErrWalletBusy while capvend
+// serves, ErrInsufficientFunds if the wallet cannot cover amount + fee
+// reserve; an invoice without an amount is refused. If the mint reports
+// the payment pending, the withdrawal stays reserved (the error says so;
+// the wallet keeps the proofs pending) and is booked or released when the
+// wallet is opened again. Not idempotent: the mint refuses to pay an
+// invoice twice.
+func Melt(ctx context.Context, dir, mint, invoice string, l PayoutBook) (MeltResult, error) {
 	mint, err := NormalizeMintURL(mint)
 	if err != nil {
 		return MeltResult{}, err
 	}
-	invoice, _, err = meltableInvoice(invoice)
+	invoice, amount, err := meltableInvoice(invoice)
 	if err != nil {
 		return MeltResult{}, err
 	}
@@ -252,25 +212,8 @@ func Melt(ctx context.Context, dir, mint, invoice string, j Journal) (MeltResult
 		return MeltResult{}, err
 	}
 	defer w.Shutdown()
-	res, spent, err := melt(w, mint, invoice)
-	if err != nil {
-		return res, err
-	}
-	e := journal.Entry{
-		Kind:        "melt",
-		Description: fmt.Sprintf("melt %s at %s: paid %s", res.Quote, mint, res.Amount),
-		Postings: []journal.Posting{
-			{Account: journal.CashuAccount(mint), Amount: -spent},
-			{Account: "equity:withdrawals", Amount: res.Amount},
-		},
-	}
-	if res.Fee > 0 {
-		e.Postings = append(e.Postings, journal.Posting{Account: journal.CashuFeeAccount(mint), Amount: res.Fee})
-	}
-	// Not ctx: the money left; the booking must not be skipped because
-	// the operator pressed ^C.
-	if err := j.Post(context.Background(), e); err != nil {
-		return res, fmt.Errorf("cashu: the invoice was PAID (melt quote %s, %s + %s fee) but booking it failed: %w; book it by hand", res.Quote, res.Amount, res.Fee, err)
-	}
-	return res, nil
+	p := cliPayer(w, l)
+	p.resolve(ctx) // what it cannot resolve stays reserved
+	_, res, err := p.payInvoice(ctx, vend.NewPayout{Kind: vend.PayoutWithdrawal, MintURL: mint, Amount: amount}, invoice)
+	return res, err
 }

@@ -327,6 +327,9 @@ func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error
 		if now := b.now(); now.After(nextSwapCheck) {
 			// Swaps whose outcome the mint could not tell before.
 			b.resolveSwapping(ctx)
+			if b.payoutsLeft.Load() {
+				b.resolvePayouts(ctx)
+			}
 			nextSwapCheck = now.Add(b.cfg.SafetyPoll)
 		}
 		checks, failures, err := b.checkRound(ctx, &wg, b.dueQuotes(emit), emit)
@@ -488,6 +491,9 @@ func (b *Backend) reconcile(ctx context.Context) error {
 	if n := b.resolveSwapping(ctx); n > 0 {
 		b.log.Warn("token swaps whose outcome the mint cannot tell yet; checked again later", "swaps", n)
 	}
+	// Payouts this wallet left in flight (payout.go); those the mint
+	// cannot tell yet are tried again while Run runs.
+	b.resolvePayouts(ctx)
 	for _, q := range stored {
 		if q.State == nut04.Issued {
 			continue

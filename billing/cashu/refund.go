@@ -11,12 +11,12 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// Refunds paid from the wallet. A refund is paid at most once: the payout
-// is booked by the ledger's PayRefund, whose schema refuses a second one;
-// the wallet being held by one process at a time (a running capvend, or a
-// `capvend refunds pay`) keeps two payers from even making a token or a
-// Lightning payment for the same refund. A token made but not booked is
-// taken back into the wallet.
+// Refunds paid from the wallet. A refund is paid at most once, and by one
+// payer: its payout is reserved in the ledger before a token is made or a
+// melt is paid (payout.go), and the ledger refuses a second reservation
+// of the same refund, so another instance paying it on the client's
+// replay, or the operator, is refused before it pays anything. A token
+// made but not booked is taken back into the wallet.
 
 // ErrNoRefundInvoice: a refund is to be paid to a bolt11 but none was
 // given, by the client or the operator.
@@ -26,16 +26,18 @@ var ErrNoRefundInvoice = errors.New("cashu: no invoice to pay the refund to (the
 // implements it.
 type RefundBook interface {
 	RefundByID(ctx context.Context, id vend.RefundID) (vend.Refund, error)
-	PayRefund(ctx context.Context, id vend.RefundID, p vend.RefundPayout) (vend.Refund, error)
+	PayoutBook
 }
 
-// PayRefund implements vend.RefundPayer: it makes a token for the refund
-// (its amount rounded up to a whole sat) from the wallet's ecash at the
-// refund's mint (the first trusted mint if it has none, or no longer is
-// trusted) and books the payout. A refund paid before is returned as it
-// is. On error the refund stays owed: the wallet holds too little there
-// (ErrInsufficientFunds), or the mint cannot be reached
-// (ErrMintUnavailable) when the token needs a swap.
+// PayRefund implements vend.RefundPayer: it reserves the refund's payout,
+// makes a token for it (its amount rounded up to a whole sat) from the
+// wallet's ecash at the refund's mint (the first trusted mint if it has
+// none, or no longer is trusted), records it and books it. A refund paid
+// before is returned as it is. A refund reserved by a payout this wallet
+// left in flight (a crash) is resolved first; one another instance is
+// paying is vend.ErrPayoutInFlight. On error the refund stays owed: the
+// wallet holds too little there (ErrInsufficientFunds), or the mint
+// cannot be reached (ErrMintUnavailable) when the token needs a swap.
 func (b *Backend) PayRefund(ctx context.Context, r vend.Refund) (vend.Refund, error) {
 	b.refundMu.Lock()
 	defer b.refundMu.Unlock()
@@ -50,27 +52,34 @@ func (b *Backend) PayRefund(ctx context.Context, r vend.Refund) (vend.Refund, er
 	if !ok {
 		mint = b.mints[0]
 	}
-	sats := uint64(cur.Amount.SatsCeil())
-	var token string
-	var fee uint64
-	err = b.withWallet(func(w *wallet.Wallet) error {
-		var err error
-		token, fee, err = makeToken(w, mint, sats)
-		return err
-	})
+	p, err := b.payer()
 	if err != nil {
 		return cur, fmt.Errorf("cashu: refund %d: %w", cur.ID, err)
 	}
-	paid, err := b.tl.PayRefund(context.WithoutCancel(ctx), cur.ID, vend.RefundPayout{Method: vend.RefundCashu, MintURL: mint,
-		Paid: vend.Msat(sats * vend.MsatPerSat), Fee: vend.Msat(fee * vend.MsatPerSat), Token: token})
+	np := vend.NewPayout{Kind: vend.PayoutRefund, Refund: cur.ID, MintURL: mint, Amount: vend.Msat(cur.Amount.SatsCeil() * vend.MsatPerSat)}
+	po, err := p.payToken(ctx, np)
+	if errors.Is(err, vend.ErrPayoutInFlight) {
+		// Ours, left by a crash? Resolve this wallet's, then try again
+		// (another instance's stays its own).
+		if _, _, rerr := p.resolve(ctx); rerr != nil {
+			b.log.Warn("payouts left in flight not resolved", logErr, rerr)
+		}
+		po, err = p.payToken(ctx, np)
+	}
+	if errors.Is(err, vend.ErrRefundPaid) {
+		return b.tl.CallRefund(ctx, cur.CallID)
+	}
 	if err != nil {
-		b.log.Error("refund token made but not booked; taking it back into the wallet", "refund", int64(cur.ID), logErr, err)
-		if terr := b.withWallet(func(w *wallet.Wallet) error { return takeBack(w, token) }); terr != nil {
-			b.log.Error("taking back an unbooked refund token failed: 'capvend cashu balance' shows it pending", "refund", int64(cur.ID), logErr, terr)
+		if errors.Is(err, errNotTakenBack) {
+			b.log.Error("refund token made but not booked, and not taken back: 'capvend cashu balance' shows it pending", "refund", int64(cur.ID), "payout", int64(po.ID), logErr, err)
 		}
 		return cur, fmt.Errorf("cashu: refund %d: %w", cur.ID, err)
 	}
-	b.log.Info("refund paid as a Cashu token", "refund", int64(paid.ID), logCall, int64(paid.CallID), logMint, mint,
+	paid, err := b.tl.CallRefund(context.WithoutCancel(ctx), cur.CallID)
+	if err != nil {
+		return cur, fmt.Errorf("cashu: refund %d paid by payout %d: %w", cur.ID, po.ID, err)
+	}
+	b.log.Info("refund paid as a Cashu token", "refund", int64(paid.ID), "payout", int64(po.ID), logCall, int64(paid.CallID), logMint, mint,
 		logAmount, int64(paid.Paid), logFee, int64(paid.Fee))
 	return paid, nil
 }
@@ -162,13 +171,16 @@ func refundMint(r vend.Refund, mints []string, mint string) (string, error) {
 // PayRefundToken pays owed refund id with a Cashu token made from the
 // wallet in dir, for the operator to hand to the client: the ecash of
 // mint if given, else of the refund's own mint if it is one of mints, else
-// of mints[0]; the refund's amount rounded up to a whole sat. It books the
-// payout (liabilities:refunds to assets:cashu:<mint>, fees an expense) and
+// of mints[0]; the refund's amount rounded up to a whole sat. The payout
+// is reserved first (refused while another payer has it in flight:
+// vend.ErrPayoutInFlight), the token made and recorded, then booked
+// (liabilities:refunds to assets:cashu:<mint>, fees an expense); it
 // returns the refund paid, with its token (a bearer secret). It contacts
-// the mint when the wallet holds no exact proofs. It fails with
-// ErrWalletBusy while capvend serves, vend.ErrRefundPaid for a refund
-// paid before, ErrInsufficientFunds; a token made but not booked is taken
-// back into the wallet.
+// the mint when the wallet holds no exact proofs. It first resolves the
+// payouts this wallet left in flight. It fails with ErrWalletBusy while
+// capvend serves, vend.ErrRefundPaid for a refund paid before,
+// ErrInsufficientFunds; a token made but not booked is taken back into
+// the wallet.
 func PayRefundToken(ctx context.Context, dir string, mints []string, mint string, id vend.RefundID, l RefundBook) (vend.Refund, error) {
 	if err := checkWalletFree(dir); err != nil {
 		return vend.Refund{}, err
@@ -185,20 +197,17 @@ func PayRefundToken(ctx context.Context, dir string, mints []string, mint string
 		return r, err
 	}
 	defer w.Shutdown()
-	sats := uint64(r.Amount.SatsCeil())
-	token, fee, err := makeToken(w, mint, sats)
+	p := cliPayer(w, l)
+	p.resolve(ctx) // what it cannot resolve stays reserved: a refund in it is refused below
+	po, err := p.payToken(ctx, vend.NewPayout{Kind: vend.PayoutRefund, Refund: r.ID, MintURL: mint,
+		Amount: vend.Msat(r.Amount.SatsCeil() * vend.MsatPerSat)})
 	if err != nil {
-		return r, err
-	}
-	paid, err := l.PayRefund(context.WithoutCancel(ctx), r.ID, vend.RefundPayout{Method: vend.RefundCashu, MintURL: mint,
-		Paid: vend.Msat(sats * vend.MsatPerSat), Fee: vend.Msat(fee * vend.MsatPerSat), Token: token})
-	if err != nil {
-		if terr := takeBack(w, token); terr != nil {
-			return r, fmt.Errorf("cashu: refund %d: booking failed: %w; taking the token back failed too (%v): hand it over or receive it: %s", r.ID, err, terr, token)
+		if errors.Is(err, errNotTakenBack) && po.Token != "" {
+			return r, fmt.Errorf("cashu: refund %d: %w: hand it over or receive it: %s", r.ID, err, po.Token)
 		}
-		return r, fmt.Errorf("cashu: refund %d: booking failed (the token was taken back): %w", r.ID, err)
+		return r, fmt.Errorf("cashu: refund %d: %w", r.ID, err)
 	}
-	return paid, nil
+	return l.RefundByID(context.WithoutCancel(ctx), r.ID)
 }
 
 // PayRefundInvoice pays owed refund id to a Lightning invoice from the
@@ -207,10 +216,14 @@ func PayRefundToken(ctx context.Context, dir string, mints []string, mint string
 // must carry an amount in whole sats, at most the amount owed (a smaller
 // one settles the refund: the rest was given up by the client and stays
 // income:overpayments). mint, mints choose the ecash as for
-// PayRefundToken. It books the payout once the mint reports the invoice
-// paid. It fails with ErrWalletBusy while capvend serves,
-// vend.ErrRefundPaid for a refund paid before, ErrInsufficientFunds when
-// the wallet cannot cover the amount and the mint's fee reserve.
+// PayRefundToken. The payout is reserved with its melt quote before the
+// melt (refused while another payer has it in flight), booked once the
+// mint reports the invoice paid, released if it did not pay; a melt the
+// mint reports pending stays reserved until the wallet is opened again.
+// It first resolves the payouts this wallet left in flight. It fails with
+// ErrWalletBusy while capvend serves, vend.ErrRefundPaid for a refund
+// paid before, ErrInsufficientFunds when the wallet cannot cover the
+// amount and the mint's fee reserve.
 func PayRefundInvoice(ctx context.Context, dir string, mints []string, mint string, id vend.RefundID, invoice string, l RefundBook) (vend.Refund, MeltResult, error) {
 	if err := checkWalletFree(dir); err != nil {
 		return vend.Refund{}, MeltResult{}, err
@@ -243,15 +256,12 @@ func PayRefundInvoice(ctx context.Context, dir string, mints []string, mint stri
 		return r, MeltResult{}, err
 	}
 	defer w.Shutdown()
-	res, _, err := melt(w, mint, invoice)
+	p := cliPayer(w, l)
+	p.resolve(ctx)
+	_, res, err := p.payInvoice(ctx, vend.NewPayout{Kind: vend.PayoutRefund, Refund: r.ID, MintURL: mint, Amount: amount}, invoice)
 	if err != nil {
-		return r, res, err
+		return r, res, fmt.Errorf("cashu: refund %d: %w", r.ID, err)
 	}
-	// Not ctx: the money left; the booking must not be skipped.
-	paid, err := l.PayRefund(context.Background(), r.ID, vend.RefundPayout{Method: vend.RefundBolt11, MintURL: mint,
-		Paid: res.Amount, Fee: res.Fee, Ref: res.Quote})
-	if err != nil {
-		return r, res, fmt.Errorf("cashu: refund %d: the invoice was PAID (melt quote %s, %s + %s fee) but booking it failed: %w; book it by hand", r.ID, res.Quote, res.Amount, res.Fee, err)
-	}
-	return paid, res, nil
+	paid, err := l.RefundByID(context.WithoutCancel(ctx), r.ID)
+	return paid, res, err
 }

@@ -37,6 +37,7 @@ import (
 const (
 	FailAfterSwap = "after_swap" // a token's swap answered; its settlement is not recorded
 	FailAfterMint = "after_mint" // a paid quote's ecash is minted; its settlement is not recorded
+	// FailAfterPayout (payout.go): a payout's money left; its booking is not written.
 )
 
 func (b *Backend) failpoint(step string) {
@@ -55,6 +56,7 @@ type tokenLedger interface {
 	EndSwap(ctx context.Context, ref, to, reason string) error
 	SettleSwap(ctx context.Context, s vend.Settlement, reason string) (vend.Payment, error)
 	vend.RefundLedger
+	PayoutBook
 }
 
 // swapToken swaps a claimed token's proofs into the wallet and records the

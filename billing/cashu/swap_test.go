@@ -286,6 +286,8 @@ func crashChild() {
 		Ledger, Dir, Mint, Token string
 		Call                     int64
 		Price                    int64
+		Op                       string // FailAfterPayout: the payout to make (payoutCrash)
+		Refund                   int64
 	}
 	if err := json.Unmarshal([]byte(os.Getenv(crashEnv+"_ARGS")), &in); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -314,6 +316,8 @@ func crashChild() {
 		ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 		defer cancel()
 		err = b.Run(ctx, nil)
+	case cashu.FailAfterPayout:
+		err = payoutCrash(ctx, b, l, in.Op, in.Dir, in.Mint, vend.RefundID(in.Refund), func() { syscall.Kill(os.Getpid(), syscall.SIGKILL) })
 	}
 	fmt.Fprintln(os.Stderr, "the failpoint was not reached:", err)
 	os.Exit(3)

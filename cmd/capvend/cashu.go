@@ -74,7 +74,8 @@ account, and the difference wallet - ledger.
 
 A zero difference means the wallet and the books agree. A positive one is
 ecash the ledger does not know of (e.g. a token swapped just before a crash);
-a negative one is booked ecash the wallet does not hold.
+a negative one is booked ecash the wallet does not hold. Payouts in flight
+(reserved, not booked yet: their money may have left) are listed after.
 Exits 1 if any mint does not reconcile.
 
 Amounts are sats with millisatoshi precision.`,
@@ -108,6 +109,13 @@ Amounts are sats with millisatoshi precision.`,
 			if err := tw.Flush(); err != nil {
 				return err
 			}
+			inFlight, err := l.Payouts(ctx, false)
+			if err != nil {
+				return err
+			}
+			if err := writePayouts(e.Stdout, inFlight); err != nil {
+				return err
+			}
 			if off > 0 {
 				return &exitError{code: 1, err: fmt.Errorf("%d mint(s) do not reconcile with the ledger", off)}
 			}
@@ -122,8 +130,9 @@ func cashuMeltCommand() *command {
 	return &command{
 		Name:    "melt",
 		Summary: "pay a Lightning invoice from the wallet's ecash (NUT-05) and book the withdrawal",
-		Help: `Asks the mint for a melt quote for the invoice, pays it from the ecash held
-at that mint, and books one journal entry:
+		Help: `Asks the mint for a melt quote for the invoice, reserves the withdrawal in the
+ledger with that quote, pays it from the ecash held at that mint, and books
+one journal entry:
   Cr assets:cashu:<mint>        amount + fee
   Dr expenses:fees:cashu:<mint> fee
   Dr equity:withdrawals         amount
@@ -131,9 +140,11 @@ The fee is what the melt actually cost (Lightning fee and input fees; change
 for an unused fee reserve returns to the wallet). The invoice must carry an
 amount in whole sats. The wallet must hold amount + the mint's fee reserve.
 
-If the mint reports the payment pending, nothing is booked and the command
-says so (the proofs stay pending in the wallet); once it is paid, 'capvend
-cashu balance' shows the difference, to be booked by hand.
+If the mint did not pay, the reservation is released. If it reports the
+payment pending, the withdrawal stays reserved and the command says so (the
+proofs stay pending in the wallet); the next payout command or 'capvend
+serve' on this wallet asks the mint again and books it once paid (or
+releases it). A withdrawal left reserved by a crash is resolved the same way.
 
 Example:
   capvend cashu melt --invoice lnbc500n1...`,

@@ -29,7 +29,8 @@ expiries and refunds, and against the journal.
 
 Lists, one line each: the account (t + 24 hex digits, or nostr-<pubkey>), its
 balance, what it bought, spent on calls (and how many), got back from failed
-calls, lost to expiry and was refunded, and its last top-up. Safe while
+calls, lost to expiry and was refunded, and its last top-up; then the
+payouts in flight (reserved from a balance, not booked yet). Safe while
 'capvend serve' runs.
 
 Examples:
@@ -77,15 +78,30 @@ func listCredit(ctx context.Context, e *env, lf *ledgerFlags, id string) error {
 	if err != nil {
 		return err
 	}
-	return writeCredit(e.Stdout, accts)
+	payouts, err := l.Payouts(ctx, false)
+	if err != nil {
+		return err
+	}
+	var inFlight []vend.Payout
+	for _, p := range payouts {
+		if p.Kind == vend.PayoutCredit && (id == "" || p.Account == id) {
+			inFlight = append(inFlight, p)
+		}
+	}
+	if err := writeCredit(e.Stdout, accts); err != nil {
+		return err
+	}
+	return writePayouts(e.Stdout, inFlight)
 }
 
-// writeCredit prints accounts as a table and the total owed.
+// writeCredit prints accounts as a table and the total owed, and what
+// payouts in flight hold.
 func writeCredit(w io.Writer, accts []ledger.CreditAccountInfo) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "ACCOUNT\tBALANCE\tBOUGHT\tSPENT\tCALLS\tGIVEN BACK\tEXPIRED\tREFUNDED\tLAST TOP-UP\t")
-	var total vend.Msat
+	var total, reserved vend.Msat
 	for _, a := range accts {
+		reserved += a.Reserved
 		topped := "-"
 		if !a.ToppedUp.IsZero() {
 			topped = a.ToppedUp.Format(time.DateTime)
@@ -97,8 +113,43 @@ func writeCredit(w io.Writer, accts []ledger.CreditAccountInfo) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if reserved > 0 {
+		_, err := fmt.Fprintf(w, "%d account(s), %s owed in credit, and %s reserved by payouts in flight\n", len(accts), total, reserved)
+		return err
+	}
 	_, err := fmt.Fprintf(w, "%d account(s), %s owed in credit\n", len(accts), total)
 	return err
+}
+
+// writePayouts lists payouts in flight: reserved in the ledger, their
+// money perhaps on its way, not booked yet. The process holding the
+// paying wallet resolves them (serve at start, or the next payout
+// command).
+func writePayouts(w io.Writer, ps []vend.Payout) error {
+	if len(ps) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "%d payout(s) in flight (booked or released by the next 'capvend serve' or payout command on their wallet):\n", len(ps))
+	for _, p := range ps {
+		what := string(p.Kind)
+		switch p.Kind {
+		case vend.PayoutCredit:
+			what = "credit " + p.Account
+		case vend.PayoutRefund:
+			what = fmt.Sprintf("refund %d", p.Refund)
+		}
+		how := "a Cashu token"
+		if p.Method == vend.RefundBolt11 {
+			how = "bolt11, melt quote " + abbreviate(p.Quote, 12)
+		} else if p.Token == "" {
+			how += " not made yet"
+		}
+		if _, err := fmt.Fprintf(w, "  payout %d: %s of %s by %s from %s (wallet %s) since %s\n", p.ID, p.Amount, what, how, p.MintURL,
+			p.Wallet, p.CreatedAt.Format(time.DateTime)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func creditRefundCommand() *command {
@@ -115,12 +166,19 @@ func creditRefundCommand() *command {
                      sat stays in the account), printed for you to hand over;
   --invoice BOLT11   to the client's invoice (an amount in whole sats, at
                      most the balance), through the mint (a melt, NUT-05).
-The payout is booked in one entry:
-  Dr liabilities:credit:<account>  what the client got
+The payout is reserved in the ledger before anything leaves the wallet: the
+amount moves out of the balance at once (to liabilities:credit_reserved), so
+no call on any instance sharing the ledger can spend it meanwhile, and the
+balance can never go below zero (the ledger refuses it). Once the token is
+made (or the mint paid the invoice) it is booked:
+  Dr liabilities:credit_reserved   what the client got
   Dr expenses:fees:cashu:<mint>    what paying cost
   Cr assets:cashu:<mint>           the ecash that left the wallet
-and the balance can never go below zero (the ledger refuses it). The wallet
-is opened like 'capvend cashu melt': stop 'capvend serve' first.
+and if nothing left it is released back to the balance. A payout left in
+flight (capvend killed in between, a melt pending at the mint) is listed by
+'capvend credit' and resolved from the mint's word by the next payout
+command or 'capvend serve' on the same wallet. The wallet is opened like
+'capvend cashu melt': stop 'capvend serve' first.
 
 Examples:
   capvend credit refund t0123456789abcdef01234567 --cashu

@@ -57,14 +57,32 @@ Examples:
 			if err != nil {
 				return err
 			}
-			return writeRefunds(e.Stdout, rs, all)
+			payouts, err := l.Payouts(ctx, false)
+			if err != nil {
+				return err
+			}
+			var inFlight []vend.Payout
+			for _, p := range payouts {
+				if p.Kind == vend.PayoutRefund {
+					inFlight = append(inFlight, p)
+				}
+			}
+			if err := writeRefunds(e.Stdout, rs, all, inFlight); err != nil {
+				return err
+			}
+			return writePayouts(e.Stdout, inFlight)
 		},
 		Subs: []*command{refundsPayCommand()},
 	}
 }
 
-// writeRefunds prints refunds as a table and a total of what is owed.
-func writeRefunds(w io.Writer, rs []vend.Refund, all bool) error {
+// writeRefunds prints refunds as a table and a total of what is owed; an
+// owed refund a payout in flight is paying says so.
+func writeRefunds(w io.Writer, rs []vend.Refund, all bool, inFlight []vend.Payout) error {
+	paying := map[vend.RefundID]vend.PayoutID{}
+	for _, p := range inFlight {
+		paying[p.Refund] = p.ID
+	}
 	var owed vend.Msat
 	n := 0
 	for _, r := range rs {
@@ -78,6 +96,9 @@ func writeRefunds(w io.Writer, rs []vend.Refund, all bool) error {
 		fmt.Fprintln(tw, "ID\tCALL\tAMOUNT (sat)\tSTATE\tTO\tREFUND INVOICE\tSINCE\tREASON")
 		for _, r := range rs {
 			state := string(r.State)
+			if id, ok := paying[r.ID]; ok && r.State == vend.RefundOwed {
+				state = fmt.Sprintf("owed, payout %d in flight", id)
+			}
 			if r.State == vend.RefundPaid {
 				state = "paid by " + string(r.Method)
 				if r.Method == vend.RefundBolt11 {
@@ -149,13 +170,17 @@ func refundsPayCommand() *command {
                      sat), printed for you to hand to the client.
 An invoice must carry an amount in whole sats, at most what is owed (one
 asking more is refused; one asking less settles the refund, the rest staying
-income:overpayments). The payout is booked in one entry:
+income:overpayments). The payout is reserved in the ledger before anything leaves the wallet (a
+refund another payer has in flight is refused), then booked in one entry:
   Dr liabilities:refunds        the amount owed
   Dr expenses:fees:cashu:<mint> what paying cost (mint and Lightning fees)
   Cr assets:cashu:<mint>        the ecash that left the wallet
 A refund is paid once: paying it again is refused (the ledger's schema
-refuses a second payout). The wallet is opened like 'capvend cashu melt':
-stop 'capvend serve' first.
+refuses a second payout). A payout left in flight (capvend killed between
+paying and booking, a melt pending at the mint) is listed by 'capvend
+refunds' and resolved from the mint's word by the next payout command or
+'capvend serve' on the same wallet. The wallet is opened like 'capvend cashu
+melt': stop 'capvend serve' first.
 
 Examples:
   capvend refunds pay 3
