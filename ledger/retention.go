@@ -56,6 +56,15 @@ func (s PruneStats) Zero() bool { return s.Results == 0 && s.Replies == 0 }
 // Atomic; idempotent (a pruned answer is not pruned again). Money records
 // are never touched.
 func (l *Ledger) PruneBatch(ctx context.Context, before time.Time) (PruneStats, error) {
+	// Most runs find nothing: a read says so without taking the writer.
+	var due bool
+	if err := l.reader(ctx).QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM results WHERE pruned_at IS NULL AND stored_at < ?)
+		OR EXISTS (SELECT 1 FROM request_replies WHERE pruned_at IS NULL AND created_at < ?)`, ms(before), ms(before)).Scan(&due); err != nil {
+		return PruneStats{}, fmt.Errorf("prune stored answers: %w", l.fileError(err))
+	}
+	if !due {
+		return PruneStats{}, nil
+	}
 	var st PruneStats
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
 		st = PruneStats{}
