@@ -43,11 +43,12 @@ func ledgerCommand() *command {
 PostgreSQL database (ledger.driver postgres, its DSN in ledger.dsn_file),
 holding every priced call, payment request, settlement, Cashu proof received,
 stored result, and a double-entry journal in millisatoshis. These commands
-read it; they are safe to run while 'capvend serve' runs, and so is 'backup'
-(a verified copy of an SQLite ledger). 'migrate' copies an SQLite ledger
-into PostgreSQL.`,
+read it; they are safe to run while 'capvend serve' runs, and so are 'backup'
+(a verified copy of an SQLite ledger) and 'prune' (stored answers past
+ledger.results_retention replaced by their hash record). 'migrate' copies
+an SQLite ledger into PostgreSQL.`,
 		Subs: []*command{ledgerExportCommand(), ledgerVerifyCommand(), ledgerBalanceCommand(), ledgerBackupCommand(),
-			ledgerMigrateCommand()},
+			ledgerPruneCommand(), ledgerMigrateCommand()},
 	}
 }
 
