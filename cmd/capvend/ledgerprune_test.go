@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
@@ -119,5 +121,92 @@ func TestLedgerPruneCommand(t *testing.T) {
 	}
 	if out := capvendFails(t, dir, "ledger", "prune", "--older-than", "-1h"); !strings.Contains(out, "--older-than") {
 		t.Fatalf("a negative age:\n%s", out)
+	}
+}
+
+// TestReplayAfterPruneOverMCPHTTP: a paid call over MCP HTTP on the
+// regtest stack, its answer pruned by `capvend ledger prune` (the built
+// binary, beside the running serve), then its request again (same
+// session, same id): JSON-RPC -32057 "Result expired", and the ledger
+// still holds one call, run once, paid once.
+func TestReplayAfterPruneOverMCPHTTP(t *testing.T) {
+	s := needStack(t)
+	url, db := serving(t, s, serveOpts{})
+	sid := mcpPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"prune","version":"1"}}}`,
+		func(json.RawMessage) bool { return true })
+	mcpPost(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, func(json.RawMessage) bool { return true })
+	deadline := time.Now().Add(30 * time.Second)
+	for { // the upstreams connect
+		listed := false
+		mcpPost(t, url, sid, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, func(m json.RawMessage) bool {
+			listed = listed || strings.Contains(string(m), `"t_sha256"`)
+			return true
+		})
+		if listed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("t_sha256 not listed")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	const call = `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t_sha256","arguments":{"text":"hi"}}}`
+	type answer struct {
+		ID     int
+		Method string
+		Params struct {
+			PayReq string `json:"pay_req"`
+		}
+		Result json.RawMessage
+		Error  *struct {
+			Code    int
+			Message string
+		}
+	}
+	paid := make(chan error, 1)
+	var first answer
+	mcpPost(t, url, sid, call, func(m json.RawMessage) bool {
+		var a answer
+		json.Unmarshal(m, &a)
+		if a.Method == "notifications/payment_required" {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				_, err := s.Pay(ctx, a.Params.PayReq)
+				paid <- err
+			}()
+		}
+		if a.ID == 7 {
+			first = a
+			return false
+		}
+		return true
+	})
+	if err := <-paid; err != nil {
+		t.Fatal(err)
+	}
+	if first.Error != nil || !strings.Contains(string(first.Result), "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4") {
+		t.Fatalf("the paid call: %+v %s", first.Error, first.Result)
+	}
+	time.Sleep(5 * time.Millisecond) // older than --older-than 1ms
+	dir := filepath.Dir(db)
+	if out := capvendIn(t, dir, nil, "ledger", "prune", "--older-than", "1ms", "--config", "capvend.yaml"); !strings.Contains(out, "pruned 1 stored results") {
+		t.Fatalf("prune:\n%s", out)
+	}
+	var again answer
+	mcpPost(t, url, sid, call, func(m json.RawMessage) bool {
+		json.Unmarshal(m, &again)
+		return again.ID != 7
+	})
+	if again.ID != 7 || again.Error == nil || again.Error.Code != -32057 || !strings.HasPrefix(again.Error.Message, "Result expired:") || again.Result != nil {
+		t.Fatalf("the replay after pruning: %+v %s", again.Error, again.Result)
+	}
+	l := ledgerkit.OpenVerified(t, db)
+	calls, err := l.CallsIn(context.Background(), vend.CallStates()...)
+	if err != nil || len(calls) != 1 || calls[0].Executions != 1 || calls[0].State != vend.CallDelivered {
+		t.Fatalf("calls %+v %v: want one, delivered, run once", calls, err)
+	}
+	if ps, err := l.CallPayments(context.Background(), calls[0].ID); err != nil || len(ps) != 1 {
+		t.Fatalf("payments %+v %v: want one", ps, err)
 	}
 }
