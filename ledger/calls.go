@@ -788,12 +788,14 @@ func (l *Ledger) ClaimProofs(ctx context.Context, payment vend.PaymentID, proofs
 	return nil
 }
 
-// Result implements vend.Ledger.
+// Result implements vend.Ledger: a result pruned after the retention
+// period (retention.go) is vend.ErrResultExpired, never an empty body.
 func (l *Ledger) Result(ctx context.Context, id vend.CallID) (vend.Result, error) {
 	var r vend.Result
 	var stored int64
-	err := l.reader(ctx).QueryRowContext(ctx, "SELECT is_error, body, stored_at FROM results WHERE call_id = ?", id).
-		Scan(&r.IsError, &r.Body, &stored)
+	var pruned sql.NullInt64
+	err := l.reader(ctx).QueryRowContext(ctx, "SELECT is_error, body, stored_at, pruned_at FROM results WHERE call_id = ?", id).
+		Scan(&r.IsError, &r.Body, &stored, &pruned)
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, fmt.Errorf("result of call %d: %w", id, vend.ErrNotFound)
 	}
@@ -801,5 +803,9 @@ func (l *Ledger) Result(ctx context.Context, id vend.CallID) (vend.Result, error
 		return r, fmt.Errorf("result of call %d: %w", id, err)
 	}
 	r.StoredAt = fromMS(stored)
+	if pruned.Valid {
+		r.Body = nil
+		return r, fmt.Errorf("result of call %d, pruned %s: %w", id, fromMS(pruned.Int64).Format(time.RFC3339), vend.ErrResultExpired)
+	}
 	return r, nil
 }

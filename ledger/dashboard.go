@@ -223,7 +223,10 @@ type Execution struct {
 type ResultInfo struct {
 	IsError bool
 	Stored  time.Time
-	Bytes   int
+	Bytes   int // the body's size, also once it is pruned
+	// Pruned is when the body was replaced by its hash record after the
+	// retention period; zero while it is kept.
+	Pruned time.Time
 }
 
 // JournalEntry is one sealed or open journal entry and its postings.
@@ -291,8 +294,9 @@ func (h *CallHistory) readExecutions(ctx context.Context, tx *sql.Tx) error {
 	}
 	var r ResultInfo
 	var stored int64
-	err = tx.QueryRowContext(ctx, "SELECT is_error, stored_at, length(body) FROM results WHERE call_id = ?", h.Call.ID).
-		Scan(&r.IsError, &stored, &r.Bytes)
+	var pruned sql.NullInt64
+	err = tx.QueryRowContext(ctx, "SELECT is_error, stored_at, coalesce(body_size, length(body)), pruned_at FROM results WHERE call_id = ?", h.Call.ID).
+		Scan(&r.IsError, &stored, &r.Bytes, &pruned)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil
 	}
@@ -300,6 +304,9 @@ func (h *CallHistory) readExecutions(ctx context.Context, tx *sql.Tx) error {
 		return err
 	}
 	r.Stored = fromMS(stored)
+	if pruned.Valid {
+		r.Pruned = fromMS(pruned.Int64)
+	}
 	h.Result = &r
 	return nil
 }

@@ -69,7 +69,9 @@ package ledger
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -91,6 +93,25 @@ import (
 
 // ApplicationID marks a SQLite file as a capvend ledger ("capv").
 const ApplicationID = 0x63617076
+
+// sqliteDriver is mattn/go-sqlite3 with capvend's SQL functions
+// registered on every connection: capvend_sha256(X), the lower-case hex
+// SHA-256 of a BLOB or TEXT, which the schema's rule for pruning a stored
+// answer recomputes (migrations/0024_result_retention.sql). A connection
+// of another program lacks it, so its update of a stored answer fails.
+const sqliteDriver = "capvend-sqlite3"
+
+func init() {
+	sql.Register(sqliteDriver, &sqlite3.SQLiteDriver{ConnectHook: func(c *sqlite3.SQLiteConn) error {
+		return c.RegisterFunc("capvend_sha256", sha256Hex, true)
+	}})
+}
+
+// sha256Hex is capvend_sha256.
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
 
 // Errors returned by Open.
 var (
@@ -192,7 +213,7 @@ func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
 	if err := inspect(ctx, path, base); err != nil {
 		return nil, err
 	}
-	db, err := sql.Open("sqlite3", base+"&_journal_mode=WAL&_txlock=immediate")
+	db, err := sql.Open(sqliteDriver, base+"&_journal_mode=WAL&_txlock=immediate")
 	if err != nil {
 		return nil, fmt.Errorf("ledger %s: %w", path, err)
 	}
@@ -309,7 +330,7 @@ func (l *Ledger) Close() error {
 // readers opens a pool of n query-only connections to the ledger of base
 // (the shared reads, and those of urgent contexts).
 func readers(base string, n int) (*sql.DB, error) {
-	db, err := sql.Open("sqlite3", base+"&_txlock=deferred&_query_only=1")
+	db, err := sql.Open(sqliteDriver, base+"&_txlock=deferred&_query_only=1")
 	if err != nil {
 		return nil, err
 	}
@@ -331,7 +352,7 @@ func (l *Ledger) reader(ctx context.Context) *sql.DB {
 // anything (such as switching to WAL) writes to it: a file of another
 // application is refused untouched.
 func inspect(ctx context.Context, path, base string) error {
-	db, err := sql.Open("sqlite3", base+"&_query_only=1")
+	db, err := sql.Open(sqliteDriver, base+"&_query_only=1")
 	if err != nil {
 		return fmt.Errorf("ledger %s: %w", path, err)
 	}

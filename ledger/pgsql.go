@@ -33,6 +33,9 @@ var pgFragments = []struct{ sqlite, postgres string }{
 	{`max(reconcile_cursors.add_index, excluded.add_index)`, `greatest(reconcile_cursors.add_index, excluded.add_index)`},
 	{`max(add_index, ?)`, `greatest(add_index, ?)`},
 	{`max(settle_index, ?)`, `greatest(settle_index, ?)`},
+	// retention.go: a body's SHA-256 (lower-case hex) and size in bytes.
+	{`capvend_sha256(body)`, `encode(sha256(body), 'hex')`},
+	{`length(CAST(body AS BLOB))`, `octet_length(body)`},
 	// verify.go, refunds.go: is a trigger in the schema?
 	{`SELECT 1 FROM sqlite_master m WHERE m.type = 'trigger' AND m.name = t.name`,
 		`SELECT 1 FROM pg_trigger m WHERE NOT m.tgisinternal AND m.tgname = t.name`},

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/capvend/capvend/vend"
 )
 
 // MaxReplyBytes bounds a stored reply; larger replies are not kept (a
@@ -14,15 +16,21 @@ import (
 const MaxReplyBytes = 1 << 20
 
 // Reply returns the answer RememberReply stored for key, and whether
-// there is one. It only reads.
+// there is one. A reply pruned after the retention period (retention.go)
+// is an error matching vend.ErrResultExpired: the request ran, and its
+// answer is gone. It only reads.
 func (l *Ledger) Reply(ctx context.Context, key string) ([]byte, bool, error) {
 	var reply []byte
-	err := l.reader(ctx).QueryRowContext(ctx, "SELECT reply FROM request_replies WHERE request_key = ?", key).Scan(&reply)
+	var pruned sql.NullInt64
+	err := l.reader(ctx).QueryRowContext(ctx, "SELECT reply, pruned_at FROM request_replies WHERE request_key = ?", key).Scan(&reply, &pruned)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, false, nil
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("reply %s: %w", key, l.fileError(err))
+	}
+	if pruned.Valid {
+		return nil, false, fmt.Errorf("reply %s, pruned %s: %w", key, fromMS(pruned.Int64).Format(time.RFC3339), vend.ErrResultExpired)
 	}
 	return reply, true, nil
 }

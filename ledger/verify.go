@@ -141,6 +141,20 @@ var invariants = []invariant{
 		format: "call %v is %v but its result is gone",
 	},
 	{
+		name: "every pruned answer keeps a well-formed record of its body (SHA-256, size, error flag); no whole one claims to be pruned",
+		// The empty body's SHA-256 is the only hash of size 0.
+		query: `SELECT 'result of call', CAST(call_id AS TEXT), CASE WHEN pruned_at IS NULL THEN 'is whole but has a pruned record'
+				ELSE 'has a malformed pruned record' END FROM results
+			WHERE CASE WHEN pruned_at IS NULL THEN body_sha256 IS NOT NULL OR body_size IS NOT NULL
+				ELSE ` + prunedRecordBroken("body", "stored_at") + ` END
+			UNION ALL
+			SELECT 'reply to', request_key, CASE WHEN pruned_at IS NULL THEN 'is whole but has a pruned record'
+				ELSE 'has a malformed pruned record' END FROM request_replies
+			WHERE CASE WHEN pruned_at IS NULL THEN reply_sha256 IS NOT NULL OR reply_size IS NOT NULL OR is_error IS NOT NULL
+				ELSE is_error IS NULL OR is_error NOT IN (0, 1) OR ` + prunedRecordBroken("reply", "created_at") + ` END`,
+		format: "%v %v %v",
+	},
+	{
 		name:   "no payment claimed twice",
 		query:  `SELECT payment_id, count(*) FROM payment_claims GROUP BY payment_id HAVING count(*) > 1`,
 		format: "payment %v claimed %v times",
@@ -243,10 +257,27 @@ var invariants = []invariant{
 				UNION ALL SELECT 'credit_moves_immutable' UNION ALL SELECT 'credit_moves_no_delete'
 				UNION ALL SELECT 'credit_moves_close_draw' UNION ALL SELECT 'credit_moves_topup'
 				UNION ALL SELECT 'credit_accounts_no_delete' UNION ALL SELECT 'credit_topups_immutable'
-				UNION ALL SELECT 'account_days_on_seal' UNION ALL SELECT 'executions_released') t
+				UNION ALL SELECT 'account_days_on_seal' UNION ALL SELECT 'executions_released'
+				UNION ALL SELECT 'request_replies_prune_only') t
 			WHERE NOT EXISTS (SELECT 1 FROM sqlite_master m WHERE m.type = 'trigger' AND m.name = t.name)`,
 		format: "trigger %v is missing",
 	},
+}
+
+// emptySHA256 is the SHA-256 of no bytes: the hash of a body of size 0.
+const emptySHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+// prunedRecordBroken is the SQL condition under which a pruned answer's
+// record (column col, its col_sha256 and col_size, stored at stored) is
+// not well formed: a hash that is not 64 lower-case hex digits, a size
+// missing or negative, a body left, a size of 0 with another hash than
+// the empty body's (or the empty body's hash with a size), or pruned
+// before it was stored. ltrim reads the same on both engines.
+func prunedRecordBroken(col, stored string) string {
+	return strings.NewReplacer("COL", col, "STORED", stored, "EMPTY", emptySHA256).Replace(
+		`COL_sha256 IS NULL OR length(COL_sha256) <> 64 OR ltrim(COL_sha256, '0123456789abcdef') <> ''
+				OR COL_size IS NULL OR COL_size < 0 OR length(COL) <> 0
+				OR (COL_size = 0) <> (COL_sha256 = 'EMPTY') OR pruned_at < STORED`)
 }
 
 // Verify checks every invariant of the ledger on one consistent snapshot

@@ -323,7 +323,9 @@ type ExecutionBook interface {
 	// liabilities:refunds; a hold invoice is expected to be canceled
 	// instead (EndPayment).
 	Refund(ctx context.Context, id CallID, reason string) error
-	// Result returns the stored result of a call, or ErrNotFound.
+	// Result returns the stored result of a call, or ErrNotFound; an error
+	// matching ErrResultExpired when its body was pruned after the
+	// retention period (the Result then has IsError and StoredAt, no Body).
 	Result(ctx context.Context, id CallID) (Result, error)
 }
 

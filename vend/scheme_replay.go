@@ -2,6 +2,7 @@ package vend
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -36,6 +37,15 @@ func (c *pending) resume(ctx context.Context) (CallResult, error) {
 	switch c.call.State {
 	case CallDelivered, CallFailed, CallRefunded:
 		res, err := v.cfg.Ledger.Result(ctx, c.call.ID)
+		if errors.Is(err, ErrResultExpired) {
+			// Its answer was pruned after the retention period: said so,
+			// never answered empty, never run again (a refund still
+			// travels with the error).
+			if c.call.State == CallRefunded {
+				return c.refunded(ctx, CallResult{}, err)
+			}
+			return CallResult{}, err
+		}
 		if err != nil {
 			return c.refunded(ctx, CallResult{}, fmt.Errorf("%w: the call was refunded before it ran", ErrPaymentFailed))
 		}

@@ -316,6 +316,11 @@ var (
 	// ErrUpstream: the upstream server could not run the call; a paid
 	// call was refunded.
 	ErrUpstream = errors.New("upstream server failed")
+	// ErrResultExpired: the request ran before and its stored answer was
+	// pruned after the ledger's retention period (ledger.results_retention):
+	// only its hash, size and error flag are kept. Nothing runs again and
+	// nothing is charged (JSON-RPC -32057).
+	ErrResultExpired = errors.New("stored answer expired after the retention period")
 )
 
 // InvalidParamsError says why arguments do not match the tool's input

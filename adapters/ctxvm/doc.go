@@ -189,6 +189,7 @@
 //	vend.ErrLimit                 -32053 "Limit reached"
 //	vend.ErrUpstream              -32054 "Upstream server failed"
 //	*vend.WorkRequiredError       -32055 "Proof of work required" data {difficulty, work, instructions}
+//	vend.ErrResultExpired         -32057 "Result expired: ..." (a replay whose stored answer was pruned)
 //	anything else                 -32603 "Internal error"
 //
 // Bad tools/call params (not an object, no name) are -32602 "Invalid

@@ -3,6 +3,9 @@ package ctxvm
 import (
 	"context"
 	"encoding/json"
+	"errors"
+
+	"github.com/capvend/capvend/vend"
 )
 
 // ReplyStore keeps the answers to requests that ran something, by request
@@ -12,7 +15,10 @@ import (
 // event id is the call's RequestID); the store covers free calls, prompts
 // and resources as well.
 type ReplyStore interface {
-	// Reply returns the stored answer to key, and whether there is one.
+	// Reply returns the stored answer to key, and whether there is one;
+	// an error matching vend.ErrResultExpired when the request was
+	// answered but its answer was pruned after the retention period (the
+	// request must not run again).
 	Reply(ctx context.Context, key string) ([]byte, bool, error)
 	// RememberReply stores the answer to key once; a second answer for the
 	// same key is ignored (false). Atomic.
@@ -50,6 +56,13 @@ func (s *Server) startReplay(ctx context.Context, r *request, out *outbox) bool 
 		return true
 	}
 	reply, ok, err := s.cfg.Replies.Reply(ctx, key)
+	if errors.Is(err, vend.ErrResultExpired) {
+		// It ran; its answer is gone: say so, and do not run it again.
+		s.log.Debug("replayed request's stored answer expired", logKeyEvent, r.ev.ID, logKeyMethod, r.msg.Method)
+		s.endReplay(r)
+		out.answer(nil, toWire(err, ""), nil, false)
+		return false
+	}
 	if err != nil {
 		// Serve it: a priced call is still protected by the Vendor.
 		s.log.Warn("replay store unreadable", logKeyEvent, r.ev.ID, logKeyErr, err)

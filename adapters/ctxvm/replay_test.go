@@ -3,23 +3,31 @@ package ctxvm
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/adapters/rpcerr"
+	"github.com/capvend/capvend/vend"
 )
 
 // memReplies is an in-memory ReplyStore (the ledger's is tested in
 // package ledger).
 type memReplies struct {
-	mu sync.Mutex
-	m  map[string][]byte
+	mu     sync.Mutex
+	m      map[string][]byte
+	pruned map[string]bool // answered, its answer pruned after the retention period
 }
 
 func (m *memReplies) Reply(_ context.Context, key string) ([]byte, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.pruned[key] {
+		return nil, false, fmt.Errorf("reply %s: %w", key, vend.ErrResultExpired)
+	}
 	r, ok := m.m[key]
 	return r, ok, nil
 }
@@ -98,6 +106,40 @@ func TestReplaysAnsweredFromStore(t *testing.T) {
 	s.handle(ctx, req(`{"jsonrpc":"2.0","id":9,"method":"tools/list"}`))
 	if len(store.m) != 1 {
 		t.Fatalf("store holds %d answers, want 1", len(store.m))
+	}
+}
+
+// TestReplayOfAPrunedAnswerIsAnError: a request delivered again after its
+// stored answer was pruned (ledger.results_retention) gets the JSON-RPC
+// error saying so, and does not reach the Vendor: nothing runs again.
+func TestReplayOfAPrunedAnswerIsAnError(t *testing.T) {
+	store := &memReplies{m: map[string][]byte{}, pruned: map[string]bool{}}
+	v := &fakeVendor{}
+	s, out := recorder(t, func(c *Config) { c.Vendor, c.Replies = v, store })
+	sk := nostr.GeneratePrivateKey()
+	call := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}},
+		Content: `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"free","arguments":{"text":"once"}}}`}
+	call.Sign(sk)
+	store.pruned["nostr:"+call.ID] = true
+	s.handle(context.Background(), call)
+	v.mu.Lock()
+	ran := len(v.calls)
+	v.mu.Unlock()
+	if ran != 0 {
+		t.Fatalf("the request whose answer was pruned ran %d times", ran)
+	}
+	if len(*out) != 1 {
+		t.Fatalf("%d answers, want 1", len(*out))
+	}
+	var m struct {
+		ID    json.RawMessage `json:"id"`
+		Error rpcerr.Error    `json:"error"`
+	}
+	if err := json.Unmarshal([]byte((*out)[0].Content), &m); err != nil {
+		t.Fatal(err)
+	}
+	if string(m.ID) != "7" || m.Error.Code != rpcerr.CodeResultExpired || m.Error.Message != rpcerr.FromVend(vend.ErrResultExpired, "").Message {
+		t.Fatalf("answer %s", (*out)[0].Content)
 	}
 }
 

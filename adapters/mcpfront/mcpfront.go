@@ -59,6 +59,7 @@
 //	vend.ErrLimit                 -32053 "Limit reached"
 //	vend.ErrUpstream              -32054 "Upstream server failed"
 //	*vend.WorkRequiredError       -32055 "Proof of work required" (only fronts that require work)
+//	vend.ErrResultExpired         -32057 "Result expired: ..." (a replay whose stored answer was pruned)
 //	anything else                 -32603 "Internal error"
 //
 // (*vend.PaymentRequiredError and *vend.PaymentPendingError are tool

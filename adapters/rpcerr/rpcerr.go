@@ -29,6 +29,7 @@ const (
 	CodeUpstream        = -32054
 	CodeWorkRequired    = -32055
 	CodeCreditExhausted = -32056
+	CodeResultExpired   = -32057
 )
 
 // Instructions sent with -32042 and -32043.
@@ -110,6 +111,8 @@ func FromVend(err error, tool string) Error {
 		return Error{Code: CodeLimit, Message: "Limit reached"}
 	case errors.Is(err, vend.ErrUpstream):
 		return Error{Code: CodeUpstream, Message: "Upstream server failed"}
+	case errors.Is(err, vend.ErrResultExpired):
+		return Error{Code: CodeResultExpired, Message: "Result expired: this request ran before, and its stored answer was deleted after the server's retention period; it does not run again"}
 	default:
 		return Error{Code: CodeInternal, Message: "Internal error"}
 	}

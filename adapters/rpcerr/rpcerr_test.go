@@ -35,6 +35,8 @@ func TestFromVend(t *testing.T) {
 		{vend.ErrLimit, rpcerr.CodeLimit, "Limit reached"},
 		{vend.ErrUpstream, rpcerr.CodeUpstream, "Upstream server failed"},
 		{&vend.WorkRequiredError{Required: 20, Work: 3}, rpcerr.CodeWorkRequired, "Proof of work required"},
+		{fmt.Errorf("result of call 3, pruned 2026-12-21T00:00:00Z: %w", vend.ErrResultExpired), rpcerr.CodeResultExpired,
+			"Result expired: this request ran before, and its stored answer was deleted after the server's retention period; it does not run again"},
 		{fmt.Errorf("record call: %w: request \"7\" is call 3 (tool ex/slow_count)", vend.ErrRequestReused), rpcerr.CodeInvalidRequest,
 			"Invalid Request: request id reused with different parameters"},
 		{vend.ErrTokenMismatch, rpcerr.CodeInvalidRequest, "Invalid Request: payment token is for another call"},

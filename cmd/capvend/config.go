@@ -25,6 +25,7 @@ import (
 	"github.com/capvend/capvend/adapters/admin"
 	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/adapters/mcpfront"
+	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/pricing"
 	"github.com/capvend/capvend/reconcile"
 )
@@ -91,6 +92,13 @@ type LedgerConfig struct {
 	// when the client sends it again; also how long an instance drops
 	// copies of a request it let in. Longer than LeaseTTL.
 	ClaimTakeover time.Duration `yaml:"claim_takeover"`
+	// ResultsRetention is how long stored answers (the results of calls,
+	// the replies to Nostr requests) are kept whole; then serve replaces
+	// each by its SHA-256, size and error flag, and a replay of that
+	// request gets an error saying its answer expired. 0 keeps them
+	// forever. Money records are never pruned. Default 30 days
+	// (ledger.DefaultResultsRetention).
+	ResultsRetention time.Duration `yaml:"results_retention"`
 }
 
 // ServerConfig is how capvend presents itself to clients.
@@ -532,7 +540,8 @@ func (c *Config) priceRules() (map[string]map[string]pricing.Rule, error) {
 // defaultConfig is what a missing field means.
 func defaultConfig() Config {
 	return Config{
-		Ledger: LedgerConfig{Driver: "sqlite", Path: "capvend.db", LeaseTTL: 30 * time.Second, ClaimTakeover: time.Minute},
+		Ledger: LedgerConfig{Driver: "sqlite", Path: "capvend.db", LeaseTTL: 30 * time.Second, ClaimTakeover: time.Minute,
+			ResultsRetention: ledger.DefaultResultsRetention},
 		Server: ServerConfig{Name: "capvend"},
 		HTTP: HTTPConfig{MaxRequestBytes: 1 << 20, SessionIdle: 30 * time.Minute, MaxSessions: 10_000, MaxSessionsPerSource: 100, MaxConnections: 1000,
 			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
@@ -763,6 +772,27 @@ func (c *Config) Validate() error {
 	return errors.Join(p.errs...)
 }
 
+// UnmarshalYAML decodes the ledger section, taking a bare 0 for
+// results_retention (keep forever) as 0s: YAML reads 0 as an integer,
+// which is no duration.
+func (c *LedgerConfig) UnmarshalYAML(n *yaml.Node) error {
+	type plain LedgerConfig
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k, v := n.Content[i], n.Content[i+1]; k.Value == "results_retention" && v.Tag == "!!int" && v.Value == "0" {
+			v.Tag, v.Value = "!!str", "0s"
+		}
+	}
+	return n.Decode((*plain)(c))
+}
+
+// The bounds of ledger.results_retention (other than 0): a paid call's
+// client retries for its answer within minutes, a Nostr request is
+// delivered again within twice nostr.window; 100 years is forever.
+const (
+	minResultsRetention = time.Hour
+	maxResultsRetention = 100 * 365 * 24 * time.Hour
+)
+
 // problems collects what Validate finds wrong, one error per field.
 type problems struct{ errs []error }
 
@@ -790,6 +820,10 @@ func (c *Config) validateServer(p *problems) {
 	}
 	if c.Ledger.ClaimTakeover <= c.Ledger.LeaseTTL || c.Ledger.ClaimTakeover > time.Hour {
 		p.bad("ledger.claim_takeover", "%s must be longer than ledger.lease_ttl (%s) and at most 1h", c.Ledger.ClaimTakeover, c.Ledger.LeaseTTL)
+	}
+	if r := c.Ledger.ResultsRetention; r != 0 && (r < minResultsRetention || r < 2*c.Nostr.Window || r > maxResultsRetention) {
+		p.bad("ledger.results_retention", "%s: want 0 (keep forever) or from %s (and twice nostr.window, %s) to %s",
+			r, minResultsRetention, 2*c.Nostr.Window, maxResultsRetention)
 	}
 	if c.Server.Name == "" {
 		p.bad("server.name", "required: a short name clients see")

@@ -38,14 +38,17 @@ func (f *ledgerFlags) open(ctx context.Context, e *env) (*ledger.Ledger, error) 
 func ledgerCommand() *command {
 	return &command{
 		Name:    "ledger",
-		Summary: "inspect the ledger: export it for accounting, verify it, show balances",
+		Summary: "inspect the ledger: export it for accounting, verify it, show balances, back it up",
 		Help: `The ledger is an SQLite file (ledger.path in the configuration), or a
 PostgreSQL database (ledger.driver postgres, its DSN in ledger.dsn_file),
 holding every priced call, payment request, settlement, Cashu proof received,
 stored result, and a double-entry journal in millisatoshis. These commands
-read it; they are safe to run while 'capvend serve' runs. 'migrate' copies an
-SQLite ledger into PostgreSQL.`,
-		Subs: []*command{ledgerExportCommand(), ledgerVerifyCommand(), ledgerBalanceCommand(), ledgerMigrateCommand()},
+read it; they are safe to run while 'capvend serve' runs, and so are 'backup'
+(a verified copy of an SQLite ledger) and 'prune' (stored answers past
+ledger.results_retention replaced by their hash record). 'migrate' copies
+an SQLite ledger into PostgreSQL.`,
+		Subs: []*command{ledgerExportCommand(), ledgerVerifyCommand(), ledgerBalanceCommand(), ledgerBackupCommand(),
+			ledgerPruneCommand(), ledgerMigrateCommand()},
 	}
 }
 
@@ -168,7 +171,10 @@ func ledgerVerifyCommand() *command {
     count equals its execution records;
   - paid, executing and delivered calls have a settled or locked-in
     payment (a canceled one covers only a failed call being refunded);
-  - every call that ran keeps its stored result;
+  - every call that ran keeps its stored result; an answer pruned after
+    ledger.results_retention keeps a well-formed record (a SHA-256 of 64
+    hex digits, a size, and the empty body's hash exactly when the size
+    is 0), and no whole answer claims to be pruned;
   - no payment claimed twice, no Cashu proof received twice;
   - refunds of settled payments are booked exactly once;
   - refunds owed (capvend refunds) sum to the balance of

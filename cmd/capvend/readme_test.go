@@ -303,6 +303,22 @@ func TestREADME(t *testing.T) {
 			t.Errorf("verify:\n%s", out)
 		}
 	})
+	ledgerCmd("capvend ledger backup --to backups/capvend.db", func(t *testing.T, out string) {
+		if !strings.Contains(out, "checks passed") {
+			t.Errorf("backup:\n%s", out)
+		}
+	})
+	ledgerCmd("capvend ledger verify --db backups/capvend.db", func(t *testing.T, out string) {
+		if !strings.Contains(out, "checks passed") {
+			t.Errorf("verify of the backup:\n%s", out)
+		}
+	})
+	// The demo's answers are minutes old: none is past 30 days.
+	ledgerCmd("capvend ledger prune --older-than 720h", func(t *testing.T, out string) {
+		if !strings.Contains(out, "pruned 0 stored results and 0 stored replies") {
+			t.Errorf("prune:\n%s", out)
+		}
+	})
 	// The demo's failed call was paid by a hold invoice: canceled, nothing
 	// owed.
 	ledgerCmd("capvend refunds", func(t *testing.T, out string) {

@@ -102,6 +102,13 @@ func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB stri
 			t.Errorf("migrate:\n%s", out)
 		}
 	})
+	const dump = `pg_dump --format=custom --file=capvend.dump "$(cat ledger.dsn)"`
+	shell(dump)
+	if _, err := exec.LookPath("jq"); err == nil { // shell ran it
+		if st, err := os.Stat(filepath.Join(dir, "capvend.dump")); err != nil || st.Size() == 0 {
+			t.Errorf("%s wrote no dump: %v", dump, err)
+		}
+	}
 	run("capvend ledger verify --config capvend.yaml", func(t *testing.T) {
 		out := capvend(t, "ledger", "verify", "--config", "capvend.yaml")
 		if !strings.Contains(out, "checks passed") {

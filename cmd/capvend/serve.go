@@ -367,10 +367,10 @@ func errStop(err error) error {
 
 // runBackground starts what runs behind the fronts until they have
 // stopped: the upstreams, the payment watchers (Vendor.Run), the reload
-// on SIGHUP and the pruning of stored replies. It returns the context the
-// fronts run with (ctx, ended early if a background part fails), stop to
-// end the background parts once the fronts are done, and wait, which
-// returns their error after stop.
+// on SIGHUP and the pruning of stored replies and results. It returns
+// the context the fronts run with (ctx, ended early if a background part
+// fails), stop to end the background parts once the fronts are done, and
+// wait, which returns their error after stop.
 func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context, stop func(), wait func() error) {
 	fronts, stopFronts := context.WithCancel(ctx)
 	// The background outlives ctx: in-flight calls finish while the
@@ -410,6 +410,16 @@ func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context,
 	if s.cfg.path != "" {
 		reloaded := func(next *Config) { pricesReloaded(bctx, s.l, s.instance, next, s.log) }
 		reloadOnHUP(bctx, &reload, s.cfg, s.e.Getenv, checkedVendor{s.v, s.prices}, s.refresh, reloaded, s.log)
+	}
+	if r := s.cfg.Ledger.ResultsRetention; r > 0 {
+		// On the instance holding the work lease only, when several
+		// share a PostgreSQL ledger (one pruner is enough).
+		part("result pruning", func(ctx context.Context) error {
+			return s.v.WhileLeading(ctx, func(ctx context.Context) error {
+				pruneResults(ctx, s.l, r, s.log)
+				return nil
+			})
+		})
 	}
 	if s.nostr != nil {
 		part("reply pruning", func(ctx context.Context) error {
@@ -589,6 +599,34 @@ func awaitUpstreams(ctx context.Context, ups *upstream.Manager, limit time.Durat
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// resultPruneEvery is how often serve prunes the stored answers past
+// ledger.results_retention (and once at start).
+const resultPruneEvery = 10 * time.Minute
+
+// pruneResults replaces, at start and then every resultPruneEvery until
+// ctx ends, the stored answers older than retention by their hash record
+// (ledger.Prune: bounded batches, one transaction each, with a pause
+// between them so the calls being served get the writer).
+func pruneResults(ctx context.Context, l *ledger.Ledger, retention time.Duration, log *slog.Logger) {
+	t := time.NewTicker(resultPruneEvery)
+	defer t.Stop()
+	for {
+		st, err := l.Prune(ctx, time.Now().Add(-retention), 0)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("pruning stored answers failed", "err", err)
+		}
+		if !st.Zero() {
+			log.Info("stored answers past ledger.results_retention replaced by their hash record",
+				"results", st.Results, "replies", st.Replies, "bytes", st.Bytes, "retention", retention.String())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capvend/capvend/internal/pgserver"
+	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/vend"
+)
+
+// paidCalls books n calls of 21 sat on l: n-2 paid and delivered, one
+// paid whose tool failed and was refunded (a refund owed), one awaiting
+// its payment.
+func paidCalls(t *testing.T, l *ledger.Ledger, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range n {
+		c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: fmt.Sprint("r", i),
+			Server: "demo", Tool: "echo", ArgsHash: fmt.Sprintf("%064x", i), Price: 21_000, Idempotent: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := l.RecordPayment(ctx, c.ID, vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice,
+			Ref: fmt.Sprintf("%064x", 1000+i), Bolt11: "lnbcrt210n1test", Amount: 21_000, ExpiresAt: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == n-1 {
+			continue // awaiting payment
+		}
+		if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
+			t.Fatal(err)
+		}
+		if i == n-2 {
+			if err := l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte(`{"content":[],"isError":true}`)}, "upstream failed"); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Refund(ctx, c.ID, "upstream failed"); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		body := fmt.Sprintf(`{"content":[{"type":"text","text":"%s"}]}`, strings.Repeat("a", 2000))
+		if err := l.Deliver(ctx, c.ID, vend.Result{Body: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// capvendFails runs the built capvend in dir, which must exit non-zero,
+// and returns its combined output.
+func capvendFails(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(builtCapvend(t), args...)
+	cmd.Dir, cmd.Env = dir, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("capvend %s: %v, want a non-zero exit\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// TestLedgerBackupWhileServing: `capvend ledger backup` (the built binary)
+// copies the ledger a running serve holds: the copy is verified and
+// written once, mode 0600; an existing file is refused without --force,
+// replaced with it; the copy verifies and balances as the ledger does.
+func TestLedgerBackupWhileServing(t *testing.T) {
+	t.Parallel()
+	path, listen := freeToolsConfig(t, "")
+	dir := filepath.Dir(path)
+	l, err := ledger.Open(context.Background(), filepath.Join(dir, "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paidCalls(t, l, 6)
+	l.Close()
+	serveInProcess(t, path, listen)
+
+	if out := capvendIn(t, dir, nil, "ledger", "--help"); !strings.Contains(out, "backup ") {
+		t.Fatalf("ledger --help does not list backup:\n%s", out)
+	}
+	out := capvendIn(t, dir, nil, "ledger", "backup", "--to", "backups/capvend.db", "--config", "capvend.yaml")
+	if !strings.Contains(out, "one snapshot of 6 calls, 6 payments") || !strings.Contains(out, "checks passed") {
+		t.Fatalf("backup:\n%s", out)
+	}
+	copyPath := filepath.Join(dir, "backups", "capvend.db")
+	st, err := os.Stat(copyPath)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("the backup: %v %v", st, err)
+	}
+	if out := capvendFails(t, dir, "ledger", "backup", "--to", "backups/capvend.db"); !strings.Contains(out, "--force") {
+		t.Fatalf("a second backup to the same file:\n%s", out)
+	}
+	if st2, _ := os.Stat(copyPath); !st2.ModTime().Equal(st.ModTime()) {
+		t.Fatal("the refused backup changed the file")
+	}
+	capvendIn(t, dir, nil, "ledger", "backup", "--to", "backups/capvend.db", "--force")
+	if out := capvendIn(t, dir, nil, "ledger", "verify", "--db", "backups/capvend.db"); !strings.Contains(out, "checks passed") {
+		t.Fatalf("verify of the backup:\n%s", out)
+	}
+	want := capvendIn(t, dir, nil, "ledger", "export", "--format", "beancount")
+	got := capvendIn(t, dir, nil, "ledger", "export", "--format", "beancount", "--db", "backups/capvend.db")
+	if got != want || !strings.Contains(got, "Income:Tools:Demo:Echo") {
+		t.Fatalf("the backup's books differ from the ledger's:\n%s\nledger:\n%s", got, want)
+	}
+}
+
+// TestLedgerBackupOfPostgresSaysPgDump: with ledger.driver postgres the
+// command copies nothing and names PostgreSQL's tools.
+func TestLedgerBackupOfPostgresSaysPgDump(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ledger.dsn"), []byte("postgres://capvend@127.0.0.1:9/capvend\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "capvend.yaml"), []byte("ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\nserver:\n  name: t\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := capvendFails(t, dir, "ledger", "backup", "--to", "b.db")
+	if !strings.Contains(out, "pg_dump") || strings.Contains(out, "127.0.0.1:9") {
+		t.Fatalf("backup of a PostgreSQL ledger:\n%s", out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "b.db")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("a file was written")
+	}
+}
+
+// TestPgDumpRestoresALedger: a PostgreSQL ledger with money in it (paid,
+// refunded and awaiting calls, a pruned result) survives pg_dump and
+// pg_restore into an empty database: `capvend ledger verify` passes on
+// the restored one, its books equal the original's, and it takes new
+// calls (ids go on after the restored ones).
+func TestPgDumpRestoresALedger(t *testing.T) {
+	ctx := context.Background()
+	dsn := testPostgres(t)
+	bin, err := pgserver.Bin()
+	if err != nil {
+		skip.Missing(t, err.Error(), "apt-get install postgresql")
+	}
+	l, err := ledger.OpenPostgres(ctx, dsn, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paidCalls(t, l, 6)
+	if st, err := l.PruneBatch(ctx, time.Now().Add(time.Hour)); err != nil || st.Results == 0 {
+		t.Fatalf("prune: %+v %v", st, err)
+	}
+	l.Close()
+
+	dir := t.TempDir()
+	dump := filepath.Join(dir, "capvend.dump")
+	pg := func(name string, args ...string) {
+		t.Helper()
+		if out, err := exec.Command(filepath.Join(bin, name), args...).CombinedOutput(); err != nil {
+			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		}
+	}
+	pg("pg_dump", "--format=custom", "--file="+dump, dsn)
+	if _, err := openPG(t, dsn).Exec("CREATE DATABASE restored TEMPLATE template0"); err != nil {
+		t.Fatal(err)
+	}
+	restored := strings.Replace(dsn, "/capvend?", "/restored?", 1)
+	pg("pg_restore", "--no-owner", "--exit-on-error", "--dbname="+restored, dump)
+
+	configs := map[string]string{"original": dsn, "restored": restored}
+	exports := map[string]string{}
+	for name, d := range configs {
+		sub := filepath.Join(dir, name)
+		os.Mkdir(sub, 0o700)
+		if err := os.WriteFile(filepath.Join(sub, "ledger.dsn"), []byte(d), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(sub, "capvend.yaml"), []byte("ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\nserver:\n  name: t\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if out := capvendIn(t, sub, nil, "ledger", "verify"); !strings.Contains(out, "checks passed") {
+			t.Fatalf("verify of the %s ledger:\n%s", name, out)
+		}
+		exports[name] = capvendIn(t, sub, nil, "ledger", "export", "--format", "beancount") +
+			capvendIn(t, sub, nil, "refunds", "--all")
+	}
+	if exports["original"] != exports["restored"] || !strings.Contains(exports["restored"], "Income:Tools:Demo:Echo") {
+		t.Fatalf("the restored books differ:\n%s\noriginal:\n%s", exports["restored"], exports["original"])
+	}
+	r, err := ledger.OpenPostgres(ctx, restored, ledger.Options{MustExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	c, created, err := r.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: "after",
+		Server: "demo", Tool: "echo", ArgsHash: strings.Repeat("c", 64), Price: 21_000, Idempotent: true})
+	if err != nil || !created || c.ID != 7 {
+		t.Fatalf("a call after the restore: %+v %v %v", c, created, err)
+	}
+	if _, err := r.Result(ctx, 1); !errors.Is(err, vend.ErrResultExpired) {
+		t.Fatalf("the pruned result after the restore: %v", err)
+	}
+}
