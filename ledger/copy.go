@@ -20,7 +20,7 @@ var copyTables = []string{
 	"calls", "payments", "payment_claims", "cashu_proofs", "results", "lnd_cursors",
 	"accounts", "entries", "postings", "hold_preimages", "call_arguments", "free_uses",
 	"request_replies", "executions", "refunds", "grant_tokens", "l402_root_keys",
-	"l402_revocations", "credit_key", "credit_accounts", "credit_topups", "payouts", "credit_moves",
+	"l402_revocations", "credit_key", "credit_accounts", "credit_topups", "payouts", "credit_moves", "cashu_handed_out",
 	"reconcile_cursors", "reconcile_runs", "reconcile_differences", "account_days",
 }
 

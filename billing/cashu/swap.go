@@ -55,6 +55,9 @@ type tokenLedger interface {
 	SwappingTokens(ctx context.Context, secretHashes []string) ([]vend.SwappingToken, error)
 	EndSwap(ctx context.Context, ref, to, reason string) error
 	SettleSwap(ctx context.Context, s vend.Settlement, reason string) (vend.Payment, error)
+	// RecordChange records the proofs of change handed out for payment
+	// ref (secret hash, mint, amount), before it is handed over.
+	RecordChange(ctx context.Context, ref string, proofs []vend.Proof) error
 	vend.RefundLedger
 	PayoutBook
 }
@@ -108,6 +111,13 @@ func (b *Backend) settleToken(p vend.Payment, tok *Token, received, priceSats ui
 			if changeToken, err = ct.Serialize(); err != nil {
 				b.log.Error("serializing change failed; the overpayment is kept", logRef, short(p.Ref), logErr, err)
 				change, changeToken = 0, ""
+				return nil
+			}
+			// Recorded before it is handed over: a wallet rebuilt from
+			// its seed finds these proofs again, and must set them aside.
+			if err := b.tl.RecordChange(context.Background(), p.Ref, handedOut(tok.Mint, cps)); err != nil {
+				b.log.Error("change handed out but not recorded: a wallet restored from the seed would count it as its own",
+					logRef, short(p.Ref), logErr, err)
 			}
 			return nil
 		})

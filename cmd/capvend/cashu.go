@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -57,7 +58,7 @@ from tokens clients hand over) in a gonuts wallet in cashu.wallet_dir. These
 commands open that wallet, which only one process may hold at a time: stop
 'capvend serve' first (they fail at once, rather than wait, while it runs).
 Refunds owed to clients are paid from this wallet too ('capvend refunds').`,
-		Subs: []*command{cashuBalanceCommand(), cashuMeltCommand()},
+		Subs: []*command{cashuBalanceCommand(), cashuMeltCommand(), cashuSeedCommand(), cashuRestoreCommand()},
 	}
 }
 
@@ -177,6 +178,99 @@ Example:
 			}
 			fmt.Fprintf(e.Stdout, "paid %s (fee %s) from %s\nmelt quote %s\npreimage   %s\n",
 				res.Amount, res.Fee, res.Mint, res.Quote, res.Preimage)
+			return nil
+		},
+	}
+}
+
+func cashuSeedCommand() *command {
+	var cf cashuFlags
+	var to string
+	var again bool
+	return &command{
+		Name:    "seed",
+		Summary: "write the wallet's seed (its BIP-39 mnemonic) to a new file, once",
+		Help: `The wallet derives all its ecash from a 12-word mnemonic (NUT-13): with it
+and the trusted mints, 'capvend cashu restore' rebuilds a lost wallet. This
+writes the mnemonic to FILE (a new file, mode 0600: it is never printed or
+logged) and records in the wallet directory that it was exported, so that
+'capvend doctor' stops warning. Keep FILE offline: whoever holds it can
+take the wallet's ecash. A second export is refused unless --again.
+
+Example:
+  capvend cashu seed --to /media/usb/capvend-seed.txt`,
+		Flags: func(fs *flag.FlagSet) {
+			cf.register(fs)
+			fs.StringVar(&to, "to", "", "write the mnemonic to the new `FILE` (required)")
+			fs.BoolVar(&again, "again", false, "export a seed exported before")
+		},
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) > 0 || strings.TrimSpace(to) == "" {
+				return usageError("seed takes no arguments and needs --to FILE")
+			}
+			l, dir, _, err := cf.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			l.Close()
+			if err := cashu.ExportSeed(dir, to, again); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.Stdout, "the seed of the wallet in %s is in %s (mode 0600): keep it offline\n", dir, to)
+			return nil
+		},
+	}
+}
+
+func cashuRestoreCommand() *command {
+	var cf cashuFlags
+	var from string
+	return &command{
+		Name:    "restore",
+		Summary: "rebuild a lost wallet from its seed at the trusted mints (NUT-09)",
+		Help: `Rebuilds the wallet in cashu.wallet_dir (which must hold no wallet: move a
+damaged one away first) from the mnemonic in FILE ('capvend cashu seed'),
+asking each of cashu.mints for the ecash derived from it (NUT-09) and which
+of it is unspent (NUT-07). Tokens the wallet handed to clients that they
+have not redeemed yet (change, refund and payout tokens, from the ledger's
+records) are its clients' money: they are set aside as pending, never
+spent. Nothing is booked: the ledger already says what the wallet holds;
+'capvend cashu balance' then compares the two.`,
+		Flags: func(fs *flag.FlagSet) {
+			cf.register(fs)
+			fs.StringVar(&from, "mnemonic-file", "", "read the mnemonic from `FILE` (required)")
+		},
+		Run: func(ctx context.Context, e *env, args []string) error {
+			if len(args) > 0 || strings.TrimSpace(from) == "" {
+				return usageError("restore takes no arguments and needs --mnemonic-file FILE")
+			}
+			if err := checkSecretFile("--mnemonic-file", from); err != nil {
+				return err
+			}
+			b, err := os.ReadFile(from)
+			if err != nil {
+				return err
+			}
+			l, dir, mints, err := cf.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			if len(mints) == 0 {
+				return usageError("no mint to restore from: set cashu.mints")
+			}
+			r, err := cashu.Restore(ctx, dir, string(b), mints, l)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.Stdout, "restored %s of ecash; %s handed out to clients and not redeemed yet set aside\n", r.Own, r.Clients)
+			bals, err := cashu.Balances(ctx, dir, mints, l)
+			if err != nil {
+				return err
+			}
+			for _, m := range bals {
+				fmt.Fprintf(e.Stdout, "%s: wallet %s, ledger %s, difference %s\n", m.Account, m.Wallet, m.Ledger, m.Difference())
+			}
 			return nil
 		},
 	}

@@ -44,6 +44,12 @@ func failed(name, fix, format string, a ...any) outcome {
 	return outcome{status: "FAIL", name: name, detail: fmt.Sprintf(format, a...), fix: fix}
 }
 
+// warned is a check that passes with a warning: nothing is broken now,
+// but something should be done (doctor still exits 0).
+func warned(name, fix, format string, a ...any) outcome {
+	return outcome{status: "WARN", name: name, detail: fmt.Sprintf(format, a...), fix: fix}
+}
+
 func skipped(name, fix, format string, a ...any) outcome {
 	return outcome{status: "skip", name: name, detail: fmt.Sprintf(format, a...), fix: fix}
 }
@@ -123,6 +129,9 @@ func doctor(ctx context.Context, cfg *Config) []outcome {
 	}
 	for _, m := range cfg.Cashu.Mints {
 		out = append(out, checkMint(ctx, m))
+	}
+	if len(cfg.Cashu.Mints) > 0 && cfg.Cashu.WalletDir != "" {
+		out = append(out, checkCashuSeed(cfg.Cashu.WalletDir))
 	}
 	if len(cfg.Nostr.Relays) > 0 {
 		out = append(out, checkRelays(ctx, cfg)...)
@@ -443,4 +452,17 @@ func checkSecretFiles(cfg *Config) outcome {
 		return failed("secrets", "chmod 600 each file named (700 for the wallet directory)", "%s", msg)
 	}
 	return passed("secrets", "readable only by their owner")
+}
+
+// checkCashuSeed warns while the Cashu wallet's seed was never exported:
+// the wallet file alone holds the ecash capvend earned.
+func checkCashuSeed(dir string) outcome {
+	if _, err := os.Stat(filepath.Join(dir, "wallet.db")); err != nil {
+		return passed("cashu seed", "no wallet in %s yet ('capvend serve' makes it; export its seed then)", dir)
+	}
+	if at := cashu.SeedExported(dir); !at.IsZero() {
+		return passed("cashu seed", "exported %s", at.Format(time.RFC3339))
+	}
+	return warned("cashu seed", "stop serve, run 'capvend cashu seed --to FILE' and keep FILE offline",
+		"the wallet's seed was never exported: if %s is lost, so is its ecash", dir)
 }
