@@ -29,6 +29,9 @@ const (
 	CodeUpstream        = -32054
 	CodeWorkRequired    = -32055
 	CodeCreditExhausted = -32056
+	// CodeUndelivered: the answer could not be delivered (the Nostr
+	// front: no relay took it); a replay of the request gets a kept one.
+	CodeUndelivered = -32057
 )
 
 // Instructions sent with -32042 and -32043.

@@ -188,7 +188,8 @@ func addAll(r *Receiver, peer string, fs []Frame, now time.Time) (*Message, erro
 // over the limits (bytes, chunks, per peer, in total), two different
 // chunks at one progress, an end that fits no base, an abort, and a
 // transfer whose frames stop (Idle): each fails with its error, names
-// the end frame's info when the end came, and gives its memory back.
+// the end frame's info when the end came (or when it comes later), and
+// gives its memory back.
 func TestReceiverRefuses(t *testing.T) {
 	msg := `{"jsonrpc":"2.0","id":1,"result":{"text":"` + strings.Repeat("z", 1000) + `"}}`
 	now := time.Now()
@@ -264,9 +265,18 @@ func TestReceiverRefuses(t *testing.T) {
 			if n, b := r.Load(); n != 0 || b != 0 {
 				t.Fatalf("%d transfers holding %d bytes left", n, b)
 			}
-			// Its late frames are ignored.
-			if m, err := addAll(r, "p", frames(t, msg, 100, 2)[1:], now); m != nil || err != nil {
-				t.Fatalf("late frames: %v %v", m, err)
+			// Its late chunks are ignored; its end, if it had not come,
+			// gets the error (its sender waits for the answer to it).
+			late := frames(t, msg, 100, 2)
+			if m, err := addAll(r, "p", late[1:len(late)-1], now); m != nil || err != nil {
+				t.Fatalf("late chunks: %v %v", m, err)
+			}
+			m, err = r.Add("p", late[len(late)-1], false, now, FrameEnd)
+			if tc.end && (m != nil || err != nil) {
+				t.Fatalf("a second end: %v %v", m, err)
+			}
+			if !tc.end && (!errors.Is(err, tc.want) || !errors.As(err, &e) || e.End != FrameEnd) {
+				t.Fatalf("the late end: %v %v, want %v naming it", m, err, tc.want)
 			}
 		})
 	}

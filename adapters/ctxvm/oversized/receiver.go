@@ -94,6 +94,9 @@ type Error struct {
 	Start, End  any
 	Err         error
 	Detail      string // e.g. "3 of 10 chunks"
+	// Again: the failure was returned before; this is the end frame that
+	// came after it (to answer, not to count again).
+	Again bool
 }
 
 func (e *Error) Error() string {
@@ -155,8 +158,14 @@ type Receiver struct {
 	m        map[key]*transfer
 	perPeer  map[string]*peerUse
 	total    int64
-	finished map[key]time.Time // ended transfers: their late frames are ignored
-	order    []key             // finished, oldest first
+	finished map[key]ended // ended transfers: their late frames are ignored
+	order    []key         // finished, oldest first
+}
+
+// ended is a transfer that ended: when, and why if it failed.
+type ended struct {
+	at  time.Time
+	err *Error
 }
 
 type peerUse struct {
@@ -166,7 +175,7 @@ type peerUse struct {
 
 // NewReceiver returns a Receiver bounded by p.
 func NewReceiver(p Policy) *Receiver {
-	return &Receiver{p: p.withDefaults(), m: map[key]*transfer{}, perPeer: map[string]*peerUse{}, finished: map[key]time.Time{}}
+	return &Receiver{p: p.withDefaults(), m: map[key]*transfer{}, perPeer: map[string]*peerUse{}, finished: map[key]ended{}}
 }
 
 // Policy returns the receiver's policy, defaults filled in.
@@ -190,11 +199,20 @@ func (r *Receiver) Add(peer string, f Frame, plaintext bool, now time.Time, info
 	if f.CVM.FrameType == FrameAccept {
 		return nil, nil
 	}
-	if _, done := r.finished[k]; done {
-		if f.CVM.FrameType != FrameStart {
+	if done, ok := r.finished[k]; ok {
+		switch {
+		case f.CVM.FrameType == FrameStart:
+			delete(r.finished, k) // the token again: a new transfer (or a replay)
+		case f.CVM.FrameType == FrameEnd && done.err != nil && done.err.End == nil:
+			// The end of a transfer that failed before it came: the
+			// sender waits for an answer to it.
+			e := *done.err
+			e.End, e.Again = info, true
+			done.err.End = info
+			return nil, &e
+		default:
 			return nil, nil // a late frame of a transfer that ended
 		}
-		delete(r.finished, k) // the token again: a new transfer (or a replay)
 	}
 	t := r.m[k]
 	if t == nil {
@@ -203,8 +221,9 @@ func (r *Receiver) Add(peer string, f Frame, plaintext bool, now time.Time, info
 		}
 		u := r.perPeer[peer]
 		if len(r.m) >= r.p.MaxTransfers || (u != nil && u.n >= r.p.MaxPerPeer) {
-			r.finish(k, now)
-			return nil, &Error{Peer: peer, Token: tok, Start: startInfo(f, info), End: endInfo(f, info), Err: ErrLimit, Detail: "too many transfers at once"}
+			e := &Error{Peer: peer, Token: tok, Start: startInfo(f, info), End: endInfo(f, info), Err: ErrLimit, Detail: "too many transfers at once"}
+			r.finish(k, now, e)
+			return nil, e
 		}
 		t = &transfer{key: k, chunks: map[int64]string{}, first: now}
 		r.m[k] = t
@@ -224,7 +243,7 @@ func (r *Receiver) Add(peer string, f Frame, plaintext bool, now time.Time, info
 		if e.Start == nil {
 			e.Start = startInfo(f, info)
 		}
-		r.drop(t, now)
+		r.drop(t, now, e)
 		return nil, e
 	}
 	switch c := &f.CVM; c.FrameType {
@@ -353,8 +372,9 @@ func (t *transfer) nextMissing() int64 {
 // chunks as declared.
 func (r *Receiver) complete(t *transfer, now time.Time) (*Message, error) {
 	fail := func(why error, format string, a ...any) (*Message, error) {
-		r.drop(t, now)
-		return nil, &Error{Peer: t.peer, Token: t.token, Start: t.startInfo, End: t.endInfo, Err: why, Detail: fmt.Sprintf(format, a...)}
+		e := &Error{Peer: t.peer, Token: t.token, Start: t.startInfo, End: t.endInfo, Err: why, Detail: fmt.Sprintf(format, a...)}
+		r.drop(t, now, e)
+		return nil, e
 	}
 	base := t.endP - t.totalChunks
 	var b strings.Builder
@@ -381,7 +401,7 @@ func (r *Receiver) complete(t *transfer, now time.Time) (*Message, error) {
 		return fail(ErrDigest, "")
 	}
 	m := &Message{Peer: t.peer, Token: t.token, Data: data, Start: t.startInfo, End: t.endInfo, Plaintext: t.plaintext, Frames: t.frames}
-	r.drop(t, now)
+	r.drop(t, now, nil)
 	return m, nil
 }
 
@@ -399,8 +419,9 @@ func (r *Receiver) reserve(t *transfer, n int64) bool {
 	return true
 }
 
-// drop forgets t, giving its bytes back, and remembers it ended.
-func (r *Receiver) drop(t *transfer, now time.Time) {
+// drop forgets t, giving its bytes back, and remembers it ended (failed
+// with err, if not nil).
+func (r *Receiver) drop(t *transfer, now time.Time, err *Error) {
 	if r.m[t.key] != t {
 		return
 	}
@@ -413,22 +434,24 @@ func (r *Receiver) drop(t *transfer, now time.Time) {
 		}
 	}
 	r.total -= t.reserved
-	r.finish(t.key, now)
+	r.finish(t.key, now, err)
 }
 
 // finish remembers that k ended (its late frames are ignored), for Idle,
 // at most maxFinished keys.
-func (r *Receiver) finish(k key, now time.Time) {
+func (r *Receiver) finish(k key, now time.Time, err *Error) {
 	if _, ok := r.finished[k]; !ok {
 		r.order = append(r.order, k)
 	}
-	r.finished[k] = now
+	r.finished[k] = ended{now, err}
 	for len(r.order) > 0 {
 		old := r.order[0]
-		if len(r.order) <= maxFinished && now.Sub(r.finished[old]) < r.p.Idle {
+		if e, ok := r.finished[old]; ok && len(r.order) <= maxFinished && now.Sub(e.at) < r.p.Idle {
 			break
 		}
-		delete(r.finished, old)
+		if e, ok := r.finished[old]; ok && (len(r.order) > maxFinished || now.Sub(e.at) >= r.p.Idle) {
+			delete(r.finished, old)
+		}
 		r.order = r.order[1:]
 	}
 }
@@ -460,8 +483,9 @@ func (r *Receiver) Sweep(now time.Time) []*Error {
 		default:
 			continue
 		}
-		out = append(out, &Error{Peer: t.peer, Token: t.token, Start: t.startInfo, End: t.endInfo, Err: why, Detail: detail})
-		r.drop(t, now)
+		e := &Error{Peer: t.peer, Token: t.token, Start: t.startInfo, End: t.endInfo, Err: why, Detail: detail}
+		out = append(out, e)
+		r.drop(t, now, e)
 	}
 	return out
 }
