@@ -155,7 +155,16 @@ func (s *Server) publishPool(ctx context.Context, pool *nostr.SimplePool, ev nos
 					err = errConnectionLost
 				}
 			}
-			results <- relayOutcome{url, classify(url, err)}
+			fail := classify(url, err)
+			if fail != nil && fail.Class == ReasonConnection && size.Message > oversized.DefaultThreshold {
+				// Relays close the connection on a message over their
+				// limit, advertised or not: taken as that, and the relay
+				// gets no events over DefaultThreshold for a while.
+				s.info.learn(url, oversized.DefaultThreshold)
+				fail = &RelayFailure{URL: url, Class: ReasonTooLarge, Reason: fmt.Sprintf(
+					"it closed the connection on an event of %d bytes, taken as over a limit it does not advertise (%s)", size.Message, fail.Reason)}
+			}
+			results <- relayOutcome{url, fail}
 		}()
 	}
 	var fails []RelayFailure
@@ -411,12 +420,16 @@ type relayLimits struct {
 	limits oversized.Limits
 	at     time.Time
 	failed bool
+	// learned is a message limit learned from a connection the relay
+	// closed on a larger event (0: none), since learnedAt.
+	learned   int
+	learnedAt time.Time
 }
 
-// get returns url's advertised limits (zero fields: none advertised),
-// fetching them when not known or stale; a fetch that fails leaves none.
-func (ri *relayInfo) get(ctx context.Context, url string) oversized.Limits {
+// entry is url's entry, made on first use.
+func (ri *relayInfo) entry(url string) *relayLimits {
 	ri.mu.Lock()
+	defer ri.mu.Unlock()
 	if ri.m == nil {
 		ri.m = map[string]*relayLimits{}
 	}
@@ -425,6 +438,32 @@ func (ri *relayInfo) get(ctx context.Context, url string) oversized.Limits {
 		e = &relayLimits{}
 		ri.m[url] = e
 	}
+	return e
+}
+
+// learn notes that url takes no message over n bytes (for relayInfoFor).
+func (ri *relayInfo) learn(url string, n int) {
+	e := ri.entry(url)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.learned, e.learnedAt = n, time.Now()
+}
+
+// effective is e's limits with what was learned (under e.mu).
+func (e *relayLimits) effective() oversized.Limits {
+	lim := e.limits
+	if e.learned > 0 && time.Since(e.learnedAt) < relayInfoFor && (lim.Message <= 0 || e.learned < lim.Message) {
+		lim.Message = e.learned
+	}
+	return lim
+}
+
+// get returns url's advertised limits (zero fields: none advertised), or
+// a smaller message limit learned lately, fetching them when not known
+// or stale; a fetch that fails leaves none.
+func (ri *relayInfo) get(ctx context.Context, url string) oversized.Limits {
+	e := ri.entry(url)
+	ri.mu.Lock()
 	fetch := ri.fetch
 	ri.mu.Unlock()
 	e.mu.Lock()
@@ -434,7 +473,7 @@ func (ri *relayInfo) get(ctx context.Context, url string) oversized.Limits {
 		keep = relayInfoRetry
 	}
 	if !e.at.IsZero() && time.Since(e.at) < keep {
-		return e.limits
+		return e.effective()
 	}
 	if fetch == nil {
 		fetch = fetchLimits
@@ -443,11 +482,11 @@ func (ri *relayInfo) get(ctx context.Context, url string) oversized.Limits {
 	lim, err := fetch(fctx, url)
 	cancel()
 	e.limits, e.at, e.failed = lim, time.Now(), err != nil
-	return lim
+	return e.effective()
 }
 
-// advertised returns url's limits if it advertised any (without
-// fetching).
+// advertised returns url's limits if it advertised any, or closed a
+// connection on a large event lately (without fetching).
 func (ri *relayInfo) advertised(url string) (oversized.Limits, bool) {
 	ri.mu.Lock()
 	e := ri.m[url]
@@ -456,7 +495,8 @@ func (ri *relayInfo) advertised(url string) (oversized.Limits, bool) {
 		return oversized.Limits{}, false // unknown, or being fetched
 	}
 	defer e.mu.Unlock()
-	return e.limits, e.limits.Message > 0 || e.limits.Content > 0
+	lim := e.effective()
+	return lim, lim.Message > 0 || lim.Content > 0
 }
 
 // fetchLimits reads a relay's NIP-11 limitation.
