@@ -276,11 +276,13 @@ type RelayPublishStatus struct {
 	URL      string
 	Accepted uint64            // events it took
 	Failed   map[string]uint64 // events it did not take, by reason class
-	// LastFailure is its last failure, as it said it, and when.
-	LastFailure   string
-	LastFailureAt time.Time
-	// Refusing: its last answer to one of our events was a refusal (any
-	// class but mute, which says only that no one listened there).
+	// LastRefusal is its last refusal (an OK false), in its words, and
+	// when.
+	LastRefusal   string
+	LastRefusalAt time.Time
+	// Refusing: its last answer to one of our events was a refusal (an
+	// OK false but mute, which says only that no one listened there;
+	// not a timeout, a lost connection or an event over its limit).
 	Refusing bool
 	// MaxMessage and MaxContent are its advertised limits (NIP-11), 0
 	// when it advertises none or was not asked yet.
@@ -328,13 +330,17 @@ func (p *publishStats) note(log *slog.Logger, r relayOutcome, kind int) {
 		st.Refusing = false
 	} else {
 		st.Failed[r.fail.Class]++
-		st.LastFailure, st.LastFailureAt = r.fail.Reason, now
-		if r.fail.Class != ReasonMute {
+		switch r.fail.Class {
+		case ReasonMute:
+		case ReasonTimeout, ReasonConnection, ReasonTooLarge:
+			warn = now.Sub(st.logged[r.fail.Class]) >= logEvery
+		default:
+			st.LastRefusal, st.LastRefusalAt = r.fail.Reason, now
 			st.Refusing = true
-			if now.Sub(st.logged[r.fail.Class]) >= logEvery {
-				st.logged[r.fail.Class] = now
-				warn = true
-			}
+			warn = now.Sub(st.logged[r.fail.Class]) >= logEvery
+		}
+		if warn {
+			st.logged[r.fail.Class] = now
 		}
 	}
 	p.mu.Unlock()

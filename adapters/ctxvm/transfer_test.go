@@ -383,7 +383,7 @@ func TestRefusingRelay(t *testing.T) {
 	}
 	st := s.PublishStats()
 	ref := st.Relays[0]
-	if ref.URL != refuser || ref.Failed[ReasonBlocked] == 0 || ref.LastFailure != reason || !ref.Refusing || ref.Accepted != 0 {
+	if ref.URL != refuser || ref.Failed[ReasonBlocked] == 0 || ref.LastRefusal != reason || !ref.Refusing || ref.Accepted != 0 {
 		t.Fatalf("refusing relay %+v", ref)
 	}
 	if st.Relays[1].Refusing || st.Relays[1].Accepted == 0 {

@@ -137,8 +137,8 @@ func (s *vendServer) refusingRelays() (refusing []string, all bool) {
 	st := s.nostr.PublishStats()
 	for _, r := range st.Relays {
 		if r.Refusing {
-			refusing = append(refusing, fmt.Sprintf("%s refuses our events (%q, %s ago)", r.URL, r.LastFailure,
-				time.Since(r.LastFailureAt).Round(time.Second)))
+			refusing = append(refusing, fmt.Sprintf("%s refuses our events (%q, %s ago)", r.URL, r.LastRefusal,
+				time.Since(r.LastRefusalAt).Round(time.Second)))
 		}
 	}
 	return refusing, len(st.Relays) > 0 && len(refusing) == len(st.Relays)
