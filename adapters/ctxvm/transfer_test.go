@@ -131,6 +131,7 @@ func TestOversizedAnswers(t *testing.T) {
 			if rec.Frames < 3 || rec.Wrapped != tc.wrap {
 				t.Fatalf("came in %d frames, wrapped %d", rec.Frames, rec.Wrapped)
 			}
+			t.Logf("%d KiB (wrap %d) in %d frames", tc.kib, tc.wrap, rec.Frames)
 			if strings.Join(notes, ",") != vend.NotifyPaymentRequired+","+vend.NotifyPaymentAccepted {
 				t.Fatalf("notifications %v", notes)
 			}
