@@ -13,11 +13,10 @@ import (
 
 	"github.com/elnosh/gonuts/mint"
 	"github.com/elnosh/gonuts/mint/lightning"
-	"github.com/fiatjaf/khatru"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/capvend/capvend/billing/lnd"
-	"github.com/capvend/capvend/internal/memstore"
+	"github.com/capvend/capvend/internal/khatrurelay"
 )
 
 // MintConfig configures RunMint.
@@ -118,23 +117,28 @@ func mintHandler(ms *mint.MintServer) (http.Handler, error) {
 
 // RunRelay runs an in-memory khatru Nostr relay on listen (a loopback
 // address) until ctx ends. Events live in memory only; ephemeral kinds are
-// broadcast and not stored.
-func RunRelay(ctx context.Context, listen string, log *slog.Logger) error {
+// broadcast and not stored. maxMessage, when positive, is the largest
+// websocket message it reads (a client sending a larger one has its
+// connection closed, as public relays do), advertised in NIP-11 as
+// limitation.max_message_length; 0 leaves khatru's own limit (512,000
+// bytes), not advertised.
+func RunRelay(ctx context.Context, listen string, maxMessage int, log *slog.Logger) error {
 	if err := requireLoopback(listen); err != nil {
 		return err
+	}
+	if maxMessage < 0 {
+		return fmt.Errorf("testnet relay: negative message limit %d", maxMessage)
 	}
 	if log == nil {
 		log = slog.Default()
 	}
-	rl := khatru.NewRelay()
-	rl.Info.Name = "capvend testnet relay"
-	rl.Info.Description = "in-memory relay of the capvend testnet stack"
-	new(memstore.Store).Attach(rl) // not slicestore: see package memstore
+	rl := khatrurelay.New(khatrurelay.Options{Name: "capvend testnet relay", Description: "in-memory relay of the capvend testnet stack",
+		MaxMessageLength: maxMessage})
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("testnet relay: %w", err)
 	}
-	log.Info("nostr relay listening", "addr", "ws://"+ln.Addr().String())
+	log.Info("nostr relay listening", "addr", "ws://"+ln.Addr().String(), "max_message_length", maxMessage)
 	return serve(ctx, ln, rl)
 }
 

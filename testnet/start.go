@@ -82,7 +82,8 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	if old, lerr := Load(dir, opts.Progress); lerr == nil {
 		old.start = s.start
 		// A stack without the PostgreSQL server asked for is replaced.
-		if old.Info.Ready && old.Running() && old.healthy(ctx) == nil && (old.Info.Postgres != nil || !opts.Postgres) {
+		if old.Info.Ready && old.Running() && old.healthy(ctx) == nil && (old.Info.Postgres != nil || !opts.Postgres) &&
+			old.Info.Relay.MaxMessage == opts.RelayMaxMessage {
 			old.logf("stack in %s is already running", dir)
 			return old, nil
 		}
@@ -318,7 +319,8 @@ func (s *Stack) layout(opts Options) error {
 	}
 	s.Info.Relay = ServiceInfo{
 		URL: "ws://" + hostPort(relayPort), Listen: hostPort(relayPort),
-		Proc: Proc{Log: filepath.Join(logs, "relay.log")},
+		MaxMessage: opts.RelayMaxMessage,
+		Proc:       Proc{Log: filepath.Join(logs, "relay.log")},
 	}
 	s.MintURL, s.RelayURL = s.Info.Mint.URL, s.Info.Relay.URL
 	if opts.Postgres {
@@ -602,7 +604,11 @@ func (s *Stack) startMint(exe string) error {
 
 func (s *Stack) startRelay(exe string) error {
 	r := &s.Info.Relay
-	p, err := spawn(exe, []string{"testnet", "relay", "--listen", r.Listen}, r.Log, !s.detach)
+	args := []string{"testnet", "relay", "--listen", r.Listen}
+	if r.MaxMessage > 0 {
+		args = append(args, "--max-message-length", strconv.Itoa(r.MaxMessage))
+	}
+	p, err := spawn(exe, args, r.Log, !s.detach)
 	if err != nil {
 		return &ComponentError{Component: "relay", Log: r.Log, Err: err}
 	}

@@ -89,6 +89,12 @@ type Options struct {
 	// DIR/postgres, with an empty database "capvend"; its DSN is in
 	// testnet.json (Info.Postgres).
 	Postgres bool
+	// RelayMaxMessage, when positive, is the largest websocket message the
+	// stack's relay reads (larger ones close the sender's connection, as
+	// on public relays), advertised in its NIP-11 document as
+	// limitation.max_message_length; 0: khatru's own limit (512,000
+	// bytes), not advertised.
+	RelayMaxMessage int
 
 	// reservePorts replaces freePorts in tests (to force a port clash).
 	reservePorts func(n int) ([]int, error)
@@ -131,6 +137,8 @@ type ServiceInfo struct {
 	URL     string `json:"url"`                // http://127.0.0.1:PORT (mint), ws://127.0.0.1:PORT (relay)
 	Listen  string `json:"listen"`             // 127.0.0.1:PORT
 	DataDir string `json:"data_dir,omitempty"` // the mint's database; the relay keeps events in memory
+	// MaxMessage is the relay's advertised message limit (0: none).
+	MaxMessage int `json:"max_message_length,omitempty"`
 	Proc
 }
 

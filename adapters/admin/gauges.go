@@ -20,6 +20,13 @@ var (
 	descRelays      = prometheus.NewDesc("capvend_nostr_relays_connected", "Nostr relays connected.", nil, nil)
 	descUpstreams   = prometheus.NewDesc("capvend_upstreams_connected", "Upstream MCP servers connected.", nil, nil)
 	descScrapeError = prometheus.NewDesc("capvend_ledger_gauges_up", "1 if the ledger's gauges were read at this scrape, 0 if the read failed.", nil, nil)
+	descPublished   = prometheus.NewDesc("capvend_nostr_published_total", "Events of the Nostr front a relay took, by relay.", []string{"relay"}, nil)
+	descRefused     = prometheus.NewDesc("capvend_nostr_publish_failures_total",
+		"Events of the Nostr front a relay did not take, by relay and reason (its OK false prefix: blocked, invalid, rate-limited ...; or timeout, connection, too-large).",
+		[]string{"relay", "reason"}, nil)
+	descUndelivered = prometheus.NewDesc("capvend_nostr_undelivered_answers_total", "Nostr answers no relay took (an error answer went instead, if it could).", nil, nil)
+	descTransfers   = prometheus.NewDesc("capvend_nostr_oversized_transfers_total", "CEP-22 oversized transfers, by direction (out: answers, in: requests) and outcome.",
+		[]string{"direction", "outcome"}, nil)
 )
 
 // gauges is the collector of the gauges of m.src.
@@ -28,7 +35,7 @@ type gauges struct{ m *Metrics }
 // Describe implements prometheus.Collector.
 func (g gauges) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descOpenQuotes, descLockedHolds, descRefundsOwed, descOwedMsat, descInFlight,
-		descSessions, descRelays, descUpstreams, descScrapeError} {
+		descSessions, descRelays, descUpstreams, descScrapeError, descPublished, descRefused, descUndelivered, descTransfers} {
 		ch <- d
 	}
 }
@@ -75,5 +82,28 @@ func (g gauges) Collect(ch chan<- prometheus.Metric) {
 	}
 	if src.Upstreams != nil {
 		gauge(descUpstreams, float64(src.Upstreams()))
+	}
+	if src.Nostr != nil {
+		counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+		}
+		n := src.Nostr()
+		for _, r := range n.Relays {
+			counter(descPublished, r.Accepted, r.URL)
+			reasons := make([]string, 0, len(r.Failed))
+			for k := range r.Failed {
+				reasons = append(reasons, k)
+			}
+			sort.Strings(reasons)
+			for _, k := range reasons {
+				counter(descRefused, r.Failed[k], r.URL, k)
+			}
+		}
+		counter(descUndelivered, n.Undelivered)
+		for _, dir := range []string{"out", "in"} {
+			for _, outcome := range []string{"ok", "failed"} {
+				counter(descTransfers, n.Transfers[[2]string{dir, outcome}], dir, outcome)
+			}
+		}
 	}
 }

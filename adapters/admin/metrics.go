@@ -42,6 +42,28 @@ type Sources struct {
 	Relays func() int
 	// Upstreams is the number of upstreams connected (listed their tools).
 	Upstreams func() int
+	// Nostr is what became of the Nostr front's publications: counters,
+	// read at each scrape.
+	Nostr func() NostrPublish
+}
+
+// NostrPublish counts the Nostr front's publications (see Sources.Nostr).
+// Relay URLs are the configured ones, reasons a fixed set of classes.
+type NostrPublish struct {
+	Relays []RelayPublish
+	// Undelivered: answers no relay took (each replaced by an error
+	// answer when one could go).
+	Undelivered uint64
+	// Oversized transfers (CEP-22), by direction ("out": answers, "in":
+	// requests) and outcome ("ok", "failed").
+	Transfers map[[2]string]uint64
+}
+
+// RelayPublish is one relay's share of NostrPublish.
+type RelayPublish struct {
+	URL      string
+	Accepted uint64
+	Failed   map[string]uint64 // by reason class (blocked, invalid, rate-limited, timeout, too-large ...)
 }
 
 // Open is what the ledger holds open (see Sources.Open).

@@ -256,7 +256,7 @@ func (s *Server) announcements() []announcement {
 	// ContextVM server: discovery tags and every price.
 	out := []announcement{{
 		Address: Address{Kind: KindAnnounceServer}, content: initRes,
-		tags: append(s.discoveryTags(), toolCaps...),
+		tags: append(s.cvmDiscoveryTags(), toolCaps...),
 	}, {
 		Address: Address{Kind: KindAnnounceTools}, content: string(toolsRes), tags: toolCaps,
 	}}

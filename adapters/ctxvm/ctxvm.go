@@ -15,6 +15,7 @@ import (
 	"github.com/btcsuite/btcd/btcec/v2"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/adapters/ctxvm/oversized"
 	"github.com/capvend/capvend/pricing"
 	"github.com/capvend/capvend/vend"
 )
@@ -166,6 +167,13 @@ type Config struct {
 	// those of a client the Vendor knows paid before (see PayerKnower),
 	// which have a reserve of a tenth more. 0: DefaultMaxInFlight.
 	MaxInFlight int
+	// MaxRequestBytes bounds a request that comes as CEP-22 frames (its
+	// reassembled JSON-RPC message); 0: DefaultMaxRequestBytes. A client's
+	// transfers hold at most twice that at once, 4 of them.
+	MaxRequestBytes int
+	// MaxReassemblyBytes bounds the bytes of the transfers of all
+	// clients being reassembled at once; 0: DefaultMaxReassemblyBytes.
+	MaxReassemblyBytes int
 	// PowDifficulty is the NIP-13 proof of work (leading zero bits of the
 	// request event's id, committed in its nonce tag) required of a
 	// request that gets a free call or an unpaid quote; 0: none. See
@@ -212,6 +220,7 @@ type Server struct {
 	mu       sync.Mutex
 	seen     map[string]bool // clients that got their discovery tags
 	inflight map[string]bool // replay keys of requests being served (see startReplay)
+	bigOK    map[string]bool // clients that take oversized transfers (transfer.go)
 
 	ready chan struct{} // closed once every relay confirmed the subscription
 	slots chan struct{} // one token per request in flight
@@ -231,6 +240,9 @@ type Server struct {
 	elicits elicitations                     // elicitations waiting for an answer (elicit.go)
 	shard   *shard                           // with Config.Members (shard.go)
 	relays  relayStates                      // the main subscription on each relay (relays.go)
+	info    relayInfo                        // the relays' advertised limits (publish.go)
+	pubs    publishStats                     // the outcomes of our publications (publish.go)
+	recv    *oversized.Receiver              // oversized requests being reassembled (transfer.go)
 }
 
 // slotKey is the context key of the function that gives a request's
@@ -285,6 +297,15 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ShardSample < 0 || cfg.MemberTTL < 0 || cfg.SeenFor < 0 {
 		return nil, errors.New("ctxvm: negative shard durations")
 	}
+	if cfg.MaxRequestBytes < 0 || cfg.MaxReassemblyBytes < 0 {
+		return nil, errors.New("ctxvm: negative limit")
+	}
+	if cfg.MaxRequestBytes == 0 {
+		cfg.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if cfg.MaxReassemblyBytes == 0 {
+		cfg.MaxReassemblyBytes = DefaultMaxReassemblyBytes
+	}
 	if cfg.Window < 0 || cfg.MaxContentBytes < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownGrace < 0 || cfg.MaxInFlight < 0 || cfg.AnnounceDelay < 0 || cfg.ElicitTimeout < 0 {
 		return nil, errors.New("ctxvm: negative limit")
 	}
@@ -331,9 +352,11 @@ func New(cfg Config) (*Server, error) {
 	}
 	skBytes, _ := hex.DecodeString(cfg.SecretKey)
 	priv, _ := btcec.PrivKeyFromBytes(skBytes)
-	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, inflight: map[string]bool{}, ready: make(chan struct{}),
+	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, inflight: map[string]bool{}, bigOK: map[string]bool{},
+		ready: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight), paying: make(chan struct{}, max(1, cfg.MaxInFlight/10)), ann: newAnnouncer(), lists: newListWatch(), access: access}
 	s.relays.init(cfg.Relays)
+	s.recv = oversized.NewReceiver(oversized.Policy{MaxBytes: int64(cfg.MaxRequestBytes), MaxTotalBytes: int64(cfg.MaxReassemblyBytes)})
 	if cfg.Members != nil {
 		s.shard = &shard{m: cfg.Members, me: cfg.Instance, name: MemberLease(pk, cfg.Instance), prefix: memberPrefix(pk),
 			sample: cmp.Or(cfg.ShardSample, DefaultShardSample), ttl: cmp.Or(cfg.MemberTTL, DefaultMemberTTL), now: cfg.Now, log: s.log}
@@ -420,6 +443,12 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("contextvm front listening", "pubkey", s.pk, "relays", len(s.cfg.Relays))
 	announced := s.startAnnouncing(ctx)
 	watched := s.startListWatch(ctx)
+	// The relays' limits, read before the first answers need them; and
+	// the sweep of oversized requests that never complete.
+	var bgWG sync.WaitGroup
+	bgWG.Add(2)
+	go func() { defer bgWG.Done(); s.fetchRelayInfo(ctx) }()
+	go func() { defer bgWG.Done(); s.sweepTransfers(ctx) }()
 loop:
 	for {
 		var ev *nostr.Event
@@ -459,6 +488,7 @@ loop:
 	stopSub()
 	<-announced
 	<-watched
+	bgWG.Wait()
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	grace := time.NewTimer(s.cfg.ShutdownGrace)
@@ -498,39 +528,6 @@ func (s *Server) slot(ev *nostr.Event) chan struct{} {
 func (s *Server) knownPayer(pubkey string) bool {
 	pk, ok := s.cfg.Vendor.(PayerKnower)
 	return ok && pk.KnownPayer(pubkey)
-}
-
-// publishPool publishes ev to every relay and returns nil on the first
-// relay's OK (the others still get it, in the background, within
-// PublishTimeout), or the last error when none accepted it.
-func (s *Server) publishPool(ctx context.Context, pool *nostr.SimplePool, ev nostr.Event) error {
-	// Until the first OK the caller's ctx bounds the publication; after
-	// it only the timeout does: callers cancel their ctx once we return.
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PublishTimeout)
-	stop := context.AfterFunc(ctx, cancel)
-	results := pool.PublishMany(pctx, s.cfg.Relays, ev)
-	var last error = errors.New("no relay")
-	for r := range results {
-		if r.Error == nil {
-			// The caller goes on; the other relays still get the event
-			// (a relay still connecting too), within the timeout.
-			stop()
-			go func() {
-				defer cancel()
-				for r := range results {
-					if r.Error != nil {
-						s.log.Debug("relay refused an event", logKeyRelay, r.RelayURL, logKeyErr, r.Error)
-					}
-				}
-			}()
-			return nil
-		}
-		s.log.Debug("relay refused an event", logKeyRelay, r.RelayURL, logKeyErr, r.Error)
-		last = r.Error
-	}
-	stop()
-	cancel()
-	return last
 }
 
 // listTools is the tools/list result and its cap tags.
@@ -588,6 +585,13 @@ func (s *Server) discoveryTags() nostr.Tags {
 		add("pmi", p)
 	}
 	return tags
+}
+
+// cvmDiscoveryTags are the discovery tags of ContextVM answers and
+// announcements: discoveryTags and support_oversized_transfer (CEP-22;
+// DVMCP has no such thing).
+func (s *Server) cvmDiscoveryTags() nostr.Tags {
+	return append(s.discoveryTags(), nostr.Tag{oversized.TagSupport})
 }
 
 // newClient says whether client has not had an answer yet (not marking

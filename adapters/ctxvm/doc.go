@@ -24,7 +24,8 @@
 // event. Every answer is signed with the server key and tagged
 // ["p", <client pubkey>] and ["e", <request event id>]. It is published to
 // every relay; publishing succeeds when one relay accepts it (the others
-// still get it). A relay that is down does not stop the service: Run
+// still get it; see Publishing for what happens when none does). A relay
+// that is down does not stop the service: Run
 // connects again every 5 s and subscribes again since the newest
 // created_at it saw on that relay (or its last end of stored events),
 // less 30 s for clients' clocks, and never more than 5 minutes (or the
@@ -153,7 +154,8 @@
 // every initialize answer carry the discovery tags name, about, website,
 // picture (those configured), support_encryption and
 // support_encryption_ephemeral (unless encryption is disabled) and one pmi
-// tag per payment method of Config.PMIs.
+// tag per payment method of Config.PMIs; ContextVM answers also
+// support_oversized_transfer (see Oversized transfer).
 //
 // A tools/call becomes a vend.CallRequest with Transport "nostr-ctxvm"
 // (ContextVM), "nostr-dvmcp" (rev1, rev1.1) or "nostr-nip90", Client the
@@ -451,5 +453,93 @@
 // the ledger by its request id and never runs twice). Without Members
 // (SQLite, one server) nothing of this runs.
 //
-// Not done yet: oversized transfer (CEP-22).
+// # Oversized transfer (CEP-22)
+//
+// A ContextVM message too large for one event goes as a sequence of
+// notifications/progress frames under the request's progressToken
+// (package oversized holds the wire form, cutting and reassembly):
+//
+//	start  progress 1   {"progressToken":T,"progress":1,"message":"starting oversized transfer",
+//	                     "cvm":{"type":"oversized-transfer","frameType":"start","completionMode":"render",
+//	                            "digest":"sha256:<hex of the message's UTF-8>","totalBytes":B,"totalChunks":N}}
+//	chunk  2 .. N+1     {"progressToken":T,"progress":P,"cvm":{"type":"oversized-transfer","frameType":"chunk","data":"..."}}
+//	end    N+2          {"progressToken":T,"progress":N+2,"message":"oversized transfer complete",
+//	                     "cvm":{"type":"oversized-transfer","frameType":"end"}}
+//
+// each the params of a full JSON-RPC notification in its own kind 25910
+// event, signed, and gift wrapped on its own (a fresh key each) when the
+// request came wrapped. The message is the exact JSON-RPC string (with
+// "jsonrpc" and the id); chunks are whole code points.
+//
+// Out: the server advertises ["support_oversized_transfer"] on 11316 and
+// the first answer to each ContextVM client. An answer or notification
+// (or elicitation request) about a request is sent as frames when its
+// published event is over the limits of the relays (each relay's NIP-11
+// limitation.max_message_length and max_content_length, read at start
+// and kept an hour; 48,000 bytes, the stock SDK's threshold, for a relay
+// that advertises none; the smallest of all), or its gift wrap's inner
+// event over NIP-44's 65,535 bytes, and the request is ContextVM with
+// params._meta.progressToken (echoed as it came) from a client that sent
+// a support_oversized_transfer tag on any event (remembered per pubkey).
+// Chunks are as large as fit every relay (measured as published). The
+// start frame carries the answer's tags (discovery, cap ...), the others
+// p and e (the request event). Frames are published in order, each relay
+// getting one after it answered the one before (the stock receiver drops
+// a chunk that comes before its start); a frame no relay takes ends the
+// transfer with an abort frame and the error answer of Publishing (the
+// stock client only logs an abort). Otherwise an answer too large is
+// sent whole anyway (a relay that advertises no limit may take it), or,
+// when it cannot go (over every advertised limit, or a wrap over NIP-44's
+// limit), replaced by that error answer.
+//
+// In: frames from a client (a notifications/progress whose params.cvm.type
+// is "oversized-transfer") are taken before anything else, in any order
+// (events are handled concurrently: a chunk or the end may come before the
+// start), with chunks from progress 2, or from 3 when the client left 2
+// to an accept (the stock client then sends chunks at once without
+// waiting for it), more than the stock receiver's window of 21 included.
+// Bounds: Config.MaxRequestBytes (1 MiB) per message; per client 4
+// transfers and twice that many bytes; Config.MaxReassemblyBytes (64 MiB)
+// and 64 transfers in all (a transfer counts its totalBytes from its
+// start); 10,000 chunks; a window of 64 chunks ahead of the first
+// missing one; 30 s without a frame, 5 minutes in all, 5 s after its end
+// with a chunk missing. A start from a client that has not had an answer
+// yet is answered with an accept frame (progress 2, tagged p and the
+// discovery tags). The completed message (length and digest checked, a
+// ContextVM JSON-RPC message) is served as a request whose event is the
+// end frame's: its id is the RequestID and the answers' e tag (the stock
+// client waits for the answer to its end frame), its tags the end
+// frame's with the start frame's pmi, payment_interaction,
+// support_encryption* and support_oversized_transfer; it is Public
+// (vend refuses bearer secrets in it) unless every frame came wrapped,
+// and its answers are wrapped like the end frame. A transfer that fails
+// (digest, length, limits, sequence, time) is logged, counted and
+// answered with {"jsonrpc":"2.0","error":{"code":-32600,"message":
+// "Invalid Request: oversized transfer failed: ..."}} (no id: the
+// client's is in the frames) tagged e with its end frame when it came
+// (also when it comes after the failure), else with an abort frame.
+// With several servers sharing a key, every server reassembles (frames
+// are never dropped by preShard) and the end frame's id decides.
+//
+// # Publishing
+//
+// Each relay's answer to each event is counted per relay and reason
+// class (PublishStats: the NIP-01 prefix of its OK false, blocked,
+// invalid, rate-limited ...; or timeout, connection, too-large) and a
+// refusal is logged with the relay's own words (at Warn, once per 10 s
+// per relay and class; every one at Debug). An event over a relay's
+// advertised limit is not sent to it (too-large); a relay that closes the
+// connection on an event over 48,000 bytes (go-nostr reports that lost
+// OK as a success: the connection is checked) is taken to have such a
+// limit for an hour. An event no relay took is published again, after
+// 250 ms, doubling, while some relay's failure may pass (timeout,
+// connection, rate-limited, mute, error, other), within PublishTimeout.
+// An answer that still did not go is replaced by
+//
+//	{"jsonrpc":"2.0","id":<the request's>,"error":{"code":-32058,"message":"Answer not delivered: ..."}}
+//
+// in the request's dialect (a small event may go where a large one did
+// not), and counted (Undelivered). The answer was kept all the same (a
+// paid call's result by the Vendor, others in Config.Replies): the same
+// request event sent again gets it.
 package ctxvm

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/adapters/ctxvm/oversized"
 	"github.com/capvend/capvend/adapters/rpcerr"
 	"github.com/capvend/capvend/vend"
 )
@@ -149,6 +150,15 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 	if err != nil {
 		s.log.Debug("nostr event dropped", logKeyEvent, ev.ID, logKeyReason, err)
 		return
+	}
+	if r.dialect == dialectContextVM {
+		s.noteOversized(r.ev)
+		if r.notification() && oversized.IsFrame(r.msg.Method, r.msg.Params) {
+			// A CEP-22 frame: served as the request it completes, if any.
+			if r = s.takeFrame(ctx, r); r == nil {
+				return
+			}
+		}
 	}
 	if r.dialect == dialectContextVM && r.msg.Method == "" && len(r.msg.ID) > 0 {
 		// A response: to one of our elicitations, or dropped.
@@ -466,17 +476,19 @@ func (o *outbox) send(e outEvent) error {
 	for _, d := range o.drafts(e) {
 		tags := d.tags
 		if d.response && (o.s.firstAnswer(client) || e.discovery) {
-			tags = append(tags, o.s.discoveryTags()...)
+			if o.r.dialect == dialectContextVM {
+				tags = append(tags, o.s.cvmDiscoveryTags()...)
+			} else {
+				tags = append(tags, o.s.discoveryTags()...)
+			}
 		}
 		ev := nostr.Event{Kind: d.kind, CreatedAt: nostr.Timestamp(o.s.cfg.Now().Unix()), Tags: tags, Content: d.content}
-		var err error
-		if ev, err = o.seal(ev); err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(o.ctx, o.s.cfg.PublishTimeout)
-		err = o.s.publish(ctx, ev)
-		cancel()
-		if err != nil {
+		if err := o.deliver(ev); err != nil {
+			if d.response {
+				// Never silent: a small error where the answer did
+				// not go.
+				o.undelivered(err)
+			}
 			return err
 		}
 	}

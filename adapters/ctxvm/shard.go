@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/adapters/ctxvm/oversized"
 )
 
 // Members keeps the live set of the servers sharing a secret key (and a
@@ -293,6 +295,11 @@ func (s *Server) preShard(ev *nostr.Event) (verdict, bool) {
 			Method string `json:"method"`
 		}
 		if json.Unmarshal([]byte(ev.Content), &m) != nil || m.Method == "" {
+			return -1, true
+		}
+		if m.Method == oversized.Method {
+			// Maybe a CEP-22 frame: every server reassembles the
+			// request, which is decided by its own id (the end frame's).
 			return -1, true
 		}
 	default:

@@ -30,6 +30,9 @@ const (
 	CodeWorkRequired    = -32055
 	CodeCreditExhausted = -32056
 	CodeResultExpired   = -32057
+	// CodeUndelivered: the answer could not be delivered (the Nostr
+	// front: no relay took it); a replay of the request gets a kept one.
+	CodeUndelivered = -32058
 )
 
 // Instructions sent with -32042 and -32043.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"strings"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -75,6 +76,7 @@ func (s *vendServer) watch() error {
 		Sessions:  s.sessions,
 		Relays:    s.relays,
 		Upstreams: func() int { return len(s.ups.Status()) - len(s.upstreamsDown()) },
+		Nostr:     s.nostrPublish,
 	})
 	s.admin.AddCheck(admin.Check{Name: "ledger", Check: func(ctx context.Context) error {
 		_, err := s.l.OpenCounts(ctx)
@@ -91,7 +93,7 @@ func (s *vendServer) watch() error {
 		return nil
 	}})
 	if s.nostr != nil {
-		s.admin.AddCheck(admin.Check{Name: "nostr", Check: s.nostrReady})
+		s.admin.AddCheck(admin.Check{Name: "nostr", Check: s.nostrReady, Info: s.nostrRefusing})
 	}
 	_, err := admin.NewDashboard(s.admin, s.metrics, ledgerDashboard{s.l})
 	return err
@@ -113,9 +115,49 @@ func (s *vendServer) relays() int {
 	return s.nostr.RelaysConnected()
 }
 
+// nostrPublish is the Nostr front's publication counts for the metrics
+// (nil without the front: no series).
+func (s *vendServer) nostrPublish() admin.NostrPublish {
+	if s.nostr == nil {
+		return admin.NostrPublish{}
+	}
+	st := s.nostr.PublishStats()
+	out := admin.NostrPublish{Undelivered: st.Undelivered, Transfers: map[[2]string]uint64{
+		{"out", "ok"}: st.TransfersOut, {"out", "failed"}: st.TransfersOutFailed,
+		{"in", "ok"}: st.TransfersIn, {"in", "failed"}: st.TransfersInFailed}}
+	for _, r := range st.Relays {
+		out.Relays = append(out.Relays, admin.RelayPublish{URL: r.URL, Accepted: r.Accepted, Failed: r.Failed})
+	}
+	return out
+}
+
+// refusingRelays describes the relays whose last answer to one of our
+// events was a refusal, with its reason.
+func (s *vendServer) refusingRelays() (refusing []string, all bool) {
+	st := s.nostr.PublishStats()
+	for _, r := range st.Relays {
+		if r.Refusing {
+			refusing = append(refusing, fmt.Sprintf("%s refuses our events (%q, %s ago)", r.URL, r.LastRefusal,
+				time.Since(r.LastRefusalAt).Round(time.Second)))
+		}
+	}
+	return refusing, len(st.Relays) > 0 && len(refusing) == len(st.Relays)
+}
+
+// nostrRefusing is the nostr check's Info: the relays that refuse our
+// events, when some do.
+func (s *vendServer) nostrRefusing() string {
+	r, _ := s.refusingRelays()
+	return strings.Join(r, "; ")
+}
+
 // nostrReady: the Nostr front is subscribed on a relay (its end of
-// stored events came, and the subscription has not ended since).
+// stored events came, and the subscription has not ended since), and
+// not every relay refuses our events.
 func (s *vendServer) nostrReady(context.Context) error {
+	if r, all := s.refusingRelays(); all {
+		return fmt.Errorf("every relay refuses our events: %s", strings.Join(r, "; "))
+	}
 	var down []string
 	for _, st := range s.nostr.RelayStates() {
 		if st.Subscribed {

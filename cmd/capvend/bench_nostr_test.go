@@ -114,7 +114,14 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // benchmark ends and returns its pubkey once it is subscribed.
 func startSDKServer(tb testing.TB, dir, relay string) string {
 	tb.Helper()
-	cmd := exec.Command("node", "server.mjs", relay, "optional")
+	return startSDKServerScript(tb, dir, "server.mjs", relay)
+}
+
+// startSDKServerScript is startSDKServer running script (a stock server
+// of testdata/contextvm taking the same arguments).
+func startSDKServerScript(tb testing.TB, dir, script, relay string) string {
+	tb.Helper()
+	cmd := exec.Command("node", script, relay, "optional")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CONTEXTVM_SERVER_KEY="+nostr.GeneratePrivateKey())
 	var stderr lockedWriter

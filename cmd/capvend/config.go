@@ -188,6 +188,10 @@ type NostrConfig struct {
 	// committed in a nonce tag) a request needs to get a free call or an
 	// unpaid quote; 0: none. Requests paying with a Cashu token need none.
 	PowDifficulty int `yaml:"pow_difficulty"`
+	// MaxRequestBytes bounds a request that comes as CEP-22 frames
+	// (oversized transfer: larger than one event); 0: 1 MiB, as
+	// http.max_request_bytes.
+	MaxRequestBytes int `yaml:"max_request_bytes"`
 	// ShutdownGrace is how long a stop lets Nostr requests in flight
 	// finish (a call waiting for its payment among them) before it
 	// cancels them.
@@ -916,6 +920,9 @@ func (c *Config) validateNostr(p *problems) {
 	}
 	if c.Nostr.ShutdownGrace < time.Second || c.Nostr.ShutdownGrace > 10*time.Minute {
 		p.bad("nostr.shutdown_grace", "%s is outside 1s .. 10m", c.Nostr.ShutdownGrace)
+	}
+	if c.Nostr.MaxRequestBytes != 0 && (c.Nostr.MaxRequestBytes < 1024 || c.Nostr.MaxRequestBytes > 64<<20) {
+		p.bad("nostr.max_request_bytes", "%d is outside 1024 .. 67108864", c.Nostr.MaxRequestBytes)
 	}
 	if c.Nostr.PowDifficulty < 0 || c.Nostr.PowDifficulty > 64 {
 		p.bad("nostr.pow_difficulty", "%d is outside 0 (off) .. 64 leading zero bits", c.Nostr.PowDifficulty)

@@ -10,14 +10,17 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/lightningnetwork/lnd/lnrpc/invoicesrpc"
 	"github.com/nbd-wtf/go-nostr"
+	"github.com/nbd-wtf/go-nostr/nip11"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/adapters/ctxvm/oversized"
 	"github.com/capvend/capvend/adapters/upstream"
 	"github.com/capvend/capvend/billing/cashu"
 	"github.com/capvend/capvend/billing/lnd"
@@ -68,7 +71,10 @@ for anything that fails:
     that may read channel balances; skipped otherwise);
   - each mint is reachable, with its keysets and input fees;
   - each relay is reachable and takes our kinds: an ephemeral probe event
-    (kind 25910, signed with the server's key) is published and read back;
+    (kind 25910, signed with the server's key) is published and read back,
+    and one as large as capvend sends whole to it (its NIP-11
+    max_message_length, or 48000 bytes) is taken: a relay that refuses
+    our events fails, with its reason;
   - each upstream starts and lists its tools, and every price (of a tool,
     prompt or resource) names something it lists; and what an item
     without a price is (pricing.unpriced: free or refuse);
@@ -343,12 +349,48 @@ func probeRelay(ctx context.Context, url, sk string) outcome {
 				return failed(name, fix, "the subscription ended before the probe came back")
 			}
 			if got.ID == ev.ID {
-				return passed(name, "reachable; published and read back an ephemeral kind %d probe in %s", ctxvm.KindMessage, time.Since(start).Round(time.Millisecond))
+				took := time.Since(start).Round(time.Millisecond)
+				limit, detail, err := probeSize(ctx, r, url, sk, pk)
+				if err != nil {
+					return failed(name, "pick a relay that takes events of "+strconv.Itoa(limit)+" bytes, or one that advertises its limit in NIP-11 (capvend then cuts answers to it)",
+						"refuses our events of %d bytes (%s): %v", limit, detail, err)
+				}
+				return passed(name, "reachable; published and read back an ephemeral kind %d probe in %s; takes our events of %d bytes (%s)",
+					ctxvm.KindMessage, took, limit, detail)
 			}
 		case <-ctx.Done():
 			return failed(name, fix, "took the probe but did not deliver it back within %s", checkTimeout)
 		}
 	}
+}
+
+// probeSize publishes an ephemeral event as large as capvend sends whole
+// to the relay at url (on r): its advertised NIP-11 max_message_length,
+// or oversized.DefaultThreshold when it advertises none (larger answers
+// go as CEP-22 frames). It returns that size, what it is, and the
+// relay's refusal.
+func probeSize(ctx context.Context, r *nostr.Relay, url, sk, pk string) (int, string, error) {
+	limit, detail := oversized.DefaultThreshold, "it advertises no limit: capvend sends at most this whole"
+	if info, err := nip11.Fetch(ctx, url); err == nil && info.Limitation != nil && info.Limitation.MaxMessageLength > 0 {
+		limit, detail = info.Limitation.MaxMessageLength, "its advertised max_message_length"
+	}
+	ev := nostr.Event{Kind: ctxvm.KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", pk}}}
+	// Sized from the envelope of an empty probe: the rest is content.
+	ev.Content = `{"jsonrpc":"2.0","method":"notifications/ping","params":{"capvend":"doctor size probe","pad":""}}`
+	if err := ev.Sign(sk); err != nil {
+		return limit, detail, err
+	}
+	env, _ := nostr.EventEnvelope{Event: ev}.MarshalJSON()
+	pad := strings.Repeat("x", max(limit-len(env)-16, 0))
+	ev.Content = `{"jsonrpc":"2.0","method":"notifications/ping","params":{"capvend":"doctor size probe","pad":"` + pad + `"}}`
+	if err := ev.Sign(sk); err != nil {
+		return limit, detail, err
+	}
+	err := r.Publish(ctx, ev)
+	if err == nil && !r.IsConnected() {
+		err = errors.New("it closed the connection")
+	}
+	return limit, detail, err
 }
 
 // checkUpstreams starts every upstream (its own copy), waits until each

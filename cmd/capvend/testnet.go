@@ -85,6 +85,7 @@ func testnetCommand() *command {
 func testnetUpCommand(td *testnetDir) *command {
 	var binDir string
 	var postgres bool
+	var relayMax int
 	return &command{
 		Name:    "up",
 		Summary: "start the regtest stack (btcd, 3 LND nodes, Cashu mint, Nostr relay) and leave it running",
@@ -105,6 +106,13 @@ Running 'up' on a running stack does nothing; a dead or partly dead stack
 in --dir is stopped and replaced. On failure the error names the component
 and its log file, and everything started is stopped.
 
+With --relay-max-message-length N the relay reads no websocket message over
+N bytes (it closes the connection of a client that sends one, as public
+relays do) and advertises N in its NIP-11 document
+(limitation.max_message_length): e.g. 65536 to try CEP-22 oversized
+transfers as on a public relay. A running stack started with another limit
+is replaced.
+
 With --postgres it also starts a PostgreSQL server (initdb and postgres from
 Debian's postgresql package, no system service) on a loopback port, its
 cluster in <dir>/postgres, with an empty database "capvend" whose DSN is in
@@ -115,12 +123,17 @@ testnet.json (postgres.dsn) for ledger.dsn_file.
 			td.flag(fs)
 			fs.StringVar(&binDir, "bin-dir", "", "binary cache (default <user cache dir>/capvend/bin)")
 			fs.BoolVar(&postgres, "postgres", false, "also start a PostgreSQL server (Debian's postgresql package) for a PostgreSQL ledger; its DSN goes into testnet.json")
+			fs.IntVar(&relayMax, "relay-max-message-length", 0, "largest websocket message the relay reads, in `BYTES`, advertised in NIP-11 (0: khatru's 512000, not advertised)")
 		},
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) != 0 {
 				return usageError("up takes no arguments")
 			}
-			s, err := testnet.Start(ctx, testnet.Options{Dir: td.path(e), BinDir: binDir, Progress: e.Stdout, Detach: true, Postgres: postgres})
+			if relayMax < 0 {
+				return usageError("up: --relay-max-message-length must not be negative")
+			}
+			s, err := testnet.Start(ctx, testnet.Options{Dir: td.path(e), BinDir: binDir, Progress: e.Stdout, Detach: true, Postgres: postgres,
+				RelayMaxMessage: relayMax})
 			if err != nil {
 				return err
 			}
@@ -410,20 +423,27 @@ rarely run it by hand.`,
 
 func testnetRelayCommand() *command {
 	var relayListen string
+	var maxMessage int
 	return &command{
 		Name:    "relay",
 		Summary: "run an in-memory Nostr relay in the foreground (used by 'up')",
 		Help: `Runs a khatru Nostr relay with an in-memory event store on --listen, a
-loopback address, until SIGINT/SIGTERM. 'capvend testnet up' starts one of
-these; you rarely run it by hand.`,
+loopback address, until SIGINT/SIGTERM. With --max-message-length N it reads
+no websocket message over N bytes (the sender's connection is closed, as on
+public relays) and advertises N in NIP-11 (limitation.max_message_length).
+'capvend testnet up' starts one of these; you rarely run it by hand.`,
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&relayListen, "listen", "127.0.0.1:7777", "loopback address to serve on")
+			fs.IntVar(&maxMessage, "max-message-length", 0, "largest websocket message read, in `BYTES`, advertised in NIP-11 (0: khatru's 512000, not advertised)")
 		},
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) != 0 {
 				return usageError("relay takes no arguments")
 			}
-			return testnet.RunRelay(ctx, relayListen, e.Log)
+			if maxMessage < 0 {
+				return usageError("relay: --max-message-length must not be negative")
+			}
+			return testnet.RunRelay(ctx, relayListen, maxMessage, e.Log)
 		},
 	}
 }
@@ -460,7 +480,11 @@ func printStack(e *env, s *testnet.Stack) {
 		fmt.Fprintf(w, "              tls %s\n              admin %s\n              invoice %s\n", n.TLSCert, n.AdminMacaroon, n.InvoiceMacaroon)
 	}
 	fmt.Fprintf(w, "cashu mint: %s\n", s.MintURL)
-	fmt.Fprintf(w, "relay:      %s\n", s.RelayURL)
+	if i.Relay.MaxMessage > 0 {
+		fmt.Fprintf(w, "relay:      %s (max_message_length %d)\n", s.RelayURL, i.Relay.MaxMessage)
+	} else {
+		fmt.Fprintf(w, "relay:      %s\n", s.RelayURL)
+	}
 	if pg := i.Postgres; pg != nil {
 		fmt.Fprintf(w, "postgres:   %s (ledger.dsn_file: a file holding it)\n", pg.DSN)
 	}

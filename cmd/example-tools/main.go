@@ -25,8 +25,9 @@ func main() {
 	addr := flag.String("http", "", "serve Streamable HTTP at http://`ADDR`/mcp instead of stdio")
 	callsLog := flag.String("calls-log", "", "append one JSON line per executed request to `FILE`")
 	byteCount := flag.Bool("byte-count", false, "also offer byte_count, which reads its arguments without regard to case")
+	bulk := flag.Bool("bulk", false, "also offer bulk, which answers a text of kib KiB (large answers: CEP-22 oversized transfers)")
 	flag.Parse()
-	opts := exampletools.Options{ByteCount: *byteCount}
+	opts := exampletools.Options{ByteCount: *byteCount, Bulk: *bulk}
 	if *callsLog != "" {
 		f, err := os.OpenFile(*callsLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 		if err != nil {

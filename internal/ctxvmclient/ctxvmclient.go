@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,7 +31,10 @@ import (
 	"github.com/btcsuite/btcd/btcec/v2"
 	"github.com/btcsuite/btcd/btcec/v2/schnorr"
 	"github.com/nbd-wtf/go-nostr"
+	"github.com/nbd-wtf/go-nostr/nip11"
 	"github.com/nbd-wtf/go-nostr/nip44"
+
+	"github.com/capvend/capvend/adapters/ctxvm/oversized"
 )
 
 // Event kinds of ContextVM (the same numbers as package ctxvm's).
@@ -55,6 +59,13 @@ type Options struct {
 	// AssumeValid skips checking the signatures of the server's events (a
 	// load generator measures the server, not itself).
 	AssumeValid bool
+	// Oversized speaks CEP-22 (oversized transfer): every request says
+	// so (a support_oversized_transfer tag) and carries a progressToken
+	// (its id, unless it has one); answers that come as frames are
+	// reassembled (Pending.Next returns them whole); and a request too
+	// large for the relay (its advertised NIP-11 limits, read at Dial, or
+	// oversized.DefaultThreshold) is sent as frames.
+	Oversized bool
 }
 
 // Client is a ContextVM client on one relay connection; see the package
@@ -75,13 +86,21 @@ type Client struct {
 	mu      sync.Mutex
 	oks     map[string]chan nostr.OKEnvelope // by event id
 	waiting map[string]chan Received         // by request event id
+
+	limits oversized.Limits    // the relay's (Options.Oversized)
+	recv   *oversized.Receiver // answers coming as frames (Options.Oversized)
 }
 
 // Received is an event about a request: the server's event, unwrapped
-// when it came gift wrapped (Wrapped then is its wrap's kind).
+// when it came gift wrapped (Wrapped then is its wrap's kind). A message
+// that came as CEP-22 frames (Options.Oversized) is the end frame's
+// event with the reassembled message as its content (so no longer
+// signed: each frame's signature was checked), Frames their number.
 type Received struct {
 	Event   *nostr.Event
 	Wrapped int
+	Frames  int
+	err     error // a transfer that failed
 }
 
 // Message is a JSON-RPC message from the server: a response (ID, Result
@@ -139,6 +158,13 @@ func Dial(ctx context.Context, url, server string, opts Options) (*Client, error
 		oks: map[string]chan nostr.OKEnvelope{}, waiting: map[string]chan Received{}}
 	if opts.Events {
 		c.events = make(chan *nostr.Event, 100)
+	}
+	if opts.Oversized {
+		c.recv = oversized.NewReceiver(oversized.Policy{MaxBytes: 256 << 20, MaxPeerBytes: 512 << 20, MaxTotalBytes: 512 << 20})
+		c.limits = oversized.Limits{Message: oversized.DefaultThreshold}
+		if info, err := nip11.Fetch(ctx, url); err == nil && info.Limitation != nil && info.Limitation.MaxMessageLength > 0 {
+			c.limits = oversized.Limits{Message: info.Limitation.MaxMessageLength, Content: max(info.Limitation.MaxContentLength, 0)}
+		}
 	}
 	eose := make(chan struct{}, 1)
 	go c.reader(rctx, eose)
@@ -238,14 +264,57 @@ func (c *Client) route(ev *nostr.Event) bool {
 		ch := c.waiting[tag[1]]
 		c.mu.Unlock()
 		if ch != nil {
+			rec := Received{Event: in, Wrapped: wrapped}
+			if c.recv != nil {
+				var done bool
+				if rec, done = c.frame(rec); !done {
+					return true // a frame: more to come
+				}
+			}
 			select {
-			case ch <- Received{Event: in, Wrapped: wrapped}:
+			case ch <- rec:
 			default: // a waiter that stopped reading: dropped
 			}
 			return true
 		}
 	}
 	return false
+}
+
+// frame passes a CEP-22 frame to the receiver: done says whether rec is
+// for the waiter (what came, or the message the frame completed, or the
+// transfer's failure) or the frame was taken (more to come).
+func (c *Client) frame(rec Received) (Received, bool) {
+	var m struct {
+		Method string          `json:"method"`
+		Params json.RawMessage `json:"params"`
+	}
+	if json.Unmarshal([]byte(rec.Event.Content), &m) != nil || !oversized.IsFrame(m.Method, m.Params) {
+		return rec, true
+	}
+	if !c.opts.AssumeValid {
+		if ok, _ := rec.Event.CheckSignature(); !ok || !rec.Event.CheckID() {
+			rec.err = fmt.Errorf("%w: a frame badly signed", ErrBadEvent)
+			return rec, true
+		}
+	}
+	f, err := oversized.Parse(m.Params)
+	if err != nil {
+		rec.err = fmt.Errorf("%w: %v", ErrBadEvent, err)
+		return rec, true
+	}
+	msg, err := c.recv.Add(c.Server, f, rec.Wrapped == 0, time.Now(), rec)
+	switch {
+	case err != nil:
+		rec.err = fmt.Errorf("ctxvmclient: %w", err)
+		return rec, true
+	case msg == nil:
+		return rec, false
+	}
+	end := msg.End.(Received)
+	ev := *end.Event
+	ev.Content = string(msg.Data)
+	return Received{Event: &ev, Wrapped: end.Wrapped, Frames: msg.Frames}, true
 }
 
 // Event returns a signed event of kind tagged ["p", server] and tags.
@@ -335,7 +404,10 @@ func (p *Pending) Next(ctx context.Context) (Message, Received, error) {
 	select {
 	case r := <-p.ch:
 		var m Message
-		if !p.c.opts.AssumeValid {
+		if r.err != nil {
+			return m, r, r.err
+		}
+		if !p.c.opts.AssumeValid && r.Frames == 0 {
 			if ok, _ := r.Event.CheckSignature(); !ok || !r.Event.CheckID() {
 				return m, r, fmt.Errorf("%w: badly signed", ErrBadEvent)
 			}
@@ -391,22 +463,54 @@ type Request struct {
 	Tags   nostr.Tags          // besides ["p", server]
 	Wrap   int                 // 0: plaintext; KindGiftWrap or KindEphemeralGiftWrap: wrapped in it
 	OnNote func(Message) error // notifications about it, before its response
+	// Split, with Options.Oversized, sends the request as CEP-22 frames
+	// whatever its size, as it says (tests of a server's receiver).
+	Split *Split
+}
+
+// Split says how a request goes as CEP-22 frames.
+type Split struct {
+	// ChunkBytes cuts the message into chunks of at most this many bytes
+	// of data (0: as large as the relay takes).
+	ChunkBytes int
+	// Handshake numbers the chunks from 3, leaving progress 2 to the
+	// server's accept (as the stock client does when it did not learn
+	// the server takes transfers), and does not wait for the accept
+	// either (nor does the stock client).
+	Handshake bool
+	// Order, if set, is the order the frames are published in, as indexes
+	// of start, the chunks and end (a permutation of 0..n-1 for n frames:
+	// it gets n). The server's answer is to the end frame.
+	Order func(n int) []int
 }
 
 // Request sends the JSON-RPC request method(params) with a fresh id and
 // returns its response and its event. params nil is sent as no params.
+// With Options.Oversized, see there.
 func (c *Client) Request(ctx context.Context, method string, params any, r Request) (Message, Received, error) {
-	msg := map[string]any{"jsonrpc": "2.0", "id": c.ids.Add(1), "method": method}
+	id := c.ids.Add(1)
+	msg := map[string]any{"jsonrpc": "2.0", "id": id, "method": method}
 	if params != nil {
 		msg["params"] = params
+	}
+	tags := r.Tags
+	if c.opts.Oversized {
+		tags = append(slices.Clone(tags), nostr.Tag{oversized.TagSupport})
+		var err error
+		if msg["params"], err = withProgressToken(params, id); err != nil {
+			return Message{}, Received{}, fmt.Errorf("ctxvmclient: %s: %w", method, err)
+		}
 	}
 	body, err := json.Marshal(msg)
 	if err != nil {
 		return Message{}, Received{}, fmt.Errorf("ctxvmclient: %s: %w", method, err)
 	}
-	ev, err := c.Event(KindMessage, string(body), r.Tags...)
+	ev, err := c.Event(KindMessage, string(body), tags...)
 	if err != nil {
 		return Message{}, Received{}, err
+	}
+	if c.opts.Oversized && (r.Split != nil || c.tooLarge(ev, r.Wrap)) {
+		return c.sendSplit(ctx, string(body), tags, r)
 	}
 	var wrap *nostr.Event
 	if r.Wrap != 0 {
@@ -415,6 +519,120 @@ func (c *Client) Request(ctx context.Context, method string, params any, r Reque
 		}
 	}
 	return c.Roundtrip(ctx, ev, wrap, r.OnNote)
+}
+
+// withProgressToken is params (a JSON object, or nil) with
+// _meta.progressToken set to id unless it has one.
+func withProgressToken(params any, id int64) (map[string]any, error) {
+	p := map[string]any{}
+	if params != nil {
+		b, err := json.Marshal(params)
+		if err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(b, &p); err != nil {
+			return nil, errors.New("params are not a JSON object")
+		}
+	}
+	meta, _ := p["_meta"].(map[string]any)
+	if meta == nil {
+		meta = map[string]any{}
+	}
+	if _, ok := meta["progressToken"]; !ok {
+		meta["progressToken"] = id
+	}
+	p["_meta"] = meta
+	return p, nil
+}
+
+// tooLarge says whether the request ev, sent whole (gift wrapped in
+// wrap, when not 0), is over the relay's limits.
+func (c *Client) tooLarge(ev *nostr.Event, wrap int) bool {
+	if wrap != 0 {
+		return len(ev.String()) > oversized.MaxWrapped(c.limits, 400)
+	}
+	env, _ := nostr.EventEnvelope{Event: *ev}.MarshalJSON()
+	return !c.limits.Fits(oversized.Size{Message: len(env), Content: len(ev.Content)})
+}
+
+// sendSplit sends the request body as CEP-22 frames (the first with
+// tags, the others tagged p only), each signed and wrapped like the
+// request, each published once the relay took the one before; and
+// returns the answer to the end frame.
+func (c *Client) sendSplit(ctx context.Context, body string, tags nostr.Tags, r Request) (Message, Received, error) {
+	var m struct {
+		Params struct {
+			Meta struct {
+				ProgressToken json.RawMessage `json:"progressToken"`
+			} `json:"_meta"`
+		} `json:"params"`
+	}
+	_ = json.Unmarshal([]byte(body), &m)
+	token := m.Params.Meta.ProgressToken
+	cont := nostr.Tags{{"p", c.Server}}
+	measure := func(data string) (oversized.Size, error) {
+		if r.Split != nil && r.Split.ChunkBytes > 0 {
+			return oversized.Size{Message: len(data)}, nil
+		}
+		f := oversized.Frame{ProgressToken: token, Progress: 1 << 40, CVM: oversized.CVM{Type: oversized.Type, FrameType: oversized.FrameChunk, Data: data}}
+		e := nostr.Event{ID: strings.Repeat("0", 64), PubKey: c.PublicKey, Sig: strings.Repeat("0", 128), Kind: KindMessage, CreatedAt: nostr.Now(),
+			Tags: cont, Content: f.Content()}
+		if r.Wrap != 0 {
+			return oversized.Size{Message: len(e.String())}, nil
+		}
+		env, err := nostr.EventEnvelope{Event: e}.MarshalJSON()
+		return oversized.Size{Message: len(env), Content: len(e.Content)}, err
+	}
+	limits := c.limits
+	switch {
+	case r.Split != nil && r.Split.ChunkBytes > 0:
+		limits = oversized.Limits{Message: r.Split.ChunkBytes}
+	case r.Wrap != 0:
+		limits = oversized.Limits{Message: oversized.MaxWrapped(c.limits, 400)}
+	}
+	chunks, err := oversized.Cut(body, limits, measure)
+	if err != nil {
+		return Message{}, Received{}, fmt.Errorf("ctxvmclient: %w", err)
+	}
+	base := int64(2)
+	if r.Split != nil && r.Split.Handshake {
+		base = 3
+	}
+	frames := oversized.Build(body, token, chunks, base)
+	events := make([]*nostr.Event, len(frames))
+	var endID string // the signed end frame's: the answer's e tag
+	for i, f := range frames {
+		t := cont
+		if i == 0 {
+			t = append(nostr.Tags{{"p", c.Server}}, tags...)
+		}
+		ev, err := c.Event(KindMessage, f.Content(), t[1:]...)
+		if err != nil {
+			return Message{}, Received{}, err
+		}
+		endID = ev.ID
+		if r.Wrap != 0 {
+			if ev, err = Wrap(*ev, c.Server, r.Wrap); err != nil {
+				return Message{}, Received{}, err
+			}
+		}
+		events[i] = ev
+	}
+	order := make([]int, len(events))
+	for i := range order {
+		order[i] = i
+	}
+	if r.Split != nil && r.Split.Order != nil {
+		order = r.Split.Order(len(events))
+	}
+	p := c.Expect(endID)
+	defer p.Done()
+	for _, i := range order {
+		if err := c.Publish(ctx, events[i]); err != nil {
+			return Message{}, Received{}, fmt.Errorf("ctxvmclient: frame %d of %d: %w", i+1, len(events), err)
+		}
+	}
+	return p.Answer(ctx, r.OnNote)
 }
 
 // Call is Request returning the result; a JSON-RPC error response is an

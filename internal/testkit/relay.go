@@ -18,15 +18,21 @@ import (
 
 	"github.com/fiatjaf/khatru"
 
-	"github.com/capvend/capvend/internal/memstore"
+	"github.com/capvend/capvend/internal/khatrurelay"
 )
 
 // NewRelay returns an in-memory khatru relay, to adjust (RejectEvent ...)
 // and serve with ServeRelay.
-func NewRelay() *khatru.Relay {
-	rl := khatru.NewRelay()
-	new(memstore.Store).Attach(rl) // not slicestore: see package memstore
-	return rl
+func NewRelay() *khatru.Relay { return khatrurelay.New(khatrurelay.Options{}) }
+
+// LimitedRelay serves a fresh in-memory relay that reads no websocket
+// message over maxMessage bytes (closing the connection of a client that
+// sends one, as public relays do) and advertises that limit in NIP-11
+// (limitation.max_message_length), until the test ends; it returns its
+// ws:// URL.
+func LimitedRelay(t testing.TB, maxMessage int) string {
+	t.Helper()
+	return ServeRelay(t, khatrurelay.New(khatrurelay.Options{MaxMessageLength: maxMessage}))
 }
 
 // ServeRelay serves rl under httptest until the test ends and returns its

@@ -69,7 +69,24 @@ type Options struct {
 	// most Go (and .NET) servers do: into a struct, matching keys without
 	// regard to case (the red team's case-variant test sells it).
 	ByteCount bool
+	// Bulk adds the tool bulk, which answers BulkText(kib): large answers,
+	// to sell through relays that limit message sizes (CEP-22 oversized
+	// transfer).
+	Bulk bool
 }
+
+// MaxBulkKiB is the most bulk answers.
+const MaxBulkKiB = 8192
+
+// bulkBlock is bulk's text, repeated: 64 bytes of valid UTF-8 with what
+// JSON escapes (quotes, backslashes, control characters, <, >, &, U+2028)
+// and characters of 2, 3 and 4 bytes, so that a transport that cuts or
+// re-escapes it wrongly changes the text.
+const bulkBlock = "bulk \"q\" \\ <a&b>\t\n é€😀\u2028 0123456789abcdefghijklmnopqrstu\n"
+
+// BulkText is the answer of bulk {"kib": kib}: kib KiB (kib*1024 bytes)
+// of text.
+func BulkText(kib int) string { return strings.Repeat(bulkBlock, kib*1024/len(bulkBlock)) }
 
 // NewServer returns the example MCP server: tools word_count, sha256,
 // slow_count, always_fails and confirm, prompt summarize and resource
@@ -260,6 +277,18 @@ func NewServerWith(o Options) *server.MCPServer {
 				"required":   []string{"confirm"}},
 		}).ToolResult(), nil
 	})
+	if o.Bulk {
+		s.AddTool(mcp.NewTool("bulk",
+			mcp.WithDescription("A text of kib KiB (escapes and multi-byte characters included)."),
+			mcp.WithNumber("kib", mcp.Required(), mcp.Min(1), mcp.Max(MaxBulkKiB), mcp.Description("the size of the text in KiB")),
+		), func(ctx context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			kib, err := r.RequireInt("kib")
+			if err != nil || kib < 1 || kib > MaxBulkKiB {
+				return mcp.NewToolResultError(fmt.Sprintf("kib must be an integer in 1..%d", MaxBulkKiB)), nil
+			}
+			return mcp.NewToolResultText(BulkText(kib)), nil
+		})
+	}
 	if o.ByteCount {
 		// byte_count reads its arguments as most Go (and .NET) servers do:
 		// into a struct, whose keys encoding/json matches without regard to

@@ -5,6 +5,7 @@ import (
 	"context"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
@@ -67,6 +68,16 @@ func TestCallsLog(t *testing.T) {
 		r := got[i]
 		if r.Method != want.method || r.Name != want.name || string(r.Arguments) != want.args || r.Time.IsZero() {
 			t.Errorf("line %d: %+v, want %s %s %s", i, r, want.method, want.name, want.args)
+		}
+	}
+}
+
+// TestBulkText: bulk's text is exactly kib KiB of valid UTF-8.
+func TestBulkText(t *testing.T) {
+	for _, kib := range []int{1, 3, 1024} {
+		s := exampletools.BulkText(kib)
+		if len(s) != kib*1024 || !utf8.ValidString(s) {
+			t.Fatalf("BulkText(%d): %d bytes, valid UTF-8 %v", kib, len(s), utf8.ValidString(s))
 		}
 	}
 }
