@@ -89,6 +89,11 @@ type Options struct {
 	// DIR/postgres, with an empty database "capvend"; its DSN is in
 	// testnet.json (Info.Postgres).
 	Postgres bool
+	// NWC also runs an NWC wallet service (testnet/nwc: Alby's
+	// NWCWalletService, node and its npm packages) in front of the
+	// vendor node, on the stack's relay; its connection URIs are in
+	// testnet.json (Info.NWC).
+	NWC bool
 
 	// reservePorts replaces freePorts in tests (to force a port clash).
 	reservePorts func(n int) ([]int, error)
@@ -162,6 +167,9 @@ type Info struct {
 	// Postgres is the PostgreSQL server of a stack started with
 	// Options.Postgres; nil otherwise.
 	Postgres *PostgresInfo `json:"postgres,omitempty"`
+	// NWC is the NWC wallet service of a stack started with
+	// Options.NWC; nil otherwise.
+	NWC *NWCInfo `json:"nwc,omitempty"`
 }
 
 // PostgresInfo describes the stack's PostgreSQL server.
@@ -282,6 +290,9 @@ func (s *Stack) btcd() (*btcdRPC, error) {
 // chain backend last.
 func (s *Stack) procs() []namedProc {
 	var ps []namedProc
+	if n := s.Info.NWC; n != nil && n.PID != 0 {
+		ps = append(ps, namedProc{"nwc wallet", n.Proc})
+	}
 	if s.Info.Mint.PID != 0 {
 		ps = append(ps, namedProc{"cashu mint", s.Info.Mint.Proc})
 	}
