@@ -162,8 +162,8 @@ type Store interface {
 	RepairCanceled(ctx context.Context, d Difference) (vend.Payment, error)
 }
 
-// Config configures a Reconciler. Store is required; LND and Wallet are
-// optional (the backends capvend is configured with).
+// Config configures a Reconciler. Store is required; LND, Wallet and NWC
+// are optional (the backends capvend is configured with).
 type Config struct {
 	Store Store
 	LND   LND
@@ -171,6 +171,9 @@ type Config struct {
 	// "lnd").
 	Node   string
 	Wallet Wallet
+	// NWC are the NWC connections (their cursors are named by their
+	// backend, "nwc" or "nwc:<name>").
+	NWC []NWC
 	// Repair enables the automatic repairs (serve: on; capvend reconcile:
 	// --repair).
 	Repair bool
@@ -272,6 +275,11 @@ func (r *Reconciler) Once(ctx context.Context) (Summary, error) {
 	if r.cfg.LND != nil {
 		if err := r.checkLND(ctx, run, add); err != nil {
 			errs = append(errs, fmt.Errorf("lnd: %w", err))
+		}
+	}
+	for _, w := range r.cfg.NWC {
+		if err := r.checkNWC(ctx, run, w, add); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", w.Backend(), err))
 		}
 	}
 	if r.cfg.Wallet != nil {

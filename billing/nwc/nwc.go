@@ -640,3 +640,7 @@ func isHash(s string) bool {
 	_, err := hex.DecodeString(s)
 	return err == nil
 }
+
+// Connected reports whether the wallet is connected and its open
+// invoices looked up: capvend's readiness (/readyz) asks it.
+func (b *Backend) Connected() bool { return b.Available() }
