@@ -20,8 +20,9 @@ type NWCInfo struct {
 	Relay string `json:"relay"` // the relay it listens on
 	// URIs are its connections' nostr+walletconnect:// URIs by name:
 	// "hold" (every method, hold invoices included), "plain" (no
-	// hold-invoice methods) and "nip04" (an info event offering NIP-04
-	// only). Each holds its secret (regtest only).
+	// hold-invoice methods), "nip04" (an info event offering NIP-04
+	// only) and "receive" (what capvend asks for: no pay_invoice, no
+	// get_balance). Each holds its secret (regtest only).
 	URIs map[string]string `json:"uris"`
 	Proc
 }
@@ -31,6 +32,8 @@ const (
 	NWCHold  = "hold"
 	NWCPlain = "plain"
 	NWCNIP04 = "nip04"
+	// NWCReceive grants what capvend's doctor asks for: receiving only.
+	NWCReceive = "receive"
 )
 
 // NWCOptions configure StartNWC.
@@ -141,6 +144,6 @@ func (s *Stack) startNWC(ctx context.Context) error {
 	}
 	s.Info.NWC = info
 	s.record()
-	s.logf("nwc wallet service ready in front of lnd %s (connections: hold, plain, nip04)", Vendor)
+	s.logf("nwc wallet service ready in front of lnd %s (connections: hold, plain, nip04, receive)", Vendor)
 	return nil
 }

@@ -193,7 +193,7 @@ func (s *vendServer) openNWC(ctx context.Context) error {
 // The permissions capvend asks of a wallet connection, and those it must
 // not be given.
 var (
-	nwcGrant     = "make_invoice, lookup_invoice, list_transactions; for hold invoices make_hold_invoice, settle_hold_invoice, cancel_hold_invoice; and the notifications payment_received, hold_invoice_accepted"
+	nwcGrant     = "get_info, make_invoice, lookup_invoice, list_transactions; for hold invoices make_hold_invoice, settle_hold_invoice, cancel_hold_invoice; and the notifications payment_received, hold_invoice_accepted"
 	nwcDontGrant = "pay_invoice, pay_keysend, multi_pay_* and get_balance (capvend never pays from the wallet: a leaked URI then cannot spend it)"
 	nwcSpend     = []string{"pay_invoice", "pay_keysend", "multi_pay_invoice", "multi_pay_keysend"}
 )

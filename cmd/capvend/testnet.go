@@ -113,7 +113,7 @@ testnet.json (postgres.dsn) for ledger.dsn_file.
 With --nwc it also runs an NWC wallet service (Alby's NWCWalletService, with
 hold invoices added: testnet/nwc, installed with '` + "cd testnet/nwc && npm ci" + `') in
 front of the vendor node, on the stack's relay; its connection URIs (hold,
-plain, nip04) are in testnet.json (nwc.uris), for nwc.uri_file.
+plain, nip04, receive) are in testnet.json (nwc.uris), for nwc.uri_file.
 
 ` + testnetDirHelp,
 		Flags: func(fs *flag.FlagSet) {

@@ -14,10 +14,11 @@
 // (payment_received, hold_invoice_accepted), published from LND's invoice
 // streams for the invoices a connection made.
 //
-// It serves three connections, as a wallet grants them to apps:
-//   hold:  every method, hold invoices included; NIP-44 and NIP-04
-//   plain: no hold-invoice methods; NIP-44 and NIP-04
-//   nip04: every method; its info event offers NIP-04 only
+// It serves four connections, as a wallet grants them to apps:
+//   hold:    every method, hold invoices included; NIP-44 and NIP-04
+//   plain:   no hold-invoice methods; NIP-44 and NIP-04
+//   nip04:   every method; its info event offers NIP-04 only
+//   receive: what capvend's doctor asks for: no pay_invoice, no get_balance
 // and writes {"hold": "nostr+walletconnect://...", ...} to --out once it
 // listens. It exits on SIGTERM.
 import { WebSocket } from 'ws';
@@ -138,6 +139,8 @@ const specs = [
   { name: 'hold', methods: ALL, enc: ['nip44_v2', 'nip04'] },
   { name: 'plain', methods: ALL.filter((m) => !HOLD.has(m)), enc: ['nip44_v2', 'nip04'] },
   { name: 'nip04', methods: ALL, enc: ['nip04'] },
+  // What capvend's doctor asks a seller to grant: receiving only.
+  { name: 'receive', methods: ALL.filter((m) => m !== 'pay_invoice' && m !== 'get_balance'), enc: ['nip44_v2', 'nip04'] },
 ];
 // The hold-invoice methods are answered here: the SDK's dispatch would
 // answer NOT_IMPLEMENTED. Requests of other methods go on to it.
