@@ -88,7 +88,7 @@ func (b namedBackend) Backend() vend.Backend { return b.name }
 
 // nwcWallet starts an NWC wallet service in front of the stack's vendor
 // node on relay, skipping (failing in CI) without node or its packages.
-func nwcWallet(t *testing.T, s *testnet.Stack, relay string) *testnet.NWCInfo {
+func nwcWallet(t testing.TB, s *testnet.Stack, relay string) *testnet.NWCInfo {
 	t.Helper()
 	dir, err := testnet.NWCServiceDir()
 	if errors.Is(err, testnet.ErrNWCNotInstalled) {
@@ -109,7 +109,7 @@ func nwcWallet(t *testing.T, s *testnet.Stack, relay string) *testnet.NWCInfo {
 }
 
 // uriFile writes a wallet connection's URI to a 0600 file.
-func uriFile(t *testing.T, w *testnet.NWCInfo, conn string) string {
+func uriFile(t testing.TB, w *testnet.NWCInfo, conn string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), conn+".uri")
 	if err := os.WriteFile(path, []byte(w.URIs[conn]+"\n"), 0o600); err != nil {

@@ -161,6 +161,8 @@ class HoldWalletService extends NWCWalletService {
 
   async #hold(keypair, h, spec, event) {
     const enc = event.tags.find((t) => t[0] === 'encryption')?.[1] || 'nip04';
+    const conn = conns.find((c) => c.keypair === keypair);
+    if (conn) conn.enc = enc;
     let request;
     try { request = JSON.parse(await this.decrypt(keypair, event.content, enc)); } catch { return false; }
     const fn = holdMethods[request.method];
@@ -184,7 +186,9 @@ async function notify(conn, type, t) {
   if (notified.has(key)) return;
   notified.add(key);
   const body = JSON.stringify({ notification_type: type, notification: t });
-  for (const enc of conn.spec.enc) {
+  // In the encryption its client speaks (known from its requests), else
+  // in every one the connection offers.
+  for (const enc of conn.enc ? [conn.enc] : conn.spec.enc) {
     const event = await service.signEvent({
       kind: enc === 'nip04' ? 23196 : 23197, created_at: now(),
       tags: [['p', conn.keypair.clientPubkey]], content: await service.encrypt(conn.keypair, body, enc),
@@ -248,12 +252,15 @@ function handler(conn) {
     async makeHoldInvoice(r) {
       if (!r.payment_hash || !r.amount) return fail('OTHER', 'amount and payment_hash are required');
       try {
-        await lnd('POST', '/v2/invoices/hodl', { hash: b64(r.payment_hash), value_msat: String(r.amount),
-          memo: r.description || '', expiry: String(r.expiry || 86400),
-          cltv_expiry: String(r.min_cltv_expiry_delta || 80) });
+        const expiry = Number(r.expiry || 86400);
+        const res = await lnd('POST', '/v2/invoices/hodl', { hash: b64(r.payment_hash), value_msat: String(r.amount),
+          memo: r.description || '', expiry: String(expiry), cltv_expiry: String(r.min_cltv_expiry_delta || 80) });
         owner.set(r.payment_hash, conn);
         watchHold(conn, r.payment_hash);
-        return ok(tx(await lnd('GET', `/v1/invoice/${r.payment_hash}`)));
+        const created = now(); // the answer without another round trip to LND
+        return ok({ type: 'incoming', state: 'pending', invoice: res.payment_request, description: r.description || '',
+          description_hash: '', preimage: '', payment_hash: r.payment_hash, amount: Number(r.amount), fees_paid: 0,
+          created_at: created, expires_at: created + expiry });
       } catch (e) { return lndFail(e); }
     },
     async settleHoldInvoice(r) {
