@@ -1,9 +1,12 @@
 // Package reconcile compares what capvend's payment backends hold with its
-// ledger: every LND invoice capvend created since a stored add index, the
-// Cashu wallet's unspent ecash per mint against assets:cashu:<mint>, and
-// open mint quotes against the mint's word. It owns the small interfaces it
-// uses (LND, Wallet, Store); billing/lnd, billing/cashu and ledger implement
-// them, and cmd wires them.
+// ledger: every LND invoice capvend created since a stored add index, every
+// invoice an NWC connection made (its list_transactions, by creation
+// time), the Cashu wallet's unspent ecash per mint against
+// assets:cashu:<mint>, and open mint quotes against the mint's word. It
+// owns the small interfaces it uses (LND, NWC, Wallet, Store);
+// billing/lnd, billing/nwc, billing/cashu and ledger implement them, and
+// cmd wires them. An NWC connection's differences are those of LND, named
+// by its backend ("nwc", "nwc:<name>").
 //
 // A difference is a WARN log line with its ids, a row in the ledger the
 // operator lists (capvend reconcile), and a count by kind for the metrics
