@@ -14,6 +14,7 @@ import (
 
 	"github.com/capvend/capvend/billing/nwc"
 	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/testnet/exampletools"
@@ -104,7 +105,13 @@ func nwcWallet(t testing.TB, s *testnet.Stack, relay string) *testnet.NWCInfo {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { w.Stop() })
+	t.Cleanup(func() {
+		w.Stop()
+		if t.Failed() {
+			b, _ := os.ReadFile(w.Log)
+			t.Logf("the wallet service's log:\n%s", b)
+		}
+	})
 	return w
 }
 
@@ -268,4 +275,76 @@ func TestNWCEndToEnd(t *testing.T) {
 	if out, errOut, code := run(t, nil, "reconcile", "--config", path); code != 0 || !strings.Contains(out, "the books agree") {
 		t.Fatalf("reconcile exit %d:\n%s%s", code, out, errOut)
 	}
+}
+
+// TestNWCRelayCut: the wallet's relay is cut (the test relay's gate)
+// while a priced call's payment settles: the hold invoice locks in at the
+// wallet, its notification goes to nobody; once the relay is back capvend
+// looks the invoice up before it trusts notifications again, runs the
+// call once, settles it through the wallet, and books it exactly once.
+func TestNWCRelayCut(t *testing.T) {
+	s := needStack(t)
+	relay := testkit.NewGatedRelay(t)
+	w := nwcWallet(t, s, relay.Open) // the wallet stays on its relay; capvend goes through the gate
+	u, err := nwc.ParseURI(w.URIs[testnet.NWCReceive])
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Relays = []string{relay.Gated}
+	file := filepath.Join(t.TempDir(), "nwc.uri")
+	if err := os.WriteFile(file, []byte(u.Encode()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	calls := filepath.Join(t.TempDir(), "calls.log")
+	_, nsec := serverKey(t)
+	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, nwcURIFile: file, callsLog: calls, nsecFile: nsec})
+	db := filepath.Join(filepath.Dir(path), "capvend.db")
+	stop := serveStoppable(t, path, listen)
+
+	paid := make(chan error, 1)
+	pc := newPayingClientWith(t, "http://"+listen+"/mcp", func(payReq string) {
+		relay.Cut()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		go func() { // a hold invoice's payment returns once settled
+			defer cancel()
+			_, err := s.Pay(ctx, payReq)
+			paid <- err
+		}()
+		time.Sleep(2 * time.Second) // locked in at the wallet, notified to nobody
+		relay.Restore()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := pc.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "t_sha256", Arguments: map[string]any{"text": "hi"}}})
+	if err != nil || res.IsError || !strings.Contains(mcp.GetTextFromContent(res.Content[0]), sha256Hi) {
+		t.Fatalf("the call paid across the cut: %+v %v", res, err)
+	}
+	if err := <-paid; err != nil {
+		t.Fatalf("the customer's payment: %v", err)
+	}
+	stop()
+	f, err := os.Open(calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, _ := exampletools.ReadCallsLog(f)
+	f.Close()
+	if n := len(recs) - countStarts(recs); n != 1 {
+		t.Fatalf("%d executions, want 1: %+v", n, recs)
+	}
+	l := ledgerkit.OpenVerified(t, db)
+	b, _ := l.Balance(ctx)
+	if len(b.Tools) != 1 || b.Tools[0].Revenue != 21_000 || b.Tools[0].Calls != 1 {
+		t.Fatalf("revenue %+v, want 21000 msat booked once", b.Tools)
+	}
+}
+
+func countStarts(recs []exampletools.Record) int {
+	n := 0
+	for _, r := range recs {
+		if r.Method != exampletools.MethodTool {
+			n++
+		}
+	}
+	return n
 }

@@ -26,6 +26,12 @@ import { randomBytes } from 'node:crypto';
 import { readFileSync, writeFileSync, renameSync } from 'node:fs';
 
 globalThis.WebSocket ??= WebSocket; // before the SDK (nostr-tools) loads
+// NWCWalletService publishes each answer with Promise.any(...) and no
+// catch: a relay that refuses it (khatru's "mute: no one was listening"
+// when the client's connection just dropped) would kill the process with
+// an unhandled rejection. A wallet outlives its clients' outages.
+process.on('unhandledRejection', (e) => console.log(new Date().toISOString(), 'unhandled rejection (an answer nobody took?):',
+  e?.errors?.map((x) => x.message).join('; ') || e?.message || e));
 const { NWCWalletService, NWCWalletServiceKeyPair } = await import('@getalby/sdk/nwc');
 const { getPublicKey } = await import('nostr-tools/pure');
 
