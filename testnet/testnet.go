@@ -1,6 +1,8 @@
 // Package testnet runs capvend's local regtest network: btcd, three LND
 // nodes (vendor, customer, mint) with funded wallets and open channels, a
-// Cashu mint backed by the mint node, and a Nostr relay, all on 127.0.0.1.
+// Cashu mint backed by the mint node, and a Nostr relay, all on 127.0.0.1;
+// with Options.NWC also an NWC wallet service in front of the vendor node
+// (nwc.go, testnet/nwc).
 //
 // The same code serves the `capvend testnet` CLI, which leaves the stack
 // running detached, and integration tests, which call Start from TestMain

@@ -497,6 +497,9 @@ func (s *Session) Do(ctx context.Context, method string, params, result any) err
 		return nil
 	case <-ctx.Done():
 		forget()
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return fmt.Errorf("nwc: %s: %w", method, ctx.Err()) // the caller gave up
+		}
 		return fmt.Errorf("%w: %s: no answer within %s", ErrTimeout, method, s.c.cfg.Timeout)
 	}
 }
