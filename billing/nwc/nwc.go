@@ -219,6 +219,9 @@ func (b *Backend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Paym
 		np.Ref = strings.ToLower(tx.PaymentHash)
 	}
 	if tx.Invoice == "" {
+		if np.Kind == vend.KindHoldInvoice {
+			b.cancelHold(ctx, np.Ref)
+		}
 		return vend.Payment{}, fmt.Errorf("nwc: %s: the wallet's answer has no invoice", np.Kind)
 	}
 	np.Bolt11 = tx.Invoice

@@ -89,8 +89,8 @@ func (c *Config) validateNWC(p *problems) {
 		}
 	}
 	if len(c.NWC.connections()) > 0 {
-		if c.NWC.Grace < 0 || c.NWC.Grace > time.Hour {
-			p.bad("nwc.grace", "%s is outside 0 .. 1h", c.NWC.Grace)
+		if c.NWC.Grace < time.Second || c.NWC.Grace > time.Hour {
+			p.bad("nwc.grace", "%s is outside 1s .. 1h", c.NWC.Grace)
 		}
 		if c.NWC.Timeout < time.Second || c.NWC.Timeout > 5*time.Minute {
 			p.bad("nwc.timeout", "%s is outside 1s .. 5m", c.NWC.Timeout)
