@@ -263,7 +263,7 @@ func (l *Ledger) RecordPayment(ctx context.Context, id vend.CallID, np vend.NewP
 	if np.Ref == "" || np.Amount <= 0 || np.ExpiresAt.IsZero() {
 		return vend.Payment{}, errors.New("record payment: ref, a positive amount and an expiry are required")
 	}
-	if np.Backend != vend.BackendLND && np.Backend != vend.BackendCashu {
+	if np.Backend != vend.BackendLND && np.Backend != vend.BackendCashu && !np.Backend.IsNWC() {
 		return vend.Payment{}, fmt.Errorf("record payment: unknown backend %q", np.Backend)
 	}
 	if (np.Kind == vend.KindHoldInvoice) != (len(np.HoldPreimage) == 32) {

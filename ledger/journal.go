@@ -165,10 +165,19 @@ func ensureAccount(ctx context.Context, tx *wtx, name string, now time.Time) (in
 
 // assetAccount is where a payment's money lands.
 func assetAccount(p vend.Payment) string {
-	if p.Backend == vend.BackendCashu {
+	switch {
+	case p.Backend == vend.BackendCashu:
 		return CashuAccount(p.MintURL)
+	case p.Backend.IsNWC():
+		return NWCAccount(p.Backend)
 	}
 	return AccountLND
+}
+
+// NWCAccount is the money received into the wallet of an NWC connection:
+// assets:lightning:nwc, or assets:lightning:nwc:<name>.
+func NWCAccount(b vend.Backend) string {
+	return "assets:lightning:" + string(b)
 }
 
 // postSettlement books the one income entry of a settled payment:

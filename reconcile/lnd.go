@@ -54,17 +54,32 @@ type LND interface {
 // invoicePage is how many invoices one Invoices call asks for.
 const invoicePage = 500
 
+// source is a node or wallet whose invoices the reconciler compares with
+// the ledger: LND (its add index), or an NWC connection (NWC).
+type source struct {
+	inv     LND
+	backend vend.Backend // the backend its payments are recorded under
+	cursor  string       // its cursor's name in the Store
+	remote  string       // how a difference's detail names it: "LND", "the wallet"
+}
+
 // checkLND compares every invoice after the stored cursor with the
 // ledger, and moves the cursor past the invoices that are final and agree.
 func (r *Reconciler) checkLND(ctx context.Context, run int64, add func(Difference)) error {
-	source := "lnd:" + r.cfg.Node
-	cursor, err := r.cfg.Store.ReconcileCursor(ctx, source)
+	return r.checkInvoices(ctx, run, source{inv: r.cfg.LND, backend: vend.BackendLND, cursor: "lnd:" + r.cfg.Node, remote: "LND"}, add)
+}
+
+// checkInvoices compares every invoice of src after its stored cursor with
+// the ledger, and moves the cursor past the invoices that are final and
+// agree.
+func (r *Reconciler) checkInvoices(ctx context.Context, run int64, src source, add func(Difference)) error {
+	cursor, err := r.cfg.Store.ReconcileCursor(ctx, src.cursor)
 	if err != nil {
 		return err
 	}
 	next, stable := cursor, true
 	for after := cursor; ; {
-		invs, err := r.cfg.LND.Invoices(ctx, after, invoicePage)
+		invs, err := src.inv.Invoices(ctx, after, invoicePage)
 		if err != nil {
 			return err
 		}
@@ -77,7 +92,10 @@ func (r *Reconciler) checkLND(ctx context.Context, run int64, add func(Differenc
 		}
 		for _, inv := range invs {
 			p, ok := payments[inv.Ref]
-			final, err := r.compareInvoice(ctx, run, inv, p, ok, add)
+			if ok && p.Backend != src.backend {
+				ok = false // another backend's payment of the same hash: not this source's
+			}
+			final, err := r.compareInvoice(ctx, run, src, inv, p, ok, add)
 			if err != nil {
 				return err
 			}
@@ -96,7 +114,7 @@ func (r *Reconciler) checkLND(ctx context.Context, run int64, add func(Differenc
 		}
 	}
 	if next > cursor {
-		return r.cfg.Store.SaveReconcileCursor(ctx, source, next)
+		return r.cfg.Store.SaveReconcileCursor(ctx, src.cursor, next)
 	}
 	return nil
 }
@@ -137,7 +155,7 @@ func (r *Reconciler) bookedPayments(ctx context.Context, invs []Invoice) (map[st
 // compareInvoice compares one invoice with the ledger's payment p (found:
 // the ledger has one), repairs what is safe, and reports whether the
 // invoice is final and agrees now.
-func (r *Reconciler) compareInvoice(ctx context.Context, run int64, inv Invoice, p vend.Payment, found bool, add func(Difference)) (final bool, err error) {
+func (r *Reconciler) compareInvoice(ctx context.Context, run int64, src source, inv Invoice, p vend.Payment, found bool, add func(Difference)) (final bool, err error) {
 	if !found {
 		// Not capvend's (another application's invoice on the node, or
 		// one capvend canceled before recording it), or settled on both
@@ -152,34 +170,34 @@ func (r *Reconciler) compareInvoice(ctx context.Context, run int64, inv Invoice,
 		}
 		return false, nil
 	}
-	d := Difference{Run: run, Backend: vend.BackendLND, Ref: p.Ref, CallID: p.CallID, Ledger: string(p.State), Remote: string(inv.State)}
+	d := Difference{Run: run, Backend: src.backend, Ref: p.Ref, CallID: p.CallID, Ledger: string(p.State), Remote: string(inv.State)}
 	switch inv.State {
 	case InvoiceSettled:
 		if p.State == vend.PaymentSettled {
 			return true, nil
 		}
 		d.Kind = SettledUnbooked
-		d.Detail = fmt.Sprintf("LND settled %d msat the ledger has not booked", inv.AmountPaid)
+		d.Detail = fmt.Sprintf("%s settled %d msat the ledger has not booked", src.remote, inv.AmountPaid)
 		return r.repairSettled(ctx, d, inv, add)
 	case InvoiceCanceled:
 		switch p.State {
 		case vend.PaymentSettled:
-			d.Kind, d.Detail = BookedUnsettled, "the ledger booked a settlement of an invoice LND canceled"
+			d.Kind, d.Detail = BookedUnsettled, "the ledger booked a settlement of an invoice "+src.remote+" canceled"
 			add(d)
 			return false, nil
 		case vend.PaymentOpen, vend.PaymentAccepted:
-			d.Kind, d.Detail = CanceledUnbooked, "LND canceled an invoice the ledger holds "+string(p.State)
-			return r.repairCanceled(ctx, d, add)
+			d.Kind, d.Detail = CanceledUnbooked, src.remote+" canceled an invoice the ledger holds "+string(p.State)
+			return r.repairCanceled(ctx, d, src, add)
 		}
 		return true, nil
 	case InvoiceAccepted:
 		if p.State == vend.PaymentSettled {
-			return r.bookedUnsettled(ctx, d, inv, "the ledger booked a settlement of a hold invoice LND only holds", add)
+			return r.bookedUnsettled(ctx, d, src, inv, "the ledger booked a settlement of a hold invoice "+src.remote+" only holds", add)
 		}
-		return false, r.checkHold(ctx, d, p, add)
+		return false, r.checkHold(ctx, d, src, p, add)
 	default: // open
 		if p.State == vend.PaymentSettled {
-			return r.bookedUnsettled(ctx, d, inv, "the ledger booked a settlement of an invoice open at LND", add)
+			return r.bookedUnsettled(ctx, d, src, inv, "the ledger booked a settlement of an invoice open at "+src.remote, add)
 		}
 		return false, nil
 	}
@@ -192,8 +210,8 @@ func (r *Reconciler) compareInvoice(ctx context.Context, run int64, inv Invoice,
 // looks settled in the ledger only (seen under load: a paid call every
 // few milliseconds). An invoice's state only moves forward, so LND asked
 // again, after the ledger was read, says whether the difference is real.
-func (r *Reconciler) bookedUnsettled(ctx context.Context, d Difference, inv Invoice, detail string, add func(Difference)) (final bool, err error) {
-	again, err := r.cfg.LND.Invoices(ctx, inv.AddIndex-1, 1)
+func (r *Reconciler) bookedUnsettled(ctx context.Context, d Difference, src source, inv Invoice, detail string, add func(Difference)) (final bool, err error) {
+	again, err := src.inv.Invoices(ctx, inv.AddIndex-1, 1)
 	if err != nil {
 		return false, err
 	}
@@ -231,12 +249,12 @@ func (r *Reconciler) repairSettled(ctx context.Context, d Difference, inv Invoic
 }
 
 // repairCanceled ends a payment LND canceled.
-func (r *Reconciler) repairCanceled(ctx context.Context, d Difference, add func(Difference)) (bool, error) {
+func (r *Reconciler) repairCanceled(ctx context.Context, d Difference, src source, add func(Difference)) (bool, error) {
 	if !r.cfg.Repair {
 		add(d)
 		return false, nil
 	}
-	d.Repair = RepairPrefix + ": ended the payment canceled at LND"
+	d.Repair = RepairPrefix + ": ended the payment canceled at " + src.remote
 	d.FoundAt = r.cfg.Now()
 	p, err := r.cfg.Store.RepairCanceled(ctx, d)
 	if err != nil {
@@ -256,7 +274,7 @@ func (r *Reconciler) repairCanceled(ctx context.Context, d Difference, add func(
 // by vend: it is canceled, which returns the money to the payer. A hold
 // invoice whose call is paid or executing is live (vend settles or cancels
 // it); one the ledger has open is left to the backend's watcher.
-func (r *Reconciler) checkHold(ctx context.Context, d Difference, p vend.Payment, add func(Difference)) error {
+func (r *Reconciler) checkHold(ctx context.Context, d Difference, src source, p vend.Payment, add func(Difference)) error {
 	orphan := p.State == vend.PaymentCanceled || p.State == vend.PaymentExpired
 	if !orphan && p.State == vend.PaymentAccepted {
 		c, err := r.cfg.Store.Call(ctx, p.CallID)
@@ -272,17 +290,17 @@ func (r *Reconciler) checkHold(ctx context.Context, d Difference, p vend.Payment
 	if !orphan {
 		return nil
 	}
-	d.Kind, d.Detail = OrphanHold, "a hold invoice locked in at LND that no call will settle"
+	d.Kind, d.Detail = OrphanHold, "a hold invoice locked in at "+src.remote+" that no call will settle"
 	if !r.cfg.Repair {
 		add(d)
 		return nil
 	}
-	if err := r.cfg.LND.CancelInvoice(ctx, p.Ref); err != nil {
-		d.Detail += "; cancel at LND failed: " + err.Error()
+	if err := src.inv.CancelInvoice(ctx, p.Ref); err != nil {
+		d.Detail += "; cancel at " + src.remote + " failed: " + err.Error()
 		add(d)
 		return nil
 	}
-	d.Repair = RepairPrefix + ": canceled the hold invoice at LND (the payer's money goes back)"
+	d.Repair = RepairPrefix + ": canceled the hold invoice at " + src.remote + " (the payer's money goes back)"
 	d.FoundAt = r.cfg.Now()
 	np, err := r.cfg.Store.RepairCanceled(ctx, d)
 	if err != nil {
@@ -293,4 +311,19 @@ func (r *Reconciler) checkHold(ctx context.Context, d Difference, p vend.Payment
 		r.report(np)
 	}
 	return nil
+}
+
+// NWC is an NWC connection as the reconciler sees it (billing/nwc's
+// Reconciler implements it): its invoices, listed with list_transactions
+// in the order the wallet created them (AddIndex is that order, made of
+// the creation time), and canceling a hold invoice.
+type NWC interface {
+	LND
+	// Backend is the backend its payments are recorded under.
+	Backend() vend.Backend
+}
+
+// checkNWC compares an NWC connection's invoices with the ledger.
+func (r *Reconciler) checkNWC(ctx context.Context, run int64, w NWC, add func(Difference)) error {
+	return r.checkInvoices(ctx, run, source{inv: w, backend: w.Backend(), cursor: string(w.Backend()), remote: "the wallet"}, add)
 }

@@ -1,9 +1,12 @@
 // Package reconcile compares what capvend's payment backends hold with its
-// ledger: every LND invoice capvend created since a stored add index, the
-// Cashu wallet's unspent ecash per mint against assets:cashu:<mint>, and
-// open mint quotes against the mint's word. It owns the small interfaces it
-// uses (LND, Wallet, Store); billing/lnd, billing/cashu and ledger implement
-// them, and cmd wires them.
+// ledger: every LND invoice capvend created since a stored add index, every
+// invoice an NWC connection made (its list_transactions, by creation
+// time), the Cashu wallet's unspent ecash per mint against
+// assets:cashu:<mint>, and open mint quotes against the mint's word. It
+// owns the small interfaces it uses (LND, NWC, Wallet, Store);
+// billing/lnd, billing/nwc, billing/cashu and ledger implement them, and
+// cmd wires them. An NWC connection's differences are those of LND, named
+// by its backend ("nwc", "nwc:<name>").
 //
 // A difference is a WARN log line with its ids, a row in the ledger the
 // operator lists (capvend reconcile), and a count by kind for the metrics
@@ -162,8 +165,8 @@ type Store interface {
 	RepairCanceled(ctx context.Context, d Difference) (vend.Payment, error)
 }
 
-// Config configures a Reconciler. Store is required; LND and Wallet are
-// optional (the backends capvend is configured with).
+// Config configures a Reconciler. Store is required; LND, Wallet and NWC
+// are optional (the backends capvend is configured with).
 type Config struct {
 	Store Store
 	LND   LND
@@ -171,6 +174,9 @@ type Config struct {
 	// "lnd").
 	Node   string
 	Wallet Wallet
+	// NWC are the NWC connections (their cursors are named by their
+	// backend, "nwc" or "nwc:<name>").
+	NWC []NWC
 	// Repair enables the automatic repairs (serve: on; capvend reconcile:
 	// --repair).
 	Repair bool
@@ -272,6 +278,11 @@ func (r *Reconciler) Once(ctx context.Context) (Summary, error) {
 	if r.cfg.LND != nil {
 		if err := r.checkLND(ctx, run, add); err != nil {
 			errs = append(errs, fmt.Errorf("lnd: %w", err))
+		}
+	}
+	for _, w := range r.cfg.NWC {
+		if err := r.checkNWC(ctx, run, w, add); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", w.Backend(), err))
 		}
 	}
 	if r.cfg.Wallet != nil {

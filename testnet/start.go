@@ -83,7 +83,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		old.start = s.start
 		// A stack without the PostgreSQL server asked for is replaced.
 		if old.Info.Ready && old.Running() && old.healthy(ctx) == nil && (old.Info.Postgres != nil || !opts.Postgres) &&
-			old.Info.Relay.MaxMessage == opts.RelayMaxMessage {
+			old.Info.Relay.MaxMessage == opts.RelayMaxMessage && (old.Info.NWC != nil || !opts.NWC) {
 			old.logf("stack in %s is already running", dir)
 			return old, nil
 		}
@@ -148,7 +148,7 @@ func cleanDir(dir string) error {
 			return fmt.Errorf("testnet: clean %s: %w", target, err)
 		}
 	}
-	for _, name := range []string{InfoFile, "btcd", "lnd", "cashu-mint", "logs", "btcd.conf", "postgres"} {
+	for _, name := range []string{InfoFile, "btcd", "lnd", "cashu-mint", "logs", "btcd.conf", "postgres", "nwc"} {
 		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("testnet: clean %s: %w", dir, err)
 		}
@@ -266,7 +266,13 @@ func (s *Stack) bringUp(ctx context.Context, opts Options) error {
 	if err := s.openChannels(ctx, opts); err != nil {
 		return err
 	}
-	return s.waitServices(ctx)
+	if err := s.waitServices(ctx); err != nil {
+		return err
+	}
+	if opts.NWC {
+		return s.startNWC(ctx)
+	}
+	return nil
 }
 
 // layout reserves the stack's ports and fills in s.Info: every address,

@@ -1,6 +1,8 @@
 // Package testnet runs capvend's local regtest network: btcd, three LND
 // nodes (vendor, customer, mint) with funded wallets and open channels, a
-// Cashu mint backed by the mint node, and a Nostr relay, all on 127.0.0.1.
+// Cashu mint backed by the mint node, and a Nostr relay, all on 127.0.0.1;
+// with Options.NWC also an NWC wallet service in front of the vendor node
+// (nwc.go, testnet/nwc).
 //
 // The same code serves the `capvend testnet` CLI, which leaves the stack
 // running detached, and integration tests, which call Start from TestMain
@@ -95,6 +97,11 @@ type Options struct {
 	// limitation.max_message_length; 0: khatru's own limit (512,000
 	// bytes), not advertised.
 	RelayMaxMessage int
+	// NWC also runs an NWC wallet service (testnet/nwc: Alby's
+	// NWCWalletService, node and its npm packages) in front of the
+	// vendor node, on the stack's relay; its connection URIs are in
+	// testnet.json (Info.NWC).
+	NWC bool
 
 	// reservePorts replaces freePorts in tests (to force a port clash).
 	reservePorts func(n int) ([]int, error)
@@ -170,6 +177,9 @@ type Info struct {
 	// Postgres is the PostgreSQL server of a stack started with
 	// Options.Postgres; nil otherwise.
 	Postgres *PostgresInfo `json:"postgres,omitempty"`
+	// NWC is the NWC wallet service of a stack started with
+	// Options.NWC; nil otherwise.
+	NWC *NWCInfo `json:"nwc,omitempty"`
 }
 
 // PostgresInfo describes the stack's PostgreSQL server.
@@ -290,6 +300,9 @@ func (s *Stack) btcd() (*btcdRPC, error) {
 // chain backend last.
 func (s *Stack) procs() []namedProc {
 	var ps []namedProc
+	if n := s.Info.NWC; n != nil && n.PID != 0 {
+		ps = append(ps, namedProc{"nwc wallet", n.Proc})
+	}
 	if s.Info.Mint.PID != 0 {
 		ps = append(ps, namedProc{"cashu mint", s.Info.Mint.Proc})
 	}

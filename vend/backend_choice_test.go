@@ -37,3 +37,35 @@ func TestChooseBackend(t *testing.T) {
 		t.Fatalf("no backends: got %v", got)
 	}
 }
+
+// downBackend is a namedBackend that says whether it is available.
+type downBackend struct {
+	namedBackend
+	up bool
+}
+
+func (b downBackend) Available() bool { return b.up }
+
+func TestChooseBackendFallsBackWhenUnavailable(t *testing.T) {
+	nwcDown := downBackend{namedBackend{name: BackendNWC}, false}
+	nwcUp := downBackend{namedBackend{name: NWCBackend("hub")}, true}
+	lnd := namedBackend{name: BackendLND}
+	for _, tc := range []struct {
+		name     string
+		backends []PaymentBackend
+		from     Backend
+		want     PaymentBackend
+	}{
+		{"preferred wallet out of reach: the next", []PaymentBackend{nwcDown, lnd}, "", lnd},
+		{"asked for a wallet out of reach: the first available", []PaymentBackend{nwcDown, nwcUp, lnd}, BackendNWC, nwcUp},
+		{"asked for an available wallet", []PaymentBackend{lnd, nwcUp}, NWCBackend("hub"), nwcUp},
+		{"none available: the first all the same", []PaymentBackend{nwcDown}, "", nwcDown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := &Vendor{cfg: Config{Backends: tc.backends}}
+			if got := v.chooseBackend(nil, tc.from); got != tc.want {
+				t.Fatalf("chooseBackend(%q) = %v, want %v", tc.from, got, tc.want)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package vend
 
 import (
 	"context"
+	"strings"
 	"time"
 )
 
@@ -18,7 +19,43 @@ type Backend string
 const (
 	BackendLND   Backend = "lnd"
 	BackendCashu Backend = "cashu"
+	// BackendNWC is a wallet reached by Nostr Wallet Connect (NIP-47);
+	// with several connections each is "nwc:<name>" (see NWCBackend).
+	BackendNWC Backend = "nwc"
 )
+
+// NWCBackend names the NWC connection called name: BackendNWC for "" or
+// "nwc", else "nwc:<name>". A name is lower-case letters, digits, '_'
+// and '-', at most 64 of them (ValidNWCName).
+func NWCBackend(name string) Backend {
+	if name == "" || name == string(BackendNWC) {
+		return BackendNWC
+	}
+	return BackendNWC + Backend(":"+name)
+}
+
+// ValidNWCName reports whether name may name an NWC connection.
+func ValidNWCName(name string) bool {
+	if name == "" || len(name) > 64 {
+		return false
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// IsNWC reports whether b is an NWC connection (BackendNWC or
+// "nwc:<name>").
+func (b Backend) IsNWC() bool {
+	if b == BackendNWC {
+		return true
+	}
+	name, ok := strings.CutPrefix(string(b), string(BackendNWC)+":")
+	return ok && ValidNWCName(name)
+}
 
 // PaymentKind says what the client was asked to pay with.
 type PaymentKind string
@@ -29,6 +66,11 @@ const (
 	KindHoldInvoice PaymentKind = "hold_invoice" // hold invoice: settled only after the tool succeeded
 	KindMintQuote   PaymentKind = "mint_quote"   // NUT-04 mint quote: its bolt11 is paid to the mint
 	KindToken       PaymentKind = "token"        // a Cashu token handed over by the client
+	// KindWalletInvoice is a plain invoice a wallet made (NWC
+	// make_invoice). NIP-47 cannot withdraw it: it stays payable at the
+	// wallet after capvend canceled or expired it, and money arriving
+	// late is booked and owed back (LatePayable).
+	KindWalletInvoice PaymentKind = "wallet_invoice"
 )
 
 // NewCall is what is known of a priced request when it is first recorded.

@@ -48,6 +48,14 @@ type PaymentBackend interface {
 	Run(ctx context.Context, report func(PaymentEvent)) error
 }
 
+// Availability is a backend that can say it cannot issue payment
+// requests now (its wallet is out of reach): a call's invoice is then
+// asked of the next backend (see chooseBackend).
+type Availability interface {
+	// Available reports whether Request can be served now.
+	Available() bool
+}
+
 // HoldSettler is a backend that can settle later: Request with Hold issues
 // a hold invoice that SettleHeld settles (after the tool succeeded) or
 // Cancel returns to the client.

@@ -328,8 +328,11 @@ func (c *pending) endUnpaid(ctx context.Context, reason string) {
 }
 
 // chooseBackend returns the backend that issues a call's invoice: the one
-// the client asked for if the server has it, else the first; nil when the
-// client cannot pay a Lightning invoice or there is no backend.
+// the client asked for if the server has it and it is available, else the
+// first available in the configured order (an Availability that says no
+// is passed over: an NWC wallet out of reach falls back to the next), else
+// the first; nil when the client cannot pay a Lightning invoice or there
+// is no backend.
 func (v *Vendor) chooseBackend(pmis []string, from Backend) PaymentBackend {
 	if len(pmis) > 0 && !contains(pmis, PMILightning) {
 		return nil
@@ -338,11 +341,21 @@ func (v *Vendor) chooseBackend(pmis []string, from Backend) PaymentBackend {
 		return nil
 	}
 	for _, b := range v.cfg.Backends {
-		if from != "" && b.Backend() == from {
+		if from != "" && b.Backend() == from && available(b) {
+			return b
+		}
+	}
+	for _, b := range v.cfg.Backends {
+		if available(b) {
 			return b
 		}
 	}
 	return v.cfg.Backends[0]
+}
+
+func available(b PaymentBackend) bool {
+	a, ok := b.(Availability)
+	return !ok || a.Available()
 }
 
 func contains(list []string, s string) bool {

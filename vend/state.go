@@ -85,10 +85,12 @@ var paymentTransitions = map[PaymentState][]PaymentState{
 
 // LatePayable reports whether a payment of kind k can still be paid after
 // capvend expired or canceled it: a mint quote's invoice belongs to the
-// mint and cannot be withdrawn; a token's swap whose answer capvend never
-// got (a crash, a timeout) may turn out to have happened. Such money is
-// recorded and owed back.
-func LatePayable(k PaymentKind) bool { return k == KindMintQuote || k == KindToken }
+// mint and cannot be withdrawn, nor can a wallet's plain invoice (NWC); a
+// token's swap whose answer capvend never got (a crash, a timeout) may
+// turn out to have happened. Such money is recorded and owed back.
+func LatePayable(k PaymentKind) bool {
+	return k == KindMintQuote || k == KindToken || k == KindWalletInvoice
+}
 
 // PaymentStates lists every payment state.
 func PaymentStates() []PaymentState {

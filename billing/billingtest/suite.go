@@ -269,6 +269,7 @@ func Run(t *testing.T, h Harness) {
 		{"ConcurrentOutOfOrder", testConcurrent},
 		{"RestartFindsSettlements", testRestart},
 		{"ConnectionDropped", testConnectionDropped},
+		{"CanceledWalletInvoicePaidLate", testWalletInvoicePaidLate},
 	} {
 		t.Run(sub.name, func(t *testing.T) {
 			t.Parallel()
@@ -477,6 +478,33 @@ func testConnectionDropped(t *testing.T, h Harness) {
 	e.pay(t, ps[2].Bolt11)
 	e.rec.wait(t, 30*time.Second, vend.PaymentSettled, ps[2].Ref)
 	e.settledOnce(t, ps[0].Ref, ps[1].Ref, ps[2].Ref)
+}
+
+// testWalletInvoicePaidLate: a wallet's plain invoice (NWC) cannot be
+// withdrawn, so capvend's cancel does not stop its payment: the money that
+// arrives is booked once, owed back, and the call never runs. Other
+// backends' invoices are withdrawn (Cancel) or are not plain invoices.
+func testWalletInvoicePaidLate(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	b := e.open(t)
+	c := e.call(t, 9)
+	p := e.request(t, b, c, 10*time.Minute, false)
+	if p.Kind != vend.KindWalletInvoice {
+		t.Skipf("the backend issues %s, not wallet invoices", p.Kind)
+	}
+	if err := b.Cancel(context.Background(), p.Ref); err != nil {
+		t.Fatal(err)
+	}
+	e.pay(t, p.Bolt11)
+	e.rec.wait(t, 30*time.Second, vend.PaymentSettled, p.Ref)
+	e.settledOnce(t, p.Ref)
+	if cl, _ := e.l.Call(context.Background(), c.ID); cl.State != vend.CallCanceled {
+		t.Fatalf("late-paid call is %s", cl.State)
+	}
+	bal, _ := e.l.Balance(context.Background())
+	if bal.Pending.RefundsOwed != p.Amount {
+		t.Fatalf("refunds owed %d, want %d", bal.Pending.RefundsOwed, p.Amount)
+	}
 }
 
 func testHold(t *testing.T, h Harness) {

@@ -41,6 +41,7 @@ type Config struct {
 	Nostr     NostrConfig      `yaml:"nostr"`
 	LND       LNDConfig        `yaml:"lnd"`
 	Cashu     CashuConfig      `yaml:"cashu"`
+	NWC       NWCConfig        `yaml:"nwc"`
 	Payments  PaymentsConfig   `yaml:"payments"`
 	Limits    LimitsConfig     `yaml:"limits"`
 	Credit    CreditConfig     `yaml:"credit"`
@@ -229,6 +230,13 @@ type CashuConfig struct {
 // PaymentsConfig tunes payment requests.
 type PaymentsConfig struct {
 	TTL time.Duration `yaml:"ttl"` // how long a payment request stays payable
+	// Prefer orders the backends that issue Lightning invoices (lnd,
+	// nwc, nwc:<name>, cashu): a call's invoice comes from the first
+	// available one, unless its client names another (_meta
+	// "capvend/invoice_from"); an NWC wallet out of reach is passed
+	// over. Unnamed backends follow in the default order: lnd, the NWC
+	// connections, cashu.
+	Prefer []string `yaml:"prefer"`
 	// LegacyGatingCode (deprecated, for one release) restores explicit
 	// gating as -32042/-32043 errors on MCP HTTP and stdio, only on
 	// request, without payment tokens (mcpfront.Config.LegacyGatingCode).
@@ -553,6 +561,7 @@ func defaultConfig() Config {
 		Nostr:     NostrConfig{Encryption: "optional", Announce: true, Window: 5 * time.Minute, ShutdownGrace: 30 * time.Second},
 		LND:       LNDConfig{HoldInvoices: true, MaxHoldInvoices: 1_000},
 		Cashu:     CashuConfig{WalletDir: "cashu-wallet", AcceptTokens: true, MintQuotes: true},
+		NWC:       NWCConfig{HoldInvoices: true, Grace: time.Minute, Timeout: 30 * time.Second},
 		Payments:  PaymentsConfig{TTL: 10 * time.Minute},
 		Limits:    LimitsConfig{MaxUnpaidPerClient: 10, MaxUnpaidTotal: 1_000, RequestsPerMinute: 120},
 		Pricing:   PricingConfig{Unpriced: string(pricing.UnpricedFree)},
@@ -748,6 +757,10 @@ func (c *Config) resolvePaths(dir string) {
 	abs(&c.LND.TLSCertFile)
 	abs(&c.LND.MacaroonFile)
 	abs(&c.Cashu.WalletDir)
+	abs(&c.NWC.URIFile)
+	for i := range c.NWC.Wallets {
+		abs(&c.NWC.Wallets[i].URIFile)
+	}
 	for i := range c.Upstreams {
 		abs(&c.Upstreams[i].Cwd)
 	}
@@ -769,9 +782,10 @@ func (c *Config) Validate() error {
 	c.validateNostr(&p)
 	c.validateLND(&p)
 	c.validatePayments(&p)
+	c.validateNWC(&p)
 	p.errs = append(p.errs, c.Admin.validate(), c.Log.validate())
-	if c.validateUpstreams(&p) && c.LND.Host == "" && len(c.Cashu.Mints) == 0 {
-		p.bad("lnd.host", "a tool (prompt, resource) has a price but no payment backend is configured: set lnd.host or cashu.mints")
+	if c.validateUpstreams(&p) && len(c.backendNames()) == 0 {
+		p.bad("lnd.host", "a tool (prompt, resource) has a price but no payment backend is configured: set lnd.host, nwc.uri_file or cashu.mints")
 	}
 	return errors.Join(p.errs...)
 }

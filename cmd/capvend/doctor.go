@@ -133,6 +133,7 @@ func doctor(ctx context.Context, cfg *Config) []outcome {
 	if cfg.LND.Host != "" {
 		out = append(out, checkLND(ctx, cfg)...)
 	}
+	out = append(out, checkNWC(ctx, cfg)...)
 	for _, m := range cfg.Cashu.Mints {
 		out = append(out, checkMint(ctx, m))
 	}

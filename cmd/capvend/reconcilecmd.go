@@ -15,6 +15,7 @@ import (
 
 	"github.com/capvend/capvend/billing/cashu"
 	"github.com/capvend/capvend/billing/lnd"
+	"github.com/capvend/capvend/billing/nwc"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/reconcile"
 )
@@ -108,8 +109,20 @@ func reconcileOnce(ctx context.Context, e *env, cfg *Config, l *ledger.Ledger, r
 		}
 		rc.Wallet = wf
 	}
-	if rc.LND == nil && rc.Wallet == nil {
-		return usageError("nothing to reconcile: configure lnd.host or cashu.mints")
+	for _, conn := range cfg.NWC.connections() {
+		u, err := readNWCURI(conn.field, conn.uriFile)
+		if err != nil {
+			return err
+		}
+		c, err := nwc.NewClient(u, nwc.ClientConfig{Timeout: cfg.NWC.Timeout})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		rc.NWC = append(rc.NWC, nwc.NewReconciler(c, conn.name))
+	}
+	if rc.LND == nil && rc.Wallet == nil && len(rc.NWC) == 0 {
+		return usageError("nothing to reconcile: configure lnd.host, nwc.uri_file or cashu.mints")
 	}
 	r, err := reconcile.New(rc)
 	if err != nil {

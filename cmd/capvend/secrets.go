@@ -69,7 +69,7 @@ func checkSecretDir(field, dir string) error {
 }
 
 // checkSecrets refuses a configuration whose secret files (the Nostr key,
-// the LND macaroon, the Cashu wallet, the HTTP bearer token) others may read: capvend will not
+// the LND macaroon, the Cashu wallet, NWC URIs, the HTTP bearer token) others may read: capvend will not
 // start with them. Only the parts cfg uses are checked.
 func (c *Config) checkSecrets() error {
 	var errs []error
@@ -81,6 +81,9 @@ func (c *Config) checkSecrets() error {
 	}
 	if len(c.Cashu.Mints) > 0 {
 		errs = append(errs, checkSecretDir("cashu.wallet_dir", c.Cashu.WalletDir))
+	}
+	for _, conn := range c.NWC.connections() {
+		errs = append(errs, checkSecretFile(conn.field, conn.uriFile))
 	}
 	if c.Ledger.Driver == "postgres" {
 		errs = append(errs, checkSecretFile("ledger.dsn_file", c.Ledger.DSNFile))

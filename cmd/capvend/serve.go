@@ -273,6 +273,10 @@ func (s *vendServer) openBackends(ctx context.Context) error {
 		s.backends = append(s.backends, b)
 		s.rc.Wallet = b
 	}
+	if err := s.openNWC(ctx); err != nil {
+		return err
+	}
+	s.backends = preferred(s.backends, cfg.Payments.Prefer)
 	return nil
 }
 
@@ -280,7 +284,7 @@ func (s *vendServer) openBackends(ctx context.Context) error {
 // payment backends (reconcile.interval), repairs on, its differences a
 // metric when the admin listener is on.
 func (s *vendServer) openReconciler() error {
-	if s.cfg.Reconcile.Interval <= 0 || (s.rc.LND == nil && s.rc.Wallet == nil) {
+	if s.cfg.Reconcile.Interval <= 0 || (s.rc.LND == nil && s.rc.Wallet == nil && len(s.rc.NWC) == 0) {
 		return nil
 	}
 	rc := s.rc

@@ -138,6 +138,8 @@ type serveOpts struct {
 	// callsLog, if set, is the file the stdio upstream (example-tools
 	// --calls-log) appends a line to per execution.
 	callsLog string
+	// nwcURIFile, if set, adds the NWC backend with that nwc.uri_file.
+	nwcURIFile string
 }
 
 func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen string) {
@@ -160,6 +162,9 @@ func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen
 	}
 	if o.cashu {
 		backends += fmt.Sprintf("cashu:\n  mints: [%s]\n  wallet_dir: cashu-wallet\n", s.MintURL)
+	}
+	if o.nwcURIFile != "" {
+		backends += fmt.Sprintf("nwc:\n  uri_file: %s\n", o.nwcURIFile)
 	}
 	if o.nsecFile != "" {
 		backends += fmt.Sprintf("nostr:\n  relays: [%s]\n  nsec_file: %s\n", s.RelayURL, o.nsecFile)

@@ -84,7 +84,7 @@ func testnetCommand() *command {
 
 func testnetUpCommand(td *testnetDir) *command {
 	var binDir string
-	var postgres bool
+	var postgres, nwc bool
 	var relayMax int
 	return &command{
 		Name:    "up",
@@ -118,12 +118,18 @@ Debian's postgresql package, no system service) on a loopback port, its
 cluster in <dir>/postgres, with an empty database "capvend" whose DSN is in
 testnet.json (postgres.dsn) for ledger.dsn_file.
 
+With --nwc it also runs an NWC wallet service (Alby's NWCWalletService, with
+hold invoices added: testnet/nwc, installed with '` + "cd testnet/nwc && npm ci" + `') in
+front of the vendor node, on the stack's relay; its connection URIs (hold,
+plain, nip04, receive) are in testnet.json (nwc.uris), for nwc.uri_file.
+
 ` + testnetDirHelp,
 		Flags: func(fs *flag.FlagSet) {
 			td.flag(fs)
 			fs.StringVar(&binDir, "bin-dir", "", "binary cache (default <user cache dir>/capvend/bin)")
 			fs.BoolVar(&postgres, "postgres", false, "also start a PostgreSQL server (Debian's postgresql package) for a PostgreSQL ledger; its DSN goes into testnet.json")
 			fs.IntVar(&relayMax, "relay-max-message-length", 0, "largest websocket message the relay reads, in `BYTES`, advertised in NIP-11 (0: khatru's 512000, not advertised)")
+			fs.BoolVar(&nwc, "nwc", false, "also run an NWC wallet service (testnet/nwc: node, and "+testnet.NWCInstall+") in front of the vendor node; its connection URIs go into testnet.json")
 		},
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) != 0 {
@@ -133,7 +139,7 @@ testnet.json (postgres.dsn) for ledger.dsn_file.
 				return usageError("up: --relay-max-message-length must not be negative")
 			}
 			s, err := testnet.Start(ctx, testnet.Options{Dir: td.path(e), BinDir: binDir, Progress: e.Stdout, Detach: true, Postgres: postgres,
-				RelayMaxMessage: relayMax})
+				RelayMaxMessage: relayMax, NWC: nwc})
 			if err != nil {
 				return err
 			}
