@@ -92,7 +92,7 @@ func (c *pending) requestPayment(ctx context.Context, slot *unpaidQuote, turn *t
 				return nil, CallResult{}, fmt.Errorf("payment token of call %d: %w", call.ID, err)
 			}
 		}
-		if err := c.addMacaroon(ctx, e); err != nil {
+		if err := c.addChallenges(ctx, e); err != nil {
 			return nil, CallResult{}, err
 		}
 		return nil, CallResult{}, e

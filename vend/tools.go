@@ -208,6 +208,17 @@ type CallRequest struct {
 	// backend has not reported yet is waited for, not answered as
 	// pending.
 	Macaroon []byte
+	// MPP is an MPP Payment credential (the token of Authorization:
+	// Payment <token>: base64url JSON echoing the challenge, with the
+	// invoice's preimage; scheme_mpp.go). Like a call macaroon it
+	// releases the one call its challenge was issued for, once; one that
+	// does not verify is ErrMPPInvalid.
+	MPP string
+	// X402 is an x402 payment payload (JSON: HTTP's PAYMENT-SIGNATURE
+	// decoded, or _meta[MetaX402Payment]; scheme_x402.go) naming a paid
+	// invoice: it releases that invoice's call to the client it was
+	// quoted to, once; one that does not verify is ErrX402Invalid.
+	X402 json.RawMessage
 	// PaymentTokens says the front hands payment tokens to its clients:
 	// an explicit-gating answer then issues one (PaymentRequiredError.Token).
 	PaymentTokens bool
@@ -365,6 +376,12 @@ type PaymentRequiredError struct {
 	// ledger keeps L402 keys. Presented with the invoice's preimage it
 	// releases this call once.
 	Macaroon []byte
+	// MPP is the MPP Lightning charge challenge of this call's invoice,
+	// X402 its x402 payment requirements: nil unless the request asked
+	// for HTTP 402 answers (CallRequest.L402) on a private channel and
+	// the invoice is an LND one. MPP's id is a secret like the macaroon.
+	MPP  *MPPChallenge
+	X402 *X402Requirements
 }
 
 func (e *PaymentRequiredError) Error() string { return "payment required" }
