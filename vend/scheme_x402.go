@@ -127,24 +127,16 @@ func x402Network(bolt11 string) string {
 }
 
 // addX402 adds to e, the explicit-gating answer of c, the x402
-// requirements of its invoice, when the request asked for HTTP 402
-// answers on a private channel and the payment is an LND invoice.
+// requirements of its invoice, on a private channel when the payment is
+// an LND invoice: for HTTP 402 answers and for the MCP binding's
+// payment-required tool result alike (they name no secret).
 func (c *pending) addX402(e *PaymentRequiredError) {
-	if !c.r.L402 || !c.r.secretsAllowed() || c.pay.Kind != KindInvoice {
+	if !c.r.secretsAllowed() || c.pay.Kind != KindInvoice {
 		return
 	}
 	e.X402 = &X402Requirements{Scheme: X402Scheme, Network: x402Network(c.pay.Bolt11), Amount: strconv.FormatInt(int64(c.pay.Amount), 10),
 		Asset: X402Asset, PayTo: X402PayTo, MaxTimeoutSeconds: max(int64(time.Until(c.pay.ExpiresAt).Seconds()), 1),
 		Extra: X402Extra{PaymentMethod: X402PaymentMethod, Invoice: c.pay.Bolt11, PaymentHash: c.pay.Ref}}
-}
-
-// X402Requirement returns the x402 requirements of an invoice of amount,
-// payable until expires, for fronts that answer a request that did not
-// ask for HTTP 402 (the MCP binding's payment-required tool result).
-func X402Requirement(bolt11 string, amount Msat, expires time.Time) X402Requirements {
-	return X402Requirements{Scheme: X402Scheme, Network: x402Network(bolt11), Amount: strconv.FormatInt(int64(amount), 10),
-		Asset: X402Asset, PayTo: X402PayTo, MaxTimeoutSeconds: max(int64(time.Until(expires).Seconds()), 1),
-		Extra: X402Extra{PaymentMethod: X402PaymentMethod, Invoice: bolt11}}
 }
 
 // ParseX402 decodes a payment payload (JSON) and checks its shape:

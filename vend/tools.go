@@ -376,10 +376,11 @@ type PaymentRequiredError struct {
 	// ledger keeps L402 keys. Presented with the invoice's preimage it
 	// releases this call once.
 	Macaroon []byte
-	// MPP is the MPP Lightning charge challenge of this call's invoice,
-	// X402 its x402 payment requirements: nil unless the request asked
-	// for HTTP 402 answers (CallRequest.L402) on a private channel and
-	// the invoice is an LND one. MPP's id is a secret like the macaroon.
+	// MPP is the MPP Lightning charge challenge of this call's invoice:
+	// nil unless the request asked for HTTP 402 answers (CallRequest.L402)
+	// on a private channel and the invoice is an LND one; its id is a
+	// secret like the macaroon. X402 is the invoice's x402 payment
+	// requirements, on a private channel when the invoice is an LND one.
 	MPP  *MPPChallenge
 	X402 *X402Requirements
 }

@@ -92,6 +92,10 @@ type paymentAnswer struct {
 	// PaymentToken is the value of capvend_payment for the retry.
 	PaymentToken string      `json:"capvend_payment,omitempty"`
 	Retry        answerRetry `json:"retry"`
+	// X402 is x402's MCP binding of the same answer (its
+	// PaymentRequired, wrapped as transports-v2/mcp.md has clients look
+	// for it), when vend gave x402 requirements.
+	X402 *x402Error `json:"x402/error,omitempty"`
 }
 
 type answerResource struct {
@@ -146,6 +150,9 @@ func (s *Server) gatingAnswer(cr *vend.CallRequest, err error) (a paymentAnswer,
 			a.PaymentURI = "lightning:" + a.Invoice
 		}
 		a.Accepts = pr.Options
+		if req := x402RequiredOf(cr, pr); req != nil {
+			a.X402 = &x402Error{Code: CodePaymentRequired402, Message: "Payment required", Data: req}
+		}
 		if len(pr.Options) > 0 {
 			a.Resource.Description = pr.Options[0].Description
 		}

@@ -368,6 +368,12 @@ type Config struct {
 	// Accept names L402 or cashu (payments.http_402; see http402.go and
 	// xcashu.go).
 	HTTP402 bool
+	// HTTP402Schemes are the challenges a 402 carries, in order, by name
+	// (SchemeL402, SchemeMPP, SchemeX402, SchemeCashu;
+	// payments.http_402_schemes). Empty: DefaultHTTP402Schemes. A client
+	// that reads one WWW-Authenticate takes the first: list "mpp" before
+	// "l402" to serve fetchWithMpp (fetchWithL402 reads either).
+	HTTP402Schemes []string
 	// CashuMints are the mints whose tokens the Vendor takes (its Cashu
 	// backend's, when that accepts tokens): a 402 then carries them in
 	// X-Cashu's NUT-18 payment request. Empty: no X-Cashu on a 402 (a

@@ -235,6 +235,11 @@ type PaymentsConfig struct {
 	// (mcpfront.Config.HTTP402): for HTTP payment clients that send no
 	// such Accept.
 	HTTP402 bool `yaml:"http_402"`
+	// HTTP402Schemes are the challenges of an HTTP 402, in order
+	// (mcpfront.Config.HTTP402Schemes): l402, mpp, x402, cashu. Empty:
+	// l402, x402, cashu. Clients that read one WWW-Authenticate take the
+	// first: list mpp first for @getalby/lightning-tools' fetchWithMpp.
+	HTTP402Schemes []string `yaml:"http_402_schemes"`
 }
 
 // CreditConfig is prepaid credit (see vend's package doc, Credit): the
@@ -974,6 +979,18 @@ func (c *Config) validatePayments(p *problems) {
 	}
 	if c.Reconcile.Interval != 0 && c.Reconcile.Interval < 10*time.Second {
 		p.bad("reconcile.interval", "%s is too short: at least 10s (each run lists LND's new invoices and asks the mints), or 0 to turn it off", c.Reconcile.Interval)
+	}
+	seen := map[string]bool{}
+	for i, n := range c.Payments.HTTP402Schemes {
+		switch n {
+		case mcpfront.SchemeL402, mcpfront.SchemeMPP, mcpfront.SchemeX402, mcpfront.SchemeCashu:
+		default:
+			p.bad(fmt.Sprintf("payments.http_402_schemes[%d]", i), "%q is not one of l402, mpp, x402, cashu", n)
+		}
+		if seen[n] {
+			p.bad(fmt.Sprintf("payments.http_402_schemes[%d]", i), "%q is listed twice", n)
+		}
+		seen[n] = true
 	}
 	if c.Payments.TTL < 30*time.Second || c.Payments.TTL > 24*time.Hour {
 		p.bad("payments.ttl", "%s is outside 30s .. 24h", c.Payments.TTL)

@@ -556,7 +556,7 @@ func frontConfig(cfg *Config) (mcpfront.Config, error) {
 		SessionIdle: cfg.HTTP.SessionIdle, MaxSessions: cfg.HTTP.MaxSessions, MaxSessionsPerSource: cfg.HTTP.MaxSessionsPerSource,
 		TrustedProxies: proxies, ClientIDHeader: cfg.HTTP.ClientIDHeader,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins, WriteTimeout: cfg.HTTP.WriteTimeout,
-		LegacyGatingCode: cfg.Payments.LegacyGatingCode, HTTP402: cfg.Payments.HTTP402,
+		LegacyGatingCode: cfg.Payments.LegacyGatingCode, HTTP402: cfg.Payments.HTTP402, HTTP402Schemes: cfg.Payments.HTTP402Schemes,
 	}
 	if cfg.Cashu.AcceptTokens {
 		fc.CashuMints = cfg.Cashu.Mints // X-Cashu's payment request names them
