@@ -208,3 +208,44 @@ func FuzzParseX402(f *testing.F) {
 		_, _ = vend.Bolt11PaymentHash(string(b))
 	})
 }
+
+// TestPayPageToken: an explicit-gating answer carries its call's page
+// token (cvv_), which names that call, shows its invoice and amount and
+// whether it was paid, and releases nothing: presented as a payment
+// token it is unknown. A token changed in one character, or made for
+// another call id, shows nothing.
+func TestPayPageToken(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, false, nil)
+	r := req("1", "demo_echo", `{"text":"page"}`, nil)
+	r.Explicit, r.PaymentTokens = true, true
+	_, err := h.v.CallTool(ctx, r)
+	var pr *vend.PaymentRequiredError
+	if !errors.As(err, &pr) || !strings.HasPrefix(pr.PayPage, "cvv_") || pr.Token == "" {
+		t.Fatalf("answer: %v %+v", err, pr)
+	}
+	p := h.nextPayment(t)
+	pg, err := h.v.PayPage(ctx, pr.PayPage)
+	if err != nil || pg.Invoice != p.Bolt11 || pg.Amount != 21_000 || pg.Tool != "demo_echo" || pg.Paid || pg.Expired {
+		t.Fatalf("page %+v %v", pg, err)
+	}
+	forged := pr.PayPage[:len(pr.PayPage)-1] + map[bool]string{true: "A", false: "B"}[strings.HasSuffix(pr.PayPage, "B")]
+	other, _ := h.v.PayPageToken(ctx, p.CallID+1)
+	for _, tok := range []string{forged, other, pr.Token, "cvv_", ""} {
+		if _, err := h.v.PayPage(ctx, tok); !errors.Is(err, vend.ErrPayPageUnknown) {
+			t.Fatalf("%q: %v", tok, err)
+		}
+	}
+	steal := req("2", "demo_echo", `{"text":"page"}`, nil)
+	steal.Client, steal.PaymentToken = "client-2", pr.PayPage
+	if _, err := h.v.CallTool(ctx, steal); !errors.Is(err, vend.ErrTokenUnknown) {
+		t.Fatalf("the page token as a payment token: %v", err)
+	}
+	h.be.pay(p.Ref)
+	if pg, err = h.v.PayPage(ctx, pr.PayPage); err != nil || !pg.Paid {
+		t.Fatalf("paid page %+v %v", pg, err)
+	}
+	if n := len(h.tools.sentArgs()); n != 0 {
+		t.Fatalf("ran %d times", n)
+	}
+}

@@ -163,6 +163,7 @@ func (c *pending) waitPaid(ctx context.Context) (*Payment, error) {
 		return cur, nil
 	}
 	v.failpoint(FailAfterInvoice)
+	c.showPayPage(ctx)
 	c.notifyRequired()
 	events, poll, beat, expiry, shed := w.events, w.poll.c(), w.beat.c(), w.expiry.C, w.shed
 	beats := 0

@@ -199,6 +199,7 @@ func (c *pending) addChallenges(ctx context.Context, e *PaymentRequiredError) er
 		return err
 	}
 	c.addX402(e)
+	c.addPayPage(ctx, e)
 	return nil
 }
 

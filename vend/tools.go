@@ -243,6 +243,11 @@ type CallRequest struct {
 	// It must not block for long; errors are ignored (the client may be
 	// gone, the call goes on).
 	Notify func(method string, params any)
+	// PayPage, if not nil, is handed the view-only pay page token of the
+	// call's invoice (paypage.go) when the request starts waiting for its
+	// payment, before payment_required: a front that can open a page for
+	// a person (URL-mode elicitation) shows it. It must not block.
+	PayPage func(token string)
 	// Elicit, if not nil, asks the client for input while the call runs
 	// (an upstream's elicitation): params is the elicitation request's
 	// params object, the result the client's ElicitResult ({"action":
@@ -383,6 +388,10 @@ type PaymentRequiredError struct {
 	// requirements, on a private channel when the invoice is an LND one.
 	MPP  *MPPChallenge
 	X402 *X402Requirements
+	// PayPage is the call's view-only pay page token (cvv_..., see
+	// paypage.go): it releases nothing, so it may go in a URL. "" when
+	// the payment has no invoice.
+	PayPage string
 }
 
 func (e *PaymentRequiredError) Error() string { return "payment required" }

@@ -117,6 +117,17 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 	if req.Params.RequestState != "" {
 		return s.resume(ctx, req, cr)
 	}
+	if s.paysByURL(ctx, &cr, req.Params.Meta) {
+		// The call waits for its payment while the person pays on the
+		// pay page the client opens (paypage.go).
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		ue := &urlElicit{id: make(chan string, 1)}
+		cr.PayPage = s.elicitPayPage(cctx, &cr, cancel, ue)
+		res, err := s.await(cctx, s.startCall(cctx, cr))
+		s.elicitComplete(ctx, ue)
+		return res, err
+	}
 	return s.await(ctx, s.startCall(ctx, cr))
 }
 
