@@ -128,3 +128,56 @@ func releasedBy(t *testing.T, db string, id vend.CallID) string {
 	}
 	return by.String
 }
+
+// TestURLElicitationPaysWithoutRetry (issue 29): the MCP TypeScript SDK
+// client (1.32.2) declaring URL-mode elicitation calls t_sha256 once. The
+// server sends it elicitation/create (mode url) pointing at the call's
+// pay page while the call waits; the client opens the page, pays the
+// invoice shown there from the customer LND, and the call's answer
+// arrives on the same request: one tools/call, no retry. The server says
+// the elicitation completed; the customer paid exactly 21 sats; the call
+// ran once, released to the waiting request (scheme invoice); `ledger
+// verify` passes.
+func TestURLElicitationPaysWithoutRetry(t *testing.T) {
+	needL402Client(t)
+	s := needStack(t)
+	url, db := serving(t, s, serveOpts{})
+	customer, _ := s.Node(testnet.Customer)
+	text := "bought through the pay page"
+	lines := runNodeClient(t, customer, "elicit.mjs", url, "t_sha256", fmt.Sprintf(`{"text":%q}`, text), customer.RESTHost,
+		customer.AdminMacaroon)
+	want := fmt.Sprintf("%x", sha256.Sum256([]byte(text)))
+	if len(lines["ELICIT"]) != 1 || !strings.HasPrefix(lines["ELICIT"][0], "url http://") || !strings.Contains(lines["ELICIT"][0], "/pay/cvv_") ||
+		len(lines["RESULT"]) != 1 || !strings.Contains(lines["RESULT"][0], want) || strings.Contains(lines["RESULT"][0], `"isError":true`) ||
+		len(lines["CALLS"]) != 1 || lines["CALLS"][0] != "1" || len(lines["PREIMAGE"]) != 1 || len(lines["COMPLETE"]) != 1 {
+		t.Fatalf("client output: %q", lines)
+	}
+	pre, _ := hex.DecodeString(lines["PREIMAGE"][0])
+	sum := sha256.Sum256(pre)
+	hash := hex.EncodeToString(sum[:])
+	if sent := customerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
+		t.Fatalf("the customer node paid %d msat (%s), want 21000", sent.ValueMsat, sent.Status)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.Payment(ctx, hash)
+	if err != nil {
+		l.Close()
+		t.Fatal(err)
+	}
+	c, err := l.Call(ctx, p.CallID)
+	l.Close()
+	if err != nil || c.State != vend.CallDelivered || c.Executions != 1 || p.Settled != 21_000 {
+		t.Fatalf("call %+v payment %+v: %v", c, p, err)
+	}
+	if by := releasedBy(t, db, c.ID); by != string(vend.SchemeInvoice) {
+		t.Fatalf("released by %q", by)
+	}
+	if stdout, stderr, code := run(t, nil, "ledger", "verify", "--config", filepath.Join(filepath.Dir(db), "capvend.yaml")); code != 0 {
+		t.Fatalf("ledger verify: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
