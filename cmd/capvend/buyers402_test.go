@@ -181,3 +181,36 @@ func TestURLElicitationPaysWithoutRetry(t *testing.T) {
 		t.Fatalf("ledger verify: exit %d\n%s%s", code, stdout, stderr)
 	}
 }
+
+// TestBuyersConfig: payments.http_402_schemes takes l402, mpp, x402 and
+// cashu, each once; http.public_url an http(s) URL; pay page links go
+// under public_url, else http://<listen> when listen names a host.
+func TestBuyersConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, field string
+		mod         func(*Config)
+	}{
+		{"unknown scheme", "payments.http_402_schemes[1]", func(c *Config) { c.Payments.HTTP402Schemes = []string{"mpp", "lsat"} }},
+		{"twice", "payments.http_402_schemes[1]", func(c *Config) { c.Payments.HTTP402Schemes = []string{"mpp", "mpp"} }},
+		{"public url", "http.public_url", func(c *Config) { c.HTTP.PublicURL = "shop.example" }},
+	} {
+		c := defaultConfig()
+		tc.mod(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+	c := defaultConfig()
+	c.Payments.HTTP402Schemes = []string{"mpp", "l402", "x402", "cashu"}
+	if err := c.Validate(); err != nil && strings.Contains(err.Error(), "http_402_schemes") {
+		t.Errorf("every scheme once: %v", err)
+	}
+	for listen, want := range map[string]string{"127.0.0.1:8402": "http://127.0.0.1:8402", "0.0.0.0:8402": "", ":8402": "", "": ""} {
+		if got := (HTTPConfig{Listen: listen}).payBaseURL(); got != want {
+			t.Errorf("listen %q: %q, want %q", listen, got, want)
+		}
+	}
+	if got := (HTTPConfig{Listen: ":8402", PublicURL: "https://shop.example/"}).payBaseURL(); got != "https://shop.example" {
+		t.Errorf("public_url: %q", got)
+	}
+}
