@@ -141,7 +141,7 @@ func (c *pending) addPayPage(ctx context.Context, e *PaymentRequiredError) {
 }
 
 // showPayPage hands the request's front the pay page token of c's call
-// (CallRequest.PayPage), before it is told what to pay.
+// (CallRequest.PayPage), once it was told what to pay.
 func (c *pending) showPayPage(ctx context.Context) {
 	if c.r.PayPage == nil || c.pay.Bolt11 == "" {
 		return

@@ -163,8 +163,8 @@ func (c *pending) waitPaid(ctx context.Context) (*Payment, error) {
 		return cur, nil
 	}
 	v.failpoint(FailAfterInvoice)
-	c.showPayPage(ctx)
 	c.notifyRequired()
+	c.showPayPage(ctx) // after: the front's elicitation goes on the stream notifyRequired opened
 	events, poll, beat, expiry, shed := w.events, w.poll.c(), w.beat.c(), w.expiry.C, w.shed
 	beats := 0
 	for {

@@ -245,7 +245,7 @@ type CallRequest struct {
 	Notify func(method string, params any)
 	// PayPage, if not nil, is handed the view-only pay page token of the
 	// call's invoice (paypage.go) when the request starts waiting for its
-	// payment, before payment_required: a front that can open a page for
+	// payment, right after payment_required: a front that can open a page for
 	// a person (URL-mode elicitation) shows it. It must not block.
 	PayPage func(token string)
 	// Elicit, if not nil, asks the client for input while the call runs

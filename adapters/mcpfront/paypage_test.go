@@ -10,8 +10,13 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
+	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/pricing"
@@ -145,5 +150,95 @@ func TestPayPage(t *testing.T) {
 	_, body = w.post(sid, call(`2`, "ex_dear", `,"arguments":{"text":"a","capvend_payment":"`+sc.Token+`"}`))
 	if !strings.Contains(body, "ran dear") || w.runs() != 1 {
 		t.Fatalf("the paid repeat: %s", body)
+	}
+}
+
+// payByPage is an elicitation handler that acts as a person on the pay
+// page: it opens the URL, reads the invoice and has the backend pay it,
+// or declines.
+type payByPage struct {
+	w       *l402World
+	decline bool
+	mu      sync.Mutex
+	urls    []string
+}
+
+func (p *payByPage) Elicit(ctx context.Context, req mcp.ElicitationRequest) (*mcp.ElicitationResult, error) {
+	p.mu.Lock()
+	p.urls = append(p.urls, req.Params.Mode+" "+req.Params.URL)
+	p.mu.Unlock()
+	if p.decline {
+		return &mcp.ElicitationResult{ElicitationResponse: mcp.ElicitationResponse{Action: mcp.ElicitationResponseActionDecline}}, nil
+	}
+	resp, err := http.Get(req.Params.URL)
+	if err != nil {
+		return nil, err
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	_, rest, _ := strings.Cut(string(page), `<code id="invoice">`)
+	inv, _, _ := strings.Cut(rest, "</code>")
+	go p.w.be.pay(strings.TrimPrefix(inv, bolt11Prefix)) // paid a moment after the page opened
+	return &mcp.ElicitationResult{ElicitationResponse: mcp.ElicitationResponse{Action: mcp.ElicitationResponseActionAccept}}, nil
+}
+
+// TestURLElicitationPays: an mcp-go client on protocol 2025-11-25 that
+// declared URL-mode elicitation calls a priced tool once: it is sent
+// elicitation/create (mode url) with the call's pay page, and when the
+// page's invoice is paid the same request answers with the result. One
+// that declines gets an error and nothing runs. A client that declared
+// only form-mode elicitation keeps the explicit-gating result.
+func TestURLElicitationPays(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		caps     *mcp.ElicitationCapability
+		decline  bool
+		want     string
+		runs     int
+		elicited bool
+	}{
+		{"accept and pay", &mcp.ElicitationCapability{URL: &struct{}{}}, false, "ran dear", 1, true},
+		{"decline", &mcp.ElicitationCapability{URL: &struct{}{}}, true, "", 0, true},
+		{"form mode only", &mcp.ElicitationCapability{Form: &struct{}{}}, false, "payment_required", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, _ := newPayWorld(t, Config{})
+			tr, err := transport.NewStreamableHTTP(w.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := &payByPage{w: w, decline: tc.decline}
+			c := client.NewClient(tr, client.WithProtocolVersion(mcp.ProtocolVersion20251125),
+				client.WithClientCapabilities(mcp.ClientCapabilities{Elicitation: tc.caps}), client.WithElicitationHandler(h))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil {
+				t.Fatal(err)
+			}
+			req := mcp.CallToolRequest{}
+			req.Params.Name, req.Params.Arguments = "ex_dear", map[string]any{"text": "a"}
+			res, err := c.CallTool(ctx, req)
+			got := ""
+			if res != nil {
+				b, _ := json.Marshal(res)
+				got = string(b)
+			}
+			if tc.want == "" && err == nil || tc.want != "" && !strings.Contains(got, tc.want) {
+				t.Fatalf("answer %s, %v", got, err)
+			}
+			h.mu.Lock()
+			urls := h.urls
+			h.mu.Unlock()
+			if elicited := len(urls) == 1 && strings.HasPrefix(urls[0], "url http://") && strings.Contains(urls[0], "/pay/cvv_"); elicited != tc.elicited {
+				t.Fatalf("elicitations %q", urls)
+			}
+			if n := w.runs(); n != tc.runs {
+				t.Fatalf("ran %d times", n)
+			}
+		})
 	}
 }
