@@ -112,7 +112,12 @@ type ServerConfig struct {
 
 // HTTPConfig is the MCP Streamable HTTP front.
 type HTTPConfig struct {
-	Listen          string `yaml:"listen"` // host:port; empty disables the front
+	Listen string `yaml:"listen"` // host:port; empty disables the front
+	// PublicURL is the listener's URL as buyers reach it (e.g.
+	// "https://shop.example"): pay pages (GET /pay/{token}) are linked
+	// under it. Empty: http://<listen> when listen names a host, else no
+	// pay page links.
+	PublicURL       string `yaml:"public_url"`
 	MaxRequestBytes int64  `yaml:"max_request_bytes"`
 	// SessionIdle ends an MCP session without a request in flight for
 	// this long; MaxSessions bounds the live sessions (a new one evicts
@@ -247,6 +252,11 @@ type PaymentsConfig struct {
 	// (mcpfront.Config.HTTP402): for HTTP payment clients that send no
 	// such Accept.
 	HTTP402 bool `yaml:"http_402"`
+	// HTTP402Schemes are the challenges of an HTTP 402, in order
+	// (mcpfront.Config.HTTP402Schemes): l402, mpp, x402, cashu. Empty:
+	// l402, x402, cashu. Clients that read one WWW-Authenticate take the
+	// first: list mpp first for @getalby/lightning-tools' fetchWithMpp.
+	HTTP402Schemes []string `yaml:"http_402_schemes"`
 }
 
 // CreditConfig is prepaid credit (see vend's package doc, Credit): the
@@ -996,6 +1006,23 @@ func (c *Config) validatePayments(p *problems) {
 	if c.Reconcile.Interval != 0 && c.Reconcile.Interval < 10*time.Second {
 		p.bad("reconcile.interval", "%s is too short: at least 10s (each run lists LND's new invoices and asks the mints), or 0 to turn it off", c.Reconcile.Interval)
 	}
+	if u := c.HTTP.PublicURL; u != "" {
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "https" && pu.Scheme != "http") || pu.Host == "" {
+			p.bad("http.public_url", "%q is not an http(s) URL", u)
+		}
+	}
+	seen := map[string]bool{}
+	for i, n := range c.Payments.HTTP402Schemes {
+		switch n {
+		case mcpfront.SchemeL402, mcpfront.SchemeMPP, mcpfront.SchemeX402, mcpfront.SchemeCashu:
+		default:
+			p.bad(fmt.Sprintf("payments.http_402_schemes[%d]", i), "%q is not one of l402, mpp, x402, cashu", n)
+		}
+		if seen[n] {
+			p.bad(fmt.Sprintf("payments.http_402_schemes[%d]", i), "%q is listed twice", n)
+		}
+		seen[n] = true
+	}
 	if c.Payments.TTL < 30*time.Second || c.Payments.TTL > 24*time.Hour {
 		p.bad("payments.ttl", "%s is outside 30s .. 24h", c.Payments.TTL)
 	}
@@ -1168,4 +1195,17 @@ func (l LogConfig) logger(w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// payBaseURL is where buyers reach pay pages: http.public_url, else
+// http://<listen> when listen names a host (not 0.0.0.0, ::, or none).
+func (h HTTPConfig) payBaseURL() string {
+	if h.PublicURL != "" {
+		return strings.TrimRight(h.PublicURL, "/")
+	}
+	host, _, err := net.SplitHostPort(h.Listen)
+	if err != nil || host == "" || host == "0.0.0.0" || host == "::" {
+		return ""
+	}
+	return "http://" + h.Listen
 }
