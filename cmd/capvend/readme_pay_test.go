@@ -19,7 +19,7 @@ import (
 // ledger check, in the order it is written, in one shell session as a
 // user pastes it.
 const (
-	payDoc   = "README.md"
+	payDoc   = "docs/PAYING.md"
 	payFirst = "url=http://127.0.0.1:8402/mcp"
 	payServe = "capvend serve --config regtest.yaml"
 	payLast  = "capvend ledger verify --config regtest.yaml"
