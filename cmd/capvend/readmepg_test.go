@@ -15,7 +15,7 @@ import (
 
 // pgDoc holds the PostgreSQL walk-through: its configuration with
 // ledger.driver postgres and its commands.
-const pgDoc = "README.md"
+const pgDoc = "docs/OPERATING.md"
 
 // readmePostgres runs pgDoc's PostgreSQL commands the way a newcomer
 // pastes them, in a fresh folder holding a copy of srcDB (the demo's
