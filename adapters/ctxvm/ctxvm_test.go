@@ -89,6 +89,8 @@ func (f *fakeVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.Cal
 	case "block":
 		<-f.block
 		return vend.CallResult{Body: json.RawMessage(`{"content":[]}`)}, nil
+	case "direct": // a Cashu token pays at once, as vend's cashu scheme (direct_test.go)
+		return directCall(r)
 	case "gated":
 		return vend.CallResult{}, &vend.PaymentRequiredError{Options: []vend.PaymentOption{{Amount: 5, PayReq: "lnbcrt50n1fake", PMI: vend.PMILightning, Description: "gated", TTL: 600}}}
 	}

@@ -681,7 +681,8 @@ func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.Re
 		pmis = append(pmis, vend.PMILightning) // every backend takes bolt11
 	}
 	if len(cfg.Cashu.Mints) > 0 && cfg.Cashu.AcceptTokens {
-		pmis = append(pmis, vend.PMICashu)
+		// A token in _meta, and in a CEP-8 direct_payment tag.
+		pmis = append(pmis, vend.PMICashu, ctxvm.PMICashuDirect)
 	}
 	return ctxvm.New(ctxvm.Config{
 		Vendor: v, Catalog: cat, Replies: replies, SecretKey: sk, Relays: cfg.Nostr.Relays,
