@@ -104,7 +104,7 @@ func TestDirectPayment(t *testing.T) {
 		{name: "the _meta alias alone", meta: alias, wrapped: true, token: "cashuBmeta",
 			notes: []string{vend.NotifyPaymentAccepted}, pmi: vend.PMICashu},
 		{name: "plaintext: refused, no change", tags: []nostr.Tag{tag(PMICashuDirect, "cashuBgood")}, token: "cashuBgood",
-			errCode: rpcerr.CodeInvalidRequest, errSubstr: "Encryption required"},
+			errCode: rpcerr.CodeInvalidRequest, errSubstr: "Encryption required: a Cashu token (the direct_payment tag)"},
 		{name: "underpaid: payment_rejected", tags: []nostr.Tag{tag(PMICashuDirect, "cashuBshort")}, wrapped: true, token: "cashuBshort",
 			notes: []string{vend.NotifyPaymentRejected}, pmi: PMICashuDirect, errCode: rpcerr.CodePaymentFailed, errSubstr: "does not cover"},
 		{name: "mint unreachable: not rejected", tags: []nostr.Tag{tag(PMICashuDirect, "cashuBlost")}, wrapped: true, token: "cashuBlost",

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -345,6 +346,11 @@ func (s *Server) callRequest(r *request, out *outbox, kind vend.ItemKind, name s
 func (s *Server) sell(ctx context.Context, cr vend.CallRequest, out *outbox) (json.RawMessage, *rpcError) {
 	res, err := s.cfg.Vendor.CallTool(ctx, cr)
 	if err != nil {
+		var pe *vend.PublicSecretError
+		if out.direct != "" && errors.As(err, &pe) && strings.HasPrefix(pe.What, "a Cashu token") {
+			// vend names the _meta carrier; the token came in the tag.
+			err = &vend.PublicSecretError{What: "a Cashu token (the direct_payment tag)"}
+		}
 		w := toWire(err, cr.Tool)
 		lvl := rpcerr.LogLevel(w.Code)
 		s.log.Log(ctx, lvl, string(cr.Kind.Or())+" request answered with an error", logKeyTool, cr.Tool, logKeyClient, cr.Client, logKeyCode, w.Code, logKeyErr, err)
