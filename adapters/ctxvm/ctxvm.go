@@ -188,6 +188,10 @@ type Config struct {
 	// Announce publishes the announcements (see the package doc) at start
 	// and after each Refresh that changed them.
 	Announce bool
+	// Profile, with Announce, publishes the server's CEP-23 profile with
+	// the announcements: a kind 0 event whose content is the NIP-01
+	// metadata {name, about, picture, website} of the fields above.
+	Profile bool
 	// AnnounceDelay is how long after a Refresh the announcements are
 	// rebuilt (Refreshes meanwhile are coalesced). 0: DefaultAnnounceDelay.
 	AnnounceDelay time.Duration

@@ -349,10 +349,14 @@
 //	DVMCP 2024-11-05 (NIP-89):
 //	31990  content {"name","about","tools":[...]}; ["d",<id>], ["k","5910"],
 //	       ["capabilities","mcp-1.0"], ["t","mcp"], ["t",<tool>] per tool
+//	With Config.Profile (CEP-23):
+//	0      the key's profile: content the NIP-01 metadata {"name","about",
+//	       "picture","website"} of Config (those set), no tags
 //
 // <id> is ServerID: the server's pubkey (hex), stable across renames.
-// AnnouncementAddresses lists every address; Unannounce publishes a NIP-09
-// deletion request of them all (`capvend unannounce`). The relay list
+// AnnouncementAddresses lists every address but the profile's; Unannounce
+// publishes a NIP-09 deletion request of them all (`capvend unannounce`),
+// leaving the profile: it names the key, whatever it sells. The relay list
 // replaces any other NIP-65 list of the key: use a key of its own.
 //
 // # Elicitation

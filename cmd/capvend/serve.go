@@ -688,7 +688,7 @@ func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.Re
 		Vendor: v, Catalog: cat, Replies: replies, SecretKey: sk, Relays: cfg.Nostr.Relays,
 		Name: cfg.Server.Name, Version: buildVersion(), About: cfg.Server.About, Website: cfg.Server.Website, Picture: cfg.Server.Picture,
 		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: log,
-		Announce: cfg.Nostr.Announce, Allow: hexPubkeys(cfg.Nostr.Allow), Deny: hexPubkeys(cfg.Nostr.Deny),
+		Announce: cfg.Nostr.Announce, Profile: true, Allow: hexPubkeys(cfg.Nostr.Allow), Deny: hexPubkeys(cfg.Nostr.Deny),
 		PowDifficulty: cfg.Nostr.PowDifficulty, MaxRequestBytes: cfg.Nostr.MaxRequestBytes, Claims: claims.claimer(), Instance: claims.id(), Members: claims.memberSet(),
 		SeenFor: cfg.Ledger.ClaimTakeover, ShardSample: cfg.Nostr.ShardSample, ShutdownGrace: cfg.Nostr.ShutdownGrace,
 	})
