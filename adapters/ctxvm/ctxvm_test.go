@@ -31,6 +31,7 @@ import (
 type fakeVendor struct {
 	mu     sync.Mutex
 	calls  []vend.CallRequest
+	signer []string        // vend.ClientPubkeyFrom the ctx of each call
 	block  chan struct{}   // the tool "block" waits for it
 	payers map[string]bool // pubkeys KnownPayer says paid before
 }
@@ -64,6 +65,7 @@ func (f *fakeVendor) ListedPrice(t vend.Tool) (lo, hi vend.Msat) { return t.Pric
 func (f *fakeVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
 	f.mu.Lock()
 	f.calls = append(f.calls, r)
+	f.signer = append(f.signer, vend.ClientPubkeyFrom(ctx))
 	f.mu.Unlock()
 	var args struct {
 		Text string `json:"text"`

@@ -177,7 +177,11 @@
 // Vendor's notifications are published in the request's dialect, in
 // order, before the answer. A ContextVM call also gets Elicit (see
 // Elicitation); DVMCP and NIP-90 calls do not (an upstream asking for
-// input is declined).
+// input is declined). Every request's ctx carries the pubkey that
+// signed it (vend.WithClientPubkey), for upstreams that are told who
+// calls (ContextVM's CEP-16, adapters/upstream ServerConfig.ClientPubkey);
+// a params._meta.clientPubkey the client wrote is ignored, and the pubkey
+// is no part of the call's Arguments.
 //
 // Errors map to the same JSON-RPC errors as the MCP front
 // (adapters/mcpfront):

@@ -189,6 +189,9 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 	if r.dialect == dialectContextVM {
 		s.sess.touch(r, s.cfg.Now(), s.cfg.Window)
 	}
+	// The signer, proven by its signature: an upstream may be told
+	// (CEP-16, upstream.ServerConfig.ClientPubkey).
+	ctx = vend.WithClientPubkey(ctx, r.ev.PubKey)
 	if kept(r.msg.Method) {
 		if !s.startReplay(ctx, r, out) {
 			return
