@@ -711,7 +711,8 @@ func describeBackends(bs []vend.PaymentBackend) string {
 func upstreamServers(cfg *Config) []upstream.ServerConfig {
 	out := make([]upstream.ServerConfig, 0, len(cfg.Upstreams))
 	for _, u := range cfg.Upstreams {
-		sc := upstream.ServerConfig{Name: u.Name, Prefix: u.Prefix, Command: u.Command, Args: u.Args, Dir: u.Cwd, URL: u.URL}
+		sc := upstream.ServerConfig{Name: u.Name, Prefix: u.Prefix, Command: u.Command, Args: u.Args, Dir: u.Cwd, URL: u.URL,
+			ClientPubkey: u.ClientPubkey}
 		if len(u.Env) > 0 {
 			keys := make([]string, 0, len(u.Env))
 			for k := range u.Env {
