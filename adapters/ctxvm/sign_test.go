@@ -1,9 +1,13 @@
 package ctxvm
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"strings"
 	"testing"
 
+	"github.com/btcsuite/btcd/btcec/v2"
+	"github.com/btcsuite/btcd/btcec/v2/schnorr"
 	"github.com/nbd-wtf/go-nostr"
 )
 
@@ -75,4 +79,35 @@ func flipHex(s string) string {
 		last = "1"
 	}
 	return s[:len(s)-1] + last
+}
+
+// TestBIP340KeySignsAsSchnorrSign: bip340Key signs byte for byte as
+// btcec's schnorr.Sign with FastSign (keys whose point has an odd y and
+// an even y alike), and its signatures verify.
+func TestBIP340KeySignsAsSchnorrSign(t *testing.T) {
+	parities := map[byte]int{}
+	for i := range 300 {
+		priv, err := btcec.NewPrivateKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		parities[priv.PubKey().SerializeCompressed()[0]]++
+		k := newBIP340Key(priv)
+		hash := sha256.Sum256([]byte{byte(i), byte(i >> 8)})
+		want, err := schnorr.Sign(priv, hash[:], schnorr.FastSign())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := k.sign(&hash)
+		if !bytes.Equal(got[:], want.Serialize()) {
+			t.Fatalf("key %d: signature %x, schnorr.Sign %x", i, got, want.Serialize())
+		}
+		sig, err := schnorr.ParseSignature(got[:])
+		if err != nil || !sig.Verify(hash[:], priv.PubKey()) {
+			t.Fatalf("key %d: signature does not verify (%v)", i, err)
+		}
+	}
+	if len(parities) != 2 {
+		t.Fatalf("only one parity of key points tried: %v", parities)
+	}
 }
