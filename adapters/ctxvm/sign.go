@@ -48,10 +48,11 @@ func (c *keyCache) put(pk string, key *btcec.PublicKey) {
 }
 
 // verify checks an event's id (lowercase hex of the hash of its
-// serialization, as NIP-01 and go-nostr's CheckID) and its BIP-340
-// signature by its pubkey. It returns nil or ErrBadEvent.
+// serialization, as NIP-01 and go-nostr's CheckID), that its pubkey is
+// lowercase hex (NIP-01), and its BIP-340 signature by that pubkey. It
+// returns nil or ErrBadEvent.
 func (s *Server) verify(ev *nostr.Event) error {
-	if len(ev.ID) != 64 || len(ev.PubKey) != 64 || len(ev.Sig) != 128 {
+	if len(ev.ID) != 64 || len(ev.PubKey) != 64 || len(ev.Sig) != 128 || !lowerHex(ev.PubKey) {
 		return ErrBadEvent
 	}
 	h := sha256.Sum256(ev.Serialize())
@@ -85,6 +86,20 @@ func (s *Server) verify(ev *nostr.Event) error {
 		s.keys.put(ev.PubKey, key)
 	}
 	return nil
+}
+
+// lowerHex reports whether s is lowercase hex. The pubkey string is the
+// client's identity (limits, bindings, credit, the key an upstream is
+// told): hex decoding takes either case, and go-nostr's checks pass an
+// event whose signer wrote its key in capitals, which would make one
+// key many clients.
+func lowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // sign sets ev's pubkey, id and signature with the server's key.

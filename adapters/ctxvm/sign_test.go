@@ -3,6 +3,7 @@ package ctxvm
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 
@@ -109,5 +110,35 @@ func TestBIP340KeySignsAsSchnorrSign(t *testing.T) {
 	}
 	if len(parities) != 2 {
 		t.Fatalf("only one parity of key points tried: %v", parities)
+	}
+}
+
+// TestVerifyRefusesAPubkeyInCapitals: an event whose signer wrote its
+// pubkey in uppercase hex, signed over that spelling, passes go-nostr's
+// checks; verify refuses it, so that a key is one client (its limits,
+// bindings and the pubkey an upstream is told), never several.
+func TestVerifyRefusesAPubkeyInCapitals(t *testing.T) {
+	s, err := New(Config{Vendor: &fakeVendor{}, SecretKey: nostr.GeneratePrivateKey(), Relays: []string{"ws://x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk := nostr.GeneratePrivateKey()
+	pk, _ := nostr.GetPublicKey(sk)
+	b, _ := hex.DecodeString(sk)
+	priv, _ := btcec.PrivKeyFromBytes(b)
+	for _, spelling := range []string{pk, strings.ToUpper(pk)} {
+		e := nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}}, Content: `{}`, PubKey: spelling}
+		h := sha256.Sum256(e.Serialize())
+		sig, err := schnorr.Sign(priv, h[:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.ID, e.Sig = hex.EncodeToString(h[:]), hex.EncodeToString(sig.Serialize())
+		if ok, _ := e.CheckSignature(); !ok || !e.CheckID() {
+			t.Fatalf("%s: go-nostr refuses the event", spelling)
+		}
+		if err := s.verify(&e); (err == nil) != (spelling == pk) {
+			t.Errorf("pubkey %s: verify %v", spelling, err)
+		}
 	}
 }
