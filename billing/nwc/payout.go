@@ -188,6 +188,13 @@ func (p *Payer) PayRefund(ctx context.Context, id vend.RefundID, invoice string)
 	if amount > r.Amount {
 		return r, PayResult{}, fmt.Errorf("nwc: refund %d: the invoice asks %s, more than the %s owed: refused, nothing was paid", r.ID, amount, r.Amount)
 	}
+	if err := p.prepare(ctx, inv); err != nil {
+		return r, PayResult{}, err
+	}
+	// A payout of it left in flight may have been booked just now.
+	if r, err = p.book.RefundByID(ctx, id); err == nil && r.State != vend.RefundOwed {
+		return r, PayResult{}, fmt.Errorf("%w: refund %d (call %d) was paid %s", vend.ErrRefundPaid, r.ID, r.CallID, r.PaidAt.Format(time.RFC3339))
+	}
 	res, err := p.pay(ctx, vend.NewPayout{Kind: vend.PayoutRefund, Refund: r.ID, Amount: amount}, invoice, inv)
 	if err != nil {
 		return r, res, fmt.Errorf("refund %d: %w", r.ID, err)
@@ -223,6 +230,9 @@ func (p *Payer) PayCredit(ctx context.Context, account, invoice string) (vend.Cr
 	}
 	if amount > bal {
 		return vend.CreditPayout{}, PayResult{}, fmt.Errorf("nwc: credit %s: the invoice asks %s, more than the %s left: refused, nothing was paid", account, amount, bal)
+	}
+	if err := p.prepare(ctx, inv); err != nil {
+		return vend.CreditPayout{}, PayResult{}, err
 	}
 	res, err := p.pay(ctx, vend.NewPayout{Kind: vend.PayoutCredit, Account: account, Amount: amount}, invoice, inv)
 	if err != nil {
@@ -272,24 +282,31 @@ func (p *Payer) ready(ctx context.Context) error {
 	return nil
 }
 
+// prepare checks that inv has not expired, connects (the connection may
+// pay: ready) and resolves the payouts this connection left in flight:
+// those it cannot resolve stay reserved, and still count.
+func (p *Payer) prepare(ctx context.Context, inv invoice) error {
+	if !p.cfg.Now().Before(inv.expires) {
+		return fmt.Errorf("nwc: the invoice expired at %s: ask the client for a new one: refused, nothing was paid",
+			inv.expires.UTC().Format(time.RFC3339))
+	}
+	if err := p.ready(ctx); err != nil {
+		return err
+	}
+	ended, _, err := p.Resolve(ctx)
+	p.logResolved(ended)
+	if err != nil {
+		p.cfg.Log.Warn("nwc: payouts left in flight not resolved yet", "backend", string(p.name), "err", err)
+	}
+	return nil
+}
+
 // pay reserves np (Amount set) for invoice and pays it from the wallet
-// (see the comment at the top of the file).
+// (see the comment at the top of the file); prepare ran before.
 func (p *Payer) pay(ctx context.Context, np vend.NewPayout, bolt11 string, inv invoice) (PayResult, error) {
 	res := PayResult{PaymentHash: inv.hash, Amount: np.Amount}
 	if np.Amount <= 0 {
 		return res, errors.New("nwc: a payout of nothing")
-	}
-	if !p.cfg.Now().Before(inv.expires) {
-		return res, fmt.Errorf("nwc: the invoice expired at %s: ask the client for a new one: refused, nothing was paid",
-			inv.expires.UTC().Format(time.RFC3339))
-	}
-	if err := p.ready(ctx); err != nil {
-		return res, err
-	}
-	ended, _, err := p.Resolve(ctx) // what stays reserved still counts below
-	p.logResolved(ended)
-	if err != nil {
-		p.cfg.Log.Warn("nwc: payouts left in flight not resolved yet", "backend", string(p.name), "err", err)
 	}
 	np.Method, np.NWC, np.Wallet, np.Invoice, np.Quote = vend.RefundBolt11, p.name, p.wallet, bolt11, inv.hash
 	po, err := p.book.ReservePayout(ctx, np)
