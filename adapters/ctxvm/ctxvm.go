@@ -214,7 +214,7 @@ type Server struct {
 	log    *slog.Logger
 	pk     string            // our pubkey, hex
 	priv   *btcec.PrivateKey // our key, parsed once
-	signer *bip340Key        // priv, ready to sign (sign.go)
+	signer *signer           // priv, ready to sign (sign.go)
 	keys   keyCache          // clients' parsed pubkeys
 
 	// publish sends one event to the relays (tests replace it).
@@ -357,7 +357,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	skBytes, _ := hex.DecodeString(cfg.SecretKey)
 	priv, _ := btcec.PrivKeyFromBytes(skBytes)
-	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, signer: newBIP340Key(priv), seen: map[string]bool{}, inflight: map[string]bool{}, bigOK: map[string]bool{},
+	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, signer: newSigner(priv), seen: map[string]bool{}, inflight: map[string]bool{}, bigOK: map[string]bool{},
 		ready: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight), paying: make(chan struct{}, max(1, cfg.MaxInFlight/10)), ann: newAnnouncer(), lists: newListWatch(), access: access}
 	s.relays.init(cfg.Relays)

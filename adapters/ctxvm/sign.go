@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/btcsuite/btcd/btcec/v2"
-	"github.com/btcsuite/btcd/btcec/v2/schnorr"
 	"github.com/btcsuite/btcd/chaincfg/chainhash"
 	secp256k1 "github.com/decred/dcrd/dcrec/secp256k1/v4"
 	"github.com/nbd-wtf/go-nostr"
@@ -20,7 +19,10 @@ import (
 // and CheckID plus CheckSignature serialize and hash the event twice and
 // parse the author's pubkey (a square root) every time. Here the server's
 // key is parsed once, an event is hashed once, and the pubkeys of clients
-// whose events verified are kept.
+// whose events verified are kept. The curve arithmetic itself is
+// btcec's (sign_btcec.go), or with the build tag libsecp256k1
+// Bitcoin Core's C library (sign_libsecp256k1.go): both sign byte for
+// byte alike and accept the same events (sign_test.go).
 
 // maxCachedKeys bounds the cache of parsed client pubkeys; when full it is
 // cleared.
@@ -29,20 +31,20 @@ const maxCachedKeys = 10_000
 // keyCache holds parsed pubkeys by hex.
 type keyCache struct {
 	mu sync.Mutex
-	m  map[string]*btcec.PublicKey
+	m  map[string]pubKey
 }
 
-func (c *keyCache) get(pk string) *btcec.PublicKey {
+func (c *keyCache) get(pk string) pubKey {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.m[pk]
 }
 
-func (c *keyCache) put(pk string, key *btcec.PublicKey) {
+func (c *keyCache) put(pk string, key pubKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil || len(c.m) >= maxCachedKeys {
-		c.m = make(map[string]*btcec.PublicKey)
+		c.m = make(map[string]pubKey)
 	}
 	c.m[pk] = key
 }
@@ -59,12 +61,8 @@ func (s *Server) verify(ev *nostr.Event) error {
 	if hex.EncodeToString(h[:]) != ev.ID {
 		return ErrBadEvent
 	}
-	var sigBytes [64]byte
-	if _, err := hex.Decode(sigBytes[:], []byte(ev.Sig)); err != nil {
-		return ErrBadEvent
-	}
-	sig, err := schnorr.ParseSignature(sigBytes[:])
-	if err != nil {
+	var sig [64]byte
+	if _, err := hex.Decode(sig[:], []byte(ev.Sig)); err != nil {
 		return ErrBadEvent
 	}
 	key := s.keys.get(ev.PubKey)
@@ -74,11 +72,11 @@ func (s *Server) verify(ev *nostr.Event) error {
 		if _, err := hex.Decode(pkBytes[:], []byte(ev.PubKey)); err != nil {
 			return ErrBadEvent
 		}
-		if key, err = schnorr.ParsePubKey(pkBytes[:]); err != nil {
+		if key = parsePubKey(&pkBytes); key == nil {
 			return ErrBadEvent
 		}
 	}
-	if !sig.Verify(h[:], key) {
+	if !verifySchnorr(&h, &sig, key) {
 		return ErrBadEvent
 	}
 	// Gift wraps are signed by one-time keys: only clients' keys recur.

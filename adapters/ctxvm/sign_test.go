@@ -84,7 +84,8 @@ func flipHex(s string) string {
 
 // TestBIP340KeySignsAsSchnorrSign: bip340Key signs byte for byte as
 // btcec's schnorr.Sign with FastSign (keys whose point has an odd y and
-// an even y alike), and its signatures verify.
+// an even y alike), and its signatures verify; so does the build's
+// signer (libsecp256k1's with the build tag).
 func TestBIP340KeySignsAsSchnorrSign(t *testing.T) {
 	parities := map[byte]int{}
 	for i := range 300 {
@@ -102,6 +103,9 @@ func TestBIP340KeySignsAsSchnorrSign(t *testing.T) {
 		got := k.sign(&hash)
 		if !bytes.Equal(got[:], want.Serialize()) {
 			t.Fatalf("key %d: signature %x, schnorr.Sign %x", i, got, want.Serialize())
+		}
+		if built := newSigner(priv).sign(&hash); built != got { // libsecp256k1's with the tag
+			t.Fatalf("key %d: signer's signature %x, bip340Key's %x", i, built, got)
 		}
 		sig, err := schnorr.ParseSignature(got[:])
 		if err != nil || !sig.Verify(hash[:], priv.PubKey()) {
