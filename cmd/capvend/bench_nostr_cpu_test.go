@@ -2,6 +2,9 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -29,6 +32,11 @@ import (
 // server process), upstream-cpu-ms/call (capvend's stdio upstream),
 // calls/s. Target (issue 27): capvend <= 0.25 ms per free call at 8 in
 // flight. /proc counts in 10 ms ticks: give it -benchtime 3000x or more.
+// With -tags libsecp256k1 the capvend measured is built with the tag.
+// With NOSTRPROF_DIR=DIR it writes capvend's CPU profile of the
+// 8-in-flight run (its first NOSTRPROF_SECONDS, default 5: give it
+// -benchtime 10000x) and its allocations since start there
+// (nostr-cpu.pprof, nostr-allocs.pprof).
 //
 //	go test -run '^$' -bench NostrFreeCallCPU -benchtime 3000x ./cmd/capvend
 func BenchmarkNostrFreeCallCPU(b *testing.B) {
@@ -36,6 +44,11 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 	sk := nostr.GeneratePrivateKey()
 	ours, _ := nostr.GetPublicKey(sk)
 	path, _ := nostrToolsConfig(b, relay, sk, "")
+	profDir, admin := os.Getenv("NOSTRPROF_DIR"), ""
+	if profDir != "" {
+		admin = freeAddr(b)
+		appendFile(b, path, fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", admin))
+	}
 	serve := startServeProcess(b, path)
 	upstream := childOf(b, serve)
 
@@ -61,9 +74,19 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 				if s.upstream != 0 {
 					up0 = procCPU(b, s.upstream)
 				}
+				var prof chan []byte
+				if profDir != "" && s.name == "capvend" && inFlight == 8 {
+					prof = make(chan []byte, 1)
+					secs, _ := strconv.Atoi(os.Getenv("NOSTRPROF_SECONDS"))
+					go func() { prof <- fetchProfile(b, admin, time.Duration(max(secs, 5))*time.Second) }()
+				}
 				b.ResetTimer()
 				r := s.c.loadInFlight(b, b.N, inFlight).result()
 				b.StopTimer()
+				if prof != nil {
+					writeNostrProfile(b, profDir, "nostr-cpu.pprof", <-prof)
+					writeNostrProfile(b, profDir, "nostr-allocs.pprof", fetchURL(b, "http://"+admin+"/debug/pprof/allocs"))
+				}
 				cpu := procCPU(b, s.pid) - cpu0
 				b.ReportMetric(ms(cpu)/float64(b.N), "cpu-ms/call")
 				if s.upstream != 0 {
@@ -73,6 +96,32 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 			})
 		}
 	}
+}
+
+// writeNostrProfile writes p, if any, to dir/name.
+func writeNostrProfile(b *testing.B, dir, name string, p []byte) {
+	if p == nil {
+		return
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), p, 0o644); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// fetchURL is the body of a GET of url; nil (logged) if it failed.
+func fetchURL(b *testing.B, url string) []byte {
+	resp, err := http.Get(url)
+	if err != nil {
+		b.Log(err)
+		return nil
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.Logf("%s: %s %v", url, resp.Status, err)
+		return nil
+	}
+	return body
 }
 
 // startServeProcess runs the built capvend's `serve --config path` until

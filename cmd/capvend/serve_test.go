@@ -67,6 +67,11 @@ func needStack(t testing.TB) *testnet.Stack {
 	return teststack.Need(t)
 }
 
+// serveBuildTags are builtCapvend's build tags: capvend_failpoints for
+// the crash tests, and the test binary's own libsecp256k1
+// (libsecp256k1_test.go).
+var serveBuildTags = []string{"capvend_failpoints"}
+
 // builtCapvend returns capvendBin, the capvend binary built once for the
 // run, with the crash tests' failpoints (off unless a test's environment
 // names one).
@@ -76,7 +81,7 @@ func builtCapvend(t testing.TB) string {
 		if binTmp, binErr = os.MkdirTemp("", "capvend-serve-"); binErr != nil {
 			return
 		}
-		capvendBin, binErr = testnet.BuildCapvend(context.Background(), binTmp, "capvend_failpoints") // for the crash tests
+		capvendBin, binErr = testnet.BuildCapvend(context.Background(), binTmp, serveBuildTags...)
 	})
 	if binErr != nil {
 		t.Fatal(binErr)
