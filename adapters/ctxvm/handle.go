@@ -385,7 +385,7 @@ type outbox struct {
 	s    *Server
 	r    *request
 	ctx  context.Context
-	ch   chan outEvent
+	ch   chan *outEvent // pointers: a buffer of outboxSize events was 7 KB a request
 	done chan struct{}
 
 	mu     sync.Mutex // guards ch's closing against late notifications
@@ -415,7 +415,7 @@ type outEvent struct {
 }
 
 func (s *Server) newOutbox(ctx context.Context, r *request) *outbox {
-	o := &outbox{s: s, r: r, ctx: ctx, ch: make(chan outEvent, outboxSize), done: make(chan struct{})}
+	o := &outbox{s: s, r: r, ctx: ctx, ch: make(chan *outEvent, outboxSize), done: make(chan struct{})}
 	o.free, _ = ctx.Value(slotKey{}).(func())
 	o.hold = s.cfg.FirstAnswerDelay > 0 && s.newClient(r.ev.PubKey)
 	go o.run()
@@ -464,7 +464,7 @@ func (o *outbox) notify(method string, params any) {
 		return
 	}
 	select {
-	case o.ch <- outEvent{method: method, params: params, tags: tags}:
+	case o.ch <- &outEvent{method: method, params: params, tags: tags}:
 	default:
 		o.s.log.Debug("notification dropped: outbox full", logKeyMethod, method)
 	}
@@ -480,7 +480,7 @@ func (o *outbox) request(id, method string, params json.RawMessage, sent chan er
 	if o.closed {
 		return false
 	}
-	o.ch <- outEvent{method: method, params: params, id: id, sent: sent}
+	o.ch <- &outEvent{method: method, params: params, id: id, sent: sent}
 	return true
 }
 
@@ -491,12 +491,12 @@ func (o *outbox) answer(result json.RawMessage, rerr *rpcError, tags nostr.Tags,
 	if o.closed {
 		return
 	}
-	o.ch <- outEvent{result: result, rerr: rerr, tags: tags, response: true, discovery: discovery}
+	o.ch <- &outEvent{result: result, rerr: rerr, tags: tags, response: true, discovery: discovery}
 }
 
 // send encodes e in the request's dialect, signs (and wraps, for an
 // encrypted request) each event and publishes them in order.
-func (o *outbox) send(e outEvent) error {
+func (o *outbox) send(e *outEvent) error {
 	client := o.r.ev.PubKey
 	if o.hold {
 		// A new client: its subscription may not be in place at the
@@ -504,7 +504,7 @@ func (o *outbox) send(e outEvent) error {
 		o.hold = false
 		o.s.sleep(o.ctx, o.s.cfg.FirstAnswerDelay)
 	}
-	for _, d := range o.drafts(e) {
+	for _, d := range o.drafts(*e) {
 		tags := d.tags
 		if d.response && (o.s.firstAnswer(client) || e.discovery) {
 			if o.r.dialect == dialectContextVM {
