@@ -740,40 +740,45 @@ func (l *Ledger) Refund(ctx context.Context, id vend.CallID, reason string) erro
 		if err != nil {
 			return err
 		}
-		if !c.State.CanTransition(vend.CallRefunded) {
-			return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(vend.CallRefunded)}
-		}
-		// Which money comes back: a settled payment is owed back (a
-		// refund entry); a hold invoice must have been canceled, which
-		// returned the money by itself.
-		var settled, accepted int
-		var settledRef string
-		if err := tx.QueryRowContext(ctx, `SELECT
-			count(*) FILTER (WHERE state = 'settled'), count(*) FILTER (WHERE state = 'accepted'),
-			coalesce(max(ref) FILTER (WHERE state = 'settled'), '')
-			FROM payments WHERE call_id = ?`, c.ID).Scan(&settled, &accepted, &settledRef); err != nil {
-			return err
-		}
-		if accepted > 0 {
-			return fmt.Errorf("call %d: its hold invoice is still accepted: cancel it (EndPayment) before marking the refund: %w", c.ID, vend.ErrIllegalTransition)
-		}
-		if err := setCallState(ctx, tx, &c, vend.CallRefunded, reason, now); err != nil {
-			return err
-		}
-		if settled > 0 {
-			p, err := getPayment(ctx, tx, settledRef)
-			if err != nil {
-				return err
-			}
-			return postRefund(ctx, tx, p, c, reason, now)
-		}
-		_, err = giveBackCredit(ctx, tx, c, reason, now)
-		return err
+		return refundCall(ctx, tx, c, reason, now)
 	})
 	if err != nil {
 		return fmt.Errorf("refund: %w", err)
 	}
 	return nil
+}
+
+// refundCall is Refund of call c inside tx.
+func refundCall(ctx context.Context, tx *wtx, c vend.Call, reason string, now time.Time) error {
+	if !c.State.CanTransition(vend.CallRefunded) {
+		return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(vend.CallRefunded)}
+	}
+	// Which money comes back: a settled payment is owed back (a
+	// refund entry); a hold invoice must have been canceled, which
+	// returned the money by itself.
+	var settled, accepted int
+	var settledRef string
+	if err := tx.QueryRowContext(ctx, `SELECT
+		count(*) FILTER (WHERE state = 'settled'), count(*) FILTER (WHERE state = 'accepted'),
+		coalesce(max(ref) FILTER (WHERE state = 'settled'), '')
+		FROM payments WHERE call_id = ?`, c.ID).Scan(&settled, &accepted, &settledRef); err != nil {
+		return err
+	}
+	if accepted > 0 {
+		return fmt.Errorf("call %d: its hold invoice is still accepted: cancel it (EndPayment) before marking the refund: %w", c.ID, vend.ErrIllegalTransition)
+	}
+	if err := setCallState(ctx, tx, &c, vend.CallRefunded, reason, now); err != nil {
+		return err
+	}
+	if settled > 0 {
+		p, err := getPayment(ctx, tx, settledRef)
+		if err != nil {
+			return err
+		}
+		return postRefund(ctx, tx, p, c, reason, now)
+	}
+	_, err := giveBackCredit(ctx, tx, c, reason, now)
+	return err
 }
 
 // ClaimProofs implements vend.Ledger.

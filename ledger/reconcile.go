@@ -116,6 +116,13 @@ func insertDifference(ctx context.Context, tx *wtx, d *reconcile.Difference, now
 // RepairSettlement implements reconcile.Store: the settlement is booked
 // through SettlePayment's claim (its entry's description ends with
 // d.Repair), and d is written, in one transaction.
+//
+// A hold invoice is settled at LND only after its call ran (vend settles
+// it, then stores the answer), so a settled hold invoice whose call the
+// ledger has as paid, never started, means the books lost the run: a
+// ledger restored from a backup taken before it (SettleRestored leaves
+// such calls to serve). The call is then refunded in the same
+// transaction (the settlement owed back), never run (again).
 func (l *Ledger) RepairSettlement(ctx context.Context, d reconcile.Difference, s vend.Settlement) (vend.Payment, error) {
 	if !strings.HasPrefix(d.Repair, reconcile.RepairPrefix) {
 		return vend.Payment{}, fmt.Errorf("repair settlement %s: the repair must say it is a reconcile repair", s.Ref)
@@ -128,6 +135,18 @@ func (l *Ledger) RepairSettlement(ctx context.Context, d reconcile.Difference, s
 		var err error
 		if p, err = settlePaymentNote(ctx, tx, s, now, d.Repair); err != nil {
 			return err
+		}
+		if p.Kind == vend.KindHoldInvoice {
+			c, err := getCall(ctx, tx, p.CallID)
+			if err != nil {
+				return err
+			}
+			if c.State == vend.CallPaid {
+				if err := refundCall(ctx, tx, c, d.Repair+"; the hold invoice was settled, so the call ran, but the ledger lost its run (restored from a backup): owed back, not run again", now); err != nil {
+					return err
+				}
+				d.Detail += "; its call had no run in the ledger: refunded, not run again"
+			}
 		}
 		return insertDifference(ctx, tx, &d, now)
 	})
