@@ -263,7 +263,13 @@ func reconcileRuns(ctx context.Context, tx *sql.Tx, n, maxDiffs int) ([]Reconcil
 		return nil, err
 	}
 	for i := range out {
-		if out[i].Differences, err = differences(ctx, tx, "run_id = ? ORDER BY id LIMIT ?", out[i].ID, maxDiffs); err != nil {
+		// No LIMIT for all: PostgreSQL refuses a negative one (SQLite
+		// reads it as none).
+		where, args := "run_id = ? ORDER BY id", []any{out[i].ID}
+		if maxDiffs >= 0 {
+			where, args = where+" LIMIT ?", append(args, maxDiffs)
+		}
+		if out[i].Differences, err = differences(ctx, tx, where, args...); err != nil {
 			return nil, err
 		}
 	}

@@ -148,7 +148,7 @@ func (l *Ledger) LastChange(ctx context.Context) (time.Time, error) {
 		UNION ALL SELECT max(updated_at) FROM cashu_proofs
 		UNION ALL SELECT max(stored_at) FROM results
 		UNION ALL SELECT max(coalesce(paid_at, created_at)) FROM refunds
-		UNION ALL SELECT max(created_at) FROM credit_moves)`).Scan(&last)
+		UNION ALL SELECT max(created_at) FROM credit_moves) AS changes`).Scan(&last)
 	if err != nil {
 		return time.Time{}, l.fileError(err)
 	}

@@ -117,8 +117,10 @@ func TestSettleRestoredNeverRunsAnUnfinishedCall(t *testing.T) {
 		t.Fatalf("refunds owed %d msat, want %d: %+v", b.Pending.RefundsOwed, 3*21_000, b.Pending)
 	}
 	mustVerify(t, l)
-	if rep, err := ledger.VerifyFile(ctx, path); err != nil || !rep.OK() {
-		t.Fatalf("VerifyFile: %v %v", rep, err)
+	if !ledger.OnPostgres() { // VerifyFile reads an SQLite file
+		if rep, err := ledger.VerifyFile(ctx, path); err != nil || !rep.OK() {
+			t.Fatalf("VerifyFile: %v %v", rep, err)
+		}
 	}
 }
 
