@@ -471,7 +471,11 @@ func markCallPaid(ctx context.Context, tx *wtx, id vend.CallID, now time.Time) e
 	return setCallState(ctx, tx, &c, vend.CallPaid, "", now)
 }
 
-// SettlePayment implements vend.Ledger.
+// SettlePayment implements vend.Ledger. A hold invoice settled while its
+// call is paid, never started, refunds the call in the same transaction
+// (the settlement owed back): LND settles one only after its call ran, so
+// the books lost that run (a ledger restored from a backup), and the call
+// must never run again.
 func (l *Ledger) SettlePayment(ctx context.Context, s vend.Settlement) (vend.Payment, error) {
 	if s.Amount <= 0 || s.Fee < 0 || s.Fee > s.Amount {
 		return vend.Payment{}, fmt.Errorf("settle payment %s: amount must be positive and fee within it (amount %d, fee %d msat)", s.Ref, s.Amount, s.Fee)
@@ -542,6 +546,20 @@ func settlePaymentNote(ctx context.Context, tx *wtx, s vend.Settlement, now time
 		// Paid after capvend gave up: the call never runs and the
 		// money is owed back.
 		if err := postRefund(ctx, tx, p, c, "paid after the request "+string(c.State), now); err != nil {
+			return p, err
+		}
+	}
+	if p.Kind == vend.KindHoldInvoice && c.State == vend.CallPaid {
+		// A hold invoice is settled only by its call's run (vend
+		// settles it, then stores the answer): settled while its call
+		// never started, the books lost that run, restored from a
+		// backup taken before it (SettleRestored leaves such calls to
+		// serve). It is never run again: the money is owed back.
+		reason := "the hold invoice was settled, so the call ran, but the ledger has no run of it (restored from a backup): owed back, not run again"
+		if note != "" {
+			reason = note + "; " + reason
+		}
+		if err := refundCall(ctx, tx, c, reason, now); err != nil {
 			return p, err
 		}
 	}

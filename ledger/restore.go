@@ -28,7 +28,9 @@ type RestoreSummary struct {
 	// Held are the paid calls whose hold invoice was locked in: left to
 	// serve, which cancels the invoice (the money goes back) or, if LND
 	// settled it after the restore point (the call ran then), books the
-	// settlement and owes it back (RepairSettlement).
+	// settlement and owes it back (SettlePayment, reconcile's
+	// RepairSettlement: a hold invoice settled while its call is paid
+	// means the books lost its run).
 	Held []vend.CallID
 }
 

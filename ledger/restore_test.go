@@ -59,7 +59,7 @@ func TestSettleRestoredNeverRunsAnUnfinishedCall(t *testing.T) {
 		return c, p
 	}
 	ranLater, ranLaterPay := hold(6)
-	locked, _ := hold(7)
+	locked, lockedPay := hold(7)
 
 	const reason = "restored from the replica"
 	sum, err := l.SettleRestored(ctx, reason)
@@ -106,15 +106,27 @@ func TestSettleRestoredNeverRunsAnUnfinishedCall(t *testing.T) {
 	if err != nil || c.State != vend.CallRefunded || c.Executions != 0 || !strings.Contains(c.Reason, "not run again") {
 		t.Fatalf("the hold call settled after the backup: %+v %v", c, err)
 	}
+	runs, err := l.ReconcileRuns(ctx, 1)
+	if err != nil || len(runs) != 1 || len(runs[0].Differences) != 1 || !strings.Contains(runs[0].Differences[0].Detail, "refunded, not run again") {
+		t.Fatalf("the repair's difference does not say the call was refunded: %+v %v", runs, err)
+	}
+	// The same through the backend's watcher, which books what LND
+	// settled while capvend was down.
+	if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: lockedPay.Ref, Amount: lockedPay.Amount}); err != nil {
+		t.Fatal(err)
+	}
+	if got := callState(t, l, locked.ID); got != vend.CallRefunded {
+		t.Fatalf("the held call settled by the watcher is %s, want refunded", got)
+	}
 	b, err := l.Balance(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Owed back: the paid call (4), the executing one once serve refunds
-	// it (not yet: it is failed), the late payment (3) and the hold
-	// invoice LND settled (6).
-	if b.Pending.RefundsOwed != 3*21_000 {
-		t.Fatalf("refunds owed %d msat, want %d: %+v", b.Pending.RefundsOwed, 3*21_000, b.Pending)
+	// Owed back: the paid call (4), the late payment (3) and the hold
+	// invoices LND settled (6, 7); the executing one (5) once serve
+	// refunds it (it is failed).
+	if b.Pending.RefundsOwed != 4*21_000 {
+		t.Fatalf("refunds owed %d msat, want %d: %+v", b.Pending.RefundsOwed, 4*21_000, b.Pending)
 	}
 	mustVerify(t, l)
 	if !ledger.OnPostgres() { // VerifyFile reads an SQLite file
