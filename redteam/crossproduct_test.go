@@ -2,6 +2,7 @@ package redteam
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -114,6 +115,8 @@ type credential struct {
 	cashu     string
 	credit    string // a credit token
 	requestID any    // the request key's id (replay)
+	mpp       string // an Authorization: Payment value
+	x402      string // a PAYMENT-SIGNATURE value
 }
 
 // presentation is how a credential goes on a channel: _meta, extra
@@ -257,6 +260,71 @@ func (f *fixture) gatedNostr(t *testing.T, ch *channel, tool string, args, meta 
 	return preimageOf(t, f.sh, d.Options[0].PayReq)
 }
 
+// mppChallenge reads a 402's MPP challenge as lightning-tools does (its
+// auth-params over the joined WWW-Authenticate, which starts with it).
+var mppChallenge = regexp.MustCompile(`(\w+)=("([^"]*)"|'([^']*)'|([^,\s]*))`)
+
+// challenge402 asks for the HTTP 402 of tool args on HTTP channel ch.
+func (f *fixture) challenge402(t *testing.T, ch *channel, tool string, args map[string]any) *statusError {
+	t.Helper()
+	_, err := ch.http.postRaw(ch.sess, request(f.nextID(), "tools/call", callParams(tool, args, nil)),
+		http.Header{"Accept": {"application/json, text/event-stream, application/vnd.l402"}})
+	var se *statusError
+	if !errors.As(err, &se) || se.code != http.StatusPaymentRequired {
+		t.Fatalf("want a 402 challenge, got %v", err)
+	}
+	return se
+}
+
+// mpp asks for an MPP challenge for tool args on ch, pays it, and returns
+// the Authorization: Payment credential lightning-tools would send.
+func (f *fixture) mpp(t *testing.T, ch *channel, tool string, args map[string]any) string {
+	t.Helper()
+	joined := strings.Join(f.challenge402(t, ch, tool, args).header.Values("WWW-Authenticate"), ", ")
+	if !strings.HasPrefix(joined, "Payment ") {
+		t.Fatalf("WWW-Authenticate %q does not start with Payment", joined)
+	}
+	p := map[string]string{}
+	for _, m := range mppChallenge.FindAllStringSubmatch(joined[len("Payment"):], -1) {
+		if _, seen := p[m[1]]; !seen {
+			p[m[1]] = m[3] + m[4] + m[5]
+		}
+	}
+	rb, _ := base64.RawURLEncoding.DecodeString(p["request"])
+	var req struct {
+		MethodDetails struct{ Invoice string } `json:"methodDetails"`
+	}
+	if json.Unmarshal(rb, &req) != nil || req.MethodDetails.Invoice == "" {
+		t.Fatalf("MPP request %s", rb)
+	}
+	pre := preimageOf(t, f.sh, req.MethodDetails.Invoice)
+	echo := map[string]string{}
+	for _, k := range []string{"id", "realm", "method", "intent", "request", "expires"} {
+		echo[k] = p[k]
+	}
+	b, _ := json.Marshal(map[string]any{"challenge": echo, "payload": map[string]string{"preimage": pre}})
+	return "Payment " + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// x402 asks for an x402 challenge for tool args on ch, pays its invoice,
+// and returns the PAYMENT-SIGNATURE lightning-tools would send.
+func (f *fixture) x402(t *testing.T, ch *channel, tool string, args map[string]any) string {
+	t.Helper()
+	raw, _ := base64.StdEncoding.DecodeString(f.challenge402(t, ch, tool, args).header.Get("PAYMENT-REQUIRED"))
+	var req struct {
+		Accepts []map[string]any `json:"accepts"`
+	}
+	if json.Unmarshal(raw, &req) != nil || len(req.Accepts) == 0 {
+		t.Fatalf("PAYMENT-REQUIRED %s", raw)
+	}
+	a := req.Accepts[0]
+	inv, _ := a["extra"].(map[string]any)["invoice"].(string)
+	preimageOf(t, f.sh, inv)
+	b, _ := json.Marshal(map[string]any{"x402Version": 2, "scheme": a["scheme"], "network": a["network"],
+		"payload": map[string]string{"invoice": inv}, "accepted": a})
+	return base64.StdEncoding.EncodeToString(b)
+}
+
 func l402Header(cr credential) http.Header {
 	return http.Header{"Authorization": {"L402 " + cr.macaroon + ":" + cr.preimage}}
 }
@@ -314,6 +382,20 @@ func kits() map[vend.SchemeName]kit {
 				return credential{text: text, macaroon: mac, preimage: pre}
 			},
 			present: func(cr credential, ch *channel) presentation { return onHTTP(ch, l402Header(cr)) }},
+		vend.SchemeMPP: {home: httpHome, singleUse: true,
+			issue: func(t *testing.T, f *fixture, text string) credential {
+				return credential{text: text, mpp: f.mpp(t, f.httpA, "sha256", map[string]any{"text": text})}
+			},
+			present: func(cr credential, ch *channel) presentation {
+				return onHTTP(ch, http.Header{"Authorization": {cr.mpp}})
+			}},
+		vend.SchemeX402: {home: httpHome, singleUse: true,
+			issue: func(t *testing.T, f *fixture, text string) credential {
+				return credential{text: text, x402: f.x402(t, f.httpA, "sha256", map[string]any{"text": text})}
+			},
+			present: func(cr credential, ch *channel) presentation {
+				return onHTTP(ch, http.Header{"Payment-Signature": {cr.x402}})
+			}},
 		vend.SchemeCashu: {home: httpHome, singleUse: true,
 			issue: func(t *testing.T, f *fixture, text string) credential {
 				tok, err := f.sh.s.CashuMint(context.Background(), 25)
@@ -380,7 +462,8 @@ func TestCrossProductOfWaysToPay(t *testing.T) {
 	t.Parallel()
 	needLoopback(t, "127.0.0.2")
 	sh := startShop(t, shopOpts{nostr: true, cashu: true, lnd: plainInvoices, top: creditShop,
-		limits: "  requests_per_minute: 100000\n  max_unpaid_per_client: 1000\n"}) // refusals leave quotes open
+		payments: "  http_402_schemes: [mpp, l402, x402, cashu]\n",                  // every 402 challenge (issue 29)
+		limits:   "  requests_per_minute: 100000\n  max_unpaid_per_client: 1000\n"}) // refusals leave quotes open
 	f := &fixture{sh: sh}
 	a, b := newHTTPClientFrom(t, sh, "127.0.0.1"), newHTTPClientFrom(t, sh, "127.0.0.2")
 	f.httpA = &channel{name: "HTTP A", http: a, sess: a.initialize()}

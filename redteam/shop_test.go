@@ -107,6 +107,8 @@ type shopOpts struct {
 	// Extra YAML lines, indented for their section (two spaces; four
 	// under the upstream).
 	http, nostrExtra, lndExtra, limits, upstream, top string
+	// payments are more lines under payments: (two spaces).
+	payments string
 	// toolFlags are more flags of example-tools (--byte-count).
 	toolFlags []string
 	// nsecMode is the mode of the nsec file (default 0600).
@@ -215,7 +217,7 @@ func (sh *shop) writeConfig(p prices) {
 	if o.nostr {
 		fmt.Fprintf(&b, "nostr:\n  relays: [%s]\n  nsec_file: %s\n  announce: false\n  shutdown_grace: 1s\n%s", sh.s.RelayURL, sh.nsecFile, o.nostrExtra)
 	}
-	fmt.Fprintf(&b, "payments:\n  ttl: 2m\n")
+	fmt.Fprintf(&b, "payments:\n  ttl: 2m\n%s", o.payments)
 	limits := o.limits
 	if limits == "" {
 		limits = "  requests_per_minute: 100000\n"

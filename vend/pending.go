@@ -27,6 +27,10 @@ type pending struct {
 	// preimage): a payment the backend has not reported yet is waited
 	// for (awaitProven), not answered as pending.
 	proven bool
+	// claimed: the payment is only claimed (an x402 payload names the
+	// invoice, no preimage proves it): the wait is bounded by X402Wait,
+	// then the request is answered pending.
+	claimed bool
 	// scheme is the way to pay that admitted the request (choose), and
 	// released the call to it: what its executions record (Release).
 	scheme SchemeName

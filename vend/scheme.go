@@ -53,6 +53,8 @@ type SchemeName string
 const (
 	SchemeL402         SchemeName = "l402"          // scheme_l402.go: an L402 call macaroon with its preimage
 	SchemeL402Credit   SchemeName = "l402_credit"   // scheme_l402.go: an L402 credit macaroon with its preimage
+	SchemeMPP          SchemeName = "mpp"           // scheme_mpp.go: an MPP Payment credential (Lightning charge) with its preimage
+	SchemeX402         SchemeName = "x402"          // scheme_x402.go: an x402 payment payload (exact, Lightning) from the quoted client
 	SchemePaymentToken SchemeName = "payment_token" // scheme_token.go: the payment token of a payment-required answer
 	SchemeCashu        SchemeName = "cashu"         // scheme_cashu.go: a Cashu token paying at once
 	SchemeCreditToken  SchemeName = "credit_token"  // scheme_credit.go: a credit token's account pays
@@ -98,8 +100,8 @@ type Scheme struct {
 // checks executions against, and what redteam's cross-product test is
 // generated from.
 func Schemes() []Scheme {
-	return []Scheme{schemeL402, schemeL402Credit, schemePaymentToken, schemeCashu, schemeCreditToken, schemeCreditKey,
-		schemePreimage, schemeGrant, schemeInvoice, schemeReplay, schemeRecover}
+	return []Scheme{schemeL402, schemeL402Credit, schemeMPP, schemeX402, schemePaymentToken, schemeCashu, schemeCreditToken,
+		schemeCreditKey, schemePreimage, schemeGrant, schemeInvoice, schemeReplay, schemeRecover}
 }
 
 // SchemeByName returns the scheme of that name.
@@ -169,6 +171,8 @@ func checkTravel(r *CallRequest) error {
 		what    string
 	}{
 		{r.Macaroon != nil, schemeL402, "an L402 credential"},
+		{r.MPP != "", schemeMPP, "an MPP Payment credential"},
+		{len(r.X402) > 0, schemeX402, "an x402 payment (_meta[\"" + MetaX402Payment + "\"])"},
 		{r.PaymentToken != "", schemePaymentToken, "a payment token (" + PaymentArg + ")"},
 		{r.CashuToken != "", schemeCashu, "a Cashu token (_meta[\"" + MetaCashuToken + "\"])"},
 		{r.Credit != "", schemeCreditToken, "a credit token"},

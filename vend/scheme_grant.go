@@ -36,7 +36,8 @@ type GrantBook interface {
 }
 
 // releaseGrant finds the recorded call r's credential names, in the order
-// of Schemes: an L402 macaroon's, a payment token's, or explicit gating's
+// of Schemes: an L402 macaroon's, an MPP credential's, an x402 payload's,
+// a payment token's, or explicit gating's
 // grant (by the preimage r presents, else the client's own newest). A nil
 // *admitted and nil error: r names none (or an L402 credit macaroon,
 // which made r.account the account that pays), it is a new call.
@@ -55,6 +56,28 @@ func (v *Vendor) releaseGrant(ctx context.Context, r *CallRequest, t *Tool, args
 			p.call, p.scheme, p.byToken, p.proven = grant, SchemeL402, true, true
 			return v.released(&p)
 		}
+	}
+	if r.MPP != "" {
+		// An MPP credential names its invoice, whose preimage it
+		// carries: that call or nothing.
+		grant, err := v.grantByMPP(ctx, r, bind)
+		if err != nil {
+			return nil, err
+		}
+		r.Explicit = true
+		p.call, p.scheme, p.byToken, p.proven = grant, SchemeMPP, true, true
+		return v.released(&p)
+	}
+	if len(r.X402) > 0 {
+		// An x402 payload names its invoice, which the client says it
+		// paid: that call, to its own client, or nothing.
+		grant, err := v.grantByX402(ctx, r, bind)
+		if err != nil {
+			return nil, err
+		}
+		r.Explicit = true
+		p.call, p.scheme, p.byToken, p.proven, p.claimed = grant, SchemeX402, true, true, true
+		return v.released(&p)
 	}
 	if r.PaymentToken != "" {
 		// A payment token names its grant: that call or nothing.

@@ -92,7 +92,7 @@ func (c *pending) requestPayment(ctx context.Context, slot *unpaidQuote, turn *t
 				return nil, CallResult{}, fmt.Errorf("payment token of call %d: %w", call.ID, err)
 			}
 		}
-		if err := c.addMacaroon(ctx, e); err != nil {
+		if err := c.addChallenges(ctx, e); err != nil {
 			return nil, CallResult{}, err
 		}
 		return nil, CallResult{}, e
@@ -164,6 +164,7 @@ func (c *pending) waitPaid(ctx context.Context) (*Payment, error) {
 	}
 	v.failpoint(FailAfterInvoice)
 	c.notifyRequired()
+	c.showPayPage(ctx) // after: the front's elicitation goes on the stream notifyRequired opened
 	events, poll, beat, expiry, shed := w.events, w.poll.c(), w.beat.c(), w.expiry.C, w.shed
 	beats := 0
 	for {

@@ -188,6 +188,21 @@ func (c *pending) addMacaroon(ctx context.Context, e *PaymentRequiredError) erro
 	return nil
 }
 
+// addChallenges adds to e, the explicit-gating answer of c, the HTTP 402
+// challenges of every scheme that has one (L402's macaroon, MPP's
+// challenge, x402's requirements), each when its scheme allows.
+func (c *pending) addChallenges(ctx context.Context, e *PaymentRequiredError) error {
+	if err := c.addMacaroon(ctx, e); err != nil {
+		return err
+	}
+	if err := c.addMPP(ctx, e); err != nil {
+		return err
+	}
+	c.addX402(e)
+	c.addPayPage(ctx, e)
+	return nil
+}
+
 // mintL402 mints a macaroon for payment hash hash and call id, good until
 // until, with what caveat: capvend_call (callCaveat) or capvend_credit.
 func mintL402(key, hash []byte, id CallID, until time.Time, what string) ([]byte, error) {
@@ -447,7 +462,8 @@ func (v *Vendor) creditByMacaroon(ctx context.Context, r *CallRequest, g l402Gra
 }
 
 // awaitProven waits for the backend to report the payment the request's
-// preimage proved (the payer learns the preimage when the invoice
+// preimage proved (or, c.claimed, its x402 payload claimed: for at most
+// X402Wait) (the payer learns the preimage when the invoice
 // settles; the report may lag), then runs the call. It sends no
 // notification: an L402 answer is one HTTP response. Bounded by ctx and
 // by the invoice's expiry plus L402Grace.
@@ -459,13 +475,22 @@ func (c *pending) awaitProven(ctx context.Context) (CallResult, error) {
 		c.pay = cur
 		return c.afterPayment(ctx)
 	}
-	bound := time.NewTimer(time.Until(p.ExpiresAt.Add(L402Grace)))
+	wait := time.Until(p.ExpiresAt.Add(L402Grace))
+	if c.claimed {
+		wait = min(wait, X402Wait)
+	}
+	bound := time.NewTimer(wait)
 	defer bound.Stop()
 	select {
 	case paid := <-events:
 		c.pay = paid
 		return c.afterPayment(ctx)
 	case <-bound.C:
+		if c.claimed && time.Now().Before(p.ExpiresAt) {
+			// Only claimed, and not reported: the invoice is still
+			// payable, and the payload good once it is paid.
+			return CallResult{}, &PaymentPendingError{RetryAfter: 2, ExpiresAt: p.ExpiresAt}
+		}
 		return CallResult{}, ErrPaymentExpired
 	case <-ctx.Done():
 		// As in waitPaid: a report already handed to this waiter is

@@ -77,9 +77,10 @@ func (c *pending) resume(ctx context.Context) (CallResult, error) {
 	if c.r.Explicit {
 		if c.pay.State == PaymentOpen && c.r.L402 && c.r.Macaroon == nil {
 			// An L402 client's repeat without a credential: the same
-			// invoice again, with a macaroon of its own.
+			// invoice again, with a macaroon (and MPP, x402 challenges)
+			// of its own.
 			e := c.required()
-			if err := c.addMacaroon(ctx, e); err != nil {
+			if err := c.addChallenges(ctx, e); err != nil {
 				return CallResult{}, err
 			}
 			return CallResult{}, e

@@ -208,6 +208,17 @@ type CallRequest struct {
 	// backend has not reported yet is waited for, not answered as
 	// pending.
 	Macaroon []byte
+	// MPP is an MPP Payment credential (the token of Authorization:
+	// Payment <token>: base64url JSON echoing the challenge, with the
+	// invoice's preimage; scheme_mpp.go). Like a call macaroon it
+	// releases the one call its challenge was issued for, once; one that
+	// does not verify is ErrMPPInvalid.
+	MPP string
+	// X402 is an x402 payment payload (JSON: HTTP's PAYMENT-SIGNATURE
+	// decoded, or _meta[MetaX402Payment]; scheme_x402.go) naming a paid
+	// invoice: it releases that invoice's call to the client it was
+	// quoted to, once; one that does not verify is ErrX402Invalid.
+	X402 json.RawMessage
 	// PaymentTokens says the front hands payment tokens to its clients:
 	// an explicit-gating answer then issues one (PaymentRequiredError.Token).
 	PaymentTokens bool
@@ -232,6 +243,11 @@ type CallRequest struct {
 	// It must not block for long; errors are ignored (the client may be
 	// gone, the call goes on).
 	Notify func(method string, params any)
+	// PayPage, if not nil, is handed the view-only pay page token of the
+	// call's invoice (paypage.go) when the request starts waiting for its
+	// payment, right after payment_required: a front that can open a page for
+	// a person (URL-mode elicitation) shows it. It must not block.
+	PayPage func(token string)
 	// Elicit, if not nil, asks the client for input while the call runs
 	// (an upstream's elicitation): params is the elicitation request's
 	// params object, the result the client's ElicitResult ({"action":
@@ -365,6 +381,17 @@ type PaymentRequiredError struct {
 	// ledger keeps L402 keys. Presented with the invoice's preimage it
 	// releases this call once.
 	Macaroon []byte
+	// MPP is the MPP Lightning charge challenge of this call's invoice:
+	// nil unless the request asked for HTTP 402 answers (CallRequest.L402)
+	// on a private channel and the invoice is an LND one; its id is a
+	// secret like the macaroon. X402 is the invoice's x402 payment
+	// requirements, on a private channel when the invoice is an LND one.
+	MPP  *MPPChallenge
+	X402 *X402Requirements
+	// PayPage is the call's view-only pay page token (cvv_..., see
+	// paypage.go): it releases nothing, so it may go in a URL. "" when
+	// the payment has no invoice.
+	PayPage string
 }
 
 func (e *PaymentRequiredError) Error() string { return "payment required" }

@@ -117,6 +117,17 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 	if req.Params.RequestState != "" {
 		return s.resume(ctx, req, cr)
 	}
+	if s.paysByURL(ctx, &cr, req.Params.Meta) {
+		// The call waits for its payment while the person pays on the
+		// pay page the client opens (paypage.go).
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		ue := &urlElicit{id: make(chan string, 1)}
+		cr.PayPage = s.elicitPayPage(cctx, &cr, cancel, ue)
+		res, err := s.await(cctx, s.startCall(cctx, cr))
+		s.elicitComplete(ctx, ue)
+		return res, err
+	}
 	return s.await(ctx, s.startCall(ctx, cr))
 }
 
@@ -151,6 +162,9 @@ func readMeta(cr *vend.CallRequest, m *mcp.Meta) {
 	}
 	if tok, ok := m.AdditionalFields[vend.MetaCredit].(string); ok {
 		cr.Credit = tok
+	}
+	if p, ok := m.AdditionalFields[vend.MetaX402Payment].(map[string]any); ok {
+		cr.X402, _ = json.Marshal(p) // x402's MCP binding (paid402.go)
 	}
 	if v, ok := m.AdditionalFields[MetaPaymentInteraction].(string); ok && v == ExplicitGating {
 		cr.Explicit = true
@@ -238,6 +252,10 @@ func (s *Server) priced(kind vend.ItemKind, name string) (lo, hi vend.Msat) {
 // answer turns the Vendor's outcome of cr into the handler's return.
 func (s *Server) answer(ctx context.Context, cr vend.CallRequest, res vend.CallResult, err error) (*mcp.CallToolResult, error) {
 	creditHeader(ctx, res, err)
+	paidHeaders(ctx, &cr, err)
+	if set, ok := x402Settlement(&cr, err); ok {
+		res.Body = withX402Response(res.Body, set)
+	}
 	if s.answerHTTP(ctx, &cr, err) {
 		return answeredOverHTTP, nil
 	}

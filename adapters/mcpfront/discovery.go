@@ -50,6 +50,22 @@ type discoveryPay struct {
 	Mints []string       `json:"mints"`
 	L402  discoveryL402  `json:"l402"`
 	Token discoveryToken `json:"payment_token"`
+	// HTTP402 is the order of the challenges of an HTTP 402.
+	HTTP402 []string `json:"http_402_challenges"`
+	// Schemes is every way to pay (vend.Schemes), with how it travels.
+	Schemes []discoveryScheme `json:"schemes"`
+}
+
+// discoveryScheme is one row of vend.Schemes and its wire parameters.
+type discoveryScheme struct {
+	Name       string            `json:"name"`
+	Credential string            `json:"credential"`
+	Bearer     bool              `json:"bearer"`
+	Releases   string            `json:"releases"`
+	Private    bool              `json:"private"`
+	HandsBack  string            `json:"hands_back,omitempty"`
+	Offered    bool              `json:"offered"`
+	Params     map[string]string `json:"params,omitempty"`
 }
 
 type discoveryL402 struct {
@@ -105,6 +121,8 @@ func (s *Server) discovery(info DiscoveryInfo) discoveryDoc {
 		Payments: discoveryPay{PMIs: nonNil(info.PMIs), Mints: nonNil(info.Mints),
 			L402:  discoveryL402{Supported: true, Always: s.cfg.HTTP402, Accept: "application/vnd.l402", Service: vend.L402Service},
 			Token: discoveryToken{Argument: vend.PaymentArg, Meta: vend.MetaPaymentToken}}}
+	doc.Payments.HTTP402 = s.schemes402()
+	doc.Payments.Schemes = s.discoverySchemes(info)
 	for _, t := range s.cfg.Vendor.Tools() {
 		lo, hi := t.Price, t.Price
 		if ranger != nil {
@@ -128,4 +146,50 @@ func nonNil(s []string) []string {
 		return []string{}
 	}
 	return s
+}
+
+// discoverySchemes lists vend.Schemes with the parameters a client needs
+// to use each: the headers, _meta keys or arguments that carry it, and
+// whether this server offers it (the 402 schemes need an LND backend;
+// MPP is challenged only where the 402's order lists it).
+func (s *Server) discoverySchemes(info DiscoveryInfo) []discoveryScheme {
+	listed := map[string]bool{}
+	for _, n := range s.schemes402() {
+		listed[n] = true
+	}
+	cashu := len(info.Mints) > 0
+	var out []discoveryScheme
+	for _, sc := range vend.Schemes() {
+		d := discoveryScheme{Name: string(sc.Name), Credential: sc.Credential, Bearer: sc.Bearer, Releases: string(sc.Releases),
+			Private: sc.Private, HandsBack: sc.HandsBack, Offered: true}
+		switch sc.Name {
+		case vend.SchemeL402, vend.SchemeL402Credit:
+			d.Offered = info.L402 && listed[SchemeL402]
+			d.Params = map[string]string{"challenge": "WWW-Authenticate: L402 macaroon=\"...\", invoice=\"...\"",
+				"credential": "Authorization: L402 <base64 macaroon>:<hex preimage>", "service": vend.L402Service}
+		case vend.SchemeMPP:
+			d.Offered = info.L402 && listed[SchemeMPP]
+			d.Params = map[string]string{"challenge": "WWW-Authenticate: Payment", "method": vend.MPPMethod, "intent": vend.MPPIntent,
+				"realm": vend.MPPRealm, "credential": "Authorization: Payment <base64url JCS credential>", "receipt": HeaderMPPReceipt}
+		case vend.SchemeX402:
+			d.Offered = info.L402
+			d.Params = map[string]string{"x402Version": "2", "scheme": vend.X402Scheme, "paymentMethod": vend.X402PaymentMethod,
+				"challenge": HeaderX402Required, "credential": HeaderX402Payment, "response": HeaderX402Response,
+				"mcp_meta": vend.MetaX402Payment, "mcp_response_meta": vend.MetaX402Response}
+		case vend.SchemePaymentToken:
+			d.Params = map[string]string{"argument": vend.PaymentArg, "meta": vend.MetaPaymentToken}
+		case vend.SchemeCashu:
+			d.Offered = cashu
+			d.Params = map[string]string{"meta": vend.MetaCashuToken, "header": HeaderCashu}
+		case vend.SchemeCreditToken:
+			d.Params = map[string]string{"meta": vend.MetaCredit, "header": vend.HeaderCredit, "argument": vend.CreditArg}
+		case vend.SchemeCreditKey:
+			d.Offered = info.RelayPubkey != ""
+			d.Params = map[string]string{"meta": vend.MetaCredit + " = true"}
+		case vend.SchemePreimage:
+			d.Params = map[string]string{"meta": vend.MetaPaymentProof}
+		}
+		out = append(out, d)
+	}
+	return out
 }

@@ -56,6 +56,27 @@ func (s *Server) gate(ctx context.Context, cr *vend.CallRequest) {
 	s.gateAs(cr, clientHandlesPayments(ctx))
 }
 
+// paysByURL reports whether cr, gated as explicit for a client that did
+// not declare CapabilityPayments, is paid by URL-mode elicitation
+// instead: the client declared it, the request asked for nothing else
+// (explicit gating in _meta, HTTP 402, a credential), and pay pages have
+// a public URL. It then turns cr back into a call that waits for its
+// payment.
+func (s *Server) paysByURL(ctx context.Context, cr *vend.CallRequest, meta *mcp.Meta) bool {
+	if s.cfg.PayBaseURL == "" || s.cfg.LegacyGatingCode || s.cfg.ExplicitGating || cr.L402 || !cr.Explicit ||
+		cr.PaymentToken != "" || cr.PaymentProof != "" || cr.CashuToken != "" || cr.Credit != "" || len(cr.X402) > 0 ||
+		clientHandlesPayments(ctx) || !clientCanElicitURL(ctx) {
+		return false
+	}
+	if meta != nil {
+		if v, ok := meta.AdditionalFields[MetaPaymentInteraction].(string); ok && v == ExplicitGating {
+			return false
+		}
+	}
+	cr.Explicit = false
+	return true
+}
+
 // gateAs is gate for a client that declared CapabilityPayments or not
 // (the fast path of free calls knows it from the request).
 func (s *Server) gateAs(cr *vend.CallRequest, handlesPayments bool) {
@@ -92,6 +113,13 @@ type paymentAnswer struct {
 	// PaymentToken is the value of capvend_payment for the retry.
 	PaymentToken string      `json:"capvend_payment,omitempty"`
 	Retry        answerRetry `json:"retry"`
+	// PayURL is the call's pay page (paypage.go), when the front has a
+	// public URL.
+	PayURL string `json:"pay_url,omitempty"`
+	// X402 is x402's MCP binding of the same answer (its
+	// PaymentRequired, wrapped as transports-v2/mcp.md has clients look
+	// for it), when vend gave x402 requirements.
+	X402 *x402Error `json:"x402/error,omitempty"`
 }
 
 type answerResource struct {
@@ -146,6 +174,10 @@ func (s *Server) gatingAnswer(cr *vend.CallRequest, err error) (a paymentAnswer,
 			a.PaymentURI = "lightning:" + a.Invoice
 		}
 		a.Accepts = pr.Options
+		a.PayURL = s.payURL(pr.PayPage)
+		if req := x402RequiredOf(cr, pr); req != nil {
+			a.X402 = &x402Error{Code: CodePaymentRequired402, Message: "Payment required", Data: req}
+		}
 		if len(pr.Options) > 0 {
 			a.Resource.Description = pr.Options[0].Description
 		}
@@ -166,6 +198,9 @@ func (s *Server) gatingAnswer(cr *vend.CallRequest, err error) (a paymentAnswer,
 			fmt.Fprintf(&b, " (it expires at %s)", a.ExpiresAt)
 		}
 		fmt.Fprintf(&b, ":\n\n%s\n\n%s\n\n", a.Invoice, a.PaymentURI)
+		if a.PayURL != "" {
+			fmt.Fprintf(&b, "Or pay on this page (a QR code; it says when the payment arrived): %s\n\n", a.PayURL)
+		}
 	} else if isReq {
 		b.WriteString(".\n\n")
 	} else if a.ExpiresAt != "" {

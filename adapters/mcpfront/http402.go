@@ -50,8 +50,33 @@ import (
 // appending one (Cashu NUT-24's X-Cashu, xcashu.go, is the second).
 type challenger func(s *Server, h http.Header, cr *vend.CallRequest, e *vend.PaymentRequiredError) bool
 
-// challengers are the HTTP 402 challenges capvend writes, in order.
-var challengers = []challenger{challengeL402, challengeCashu}
+// challengers are the HTTP 402 challenges capvend can write, by the
+// names Config.HTTP402Schemes lists them in.
+var challengers = map[string]challenger{
+	SchemeL402: challengeL402, SchemeMPP: challengeMPP, SchemeX402: challengeX402, SchemeCashu: challengeCashu,
+}
+
+// Names of the HTTP 402 challenges (Config.HTTP402Schemes).
+const (
+	SchemeL402  = "l402"  // WWW-Authenticate: L402 (and LSAT)
+	SchemeMPP   = "mpp"   // WWW-Authenticate: Payment (draft-lightning-charge-00)
+	SchemeX402  = "x402"  // PAYMENT-REQUIRED (x402 v2, exact on Lightning)
+	SchemeCashu = "cashu" // X-Cashu (NUT-24)
+)
+
+// DefaultHTTP402Schemes is the order of the challenges of a 402 when
+// Config.HTTP402Schemes is empty: L402's first (its clients read the
+// first WWW-Authenticate), no MPP challenge (fetchWithMpp reads only a
+// WWW-Authenticate that starts with Payment: list "mpp" first for it).
+var DefaultHTTP402Schemes = []string{SchemeL402, SchemeX402, SchemeCashu}
+
+// schemes402 is the order of the challenges this server writes.
+func (s *Server) schemes402() []string {
+	if len(s.cfg.HTTP402Schemes) > 0 {
+		return s.cfg.HTTP402Schemes
+	}
+	return DefaultHTTP402Schemes
+}
 
 // challengeL402 writes the L402 challenges (bLIP-0026) of e's macaroon and
 // invoice: the current form, Aperture's (macaroon=), that of
@@ -71,11 +96,11 @@ func challengeL402(_ *Server, h http.Header, _ *vend.CallRequest, e *vend.Paymen
 // wants402 reports whether an HTTP request with headers h is answered
 // with HTTP 402 when it must pay (see above).
 func (s *Server) wants402(h http.Header) bool {
-	if s.cfg.HTTP402 || acceptsCashu(h) || strings.TrimSpace(h.Get(HeaderCashu)) != "" {
+	if s.cfg.HTTP402 || acceptsCashu(h) || strings.TrimSpace(h.Get(HeaderCashu)) != "" || strings.TrimSpace(h.Get(HeaderX402Payment)) != "" {
 		return true
 	}
 	if strings.TrimSpace(h.Get("Authorization")) != "" {
-		if scheme, _, _ := strings.Cut(strings.TrimSpace(h.Get("Authorization")), " "); isL402Scheme(scheme) {
+		if scheme, _, _ := strings.Cut(strings.TrimSpace(h.Get("Authorization")), " "); isL402Scheme(scheme) || isMPPScheme(scheme) {
 			return true
 		}
 	}
@@ -157,7 +182,7 @@ func (s *Server) readL402(cr *vend.CallRequest, h http.Header) error {
 	if ok {
 		cr.Macaroon, cr.PaymentProof = mac, pre
 	}
-	return nil
+	return readPaymentHeaders(cr, h)
 }
 
 // answerHTTP writes the HTTP answer of an L402 request's outcome, if it
@@ -175,17 +200,22 @@ func (s *Server) answerHTTP(ctx context.Context, cr *vend.CallRequest, err error
 	var w wireError
 	if pr, isReq := errors.AsType[*vend.PaymentRequiredError](err); isReq {
 		added := false
-		for _, c := range challengers {
-			added = c(s, h, cr, pr) || added
+		for _, name := range s.schemes402() {
+			if c := challengers[name]; c != nil {
+				added = c(s, h, cr, pr) || added
+			}
 		}
 		if !added {
 			return false
 		}
+		// A challenge names a single-use invoice: never cached
+		// (draft-lightning-charge-00 asks it of every 402).
+		h.Set("Cache-Control", "no-store")
 		status = http.StatusPaymentRequired
 		if w, ok = s.gatingError(cr, err); !ok {
 			w = rpcerr.FromVend(err, cr.Tool)
 		}
-	} else if errors.Is(err, errBadCredential) {
+	} else if errors.Is(err, errBadCredential) || errors.Is(err, errBadPayment) {
 		status = http.StatusUnauthorized
 		w = wireError{Code: rpcerr.CodeInvalidRequest, Message: "Invalid Request: " + err.Error()}
 	} else if refusedCredential(err) {
@@ -210,9 +240,10 @@ func (s *Server) answerHTTP(ctx context.Context, cr *vend.CallRequest, err error
 	return true
 }
 
-// refusedCredential reports whether err refuses an L402 credential.
+// refusedCredential reports whether err refuses an L402, MPP or x402
+// credential.
 func refusedCredential(err error) bool {
-	return errors.Is(err, vend.ErrL402Invalid) || errors.Is(err, vend.ErrTokenMismatch) ||
+	return errors.Is(err, vend.ErrL402Invalid) || errors.Is(err, vend.ErrMPPInvalid) || errors.Is(err, vend.ErrX402Invalid) || errors.Is(err, vend.ErrTokenMismatch) ||
 		errors.Is(err, vend.ErrTokenUsed) || errors.Is(err, vend.ErrTokenExpired)
 }
 

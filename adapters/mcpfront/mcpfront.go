@@ -368,6 +368,18 @@ type Config struct {
 	// Accept names L402 or cashu (payments.http_402; see http402.go and
 	// xcashu.go).
 	HTTP402 bool
+	// HTTP402Schemes are the challenges a 402 carries, in order, by name
+	// (SchemeL402, SchemeMPP, SchemeX402, SchemeCashu;
+	// payments.http_402_schemes). Empty: DefaultHTTP402Schemes. A client
+	// that reads one WWW-Authenticate takes the first: list "mpp" before
+	// "l402" to serve fetchWithMpp (fetchWithL402 reads either).
+	HTTP402Schemes []string
+	// PayBaseURL is the public base URL of the HTTP listener (e.g.
+	// "https://shop.example"), where pay pages are served
+	// (PayPagePath): the explicit-gating result links to the call's page,
+	// and a client that declared URL-mode elicitation is sent there.
+	// Empty: no pay page links, no URL elicitation.
+	PayBaseURL string
 	// CashuMints are the mints whose tokens the Vendor takes (its Cashu
 	// backend's, when that accepts tokens): a 402 then carries them in
 	// X-Cashu's NUT-18 payment request. Empty: no X-Cashu on a 402 (a

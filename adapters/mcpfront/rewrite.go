@@ -279,7 +279,19 @@ type rewriteWriter struct {
 	replaced    bool // the answer was written by replace (HTTP 402/401): mcp-go's is dropped
 }
 
-func (rw *rewriteWriter) Header() http.Header         { return rw.w.Header() }
+// Header is the response's header until it is written; after, a
+// detached map: mcp-go's forwarder of server-to-client requests (an
+// elicitation/create) sets SSE headers on a response notify upgraded
+// already, from its own goroutine, and those changes would do nothing
+// but race with this writer's.
+func (rw *rewriteWriter) Header() http.Header {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.wroteHeader {
+		return http.Header{}
+	}
+	return rw.w.Header()
+}
 func (rw *rewriteWriter) Unwrap() http.ResponseWriter { return rw.w }
 
 func (rw *rewriteWriter) WriteHeader(status int) {

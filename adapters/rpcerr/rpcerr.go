@@ -88,7 +88,7 @@ func FromVend(err error, tool string) Error {
 	case errors.Is(err, vend.ErrPublicSecret):
 		// The message names the secret by its kind, never its value.
 		return Error{Code: CodeInvalidRequest, Message: "Encryption required: " + err.Error()}
-	case errors.Is(err, vend.ErrL402Invalid):
+	case errors.Is(err, vend.ErrL402Invalid), errors.Is(err, vend.ErrMPPInvalid), errors.Is(err, vend.ErrX402Invalid):
 		// vend's reasons name no secret: they say which check failed.
 		return Error{Code: CodeInvalidRequest, Message: "Invalid Request: " + err.Error()}
 	case errors.Is(err, vend.ErrTokenMismatch):

@@ -117,16 +117,28 @@ type LedgerConfig struct {
 
 // ServerConfig is how capvend presents itself to clients.
 type ServerConfig struct {
-	Name    string `yaml:"name"`
-	About   string `yaml:"about"`
+	// Name is the server's name in MCP's initialize answer, the Nostr
+	// announcements and the dashboard.
+	Name string `yaml:"name"`
+	// About is a one-line description, announced with Name.
+	About string `yaml:"about"`
+	// Website is a URL shown to clients and in the announcements.
 	Website string `yaml:"website"`
+	// Picture is the URL of an image (the server's profile picture on
+	// Nostr).
 	Picture string `yaml:"picture"`
 }
 
 // HTTPConfig is the MCP Streamable HTTP front.
 type HTTPConfig struct {
-	Listen          string `yaml:"listen"` // host:port; empty disables the front
-	MaxRequestBytes int64  `yaml:"max_request_bytes"`
+	Listen string `yaml:"listen"` // host:port; empty disables the front
+	// PublicURL is the listener's URL as buyers reach it (e.g.
+	// "https://shop.example"): pay pages (GET /pay/{token}) are linked
+	// under it. Empty: http://<listen> when listen names a host, else no
+	// pay page links.
+	PublicURL string `yaml:"public_url"`
+	// MaxRequestBytes bounds a request body; a larger one gets 413.
+	MaxRequestBytes int64 `yaml:"max_request_bytes"`
 	// SessionIdle ends an MCP session without a request in flight for
 	// this long; MaxSessions bounds the live sessions (a new one evicts
 	// the longest idle of the client holding the most, or gets 503 when
@@ -185,9 +197,14 @@ func (h HTTPConfig) Prefixes() ([]netip.Prefix, error) {
 
 // NostrConfig is the ContextVM / DVMCP front.
 type NostrConfig struct {
-	NsecFile   string   `yaml:"nsec_file"` // file holding the server's nsec or hex key
-	Relays     []string `yaml:"relays"`    // empty disables the front
-	Encryption string   `yaml:"encryption"`
+	NsecFile string   `yaml:"nsec_file"` // file holding the server's nsec or hex key
+	Relays   []string `yaml:"relays"`    // empty disables the front
+	// Encryption is how requests may travel: optional (answer encrypted
+	// when asked encrypted, plaintext when asked plaintext), required
+	// (plaintext requests refused) or disabled. Whatever the setting,
+	// a secret (a token, change, a credit key) never goes out in a
+	// plaintext event: such a request is refused (README, Ways to pay).
+	Encryption string `yaml:"encryption"`
 	// Announce publishes the server's announcements (ContextVM, DVMCP,
 	// NIP-89) on the relays; `capvend unannounce` withdraws them.
 	Announce bool `yaml:"announce"`
@@ -223,10 +240,16 @@ type NostrConfig struct {
 
 // LNDConfig is the LND payment backend.
 type LNDConfig struct {
-	Host         string `yaml:"host"` // gRPC host:port; empty disables the backend
-	TLSCertFile  string `yaml:"tls_cert_file"`
+	Host string `yaml:"host"` // gRPC host:port; empty disables the backend
+	// TLSCertFile is LND's TLS certificate (tls.cert).
+	TLSCertFile string `yaml:"tls_cert_file"`
+	// MacaroonFile is a macaroon with invoice permissions (a 0600 copy of
+	// LND's invoice.macaroon): a secret, never logged.
 	MacaroonFile string `yaml:"macaroon_file"`
-	HoldInvoices bool   `yaml:"hold_invoices"`
+	// HoldInvoices settles a client's payment only once its tool
+	// succeeded; when it fails the payment returns to the client by
+	// itself. Off: plain invoices, a failed call's price owed back.
+	HoldInvoices bool `yaml:"hold_invoices"`
 	// MaxHoldInvoices bounds the open hold invoices (each watched by one
 	// SubscribeSingleInvoice stream); beyond it quotes get plain invoices.
 	MaxHoldInvoices int `yaml:"max_hold_invoices"`
@@ -234,10 +257,16 @@ type LNDConfig struct {
 
 // CashuConfig is the Cashu payment backend.
 type CashuConfig struct {
-	Mints        []string `yaml:"mints"` // trusted mints; the first issues mint quotes. Empty disables.
-	WalletDir    string   `yaml:"wallet_dir"`
-	AcceptTokens bool     `yaml:"accept_tokens"`
-	MintQuotes   bool     `yaml:"mint_quotes"`
+	Mints []string `yaml:"mints"` // trusted mints; the first issues mint quotes. Empty disables.
+	// WalletDir is capvend's Cashu wallet (its seed and proofs: money;
+	// back up the seed with 'capvend cashu seed').
+	WalletDir string `yaml:"wallet_dir"`
+	// AcceptTokens takes Cashu tokens of the trusted mints as payment
+	// (X-Cashu, _meta["capvend/cashu"], CEP-8), swapped at once.
+	AcceptTokens bool `yaml:"accept_tokens"`
+	// MintQuotes lets a call's Lightning invoice come from a mint quote of
+	// the first mint (the seller then holds ecash, not channel balance).
+	MintQuotes bool `yaml:"mint_quotes"`
 }
 
 // PaymentsConfig tunes payment requests.
@@ -260,11 +289,18 @@ type PaymentsConfig struct {
 	// (mcpfront.Config.HTTP402): for HTTP payment clients that send no
 	// such Accept.
 	HTTP402 bool `yaml:"http_402"`
+	// HTTP402Schemes are the challenges of an HTTP 402, in order
+	// (mcpfront.Config.HTTP402Schemes): l402, mpp, x402, cashu. Empty:
+	// l402, x402, cashu. Clients that read one WWW-Authenticate take the
+	// first: list mpp first for @getalby/lightning-tools' fetchWithMpp.
+	HTTP402Schemes []string `yaml:"http_402_schemes"`
 }
 
 // CreditConfig is prepaid credit (see vend's package doc, Credit): the
 // capvend_topup tool and credit tokens.
 type CreditConfig struct {
+	// Enabled offers the capvend_topup tool: clients buy credit (paid
+	// like any call) and pay priced calls from their balance at once.
 	Enabled bool `yaml:"enabled"`
 	// MaxTopUpSats bounds one top-up (default 1,000,000).
 	MaxTopUpSats int64 `yaml:"max_topup_sats"`
@@ -298,22 +334,36 @@ type ReconcileConfig struct {
 // client is an HTTP request's source address (every session from it), a
 // Nostr pubkey, or stdio: see the README, Limits.
 type LimitsConfig struct {
+	// MaxUnpaidPerClient bounds one client's open unpaid payment
+	// requests: one counts until it is paid, canceled or expires.
 	MaxUnpaidPerClient int `yaml:"max_unpaid_per_client"`
-	MaxUnpaidTotal     int `yaml:"max_unpaid_total"`
-	RequestsPerMinute  int `yaml:"requests_per_minute"`
+	// MaxUnpaidTotal bounds everyone's: at the bound the oldest quote of
+	// the client holding the most is canceled, so a new customer still
+	// gets one.
+	MaxUnpaidTotal int `yaml:"max_unpaid_total"`
+	// RequestsPerMinute bounds one client's calls (free or priced) per
+	// clock minute.
+	RequestsPerMinute int `yaml:"requests_per_minute"`
 }
 
 // UpstreamConfig is one MCP server capvend sells: a stdio subprocess
 // (command) or a Streamable HTTP endpoint (url).
 type UpstreamConfig struct {
-	Name    string                `yaml:"name"`
-	Command string                `yaml:"command"`
-	Args    []string              `yaml:"args"`
-	Env     map[string]string     `yaml:"env"`
-	Cwd     string                `yaml:"cwd"`
-	URL     string                `yaml:"url"`
-	Prefix  string                `yaml:"prefix"`
-	Tools   map[string]ToolConfig `yaml:"tools"`
+	// Name names the upstream in logs, metrics and the ledger.
+	Name string `yaml:"name"`
+	// Command runs a stdio MCP server, with Args, Env added to capvend's
+	// environment, in Cwd.
+	Command string            `yaml:"command"`
+	Args    []string          `yaml:"args"`
+	Env     map[string]string `yaml:"env"`
+	Cwd     string            `yaml:"cwd"`
+	// URL is a Streamable HTTP MCP endpoint, instead of Command.
+	URL string `yaml:"url"`
+	// Prefix is put before the upstream's tool names as clients see them
+	// (needed when two upstreams have a tool of the same name).
+	Prefix string `yaml:"prefix"`
+	// Tools prices tools by their name on the upstream (without Prefix).
+	Tools map[string]ToolConfig `yaml:"tools"`
 	// Prompts prices prompts by their name on the upstream (prompts/get),
 	// Resources resources by URI or URI template (resources/read of the
 	// URI, or of any URI the template matches). Only a flat price
@@ -351,10 +401,12 @@ type ToolConfig struct {
 	PerUnit *PerConfig `yaml:"per_unit"`
 	PerKB   *PerConfig `yaml:"per_kb"`
 	PerItem *PerConfig `yaml:"per_item"`
-	MinSats int64      `yaml:"min_sats"`
-	MinMsat int64      `yaml:"min_msat"`
-	MaxSats int64      `yaml:"max_sats"`
-	MaxMsat int64      `yaml:"max_msat"`
+	// MinSats or MinMsat is the least a call costs; MaxSats or MaxMsat
+	// the most (required with a per-argument price).
+	MinSats int64 `yaml:"min_sats"`
+	MinMsat int64 `yaml:"min_msat"`
+	MaxSats int64 `yaml:"max_sats"`
+	MaxMsat int64 `yaml:"max_msat"`
 	// FreePerDay calls per client and UTC day are free (anonymous HTTP
 	// clients are counted by address); later calls are priced normally.
 	FreePerDay int `yaml:"free_per_day"`
@@ -369,9 +421,12 @@ type ToolConfig struct {
 // PerConfig is a per-argument price: sats or msat for each unit of the
 // argument named arg.
 type PerConfig struct {
-	Arg  string `yaml:"arg"`
-	Sats int64  `yaml:"sats"`
-	Msat int64  `yaml:"msat"`
+	// Arg names the argument (a top-level property of the tool's input
+	// schema).
+	Arg string `yaml:"arg"`
+	// Sats or Msat is the price of one unit of it.
+	Sats int64 `yaml:"sats"`
+	Msat int64 `yaml:"msat"`
 }
 
 // Msat returns the tool's price per call in millisatoshis (the base price
@@ -1026,6 +1081,23 @@ func (c *Config) validatePayments(p *problems) {
 	if c.Reconcile.Interval != 0 && c.Reconcile.Interval < 10*time.Second {
 		p.bad("reconcile.interval", "%s is too short: at least 10s (each run lists LND's new invoices and asks the mints), or 0 to turn it off", c.Reconcile.Interval)
 	}
+	if u := c.HTTP.PublicURL; u != "" {
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "https" && pu.Scheme != "http") || pu.Host == "" {
+			p.bad("http.public_url", "%q is not an http(s) URL", u)
+		}
+	}
+	seen := map[string]bool{}
+	for i, n := range c.Payments.HTTP402Schemes {
+		switch n {
+		case mcpfront.SchemeL402, mcpfront.SchemeMPP, mcpfront.SchemeX402, mcpfront.SchemeCashu:
+		default:
+			p.bad(fmt.Sprintf("payments.http_402_schemes[%d]", i), "%q is not one of l402, mpp, x402, cashu", n)
+		}
+		if seen[n] {
+			p.bad(fmt.Sprintf("payments.http_402_schemes[%d]", i), "%q is listed twice", n)
+		}
+		seen[n] = true
+	}
 	if c.Payments.TTL < 30*time.Second || c.Payments.TTL > 24*time.Hour {
 		p.bad("payments.ttl", "%s is outside 30s .. 24h", c.Payments.TTL)
 	}
@@ -1198,4 +1270,17 @@ func (l LogConfig) logger(w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// payBaseURL is where buyers reach pay pages: http.public_url, else
+// http://<listen> when listen names a host (not 0.0.0.0, ::, or none).
+func (h HTTPConfig) payBaseURL() string {
+	if h.PublicURL != "" {
+		return strings.TrimRight(h.PublicURL, "/")
+	}
+	host, _, err := net.SplitHostPort(h.Listen)
+	if err != nil || host == "" || host == "0.0.0.0" || host == "::" {
+		return ""
+	}
+	return "http://" + h.Listen
 }

@@ -37,7 +37,9 @@ type NWCConfig struct {
 
 // NWCWalletConfig is one more NWC connection.
 type NWCWalletConfig struct {
-	Name         string `yaml:"name"` // lower-case letters, digits, '_' and '-'
+	Name string `yaml:"name"` // lower-case letters, digits, '_' and '-'
+	// URIFile names the file holding its nostr+walletconnect:// URI (a
+	// secret).
 	URIFile      string `yaml:"uri_file"`
 	HoldInvoices *bool  `yaml:"hold_invoices"` // default: nwc.hold_invoices
 }

@@ -148,6 +148,30 @@ func payCheck(t *testing.T, cmd, out string, sh *payShell) {
 		if strings.Contains(sh.value(t, "topup"), "capvend_topup") { // after the top-up: paid from credit
 			want(`"balance_msat":79000`)
 		}
+	case strings.HasSuffix(cmd, "| grep -i '^www-authenticate: payment'"): // MPP's challenge
+		want(`Payment id="`, `realm="capvend"`, `method="lightning"`, `intent="charge"`, `request="`, `expires="`)
+	case strings.HasPrefix(cmd, "challenge="):
+		if v := sh.value(t, "challenge"); !strings.Contains(v, `"method":"lightning"`) || !strings.Contains(v, `"id":"`) {
+			t.Errorf("challenge = %q, want the auth-params as JSON members", v)
+		}
+	case strings.Contains(cmd, "Authorization: Payment $cred"):
+		want(`"result"`, hi)
+	case strings.HasPrefix(cmd, "sid="):
+		if v := sh.value(t, "sid"); v == "" {
+			t.Error("no Mcp-Session-Id")
+		}
+	case strings.Contains(cmd, "notifications/initialized"): // 202, no body
+		if out != "" {
+			t.Errorf("%s printed %q", cmd, out)
+		}
+	case strings.HasSuffix(cmd, "| grep -i '^payment-required'"): // x402's challenge
+		want("eyJ")
+	case strings.HasPrefix(cmd, "req="):
+		if v := sh.value(t, "req"); !strings.Contains(v, `"paymentMethod":"lightning"`) || !strings.Contains(v, `"scheme":"exact"`) {
+			t.Errorf("req = %q, want x402 exact Lightning requirements", v)
+		}
+	case strings.Contains(cmd, "PAYMENT-SIGNATURE: $sig"):
+		want(`"result"`, hi, `"x402/payment-response":{"success":true`)
 	case cmd == "capvend credit --config regtest.yaml":
 		want("1 account(s), 79.000 sat owed in credit")
 	case cmd == payLast:

@@ -527,6 +527,7 @@ func (s *vendServer) serveHTTP(ctx context.Context, ln net.Listener) error {
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", s.front.Handler())
 	mux.Handle(mcpfront.DiscoveryPath, s.front.Discovery(discoveryInfo(s.cfg, s.nostr)))
+	mux.Handle(mcpfront.PayPagePath, s.front.PayPage())
 	srv := httpServer(s.cfg.HTTP, mux)
 	fmt.Fprintf(s.e.Stderr, "capvend: serving MCP at http://%s/mcp (%s)\n", ln.Addr(), describeBackends(s.backends))
 	serveErr := make(chan error, 1)
@@ -560,7 +561,8 @@ func frontConfig(cfg *Config) (mcpfront.Config, error) {
 		SessionIdle: cfg.HTTP.SessionIdle, MaxSessions: cfg.HTTP.MaxSessions, MaxSessionsPerSource: cfg.HTTP.MaxSessionsPerSource,
 		TrustedProxies: proxies, ClientIDHeader: cfg.HTTP.ClientIDHeader,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins, WriteTimeout: cfg.HTTP.WriteTimeout,
-		LegacyGatingCode: cfg.Payments.LegacyGatingCode, HTTP402: cfg.Payments.HTTP402,
+		LegacyGatingCode: cfg.Payments.LegacyGatingCode, HTTP402: cfg.Payments.HTTP402, HTTP402Schemes: cfg.Payments.HTTP402Schemes,
+		PayBaseURL: cfg.HTTP.payBaseURL(),
 	}
 	if cfg.Cashu.AcceptTokens {
 		fc.CashuMints = cfg.Cashu.Mints // X-Cashu's payment request names them

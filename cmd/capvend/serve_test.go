@@ -133,6 +133,9 @@ type serveOpts struct {
 	// http402 sets payments.http_402: unpaid priced calls over HTTP get
 	// HTTP 402 with their challenges (L402, X-Cashu).
 	http402 bool
+	// http402Schemes, if set, is payments.http_402_schemes (YAML flow
+	// list): the challenges of a 402, in order.
+	http402Schemes string
 	// credit turns prepaid credit on.
 	credit bool
 	// callsLog, if set, is the file the stdio upstream (example-tools
@@ -172,6 +175,10 @@ func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen
 	if o.credit {
 		backends += "credit:\n  enabled: true\n"
 	}
+	var schemes402 string
+	if o.http402Schemes != "" {
+		schemes402 = "  http_402_schemes: " + o.http402Schemes + "\n"
+	}
 	var toolsArgs string
 	if o.callsLog != "" {
 		toolsArgs = fmt.Sprintf("    args: [--calls-log, %s]\n", o.callsLog)
@@ -191,7 +198,7 @@ http:
 payments:
   ttl: 2m
   http_402: %v
-limits:
+%slimits:
   requests_per_minute: 1000000 # benchmarks call in tight loops
 upstreams:
   - name: tools
@@ -206,7 +213,7 @@ upstreams:
     prefix: w_
     tools:
       sha256: {price_sats: 13}
-`, listen, backends, o.http402, toolsBin, toolsArgs, items, httpUpstream)
+`, listen, backends, o.http402, schemes402, toolsBin, toolsArgs, items, httpUpstream)
 	path = filepath.Join(t.TempDir(), "capvend.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
