@@ -3,15 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/replica"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
@@ -284,4 +287,269 @@ func TestReplicaSettings(t *testing.T) {
 			t.Fatalf("restore: exit %d, stderr:\n%s", code, errOut)
 		}
 	})
+}
+
+// drillBatch writes batch b's money to l the way serve does: two calls
+// paid by invoice and delivered, one paid, failed and refunded (owed
+// back), a top-up of 100 sats to a credit account and two calls drawn
+// from it and delivered. Every call ends final, so the replicated state
+// is what a restore must give back row for row.
+func drillBatch(t *testing.T, l *ledger.Ledger, b int) {
+	t.Helper()
+	ctx := context.Background()
+	call := func(i int, server, tool string, price vend.Msat) vend.NewCall {
+		return vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: fmt.Sprintf("b%d-%d", b, i),
+			Server: server, Tool: tool, ArgsHash: fmt.Sprintf("%032x%032x", b, i), Price: price, Idempotent: true}
+	}
+	ok := vend.Result{Body: []byte(fmt.Sprintf(`{"content":[{"type":"text","text":"batch %d"}]}`, b))}
+	paid := func(nc vend.NewCall, ref int) vend.Call {
+		c, _, err := l.RecordCall(ctx, nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nc.Server == vend.CreditServer {
+			if err := l.BindTopUp(ctx, c.ID, drillAccount); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p, err := l.RecordPayment(ctx, c.ID, vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice,
+			Ref: fmt.Sprintf("%064x", 100*b+ref), Bolt11: "lnbcrt1test", Amount: nc.Price, ExpiresAt: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	for i := range 2 {
+		if err := l.Deliver(ctx, paid(call(i, "demo", "echo", 21_000), i).ID, ok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	failed := paid(call(2, "demo", "echo", 21_000), 2)
+	if err := l.Fail(ctx, failed.ID, vend.Result{IsError: true, Body: []byte(`{"content":[],"isError":true}`)}, "upstream failed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Refund(ctx, failed.ID, "upstream failed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Deliver(ctx, paid(call(3, vend.CreditServer, "topup", 100_000), 3).ID, ok); err != nil {
+		t.Fatal(err)
+	}
+	for i := 4; i < 6; i++ {
+		nc := call(i, "demo", "echo", 21_000)
+		c, _, _, err := l.RecordCreditCall(ctx, nc, drillAccount, nc.Binding(), nc.Released(vend.SchemeCreditToken))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Deliver(ctx, c.ID, ok); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+const drillAccount = "t0123456789abcdef01234567"
+
+// moneyTables are the tables of the money records the drill compares:
+// calls and their history, payments and theirs, the journal (entries,
+// postings, accounts), executions, refunds, credit, stored answers.
+var moneyTables = []string{"calls", "call_transitions", "payments", "payment_transitions", "entries", "postings",
+	"accounts", "executions", "refunds", "credit_accounts", "credit_topups", "credit_moves", "results"}
+
+// moneyRecords reads every row of the money tables of the SQLite ledger
+// at path, opened read-only (immutable: a restored file nothing else
+// opens), as sorted text, one line per row.
+func moneyRecords(t *testing.T, path string, immutable bool) string {
+	t.Helper()
+	dsn := "file:" + path + "?mode=ro"
+	if immutable {
+		dsn += "&immutable=1"
+	}
+	db, err := sql.Open("sqlite3", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var out strings.Builder
+	for _, table := range moneyTables {
+		rows, err := db.Query("SELECT * FROM " + table)
+		if err != nil {
+			t.Fatalf("%s: %v", table, err)
+		}
+		cols, _ := rows.Columns()
+		var lines []string
+		for rows.Next() {
+			vals := make([]any, len(cols))
+			ptrs := make([]any, len(cols))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rows.Scan(ptrs...); err != nil {
+				t.Fatal(err)
+			}
+			lines = append(lines, fmt.Sprintf("%s %q", table, fmt.Sprint(vals...)))
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(lines)
+		fmt.Fprintf(&out, "%s: %d rows\n", table, len(lines))
+		for _, l := range lines {
+			out.WriteString(l + "\n")
+		}
+	}
+	return out.String()
+}
+
+// replicated waits until the replica holds exactly the money records
+// the live ledger at db holds (a restore of its newest state equals
+// them), and returns them: the last replicated point.
+func replicated(t *testing.T, ls replica.Litestream, db string) string {
+	t.Helper()
+	want := moneyRecords(t, db, false)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		probe := filepath.Join(t.TempDir(), "probe.db")
+		err := ls.Restore(context.Background(), probe, time.Time{})
+		if err == nil && moneyRecords(t, probe, true) == want {
+			return want
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica did not catch up with the ledger in 60 s (last restore: %v)", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// TestLedgerRestoreDrill is the restore drill on real parts. A ledger
+// takes paid calls, a refund, credit top-ups and draws while Litestream
+// (the release capvend documents, run as its own process with the
+// configuration `capvend ledger litestream-config` writes) replicates it
+// to a file:// replica. Replication stops and one more batch is written;
+// the ledger file is deleted with its -wal, -shm and Litestream's folder.
+// `capvend ledger restore --to` (ledger.path) brings it back,
+// `capvend ledger verify` passes on it, and its money records (calls and
+// their transitions, payments, journal, executions, refunds, credit,
+// stored answers) equal, row for row, what the ledger held at the last
+// replicated point: the batch written after it is lost, nothing else.
+// `restore --at` a time between the first two batches gives the state
+// after the first, verified as well.
+func TestLedgerRestoreDrill(t *testing.T) {
+	bin := litestream(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	db := filepath.Join(dir, "capvend.db")
+	yaml := fmt.Sprintf("ledger:\n  path: capvend.db\n  replica: file://%s\n  litestream: %s\nserver:\n  name: t\n",
+		filepath.Join(dir, "replica"), bin)
+	if err := os.WriteFile(filepath.Join(dir, "capvend.yaml"), []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(filepath.Join(dir, "capvend.yaml"), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := cfg.Ledger.litestream("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ledger.Open(ctx, db, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { l.Close() }()
+	capvendIn(t, dir, nil, "ledger", "litestream-config", "--out", "litestream.yml")
+	stop := replicating(t, bin, filepath.Join(dir, "litestream.yml"))
+
+	drillBatch(t, l, 1)
+	first := replicated(t, ls, db)
+	// Litestream restores a point in time to the second of its files:
+	// a point a second clear of both batches.
+	time.Sleep(1100 * time.Millisecond)
+	point := time.Now()
+	time.Sleep(1100 * time.Millisecond)
+	drillBatch(t, l, 2)
+	last := replicated(t, ls, db)
+	o := caughtUp(t, cfg)
+	t.Logf("doctor: %s: %s", o.name, o.detail)
+
+	// Replication stops; a third batch is never replicated.
+	stop()
+	drillBatch(t, l, 3)
+	lost := moneyRecords(t, db, false)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{db, db + "-wal", db + "-shm", filepath.Join(dir, ".capvend.db-litestream")} {
+		if err := os.RemoveAll(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	out := capvendIn(t, dir, nil, "ledger", "restore", "--to", "capvend.db")
+	if !strings.Contains(out, "0 canceled, 0 refunded, 0 failed (serve refunds them), 0 with a locked-in hold invoice") {
+		t.Fatalf("restore:\n%s", out)
+	}
+	if out := capvendIn(t, dir, nil, "ledger", "verify"); !strings.Contains(out, "checks passed") {
+		t.Fatalf("verify of the restored ledger:\n%s", out)
+	}
+	got := moneyRecords(t, db, false)
+	if got != last {
+		t.Fatalf("the restored money records differ from the last replicated point:\n%s", lineDiff(last, got))
+	}
+	if got == lost || got == first {
+		t.Fatal("the drill's batches wrote nothing the restore could tell apart")
+	}
+	t.Logf("restored the last replicated point: %s", strings.Join(rowCounts(got), ", "))
+
+	capvendIn(t, dir, nil, "ledger", "restore", "--to", "then.db", "--at", point.UTC().Format(time.RFC3339Nano))
+	if out := capvendIn(t, dir, nil, "ledger", "verify", "--db", "then.db"); !strings.Contains(out, "checks passed") {
+		t.Fatalf("verify of the point-in-time restore:\n%s", out)
+	}
+	if then := moneyRecords(t, filepath.Join(dir, "then.db"), false); then != first {
+		t.Fatalf("the state as of %s differs from the first batch's:\n%s", point.UTC().Format(time.RFC3339Nano), lineDiff(first, then))
+	}
+	r, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if bal, err := r.CreditBalance(ctx, drillAccount); err != nil || bal != 2*(100_000-2*21_000) {
+		t.Fatalf("the restored credit balance is %d msat (%v), want %d", bal, err, 2*(100_000-2*21_000))
+	}
+	if b, err := r.Balance(ctx); err != nil || b.Pending.RefundsOwed != 2*21_000 {
+		t.Fatalf("the restored refunds owed: %+v %v, want %d msat", b.Pending, err, 2*21_000)
+	}
+}
+
+// rowCounts are the "table: n rows" lines of moneyRecords' text.
+func rowCounts(records string) []string {
+	var out []string
+	for _, line := range strings.Split(records, "\n") {
+		if strings.HasSuffix(line, " rows") {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// lineDiff lists the lines only in want (-) and only in got (+).
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var out strings.Builder
+	for _, l := range w {
+		if !slices.Contains(g, l) {
+			out.WriteString("- " + l + "\n")
+		}
+	}
+	for _, l := range g {
+		if !slices.Contains(w, l) {
+			out.WriteString("+ " + l + "\n")
+		}
+	}
+	return out.String()
 }
