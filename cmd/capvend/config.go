@@ -108,11 +108,12 @@ type LedgerConfig struct {
 	Replica string `yaml:"replica"`
 	// ReplicaCredentialsFile names a file of KEY=VALUE lines with the S3
 	// credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY): a secret,
-	// passed to litestream in its environment, never logged.
+	// refused while group or others may read it, passed to litestream in
+	// its environment only, never logged. Not for a file:// replica.
 	ReplicaCredentialsFile string `yaml:"replica_credentials_file"`
-	// Litestream is the litestream program (default: litestream, found
-	// in PATH).
-	Litestream string `yaml:"litestream"`
+	// LitestreamBin is the litestream program that 'ledger restore' and
+	// 'doctor' run (default: litestream, found in PATH).
+	LitestreamBin string `yaml:"litestream"`
 }
 
 // ServerConfig is how capvend presents itself to clients.
@@ -820,8 +821,8 @@ func (c *Config) resolvePaths(dir string) {
 	abs(&c.Ledger.Path)
 	abs(&c.Ledger.DSNFile)
 	abs(&c.Ledger.ReplicaCredentialsFile)
-	if strings.ContainsRune(c.Ledger.Litestream, filepath.Separator) {
-		abs(&c.Ledger.Litestream)
+	if strings.ContainsRune(c.Ledger.LitestreamBin, filepath.Separator) {
+		abs(&c.Ledger.LitestreamBin)
 	}
 	abs(&c.HTTP.AuthTokenFile)
 	abs(&c.Admin.TokenFile)

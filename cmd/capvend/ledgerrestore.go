@@ -31,7 +31,7 @@ func (c LedgerConfig) litestream(url string) (replica.Litestream, error) {
 	if _, err := replica.ParseURL(url); err != nil {
 		return replica.Litestream{}, fmt.Errorf("ledger.replica: %w", err)
 	}
-	ls := replica.Litestream{Bin: c.Litestream, URL: url}
+	ls := replica.Litestream{Bin: c.LitestreamBin, URL: url}
 	if f := c.ReplicaCredentialsFile; f != "" {
 		if err := checkSecretFile("ledger.replica_credentials_file", f); err != nil {
 			return ls, err
