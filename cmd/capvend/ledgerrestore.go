@@ -74,9 +74,22 @@ refunds) and Litestream again; 'capvend reconcile' lists what it found.
 Stored answers of calls answered after that point are lost: a client
 repeating such a request gets an error, not a second run.
 
+Why Litestream runs beside serve and is not linked into capvend: its
+library opens the database with its own copy of SQLite (modernc.org/sqlite)
+and requires the application to use that driver too, because POSIX locks
+belong to the process: when one copy of SQLite closes the file, the other
+copy's locks on it are gone (sqlite.org/howtocorrupt.html, 2.2.1).
+capvend's ledger is mattn/go-sqlite3, so linking Litestream would put two
+SQLite libraries on the books in one process. Run as its own process, it
+holds its locks and checkpoints as designed, and capvend uses its command
+line, which Litestream calls its stable interface (the library is not).
+
 The litestream program (ledger.litestream, else litestream in PATH) runs
 with only PATH, HOME and the variables of ledger.replica_credentials_file
-in its environment.
+in its environment: a file of AWS_ACCESS_KEY_ID=... and
+AWS_SECRET_ACCESS_KEY=... lines for an s3:// replica, refused while group
+or others may read it (chmod 600). Credentials never go on its command
+line, in litestream.yml or in a message.
 
 Examples:
   capvend ledger restore --to /var/lib/capvend/capvend.db
