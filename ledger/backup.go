@@ -56,7 +56,7 @@ const backupStepPages = 4096
 // the ledger itself. A PostgreSQL ledger is ErrBackupPostgres.
 func (l *Ledger) Backup(ctx context.Context, to string, force bool) (*BackupReport, error) {
 	if l.pg {
-		return nil, fmt.Errorf("backup: %w: use pg_dump (see the README, Backing up the ledger)", ErrBackupPostgres)
+		return nil, fmt.Errorf("backup: %w: use pg_dump (see docs/OPERATING.md, Backups)", ErrBackupPostgres)
 	}
 	if to == "" {
 		return nil, errors.New("backup: no file to write")

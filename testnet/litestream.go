@@ -6,7 +6,7 @@ import (
 )
 
 // LitestreamVersion is the Litestream release the backup tests run beside
-// capvend (the version the README's continuous backup documents).
+// capvend (the version docs/OPERATING.md's continuous backup documents).
 const LitestreamVersion = "v0.5.18"
 
 const litestreamModule = "github.com/benbjohnson/litestream"
@@ -17,7 +17,7 @@ const litestreamModule = "github.com/benbjohnson/litestream"
 // (about two minutes cold), like EnsureBinaries: into a temporary
 // directory and renamed, under a lock file, so concurrent callers wait
 // for one build. capvend does not link Litestream: it runs beside serve
-// (see the README, Continuous backup), so only tests need the binary
+// (see docs/OPERATING.md, Continuous backup), so only tests need the binary
 // built here; an operator installs Litestream's own release.
 func EnsureLitestream(ctx context.Context, binDir string, logf func(format string, a ...any)) (string, error) {
 	dir := filepath.Join(binDir, "litestream-"+LitestreamVersion)

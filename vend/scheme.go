@@ -223,7 +223,7 @@ func checkOutbound(t *Tool, r *CallRequest) error {
 func (r *CallRequest) secretsAllowed() bool { return !r.Public }
 
 // SchemesMarkdown renders the table of the ways to pay as the Markdown
-// table the README shows (a test keeps the two the same).
+// table docs/ARCHITECTURE.md shows (a test keeps the two the same).
 func SchemesMarkdown() string {
 	var b strings.Builder
 	b.WriteString("| scheme | credential | who may present it | releases | travels | hands back |\n|---|---|---|---|---|---|\n")

@@ -18,7 +18,7 @@ import (
 // MPP Lightning charge: the "Payment" HTTP authentication scheme's
 // "charge" intent for the "lightning" method (draft-lightning-charge-00,
 // as @getalby/lightning-tools' fetchWithMpp and Lightning Labs' Aperture
-// speak it; docs/ways-to-pay.md has the wire). An unpaid explicit-gating
+// speak it; docs/PAYING.md has the wire). An unpaid explicit-gating
 // call of a request that asked for HTTP 402 (CallRequest.L402) is answered
 // with a challenge beside its invoice (PaymentRequiredError.MPP); the
 // client pays the invoice and repeats the call with the credential

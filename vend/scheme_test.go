@@ -199,16 +199,17 @@ func TestReleaseCheckFollowsTheTable(t *testing.T) {
 	}
 }
 
-// TestREADMEShowsTheSchemeTable: the README's "Ways to pay" table is the
-// code's (vend.SchemesMarkdown): the docs cannot drift from the table
-// that is enforced.
-func TestREADMEShowsTheSchemeTable(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+// TestDocsShowTheSchemeTable: the "Ways to pay" table of
+// docs/ARCHITECTURE.md is the code's (vend.SchemesMarkdown): the docs
+// cannot drift from the table that is enforced.
+func TestDocsShowTheSchemeTable(t *testing.T) {
+	const doc = "../docs/ARCHITECTURE.md"
+	b, err := os.ReadFile(doc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(b), vend.SchemesMarkdown()) {
-		t.Fatalf("README.md's Ways to pay table differs from vend.SchemesMarkdown(); put this in:\n%s", vend.SchemesMarkdown())
+		t.Fatalf("%s's Ways to pay table differs from vend.SchemesMarkdown(); put this in:\n%s", doc, vend.SchemesMarkdown())
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 
 // x402 "exact" with Lightning (x402 v2's scheme_exact_lightning, as
 // @getalby/lightning-tools' fetchWithX402 reads and writes it;
-// docs/ways-to-pay.md has the wire). An unpaid explicit-gating call of a
+// docs/PAYING.md has the wire). An unpaid explicit-gating call of a
 // request that asked for HTTP 402 answers (CallRequest.L402) carries the
 // payment requirements of its invoice (PaymentRequiredError.X402): scheme
 // "exact", the Bitcoin network (CAIP-2), the amount in msat, and in extra

@@ -26,7 +26,7 @@ type DiscoveryInfo struct {
 	L402 bool
 }
 
-// discoveryDoc is the discovery document (README, Discovery).
+// discoveryDoc is the discovery document (docs/PAYING.md, Discovery).
 type discoveryDoc struct {
 	Name     string          `json:"name"`
 	Version  string          `json:"version"`

@@ -14,8 +14,8 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// HTTP 402 on MCP Streamable HTTP (the README's "Paying from any HTTP
-// client" says it for users).
+// HTTP 402 on MCP Streamable HTTP (docs/PAYING.md's "Paying from any
+// HTTP client" says it for users).
 //
 // When: an unpaid priced tools/call (or prompts/get, resources/read: see
 // sell) over HTTP is answered with HTTP 402 Payment Required, instead of

@@ -12,7 +12,7 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// MPP and x402 on the HTTP 402, and x402's MCP binding (docs/ways-to-pay.md
+// MPP and x402 on the HTTP 402, and x402's MCP binding (docs/PAYING.md
 // has the wire for people). Both are read into the vend.CallRequest and
 // judged by vend (scheme_mpp.go, scheme_x402.go); this file only
 // translates.

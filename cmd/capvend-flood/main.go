@@ -19,7 +19,7 @@
 //	capvend serve --config DIR/capvend.yaml &
 //	capvend-flood -config DIR/capvend.yaml -pid $!
 //
-// See the README, "Invoice flood", for a run and its figures.
+// See docs/OPERATING.md, "Invoice flood", for a run and its figures.
 package main
 
 import (

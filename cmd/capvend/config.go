@@ -204,7 +204,8 @@ type NostrConfig struct {
 	// when asked encrypted, plaintext when asked plaintext), required
 	// (plaintext requests refused) or disabled. Whatever the setting,
 	// a secret (a token, change, a credit key) never goes out in a
-	// plaintext event: such a request is refused (README, Ways to pay).
+	// plaintext event: such a request is refused (docs/ARCHITECTURE.md,
+	// Ways to pay).
 	Encryption string `yaml:"encryption"`
 	// Announce publishes the server's announcements (ContextVM, DVMCP,
 	// NIP-89) on the relays; `capvend unannounce` withdraws them.
@@ -230,12 +231,12 @@ type NostrConfig struct {
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
 	// Shard spreads the requests over the instances sharing the key and a
 	// PostgreSQL ledger by their event ids, without a ledger write per
-	// request (see the README's "Several instances on one ledger"); off:
+	// request (see docs/OPERATING.md, "Several instances on one ledger"); off:
 	// every instance claims each request in the ledger, the first wins.
 	Shard bool `yaml:"shard"`
 	// ShardSample is how often a sharding instance reads the member set;
-	// the times a membership change takes are multiples of it (see the
-	// README). 0: 1s.
+	// the times a membership change takes are multiples of it (see
+	// docs/OPERATING.md). 0: 1s.
 	ShardSample time.Duration `yaml:"shard_sample"`
 }
 
@@ -333,7 +334,7 @@ type ReconcileConfig struct {
 
 // LimitsConfig bounds what one client, and everyone, may hold open. A
 // client is an HTTP request's source address (every session from it), a
-// Nostr pubkey, or stdio: see the README, Limits.
+// Nostr pubkey, or stdio: see docs/OPERATING.md, Limits.
 type LimitsConfig struct {
 	// MaxUnpaidPerClient bounds one client's open unpaid payment
 	// requests: one counts until it is paid, canceled or expires.
@@ -922,7 +923,7 @@ func (c *Config) validateServer(p *problems) {
 		case err != nil:
 			p.bad("ledger.replica", "%v", err)
 		case c.Ledger.Driver == "postgres":
-			p.bad("ledger.replica", "Litestream replicates an SQLite ledger: back up PostgreSQL with its own tools (see the README)")
+			p.bad("ledger.replica", "Litestream replicates an SQLite ledger: back up PostgreSQL with its own tools (see docs/OPERATING.md, Backups)")
 		case u.Scheme == "file" && c.Ledger.ReplicaCredentialsFile != "":
 			p.bad("ledger.replica_credentials_file", "a file:// replica takes no credentials")
 		}

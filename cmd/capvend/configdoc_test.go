@@ -8,6 +8,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
@@ -105,43 +106,50 @@ func (d configDocs) field(typ, name string) string { return d.fields[typ][name] 
 
 func parseConfigDocs(dir string) (configDocs, error) {
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, dir, func(fi os.FileInfo) bool {
-		return !strings.HasSuffix(fi.Name(), "_test.go")
-	}, parser.ParseComments)
+	names, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
 		return configDocs{}, err
 	}
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		if err != nil {
+			return configDocs{}, err
+		}
+		files = append(files, f)
+	}
 	d := configDocs{types: map[string]string{}, fields: map[string]map[string]string{}}
-	for _, p := range pkgs {
-		for _, f := range p.Files {
-			for _, decl := range f.Decls {
-				g, ok := decl.(*ast.GenDecl)
-				if !ok || g.Tok != token.TYPE {
+	for _, f := range files {
+		for _, decl := range f.Decls {
+			g, ok := decl.(*ast.GenDecl)
+			if !ok || g.Tok != token.TYPE {
+				continue
+			}
+			for _, s := range g.Specs {
+				ts := s.(*ast.TypeSpec)
+				st, ok := ts.Type.(*ast.StructType)
+				if !ok {
 					continue
 				}
-				for _, s := range g.Specs {
-					ts := s.(*ast.TypeSpec)
-					st, ok := ts.Type.(*ast.StructType)
-					if !ok {
-						continue
-					}
-					doc := ts.Doc.Text()
-					if doc == "" {
-						doc = g.Doc.Text()
-					}
-					d.types[ts.Name.Name] = doc
-					fields := map[string]string{}
-					for _, fl := range st.Fields.List {
-						text := fl.Doc.Text()
-						if c := fl.Comment.Text(); c != "" {
-							text = strings.TrimSpace(text + " " + c)
-						}
-						for _, n := range fl.Names {
-							fields[n.Name] = text
-						}
-					}
-					d.fields[ts.Name.Name] = fields
+				doc := ts.Doc.Text()
+				if doc == "" {
+					doc = g.Doc.Text()
 				}
+				d.types[ts.Name.Name] = doc
+				fields := map[string]string{}
+				for _, fl := range st.Fields.List {
+					text := fl.Doc.Text()
+					if c := fl.Comment.Text(); c != "" {
+						text = strings.TrimSpace(text + " " + c)
+					}
+					for _, n := range fl.Names {
+						fields[n.Name] = text
+					}
+				}
+				d.fields[ts.Name.Name] = fields
 			}
 		}
 	}

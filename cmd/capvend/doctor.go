@@ -554,7 +554,7 @@ func checkReplica(ctx context.Context, cfg *Config, now time.Time) outcome {
 	if err != nil {
 		return failed(name, "run 'capvend ledger verify'", "%v", err)
 	}
-	start := "run Litestream beside capvend serve: capvend ledger litestream-config > litestream.yml; litestream replicate -config litestream.yml (see the README, Continuous backup)"
+	start := "run Litestream beside capvend serve: capvend ledger litestream-config > litestream.yml; litestream replicate -config litestream.yml (see docs/OPERATING.md, Continuous backup)"
 	if pos.Files == 0 {
 		if last.IsZero() {
 			return passed(name, "%s holds nothing yet, and the books are empty", ls.Redacted())

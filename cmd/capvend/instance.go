@@ -91,9 +91,9 @@ func (s *vendServer) shared() vend.SharedConfig {
 	}
 	sh := vend.SharedConfig{Leases: s.l, Instance: s.instance, LeaseTTL: s.cfg.Ledger.LeaseTTL}
 	if s.cfg.Limits.RequestsPerMinute > 0 {
-		sh.Rates = s.l // one ledger write per call: see README, Several instances
+		sh.Rates = s.l // one ledger write per call: see docs/OPERATING.md, Several instances
 	}
-	sh.Unpaid = s.l // one ledger read per new quote: see README, Several instances
+	sh.Unpaid = s.l // one ledger read per new quote: see docs/OPERATING.md, Several instances
 	return sh
 }
 

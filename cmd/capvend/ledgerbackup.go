@@ -33,8 +33,8 @@ what LND and the mints settled that the copy does not book. What happened
 after the copy was taken is not in it.
 
 A PostgreSQL ledger (ledger.driver postgres) is backed up with PostgreSQL's
-own tools: pg_dump, or a base backup with WAL archiving (see the README,
-Backing up the ledger).
+own tools: pg_dump, or a base backup with WAL archiving (see
+docs/OPERATING.md, Backups).
 
 Example:
   capvend ledger backup --to backups/capvend-2026-11-21.db`,
@@ -56,7 +56,7 @@ Example:
 					return err
 				}
 				if cfg.Ledger.Driver == "postgres" {
-					return fmt.Errorf("%w: run pg_dump --format=custom --file=capvend.dump \"$(cat %s)\", or keep a base backup with WAL archiving (see the README, Backing up the ledger)",
+					return fmt.Errorf("%w: run pg_dump --format=custom --file=capvend.dump \"$(cat %s)\", or keep a base backup with WAL archiving (see docs/OPERATING.md, Backups)",
 						ledger.ErrBackupPostgres, cfg.Ledger.DSNFile)
 				}
 			}

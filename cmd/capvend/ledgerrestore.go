@@ -51,7 +51,7 @@ func ledgerRestoreCommand() *command {
 		Name:    "restore",
 		Summary: "bring the SQLite ledger back from its Litestream replica into a new file",
 		Help: `Restores the ledger that Litestream replicated to ledger.replica (run beside
-'capvend serve': see the README, Continuous backup) into --to FILE: the
+'capvend serve': see docs/OPERATING.md, Continuous backup) into --to FILE: the
 newest state the replica holds, or with --at TIME the state as of that
 time (the last change replicated at or before it). FILE must not exist,
 nor the -wal and -shm files or the Litestream folder (.NAME-litestream) of
@@ -255,8 +255,8 @@ func ledgerLitestreamConfigCommand() *command {
 		Name:    "litestream-config",
 		Summary: "print the Litestream configuration that replicates the ledger to ledger.replica",
 		Help: `Writes the litestream.yml that replicates ledger.path to ledger.replica, for
-Litestream ` + replica.Version + ` run beside 'capvend serve' (see the README, Continuous
-backup): 'litestream replicate -config litestream.yml'. It holds no secret:
+Litestream ` + replica.Version + ` run beside 'capvend serve' (see docs/OPERATING.md,
+Continuous backup): 'litestream replicate -config litestream.yml'. It holds no secret:
 S3 credentials reach Litestream by its environment, from the file
 ledger.replica_credentials_file names (a systemd unit's EnvironmentFile=).
 

@@ -557,16 +557,16 @@ func lineDiff(want, got string) string {
 // TestRestoreHelpSaysWhyLitestreamRunsBeside: the choice of running
 // Litestream beside serve rather than linking it is stated, with its
 // reason, where an operator meets it: `ledger restore --help` and the
-// README's continuous backup.
+// backups section of docs/OPERATING.md (the README's map points there).
 func TestRestoreHelpSaysWhyLitestreamRunsBeside(t *testing.T) {
 	help, _, code := run(t, nil, "ledger", "restore", "--help")
-	readme, err := os.ReadFile("../../README.md")
+	doc, err := os.ReadFile("../../docs/OPERATING.md")
 	if code != 0 || err != nil {
-		t.Fatalf("help exit %d, README: %v", code, err)
+		t.Fatalf("help exit %d, docs/OPERATING.md: %v", code, err)
 	}
-	_, section, _ := strings.Cut(string(readme), "\n### Continuous backup\n")
+	_, section, _ := strings.Cut(string(doc), "\n### Continuous backup\n")
 	section, _, _ = strings.Cut(section, "\n### ")
-	for name, text := range map[string]string{"ledger restore --help": help, "the README's Continuous backup": section} {
+	for name, text := range map[string]string{"ledger restore --help": help, "docs/OPERATING.md, Continuous backup": section} {
 		for _, want := range []string{"beside", "modernc.org/sqlite", "mattn/go-sqlite3", "POSIX locks", "howtocorrupt.html"} {
 			if !strings.Contains(text, want) {
 				t.Errorf("%s does not say %q", name, want)

@@ -350,18 +350,14 @@ func TestBinaryBuildsAndRuns(t *testing.T) {
 	}
 }
 
-// TestReadmeConfigValidates keeps the README's configuration example true.
+// TestReadmeConfigValidates keeps the README's configuration example (its
+// first yaml block) true.
 func TestReadmeConfigValidates(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, ok := strings.Cut(string(readme), "```yaml\n")
-	block, _, ok2 := strings.Cut(rest, "```")
-	if !ok || !ok2 {
+	blocks := docBlocks(t, "README.md", "yaml")
+	if len(blocks) == 0 {
 		t.Fatal("README has no yaml block")
 	}
-	cfg, err := parseConfig(filepath.Join(t.TempDir(), "capvend.yaml"), []byte(block), func(string) string { return "" })
+	cfg, err := parseConfig(filepath.Join(t.TempDir(), "capvend.yaml"), []byte(blocks[0]), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,31 +15,33 @@ import (
 	"github.com/capvend/capvend/testnet"
 )
 
-// The README's "Paying from any HTTP client" walk-through runs from the
-// line that sets url to the ledger check, in README order, in one shell
-// session as a user pastes it.
+// payDoc's HTTP walk-through runs from the line that sets url to the
+// ledger check, in the order it is written, in one shell session as a
+// user pastes it.
 const (
+	payDoc   = "docs/PAYING.md"
 	payFirst = "url=http://127.0.0.1:8402/mcp"
 	payServe = "capvend serve --config regtest.yaml"
 	payLast  = "capvend ledger verify --config regtest.yaml"
 )
 
-// payElsewhere are README commands inside the walk-through's range that
+// payElsewhere are commands inside the walk-through's range that
 // TestREADME runs on their own (in the demo's folder).
 var payElsewhere = []string{"capvend l402 list", "capvend credit"}
 
-// payingFromHTTP runs the README's walk-through of L402, X-Cashu and
-// credit with curl against `capvend serve` on the shared regtest stack:
+// payingFromHTTP runs payDoc's walk-through of L402, MPP, x402, X-Cashu
+// and credit with curl against `capvend serve` on the shared regtest stack:
 // each line runs in bash, literally (the README's port replaced by a free
 // one), with capvend on PATH and the stack as its testnet; shell
 // variables carry over from line to line as in a terminal. It checks what
-// the README promises: the 402 with its challenges, the paid results,
+// the document promises: the 402 with its challenges, the paid results,
 // the credit balance, and `ledger verify`.
-func payingFromHTTP(t *testing.T, run func(string, func(*testing.T)), cmds []string) {
+func payingFromHTTP(t *testing.T, run func(string, func(*testing.T))) {
+	cmds, _ := docCommands(t, payDoc)
 	first, last := slices.Index(cmds, payFirst), slices.Index(cmds, payLast)
 	serveAt := slices.Index(cmds, payServe)
 	if first < 0 || last < first || serveAt < 0 || serveAt > first {
-		t.Errorf("the README's HTTP payment walk-through (%q, then %q ... %q) is not in order", payServe, payFirst, payLast)
+		t.Errorf("%s's HTTP payment walk-through (%q, then %q ... %q) is not in order", payDoc, payServe, payFirst, payLast)
 		return
 	}
 	for _, bin := range []string{"bash", "curl"} {
@@ -72,7 +74,7 @@ func payingFromHTTP(t *testing.T, run func(string, func(*testing.T)), cmds []str
 	}
 }
 
-// payShell runs README lines in bash in dir, carrying the lowercase shell
+// payShell runs the walk-through's lines in bash in dir, carrying the lowercase shell
 // variables from one line to the next in dir/vars.sh.
 type payShell struct {
 	dir, listen string
@@ -101,8 +103,8 @@ func (sh *payShell) value(t *testing.T, name string) string {
 	return strings.TrimSpace(sh.run(t, `printf '%s\n' "$`+name+`"`))
 }
 
-// payCheck checks the output of one walk-through line against what the
-// README says it shows.
+// payCheck checks the output of one walk-through line against what
+// payDoc says it shows.
 func payCheck(t *testing.T, cmd, out string, sh *payShell) {
 	hi := fmt.Sprintf("%x", sha256.Sum256([]byte("hi")))
 	want := func(subs ...string) {
@@ -181,7 +183,7 @@ func payCheck(t *testing.T, cmd, out string, sh *payShell) {
 			t.Errorf("%s printed %q", cmd, out)
 		}
 	default:
-		t.Fatalf("no check for the README's %q: update payCheck", cmd)
+		t.Fatalf("no check for %s's %q: update payCheck", payDoc, cmd)
 	}
 }
 
@@ -200,14 +202,14 @@ func waitListed(t *testing.T, url string) {
 	}
 }
 
-// payConfig writes dir/regtest.yaml: the README's configuration for the
+// payConfig writes dir/regtest.yaml: payDoc's configuration for the
 // walk-through, its placeholders replaced by the stack's vendor node (TLS
-// certificate and a 0600 copy of the invoice macaroon in dir, as the
-// README says), the stack's mint, example-tools and a free port, which
-// it returns.
+// certificate and a 0600 copy of the invoice macaroon in dir, as payDoc
+// says), the stack's mint, example-tools and a free port, which it
+// returns.
 func payConfig(t *testing.T, s *testnet.Stack, dir string) string {
 	var cfg string
-	for _, b := range readmeBlocks(t, "yaml") {
+	for _, b := range docBlocks(t, payDoc, "yaml") {
 		if strings.Contains(b, "path: regtest.db") {
 			cfg = b
 		}
@@ -232,7 +234,7 @@ func payConfig(t *testing.T, s *testnet.Stack, dir string) string {
 		{"macaroon_file: vendor-invoice.macaroon", "macaroon_file: vendor-invoice.macaroon"},
 	} {
 		if !strings.Contains(cfg, r[0]) {
-			t.Fatalf("the README's regtest.yaml lacks %q: update payConfig\n%s", r[0], cfg)
+			t.Fatalf("%s's regtest.yaml lacks %q: update payConfig\n%s", payDoc, r[0], cfg)
 		}
 		cfg = strings.ReplaceAll(cfg, r[0], r[1])
 	}

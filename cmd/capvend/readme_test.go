@@ -27,11 +27,28 @@ import (
 	"github.com/capvend/capvend/testnet"
 )
 
-// readmeBlocks returns the README's fenced code blocks of a language, one
-// string per block.
-func readmeBlocks(t *testing.T, lang string) []string {
+// docFiles are the Markdown files whose commands TestREADME runs, as
+// paths from the repository's root: README.md, then docs/*.md by name.
+func docFiles(t *testing.T) []string {
 	t.Helper()
-	f, err := os.Open("../../README.md")
+	docs, err := filepath.Glob("../../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := []string{"README.md"}
+	for _, d := range docs {
+		files = append(files, "docs/"+filepath.Base(d))
+	}
+	return files
+}
+
+// docBlocks returns the fenced code blocks of a language in file (a path
+// from the repository's root), one string per block. Only a fence that
+// starts its line counts: a block indented under a list item is an
+// illustration, not a command to run or a configuration to check.
+func docBlocks(t *testing.T, file, lang string) []string {
+	t.Helper()
+	f, err := os.Open(filepath.Join("../..", file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,24 +68,36 @@ func readmeBlocks(t *testing.T, lang string) []string {
 			cur.WriteString(line + "\n")
 		}
 	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
 	return blocks
 }
 
-// readmeCommands are the README's shell commands, in order.
-func readmeCommands(t *testing.T) []string {
-	var cmds []string
-	for _, b := range readmeBlocks(t, "sh") {
-		for _, line := range strings.Split(b, "\n") {
-			if line = strings.TrimSpace(line); line != "" {
-				cmds = append(cmds, line)
+// docCommands are the shell commands (the lines of `sh` blocks) of files,
+// in order, and the file each comes from.
+func docCommands(t *testing.T, files ...string) (cmds []string, from map[string]string) {
+	t.Helper()
+	from = map[string]string{}
+	for _, file := range files {
+		for _, b := range docBlocks(t, file, "sh") {
+			for _, line := range strings.Split(b, "\n") {
+				if line = strings.TrimSpace(line); line != "" {
+					cmds = append(cmds, line)
+					if from[line] == "" {
+						from[line] = file
+					}
+				}
 			}
 		}
 	}
-	return cmds
+	return cmds, from
 }
 
-// TestREADME runs every command of the README, the way a newcomer would,
-// and fails when the README gains a command this test does not run. Each
+// TestREADME runs every command of README.md and docs/*.md (every line of
+// their `sh` blocks), the way a newcomer would, and fails when one of them
+// gains a command this test does not run. Commands not to run (a load
+// test, a deployment) go in `console` or unmarked blocks. Each
 // capvend command is the built binary run in its folder (capvendIn), so
 // the test changes no working directory and runs beside the other
 // parallel tests.
@@ -77,29 +106,30 @@ func readmeCommands(t *testing.T) []string {
 //     --dir D` (the same command keeping its files), against its own
 //     regtest stack; the transcript's milestones are checked and every
 //     process it started must be gone.
-//   - The ledger commands then run in D, on the demo's ledger, and
-//     hledger and bean-check read the exports; Litestream (built from
-//     its pinned version) replicates the ledger to a file:// replica,
-//     and `ledger restore` brings it back, verified.
+//   - The ledger commands (docs/OPERATING.md) then run in D, on the
+//     demo's ledger, and hledger and bean-check read the exports;
+//     Litestream (built from its pinned version) replicates the ledger
+//     to a file:// replica, and `ledger restore` brings it back, verified.
 //   - `capvend init` and `capvend serve` run in a fresh folder: the
 //     written configuration validates, and serve answers an MCP client.
-//   - "Paying from any HTTP client": `capvend serve --config regtest.yaml`
-//     runs in-process on the shared regtest stack, and the curl
-//     walk-through (L402, X-Cashu, credit) runs line by line in bash
-//     (payingFromHTTP).
-//   - The "Outgrowing one machine" commands then start a stack with its
+//   - docs/PAYING.md's HTTP walk-through: `capvend serve --config
+//     regtest.yaml` runs in-process on the shared regtest stack, and the
+//     curl walk-through (L402, MPP, x402, X-Cashu, credit) runs line by
+//     line in bash (payingFromHTTP).
+//   - docs/OPERATING.md's PostgreSQL commands then start a stack with its
 //     PostgreSQL server, move a copy of the demo's ledger into it and
 //     verify it there (readmePostgres).
 //   - `go test -race -timeout 60m ./...` is what .ci/run runs; this test checks
 //     that it does.
 func TestREADME(t *testing.T) {
 	t.Parallel() // its commands run as the built binary, each in its folder
-	cmds := readmeCommands(t)
+	files := docFiles(t)
+	cmds, from := docCommands(t, files...)
 	ran := map[string]bool{}
 	run := func(cmd string, f func(t *testing.T)) {
 		t.Helper()
 		if !slices.Contains(cmds, cmd) {
-			t.Errorf("the README no longer has %q: update this test", cmd)
+			t.Errorf("README.md and docs/ no longer have %q: update this test", cmd)
 			return
 		}
 		ran[cmd] = true
@@ -109,7 +139,7 @@ func TestREADME(t *testing.T) {
 	defer func() {
 		for _, c := range cmds {
 			if !ran[c] {
-				t.Errorf("README command %q is not run by TestREADME", c)
+				t.Errorf("%s: command %q is not run by TestREADME (a command not to run goes in a console block)", from[c], c)
 			}
 		}
 	}()
@@ -124,14 +154,15 @@ func TestREADME(t *testing.T) {
 		}
 	})
 
-	cfgs := readmeBlocks(t, "yaml")
-	if len(cfgs) == 0 {
+	if len(docBlocks(t, "README.md", "yaml")) == 0 {
 		t.Fatal("the README has no configuration example")
 	}
 	t.Run("configuration example", func(t *testing.T) {
-		for _, c := range cfgs {
-			if _, err := parseConfig(filepath.Join(t.TempDir(), "capvend.yaml"), []byte(c), func(string) string { return "" }); err != nil {
-				t.Errorf("the README's configuration is refused: %v\n%s", err, c)
+		for _, file := range files {
+			for _, c := range docBlocks(t, file, "yaml") {
+				if _, err := parseConfig(filepath.Join(t.TempDir(), "capvend.yaml"), []byte(c), func(string) string { return "" }); err != nil {
+					t.Errorf("%s: a configuration is refused: %v\n%s", file, err, c)
+				}
 			}
 		}
 	})
@@ -250,7 +281,7 @@ func TestREADME(t *testing.T) {
 		skip.Short(t, "the demo and the ledger commands need the regtest stack")
 	}
 	operating(t, run)
-	payingFromHTTP(t, run, cmds)
+	payingFromHTTP(t, run)
 	demoDir := filepath.Join(t.TempDir(), "demo")
 	run("go run ./cmd/capvend demo", func(t *testing.T) { runDemoBinary(t, demoDir) })
 	if t.Failed() {
@@ -394,7 +425,7 @@ func TestREADME(t *testing.T) {
 			t.Errorf("credit:\n%s", out)
 		}
 	})
-	readmePostgres(t, run, filepath.Join(demoDir, "capvend.db"), cfgs)
+	readmePostgres(t, run, filepath.Join(demoDir, "capvend.db"))
 }
 
 // capvendIn runs the built capvend binary with args in dir, as a user at a
@@ -470,7 +501,7 @@ func runDemoBinary(t *testing.T, dir string) {
 	}
 }
 
-// operating runs the README's "Operating capvend" commands in a fresh
+// operating runs docs/OPERATING.md's doctor and reconcile commands in a fresh
 // folder whose configuration sells example-tools through the shared
 // regtest stack's vendor LND (its invoice macaroon) and mint: doctor
 // passes (liquidity is skipped: the invoice macaroon cannot read it), and

@@ -13,16 +13,19 @@ import (
 	"github.com/capvend/capvend/testnet"
 )
 
-// readmePostgres runs the README's "Outgrowing one machine" commands the
-// way a newcomer pastes them, in a fresh folder holding a copy of srcDB
-// (the demo's SQLite ledger) and the README's postgres configuration:
+// pgDoc holds the PostgreSQL walk-through: its configuration with
+// ledger.driver postgres and its commands.
+const pgDoc = "docs/OPERATING.md"
+
+// readmePostgres runs pgDoc's PostgreSQL commands the way a newcomer
+// pastes them, in a fresh folder holding a copy of srcDB (the demo's
+// SQLite ledger) and pgDoc's postgres configuration:
 // `capvend testnet up --postgres` starts a real stack with its PostgreSQL
 // server (the stack's directory is ~/.cache/capvend/testnet of a home of
-// its own, so the README's jq line reads it), the DSN is written to
-// ledger.dsn, the ledger is migrated into that database and verified
-// there. The stack is torn down at the end. yamlBlocks are the README's
-// configuration examples.
-func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB string, yamlBlocks []string) {
+// its own, so the jq line reads it), the DSN is written to ledger.dsn,
+// the ledger is migrated into that database and verified there, and
+// pg_dump backs it up. The stack is torn down at the end.
+func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB string) {
 	home := t.TempDir()
 	stackDir := filepath.Join(home, ".cache", "capvend", "testnet")
 	dir := t.TempDir()
@@ -31,13 +34,13 @@ func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB stri
 		copyFile(t, srcDB+"-wal", filepath.Join(dir, "capvend.db-wal"))
 	}
 	var cfg string
-	for _, c := range yamlBlocks {
+	for _, c := range docBlocks(t, pgDoc, "yaml") {
 		if strings.Contains(c, "driver: postgres") {
 			cfg = c
 		}
 	}
 	if cfg == "" {
-		t.Fatal("the README has no configuration with ledger.driver: postgres")
+		t.Fatalf("%s has no configuration with ledger.driver: postgres", pgDoc)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "capvend.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

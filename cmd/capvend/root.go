@@ -10,8 +10,8 @@ use $CAPVEND_CONFIG, else ./capvend.yaml.
 New here? 'capvend demo' shows everything working on a local regtest
 network in about half a minute (the first run builds btcd and lnd). To
 sell your own MCP server: 'capvend init', edit capvend.yaml, then
-'capvend serve'. The README explains the configuration, real LND nodes,
-Cashu mints and Nostr relays, and how clients pay.`,
+'capvend serve'. docs/OPERATING.md explains the configuration, real LND
+nodes, Cashu mints and Nostr relays; docs/PAYING.md how clients pay.`,
 		Subs: []*command{
 			demoCommand(),
 			initCommand(),

@@ -40,7 +40,7 @@ func serveCommand() *command {
 (http.listen) and Nostr clients (ContextVM, DVMCP) on nostr.relays, where it
 also announces its tools and prices (nostr.announce). Priced tool calls
 send notifications/payment_required with a Lightning invoice, run once
-paid, and are recorded in the ledger; see the README for how clients pay.
+paid, and are recorded in the ledger; see docs/PAYING.md for how clients pay.
 Over HTTP only MCP sessions it issued are served (404 otherwise), at most
 http.max_sessions_per_source (100) per client (its next initialize evicts
 its own session idle the longest, or gets 429), browser origins are
@@ -227,7 +227,7 @@ func (s *vendServer) open(ctx context.Context) error {
 	catalog := s.v.Offered(upstreamCatalog{s.ups})
 	fcfg.Vendor, fcfg.Catalog, fcfg.Version, fcfg.Logger = s.v, catalog, buildVersion(), s.log
 	if cfg.Ledger.Driver == "postgres" {
-		fcfg.Sessions = s.l // any instance accepts a session any issued: see README, Several instances
+		fcfg.Sessions = s.l // any instance accepts a session any issued: see docs/OPERATING.md, Several instances
 	}
 	if s.front, err = mcpfront.New(fcfg); err != nil {
 		return err

@@ -1,8 +1,10 @@
 // Package layers holds one test: the module's packages import each other
-// only inward (STYLE.md): adapters, billing and ledger -> vend -> pricing.
+// only inward (docs/ARCHITECTURE.md, "What may import what"): adapters,
+// billing and ledger -> vend -> pricing.
 package layers
 
 import (
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -19,6 +21,7 @@ var forbidden = map[string][]string{
 	"vend":             {"adapters", "billing", "ledger", "reconcile", "cmd", "testnet", "migrations"},
 	"billing/lnd":      {"adapters", "ledger", "cmd", "testnet"},
 	"billing/cashu":    {"adapters", "ledger", "cmd", "testnet"},
+	"billing/nwc":      {"adapters", "ledger", "cmd", "testnet"},
 	"adapters":         {"billing", "ledger", "reconcile", "cmd", "testnet"},
 	"ledger":           {"adapters", "billing", "cmd", "testnet"},
 	"internal/journal": {"adapters", "billing", "ledger", "reconcile", "cmd", "testnet"},
@@ -59,5 +62,23 @@ func TestImportsPointInward(t *testing.T) {
 	}
 	if checked < len(forbidden) {
 		t.Fatalf("checked %d packages: go list found too few", checked)
+	}
+}
+
+// TestRulesAreDocumented: the section this package's rules are written in
+// exists, and shows each rule's package.
+func TestRulesAreDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/ARCHITECTURE.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## What may import what\n")
+	if !ok {
+		t.Fatal(`docs/ARCHITECTURE.md has no section "What may import what"`)
+	}
+	for path := range forbidden {
+		if !strings.Contains(section, "`"+path+"`") {
+			t.Errorf(`docs/ARCHITECTURE.md's "What may import what" does not show the rule of %s`, path)
+		}
 	}
 }
