@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -30,6 +33,8 @@ import (
 // A refused presentation spends nothing: the credential is checked to
 // work for its own client afterwards. A scheme with a credential and no
 // kit here fails the test: a new way to pay brings its row and its kit.
+// A credential with several carriers (a Cashu token in _meta, or in a
+// CEP-8 direct_payment tag) runs the whole product once per carrier.
 
 // outcome is what a presentation got.
 type outcome string
@@ -120,11 +125,13 @@ type credential struct {
 }
 
 // presentation is how a credential goes on a channel: _meta, extra
-// arguments, HTTP headers, a request id, or nothing (absent).
+// arguments, HTTP headers, Nostr event tags, a request id, or nothing
+// (absent).
 type presentation struct {
 	meta   map[string]any
 	args   map[string]any
 	header http.Header
+	tags   []nostr.Tag
 	id     any
 	absent bool
 }
@@ -132,6 +139,7 @@ type presentation struct {
 // kit obtains one scheme's credential on the shop, issued to its home
 // channel for sha256 {"text": text}, and says how it is presented.
 type kit struct {
+	carrier   string // how the credential travels, when a scheme has several
 	home      func(f *fixture) *channel
 	issue     func(t *testing.T, f *fixture, text string) credential
 	present   func(cr credential, ch *channel) presentation
@@ -169,7 +177,8 @@ func (f *fixture) call(t *testing.T, ch *channel, id any, tool string, args map[
 	if ch.http != nil {
 		return ch.http.tryRPC(ch.sess, id, "tools/call", callParams(tool, a, meta), pr.header)
 	}
-	m := ch.nostr.untilResponse(ch.nostr.send(ch.d, id, "tools/call", callParams(tool, a, meta), explicitTag()), nil)
+	tags := append([]nostr.Tag{explicitTag()}, pr.tags...)
+	m := ch.nostr.untilResponse(ch.nostr.send(ch.d, id, "tools/call", callParams(tool, a, meta), tags...), nil)
 	return m.rpcMessage, nil
 }
 
@@ -396,14 +405,7 @@ func kits() map[vend.SchemeName]kit {
 			present: func(cr credential, ch *channel) presentation {
 				return onHTTP(ch, http.Header{"Payment-Signature": {cr.x402}})
 			}},
-		vend.SchemeCashu: {home: httpHome, singleUse: true,
-			issue: func(t *testing.T, f *fixture, text string) credential {
-				tok, err := f.sh.s.CashuMint(context.Background(), 25)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return credential{text: text, cashu: tok}
-			},
+		vend.SchemeCashu: {carrier: "_meta", home: httpHome, singleUse: true, issue: mintCashu,
 			present: func(cr credential, ch *channel) presentation {
 				return presentation{meta: map[string]any{vend.MetaCashuToken: cr.cashu}}
 			}},
@@ -434,6 +436,32 @@ func kits() map[vend.SchemeName]kit {
 			present: func(credential, *channel) presentation {
 				return presentation{meta: map[string]any{vend.MetaCredit: true}}
 			}},
+	}
+}
+
+// mintCashu issues a 25-sat Cashu token of the stack's mint.
+func mintCashu(t *testing.T, f *fixture, text string) credential {
+	tok, err := f.sh.s.CashuMint(context.Background(), 25)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return credential{text: text, cashu: tok}
+}
+
+// carriers are the other ways a scheme's credential travels, by scheme:
+// each runs the whole cross-product as kits' own does.
+func carriers() map[vend.SchemeName][]kit {
+	return map[vend.SchemeName][]kit{
+		// CEP-8: the token in the request event's direct_payment tag, a
+		// carrier only Nostr has (its home is a Nostr key, so that the
+		// token refused in plaintext is then spent by its own client).
+		vend.SchemeCashu: {{carrier: "direct_payment tag", home: func(f *fixture) *channel { return f.nostrK }, singleUse: true, issue: mintCashu,
+			present: func(cr credential, ch *channel) presentation {
+				if ch.nostr == nil {
+					return presentation{absent: true}
+				}
+				return presentation{tags: []nostr.Tag{{"direct_payment", ctxvm.PMICashuDirect, cr.cashu}}}
+			}}},
 	}
 }
 
@@ -474,7 +502,7 @@ func TestCrossProductOfWaysToPay(t *testing.T) {
 	f.nostrJ = &channel{name: "Nostr J", nostr: j, d: ctxvmWrapped}
 	f.kRaw = &channel{name: "Nostr K plaintext", nostr: k, d: ctxvmPlain, public: true}
 
-	ks := kits()
+	ks, more := kits(), carriers()
 	covered := 0
 	for _, s := range vend.Schemes() {
 		kt, ok := ks[s.Name]
@@ -485,40 +513,54 @@ func TestCrossProductOfWaysToPay(t *testing.T) {
 			t.Errorf("scheme %s (%s) has no kit in the cross-product", s.Name, s.Credential)
 			continue
 		}
-		home := kt.home(f)
-		text := "cross-" + string(s.Name)
-		shared := kt.issue(t, f, text)
-		var releases [][2]int
-		for pi, p := range presenters {
-			ch, isHome := f.presenter(p, home)
-			for ci, c := range callKinds {
-				want := expected(s, p, isHome, c)
-				if want == released {
-					releases = append(releases, [2]int{pi, ci})
-					continue // after the refusals: they must spend nothing
-				}
-				f.check(t, s, kt, shared, p, ch, c, want)
-				covered++
-			}
-		}
-		// The releases: the shared credential last, for its own client
-		// and the same call (or, for a reusable one, all of them).
-		for _, pc := range releases {
-			p, c := presenters[pc[0]], callKinds[pc[1]]
-			ch, _ := f.presenter(p, home)
-			cr := shared
-			if kt.present(shared, ch).absent {
-				f.check(t, s, kt, shared, p, ch, c, released) // logs it
-				continue
-			}
-			if kt.singleUse && !(p == issuedTo && c == sameCall) {
-				cr = kt.issue(t, f, fmt.Sprintf("%s-%d", text, f.seq))
-			}
-			f.check(t, s, kt, cr, p, ch, c, released)
-			covered++
+		for _, kt := range append([]kit{kt}, more[s.Name]...) {
+			covered += f.product(t, s, kt)
 		}
 	}
 	t.Logf("%d presentations checked", covered)
+}
+
+// product presents scheme s's credential, obtained and carried by kt, by
+// every presenter with every call kind, and returns how many
+// presentations it checked.
+func (f *fixture) product(t *testing.T, s vend.Scheme, kt kit) (covered int) {
+	t.Helper()
+	home := kt.home(f)
+	text := "cross-" + string(s.Name)
+	if kt.carrier != "" {
+		text += "-" + strings.Fields(kt.carrier)[0]
+	}
+	shared := kt.issue(t, f, text)
+	var releases [][2]int
+	for pi, p := range presenters {
+		ch, isHome := f.presenter(p, home)
+		for ci, c := range callKinds {
+			want := expected(s, p, isHome, c)
+			if want == released {
+				releases = append(releases, [2]int{pi, ci})
+				continue // after the refusals: they must spend nothing
+			}
+			f.check(t, s, kt, shared, p, ch, c, want)
+			covered++
+		}
+	}
+	// The releases: the shared credential last, for its own client
+	// and the same call (or, for a reusable one, all of them).
+	for _, pc := range releases {
+		p, c := presenters[pc[0]], callKinds[pc[1]]
+		ch, _ := f.presenter(p, home)
+		cr := shared
+		if kt.present(shared, ch).absent {
+			f.check(t, s, kt, shared, p, ch, c, released) // logs it
+			continue
+		}
+		if kt.singleUse && !(p == issuedTo && c == sameCall) {
+			cr = kt.issue(t, f, fmt.Sprintf("%s-%d", text, f.seq))
+		}
+		f.check(t, s, kt, cr, p, ch, c, released)
+		covered++
+	}
+	return covered
 }
 
 // check presents cr of scheme s by p on ch with c and compares the outcome
@@ -527,15 +569,19 @@ func (f *fixture) check(t *testing.T, s vend.Scheme, kt kit, cr credential, p wh
 	t.Helper()
 	pr := kt.present(cr, ch)
 	if pr.absent {
-		t.Logf("%-13s %-28s %-16s: %s cannot carry it", s.Name, p, c, ch.name)
+		t.Logf("%-13s %-18s %-28s %-16s: %s cannot carry it", s.Name, kt.carrier, p, c, ch.name)
 		return
 	}
 	tool, args, ran := target(c, cr.text)
 	m, err := f.call(t, ch, pr.id, tool, args, pr)
 	got := classifyAnswer(m, err, ran)
 	if got != want {
-		t.Errorf("%s presented by %s (%s) with %s: %s, the table says %s\n  answer: %.400s %v", s.Name, p, ch.name, c, got, want, m, err)
+		name := string(s.Name)
+		if kt.carrier != "" {
+			name += " (" + kt.carrier + ")"
+		}
+		t.Errorf("%s presented by %s (%s) with %s: %s, the table says %s\n  answer: %.400s %v", name, p, ch.name, c, got, want, m, err)
 		return
 	}
-	t.Logf("%-13s %-28s %-16s: %s", s.Name, p, c, got)
+	t.Logf("%-13s %-18s %-28s %-16s: %s", s.Name, kt.carrier, p, c, got)
 }

@@ -86,6 +86,7 @@ type nostrMsg struct {
 	rpcMessage
 	payReq string
 	kind   int
+	tags   nostr.Tags // the event's (inside its wrap)
 }
 
 // build makes the request event for method and params in dialect d
@@ -242,7 +243,7 @@ func (c *nostrClient) next(reqID string, wait time.Duration) (nostrMsg, bool) {
 
 // decodeAnswer reads a server event in its dialect.
 func decodeAnswer(t testing.TB, ev *nostr.Event) nostrMsg {
-	m := nostrMsg{kind: ev.Kind}
+	m := nostrMsg{kind: ev.Kind, tags: ev.Tags}
 	status := ev.Tags.Find("status")
 	switch ev.Kind {
 	case kindMessage:

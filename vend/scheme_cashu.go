@@ -9,7 +9,7 @@ import (
 // X-Cashu header) pays the new call at once; what it brought beyond the
 // price comes back as change, and a failed call's refund as a token:
 // bearer ecash both ways, so never on a public channel.
-var schemeCashu = Scheme{Name: SchemeCashu, Credential: "a Cashu token (cashuA/cashuB) in the request", Bearer: true,
+var schemeCashu = Scheme{Name: SchemeCashu, Credential: "a Cashu token (cashuA/cashuB) in the request (its _meta, or a CEP-8 direct_payment tag)", Bearer: true,
 	Releases: ReleasesPaid, Private: true, HandsBack: "change and refund tokens"}
 
 // payWithToken takes a Cashu token for the call, then runs it.

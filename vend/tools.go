@@ -280,6 +280,29 @@ func ElicitFrom(ctx context.Context) ElicitFunc {
 	return fn
 }
 
+type clientPubkeyKey struct{}
+
+// WithClientPubkey returns ctx carrying pubkey (64 lowercase hex): the
+// Nostr key whose signature the request carries, which a front sets only
+// where it checked that signature. The Vendor passes the request's ctx
+// to the ToolSource and ItemSource, so an upstream may be told who
+// calls (ContextVM's CEP-16); it is no part of the call's canonical
+// arguments. A call capvend finishes without its request (recovered
+// after a crash, or whose client left) has none. "" returns ctx
+// unchanged.
+func WithClientPubkey(ctx context.Context, pubkey string) context.Context {
+	if pubkey == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, clientPubkeyKey{}, pubkey)
+}
+
+// ClientPubkeyFrom returns the pubkey WithClientPubkey put in ctx, or "".
+func ClientPubkeyFrom(ctx context.Context) string {
+	pk, _ := ctx.Value(clientPubkeyKey{}).(string)
+	return pk
+}
+
 // Payment method identifiers (pmi) and the _meta keys capvend reads.
 const (
 	PMILightning = "bitcoin-lightning-bolt11" // a bolt11 invoice (LND, or a Cashu mint quote's invoice)

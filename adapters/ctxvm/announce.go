@@ -39,6 +39,10 @@ const (
 	KindHandlerInfo = 31990
 	kindLegacyJob   = 5910 // DVMCP 2024-11-05 job requests (the k tag of 31990)
 	KindDeletion    = 5    // NIP-09
+
+	// KindProfile is the server's profile (CEP-23: NIP-01 kind 0
+	// metadata of the server key), with Config.Profile.
+	KindProfile = 0
 )
 
 // Announcement retry backoff after a failed publication.
@@ -74,7 +78,8 @@ func (s *Server) ServerID() string { return ServerID(s.pk) }
 // AnnouncementAddresses returns the address of every announcement a server
 // with pubkey publishes (when Config.Announce is set): what
 // `capvend unannounce` asks relays to delete. Whether or not a Catalog is
-// configured, the list is the same.
+// configured, the list is the same. The profile (KindProfile, with
+// Config.Profile) is not in it: it names the key, not what it sells.
 func AnnouncementAddresses(pubkey string) []Address {
 	id := ServerID(pubkey)
 	return []Address{
@@ -324,7 +329,23 @@ func (s *Server) announcements() []announcement {
 		nip89 = append(nip89, nostr.Tag{"t", t.Name})
 	}
 	out = append(out, announcement{Address: Address{KindHandlerInfo, id}, content: string(legacy), tags: nip89})
+	if s.cfg.Profile {
+		out = append(out, announcement{Address: Address{Kind: KindProfile}, content: s.profile(), tags: nostr.Tags{}})
+	}
 	return out
+}
+
+// profile is the content of the server's CEP-23 profile: NIP-01
+// metadata of the configured name, about, picture and website (those
+// set), in that order.
+func (s *Server) profile() string {
+	b, _ := json.Marshal(struct {
+		Name    string `json:"name,omitempty"`
+		About   string `json:"about,omitempty"`
+		Picture string `json:"picture,omitempty"`
+		Website string `json:"website,omitempty"`
+	}{s.cfg.Name, s.cfg.About, s.cfg.Picture, s.cfg.Website})
+	return string(b)
 }
 
 // capTag is a DVMCP cap tag of a priced capability: its bare name and

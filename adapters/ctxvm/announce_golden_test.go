@@ -81,3 +81,25 @@ func announceGolden(ev nostr.Event) []byte {
 	fmt.Fprintf(&b, "],\n  \"content\": %s\n}\n", str(ev.Content))
 	return b.Bytes()
 }
+
+// TestAnnounceProfileGolden holds the CEP-23 profile (kind 0) of the
+// golden server in testdata/golden/announce_0.json.
+func TestAnnounceProfileGolden(t *testing.T) {
+	s, err := New(Config{Vendor: &fakeVendor{}, SecretKey: goldenKey, Relays: []string{"wss://relay.example.com"}, Name: "Echo shop",
+		Version: "1.2.3", About: "sells echoes", Website: "https://example.com", Picture: "https://example.com/p.png",
+		Announce: true, Profile: true, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range s.announcements() {
+		if a.Kind == KindProfile {
+			ev := nostr.Event{Kind: a.Kind, CreatedAt: 1, Tags: a.tags, Content: a.content}
+			if err := ev.Sign(goldenKey); err != nil {
+				t.Fatal(err)
+			}
+			checkGolden(t, "announce_0", announceGolden(ev))
+			return
+		}
+	}
+	t.Fatal("no profile announced")
+}

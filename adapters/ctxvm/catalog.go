@@ -222,7 +222,7 @@ func (s *Server) getPrompt(ctx context.Context, r *request, out *outbox) (json.R
 	}
 	if _, hi := s.itemPrice(vend.KindPrompt, p.Name); hi > 0 {
 		args, _ := json.Marshal(p.Arguments)
-		body, rerr := s.sell(ctx, s.callRequest(r, out, vend.KindPrompt, p.Name, args, p.Meta))
+		body, rerr := s.sell(ctx, s.callRequest(r, out, vend.KindPrompt, p.Name, args, p.Meta), out)
 		if rerr != nil {
 			return nil, rerr
 		}
@@ -255,7 +255,7 @@ func (s *Server) readResource(ctx context.Context, r *request, out *outbox) (jso
 		return nil, &rpcError{Code: rpcerr.CodeInvalidParams, Message: "Unknown resource: " + p.URI}
 	}
 	if _, hi := s.itemPrice(vend.KindResource, p.URI); hi > 0 {
-		body, rerr := s.sell(ctx, s.callRequest(r, out, vend.KindResource, p.URI, json.RawMessage(`{}`), p.Meta))
+		body, rerr := s.sell(ctx, s.callRequest(r, out, vend.KindResource, p.URI, json.RawMessage(`{}`), p.Meta), out)
 		if rerr != nil {
 			return nil, rerr
 		}

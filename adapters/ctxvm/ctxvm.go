@@ -188,6 +188,10 @@ type Config struct {
 	// Announce publishes the announcements (see the package doc) at start
 	// and after each Refresh that changed them.
 	Announce bool
+	// Profile, with Announce, publishes the server's CEP-23 profile with
+	// the announcements: a kind 0 event whose content is the NIP-01
+	// metadata {name, about, picture, website} of the fields above.
+	Profile bool
 	// AnnounceDelay is how long after a Refresh the announcements are
 	// rebuilt (Refreshes meanwhile are coalesced). 0: DefaultAnnounceDelay.
 	AnnounceDelay time.Duration
@@ -206,11 +210,12 @@ type Config struct {
 
 // Server is the ContextVM front. Create it with New, run it with Run.
 type Server struct {
-	cfg  Config
-	log  *slog.Logger
-	pk   string            // our pubkey, hex
-	priv *btcec.PrivateKey // our key, parsed once
-	keys keyCache          // clients' parsed pubkeys
+	cfg    Config
+	log    *slog.Logger
+	pk     string            // our pubkey, hex
+	priv   *btcec.PrivateKey // our key, parsed once
+	signer *bip340Key        // priv, ready to sign (sign.go)
+	keys   keyCache          // clients' parsed pubkeys
 
 	// publish sends one event to the relays (tests replace it).
 	publish func(ctx context.Context, ev nostr.Event) error
@@ -352,7 +357,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	skBytes, _ := hex.DecodeString(cfg.SecretKey)
 	priv, _ := btcec.PrivKeyFromBytes(skBytes)
-	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, seen: map[string]bool{}, inflight: map[string]bool{}, bigOK: map[string]bool{},
+	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, signer: newBIP340Key(priv), seen: map[string]bool{}, inflight: map[string]bool{}, bigOK: map[string]bool{},
 		ready: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight), paying: make(chan struct{}, max(1, cfg.MaxInFlight/10)), ann: newAnnouncer(), lists: newListWatch(), access: access}
 	s.relays.init(cfg.Relays)

@@ -31,6 +31,7 @@ import (
 type fakeVendor struct {
 	mu     sync.Mutex
 	calls  []vend.CallRequest
+	signer []string        // vend.ClientPubkeyFrom the ctx of each call
 	block  chan struct{}   // the tool "block" waits for it
 	payers map[string]bool // pubkeys KnownPayer says paid before
 }
@@ -64,6 +65,7 @@ func (f *fakeVendor) ListedPrice(t vend.Tool) (lo, hi vend.Msat) { return t.Pric
 func (f *fakeVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
 	f.mu.Lock()
 	f.calls = append(f.calls, r)
+	f.signer = append(f.signer, vend.ClientPubkeyFrom(ctx))
 	f.mu.Unlock()
 	var args struct {
 		Text string `json:"text"`
@@ -89,6 +91,8 @@ func (f *fakeVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.Cal
 	case "block":
 		<-f.block
 		return vend.CallResult{Body: json.RawMessage(`{"content":[]}`)}, nil
+	case "direct": // a Cashu token pays at once, as vend's cashu scheme (direct_test.go)
+		return directCall(r)
 	case "gated":
 		return vend.CallResult{}, &vend.PaymentRequiredError{Options: []vend.PaymentOption{{Amount: 5, PayReq: "lnbcrt50n1fake", PMI: vend.PMILightning, Description: "gated", TTL: 600}}}
 	}

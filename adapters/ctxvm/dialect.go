@@ -161,7 +161,7 @@ func (o *outbox) drafts(e outEvent) []draft {
 	if e.id != "" {
 		return []draft{{kind: KindMessage, content: jsonrpcRequest(e.id, e.method, e.params), tags: corr}}
 	}
-	return []draft{{kind: KindMessage, content: jsonrpcNotification(e.method, e.params), tags: corr}}
+	return []draft{{kind: KindMessage, content: jsonrpcNotification(e.method, e.params), tags: append(corr, e.tags...)}}
 }
 
 // jsonrpcResponse is a full JSON-RPC 2.0 response.

@@ -164,7 +164,8 @@
 // event, even after a restart, is the same call in the ledger and is
 // answered from the stored result, never charged twice. Tool and
 // Arguments from params ({} when absent), ProgressToken
-// params._meta.progressToken, CashuToken params._meta["capvend/cashu"],
+// params._meta.progressToken, CashuToken params._meta["capvend/cashu"]
+// or a ContextVM request's direct_payment tag (see Direct payments),
 // PaymentProof params._meta["capvend/preimage"], RefundInvoice
 // params._meta["capvend/refund_invoice"], Credit
 // params._meta["capvend/credit"] when it is a credit token, CreditSelf
@@ -176,7 +177,11 @@
 // Vendor's notifications are published in the request's dialect, in
 // order, before the answer. A ContextVM call also gets Elicit (see
 // Elicitation); DVMCP and NIP-90 calls do not (an upstream asking for
-// input is declined).
+// input is declined). Every request's ctx carries the pubkey that
+// signed it (vend.WithClientPubkey), for upstreams that are told who
+// calls (ContextVM's CEP-16, adapters/upstream ServerConfig.ClientPubkey);
+// a params._meta.clientPubkey the client wrote is ignored, and the pubkey
+// is no part of the call's Arguments.
 //
 // Errors map to the same JSON-RPC errors as the MCP front
 // (adapters/mcpfront):
@@ -209,6 +214,37 @@
 // lists are empty. Catalog errors wrapping vend.ErrUpstream are -32054
 // "Upstream server failed", other errors and results that are not JSON
 // objects -32603 "Internal error".
+//
+// # Direct payments (CEP-8)
+//
+// A ContextVM request may carry its payment in a tag,
+// ["direct_payment", <pmi>, <payload>]. The server takes the PMI
+// "bitcoin-cashu-v4-direct" (PMICashuDirect, the name CEP-8 and CEP-21
+// use; capvend's "bitcoin-cashu-token" too), whose payload is a Cashu
+// token (cashuB, or cashuA): the first such tag is the call's CashuToken,
+// winning over params._meta["capvend/cashu"] (the older carrier, still
+// read); tags of other PMIs are ignored. It is vend's cashu way to pay
+// by another carrier, so its rules hold: in a plaintext event the token
+// is refused with -32600 "Encryption required" before anything is
+// spent, and its change and refunds go only into encrypted answers. A
+// request that came as CEP-22 frames has its start frame's tag. A paid
+// call gets
+//
+//	{"jsonrpc":"2.0","method":"notifications/payment_accepted",
+//	 "params":{"_meta":{"change":"cashuB..."},"amount":<sats charged>,"pmi":"bitcoin-cashu-v4-direct"}}
+//	tags ["p",<client>], ["e",<request>], ["change","bitcoin-cashu-v4-direct","cashuB..."]
+//
+// (the change tag and _meta.change only when there is change: the stock
+// SDK shows its applications the message, never its tags), then the
+// result. A token refused before it was redeemed (it does not cover the
+// price and the mint's fees, its mint is not trusted, it is malformed or
+// not in sats, it was spent) gets
+// notifications/payment_rejected {"pmi", "message"} and then the
+// -32051 error: the token is the client's still (spent ones aside). A
+// token whose swap's outcome is unknown (the mint stopped answering) gets
+// only the -32051 error, which says to retry later with the same token.
+// A request event is one call (see Wire): it is charged at most once.
+// DVMCP and NIP-90 requests have no direct payments (the tag is ignored).
 //
 // # Proof of work and load
 //
@@ -317,10 +353,14 @@
 //	DVMCP 2024-11-05 (NIP-89):
 //	31990  content {"name","about","tools":[...]}; ["d",<id>], ["k","5910"],
 //	       ["capabilities","mcp-1.0"], ["t","mcp"], ["t",<tool>] per tool
+//	With Config.Profile (CEP-23):
+//	0      the key's profile: content the NIP-01 metadata {"name","about",
+//	       "picture","website"} of Config (those set), no tags
 //
 // <id> is ServerID: the server's pubkey (hex), stable across renames.
-// AnnouncementAddresses lists every address; Unannounce publishes a NIP-09
-// deletion request of them all (`capvend unannounce`). The relay list
+// AnnouncementAddresses lists every address but the profile's; Unannounce
+// publishes a NIP-09 deletion request of them all (`capvend unannounce`),
+// leaving the profile: it names the key, whatever it sells. The relay list
 // replaces any other NIP-65 list of the key: use a key of its own.
 //
 // # Elicitation

@@ -123,6 +123,11 @@ func TestGolden(t *testing.T) {
 	ctxvmReq := func(content string, tags ...nostr.Tag) step {
 		return func(r *rec) *nostr.Event { return r.event(KindMessage, content, tags...) }
 	}
+	wrappedReq := func(content string, tags ...nostr.Tag) step {
+		return func(r *rec) *nostr.Event {
+			return wrapFor(r.t, *r.event(KindMessage, content, tags...), r.s.PublicKey())
+		}
+	}
 	jobReq := func(content, cmd string) step {
 		return func(r *rec) *nostr.Event {
 			return r.event(KindJobRequest, content, nostr.Tag{"c", cmd}, nostr.Tag{"output", "application/json"})
@@ -138,6 +143,14 @@ func TestGolden(t *testing.T) {
 		}},
 		{"contextvm-priced", []step{
 			ctxvmReq(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"paid","arguments":{"text":"hi"}}}`, nostr.Tag{"pmi", "bitcoin-lightning-bolt11"}),
+		}},
+		{"contextvm-direct-payment", []step{
+			// CEP-8: the token in a direct_payment tag, the change in a
+			// change tag (fakeVendor's "direct" plays vend's cashu scheme).
+			wrappedReq(`{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"direct","arguments":{}}}`,
+				nostr.Tag{"pmi", PMICashuDirect}, nostr.Tag{"direct_payment", PMICashuDirect, "cashuBgood"}),
+			wrappedReq(`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"direct","arguments":{}}}`,
+				nostr.Tag{"pmi", PMICashuDirect}, nostr.Tag{"direct_payment", PMICashuDirect, "cashuBshort"}),
 		}},
 		{"dvmcp-rev1", []step{
 			ctxvmReq(`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}`, nostr.Tag{"method", "tools/list"}, nostr.Tag{"s", "capvend"}),

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -188,6 +189,9 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 	if r.dialect == dialectContextVM {
 		s.sess.touch(r, s.cfg.Now(), s.cfg.Window)
 	}
+	// The signer, proven by its signature: an upstream may be told
+	// (CEP-16, upstream.ServerConfig.ClientPubkey).
+	ctx = vend.WithClientPubkey(ctx, r.ev.PubKey)
 	if kept(r.msg.Method) {
 		if !s.startReplay(ctx, r, out) {
 			return
@@ -259,7 +263,7 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 	if r.dialect == dialectContextVM {
 		cr.Elicit = s.elicitFunc(r, out)
 	}
-	return s.sell(ctx, cr)
+	return s.sell(ctx, cr, out)
 }
 
 // callRequest is the vend.CallRequest of a tools/call (or priced
@@ -326,17 +330,36 @@ func (s *Server) callRequest(r *request, out *outbox, kind vend.ItemKind, name s
 			}
 		}
 	}
+	if r.dialect == dialectContextVM {
+		// A CEP-8 direct payment: the same Cashu token as the _meta
+		// alias's, by the tag (which wins), so that vend's one check
+		// refuses it in a plaintext event.
+		if pmi, tok := directPayment(r.ev.Tags); tok != "" {
+			cr.CashuToken = tok
+			out.direct = pmi
+		}
+	}
 	return cr
 }
 
-// sell runs cr through the Vendor and returns the result body or the
-// JSON-RPC error for the client (details only logged).
-func (s *Server) sell(ctx context.Context, cr vend.CallRequest) (json.RawMessage, *rpcError) {
+// sell runs cr (the request of out) through the Vendor and returns the
+// result body or the JSON-RPC error for the client (details only
+// logged). A direct payment refused without being redeemed also gets
+// CEP-8's payment_rejected before the error.
+func (s *Server) sell(ctx context.Context, cr vend.CallRequest, out *outbox) (json.RawMessage, *rpcError) {
 	res, err := s.cfg.Vendor.CallTool(ctx, cr)
 	if err != nil {
+		var pe *vend.PublicSecretError
+		if out.direct != "" && errors.As(err, &pe) && strings.HasPrefix(pe.What, "a Cashu token") {
+			// vend names the _meta carrier; the token came in the tag.
+			err = &vend.PublicSecretError{What: "a Cashu token (the direct_payment tag)"}
+		}
 		w := toWire(err, cr.Tool)
 		lvl := rpcerr.LogLevel(w.Code)
 		s.log.Log(ctx, lvl, string(cr.Kind.Or())+" request answered with an error", logKeyTool, cr.Tool, logKeyClient, cr.Client, logKeyCode, w.Code, logKeyErr, err)
+		if out.direct != "" && unredeemed(err) {
+			out.notify(vend.NotifyPaymentRejected, directRejected(out.direct, w))
+		}
 		return nil, w
 	}
 	if !json.Valid(res.Body) {
@@ -373,6 +396,10 @@ type outbox struct {
 	// free gives the request's MaxInFlight slot back (idempotent; nil
 	// when it holds none): the request now waits for a payment.
 	free func()
+
+	// direct is the PMI of the request's direct payment (direct.go), ""
+	// when it has none. Set before the Vendor's call, read by notify.
+	direct string
 }
 
 type outEvent struct {
@@ -427,13 +454,17 @@ func (o *outbox) notify(method string, params any) {
 		// calls (limits.max_unpaid_total, shedding the oldest).
 		o.free()
 	}
+	var tags nostr.Tags
+	if method == vend.NotifyPaymentAccepted && o.direct != "" {
+		params, tags = o.directAccepted(params)
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
 		return
 	}
 	select {
-	case o.ch <- outEvent{method: method, params: params}:
+	case o.ch <- outEvent{method: method, params: params, tags: tags}:
 	default:
 		o.s.log.Debug("notification dropped: outbox full", logKeyMethod, method)
 	}

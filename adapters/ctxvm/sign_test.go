@@ -1,9 +1,14 @@
 package ctxvm
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 
+	"github.com/btcsuite/btcd/btcec/v2"
+	"github.com/btcsuite/btcd/btcec/v2/schnorr"
 	"github.com/nbd-wtf/go-nostr"
 )
 
@@ -75,4 +80,65 @@ func flipHex(s string) string {
 		last = "1"
 	}
 	return s[:len(s)-1] + last
+}
+
+// TestBIP340KeySignsAsSchnorrSign: bip340Key signs byte for byte as
+// btcec's schnorr.Sign with FastSign (keys whose point has an odd y and
+// an even y alike), and its signatures verify.
+func TestBIP340KeySignsAsSchnorrSign(t *testing.T) {
+	parities := map[byte]int{}
+	for i := range 300 {
+		priv, err := btcec.NewPrivateKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		parities[priv.PubKey().SerializeCompressed()[0]]++
+		k := newBIP340Key(priv)
+		hash := sha256.Sum256([]byte{byte(i), byte(i >> 8)})
+		want, err := schnorr.Sign(priv, hash[:], schnorr.FastSign())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := k.sign(&hash)
+		if !bytes.Equal(got[:], want.Serialize()) {
+			t.Fatalf("key %d: signature %x, schnorr.Sign %x", i, got, want.Serialize())
+		}
+		sig, err := schnorr.ParseSignature(got[:])
+		if err != nil || !sig.Verify(hash[:], priv.PubKey()) {
+			t.Fatalf("key %d: signature does not verify (%v)", i, err)
+		}
+	}
+	if len(parities) != 2 {
+		t.Fatalf("only one parity of key points tried: %v", parities)
+	}
+}
+
+// TestVerifyRefusesAPubkeyInCapitals: an event whose signer wrote its
+// pubkey in uppercase hex, signed over that spelling, passes go-nostr's
+// checks; verify refuses it, so that a key is one client (its limits,
+// bindings and the pubkey an upstream is told), never several.
+func TestVerifyRefusesAPubkeyInCapitals(t *testing.T) {
+	s, err := New(Config{Vendor: &fakeVendor{}, SecretKey: nostr.GeneratePrivateKey(), Relays: []string{"ws://x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk := nostr.GeneratePrivateKey()
+	pk, _ := nostr.GetPublicKey(sk)
+	b, _ := hex.DecodeString(sk)
+	priv, _ := btcec.PrivKeyFromBytes(b)
+	for _, spelling := range []string{pk, strings.ToUpper(pk)} {
+		e := nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}}, Content: `{}`, PubKey: spelling}
+		h := sha256.Sum256(e.Serialize())
+		sig, err := schnorr.Sign(priv, h[:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.ID, e.Sig = hex.EncodeToString(h[:]), hex.EncodeToString(sig.Serialize())
+		if ok, _ := e.CheckSignature(); !ok || !e.CheckID() {
+			t.Fatalf("%s: go-nostr refuses the event", spelling)
+		}
+		if err := s.verify(&e); (err == nil) != (spelling == pk) {
+			t.Errorf("pubkey %s: verify %v", spelling, err)
+		}
+	}
 }

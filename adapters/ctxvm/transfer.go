@@ -279,8 +279,8 @@ func (s *Server) takeFrame(ctx context.Context, r *request) *request {
 // reassembled is the request a completed transfer carries: its event is
 // the end frame's (its id is the request's: the e tag of the answers,
 // the ledger's RequestID), with the start frame's negotiation tags (pmi,
-// payment_interaction, support_encryption_ephemeral ...), its content the
-// message; encrypted only if every frame was.
+// payment_interaction, direct_payment, support_encryption_ephemeral ...),
+// its content the message; encrypted only if every frame was.
 func (s *Server) reassembled(m *oversized.Message) (*request, error) {
 	start, _ := m.Start.(frameInfo)
 	end, ok := m.End.(frameInfo)
@@ -295,7 +295,7 @@ func (s *Server) reassembled(m *oversized.Message) (*request, error) {
 			continue
 		}
 		switch t[0] {
-		case tagPMI, tagPaymentInteraction, tagEphemeral, oversized.TagSupport, "support_encryption":
+		case tagPMI, tagPaymentInteraction, tagDirectPayment, tagEphemeral, oversized.TagSupport, "support_encryption":
 			if !containsTag(ev.Tags, t) {
 				ev.Tags = append(ev.Tags, t)
 			}

@@ -216,6 +216,7 @@ func (m *Manager) GetPrompt(ctx context.Context, name string, args map[string]st
 	req := mcp.GetPromptRequest{}
 	req.Params.Name = p.UpstreamName
 	req.Params.Arguments = args
+	req.Params.Meta = u.withClientPubkey(ctx, nil)
 	return u.request(ctx, "prompts/get "+p.UpstreamName, func(c *client.Client) (any, error) {
 		res, err := c.GetPrompt(ctx, req)
 		if err != nil {
@@ -251,9 +252,11 @@ func (m *Manager) ReadResource(ctx context.Context, uri string) (json.RawMessage
 	if server == "" {
 		return nil, fmt.Errorf("resource %q: %w", uri, ErrNotFound)
 	}
+	u := m.byName[server]
 	req := mcp.ReadResourceRequest{}
 	req.Params.URI = uri
-	return m.byName[server].request(ctx, "resources/read "+uri, func(c *client.Client) (any, error) {
+	req.Params.Meta = u.withClientPubkey(ctx, nil)
+	return u.request(ctx, "resources/read "+uri, func(c *client.Client) (any, error) {
 		res, err := c.ReadResource(ctx, req)
 		if err != nil {
 			return nil, err

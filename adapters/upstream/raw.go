@@ -88,10 +88,12 @@ func (u *upstream) rawSession() (*client.Client, bool) {
 
 // rawMeta is the _meta mcp-go's client puts on every request on protocol
 // version (the capabilities it declares: elicitation, see dial), with our
-// progress token if not "". Without a token it is the same for every call
-// of a version, so it is kept (metaCache).
-func rawMeta(version string, progressToken string) (json.RawMessage, error) {
-	if progressToken == "" {
+// progress token and the client's pubkey (CEP-16) if not "". Without
+// either it is the same for every call of a version, so it is kept
+// (metaCache).
+func rawMeta(version, progressToken, clientPubkey string) (json.RawMessage, error) {
+	plain := progressToken == "" && clientPubkey == ""
+	if plain {
 		if m, ok := metaCache.Load(version); ok {
 			return m.(json.RawMessage), nil
 		}
@@ -104,8 +106,11 @@ func rawMeta(version string, progressToken string) (json.RawMessage, error) {
 	if progressToken != "" {
 		meta["progressToken"] = progressToken
 	}
+	if clientPubkey != "" {
+		meta[metaClientPubkey] = clientPubkey
+	}
 	b, err := json.Marshal(meta)
-	if err == nil && progressToken == "" {
+	if err == nil && plain {
 		metaCache.Store(version, json.RawMessage(b))
 	}
 	return b, err
@@ -138,7 +143,7 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 		defer done()
 	}
 	version := c.ProtocolVersion()
-	meta, err := rawMeta(version, tok)
+	meta, err := rawMeta(version, tok, u.clientPubkey(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("upstream %q: call %q: %w: %w", u.cfg.Name, name, vend.ErrUpstream, err)
 	}

@@ -509,6 +509,7 @@ func (u *upstream) call(ctx context.Context, name string, args, progressToken js
 		defer done()
 		req.Params.Meta = &mcp.Meta{ProgressToken: tok}
 	}
+	req.Params.Meta = u.withClientPubkey(ctx, req.Params.Meta)
 	defer u.inflight(ctx)()
 	res, err := c.CallTool(ctx, req)
 	if err != nil {

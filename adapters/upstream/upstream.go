@@ -102,6 +102,42 @@ type ServerConfig struct {
 	// extra request Headers (e.g. an Authorization header).
 	URL     string
 	Headers map[string]string
+
+	// ClientPubkey gives the upstream the Nostr client's pubkey
+	// (ContextVM's CEP-16): tools/call, prompts/get and resources/read
+	// requests whose ctx carries one (vend.WithClientPubkey) get it as
+	// params._meta.clientPubkey (64 hex). No client's _meta reaches an
+	// upstream, so the value is always the signer's own.
+	ClientPubkey bool
+}
+
+// metaClientPubkey is the _meta key of the client's pubkey (CEP-16).
+const metaClientPubkey = "clientPubkey"
+
+// clientPubkey is the pubkey to put in the _meta of a request of u's
+// made with ctx, or "".
+func (u *upstream) clientPubkey(ctx context.Context) string {
+	if !u.cfg.ClientPubkey {
+		return ""
+	}
+	return vend.ClientPubkeyFrom(ctx)
+}
+
+// withClientPubkey returns meta (nil: a new one) with the client's
+// pubkey when u gives it and ctx has one.
+func (u *upstream) withClientPubkey(ctx context.Context, meta *mcp.Meta) *mcp.Meta {
+	pk := u.clientPubkey(ctx)
+	if pk == "" {
+		return meta
+	}
+	if meta == nil {
+		meta = &mcp.Meta{}
+	}
+	if meta.AdditionalFields == nil {
+		meta.AdditionalFields = map[string]any{}
+	}
+	meta.AdditionalFields[metaClientPubkey] = pk
+	return meta
 }
 
 // Config configures a Manager.

@@ -50,6 +50,7 @@ func newTestServer(name string) *server.MCPServer {
 		server.WithPromptCapabilities(true), server.WithResourceCapabilities(false, true))
 	addCatalog(s, name)
 	addAskTool(s)
+	addWhois(s, name)
 	// slow sends two progress notifications, then waits for a release call:
 	// mcp-go's stdio server may write notifications after the result, so
 	// the test releases slow only once it has seen them.

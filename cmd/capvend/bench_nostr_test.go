@@ -121,6 +121,14 @@ func startSDKServer(tb testing.TB, dir, relay string) string {
 // of testdata/contextvm taking the same arguments).
 func startSDKServerScript(tb testing.TB, dir, script, relay string) string {
 	tb.Helper()
+	pk, _ := startSDKServerProc(tb, dir, script, relay)
+	return pk
+}
+
+// startSDKServerProc is startSDKServerScript that also returns the node
+// process's pid.
+func startSDKServerProc(tb testing.TB, dir, script, relay string) (pubkey string, pid int) {
+	tb.Helper()
 	cmd := exec.Command("node", script, relay, "optional")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CONTEXTVM_SERVER_KEY="+nostr.GeneratePrivateKey())
@@ -162,13 +170,13 @@ func startSDKServerScript(tb testing.TB, dir, script, relay string) string {
 	}()
 	select {
 	case pk := <-ready:
-		return pk
+		return pk, cmd.Process.Pid
 	case <-exited:
 		tb.Fatalf("stock ContextVM server exited: %s", stderr.String())
 	case <-time.After(60 * time.Second): // a hang guard
 		tb.Fatalf("stock ContextVM server not ready: %s", stderr.String())
 	}
-	return ""
+	return "", 0
 }
 
 // loadClient is the shared ContextVM client (internal/ctxvmclient) for
@@ -277,6 +285,11 @@ func (t tally) result() loadResult {
 // load makes n word_count calls, nostrBenchInFlight at a time; a failed
 // or wrong answer fails the benchmark.
 func (c *loadClient) load(b *testing.B, n int) tally {
+	return c.loadInFlight(b, n, nostrBenchInFlight)
+}
+
+// loadInFlight is load with inFlight calls at a time.
+func (c *loadClient) loadInFlight(b *testing.B, n, inFlight int) tally {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hang guard
 	defer cancel()
 	lat := make([]time.Duration, n)
@@ -284,7 +297,7 @@ func (c *loadClient) load(b *testing.B, n int) tally {
 	var firstErr atomic.Pointer[error]
 	var wg sync.WaitGroup
 	start := time.Now()
-	for range min(nostrBenchInFlight, n) {
+	for range min(inFlight, n) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -376,6 +376,11 @@ type UpstreamConfig struct {
 	// Unpriced is pricing.unpriced for this upstream's items ("free" or
 	// "refuse"); empty: pricing.unpriced.
 	Unpriced string `yaml:"unpriced"`
+	// ClientPubkey gives the upstream the pubkey of the Nostr client that
+	// signed a request, in params._meta.clientPubkey (ContextVM's
+	// CEP-16); it needs nostr.relays (MCP HTTP and stdio clients have no
+	// pubkey, and their requests go without one).
+	ClientPubkey bool `yaml:"client_pubkey"`
 }
 
 // unpriced is what u's items without a price are under cfg.
@@ -1160,6 +1165,9 @@ func (c *Config) validateUpstreams(p *problems) (priced bool) {
 		}
 		if u.Unpriced != "" && !validUnpriced(u.Unpriced) {
 			p.bad(field+".unpriced", "%q is not free or refuse (or leave it out for pricing.unpriced)", u.Unpriced)
+		}
+		if u.ClientPubkey && len(c.Nostr.Relays) == 0 {
+			p.bad(field+".client_pubkey", "only Nostr clients have a pubkey to give: set nostr.relays, or leave it out")
 		}
 		names := make([]string, 0, len(u.Tools))
 		for name := range u.Tools {

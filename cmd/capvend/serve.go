@@ -683,13 +683,14 @@ func nostrFront(cfg *Config, v *vend.Vendor, cat ctxvm.Catalog, replies ctxvm.Re
 		pmis = append(pmis, vend.PMILightning) // every backend takes bolt11
 	}
 	if len(cfg.Cashu.Mints) > 0 && cfg.Cashu.AcceptTokens {
-		pmis = append(pmis, vend.PMICashu)
+		// A token in _meta, and in a CEP-8 direct_payment tag.
+		pmis = append(pmis, vend.PMICashu, ctxvm.PMICashuDirect)
 	}
 	return ctxvm.New(ctxvm.Config{
 		Vendor: v, Catalog: cat, Replies: replies, SecretKey: sk, Relays: cfg.Nostr.Relays,
 		Name: cfg.Server.Name, Version: buildVersion(), About: cfg.Server.About, Website: cfg.Server.Website, Picture: cfg.Server.Picture,
 		PMIs: pmis, Encryption: ctxvm.Encryption(cfg.Nostr.Encryption), Window: cfg.Nostr.Window, Logger: log,
-		Announce: cfg.Nostr.Announce, Allow: hexPubkeys(cfg.Nostr.Allow), Deny: hexPubkeys(cfg.Nostr.Deny),
+		Announce: cfg.Nostr.Announce, Profile: true, Allow: hexPubkeys(cfg.Nostr.Allow), Deny: hexPubkeys(cfg.Nostr.Deny),
 		PowDifficulty: cfg.Nostr.PowDifficulty, MaxRequestBytes: cfg.Nostr.MaxRequestBytes, Claims: claims.claimer(), Instance: claims.id(), Members: claims.memberSet(),
 		SeenFor: cfg.Ledger.ClaimTakeover, ShardSample: cfg.Nostr.ShardSample, ShutdownGrace: cfg.Nostr.ShutdownGrace,
 	})
@@ -712,7 +713,8 @@ func describeBackends(bs []vend.PaymentBackend) string {
 func upstreamServers(cfg *Config) []upstream.ServerConfig {
 	out := make([]upstream.ServerConfig, 0, len(cfg.Upstreams))
 	for _, u := range cfg.Upstreams {
-		sc := upstream.ServerConfig{Name: u.Name, Prefix: u.Prefix, Command: u.Command, Args: u.Args, Dir: u.Cwd, URL: u.URL}
+		sc := upstream.ServerConfig{Name: u.Name, Prefix: u.Prefix, Command: u.Command, Args: u.Args, Dir: u.Cwd, URL: u.URL,
+			ClientPubkey: u.ClientPubkey}
 		if len(u.Env) > 0 {
 			keys := make([]string, 0, len(u.Env))
 			for k := range u.Env {
