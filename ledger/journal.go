@@ -175,9 +175,17 @@ func assetAccount(p vend.Payment) string {
 }
 
 // NWCAccount is the money received into the wallet of an NWC connection:
-// assets:lightning:nwc, or assets:lightning:nwc:<name>.
+// assets:lightning:nwc, or assets:lightning:nwc:<name>. Refunds and credit
+// paid back from that wallet leave it.
 func NWCAccount(b vend.Backend) string {
 	return "assets:lightning:" + string(b)
+}
+
+// NWCFeeAccount is what paying from the wallet of an NWC connection cost
+// (the routing fees its pay_invoice reports): expenses:fees:nwc, or
+// expenses:fees:nwc:<name>.
+func NWCFeeAccount(b vend.Backend) string {
+	return "expenses:fees:" + string(b)
 }
 
 // postSettlement books the one income entry of a settled payment:

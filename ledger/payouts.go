@@ -10,9 +10,10 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// Payouts (schema 22): money leaving the Cashu wallet is reserved before
-// it leaves, then booked or released, each in one transaction (see
-// vend.Payout and migrations/0022_payouts.sql). The accounts:
+// Payouts (schema 22): money leaving the Cashu wallet, or (schema 28) the
+// wallet of an NWC connection, is reserved before it leaves, then booked
+// or released, each in one transaction (see vend.Payout and
+// migrations/0022_payouts.sql, 0028_nwc_payouts.sql). The accounts:
 //
 //	credit, reserve:  Dr liabilities:credit:<account>   amount
 //	                  Cr liabilities:credit_reserved    amount
@@ -28,7 +29,11 @@ import (
 //
 // A refund's or a withdrawal's reservation posts nothing: a refund owed is
 // in liabilities:refunds already, owed to its client, and a withdrawal is
-// the operator's own money until it leaves.
+// the operator's own money until it leaves. A payout from an NWC wallet
+// books the same entries with that wallet's accounts in place of the
+// mint's: assets:lightning:<connection> (where its income landed) and
+// expenses:fees:<connection> (PayoutAccounts). Its payouts.mint_url names
+// the connection.
 
 // Accounts of payouts.
 const (
@@ -49,12 +54,17 @@ const payoutColumns = `id, kind, coalesce(account_id, ''), coalesce(refund_id, 0
 
 func scanPayout(row rowScanner) (vend.Payout, error) {
 	var p vend.Payout
-	var kind, method, state string
+	var kind, method, state, from string
 	var created, ended int64
-	err := row.Scan(&p.ID, &kind, &p.Account, &p.Refund, &method, &p.MintURL, &p.Wallet, &p.Amount, &p.Invoice, &p.Quote,
+	err := row.Scan(&p.ID, &kind, &p.Account, &p.Refund, &method, &from, &p.Wallet, &p.Amount, &p.Invoice, &p.Quote,
 		&p.FeeReserve, &p.Token, &p.Fee, &state, &p.Reason, &created, &ended)
 	if errors.Is(err, sql.ErrNoRows) {
 		return p, vend.ErrNotFound
+	}
+	if vend.Backend(from).IsNWC() {
+		p.NWC = vend.Backend(from)
+	} else {
+		p.MintURL = from
 	}
 	p.Kind, p.Method, p.State = vend.PayoutKind(kind), vend.RefundMethod(method), vend.PayoutState(state)
 	p.CreatedAt = fromMS(created)
@@ -87,8 +97,10 @@ func getPayout(ctx context.Context, tx *wtx, id vend.PayoutID) (vend.Payout, err
 //     owed (a token: rounded up to a whole sat);
 //   - PayoutWithdrawal records the intent.
 //
-// A bolt11 payout needs its melt quote (asked for before, paid after).
-// Not idempotent: each call reserves a new payout.
+// A bolt11 payout needs its melt quote (asked for before, paid after),
+// or from an NWC wallet (np.NWC) the invoice's payment hash: a payment
+// hash in flight or booked is vend.ErrPayoutInFlight. Not idempotent:
+// each call reserves a new payout.
 func (l *Ledger) ReservePayout(ctx context.Context, np vend.NewPayout) (vend.Payout, error) {
 	if np.Method == vend.RefundBolt11 && (np.Quote == "" || np.Invoice == "") {
 		return vend.Payout{}, fmt.Errorf("reserve payout: a bolt11 payout needs its invoice and its melt quote")
@@ -110,7 +122,10 @@ func reservePayout(ctx context.Context, tx *wtx, np vend.NewPayout, now time.Tim
 	switch {
 	case np.Method != vend.RefundCashu && np.Method != vend.RefundBolt11:
 		return vend.Payout{}, fmt.Errorf("unknown method %q", np.Method)
-	case np.MintURL == "" || np.Amount < 0 || np.FeeReserve < 0:
+	case np.NWC != "" && (!np.NWC.IsNWC() || np.MintURL != "" || np.Method != vend.RefundBolt11 ||
+		np.Kind == vend.PayoutWithdrawal || !isPaymentHash(np.Quote) || np.FeeReserve != 0 || np.Wallet == ""):
+		return vend.Payout{}, errors.New("an NWC payout pays a bolt11 by its payment hash, from one connection's wallet, and is no withdrawal")
+	case np.NWC == "" && (np.MintURL == "" || vend.Backend(np.MintURL).IsNWC()) || np.Amount < 0 || np.FeeReserve < 0:
 		return vend.Payout{}, errors.New("a mint and an amount >= 0 are required")
 	case np.Amount == 0 && (np.Kind != vend.PayoutCredit || np.Method != vend.RefundCashu):
 		return vend.Payout{}, errors.New("a positive amount is required")
@@ -179,9 +194,13 @@ func reservePayout(ctx context.Context, tx *wtx, np vend.NewPayout, now time.Tim
 	var id vend.PayoutID
 	err := tx.QueryRowContext(ctx, `INSERT INTO payouts (kind, account_id, refund_id, method, mint_url, wallet, amount_msat, invoice,
 		quote, fee_reserve_msat, state, created_at, reserve_entry_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'reserved', ?, ?) RETURNING id`,
-		string(np.Kind), account, refund, string(np.Method), np.MintURL, np.Wallet, np.Amount, np.Invoice, quote, np.FeeReserve,
+		string(np.Kind), account, refund, string(np.Method), np.From(), np.Wallet, np.Amount, np.Invoice, quote, np.FeeReserve,
 		ms(now), entry).Scan(&id)
 	if isUnique(err) {
+		if np.NWC != "" {
+			return vend.Payout{}, fmt.Errorf("%w: a payout of invoice %s (payment hash %s) is in flight or booked", vend.ErrPayoutInFlight,
+				abbrev(np.Invoice), np.Quote)
+		}
 		return vend.Payout{}, fmt.Errorf("%w: %v", vend.ErrPayoutInFlight, err)
 	}
 	if err != nil {
@@ -253,20 +272,21 @@ func bookPayout(ctx context.Context, tx *wtx, p vend.Payout, fee vend.Msat, now 
 	}
 	var entry int64
 	var err error
+	asset, feeAccount := PayoutAccounts(p.NewPayout)
 	switch p.Kind {
 	case vend.PayoutCredit:
-		ps := []Posting{{Account: AccountCreditReserved, Amount: p.Amount}, {Account: CashuAccount(p.MintURL), Amount: -(p.Amount + fee)}}
+		ps := []Posting{{Account: AccountCreditReserved, Amount: p.Amount}, {Account: asset, Amount: -(p.Amount + fee)}}
 		if fee > 0 {
-			ps = append(ps, Posting{Account: CashuFeeAccount(p.MintURL), Amount: fee})
+			ps = append(ps, Posting{Account: feeAccount, Amount: fee})
 		}
 		entry, err = postEntry(ctx, tx, Entry{Kind: "adjustment", Postings: ps,
-			Description: fmt.Sprintf("credit %s refunded: %s by %s (payout %d)", p.Account, p.Amount, p.Method, p.ID)}, now)
+			Description: fmt.Sprintf("credit %s refunded: %s by %s from %s (payout %d)", p.Account, p.Amount, p.Method, p.From(), p.ID)}, now)
 	case vend.PayoutRefund:
 		if p.Method == vend.RefundCashu && p.Token == "" {
 			return p, fmt.Errorf("payout %d: a Cashu payout is booked with its token", p.ID)
 		}
-		entry, err = payRefundEntry(ctx, tx, p.Refund, vend.RefundPayout{Method: p.Method, MintURL: p.MintURL, Paid: p.Amount,
-			Fee: fee, Token: p.Token, Ref: p.Quote}, now)
+		entry, err = payRefundEntry(ctx, tx, p.Refund, vend.RefundPayout{Method: p.Method, MintURL: p.MintURL, NWC: p.NWC,
+			Paid: p.Amount, Fee: fee, Token: p.Token, Ref: p.Quote}, now)
 	case vend.PayoutWithdrawal:
 		ps := []Posting{{Account: CashuAccount(p.MintURL), Amount: -(p.Amount + fee)}, {Account: AccountWithdrawals, Amount: p.Amount}}
 		if fee > 0 {
@@ -337,6 +357,39 @@ func (l *Ledger) ReleasePayout(ctx context.Context, id vend.PayoutID, reason str
 	return p, nil
 }
 
+// PayoutAccounts returns the accounts a payout's money leaves and its fee
+// goes to: assets:cashu:<mint> and expenses:fees:cashu:<mint> for the
+// Cashu wallet's, NWCAccount and NWCFeeAccount of the connection for an
+// NWC wallet's.
+func PayoutAccounts(np vend.NewPayout) (asset, fee string) {
+	if np.NWC != "" {
+		return NWCAccount(np.NWC), NWCFeeAccount(np.NWC)
+	}
+	return CashuAccount(np.MintURL), CashuFeeAccount(np.MintURL)
+}
+
+// isPaymentHash reports whether s is a payment hash: 64 lower-case hex
+// digits (as the schema checks it).
+func isPaymentHash(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// abbrev shortens an invoice for an error.
+func abbrev(s string) string {
+	if len(s) > 24 {
+		return s[:24] + "..."
+	}
+	return s
+}
+
 // PayoutByID returns a payout, or vend.ErrNotFound. Read only.
 func (l *Ledger) PayoutByID(ctx context.Context, id vend.PayoutID) (vend.Payout, error) {
 	p, err := scanPayout(l.rdb.QueryRowContext(ctx, "SELECT "+payoutColumns+" FROM payouts WHERE id = ?", id))
@@ -400,10 +453,24 @@ var payoutInvariants = []invariant{
 		format: "payout %v (%v) is booked without its entry",
 	},
 	{
+		// (A Cashu payout's accounts name its mint's host, which SQL
+		// cannot read from the URL; an NWC payout's name its connection.)
+		name: "each booked NWC payout took its amount and fee out of its connection's wallet, the fee an expense",
+		query: `SELECT id, conn, want, took, fee, fees FROM (SELECT p.id, p.mint_url AS conn, p.amount_msat + p.fee_msat AS want,
+				p.fee_msat AS fee,
+				(SELECT coalesce(-sum(x.amount_msat), 0) FROM postings x JOIN accounts a ON a.id = x.account_id
+					WHERE x.entry_id = p.end_entry_id AND a.name = 'assets:lightning:' || p.mint_url) AS took,
+				(SELECT coalesce(sum(x.amount_msat), 0) FROM postings x JOIN accounts a ON a.id = x.account_id
+					WHERE x.entry_id = p.end_entry_id AND a.name = 'expenses:fees:' || p.mint_url) AS fees
+				FROM payouts p WHERE p.state = 'booked' AND p.mint_url LIKE 'nwc%') AS s
+			WHERE took <> want OR fees <> fee`,
+		format: "NWC payout %v of %v paid %v msat with its fee, its entry takes %v msat out of the wallet; fee %v msat, booked %v msat",
+	},
+	{
 		name: "the schema's payout rules are in place",
 		query: `SELECT t.name FROM (SELECT 'payouts_no_delete' AS name UNION ALL SELECT 'payouts_state_machine'
 				UNION ALL SELECT 'payouts_end' UNION ALL SELECT 'refunds_paid_reserved'
-				UNION ALL SELECT 'credit_moves_payout') t
+				UNION ALL SELECT 'credit_moves_payout' UNION ALL SELECT 'payouts_nwc') t
 			WHERE NOT EXISTS (SELECT 1 FROM sqlite_master m WHERE m.type = 'trigger' AND m.name = t.name)`,
 		format: "trigger %v is missing",
 	},

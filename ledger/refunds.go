@@ -24,6 +24,10 @@ import (
 //	                 Dr expenses:refunds:rounding        a token rounded up to a whole sat
 //	                 Cr income:overpayments              a bolt11 for less than owed: the rest
 //	                 Cr assets:cashu:<mint>              the ecash that left the wallet
+//
+// A refund paid from an NWC wallet books its payout with that wallet's
+// accounts (PayoutAccounts): expenses:fees:<connection> and
+// assets:lightning:<connection>.
 
 // Accounts of refund payouts.
 const (
@@ -38,7 +42,8 @@ var (
 
 const refundColumns = `r.id, r.call_id, r.payment_id, r.transport, r.client, r.amount_msat, p.backend, p.kind,
 	p.mint_url, r.invoice, r.reason, r.state, r.created_at, r.paid_at, coalesce(r.method, ''),
-	coalesce(r.paid_msat, 0), coalesce(r.fee_msat, 0), coalesce(r.token, ''), coalesce(r.payout_ref, '')`
+	coalesce(r.paid_msat, 0), coalesce(r.fee_msat, 0), coalesce(r.token, ''), coalesce(r.payout_ref, ''),
+	coalesce(r.mint_url, '')`
 
 const refundFrom = ` FROM refunds r JOIN payments p ON p.id = r.payment_id`
 
@@ -48,7 +53,7 @@ func scanRefund(row rowScanner) (vend.Refund, error) {
 	var created int64
 	var paid sql.NullInt64
 	err := row.Scan(&r.ID, &r.CallID, &r.PaymentID, &r.Transport, &r.Client, &r.Amount, &backend, &kind,
-		&r.MintURL, &r.Invoice, &r.Reason, &state, &created, &paid, &method, &r.Paid, &r.Fee, &r.Token, &r.Ref)
+		&r.MintURL, &r.Invoice, &r.Reason, &state, &created, &paid, &method, &r.Paid, &r.Fee, &r.Token, &r.Ref, &r.PaidFrom)
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, vend.ErrNotFound
 	}
@@ -157,14 +162,14 @@ func (l *Ledger) PayRefund(ctx context.Context, id vend.RefundID, p vend.RefundP
 	switch {
 	case p.Method != vend.RefundCashu && p.Method != vend.RefundBolt11:
 		return vend.Refund{}, fmt.Errorf("pay refund %d: unknown method %q", id, p.Method)
-	case p.Paid <= 0 || p.Fee < 0 || p.MintURL == "":
-		return vend.Refund{}, fmt.Errorf("pay refund %d: a positive amount, a fee >= 0 and the paying mint are required", id)
+	case p.Paid <= 0 || p.Fee < 0 || (p.MintURL == "") == (p.NWC == ""):
+		return vend.Refund{}, fmt.Errorf("pay refund %d: a positive amount, a fee >= 0 and the paying mint (or NWC wallet) are required", id)
 	case p.Method == vend.RefundCashu && p.Token == "":
 		return vend.Refund{}, fmt.Errorf("pay refund %d: a Cashu payout needs its token", id)
 	}
 	var r vend.Refund
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
-		np := vend.NewPayout{Kind: vend.PayoutRefund, Refund: id, Method: p.Method, MintURL: p.MintURL, Amount: p.Paid}
+		np := vend.NewPayout{Kind: vend.PayoutRefund, Refund: id, Method: p.Method, MintURL: p.MintURL, NWC: p.NWC, Amount: p.Paid}
 		if p.Method == vend.RefundBolt11 {
 			np.Quote = p.Ref
 		}
@@ -208,16 +213,21 @@ func payRefundEntry(ctx context.Context, tx *wtx, id vend.RefundID, p vend.Refun
 	if p.Paid > limit {
 		return 0, fmt.Errorf("pay refund %d: %s is more than the %s owed", r.ID, p.Paid, r.Amount)
 	}
+	asset, fee := PayoutAccounts(vend.NewPayout{MintURL: p.MintURL, NWC: p.NWC})
+	by := string(p.Method)
+	if p.NWC != "" {
+		by += " from " + string(p.NWC)
+	}
 	e := Entry{
 		Kind:        "refund",
-		Description: fmt.Sprintf("refund %d of call %d paid out by %s to %s %s", r.ID, r.CallID, p.Method, r.Transport, r.Client),
+		Description: fmt.Sprintf("refund %d of call %d paid out by %s to %s %s", r.ID, r.CallID, by, r.Transport, r.Client),
 		Postings: []Posting{
 			{Account: AccountRefunds, Amount: r.Amount},
-			{Account: CashuAccount(p.MintURL), Amount: -(p.Paid + p.Fee)},
+			{Account: asset, Amount: -(p.Paid + p.Fee)},
 		},
 	}
 	if p.Fee > 0 {
-		e.Postings = append(e.Postings, Posting{Account: CashuFeeAccount(p.MintURL), Amount: p.Fee})
+		e.Postings = append(e.Postings, Posting{Account: fee, Amount: p.Fee})
 	}
 	switch d := p.Paid - r.Amount; {
 	case d > 0:
@@ -235,7 +245,7 @@ func payRefundEntry(ctx context.Context, tx *wtx, id vend.RefundID, p vend.Refun
 	res, err := tx.ExecContext(ctx, `UPDATE refunds SET state = 'paid', paid_at = ?, method = ?, paid_msat = ?,
 		fee_msat = ?, mint_url = ?, token = nullif(?, ''), payout_ref = nullif(?, ''), entry_id = ?
 		WHERE id = ? AND state = 'owed'`,
-		ms(now), string(p.Method), p.Paid, p.Fee, p.MintURL, p.Token, p.Ref, entry, r.ID)
+		ms(now), string(p.Method), p.Paid, p.Fee, vend.NewPayout{MintURL: p.MintURL, NWC: p.NWC}.From(), p.Token, p.Ref, entry, r.ID)
 	if err != nil {
 		if isConstraint(err) {
 			return 0, fmt.Errorf("%w: refund %d: %v", vend.ErrRefundPaid, r.ID, err)

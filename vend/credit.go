@@ -78,8 +78,9 @@ const DefaultMaxTopUp Msat = 1_000_000 * MsatPerSat
 // CreditPayout is how (part of) the rest of a credit account was paid
 // back to its client.
 type CreditPayout struct {
-	Method  RefundMethod // a Cashu token, or a bolt11 paid by a melt of the wallet's ecash
+	Method  RefundMethod // a Cashu token, or a bolt11 paid by a melt of the wallet's ecash or an NWC wallet
 	MintURL string       // the mint whose ecash paid it
+	NWC     Backend      // or the NWC connection whose wallet paid it
 	// Paid is what the client got (at most the balance); Fee what paying
 	// cost beyond it (an expense).
 	Paid Msat

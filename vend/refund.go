@@ -23,9 +23,10 @@ import (
 //     answer (RefundError, or _meta[MetaRefund] of an isError result). If
 //     the token cannot be made (the mint is down) the refund stays owed,
 //     and is paid when the client repeats the request or by the operator;
-//   - an LND payment on a plain invoice stays owed: the operator pays it
-//     with `capvend refunds pay` (a Cashu token to hand over, or the bolt11
-//     the client gave in _meta[MetaRefundInvoice]).
+//   - an LND payment on a plain invoice (or an NWC wallet's) stays owed:
+//     the operator pays it with `capvend refunds pay` (a Cashu token to
+//     hand over, or the bolt11 the client gave in _meta[MetaRefundInvoice],
+//     paid from the Cashu wallet or an NWC wallet).
 //
 // A refund is paid at most once, by one payer: its payout is reserved in
 // the ledger before any money leaves (Payout), and the ledger's schema
@@ -49,7 +50,7 @@ type RefundMethod string
 // The ways to pay a refund.
 const (
 	RefundCashu  RefundMethod = "cashu"  // a Cashu token handed to the client
-	RefundBolt11 RefundMethod = "bolt11" // the client's Lightning invoice, paid from the Cashu wallet (melt)
+	RefundBolt11 RefundMethod = "bolt11" // the client's Lightning invoice, paid from the Cashu wallet (melt) or an NWC wallet
 )
 
 // Refund is money owed (or paid) back to a client for one call.
@@ -75,20 +76,24 @@ type Refund struct {
 	Paid   Msat   // what the client got: the token's value or the invoice's amount
 	Fee    Msat   // what paying cost beyond Paid (mint and Lightning fees)
 	Token  string // the Cashu token paid (a bearer secret: never log it)
-	Ref    string // the melt quote id of a bolt11 payout
+	Ref    string // a bolt11 payout's melt quote id, or its payment hash when an NWC wallet paid it
+	// PaidFrom is what paid it: the mint whose ecash did, or the NWC
+	// connection (NWCBackend) whose wallet did.
+	PaidFrom string
 }
 
 // RefundPayout is how an owed refund was paid, for RefundLedger.PayRefund.
 type RefundPayout struct {
 	Method  RefundMethod
-	MintURL string // the wallet's mint whose ecash paid it
+	MintURL string  // the wallet's mint whose ecash paid it ("" if NWC is set)
+	NWC     Backend // the NWC connection whose wallet paid it (a bolt11)
 	// Paid is what the client receives: a token's value (whole sats,
 	// at most the owed amount rounded up to a sat) or a bolt11's amount
 	// (at most the owed amount).
 	Paid  Msat
 	Fee   Msat   // what paying cost beyond Paid
 	Token string // RefundCashu: the token
-	Ref   string // RefundBolt11: the melt quote id
+	Ref   string // RefundBolt11: the melt quote id, or the payment hash (NWC)
 }
 
 // ErrRefundPaid: the refund was paid out before; nothing was booked again.

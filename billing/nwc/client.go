@@ -77,6 +77,7 @@ type Transaction struct {
 	PaymentHash    string `json:"payment_hash"`
 	Amount         int64  `json:"amount"`
 	FeesPaid       int64  `json:"fees_paid,omitempty"`
+	Preimage       string `json:"preimage,omitempty"` // a settled one's (a secret of an incoming one: never log it)
 	CreatedAt      int64  `json:"created_at,omitempty"`
 	ExpiresAt      int64  `json:"expires_at,omitempty"`
 	SettledAt      int64  `json:"settled_at,omitempty"`
@@ -281,11 +282,17 @@ func (c *Client) Current() *Session {
 // Do sends one request over the current session (see Session.Do);
 // ErrUnreachable when there is none.
 func (c *Client) Do(ctx context.Context, method string, params, result any) error {
+	return c.doWithin(ctx, c.cfg.Timeout, method, params, result)
+}
+
+// doWithin is Do with timeout in place of the client's Timeout (a
+// payment may take longer than a lookup).
+func (c *Client) doWithin(ctx context.Context, timeout time.Duration, method string, params, result any) error {
 	s := c.Current()
 	if s == nil {
 		return fmt.Errorf("%w: not connected", ErrUnreachable)
 	}
-	return s.Do(ctx, method, params, result)
+	return s.do(ctx, timeout, method, params, result)
 }
 
 // Close closes the current session.
@@ -433,7 +440,11 @@ func (s *Session) decrypt(content string) (string, error) {
 // request whose answer was lost may have been carried out: callers make
 // their requests safe to repeat, or look up what happened.
 func (s *Session) Do(ctx context.Context, method string, params, result any) error {
-	ctx, cancel := context.WithTimeout(ctx, s.c.cfg.Timeout)
+	return s.do(ctx, s.c.cfg.Timeout, method, params, result)
+}
+
+func (s *Session) do(ctx context.Context, timeout time.Duration, method string, params, result any) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	body, err := json.Marshal(struct {
 		Method string `json:"method"`
@@ -500,6 +511,6 @@ func (s *Session) Do(ctx context.Context, method string, params, result any) err
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return fmt.Errorf("nwc: %s: %w", method, ctx.Err()) // the caller gave up
 		}
-		return fmt.Errorf("%w: %s: no answer within %s", ErrTimeout, method, s.c.cfg.Timeout)
+		return fmt.Errorf("%w: %s: no answer within %s", ErrTimeout, method, timeout)
 	}
 }

@@ -3,6 +3,7 @@ package nwc_test
 import (
 	"bufio"
 	"context"
+	"encoding/hex"
 	"errors"
 	"os"
 	"os/exec"
@@ -100,13 +101,20 @@ func (w *wallet) uri(t testing.TB, name, relay string) nwc.URI {
 // TestWalletService proves the wallet service the other tests trust as
 // capvend's counterpart against Alby's own NWCClient (prove.mjs): plain
 // and hold invoices, their notifications, lookups, listing, a NOT_FOUND,
-// and a connection without hold invoices refused them.
+// a payment of the customer's invoice (pay_invoice, found again as an
+// outgoing transaction; paying it twice fails), and a connection without
+// hold invoices refused them.
 func TestWalletService(t *testing.T) {
 	w := startWallet(t)
 	dir := serviceDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", filepath.Join(dir, "prove.mjs"), w.URIs[testnet.NWCHold], w.URIs[testnet.NWCPlain])
+	inv, err := w.stack.InvoiceOn(ctx, testnet.Customer, 7, "a refund paid by the wallet service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, "node", filepath.Join(dir, "prove.mjs"), w.URIs[testnet.NWCHold], w.URIs[testnet.NWCPlain],
+		inv.PaymentRequest, hex.EncodeToString(inv.RHash))
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +149,7 @@ func TestWalletService(t *testing.T) {
 	if err != nil {
 		t.Fatalf("prove.mjs: %v\n%s", err, stderr.String())
 	}
-	if got := strings.Join(saw, " "); got != "INFO PAY RECEIVED PAY SETTLED PAY CANCELED LISTED NOTFOUND RESTRICTED DONE" {
+	if got := strings.Join(saw, " "); got != "INFO PAY RECEIVED PAY SETTLED PAY CANCELED LISTED NOTFOUND PAID RESTRICTED DONE" {
 		t.Fatalf("prove.mjs said %s", got)
 	}
 	after, err := w.stack.Balance(ctx, testnet.Customer)
@@ -149,9 +157,10 @@ func TestWalletService(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 21 sat plain and 30 sat held and settled left the customer; the
-	// canceled 40 sat came back (direct channel: no fee).
-	if before-after != 51_000 {
-		t.Fatalf("customer balance moved by %d msat, want 51000", before-after)
+	// canceled 40 sat came back (direct channel: no fee); the wallet paid
+	// the customer's 7 sat invoice once.
+	if before-after != 44_000 {
+		t.Fatalf("customer balance moved by %d msat, want 44000", before-after)
 	}
 }
 

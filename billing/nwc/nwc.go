@@ -25,6 +25,11 @@
 // the connection is not sent the notifications. Every change is recorded
 // in the ledger exactly once (its claims decide between a notification, a
 // lookup and SettleHeld seeing the same change), then reported.
+//
+// A connection granted pay_invoice can also pay refunds and credit back
+// from the wallet (Payer, payout.go: `capvend refunds pay --nwc`), reserved
+// in the ledger first. The backend resolves the payouts its connection
+// left in flight each time it connects, from lookup_invoice.
 package nwc
 
 import (
@@ -85,6 +90,10 @@ type Backend struct {
 
 	ready atomic.Bool // connected, and the open invoices looked up on this connection
 
+	// payer resolves the payouts this connection left in flight; nil
+	// when the ledger keeps no payouts (not a Book).
+	payer *Payer
+
 	// applyMu serializes recording what the wallet says, so that a change
 	// seen twice (a notification, a lookup, SettleHeld) is recorded and
 	// reported once.
@@ -126,6 +135,9 @@ func New(ctx context.Context, c *Client, led vend.PaymentBook, cfg Config) (*Bac
 	}
 	b := &Backend{c: c, led: led, cfg: cfg, name: vend.NWCBackend(cfg.Name),
 		late: map[string]time.Time{}, accepted: map[string]vend.Msat{}}
+	if book, ok := led.(Book); ok {
+		b.payer, _ = NewPayer(c, book, PayerConfig{Name: cfg.Name, Log: cfg.Log, Now: cfg.Now}) // the name was checked above
+	}
 	if c.Current() == nil {
 		if _, err := c.Connect(ctx); err != nil {
 			if !errors.Is(err, ErrUnreachable) && !errors.Is(err, ErrTimeout) {
@@ -385,10 +397,15 @@ func (b *Backend) runOnce(ctx context.Context) error {
 	b.ready.Store(true)
 	b.cfg.Log.Info("nwc: wallet connected", "backend", string(b.name), "encryption", string(s.Encryption()),
 		"hold", b.CanHold(), "notifications", strings.Join(b.c.Info().Notifications, " "))
+	payoutsLeft := b.resolvePayouts(ctx)
+	nextPayouts := b.cfg.Now().Add(payoutRetry)
 	poll := !b.c.Info().Notifies(NotePaymentReceived) || (b.CanHold() && !b.c.Info().Notifies(NoteHoldInvoiceAccepted))
 	t := time.NewTicker(b.cfg.Sweep)
 	defer t.Stop()
 	for {
+		if payoutsLeft && !b.cfg.Now().Before(nextPayouts) {
+			payoutsLeft, nextPayouts = b.resolvePayouts(ctx), b.cfg.Now().Add(payoutRetry)
+		}
 		notes, more := s.Notifications()
 		for _, n := range notes {
 			b.note(ctx, n)
@@ -406,6 +423,22 @@ func (b *Backend) runOnce(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// resolvePayouts ends the payouts this connection left in flight (a
+// payout command killed between the wallet paying and the booking, a
+// payment pending), from lookup_invoice (payout.go), and reports whether
+// any is left.
+func (b *Backend) resolvePayouts(ctx context.Context) bool {
+	if b.payer == nil {
+		return false
+	}
+	ended, left, err := b.payer.Resolve(ctx)
+	b.payer.logResolved(ended)
+	if err != nil {
+		b.cfg.Log.Warn("nwc: payouts left in flight not resolved yet; looked up again later", "backend", string(b.name), "payouts", left, "err", err)
+	}
+	return left > 0
 }
 
 // note applies one notification.

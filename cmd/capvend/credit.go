@@ -139,12 +139,15 @@ func writePayouts(w io.Writer, ps []vend.Payout) error {
 			what = fmt.Sprintf("refund %d", p.Refund)
 		}
 		how := "a Cashu token"
-		if p.Method == vend.RefundBolt11 {
+		switch {
+		case p.NWC != "":
+			how = "bolt11 through the NWC wallet, payment hash " + abbreviate(p.Quote, 16)
+		case p.Method == vend.RefundBolt11:
 			how = "bolt11, melt quote " + abbreviate(p.Quote, 12)
-		} else if p.Token == "" {
+		case p.Token == "":
 			how += " not made yet"
 		}
-		if _, err := fmt.Fprintf(w, "  payout %d: %s of %s by %s from %s (wallet %s) since %s\n", p.ID, p.Amount, what, how, p.MintURL,
+		if _, err := fmt.Fprintf(w, "  payout %d: %s of %s by %s from %s (wallet %s) since %s\n", p.ID, p.Amount, what, how, p.From(),
 			p.Wallet, p.CreatedAt.Format(time.DateTime)); err != nil {
 			return err
 		}
@@ -160,12 +163,18 @@ func creditRefundCommand() *command {
 	return &command{
 		Name:    "refund",
 		Args:    "ACCOUNT",
-		Summary: "pay what is left of a credit account back: a Cashu token or a bolt11",
+		Summary: "pay what is left of a credit account back: a Cashu token or a bolt11 (Cashu or NWC wallet)",
 		Help: `Pays what is left of credit ACCOUNT back from capvend's Cashu wallet:
   --cashu            as a Cashu token of the whole sats left (a fraction of a
                      sat stays in the account), printed for you to hand over;
   --invoice BOLT11   to the client's invoice (an amount in whole sats, at
-                     most the balance), through the mint (a melt, NUT-05).
+                     most the balance), through the mint (a melt, NUT-05);
+or with --nwc (--nwc=NAME: one of nwc.wallets) and --invoice BOLT11 from the
+wallet of an NWC connection granted pay_invoice and lookup_invoice: the
+invoice's amount (at most the balance; one without an amount is paid the
+whole balance), booked out of assets:lightning:nwc[:NAME], its fee
+expenses:fees:nwc[:NAME]. An invoice asking more than the balance is
+refused before anything is paid.
 The payout is reserved in the ledger before anything leaves the wallet: the
 amount moves out of the balance at once (to liabilities:credit_reserved), so
 no call on any instance sharing the ledger can spend it meanwhile, and the
@@ -175,14 +184,16 @@ made (or the mint paid the invoice) it is booked:
   Dr expenses:fees:cashu:<mint>    what paying cost
   Cr assets:cashu:<mint>           the ecash that left the wallet
 and if nothing left it is released back to the balance. A payout left in
-flight (capvend killed in between, a melt pending at the mint) is listed by
-'capvend credit' and resolved from the mint's word by the next payout
-command or 'capvend serve' on the same wallet. The wallet is opened like
-'capvend cashu melt': stop 'capvend serve' first.
+flight (capvend killed in between, a melt pending at the mint, a payment
+pending at the wallet) is listed by 'capvend credit' and resolved from the
+mint's or the wallet's word by the next payout command or 'capvend serve' on
+the same wallet. The Cashu wallet is opened like 'capvend cashu melt': stop
+'capvend serve' first; an NWC wallet may be paid from while it serves.
 
 Examples:
   capvend credit refund t0123456789abcdef01234567 --cashu
-  capvend credit refund t0123456789abcdef01234567 --invoice lnbc790n1...`,
+  capvend credit refund t0123456789abcdef01234567 --invoice lnbc790n1...
+  capvend credit refund t0123456789abcdef01234567 --nwc --invoice lnbc790n1...`,
 		Flags: register,
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) == 0 {
@@ -192,6 +203,9 @@ Examples:
 				return err
 			}
 			cf, payCashu, invoice, mint := &pf.cf, pf.payCashu, pf.invoice, pf.mint
+			if pf.nwc.set {
+				return payCreditNWC(ctx, e, &pf, args[0])
+			}
 			if payCashu == (strings.TrimSpace(invoice) != "") {
 				return usageError("say how to pay: --cashu or --invoice BOLT11")
 			}

@@ -193,11 +193,12 @@ func (s *vendServer) openNWC(ctx context.Context) error {
 }
 
 // The permissions capvend asks of a wallet connection, and those it must
-// not be given.
+// not be given. pay_invoice is granted only to pay refunds from the
+// wallet ('refunds pay --nwc', 'credit refund --nwc'), with a budget.
 var (
 	nwcGrant     = "get_info, make_invoice, lookup_invoice, list_transactions; for hold invoices make_hold_invoice, settle_hold_invoice, cancel_hold_invoice; and the notifications payment_received, hold_invoice_accepted"
-	nwcDontGrant = "pay_invoice, pay_keysend, multi_pay_* and get_balance (capvend never pays from the wallet: a leaked URI then cannot spend it)"
-	nwcSpend     = []string{"pay_invoice", "pay_keysend", "multi_pay_invoice", "multi_pay_keysend"}
+	nwcDontGrant = "pay_keysend, multi_pay_* and get_balance, and pay_invoice unless you pay refunds from this wallet (capvend never spends otherwise: a leaked URI then cannot spend it)"
+	nwcSpend     = []string{"pay_keysend", "multi_pay_invoice", "multi_pay_keysend"}
 )
 
 // checkNWC checks each NWC connection: it connects, reads what it was
@@ -259,6 +260,11 @@ func checkNWCConn(ctx context.Context, cfg *Config, conn nwcConn) outcome {
 	if len(spend) > 0 {
 		return failed(name, "make a connection without "+nwcDontGrant,
 			"%s; but the connection may spend from the wallet (%s), which capvend never does", detail, strings.Join(spend, ", "))
+	}
+	if info.Can(nwc.MethodPayInvoice) {
+		return warned(name, "give the connection a budget in the wallet (Alby Hub: the connection's budget), or make one without pay_invoice if you pay refunds from Cashu",
+			"%s; the connection may pay invoices (pay_invoice): capvend pays from the wallet only the refunds and credit you pay with --nwc, but a leaked URI file spends up to its budget; granted %s",
+			detail, strings.Join(info.Methods, " "))
 	}
 	return passed(name, "%s; granted %s", detail, strings.Join(info.Methods, " "))
 }

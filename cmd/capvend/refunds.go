@@ -28,8 +28,9 @@ not run twice, a payment arrives after the request expired) is refunded:
     answer (error data.refund, or _meta["capvend/refund"] of the result);
     if the wallet cannot make one (the mint is down) it stays owed, and is
     paid when the client repeats the request;
-  - a plain LND invoice's payment stays owed: listed here, paid with
-    'capvend refunds pay'.
+  - a plain invoice's payment (LND's, or an NWC wallet's without hold
+    invoices) stays owed: listed here, paid with 'capvend refunds pay',
+    from the Cashu wallet or (--nwc) from the NWC wallet.
 An owed refund is money in liabilities:refunds; 'ledger balance' shows the
 same total, and 'ledger verify' checks the two agree.
 
@@ -104,6 +105,9 @@ func writeRefunds(w io.Writer, rs []vend.Refund, all bool, inFlight []vend.Payou
 				if r.Method == vend.RefundBolt11 {
 					state += " (" + string(r.Paid.AppendSats(nil)) + ")"
 				}
+				if vend.Backend(r.PaidFrom).IsNWC() {
+					state += " from " + r.PaidFrom
+				}
 			}
 			inv := "-"
 			if r.Invoice != "" {
@@ -134,12 +138,13 @@ func abbreviate(s string, n int) string {
 }
 
 // payoutFlags are the flags of a command paying money back from the
-// Cashu wallet (refunds pay, credit refund).
+// Cashu wallet or an NWC wallet (refunds pay, credit refund).
 type payoutFlags struct {
 	cf       cashuFlags
 	payCashu bool
 	invoice  string
 	mint     string
+	nwc      nwcFlag
 }
 
 // register registers the flags; invoiceHelp and mintHelp say what
@@ -149,6 +154,8 @@ func (p *payoutFlags) register(fs *flag.FlagSet, invoiceHelp, mintHelp string) {
 	fs.BoolVar(&p.payCashu, "cashu", false, "pay with a Cashu token from the wallet, printed for you to hand to the client")
 	fs.StringVar(&p.invoice, "invoice", "", "pay this bolt11 `INVOICE` "+invoiceHelp)
 	fs.StringVar(&p.mint, "mint", "", "pay from the ecash of mint `URL` "+mintHelp)
+	fs.Var(&p.nwc, "nwc", "pay the bolt11 from the wallet of an NWC connection (pay_invoice), not the Cashu wallet; "+
+		"--nwc=NAME names one of nwc.wallets (\"nwc\": nwc.uri_file), default the first configured")
 }
 
 func refundsPayCommand() *command {
@@ -160,32 +167,44 @@ func refundsPayCommand() *command {
 	return &command{
 		Name:    "pay",
 		Args:    "ID",
-		Summary: "pay an owed refund: to the client's bolt11, another bolt11, or as a Cashu token",
-		Help: `Pays refund ID (see 'capvend refunds') from capvend's Cashu wallet, once:
+		Summary: "pay an owed refund: to the client's bolt11 (from the Cashu or an NWC wallet), another bolt11, or as a Cashu token",
+		Help: `Pays refund ID (see 'capvend refunds') once, from capvend's Cashu wallet:
   (default)          to the bolt11 invoice the client gave with the call
                      (_meta["capvend/refund_invoice"]), through the mint (a
                      melt, NUT-05); an error if it gave none;
   --invoice BOLT11   to that invoice instead;
   --cashu            as a Cashu token of the amount (rounded up to a whole
-                     sat), printed for you to hand to the client.
-An invoice must carry an amount in whole sats, at most what is owed (one
-asking more is refused; one asking less settles the refund, the rest staying
-income:overpayments). The payout is reserved in the ledger before anything leaves the wallet (a
+                     sat), printed for you to hand to the client;
+or, with --nwc, from the wallet of an NWC connection (nwc.uri_file, or
+--nwc=NAME one of nwc.wallets), to the client's invoice or --invoice's, by
+the connection's pay_invoice: the connection must have been granted
+pay_invoice and lookup_invoice (else the error says so; give it a budget).
+An invoice asking more than is owed is refused before anything is paid; one
+asking less settles the refund (the rest stays income:overpayments). From
+the Cashu wallet it must carry an amount in whole sats; from an NWC wallet
+any amount, and one without an amount is paid exactly what is owed. The
+payout is reserved in the ledger before anything leaves the wallet (a
 refund another payer has in flight is refused), then booked in one entry:
   Dr liabilities:refunds        the amount owed
   Dr expenses:fees:cashu:<mint> what paying cost (mint and Lightning fees)
   Cr assets:cashu:<mint>        the ecash that left the wallet
-A refund is paid once: paying it again is refused (the ledger's schema
+(from an NWC wallet: expenses:fees:nwc[:NAME], the fee the wallet reports,
+and assets:lightning:nwc[:NAME], where the wallet's income is booked). A
+refund is paid once: paying it again is refused (the ledger's schema
 refuses a second payout). A payout left in flight (capvend killed between
-paying and booking, a melt pending at the mint) is listed by 'capvend
-refunds' and resolved from the mint's word by the next payout command or
-'capvend serve' on the same wallet. The wallet is opened like 'capvend cashu
-melt': stop 'capvend serve' first.
+paying and booking, a melt pending at the mint, a payment pending at the
+wallet) is listed by 'capvend refunds' and resolved from the mint's or the
+wallet's word (lookup_invoice) by the next payout command or 'capvend
+serve' on the same wallet. The Cashu wallet is opened like 'capvend cashu
+melt': stop 'capvend serve' first; an NWC wallet may be paid from while it
+serves.
 
 Examples:
   capvend refunds pay 3
   capvend refunds pay 3 --invoice lnbc210n1...
-  capvend refunds pay 3 --cashu`,
+  capvend refunds pay 3 --cashu
+  capvend refunds pay 3 --nwc
+  capvend refunds pay 3 --nwc=coinos --invoice lnbc210n1...`,
 		Flags: register,
 		Run: func(ctx context.Context, e *env, args []string) error {
 			if len(args) == 0 {
@@ -205,6 +224,9 @@ Examples:
 			}
 			if invoice != "" && strings.TrimSpace(invoice) == "" {
 				return usageError("--invoice is empty")
+			}
+			if pf.nwc.set {
+				return payRefundNWC(ctx, e, &pf, vend.RefundID(id))
 			}
 			l, dir, mints, err := cf.open(ctx, e)
 			if err != nil {

@@ -1,22 +1,25 @@
 // Proves the wallet service (service.mjs) against Alby's own NWCClient,
 // the SDK's implementation of the client side, hold invoices and
-// notifications included. Run by testnet's TestNWCWalletService:
+// notifications included. Run by billing/nwc's TestWalletService:
 //
-//   node prove.mjs <nostr+walletconnect URI of the "hold" connection> <plain URI>
+//   node prove.mjs <nostr+walletconnect URI of the "hold" connection> <plain URI> \
+//       <a 7 sat invoice of the customer node> <its payment hash>
 //
 // Each invoice to pay is written as a line "PAY <bolt11>" (the Go test
 // pays it from the customer node, a hold invoice in the background); what
-// the client saw is written as lines "<WORD> <json>". Exits 0 after
-// "DONE", 1 on any error.
+// the client saw is written as lines "<WORD> <json>". The wallet pays the
+// customer's invoice (pay_invoice, as capvend pays a refund) and finds
+// that outgoing payment again (lookup_invoice, list_transactions). Exits
+// 0 after "DONE", 1 on any error.
 import { WebSocket } from 'ws';
 import { createHash, randomBytes } from 'node:crypto';
 
 globalThis.WebSocket ??= WebSocket;
 const { NWCClient } = await import('@getalby/sdk/nwc');
 
-const [holdURI, plainURI] = process.argv.slice(2);
-if (!plainURI) {
-  console.error('usage: node prove.mjs <hold-uri> <plain-uri>');
+const [holdURI, plainURI, payInvoice, payHash] = process.argv.slice(2);
+if (!payHash) {
+  console.error('usage: node prove.mjs <hold-uri> <plain-uri> <invoice-to-pay> <its-payment-hash>');
   process.exit(2);
 }
 const out = (word, v) => process.stdout.write(`${word} ${JSON.stringify(v)}\n`);
@@ -92,6 +95,25 @@ try {
     must(e.code === 'NOT_FOUND', 'unknown invoice: ' + e.code + ' ' + e.message);
   }
   out('NOTFOUND', true);
+
+  // pay_invoice: the wallet pays the customer's invoice (a refund); its
+  // preimage proves it, and the outgoing payment is found again by
+  // lookup_invoice and list_transactions, with the fee it reported.
+  const paid = await client.payInvoice({ invoice: payInvoice });
+  must(createHash('sha256').update(Buffer.from(paid.preimage, 'hex')).digest('hex') === payHash, 'pay_invoice preimage ' + JSON.stringify(paid));
+  must(Number.isInteger(paid.fees_paid) && paid.fees_paid >= 0, 'pay_invoice fees_paid ' + JSON.stringify(paid));
+  const sent = await client.lookupInvoice({ payment_hash: payHash });
+  must(sent.type === 'outgoing' && sent.state === 'settled' && sent.amount === 7_000 && sent.fees_paid === paid.fees_paid
+    && sent.preimage === paid.preimage, 'lookup_invoice of the payment ' + JSON.stringify(sent));
+  const sentList = await client.listTransactions({ type: 'outgoing', limit: 10 });
+  must(sentList.transactions.some((t) => t.payment_hash === payHash && t.type === 'outgoing'), 'list_transactions outgoing');
+  try {
+    await client.payInvoice({ invoice: payInvoice });
+    throw new Error('an invoice was paid twice');
+  } catch (e) {
+    must(e.code === 'PAYMENT_FAILED', 'paying a paid invoice: ' + e.code + ' ' + e.message);
+  }
+  out('PAID', { payment_hash: payHash, amount: sent.amount, fees_paid: paid.fees_paid });
 
   // The plain connection may not make hold invoices.
   const plain = new NWCClient({ nostrWalletConnectUrl: plainURI });

@@ -12,7 +12,9 @@
 // cancel_hold_invoice: LND's invoicesrpc hold invoices), answered for
 // requests the SDK's dispatch leaves alone, and notifications
 // (payment_received, hold_invoice_accepted), published from LND's invoice
-// streams for the invoices a connection made.
+// streams for the invoices a connection made. pay_invoice pays from the
+// node (capvend's refunds), and lookup_invoice and list_transactions
+// find those outgoing payments too (LND's payments), as NIP-47 asks.
 //
 // It serves four connections, as a wallet grants them to apps:
 //   hold:    every method, hold invoices included; NIP-44 and NIP-04
@@ -131,6 +133,26 @@ function tx(inv) {
   return t;
 }
 
+// outTx makes NIP-47's transaction of an LND payment (outgoing).
+function outTx(p) {
+  let state = 'pending';
+  if (p.status === 'SUCCEEDED') state = 'settled';
+  if (p.status === 'FAILED') state = 'failed';
+  const created = Number(p.creation_date || 0) || Math.floor(Number(p.creation_time_ns || 0) / 1e9);
+  const resolved = (p.htlcs || []).filter((h) => h.status === 'SUCCEEDED').map((h) => Math.floor(Number(h.resolve_time_ns || 0) / 1e9));
+  return {
+    type: 'outgoing', state, invoice: p.payment_request || '', description: '', description_hash: '',
+    preimage: state === 'settled' ? p.payment_preimage : '', payment_hash: p.payment_hash,
+    amount: Number(p.value_msat || 0), fees_paid: Number(p.fee_msat || 0), created_at: created,
+    settled_at: state === 'settled' ? (resolved.length ? Math.max(...resolved) : created) : undefined,
+  };
+}
+
+// payments lists the node's outgoing payments, in flight ones too.
+async function payments() {
+  return (await lnd('GET', '/v1/payments?include_incomplete=true&reversed=true&max_payments=100000')).payments || [];
+}
+
 const ok = (result) => ({ result, error: undefined });
 const fail = (code, message) => ({ result: undefined, error: { code, message } });
 const lndFail = (e) => (e.status === 404 || /unable to locate|not found|no invoice/i.test(e.message)
@@ -185,6 +207,7 @@ class HoldWalletService extends NWCWalletService {
 }
 const service = new HoldWalletService({ relayUrls: [args.relay] });
 const owner = new Map(); // payment hash -> the connection that made the invoice
+const payer = new Map(); // payment hash -> the connection that paid it (pay_invoice)
 const notified = new Set(); // "type:hash" notifications published
 
 async function notify(conn, type, t) {
@@ -222,34 +245,55 @@ function handler(conn) {
         return ok(tx(await lnd('GET', `/v1/invoice/${hash}`)));
       } catch (e) { return lndFail(e); }
     },
+    // An invoice the node issued (incoming), else a payment it made
+    // (outgoing: capvend looks up a refund it paid), else NOT_FOUND.
     async lookupInvoice(r) {
       if (!can('lookup_invoice')) return fail('RESTRICTED', 'lookup_invoice not granted');
       if (!r.payment_hash) return fail('OTHER', 'lookup by payment_hash only');
-      try { return ok(tx(await lnd('GET', `/v1/invoice/${r.payment_hash}`))); } catch (e) { return lndFail(e); }
+      try { return ok(tx(await lnd('GET', `/v1/invoice/${r.payment_hash}`))); } catch (e) {
+        const miss = lndFail(e);
+        if (miss.error.code !== 'NOT_FOUND') return miss;
+      }
+      try {
+        const p = (await payments()).find((x) => x.payment_hash === r.payment_hash);
+        return p ? ok(outTx(p)) : fail('NOT_FOUND', `no invoice or payment ${r.payment_hash}`);
+      } catch (e) { return lndFail(e); }
     },
     async listTransactions(r) {
       if (!can('list_transactions')) return fail('RESTRICTED', 'list_transactions not granted');
       try {
         const res = await lnd('GET', '/v1/invoices?num_max_invoices=100000&reversed=true');
-        let txs = (res.invoices || []).filter((i) => owner.get(hexOf(i.r_hash)) === conn).map(tx);
+        let txs = r.type === 'outgoing' ? [] : (res.invoices || []).filter((i) => owner.get(hexOf(i.r_hash)) === conn).map(tx);
+        if (r.type !== 'incoming') txs = txs.concat((await payments()).filter((p) => payer.get(p.payment_hash) === conn).map(outTx));
         if (r.from) txs = txs.filter((t) => t.created_at >= r.from);
         if (r.until) txs = txs.filter((t) => t.created_at <= r.until);
         if (!r.unpaid) txs = txs.filter((t) => t.state === 'settled' || t.state === 'accepted');
-        if (r.type === 'outgoing') txs = [];
         txs.sort((a, b) => b.created_at - a.created_at);
         const total = txs.length;
         txs = txs.slice(r.offset || 0, (r.offset || 0) + (r.limit || 50));
         return ok({ transactions: txs, total_count: total });
       } catch (e) { return lndFail(e); }
     },
+    // Pays from the node (LND's synchronous send: its answer is the
+    // outcome), at most 10 sat of routing fee. The payment is the
+    // connection's, listed among its outgoing transactions.
     async payInvoice(r) {
       if (!can('pay_invoice')) return fail('RESTRICTED', 'pay_invoice not granted');
+      if (!r.invoice) return fail('OTHER', 'invoice is required');
+      try {
+        const pr = await lnd('GET', `/v1/payreq/${r.invoice}`);
+        payer.set(pr.payment_hash, conn);
+      } catch (e) { return fail('OTHER', `not a payable invoice: ${e.message}`); }
       try {
         const res = await lnd('POST', '/v1/channels/transactions', { payment_request: r.invoice,
           amt_msat: r.amount ? String(r.amount) : undefined, fee_limit: { fixed_msat: '10000' } });
-        if (res.payment_error) return fail('PAYMENT_FAILED', res.payment_error);
+        if (res.payment_error) {
+          log('pay_invoice failed', conn.spec.name, res.payment_error);
+          return fail(/insufficient/i.test(res.payment_error) ? 'INSUFFICIENT_BALANCE' : 'PAYMENT_FAILED', res.payment_error);
+        }
+        log('paid', conn.spec.name, hexOf(res.payment_hash));
         return ok({ preimage: hexOf(res.payment_preimage), fees_paid: Number(res.payment_route?.total_fees_msat || 0) });
-      } catch (e) { return fail('PAYMENT_FAILED', e.message); }
+      } catch (e) { return fail(/insufficient/i.test(e.message) ? 'INSUFFICIENT_BALANCE' : 'PAYMENT_FAILED', e.message); }
     },
     async getBalance() {
       try { return ok({ balance: Number((await lnd('GET', '/v1/balance/channels')).local_balance?.msat || 0) }); } catch (e) { return lndFail(e); }
