@@ -471,7 +471,11 @@ func markCallPaid(ctx context.Context, tx *wtx, id vend.CallID, now time.Time) e
 	return setCallState(ctx, tx, &c, vend.CallPaid, "", now)
 }
 
-// SettlePayment implements vend.Ledger.
+// SettlePayment implements vend.Ledger. A hold invoice settled while its
+// call is paid, never started, refunds the call in the same transaction
+// (the settlement owed back): LND settles one only after its call ran, so
+// the books lost that run (a ledger restored from a backup), and the call
+// must never run again.
 func (l *Ledger) SettlePayment(ctx context.Context, s vend.Settlement) (vend.Payment, error) {
 	if s.Amount <= 0 || s.Fee < 0 || s.Fee > s.Amount {
 		return vend.Payment{}, fmt.Errorf("settle payment %s: amount must be positive and fee within it (amount %d, fee %d msat)", s.Ref, s.Amount, s.Fee)
@@ -542,6 +546,20 @@ func settlePaymentNote(ctx context.Context, tx *wtx, s vend.Settlement, now time
 		// Paid after capvend gave up: the call never runs and the
 		// money is owed back.
 		if err := postRefund(ctx, tx, p, c, "paid after the request "+string(c.State), now); err != nil {
+			return p, err
+		}
+	}
+	if p.Kind == vend.KindHoldInvoice && c.State == vend.CallPaid {
+		// A hold invoice is settled only by its call's run (vend
+		// settles it, then stores the answer): settled while its call
+		// never started, the books lost that run, restored from a
+		// backup taken before it (SettleRestored leaves such calls to
+		// serve). It is never run again: the money is owed back.
+		reason := "the hold invoice was settled, so the call ran, but the ledger has no run of it (restored from a backup): owed back, not run again"
+		if note != "" {
+			reason = note + "; " + reason
+		}
+		if err := refundCall(ctx, tx, c, reason, now); err != nil {
 			return p, err
 		}
 	}
@@ -740,40 +758,45 @@ func (l *Ledger) Refund(ctx context.Context, id vend.CallID, reason string) erro
 		if err != nil {
 			return err
 		}
-		if !c.State.CanTransition(vend.CallRefunded) {
-			return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(vend.CallRefunded)}
-		}
-		// Which money comes back: a settled payment is owed back (a
-		// refund entry); a hold invoice must have been canceled, which
-		// returned the money by itself.
-		var settled, accepted int
-		var settledRef string
-		if err := tx.QueryRowContext(ctx, `SELECT
-			count(*) FILTER (WHERE state = 'settled'), count(*) FILTER (WHERE state = 'accepted'),
-			coalesce(max(ref) FILTER (WHERE state = 'settled'), '')
-			FROM payments WHERE call_id = ?`, c.ID).Scan(&settled, &accepted, &settledRef); err != nil {
-			return err
-		}
-		if accepted > 0 {
-			return fmt.Errorf("call %d: its hold invoice is still accepted: cancel it (EndPayment) before marking the refund: %w", c.ID, vend.ErrIllegalTransition)
-		}
-		if err := setCallState(ctx, tx, &c, vend.CallRefunded, reason, now); err != nil {
-			return err
-		}
-		if settled > 0 {
-			p, err := getPayment(ctx, tx, settledRef)
-			if err != nil {
-				return err
-			}
-			return postRefund(ctx, tx, p, c, reason, now)
-		}
-		_, err = giveBackCredit(ctx, tx, c, reason, now)
-		return err
+		return refundCall(ctx, tx, c, reason, now)
 	})
 	if err != nil {
 		return fmt.Errorf("refund: %w", err)
 	}
 	return nil
+}
+
+// refundCall is Refund of call c inside tx.
+func refundCall(ctx context.Context, tx *wtx, c vend.Call, reason string, now time.Time) error {
+	if !c.State.CanTransition(vend.CallRefunded) {
+		return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(vend.CallRefunded)}
+	}
+	// Which money comes back: a settled payment is owed back (a
+	// refund entry); a hold invoice must have been canceled, which
+	// returned the money by itself.
+	var settled, accepted int
+	var settledRef string
+	if err := tx.QueryRowContext(ctx, `SELECT
+		count(*) FILTER (WHERE state = 'settled'), count(*) FILTER (WHERE state = 'accepted'),
+		coalesce(max(ref) FILTER (WHERE state = 'settled'), '')
+		FROM payments WHERE call_id = ?`, c.ID).Scan(&settled, &accepted, &settledRef); err != nil {
+		return err
+	}
+	if accepted > 0 {
+		return fmt.Errorf("call %d: its hold invoice is still accepted: cancel it (EndPayment) before marking the refund: %w", c.ID, vend.ErrIllegalTransition)
+	}
+	if err := setCallState(ctx, tx, &c, vend.CallRefunded, reason, now); err != nil {
+		return err
+	}
+	if settled > 0 {
+		p, err := getPayment(ctx, tx, settledRef)
+		if err != nil {
+			return err
+		}
+		return postRefund(ctx, tx, p, c, reason, now)
+	}
+	_, err := giveBackCredit(ctx, tx, c, reason, now)
+	return err
 }
 
 // ClaimProofs implements vend.Ledger.

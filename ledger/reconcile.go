@@ -115,7 +115,10 @@ func insertDifference(ctx context.Context, tx *wtx, d *reconcile.Difference, now
 
 // RepairSettlement implements reconcile.Store: the settlement is booked
 // through SettlePayment's claim (its entry's description ends with
-// d.Repair), and d is written, in one transaction.
+// d.Repair), and d is written, in one transaction. Like SettlePayment,
+// a hold invoice settled while its call is paid (never started: the
+// books lost its run, restored from a backup) refunds the call; d's
+// detail then says so.
 func (l *Ledger) RepairSettlement(ctx context.Context, d reconcile.Difference, s vend.Settlement) (vend.Payment, error) {
 	if !strings.HasPrefix(d.Repair, reconcile.RepairPrefix) {
 		return vend.Payment{}, fmt.Errorf("repair settlement %s: the repair must say it is a reconcile repair", s.Ref)
@@ -125,9 +128,15 @@ func (l *Ledger) RepairSettlement(ctx context.Context, d reconcile.Difference, s
 	}
 	var p vend.Payment
 	err := l.write(ctx, func(tx *wtx, now time.Time) error {
-		var err error
+		lost, err := lostHoldRun(ctx, tx, s.Ref)
+		if err != nil {
+			return err
+		}
 		if p, err = settlePaymentNote(ctx, tx, s, now, d.Repair); err != nil {
 			return err
+		}
+		if lost {
+			d.Detail += "; its call had no run in the ledger: refunded, not run again"
 		}
 		return insertDifference(ctx, tx, &d, now)
 	})
@@ -135,6 +144,20 @@ func (l *Ledger) RepairSettlement(ctx context.Context, d reconcile.Difference, s
 		return vend.Payment{}, fmt.Errorf("repair settlement: %w", err)
 	}
 	return p, nil
+}
+
+// lostHoldRun reports whether the payment ref is a hold invoice whose
+// call is paid, not started: settling it means the books lost the run.
+func lostHoldRun(ctx context.Context, tx *wtx, ref string) (bool, error) {
+	p, err := getPayment(ctx, tx, ref)
+	if err != nil || p.Kind != vend.KindHoldInvoice {
+		return false, err
+	}
+	c, err := getCall(ctx, tx, p.CallID)
+	if err != nil {
+		return false, err
+	}
+	return c.State == vend.CallPaid, nil
 }
 
 // RepairCanceled implements reconcile.Store: an open or accepted payment
@@ -244,7 +267,13 @@ func reconcileRuns(ctx context.Context, tx *sql.Tx, n, maxDiffs int) ([]Reconcil
 		return nil, err
 	}
 	for i := range out {
-		if out[i].Differences, err = differences(ctx, tx, "run_id = ? ORDER BY id LIMIT ?", out[i].ID, maxDiffs); err != nil {
+		// No LIMIT for all: PostgreSQL refuses a negative one (SQLite
+		// reads it as none).
+		where, args := "run_id = ? ORDER BY id", []any{out[i].ID}
+		if maxDiffs >= 0 {
+			where, args = where+" LIMIT ?", append(args, maxDiffs)
+		}
+		if out[i].Differences, err = differences(ctx, tx, where, args...); err != nil {
 			return nil, err
 		}
 	}

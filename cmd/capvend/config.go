@@ -25,6 +25,7 @@ import (
 	"github.com/capvend/capvend/adapters/admin"
 	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/adapters/mcpfront"
+	"github.com/capvend/capvend/internal/replica"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/pricing"
 	"github.com/capvend/capvend/reconcile"
@@ -100,6 +101,19 @@ type LedgerConfig struct {
 	// forever. Money records are never pruned. Default 30 days
 	// (ledger.DefaultResultsRetention).
 	ResultsRetention time.Duration `yaml:"results_retention"`
+	// Replica is where Litestream, run beside serve, replicates the
+	// SQLite ledger (file:///PATH or s3://BUCKET/PATH): what 'capvend
+	// ledger restore' restores from and 'capvend doctor' measures the
+	// lag of. Empty: no continuous backup.
+	Replica string `yaml:"replica"`
+	// ReplicaCredentialsFile names a file of KEY=VALUE lines with the S3
+	// credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY): a secret,
+	// refused while group or others may read it, passed to litestream in
+	// its environment only, never logged. Not for a file:// replica.
+	ReplicaCredentialsFile string `yaml:"replica_credentials_file"`
+	// LitestreamBin is the litestream program that 'ledger restore' and
+	// 'doctor' run (default: litestream, found in PATH).
+	LitestreamBin string `yaml:"litestream"`
 }
 
 // ServerConfig is how capvend presents itself to clients.
@@ -812,6 +826,10 @@ func (c *Config) resolvePaths(dir string) {
 	}
 	abs(&c.Ledger.Path)
 	abs(&c.Ledger.DSNFile)
+	abs(&c.Ledger.ReplicaCredentialsFile)
+	if strings.ContainsRune(c.Ledger.LitestreamBin, filepath.Separator) {
+		abs(&c.Ledger.LitestreamBin)
+	}
 	abs(&c.HTTP.AuthTokenFile)
 	abs(&c.Admin.TokenFile)
 	abs(&c.Nostr.NsecFile)
@@ -903,6 +921,19 @@ func (c *Config) validateServer(p *problems) {
 	if r := c.Ledger.ResultsRetention; r != 0 && (r < minResultsRetention || r < 2*c.Nostr.Window || r > maxResultsRetention) {
 		p.bad("ledger.results_retention", "%s: want 0 (keep forever) or from %s (and twice nostr.window, %s) to %s",
 			r, minResultsRetention, 2*c.Nostr.Window, maxResultsRetention)
+	}
+	if c.Ledger.Replica != "" {
+		u, err := replica.ParseURL(c.Ledger.Replica)
+		switch {
+		case err != nil:
+			p.bad("ledger.replica", "%v", err)
+		case c.Ledger.Driver == "postgres":
+			p.bad("ledger.replica", "Litestream replicates an SQLite ledger: back up PostgreSQL with its own tools (see docs/OPERATING.md, Backups)")
+		case u.Scheme == "file" && c.Ledger.ReplicaCredentialsFile != "":
+			p.bad("ledger.replica_credentials_file", "a file:// replica takes no credentials")
+		}
+	} else if c.Ledger.ReplicaCredentialsFile != "" {
+		p.bad("ledger.replica_credentials_file", "set without ledger.replica")
 	}
 	if c.Server.Name == "" {
 		p.bad("server.name", "required: a short name clients see")

@@ -24,6 +24,7 @@ import (
 	"github.com/capvend/capvend/adapters/upstream"
 	"github.com/capvend/capvend/billing/cashu"
 	"github.com/capvend/capvend/billing/lnd"
+	"github.com/capvend/capvend/internal/replica"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
@@ -66,6 +67,10 @@ func doctorCommand() *command {
 for anything that fails:
   - the configuration is valid;
   - the ledger opens, and its schema version;
+  - with ledger.replica, the replica's lag: the books' last change
+    against the newest change Litestream replicated (to the second;
+    behind by more than 5 s warns, by more than a minute fails: the
+    Litestream beside serve is not replicating);
   - LND is reachable and the macaroon allows what capvend needs;
   - the inbound liquidity can receive the highest price (needs a macaroon
     that may read channel balances; skipped otherwise);
@@ -130,6 +135,9 @@ func doctor(ctx context.Context, cfg *Config) []outcome {
 	}
 	out := []outcome{passed("config", "%s is valid", name)}
 	out = append(out, checkLedger(ctx, cfg))
+	if cfg.Ledger.Replica != "" {
+		out = append(out, checkReplica(ctx, cfg, time.Now()))
+	}
 	if cfg.LND.Host != "" {
 		out = append(out, checkLND(ctx, cfg)...)
 	}
@@ -508,4 +516,63 @@ func checkCashuSeed(dir string) outcome {
 	}
 	return warned("cashu seed", "stop serve, run 'capvend cashu seed --to FILE' and keep FILE offline",
 		"the wallet's seed was never exported: if %s is lost, so is its ecash", dir)
+}
+
+// Replica lag bounds: Litestream ships a change within about a second
+// (its sync interval) and lists its files to the second, so a few seconds
+// behind is normal; a minute means it is not replicating.
+const (
+	replicaLagWarn = 5 * time.Second
+	replicaLagFail = time.Minute
+)
+
+// checkReplica measures how far ledger.replica lags behind the ledger:
+// the books' last change (ledger.LastChange) against the time of the
+// newest file Litestream wrote to the replica. Changes the books made
+// after that file are not in the replica.
+func checkReplica(ctx context.Context, cfg *Config, now time.Time) outcome {
+	const name = "replica"
+	ls, err := cfg.Ledger.litestream("")
+	if err != nil {
+		return failed(name, "fix ledger.replica, ledger.replica_credentials_file or ledger.litestream", "%v", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	pos, err := ls.Newest(ctx)
+	if err != nil {
+		return failed(name, "check that Litestream "+replica.Version+" is installed, the replica reachable and its credentials right", "%s: %v", ls.Redacted(), err)
+	}
+	l, err := cfg.Ledger.open(ctx, "", ledger.Options{MustExist: true})
+	if errors.Is(err, ledger.ErrNoLedger) {
+		return passed(name, "%s: no ledger yet, nothing to replicate", ls.Redacted())
+	}
+	if err != nil {
+		return failed(name, "see the ledger check", "%v", err)
+	}
+	defer l.Close()
+	last, err := l.LastChange(ctx)
+	if err != nil {
+		return failed(name, "run 'capvend ledger verify'", "%v", err)
+	}
+	start := "run Litestream beside capvend serve: capvend ledger litestream-config > litestream.yml; litestream replicate -config litestream.yml (see docs/OPERATING.md, Continuous backup)"
+	if pos.Files == 0 {
+		if last.IsZero() {
+			return passed(name, "%s holds nothing yet, and the books are empty", ls.Redacted())
+		}
+		return failed(name, start, "%s holds no backup of the ledger (the books last changed %s)", ls.Redacted(), last.UTC().Format(time.RFC3339))
+	}
+	// pos.Time is to the second: a change in the same second as the
+	// newest file counts as replicated.
+	lag := last.Truncate(time.Second).Sub(pos.Time)
+	detail := fmt.Sprintf("%s: newest replicated change %s (transaction %d, %s ago), the books' last change %s",
+		ls.Redacted(), pos.Time.UTC().Format(time.RFC3339), pos.TXID, now.Sub(pos.Time).Round(time.Second), last.UTC().Format(time.RFC3339))
+	switch {
+	case lag <= 0:
+		return passed(name, "lag 0s: %s", detail)
+	case lag > replicaLagFail:
+		return failed(name, start, "lag %s: changes to the books since %s are not replicated: %s", lag, pos.Time.UTC().Format(time.RFC3339), detail)
+	case lag > replicaLagWarn:
+		return warned(name, "check that Litestream is running: "+start, "lag %s: %s", lag, detail)
+	}
+	return passed(name, "lag %s: %s", lag, detail)
 }

@@ -38,7 +38,7 @@ func (f *ledgerFlags) open(ctx context.Context, e *env) (*ledger.Ledger, error) 
 func ledgerCommand() *command {
 	return &command{
 		Name:    "ledger",
-		Summary: "inspect the ledger: export it for accounting, verify it, show balances, back it up",
+		Summary: "inspect the ledger: export it for accounting, verify it, show balances, back it up, restore it",
 		Help: `The ledger is an SQLite file (ledger.path in the configuration), or a
 PostgreSQL database (ledger.driver postgres, its DSN in ledger.dsn_file),
 holding every priced call, payment request, settlement, Cashu proof received,
@@ -46,8 +46,11 @@ stored result, and a double-entry journal in millisatoshis. These commands
 read it; they are safe to run while 'capvend serve' runs, and so are 'backup'
 (a verified copy of an SQLite ledger) and 'prune' (stored answers past
 ledger.results_retention replaced by their hash record). 'migrate' copies
-an SQLite ledger into PostgreSQL.`,
+an SQLite ledger into PostgreSQL. 'restore' brings an SQLite ledger back
+from the replica Litestream keeps beside serve (ledger.replica), whose
+configuration 'litestream-config' prints.`,
 		Subs: []*command{ledgerExportCommand(), ledgerVerifyCommand(), ledgerBalanceCommand(), ledgerBackupCommand(),
+			ledgerRestoreCommand(), ledgerLitestreamConfigCommand(),
 			ledgerPruneCommand(), ledgerMigrateCommand()},
 	}
 }

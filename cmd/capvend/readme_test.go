@@ -107,7 +107,9 @@ func docCommands(t *testing.T, files ...string) (cmds []string, from map[string]
 //     regtest stack; the transcript's milestones are checked and every
 //     process it started must be gone.
 //   - The ledger commands (docs/OPERATING.md) then run in D, on the
-//     demo's ledger, and hledger and bean-check read the exports.
+//     demo's ledger, and hledger and bean-check read the exports;
+//     Litestream (built from its pinned version) replicates the ledger
+//     to a file:// replica, and `ledger restore` brings it back, verified.
 //   - `capvend init` and `capvend serve` run in a fresh folder: the
 //     written configuration validates, and serve answers an MCP client.
 //   - docs/PAYING.md's HTTP walk-through: `capvend serve --config
@@ -344,6 +346,55 @@ func TestREADME(t *testing.T) {
 			t.Errorf("verify of the backup:\n%s", out)
 		}
 	})
+	// Continuous backup: Litestream replicates the demo's ledger to a
+	// file:// replica (the README's ledger.replica, in a folder of the
+	// test), and the ledger is restored from it.
+	var litestreamBin string
+	replicated := false
+	run("capvend ledger litestream-config --out litestream.yml", func(t *testing.T) {
+		litestreamBin = litestream(t)
+		path := filepath.Join(demoDir, "capvend.yaml")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const at = "ledger:\n  path: capvend.db\n"
+		if !strings.Contains(string(b), at) {
+			t.Fatalf("the demo's configuration has no %q:\n%s", at, b)
+		}
+		cfg := strings.Replace(string(b), at, fmt.Sprintf("%s  replica: file://%s\n  litestream: %s\n", at, filepath.Join(demoDir, "replica"), litestreamBin), 1)
+		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		capvendIn(t, demoDir, nil, "ledger", "litestream-config", "--out", "litestream.yml")
+	})
+	run("litestream replicate -config litestream.yml", func(t *testing.T) {
+		if litestreamBin == "" {
+			t.Skip("no Litestream: see litestream-config above")
+		}
+		replicating(t, litestreamBin, filepath.Join(demoDir, "litestream.yml")) // stopped when this subtest ends
+		cfg, err := loadConfig(filepath.Join(demoDir, "capvend.yaml"), func(string) string { return "" })
+		if err != nil {
+			t.Fatal(err)
+		}
+		caughtUp(t, cfg)
+		replicated = true
+	})
+	replicaCmd := func(cmd string) {
+		ledgerCmd(cmd, func(t *testing.T, out string) {
+			if !strings.Contains(out, "checks passed") {
+				t.Errorf("%s:\n%s", cmd, out)
+			}
+		})
+	}
+	if replicated {
+		replicaCmd("capvend ledger restore --to restored/capvend.db")
+		replicaCmd("capvend ledger verify --db restored/capvend.db")
+	} else {
+		for _, cmd := range []string{"capvend ledger restore --to restored/capvend.db", "capvend ledger verify --db restored/capvend.db"} {
+			run(cmd, func(t *testing.T) { t.Skip("nothing replicated: see litestream replicate above") })
+		}
+	}
 	// The demo's answers are minutes old: none is past 30 days.
 	ledgerCmd("capvend ledger prune --older-than 720h", func(t *testing.T, out string) {
 		if !strings.Contains(out, "pruned 0 stored results and 0 stored replies") {

@@ -69,7 +69,8 @@ func checkSecretDir(field, dir string) error {
 }
 
 // checkSecrets refuses a configuration whose secret files (the Nostr key,
-// the LND macaroon, the Cashu wallet, NWC URIs, the HTTP bearer token) others may read: capvend will not
+// the LND macaroon, the Cashu wallet, NWC URIs, the HTTP bearer token, the
+// replica's credentials) others may read: capvend will not
 // start with them. Only the parts cfg uses are checked.
 func (c *Config) checkSecrets() error {
 	var errs []error
@@ -88,6 +89,7 @@ func (c *Config) checkSecrets() error {
 	if c.Ledger.Driver == "postgres" {
 		errs = append(errs, checkSecretFile("ledger.dsn_file", c.Ledger.DSNFile))
 	}
+	errs = append(errs, checkSecretFile("ledger.replica_credentials_file", c.Ledger.ReplicaCredentialsFile))
 	errs = append(errs, checkSecretFile("http.auth_token_file", c.HTTP.AuthTokenFile))
 	errs = append(errs, checkSecretFile("admin.token_file", c.Admin.TokenFile))
 	return errors.Join(errs...)
