@@ -273,16 +273,17 @@ func (s *Server) take(tok string) *pendingAsk {
 }
 
 // resume continues the call a retry's requestState names, for the same
-// client, tool and canonical arguments only: the answer goes to the
-// waiting elicitation, and no new Vendor call is made. A retry that names
-// another tool or other arguments is refused and leaves the call waiting
-// for the right one.
+// client (and, an anonymous client, the same Source: every client without
+// an identity shares one name), tool and canonical arguments only: the
+// answer goes to the waiting elicitation, and no new Vendor call is made.
+// A retry that names another tool or other arguments is refused and
+// leaves the call waiting for the right one.
 func (s *Server) resume(ctx context.Context, req mcp.CallToolRequest, cr vend.CallRequest) (*mcp.CallToolResult, error) {
 	tok := req.Params.RequestState
 	s.elicitMu.Lock()
 	p := s.elicits[tok]
 	s.elicitMu.Unlock()
-	if p == nil || p.c.cr.Client != cr.Client {
+	if p == nil || p.c.cr.Client != cr.Client || cr.Anonymous && p.c.cr.Source != cr.Source {
 		s.log.Info("tool call retry refused", logKeyTool, req.Params.Name, logKeyErr, errRequestState)
 		return nil, s.markError(errRequestState, req.Params.Name)
 	}

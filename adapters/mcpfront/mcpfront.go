@@ -135,7 +135,8 @@
 // random token (256 bits); its retry with inputResponses and that
 // requestState continues the same Vendor call (no new quote or charge),
 // and waits again. A token is good once, for the client (Config.ClientID
-// or session) it was issued to, until Config.ElicitTimeout; anything else
+// or session; an anonymous client: from the same Source) it was issued
+// to, until Config.ElicitTimeout; anything else
 // is -32602 "Unknown or expired request state". It continues only the call
 // it was issued for: a retry with another tool or other canonical
 // arguments (vend.CanonicalHash) is -32600 "Invalid Request: request id
