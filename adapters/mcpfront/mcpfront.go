@@ -141,7 +141,9 @@
 // it was issued for: a retry with another tool or other canonical
 // arguments (vend.CanonicalHash) is -32600 "Invalid Request: request id
 // reused with different parameters" and leaves the call waiting for the
-// right retry. An unanswered elicitation gets "cancel" at the timeout. At
+// right retry. An unanswered elicitation gets "cancel" at the timeout.
+// A call's own pay page is asked for the same way (askPayPage), its ask
+// expiring with the call's invoice instead. At
 // most Config.MaxElicitsPerClient elicitations wait per Source and
 // Config.MaxElicits in all; beyond, the upstream gets "cancel" at once and
 // the client the call's outcome (never an error in its place: the call may
