@@ -118,17 +118,22 @@ func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 		return s.resume(ctx, req, cr)
 	}
 	if s.paysByURL(ctx, &cr, req.Params.Meta) {
+		if mcp.IsModernProtocol(server.RequestProtocolVersion(ctx)) {
+			// The pay page is asked for as an input_required result;
+			// the retry waits for the payment (askPayPage).
+			return s.await(ctx, s.startCall(ctx, cr, true))
+		}
 		// The call waits for its payment while the person pays on the
 		// pay page the client opens (paypage.go).
 		cctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		ue := &urlElicit{id: make(chan string, 1)}
 		cr.PayPage = s.elicitPayPage(cctx, &cr, cancel, ue)
-		res, err := s.await(cctx, s.startCall(cctx, cr))
+		res, err := s.await(cctx, s.startCall(cctx, cr, false))
 		s.elicitComplete(ctx, ue)
 		return res, err
 	}
-	return s.await(ctx, s.startCall(ctx, cr))
+	return s.await(ctx, s.startCall(ctx, cr, false))
 }
 
 // answeredOverHTTP is the handler's result for a request answerHTTP

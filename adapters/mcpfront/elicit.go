@@ -73,6 +73,9 @@ type vcall struct {
 type elicitAsk struct {
 	params json.RawMessage
 	answer chan json.RawMessage // buffered: one answer, never blocks
+	// until is when a parked ask expires (the pay page's: its invoice's
+	// expiry); zero: Config.ElicitTimeout after it is parked.
+	until time.Time
 }
 
 // pendingAsk is an elicitation handed to a client on protocol 2026-07-28,
@@ -86,8 +89,10 @@ type pendingAsk struct {
 
 // startCall runs the Vendor call of cr on its own goroutine. Its context
 // keeps ctx's values but not its cancellation: the first round's request
-// ends when it asks the client for input.
-func (s *Server) startCall(ctx context.Context, cr vend.CallRequest) *vcall {
+// ends when it asks the client for input. With payByURL (a client on
+// protocol 2026-07-28 that declared URL-mode elicitation) the call asks
+// for its pay page too (askPayPage).
+func (s *Server) startCall(ctx context.Context, cr vend.CallRequest, payByURL bool) *vcall {
 	c := &vcall{asks: make(chan elicitAsk), done: make(chan struct{}), abandoned: make(chan struct{})}
 	c.notify = cr.Notify
 	cr.Notify = func(method string, params any) {
@@ -101,6 +106,10 @@ func (s *Server) startCall(ctx context.Context, cr vend.CallRequest) *vcall {
 	c.hash = argsHash(cr.Arguments)
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
+	if payByURL {
+		cr.PayPage = s.askPayPage(cctx, c)
+		c.cr.PayPage = cr.PayPage
+	}
 	go func() {
 		defer close(c.done)
 		defer cancel()
@@ -114,7 +123,12 @@ func (s *Server) startCall(ctx context.Context, cr vend.CallRequest) *vcall {
 // waiting on the call and waits for the client's answer. An abandoned call
 // is answered "cancel", so the upstream ends.
 func (c *vcall) elicit(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
-	ask := elicitAsk{params: params, answer: make(chan json.RawMessage, 1)}
+	return c.elicitUntil(ctx, params, time.Time{})
+}
+
+// elicitUntil is elicit with the ask's expiry once parked (elicitAsk.until).
+func (c *vcall) elicitUntil(ctx context.Context, params json.RawMessage, until time.Time) (json.RawMessage, error) {
+	ask := elicitAsk{params: params, answer: make(chan json.RawMessage, 1), until: until}
 	select {
 	case c.asks <- ask:
 	case <-c.abandoned:
@@ -225,7 +239,8 @@ func clientCanElicit(ctx context.Context) bool {
 }
 
 // park records ask under a new unguessable token until the client's retry
-// or the timeout, which answers it "cancel" and abandons the call.
+// or the timeout (Config.ElicitTimeout, or the ask's until), which answers
+// it "cancel" and abandons the call.
 // errElicitLimit when the call's source, or everyone, has as many parked
 // as allowed.
 func (s *Server) park(c *vcall, ask elicitAsk) (string, error) {
@@ -246,8 +261,12 @@ func (s *Server) park(c *vcall, ask elicitAsk) (string, error) {
 	if s.elicitBy[by] >= s.cfg.MaxElicitsPerClient {
 		return "", fmt.Errorf("%w: %d for the client", errElicitLimit, s.elicitBy[by])
 	}
+	wait := s.cfg.ElicitTimeout
+	if !ask.until.IsZero() {
+		wait = time.Until(ask.until)
+	}
 	s.elicitBy[by]++
-	s.elicits[tok] = &pendingAsk{c: c, ask: ask, by: by, timer: time.AfterFunc(s.cfg.ElicitTimeout, func() {
+	s.elicits[tok] = &pendingAsk{c: c, ask: ask, by: by, timer: time.AfterFunc(wait, func() {
 		if p := s.take(tok); p != nil {
 			p.ask.answer <- answerCancel
 			p.c.abandon()
@@ -273,16 +292,17 @@ func (s *Server) take(tok string) *pendingAsk {
 }
 
 // resume continues the call a retry's requestState names, for the same
-// client, tool and canonical arguments only: the answer goes to the
-// waiting elicitation, and no new Vendor call is made. A retry that names
-// another tool or other arguments is refused and leaves the call waiting
-// for the right one.
+// client (and, an anonymous client, the same Source: every client without
+// an identity shares one name), tool and canonical arguments only: the
+// answer goes to the waiting elicitation, and no new Vendor call is made.
+// A retry that names another tool or other arguments is refused and
+// leaves the call waiting for the right one.
 func (s *Server) resume(ctx context.Context, req mcp.CallToolRequest, cr vend.CallRequest) (*mcp.CallToolResult, error) {
 	tok := req.Params.RequestState
 	s.elicitMu.Lock()
 	p := s.elicits[tok]
 	s.elicitMu.Unlock()
-	if p == nil || p.c.cr.Client != cr.Client {
+	if p == nil || p.c.cr.Client != cr.Client || cr.Anonymous && p.c.cr.Source != cr.Source {
 		s.log.Info("tool call retry refused", logKeyTool, req.Params.Name, logKeyErr, errRequestState)
 		return nil, s.markError(errRequestState, req.Params.Name)
 	}

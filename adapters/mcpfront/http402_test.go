@@ -27,6 +27,7 @@ type l402World struct {
 	be    *honestBackend
 	tools *recordingTools
 	url   string
+	front *Server // newPayWorld's
 }
 
 func newL402World(t *testing.T, cfg Config) *l402World {

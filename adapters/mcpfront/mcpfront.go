@@ -135,12 +135,15 @@
 // random token (256 bits); its retry with inputResponses and that
 // requestState continues the same Vendor call (no new quote or charge),
 // and waits again. A token is good once, for the client (Config.ClientID
-// or session) it was issued to, until Config.ElicitTimeout; anything else
+// or session; an anonymous client: from the same Source) it was issued
+// to, until Config.ElicitTimeout; anything else
 // is -32602 "Unknown or expired request state". It continues only the call
 // it was issued for: a retry with another tool or other canonical
 // arguments (vend.CanonicalHash) is -32600 "Invalid Request: request id
 // reused with different parameters" and leaves the call waiting for the
-// right retry. An unanswered elicitation gets "cancel" at the timeout. At
+// right retry. An unanswered elicitation gets "cancel" at the timeout.
+// A call's own pay page is asked for the same way (askPayPage), its ask
+// expiring with the call's invoice instead. At
 // most Config.MaxElicitsPerClient elicitations wait per Source and
 // Config.MaxElicits in all; beyond, the upstream gets "cancel" at once and
 // the client the call's outcome (never an error in its place: the call may

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -36,7 +37,9 @@ import (
 // The explicit-gating tool result links to it (pay_url), and a client
 // that declared URL-mode elicitation (MCP 2025-11-25) is sent
 // elicitation/create (mode "url") pointing at it while its call waits for
-// the payment: the answer comes once it is paid, with no retry.
+// the payment: the answer comes once it is paid, with no retry. On
+// protocol 2026-07-28 the same ask is an input_required result, and the
+// client's retry waits for the payment (askPayPage).
 
 // PayPagePath is where the HTTP listener serves pay pages.
 const PayPagePath = "/pay/"
@@ -261,11 +264,14 @@ a.pay{display:inline-block;padding:.6rem 1rem;background:#f7931a;color:#fff;text
 </html>
 `))
 
-// clientCanElicitURL reports whether the client of ctx, on a protocol
-// before 2026-07-28, declared URL-mode elicitation.
+// clientCanElicitURL reports whether the client of ctx declared URL-mode
+// elicitation: per request from protocol 2026-07-28 (the request's _meta
+// capabilities; it is then asked with an input_required result, see
+// askPayPage), per session before.
 func clientCanElicitURL(ctx context.Context) bool {
 	if info := server.RequestProtocolInfoFromContext(ctx); info != nil && info.Modern {
-		return false // no server-initiated requests: see the report
+		c := info.ClientCapabilities
+		return c != nil && c.Elicitation != nil && c.Elicitation.URL != nil
 	}
 	sess, ok := server.ClientSessionFromContext(ctx).(server.SessionWithClientInfo)
 	if !ok {
@@ -321,5 +327,57 @@ func (s *Server) elicitComplete(ctx context.Context, ue *urlElicit) {
 		params, _ := json.Marshal(map[string]string{"elicitationId": id})
 		s.notifier(ctx)(string(mcp.MethodNotificationElicitationComplete), json.RawMessage(params))
 	default:
+	}
+}
+
+// askPayPage returns the vend.CallRequest.PayPage of c, a call of a client
+// on protocol 2026-07-28 that declared URL-mode elicitation: there are no
+// server-initiated requests, so it hands c an ask of its own, an
+// elicitation/create (mode "url") of the pay page, which await parks and
+// returns as an input_required result (as it does an upstream's). The
+// client's retry (same tool and canonical arguments, the requestState,
+// inputResponses) answers it and waits for the call's result: "accept"
+// leaves the call waiting for its payment; "decline" or "cancel" cancels
+// it unpaid, as does the ask's expiry with the invoice (the page then says
+// "expired"), which frees its slot. It asks once per call, from a
+// goroutine of its own (vend must not wait), which ends with the call.
+//
+// The requestState is no credential in vend's sense (vend.Schemes): the
+// call is released by its invoice being paid (vend.SchemeInvoice, on the
+// Vendor call that has waited since the first round, recorded for that
+// request's transport and client), whether or not a retry comes. What
+// the requestState gives is that call's answer, and the power to end it
+// unpaid; so resume gives it only to the client it was handed to (its
+// MCP client and, an anonymous one, its Source): see resume.
+func (s *Server) askPayPage(ctx context.Context, c *vcall) func(string) {
+	var asked atomic.Bool
+	tool := c.cr.Tool
+	return func(token string) {
+		url := s.payURL(token)
+		if url == "" || !asked.CompareAndSwap(false, true) {
+			return
+		}
+		go func() {
+			var until time.Time
+			if pp, ok := s.cfg.Vendor.(PayPager); ok {
+				if page, err := pp.PayPage(ctx, token); err == nil {
+					until = page.ExpiresAt
+				}
+			}
+			params, err := json.Marshal(mcp.ElicitationParams{Mode: mcp.ElicitationModeURL, ElicitationID: "capvend-pay-" + randomNonce(),
+				URL: url, Message: fmt.Sprintf("Pay for %s: open the page, pay the invoice, and the answer follows.", tool)})
+			if err != nil {
+				return
+			}
+			ans, err := c.elicitUntil(ctx, params, until)
+			if err != nil {
+				return // the call ended
+			}
+			var r mcp.ElicitationResponse
+			if json.Unmarshal(ans, &r) != nil || r.Action != mcp.ElicitationResponseActionAccept {
+				s.log.Info("pay page declined or not answered: the call ends unpaid", logKeyTool, tool, "action", r.Action)
+				c.cancel()
+			}
+		}()
 	}
 }

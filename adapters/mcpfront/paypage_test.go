@@ -27,6 +27,12 @@ import (
 // Config.PayBaseURL pointing at it.
 func newPayWorld(t *testing.T, cfg Config) (*l402World, string) {
 	t.Helper()
+	return newPayWorldTTL(t, cfg, time.Hour)
+}
+
+// newPayWorldTTL is newPayWorld whose invoices stay payable for ttl.
+func newPayWorldTTL(t *testing.T, cfg Config, ttl time.Duration) (*l402World, string) {
+	t.Helper()
 	led, err := ledger.Open(context.Background(), filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +43,7 @@ func newPayWorld(t *testing.T, cfg Config) (*l402World, string) {
 	}
 	w := &l402World{t: t, led: led, tools: &recordingTools{},
 		be: &honestBackend{led: led, ready: make(chan struct{}), preimages: map[string]string{}, paid: map[string]bool{}}}
-	v, err := vend.New(vend.Config{Ledger: led, Backends: []vend.PaymentBackend{w.be}, Tools: w.tools, Prices: book, TTL: time.Hour})
+	v, err := vend.New(vend.Config{Ledger: led, Backends: []vend.PaymentBackend{w.be}, Tools: w.tools, Prices: book, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,6 +61,7 @@ func newPayWorld(t *testing.T, cfg Config) (*l402World, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	w.front = front
 	mux.Handle("/mcp", front.Handler())
 	mux.Handle(PayPagePath, front.PayPage())
 	ts.Start()
@@ -159,8 +166,10 @@ func TestPayPage(t *testing.T) {
 type payByPage struct {
 	w       *l402World
 	decline bool
+	after   time.Duration // how long after answering it pays
 	mu      sync.Mutex
 	urls    []string
+	ref     string // the invoice's payment ref
 }
 
 func (p *payByPage) Elicit(ctx context.Context, req mcp.ElicitationRequest) (*mcp.ElicitationResult, error) {
@@ -178,7 +187,14 @@ func (p *payByPage) Elicit(ctx context.Context, req mcp.ElicitationRequest) (*mc
 	resp.Body.Close()
 	_, rest, _ := strings.Cut(string(page), `<code id="invoice">`)
 	inv, _, _ := strings.Cut(rest, "</code>")
-	go p.w.be.pay(strings.TrimPrefix(inv, bolt11Prefix)) // paid a moment after the page opened
+	ref := strings.TrimPrefix(inv, bolt11Prefix)
+	p.mu.Lock()
+	p.ref = ref
+	p.mu.Unlock()
+	go func() { // paid a moment after the page opened
+		time.Sleep(p.after)
+		p.w.be.pay(ref)
+	}()
 	return &mcp.ElicitationResult{ElicitationResponse: mcp.ElicitationResponse{Action: mcp.ElicitationResponseActionAccept}}, nil
 }
 
