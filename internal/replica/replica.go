@@ -109,7 +109,7 @@ func ReadCredentials(path string) ([]string, error) {
 		env = append(env, k+"="+v)
 	}
 	if len(env) == 0 {
-		return nil, fmt.Errorf("%s sets no variable: want AWS_ACCESS_KEY_ID=... and AWS_SECRET_ACCESS_KEY=...", path)
+		return nil, fmt.Errorf("%s sets no variable: want lines AWS_ACCESS_KEY_ID=<id> and AWS_SECRET_ACCESS_KEY=<secret>", path)
 	}
 	return env, nil
 }
