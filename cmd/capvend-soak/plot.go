@@ -77,11 +77,16 @@ func writePlot(path, title string, ss []Sample, marks []mark) error {
 		}},
 	}
 	rows := make([][]*plot.Plot, len(panels))
+	end := 1.0
+	if len(ss) > 0 {
+		end = max(end, minutes(ss[len(ss)-1].At))
+	}
 	for i, pn := range panels {
 		p, err := drawPanel(pn, ss, marks)
 		if err != nil {
 			return err
 		}
+		p.X.Min, p.X.Max = 0, end // one time axis for every panel
 		if i == len(panels)-1 {
 			p.X.Label.Text = "minutes since the load started"
 		}
@@ -159,7 +164,7 @@ func drawPanel(pn panel, ss []Sample, marks []mark) (*plot.Plot, error) {
 	if hi <= lo {
 		hi = lo + 1
 	}
-	for _, m := range marks {
+	for j, m := range marks {
 		v, err := plotter.NewLine(plotter.XYs{{X: minutes(m.At), Y: lo}, {X: minutes(m.At), Y: hi}})
 		if err != nil {
 			return nil, err
@@ -168,7 +173,8 @@ func drawPanel(pn panel, ss []Sample, marks []mark) (*plot.Plot, error) {
 		v.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
 		p.Add(v)
 		if pn.title != "" {
-			lbl, err := plotter.NewLabels(plotter.XYLabels{XYs: plotter.XYs{{X: minutes(m.At), Y: hi}}, Labels: []string{m.Name}})
+			y := hi - float64(j%3)*(hi-lo)/12 // marks close together: their names one under the other
+			lbl, err := plotter.NewLabels(plotter.XYLabels{XYs: plotter.XYs{{X: minutes(m.At), Y: y}}, Labels: []string{m.Name}})
 			if err != nil {
 				return nil, err
 			}
