@@ -59,7 +59,10 @@ func writePlot(path, title string, ss []Sample, marks []mark) error {
 		}
 	}
 	panels := []panel{
-		{title: title, ylabel: "RSS (MiB)", lines: []line{{name: "RSS", y: func(s Sample) float64 { return nonneg(s.RSS, mib(s.RSS)) }}}},
+		{title: title, ylabel: "memory (MiB)", lines: []line{
+			{name: "RSS", y: func(s Sample) float64 { return nonneg(s.RSS, mib(s.RSS)) }},
+			{name: "Go heap in use", y: func(s Sample) float64 { return nonneg(s.Heap, mib(s.Heap)) }},
+		}},
 		{ylabel: "count", lines: []line{
 			{name: "goroutines", y: func(s Sample) float64 { return float64(s.Goroutines) }},
 			{name: "open files", y: func(s Sample) float64 { return float64(s.FDs) }},

@@ -21,6 +21,7 @@ import (
 type Sample struct {
 	At         time.Duration // since the load started
 	RSS        int64         // bytes (VmRSS); -1 unknown
+	Heap       int64         // go_memstats_heap_inuse_bytes: the Go heap's part of RSS; -1 unknown
 	Goroutines int           // go_goroutines; -1 unknown
 	FDs        int           // entries of /proc/PID/fd; -1 unknown
 	OpenQuotes int           // capvend_open_quotes: calls quoted or awaiting payment; -1 unknown
@@ -52,8 +53,8 @@ type sampler struct {
 func (sp *sampler) sample(ctx context.Context, s *Sample) {
 	s.RSS = rss(sp.pid)
 	s.FDs = openFiles(sp.pid)
-	m := sp.metrics(ctx, "go_goroutines", "capvend_open_quotes")
-	s.Goroutines, s.OpenQuotes = int(m["go_goroutines"]), int(m["capvend_open_quotes"])
+	m := sp.metrics(ctx, "go_goroutines", "capvend_open_quotes", "go_memstats_heap_inuse_bytes")
+	s.Goroutines, s.OpenQuotes, s.Heap = int(m["go_goroutines"]), int(m["capvend_open_quotes"]), int64(m["go_memstats_heap_inuse_bytes"])
 	s.DB, s.WAL = fileSize(sp.ledger), fileSize(sp.ledger+"-wal")
 	s.Used = ledgerUsed(ctx, sp.ledger)
 }
@@ -176,8 +177,8 @@ func tableRows(ctx context.Context, path string) map[string]int64 {
 
 // writeTable prints the samples as a Markdown table.
 func writeTable(w io.Writer, ss []Sample) {
-	fmt.Fprintln(w, "| t | RSS MiB | goroutines | fds | open quotes | free p50/p99 ms | paid p50/p99 ms | credit p50/p99 ms | calls (interval) | failed | unpaid quotes | ledger MiB (db + wal) | in use MiB | events |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| t | RSS MiB | Go heap MiB | goroutines | fds | open quotes | free p50/p99 ms | paid p50/p99 ms | credit p50/p99 ms | calls (interval) | failed | unpaid quotes | ledger MiB (db + wal) | in use MiB | events |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	var prev Sample
 	for i, s := range ss {
 		lat := func(k kind) string {
@@ -190,8 +191,8 @@ func writeTable(w io.Writer, ss []Sample) {
 		if i > 0 {
 			calls, unpaid = s.Calls-prev.Calls, s.Unpaid-prev.Unpaid
 		}
-		fmt.Fprintf(w, "| %s | %.1f | %d | %d | %d | %s | %s | %s | %d | %d | %d | %.2f + %.2f | %.2f | %s |\n",
-			clock(s.At), mib(s.RSS), s.Goroutines, s.FDs, s.OpenQuotes, lat(kFree), lat(kPaid), lat(kCredit),
+		fmt.Fprintf(w, "| %s | %.1f | %.1f | %d | %d | %d | %s | %s | %s | %d | %d | %d | %.2f + %.2f | %.2f | %s |\n",
+			clock(s.At), mib(s.RSS), mib(s.Heap), s.Goroutines, s.FDs, s.OpenQuotes, lat(kFree), lat(kPaid), lat(kCredit),
 			calls, s.Errs[kFree]+s.Errs[kPaid]+s.Errs[kCredit], unpaid, mib(s.DB), mib(s.WAL), mib(s.Used), s.Events)
 		prev = s
 	}
@@ -199,9 +200,9 @@ func writeTable(w io.Writer, ss []Sample) {
 
 // writeCSV writes the samples as CSV, one row each, cumulative counts.
 func writeCSV(w io.Writer, ss []Sample) {
-	fmt.Fprintln(w, "seconds,rss_bytes,goroutines,fds,open_quotes,free_n,free_p50_ms,free_p99_ms,free_failed,paid_n,paid_p50_ms,paid_p99_ms,paid_failed,credit_n,credit_p50_ms,credit_p99_ms,credit_failed,db_bytes,wal_bytes,used_bytes,calls,priced,unpaid,events")
+	fmt.Fprintln(w, "seconds,rss_bytes,heap_inuse_bytes,goroutines,fds,open_quotes,free_n,free_p50_ms,free_p99_ms,free_failed,paid_n,paid_p50_ms,paid_p99_ms,paid_failed,credit_n,credit_p50_ms,credit_p99_ms,credit_failed,db_bytes,wal_bytes,used_bytes,calls,priced,unpaid,events")
 	for _, s := range ss {
-		fmt.Fprintf(w, "%.0f,%d,%d,%d,%d", s.At.Seconds(), s.RSS, s.Goroutines, s.FDs, s.OpenQuotes)
+		fmt.Fprintf(w, "%.0f,%d,%d,%d,%d,%d", s.At.Seconds(), s.RSS, s.Heap, s.Goroutines, s.FDs, s.OpenQuotes)
 		for k := range nKinds {
 			fmt.Fprintf(w, ",%d,%.1f,%.1f,%d", s.N[k], ms(s.P50[k]), ms(s.P99[k]), s.Errs[k])
 		}

@@ -114,8 +114,9 @@ func verdicts(ss []Sample, b Bounds) []Verdict {
 		return mib(s.RSS)
 	})
 	k := slope(xs, ys)
-	out = append(out, Verdict{"RSS", fmt.Sprintf("slope %+.3f MiB/min over the second half, fitted growth %+.1f MiB in %.0f min (%.1f .. %.1f MiB; bound < %g MiB)",
-		k, k*span, span, slices.Min(ys), slices.Max(ys), b.RSSMiB), k*span < b.RSSMiB})
+	hx, hy := series(half, func(s Sample) float64 { return nonneg(s.Heap, mib(s.Heap)) })
+	out = append(out, Verdict{"RSS", fmt.Sprintf("slope %+.3f MiB/min over the second half, fitted growth %+.1f MiB in %.0f min (%.1f .. %.1f MiB; the Go heap's slope %+.3f MiB/min; bound < %g MiB)",
+		k, k*span, span, slices.Min(ys), slices.Max(ys), slope(hx, hy), b.RSSMiB), k*span < b.RSSMiB})
 
 	within := func(name string, f func(Sample) float64, bound float64) {
 		xs, ys := series(half, f)

@@ -48,7 +48,7 @@ func samples(n int, f func(i int, s *Sample)) []Sample {
 	for i := range ss {
 		s := &ss[i]
 		s.At = time.Duration(i) * time.Minute
-		s.RSS, s.Goroutines, s.FDs, s.OpenQuotes = 100<<20, 60, 30, 150
+		s.RSS, s.Heap, s.Goroutines, s.FDs, s.OpenQuotes = 100<<20, 40<<20, 60, 30, 150
 		s.Used = int64(i) * 100 * 3000
 		s.Priced = int64(i) * 100
 		s.Calls = int64(i) * 1000
@@ -138,7 +138,7 @@ func TestReport(t *testing.T) {
 	if lines := strings.Count(tb.String(), "\n"); lines != 2+len(ss) {
 		t.Fatalf("table of %d lines:\n%s", lines, tb.String())
 	}
-	if !strings.Contains(tb.String(), "| 2:00 | 100.0 | 60 | 30 | 150 | 10 / 40 | 10 / 40 | - |") || !strings.Contains(tb.String(), "relay down") {
+	if !strings.Contains(tb.String(), "| 2:00 | 100.0 | 40.0 | 60 | 30 | 150 | 10 / 40 | 10 / 40 | - |") || !strings.Contains(tb.String(), "relay down") {
 		t.Fatalf("table:\n%s", tb.String())
 	}
 	writeCSV(&csv, ss)
