@@ -63,7 +63,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		}
 	}
 	s := newStack(Info{Version: 1, Dir: dir}, opts.Progress)
-	s.detach = opts.Detach
+	s.detach, s.owned = opts.Detach, true
 	if s.out == nil {
 		s.out = io.Discard
 	}

@@ -207,6 +207,7 @@ type Stack struct {
 	outMu  sync.Mutex // logf's writes: stopAll logs from one goroutine per process
 	start  time.Time
 	detach bool
+	owned  bool // Start started its processes (not reattached with Load)
 
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
