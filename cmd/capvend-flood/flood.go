@@ -1,25 +1,21 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/mcpprobe"
 	"github.com/capvend/capvend/internal/procstat"
 )
 
@@ -33,10 +29,11 @@ type flood struct {
 
 	pid int // the flood child's, once started
 
-	mu       sync.Mutex
-	outcomes map[string]int // HTTP answers by kind
-	cpu      int64          // the child's CPU ticks, once it was waited for
-	exited   bool
+	outcomes mcpprobe.Tally // HTTP answers by kind
+
+	mu     sync.Mutex
+	cpu    int64 // the child's CPU ticks, once it was waited for
+	exited bool
 }
 
 // childCPU is the flood child's CPU ticks once it has been waited for.
@@ -129,92 +126,18 @@ func (f *flood) session(ctx context.Context, c *http.Client, s int) {
 	if f.o.stock {
 		caps = `{}` // a stock host: payment-required tool results
 	}
-	sid, kind := post(ctx, c, f.tg.mcpURL, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":`+caps+`,"clientInfo":{"name":"flood","version":"1"}}}`)
+	sid, kind := mcpprobe.Post(ctx, c, f.tg.mcpURL, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":`+caps+`,"clientInfo":{"name":"flood","version":"1"}}}`)
 	if sid == "" {
-		f.count("initialize: " + kind)
+		f.outcomes.Add("initialize: " + kind)
 		return
 	}
-	post(ctx, c, f.tg.mcpURL, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	mcpprobe.Post(ctx, c, f.tg.mcpURL, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
 	for i := 0; i < f.o.calls && ctx.Err() == nil; i++ {
 		body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":%q,"arguments":{"text":"http spam %d/%d"}}}`, i+1, f.o.tool, s, i)
-		_, kind := post(ctx, c, f.tg.mcpURL, sid, body)
-		f.count(kind)
+		_, kind := mcpprobe.Post(ctx, c, f.tg.mcpURL, sid, body)
+		f.outcomes.Add(kind)
 		f.httpSent.Add(1)
 	}
-}
-
-func (f *flood) count(kind string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.outcomes == nil {
-		f.outcomes = map[string]int{}
-	}
-	f.outcomes[kind]++
-}
-
-func (f *flood) httpOutcomes() string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var parts []string
-	for k, n := range f.outcomes {
-		parts = append(parts, fmt.Sprintf("%d %s", n, k))
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ", ")
-}
-
-// post sends one JSON-RPC message and reads the answer until it knows
-// what it is: "payment_required" (then it hangs up, never paying), or with
-// -stock "payment_required result" (an invoice as a tool result: it never pays),
-// "error <code>", "result", or a transport failure. It returns the
-// session id the server gave.
-func post(ctx context.Context, c *http.Client, url, sid, body string) (string, string) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	if sid != "" {
-		req.Header.Set("Mcp-Session-Id", sid)
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return "", "transport error"
-	}
-	defer resp.Body.Close()
-	newSID := resp.Header.Get("Mcp-Session-Id")
-	if resp.StatusCode >= 300 {
-		return newSID, fmt.Sprintf("http %d", resp.StatusCode)
-	}
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, 1<<20))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := bytes.TrimPrefix(sc.Bytes(), []byte("data: "))
-		var m struct {
-			Method string `json:"method"`
-			Result *struct {
-				IsError           bool `json:"isError"`
-				StructuredContent struct {
-					Invoice string `json:"invoice"`
-				} `json:"structuredContent"`
-			} `json:"result"`
-			Error *struct {
-				Code int `json:"code"`
-			} `json:"error"`
-		}
-		if json.Unmarshal(line, &m) != nil {
-			continue
-		}
-		switch {
-		case m.Method == "notifications/payment_required":
-			return newSID, "payment_required"
-		case m.Error != nil:
-			return newSID, fmt.Sprintf("error %d", m.Error.Code)
-		case m.Result != nil && m.Result.IsError && m.Result.StructuredContent.Invoice != "":
-			return newSID, "payment_required result"
-		case m.Result != nil:
-			return newSID, "result"
-		}
-	}
-	return newSID, "no answer"
 }
 
 // The flood runs in a child process (this command with -flood-child), at
@@ -243,9 +166,7 @@ func runChild(ctx context.Context, o *options) error {
 	report := func(done bool) {
 		r := floodReport{Nostr: f.nostrSent.Load(), NostrErrs: f.nostrErrs.Load(), HTTP: f.httpSent.Load(), Done: done}
 		if done {
-			f.mu.Lock()
-			r.Outcomes = f.outcomes
-			f.mu.Unlock()
+			r.Outcomes = f.outcomes.Counts()
 		}
 		enc.Encode(r)
 	}
@@ -303,9 +224,7 @@ func (f *flood) start(ctx context.Context) (<-chan struct{}, error) {
 			f.nostrErrs.Store(r.NostrErrs)
 			f.httpSent.Store(r.HTTP)
 			if r.Done {
-				f.mu.Lock()
-				f.outcomes = r.Outcomes
-				f.mu.Unlock()
+				f.outcomes.Replace(r.Outcomes)
 			}
 		}
 		if err := cmd.Wait(); err != nil && ctx.Err() == nil {

@@ -170,7 +170,7 @@ func run(ctx context.Context, st *testnet.Stack, o *options) error {
 	floodOpen := mon.openInvoices(ctx)
 	<-floodDone
 	say("  flood done: %d Nostr requests (%d publish errors), %d HTTP calls (%s)",
-		fl.nostrSent.Load(), fl.nostrErrs.Load(), fl.httpSent.Load(), fl.httpOutcomes())
+		fl.nostrSent.Load(), fl.nostrErrs.Load(), fl.httpSent.Load(), fl.outcomes.String())
 	time.Sleep(2 * time.Second)
 	afterOpen := mon.openInvoices(ctx)
 

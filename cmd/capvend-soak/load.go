@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,6 +26,7 @@ import (
 
 	"github.com/capvend/capvend/adapters/mcpfront"
 	"github.com/capvend/capvend/internal/ctxvmclient"
+	"github.com/capvend/capvend/internal/mcpprobe"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
 )
@@ -112,7 +111,7 @@ type load struct {
 	n      counts
 
 	mu       sync.Mutex
-	outcomes map[string]int // the unpaid flood's answers, by kind
+	outcomes mcpprobe.Tally // the unpaid flood's answers, by kind
 	seq      atomic.Int64
 }
 
@@ -630,7 +629,7 @@ func (l *load) unpaidNostr(ctx context.Context, rate float64) {
 			cancel()
 			if err != nil {
 				r = nil
-				l.outcome("nostr: relay down")
+				l.outcomes.Add("nostr: relay down")
 				return
 			}
 		}
@@ -644,10 +643,10 @@ func (l *load) unpaidNostr(ctx context.Context, rate float64) {
 		if err != nil {
 			r.Close()
 			r = nil
-			l.outcome("nostr: publish failed")
+			l.outcomes.Add("nostr: publish failed")
 			return
 		}
-		l.outcome("nostr: published")
+		l.outcomes.Add("nostr: published")
 		l.n.unpaidNostr.Add(1)
 	})
 }
@@ -668,92 +667,18 @@ func (l *load) unpaidHTTP(ctx context.Context, rate float64) {
 		tr := &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}).DialContext, DisableKeepAlives: true}
 		defer tr.CloseIdleConnections()
 		c := &http.Client{Timeout: 10 * time.Second, Transport: tr}
-		sid, kind := post(ctx, c, l.mcpURL, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"soak-flood","version":"1"}}}`)
+		sid, kind := mcpprobe.Post(ctx, c, l.mcpURL, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"soak-flood","version":"1"}}}`)
 		if sid == "" {
-			l.outcome("http initialize: " + kind)
+			l.outcomes.Add("http initialize: " + kind)
 			return
 		}
-		post(ctx, c, l.mcpURL, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
-		_, kind = post(ctx, c, l.mcpURL, sid, fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":%q,"arguments":{"text":%q}}}`, paidTool, l.text("unpaid")))
-		l.outcome("http: " + kind)
+		mcpprobe.Post(ctx, c, l.mcpURL, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+		_, kind = mcpprobe.Post(ctx, c, l.mcpURL, sid, fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":%q,"arguments":{"text":%q}}}`, paidTool, l.text("unpaid")))
+		l.outcomes.Add("http: " + kind)
 		if kind == "payment_required result" {
 			l.n.unpaidHTTP.Add(1)
 		}
 	})
-}
-
-func (l *load) outcome(kind string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.outcomes == nil {
-		l.outcomes = map[string]int{}
-	}
-	l.outcomes[kind]++
-}
-
-// floodOutcomes lists the unpaid flood's answers.
-func (l *load) floodOutcomes() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var parts []string
-	for k, n := range l.outcomes {
-		parts = append(parts, fmt.Sprintf("%d %s", n, k))
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ", ")
-}
-
-// post sends one JSON-RPC message and reads the answer until it knows
-// what it is: "payment_required result" (an invoice as a tool result),
-// "payment_required" (a notification), "error <code>", "result", or a
-// transport failure. It returns the session id the server gave.
-func post(ctx context.Context, c *http.Client, url, sid, body string) (string, string) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	if sid != "" {
-		req.Header.Set("Mcp-Session-Id", sid)
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return "", "transport error"
-	}
-	defer resp.Body.Close()
-	newSID := resp.Header.Get("Mcp-Session-Id")
-	if resp.StatusCode >= 300 {
-		return newSID, fmt.Sprintf("http %d", resp.StatusCode)
-	}
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, 1<<20))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := bytes.TrimPrefix(sc.Bytes(), []byte("data: "))
-		var m struct {
-			Method string `json:"method"`
-			Result *struct {
-				IsError           bool `json:"isError"`
-				StructuredContent struct {
-					Invoice string `json:"invoice"`
-				} `json:"structuredContent"`
-			} `json:"result"`
-			Error *struct {
-				Code int `json:"code"`
-			} `json:"error"`
-		}
-		if json.Unmarshal(line, &m) != nil {
-			continue
-		}
-		switch {
-		case m.Method == vend.NotifyPaymentRequired:
-			return newSID, "payment_required"
-		case m.Error != nil:
-			return newSID, fmt.Sprintf("error %d", m.Error.Code)
-		case m.Result != nil && m.Result.IsError && m.Result.StructuredContent.Invoice != "":
-			return newSID, "payment_required result"
-		case m.Result != nil:
-			return newSID, "result"
-		}
-	}
-	return newSID, "no answer"
 }
 
 // pct is the p-th percentile of ds (nearest rank), 0 if empty.

@@ -172,7 +172,7 @@ func run(ctx context.Context, o options) (bool, error) {
 	wg.Wait()
 	say("load stopped: %d calls served (%d free over HTTP, %d over Nostr; %d paid by LND over HTTP, %d over Nostr; %d paid with Cashu; %d on credit, %d top-ups)",
 		l.n.done(), l.n.freeHTTP.Load(), l.n.freeNostr.Load(), l.n.paidHTTP.Load(), l.n.paidNostr.Load(), l.n.cashu.Load(), l.n.credit.Load(), l.n.topUps.Load())
-	say("unpaid flood: %s", l.floodOutcomes())
+	say("unpaid flood: %s", l.outcomes.String())
 	if o.outageAt > 0 {
 		recovered("Nostr free after outage", nostrAtRestart, l.n.freeNostr.Load)
 		recovered("Nostr paid after outage", paidNostrAtRestart, l.n.paidNostr.Load)
@@ -234,7 +234,7 @@ func run(ctx context.Context, o options) (bool, error) {
 		}
 	}
 	fmt.Fprintf(&report, "capvend's Cashu wallet: %.2f MiB (ecash from Cashu payments and top-ups)\n", mib(wallet))
-	fmt.Fprintf(&report, "unpaid flood: %s\n", l.floodOutcomes())
+	fmt.Fprintf(&report, "unpaid flood: %s\n", l.outcomes.String())
 	fmt.Print("\n" + report.String())
 	if err := os.WriteFile(filepath.Join(dir, "soak.txt"), []byte(report.String()), 0o644); err != nil {
 		return false, err
