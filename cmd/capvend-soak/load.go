@@ -110,7 +110,6 @@ type load struct {
 	rec    *recorder
 	n      counts
 
-	mu       sync.Mutex
 	outcomes mcpprobe.Tally // the unpaid flood's answers, by kind
 	seq      atomic.Int64
 }
