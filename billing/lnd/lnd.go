@@ -706,6 +706,12 @@ func (b *Backend) apply(ctx context.Context, inv *lnrpc.Invoice) {
 
 var errUnchanged = errors.New("unchanged")
 
+// endedMeanwhile says whether the ledger has payment ref in an end state.
+func (b *Backend) endedMeanwhile(ctx context.Context, ref string) bool {
+	p, err := b.led.Payment(ctx, ref)
+	return err == nil && paymentOver(p.State)
+}
+
 // record runs one ledger change under applyMu and reports it if it
 // happened. Changes already recorded (or of payments that are not ours)
 // are silently skipped: LND reports some changes more than once. A
@@ -729,6 +735,12 @@ func (b *Backend) record(ctx context.Context, ref string, change func() (vend.Pa
 			report(vend.PaymentEvent{Payment: p})
 		}
 	case errors.Is(err, vend.ErrAlreadySettled), errors.Is(err, errUnchanged) && p.State != "" && paymentOver(p.State):
+		b.endWatch(ref)
+	case errors.Is(err, vend.ErrIllegalTransition) && b.endedMeanwhile(ctx, ref):
+		// Another writer ended the payment between change's read and its
+		// write (vend expiring a quote as LND reports it canceled): what
+		// LND said is already recorded, in other words.
+		b.cfg.Log.Debug("lnd: payment already ended", "payment_hash", ref, "err", err)
 		b.endWatch(ref)
 	case errors.Is(err, errUnchanged), errors.Is(err, vend.ErrNotFound):
 	case ctx.Err() != nil:
