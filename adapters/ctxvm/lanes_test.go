@@ -117,7 +117,7 @@ func TestWorkComesByItsLane(t *testing.T) {
 		c.publish(&ev)
 		select {
 		case got := <-c.events:
-			if got.PubKey != s.PublicKey() || !sent[got.Tags.GetFirst([]string{"e", ""}).Value()] {
+			if e := got.Tags.Find("e"); got.PubKey != s.PublicKey() || len(e) < 2 || !sent[e[1]] {
 				t.Fatalf("not an answer to a request sent: %v", got)
 			}
 			var r reply
