@@ -168,7 +168,15 @@ func (pc *priceCheck) Run(ctx context.Context) error {
 	case err := <-pc.fatal:
 		return err
 	case <-ctx.Done():
-		return nil
+		// The fronts stop, without starting, as soon as a mismatch is
+		// found (stopping), and serve then ends ctx: the mismatch, sent
+		// before stopping could say so, must still win.
+		select {
+		case err := <-pc.fatal:
+			return err
+		default:
+			return nil
+		}
 	}
 }
 

@@ -391,7 +391,16 @@ func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context,
 		})
 	}
 	part("upstreams", s.ups.Run)
-	part("prices", s.prices.Run)
+	g.Go(func() error {
+		// Not gated on bctx like the other parts: a price naming nothing
+		// stops the fronts before they start, and serve may end bctx
+		// before this returns; the error must still be serve's.
+		if err := s.prices.Run(bctx); err != nil {
+			stopFronts()
+			return fmt.Errorf("prices: %w", err)
+		}
+		return nil
+	})
 	part("payments", s.v.Run)
 	if r := s.reconciler; r != nil {
 		part("reconcile", func(ctx context.Context) error {
