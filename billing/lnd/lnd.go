@@ -449,10 +449,6 @@ func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error
 	return err // not reached: nothing but ctx stops this policy
 }
 
-// recheckAfter are the times after a (re)connection at which runOnce
-// looks up every unsettled payment again (see runOnce).
-var recheckAfter = []time.Duration{2 * time.Second, 10 * time.Second}
-
 // errStreamEnded: runOnce returned without an error (it does not today;
 // Run reconnects all the same).
 var errStreamEnded = errors.New("lnd: invoice stream ended")
@@ -486,33 +482,19 @@ func (b *Backend) runOnce(ctx context.Context) error {
 		defer sweeper.Done()
 		t := time.NewTicker(b.cfg.Sweep)
 		defer t.Stop()
-		// SubscribeInvoices returns before LND has registered the stream,
-		// and from settle index 0 (a ledger that never saw a settlement)
-		// LND replays nothing: a payment settled after the reconcile above
-		// and before the registration would wait for its expiry's sweep.
-		// So every unsettled payment is looked up again soon after.
-		again := time.NewTimer(recheckAfter[0])
-		defer again.Stop()
-		rechecks := 0
 		for {
-			expiredOnly := true
 			select {
 			case <-ctx.Done():
 				return
-			case <-again.C:
-				expiredOnly = false
-				if rechecks++; rechecks < len(recheckAfter) {
-					again.Reset(recheckAfter[rechecks] - recheckAfter[rechecks-1])
-				}
 			case <-t.C:
-			}
-			if err := b.reconcile(ctx, expiredOnly); err != nil {
-				select {
-				case errs <- err:
-				default:
+				if err := b.reconcile(ctx, true); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					cancel()
+					return
 				}
-				cancel()
-				return
 			}
 		}
 	}()
