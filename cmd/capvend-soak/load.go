@@ -293,48 +293,36 @@ func (s *session) close() {
 }
 
 func (l *load) freeHTTP(ctx context.Context, rate float64) {
-	s := &session{l: l}
-	defer s.close()
-	pace(ctx, rate, func() {
-		mc, err := s.get(ctx)
-		if err != nil {
-			l.rec.fail(kFree, "http session", err)
-			return
-		}
-		_, d, err := l.call(ctx, mc, freeTool, nil, false)
-		s.result(err)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			l.rec.fail(kFree, "http", err)
-			return
-		}
-		l.rec.ok(kFree, d)
-		l.n.freeHTTP.Add(1)
-	})
+	l.httpCalls(ctx, rate, kFree, freeTool, false, "http", &l.n.freeHTTP)
 }
 
 func (l *load) paidHTTP(ctx context.Context, rate float64) {
+	l.httpCalls(ctx, rate, kPaid, paidTool, true, "lnd http", &l.n.paidHTTP)
+}
+
+// httpCalls calls tool over one MCP HTTP session at rate, paying if
+// paid, and records each outcome as k (failures labelled what), done
+// calls in n.
+func (l *load) httpCalls(ctx context.Context, rate float64, k kind, tool string, paid bool, what string, n *atomic.Int64) {
 	s := &session{l: l}
 	defer s.close()
 	pace(ctx, rate, func() {
 		mc, err := s.get(ctx)
 		if err != nil {
-			l.rec.fail(kPaid, "http session", err)
+			l.rec.fail(k, "http session", err)
 			return
 		}
-		_, d, err := l.call(ctx, mc, paidTool, nil, true)
+		_, d, err := l.call(ctx, mc, tool, nil, paid)
 		s.result(err)
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
-			l.rec.fail(kPaid, "lnd http", err)
+			l.rec.fail(k, what, err)
 			return
 		}
-		l.rec.ok(kPaid, d)
-		l.n.paidHTTP.Add(1)
+		l.rec.ok(k, d)
+		n.Add(1)
 	})
 }
 
