@@ -103,6 +103,10 @@ type Config struct {
 	Log *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Mark keys the mark of every preimage the backend makes (see Mark):
+	// the ledger's identity. Empty: unmarked random preimages, which a
+	// restored ledger cannot recognize.
+	Mark Mark
 }
 
 // DefaultMaxHold is Config.MaxHold's default.
@@ -281,8 +285,9 @@ func (b *Backend) Backend() vend.Backend { return vend.BackendLND }
 func (b *Backend) CanHold() bool { return b.canHold }
 
 // Request implements vend.PaymentBackend. With r.Hold (and CanHold) it
-// issues a hold invoice whose preimage capvend makes and keeps in the
-// ledger.
+// issues a hold invoice whose preimage capvend keeps in the ledger. The
+// preimage of every invoice, plain or hold, is capvend's, marked under
+// Config.Mark.
 func (b *Backend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Payment, error) {
 	if r.Amount <= 0 {
 		return vend.Payment{}, fmt.Errorf("lnd: request of %d msat", r.Amount)
@@ -294,8 +299,8 @@ func (b *Backend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Paym
 	np := vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice, Amount: r.Amount,
 		ExpiresAt: b.cfg.Now().Add(time.Duration(expiry) * time.Second)}
 	var hash []byte
-	pre := make([]byte, 32)
-	if _, err := rand.Read(pre); err != nil {
+	pre, err := b.cfg.Mark.NewPreimage()
+	if err != nil {
 		return vend.Payment{}, err
 	}
 	sum := sha256.Sum256(pre)
@@ -310,7 +315,7 @@ func (b *Backend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Paym
 		}
 		np.Kind, np.Bolt11, np.HoldPreimage = vend.KindHoldInvoice, resp.PaymentRequest, pre
 	} else {
-		resp, err := b.ln.AddInvoice(ctx, &lnrpc.Invoice{Memo: r.Memo, ValueMsat: int64(r.Amount), Expiry: expiry})
+		resp, err := b.ln.AddInvoice(ctx, &lnrpc.Invoice{Memo: r.Memo, RPreimage: pre, ValueMsat: int64(r.Amount), Expiry: expiry})
 		if err != nil {
 			return vend.Payment{}, fmt.Errorf("lnd: add invoice: %w", rpcError(err))
 		}

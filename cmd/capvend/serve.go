@@ -255,13 +255,18 @@ func (s *vendServer) openBackends(ctx context.Context) error {
 			return err
 		}
 		s.closers = append(s.closers, conn.Close)
+		mark, err := s.l.InvoiceMark(ctx)
+		if err != nil {
+			return err
+		}
 		b, err := lnd.New(ctx, lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn), s.l,
-			lnd.Config{Node: cfg.LND.Host, Hold: cfg.LND.HoldInvoices, MaxHold: cfg.LND.MaxHoldInvoices, Log: s.log})
+			lnd.Config{Node: cfg.LND.Host, Hold: cfg.LND.HoldInvoices, MaxHold: cfg.LND.MaxHoldInvoices, Log: s.log, Mark: mark})
 		if err != nil {
 			return fmt.Errorf("lnd %s: %w", cfg.LND.Host, err)
 		}
 		s.backends = append(s.backends, b)
 		s.rc.LND, s.rc.Node = lnd.NewNode(lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn)), cfg.LND.Host
+		s.rc.OwnsPreimage = lnd.Mark(mark).Owns
 	}
 	if len(cfg.Cashu.Mints) > 0 {
 		b, err := cashu.New(cashu.Config{Mints: cfg.Cashu.Mints, WalletDir: cfg.Cashu.WalletDir,
