@@ -16,7 +16,6 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -440,140 +439,37 @@ type PerConfig struct {
 // of a per-argument price; 0: free unless a per-argument price or a
 // minimum is set). It is only meaningful once Validate accepted the
 // configuration.
-func (t ToolConfig) Msat() int64 {
-	if t.PriceMsat != 0 {
-		return t.PriceMsat
+func (t ToolConfig) Msat() int64 { return t.entry().Msat() }
+
+// entry is t for package pricing.
+func (t ToolConfig) entry() pricing.Entry {
+	return pricing.Entry{
+		PriceSats: t.PriceSats, PriceMsat: t.PriceMsat,
+		PerUnit: t.PerUnit.entry(), PerKB: t.PerKB.entry(), PerItem: t.PerItem.entry(),
+		MinSats: t.MinSats, MinMsat: t.MinMsat, MaxSats: t.MaxSats, MaxMsat: t.MaxMsat,
+		FreePerDay: t.FreePerDay, FreePerDayTotal: t.FreePerDayTotal, NotIdempotent: t.NotIdempotent,
 	}
-	return t.PriceSats * 1000
 }
 
-// maxSats is 21 million bitcoin: no configured amount may exceed it.
-const maxSats = 21_000_000 * 100_000_000
-
-// fieldError is a bad tool setting: key (relative to the tool, e.g.
-// "per_kb.arg") and what is allowed there.
-type fieldError struct{ key, msg string }
-
-func (e *fieldError) Error() string { return e.key + ": " + e.msg }
-
-// amount converts an amount given in sats (key+"sats") or msat
-// (key+"msat").
-func amount(key string, sats, msat int64) (pricing.Msat, error) {
-	switch {
-	case sats < 0 || msat < 0:
-		return 0, &fieldError{key + "sats", fmt.Sprintf("cannot be negative (nor %smsat)", key)}
-	case sats != 0 && msat != 0:
-		return 0, &fieldError{key + "sats", fmt.Sprintf("set %ssats or %smsat, not both", key, key)}
-	case sats > maxSats || msat > maxSats*1000:
-		return 0, &fieldError{key + "sats", "price is more than 21 million bitcoin"}
-	case msat != 0:
-		return pricing.Msat(msat), nil
+// entry is p for package pricing (nil: none).
+func (p *PerConfig) entry() *pricing.PerEntry {
+	if p == nil {
+		return nil
 	}
-	return pricing.Msat(sats * 1000), nil
+	return &pricing.PerEntry{Arg: p.Arg, Sats: p.Sats, Msat: p.Msat}
 }
 
-// per returns the tool's per-argument price and its key; an error if more
-// than one is set.
-func (t ToolConfig) per() (p *PerConfig, key string, kind pricing.Kind, err error) {
-	for _, c := range []struct {
-		p    *PerConfig
-		key  string
-		kind pricing.Kind
-	}{{t.PerUnit, "per_unit", pricing.PerUnit}, {t.PerKB, "per_kb", pricing.PerKB}, {t.PerItem, "per_item", pricing.PerItem}} {
-		if c.p == nil {
-			continue
+// prices are u's tools', prompts' and resources' prices for package
+// pricing.
+func (u UpstreamConfig) prices() pricing.Prices {
+	entries := func(m map[string]ToolConfig) map[string]pricing.Entry {
+		out := make(map[string]pricing.Entry, len(m))
+		for name, t := range m {
+			out[name] = t.entry()
 		}
-		if p != nil {
-			return nil, "", "", &fieldError{c.key, fmt.Sprintf("set at most one of per_unit, per_kb, per_item (%s is set)", key)}
-		}
-		p, key, kind = c.p, c.key, c.kind
+		return out
 	}
-	return p, key, kind, nil
-}
-
-// rule converts t to a price rule and validates it. A *fieldError names
-// the key at fault; other errors concern the tool as a whole.
-func (t ToolConfig) rule() (pricing.Rule, error) {
-	var r pricing.Rule
-	var err error
-	if r.Price, err = amount("price_", t.PriceSats, t.PriceMsat); err != nil {
-		return r, err
-	}
-	if r.Min, err = amount("min_", t.MinSats, t.MinMsat); err != nil {
-		return r, err
-	}
-	if r.Max, err = amount("max_", t.MaxSats, t.MaxMsat); err != nil {
-		return r, err
-	}
-	p, key, kind, err := t.per()
-	if err != nil {
-		return r, err
-	}
-	if p != nil {
-		if p.Arg == "" {
-			return r, &fieldError{key + ".arg", "required: the name of the argument to count"}
-		}
-		price, err := amount(key+".", p.Sats, p.Msat)
-		switch {
-		case err != nil:
-			return r, err
-		case price <= 0:
-			return r, &fieldError{key + ".sats", "required: the positive price of one unit (or set msat)"}
-		case r.Max == 0:
-			return r, &fieldError{"max_sats", fmt.Sprintf("required with %s: the most one call may cost (or set max_msat)", key)}
-		}
-		r.Per = &pricing.Per{Kind: kind, Arg: p.Arg, Price: price}
-	}
-	switch {
-	case t.FreePerDay < 0:
-		return r, &fieldError{"free_per_day", fmt.Sprintf("must be 0 or more, got %d", t.FreePerDay)}
-	case t.FreePerDay > 0 && r.Price == 0 && r.Per == nil && r.Min == 0:
-		return r, &fieldError{"free_per_day", "needs a price: without one the tool is free anyway"}
-	}
-	switch {
-	case t.FreePerDayTotal < 0:
-		return r, &fieldError{"free_per_day_total", fmt.Sprintf("must be 0 or more, got %d", t.FreePerDayTotal)}
-	case t.FreePerDayTotal > 0 && t.FreePerDay == 0:
-		return r, &fieldError{"free_per_day_total", "needs free_per_day: it bounds those free calls across all clients"}
-	}
-	r.FreePerDay = t.FreePerDay
-	r.FreePerDayTotal = t.FreePerDayTotal
-	r.NotIdempotent = t.NotIdempotent
-	return r, r.Validate()
-}
-
-// itemRule converts the price of a prompt or resource: a flat price and
-// free_per_day only.
-func (t ToolConfig) itemRule() (pricing.Rule, error) {
-	if p, key, _, err := t.per(); err != nil || p != nil {
-		if err == nil {
-			err = &fieldError{key, "per-argument prices are for tools only: set price_sats or price_msat"}
-		}
-		return pricing.Rule{}, err
-	}
-	switch {
-	case t.MinSats != 0 || t.MinMsat != 0:
-		return pricing.Rule{}, &fieldError{"min_sats", "min is for tools with a per-argument price: set price_sats or price_msat"}
-	case t.MaxSats != 0 || t.MaxMsat != 0:
-		return pricing.Rule{}, &fieldError{"max_sats", "max is for tools with a per-argument price: set price_sats or price_msat"}
-	case t.NotIdempotent:
-		return pricing.Rule{}, &fieldError{"not_idempotent", "prompt gets and resource reads are always treated as idempotent"}
-	}
-	return t.rule()
-}
-
-// itemPrices are an upstream's priced prompts and resources: the config
-// key ("prompts", "resources"), the book key of a name, and the prices.
-func (u UpstreamConfig) itemPrices() []struct {
-	field string
-	key   func(string) string
-	items map[string]ToolConfig
-} {
-	return []struct {
-		field string
-		key   func(string) string
-		items map[string]ToolConfig
-	}{{"prompts", pricing.PromptKey, u.Prompts}, {"resources", pricing.ResourceKey, u.Resources}}
+	return pricing.Prices{Tools: entries(u.Tools), Prompts: entries(u.Prompts), Resources: entries(u.Resources)}
 }
 
 // PriceBook builds the price book of the upstreams' tools, prompts and
@@ -602,22 +498,9 @@ func (c *Config) unpricedBy() map[string]pricing.Unpriced {
 func (c *Config) priceRules() (map[string]map[string]pricing.Rule, error) {
 	rules := map[string]map[string]pricing.Rule{}
 	for i, u := range c.Upstreams {
-		m := map[string]pricing.Rule{}
-		for name, t := range u.Tools {
-			r, err := t.rule()
-			if err != nil {
-				return nil, fmt.Errorf("upstreams[%d].tools.%s: %w", i, name, err)
-			}
-			m[name] = r
-		}
-		for _, ip := range u.itemPrices() {
-			for name, t := range ip.items {
-				r, err := t.itemRule()
-				if err != nil {
-					return nil, fmt.Errorf("upstreams[%d].%s.%s: %w", i, ip.field, name, err)
-				}
-				m[ip.key(name)] = r
-			}
+		m, err := u.prices().Rules()
+		if err != nil {
+			return nil, fmt.Errorf("upstreams[%d].%w", i, err)
 		}
 		rules[u.Name] = m
 	}
@@ -1123,14 +1006,9 @@ func (c *Config) validatePayments(p *problems) {
 	if c.Limits.RequestsPerMinute < 1 {
 		p.bad("limits.requests_per_minute", "must be at least 1, got %d", c.Limits.RequestsPerMinute)
 	}
-	if !validUnpriced(c.Pricing.Unpriced) {
+	if !pricing.Unpriced(c.Pricing.Unpriced).Valid() {
 		p.bad("pricing.unpriced", "%q is not free (the default: an item without a price is sold free) or refuse (it is neither listed nor sold)", c.Pricing.Unpriced)
 	}
-}
-
-// validUnpriced reports whether s is a value of pricing.unpriced.
-func validUnpriced(s string) bool {
-	return s == string(pricing.UnpricedFree) || s == string(pricing.UnpricedRefuse)
 }
 
 // validateUpstreams checks the upstreams and their prices, and says
@@ -1163,63 +1041,16 @@ func (c *Config) validateUpstreams(p *problems) (priced bool) {
 		if !toolPrefix.MatchString(u.Prefix) {
 			p.bad(field+".prefix", "%q must be at most 32 characters of A-Z a-z 0-9 _ . -", u.Prefix)
 		}
-		if u.Unpriced != "" && !validUnpriced(u.Unpriced) {
+		if u.Unpriced != "" && !pricing.Unpriced(u.Unpriced).Valid() {
 			p.bad(field+".unpriced", "%q is not free or refuse (or leave it out for pricing.unpriced)", u.Unpriced)
 		}
 		if u.ClientPubkey && len(c.Nostr.Relays) == 0 {
 			p.bad(field+".client_pubkey", "only Nostr clients have a pubkey to give: set nostr.relays, or leave it out")
 		}
-		names := make([]string, 0, len(u.Tools))
-		for name := range u.Tools {
-			names = append(names, name)
-		}
-		sort.Strings(names)
-		for _, name := range names {
-			t := u.Tools[name]
-			tf := fmt.Sprintf("%s.tools.%s", field, name)
-			r, err := t.rule()
-			var fe *fieldError
-			switch {
-			case errors.As(err, &fe):
-				p.bad(tf+"."+fe.key, "%s", fe.msg)
-				continue
-			case err != nil:
-				p.bad(tf, "%v", err)
-				continue
-			}
-			if strings.HasPrefix(name, "prompt:") || strings.HasPrefix(name, "resource:") {
-				p.bad(tf, "a tool name cannot start with prompt: or resource: (price prompts and resources under %s.prompts, %s.resources)", field, field)
-			}
-			if r.Price > 0 || r.Per != nil || r.Min > 0 {
-				priced = true
-			}
-		}
-		for _, ip := range u.itemPrices() {
-			names := make([]string, 0, len(ip.items))
-			for name := range ip.items {
-				names = append(names, name)
-			}
-			sort.Strings(names)
-			for _, name := range names {
-				tf := fmt.Sprintf("%s.%s.%s", field, ip.field, name)
-				if name == "" {
-					p.bad(tf, "the %s name must not be empty", strings.TrimSuffix(ip.field, "s"))
-					continue
-				}
-				r, err := ip.items[name].itemRule()
-				var fe *fieldError
-				switch {
-				case errors.As(err, &fe):
-					p.bad(tf+"."+fe.key, "%s", fe.msg)
-					continue
-				case err != nil:
-					p.bad(tf, "%v", err)
-					continue
-				}
-				if r.Price > 0 {
-					priced = true
-				}
-			}
+		errs, hasPrice := u.prices().Check(field)
+		p.errs = append(p.errs, errs...)
+		if hasPrice {
+			priced = true
 		}
 	}
 	return priced
