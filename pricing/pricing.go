@@ -40,6 +40,11 @@
 // without a Max is capped at MaxPrice (21 million bitcoin): its listed
 // range is then "lo-2100000000000000" sats, so configurations should give
 // per-argument rules a Max (capvend's config requires one).
+//
+// Prices and Entry are rules as a configuration states them (amounts in
+// sats or msat, at most one per-argument price, a flat price only for
+// prompts and resources): Prices.Rules turns them into rules, and
+// Prices.Check reports what is wrong with them, naming the key.
 package pricing
 
 import (
