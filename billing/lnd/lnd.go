@@ -5,7 +5,9 @@
 //
 // Settlements are learned from SubscribeInvoices, resumed from the settle
 // index stored in the ledger, so a settlement that happened while capvend was
-// down is found at start; hold invoices are watched one by one with
+// down is found at start (with no index stored yet LND replays nothing, so
+// unsettled plain invoices are also looked up until the stream shows that
+// LND registered it); hold invoices are watched one by one with
 // SubscribeSingleInvoice (LND's all-invoices stream reports only additions
 // and settlements: lnd v0.20.2's invoice registry dispatches neither
 // ACCEPTED nor CANCELED to it, for backwards compatibility); and anything
@@ -478,6 +480,16 @@ func (b *Backend) runOnce(ctx context.Context) error {
 	}
 	b.connected.Store(true) // until this stream breaks
 	defer b.connected.Store(false)
+	// LND registers the stream only after SubscribeInvoices returned and,
+	// from settle index 0, replays nothing (its InvoicesSettledSince
+	// ignores 0): a plain invoice settled between the reconcile above and
+	// the registration is on no stream, and would wait for its expiry's
+	// sweep. LND sends nothing on a stream before registering it, so
+	// bookSettled runs on each sweep until the first message arrives,
+	// and once more on it: from then on the stream has every settlement.
+	// From a stored settle index LND replays all settled after it: no gap.
+	var registered atomic.Bool
+	registered.Store(settleIndex > 0)
 	errs := make(chan error, 1)
 	var sweeper sync.WaitGroup
 	defer sweeper.Wait()
@@ -492,7 +504,11 @@ func (b *Backend) runOnce(ctx context.Context) error {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if err := b.reconcile(ctx, true); err != nil {
+				err := b.reconcile(ctx, true)
+				if err == nil && !registered.Load() {
+					err = b.bookSettled(ctx)
+				}
+				if err != nil {
 					select {
 					case errs <- err:
 					default:
@@ -512,6 +528,11 @@ func (b *Backend) runOnce(ctx context.Context) error {
 			default:
 			}
 			return rpcError(err)
+		}
+		if !registered.Swap(true) {
+			if err := b.bookSettled(ctx); err != nil {
+				return err
+			}
 		}
 		if inv.State != lnrpc.Invoice_SETTLED {
 			continue // additions: we made them
@@ -568,6 +589,33 @@ func (b *Backend) reconcile(ctx context.Context, expiredOnly bool) error {
 			}
 		}
 		b.apply(ctx, inv)
+	}
+	return nil
+}
+
+// bookSettled looks up the unsettled plain invoices and records those LND
+// reports settled, and nothing else: a cancel made at LND behind capvend's
+// back is the reconciler's to report as a difference. Hold invoices need
+// no look-up: their watcher's stream starts with their current state.
+// Recording is idempotent, so one the stream also reports is booked once.
+func (b *Backend) bookSettled(ctx context.Context) error {
+	ps, err := b.led.UnsettledPayments(ctx, vend.BackendLND)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		hash, err := hex.DecodeString(p.Ref)
+		if p.Kind != vend.KindInvoice || err != nil {
+			continue
+		}
+		inv, err := b.ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: hash})
+		switch {
+		case err != nil && isNotFound(err):
+		case err != nil:
+			return rpcError(err)
+		case inv.State == lnrpc.Invoice_SETTLED:
+			b.apply(ctx, inv)
+		}
 	}
 	return nil
 }
