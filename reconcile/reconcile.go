@@ -2,11 +2,14 @@
 // ledger: every LND invoice capvend created since a stored add index, every
 // invoice an NWC connection made (its list_transactions, by creation
 // time), the Cashu wallet's unspent ecash per mint against
-// assets:cashu:<mint>, and open mint quotes against the mint's word. It
-// owns the small interfaces it uses (LND, NWC, Wallet, Store);
-// billing/lnd, billing/nwc, billing/cashu and ledger implement them, and
-// cmd wires them. An NWC connection's differences are those of LND, named
-// by its backend ("nwc", "nwc:<name>").
+// assets:cashu:<mint>, and open mint quotes against the mint's word. An
+// NWC connection's differences are those of LND, named by its backend
+// ("nwc", "nwc:<name>"). It owns the small interfaces it uses (LND, NWC,
+// Wallet, Store); billing/lnd, billing/nwc, billing/cashu and ledger
+// implement them, and cmd wires them. docs/OPERATING.md, Reconciliation,
+// is the operator's view.
+//
+// # Differences and repairs
 //
 // A difference is a WARN log line with its ids, a row in the ledger the
 // operator lists (capvend reconcile), and a count by kind for the metrics

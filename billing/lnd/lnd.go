@@ -1,7 +1,11 @@
 // Package lnd is capvend's Lightning payment backend on an LND node
 // (lnrpc v0.20.2-beta): plain invoices, and hold invoices that are settled
 // only after the tool succeeded and canceled (returning the client's money)
-// when it failed. It needs nothing beyond LND's invoice macaroon.
+// when it failed. It needs nothing beyond LND's invoice macaroon. It
+// implements vend.PaymentBackend (and reconcile's LND) for cmd/capvend to
+// wire; docs/OPERATING.md, "Connecting to a real LND node", sets it up.
+//
+// # Watching payments
 //
 // Settlements are learned from SubscribeInvoices, resumed from the settle
 // index stored in the ledger, so a settlement that happened while capvend was

@@ -282,7 +282,7 @@ type PaymentsConfig struct {
 	HTTP402Schemes []string `yaml:"http_402_schemes"`
 }
 
-// CreditConfig is prepaid credit (see vend's package doc, Credit): the
+// CreditConfig is prepaid credit (docs/PAYING.md, Prepaid credit): the
 // capvend_topup tool and credit tokens.
 type CreditConfig struct {
 	// Enabled offers the capvend_topup tool: clients buy credit (paid
