@@ -11,6 +11,9 @@
 -- no payment names, and books it once: a row here with the adjustment
 -- entry that moved its amount to liabilities:unattributed (received for a
 -- call the ledger lost; the operator returns it or books it as income).
+-- The Cashu wallet keeps its own store of the mint quotes it requested,
+-- beside the ledger: a quote of it that no payment names, paid at the
+-- mint, is minted and booked the same way (backend 'cashu', its mint).
 CREATE TABLE ledger_identity (
 	id   INTEGER PRIMARY KEY CHECK (id = 1),
 	mark BLOB    NOT NULL CHECK (length(mark) = 32)
@@ -31,7 +34,9 @@ END;
 
 CREATE TABLE lost_payments (
 	ref         TEXT    PRIMARY KEY CHECK (ref <> ''),
-	backend     TEXT    NOT NULL CHECK (backend = 'lnd'),
+	backend     TEXT    NOT NULL CHECK (backend IN ('lnd', 'cashu')),
+	mint_url    TEXT    NOT NULL DEFAULT '' CHECK ((backend = 'cashu') = (mint_url <> '')),
+	account     TEXT    NOT NULL CHECK (account LIKE 'assets:%'), -- where the money landed
 	amount_msat INTEGER NOT NULL CHECK (amount_msat > 0),
 	entry_id    INTEGER NOT NULL UNIQUE REFERENCES entries (id),
 	found_at    INTEGER NOT NULL

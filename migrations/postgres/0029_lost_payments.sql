@@ -18,7 +18,9 @@ FOR EACH STATEMENT EXECUTE FUNCTION capvend_refuse('capvend: the ledger identity
 
 CREATE TABLE lost_payments (
 	ref         TEXT   PRIMARY KEY CHECK (ref <> ''),
-	backend     TEXT   NOT NULL CHECK (backend = 'lnd'),
+	backend     TEXT   NOT NULL CHECK (backend IN ('lnd', 'cashu')),
+	mint_url    TEXT   NOT NULL DEFAULT '' CHECK ((backend = 'cashu') = (mint_url <> '')),
+	account     TEXT   NOT NULL CHECK (account LIKE 'assets:%'), -- where the money landed
 	amount_msat BIGINT NOT NULL CHECK (amount_msat > 0),
 	entry_id    BIGINT NOT NULL UNIQUE REFERENCES entries (id),
 	found_at    BIGINT NOT NULL
