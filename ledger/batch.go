@@ -20,9 +20,11 @@ import (
 // queued, runs each in a SAVEPOINT of one BEGIN IMMEDIATE transaction,
 // commits once, and only then wakes the callers. Durability is unchanged:
 // a caller is told its change succeeded only after the COMMIT that holds
-// it returned, with the same fsync as before. Atomicity per caller is
-// unchanged too: a caller whose function fails is rolled back to its
-// savepoint and gets its error alone, and the others' changes commit.
+// it returned, with the same fsync as before (a crash before that COMMIT
+// loses the batch's changes, and none of their callers was told they
+// were written). Atomicity per caller is unchanged too: a caller whose
+// function fails is rolled back to its savepoint and gets its error
+// alone, and the others' changes commit.
 
 // maxBatch bounds the callers of one transaction, so one commit's wait
 // stays short under a flood.

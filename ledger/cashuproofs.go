@@ -53,6 +53,18 @@ func (l *Ledger) ProofsReceived(ctx context.Context, secretHashes []string) (int
 	return n, nil
 }
 
+// ClaimProofs implements vend.Ledger.
+func (l *Ledger) ClaimProofs(ctx context.Context, payment vend.PaymentID, proofs []vend.Proof) error {
+	if err := checkProofs(proofs); err != nil {
+		return fmt.Errorf("claim proofs: %w", err)
+	}
+	err := l.write(ctx, func(tx *wtx, now time.Time) error { return claimProofs(ctx, tx, payment, proofs, now) })
+	if err != nil {
+		return fmt.Errorf("claim proofs: %w", err)
+	}
+	return nil
+}
+
 // checkProofs validates proofs before they are claimed.
 func checkProofs(proofs []vend.Proof) error {
 	if len(proofs) == 0 {

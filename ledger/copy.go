@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -22,7 +23,14 @@ var copyTables = []string{
 	"request_replies", "executions", "refunds", "grant_tokens", "l402_root_keys",
 	"l402_revocations", "credit_key", "credit_accounts", "credit_topups", "payouts", "credit_moves", "cashu_handed_out",
 	"reconcile_cursors", "reconcile_runs", "reconcile_differences", "account_days",
+	"ledger_identity", "lost_payments",
 }
+
+// drawnByMigration are the tables whose one row the target's migration
+// drew at random and the copy replaces by the source's: the credit key
+// (credit tokens stay good) and the ledger's identity (the invoices the
+// source marked stay its own).
+var drawnByMigration = []string{"credit_key", "ledger_identity"}
 
 // notCopied are the tables CopyTo leaves out: the state machines' rows and
 // schema_migrations, written by the target's own migrations, and the
@@ -34,8 +42,8 @@ var notCopied = []string{"call_transitions", "payment_transitions", "schema_migr
 
 // CopyTo copies every record of l, from one consistent snapshot, into
 // dst, which must be a PostgreSQL ledger with no records (the credit key
-// its migration drew is replaced by l's, so that credit tokens stay
-// good), in one transaction of dst: all of it or nothing. Rows keep their
+// and ledger identity its migration drew are replaced by l's, so that
+// credit tokens stay good and l's invoices its own), in one transaction of dst: all of it or nothing. Rows keep their
 // ids. The schema's triggers are off during the copy (the rows are
 // already past the states they guard: a sealed entry's postings, an
 // execution of a delivered call) and on again before it commits; its
@@ -50,7 +58,7 @@ func (l *Ledger) CopyTo(ctx context.Context, dst *Ledger) (map[string]int64, err
 	err := l.read(ctx, func(src *sql.Tx) error {
 		return dst.write(ctx, func(tx *wtx, _ time.Time) error {
 			for _, t := range copyTables {
-				if t == "credit_key" {
+				if slices.Contains(drawnByMigration, t) {
 					continue // drawn by the target's migration: replaced below
 				}
 				var n int64
@@ -66,8 +74,10 @@ func (l *Ledger) CopyTo(ctx context.Context, dst *Ledger) (map[string]int64, err
 					return err
 				}
 			}
-			if _, err := tx.ExecContext(ctx, "DELETE FROM credit_key"); err != nil {
-				return err
+			for _, t := range drawnByMigration {
+				if _, err := tx.ExecContext(ctx, "DELETE FROM "+t); err != nil {
+					return err
+				}
 			}
 			for _, t := range copyTables {
 				n, err := copyTable(ctx, src, tx, t)

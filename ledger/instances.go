@@ -13,6 +13,22 @@ import (
 
 var _ vend.RequestClaimer = (*Ledger)(nil)
 
+// Several instances. capvend processes sharing a PostgreSQL ledger
+// coordinate through it, each with a claim checked by rows affected: a
+// Nostr request is served by the instance whose ClaimRequest inserted its
+// event id (request_claims); a lease (TakeLease: one upsert that goes
+// through only when the lease is free, expired or the taker's) decides
+// which instance recovers and reconciles, and a run's lease tells the
+// others it is alive; CountCall counts a client's calls per minute
+// against the rate limit (rate_counts); and RegisterPrices refuses an
+// instance whose price book differs from a live one's (instance_prices).
+// These tables are coordination, not books: they are not copied by
+// CopyTo, nor checked by Verify. OpenUnpaid counts a client's open unpaid
+// payment requests across the instances from the books themselves (the
+// calls' limit_key, a partial index of awaiting calls that have one): a
+// read, no write. docs/OPERATING.md, "Several instances on one ledger",
+// says what an operator sees of it.
+
 // DefaultClaimTakeover is how long, unless Options.ClaimTakeover says
 // otherwise, a request claim of an instance that died (it holds no run
 // lease) stands before another instance may take the request over (the
@@ -29,7 +45,7 @@ const DefaultClaimTakeover = time.Minute
 // claimed key over Options.ClaimTakeover ago): a request its dead instance never
 // answered is served when the client sends it again. Another live
 // holder's claim is false. On PostgreSQL every write transaction holds
-// the write lock (see the package doc), so two instances claiming the
+// the write lock (see writeLockKey), so two instances claiming the
 // same key at once get true and false. It costs one write: capvend claims
 // Nostr requests only on a shared (PostgreSQL) ledger.
 func (l *Ledger) ClaimRequest(ctx context.Context, key, holder string) (bool, error) {

@@ -1,69 +1,42 @@
-// Package ledger is capvend's durable record of money: priced calls, payment
-// requests and their settlement, Cashu proofs received (recorded swapping
-// before the mint swaps them), stored results, the record of every
-// execution (what was sent upstream, checked against what the call sold),
-// refunds owed to clients and their payouts (refunds.go), and a
-// double-entry journal in millisatoshis. It implements vend.Ledger on a
-// SQLite file (mattn/go-sqlite3) opened with WAL, synchronous=FULL, foreign
-// keys and immediate write transactions; every state change is one
-// transaction. The schema's own constraints and triggers enforce the money
-// rules, so a bug above this package cannot book an unbalanced entry, edit a
-// posting or skip a state. A call records what it sold (a tool, a prompt or
-// a resource: vend.ItemKind); its income is booked to
-// income:tools:<server>:<tool>, income:prompts:<server>:<prompt> or
-// income:resources:<server>:<uri> (see ItemIncomeAccount).
+// Package ledger is capvend's durable record of money: priced calls,
+// payment requests and their settlement, Cashu proofs received, stored
+// results, the record of every execution (what was sent upstream, checked
+// against what the call sold), refunds owed to clients and their payouts
+// (refunds.go), credit accounts, and a double-entry journal in
+// millisatoshis.
 //
-// Writes are group-committed (batch.go): a durable commit waits for an
-// fsync, which bounds one-commit-per-write to the disk's fsync rate, so
-// one writer goroutine (Open starts it, Close stops it) runs the writes
-// queued by concurrent callers in one transaction, each in a SAVEPOINT of
-// its own, and commits them with one fsync. Each state change is still
-// one transaction from its caller's point of view: all of it or none of it
-// is written, and a change that fails (a constraint, a trigger) is rolled
-// back to its savepoint and its error goes to its caller alone, while the
-// others' changes commit. Durability is unchanged: a write returns success
-// only after the COMMIT holding it returned, with synchronous=FULL as
-// before; a crash before that COMMIT loses the batch's changes, and none
-// of their callers was told they were written.
+// # What it owns
 //
-// PostgreSQL. OpenPostgres opens the same ledger in a PostgreSQL database
-// (pgx's database/sql driver), with the schema of migrations/postgres:
-// the same tables, numbering and money rules (CHECKs, UNIQUE keys and
-// plpgsql triggers). The queries are the same text on both engines; what
-// differs is translated at the driver boundary (pgsql.go: '?' to $n, a few
-// functions), and driver errors are mapped by SQLSTATE (23505 unique,
-// class 23 constraints, P0001 a trigger's refusal) beside SQLite's codes.
-// SQLite relies on its single writer: BEGIN IMMEDIATE takes the file's
-// write lock, so each write transaction sees every commit before it and
-// no other writer until it commits; checks such as a free quota's count
-// followed by an insert depend on that. PostgreSQL gets the same
-// guarantee from an explicit lock, not from serializable isolation: each
-// write transaction (READ COMMITTED) first takes one transaction-scoped
-// advisory lock (pg_advisory_xact_lock), held until COMMIT, which
-// serializes the writers of every capvend instance sharing the database.
-// Serializable isolation would abort conflicting transactions with 40001
-// and need a retry of each; a retry of a group commit would re-run every
-// caller's write in it, and a retried write that talked to a payment
-// backend in between is not safe to re-run blindly. The lock keeps the
-// group commit as it is (one lock and one commit for a batch of callers)
-// and makes every write see the commits before it, as on SQLite. Reads
-// run in REPEATABLE READ, read-only transactions: a consistent snapshot,
-// as SQLite's read transactions are.
+// It implements vend.Ledger and its books on a SQLite file (Open:
+// mattn/go-sqlite3 with WAL, synchronous=FULL, foreign keys and immediate
+// write transactions) or in a PostgreSQL database (OpenPostgres: pgx,
+// the same tables, numbering and money rules). Every state change is one
+// transaction, and the schema's own constraints and triggers enforce the
+// money rules, so a bug above this package cannot book an unbalanced
+// entry, edit a posting or skip a state. A call records what it sold (a
+// tool, a prompt or a resource: vend.ItemKind), and its income is booked
+// to income:tools:<server>:<tool>, income:prompts:<server>:<prompt> or
+// income:resources:<server>:<uri> (ItemIncomeAccount). Beside the books:
+// Verify, exports, backups and restores, CopyTo between engines, stored
+// Nostr replies, shared MCP sessions, and the coordination of instances
+// sharing a PostgreSQL ledger (instances.go).
 //
-// Several instances (instances.go). capvend processes sharing a
-// PostgreSQL ledger coordinate through it, each with a claim checked by
-// rows affected: a Nostr request is served by the instance whose
-// ClaimRequest inserted its event id (request_claims); a lease
-// (TakeLease: one upsert that goes through only when the lease is free,
-// expired or the taker's) decides which instance recovers and reconciles,
-// and a run's lease tells the others it is alive; CountCall counts a
-// client's calls per minute against the rate limit (rate_counts); and
-// RegisterPrices refuses an instance whose price book differs from a live
-// one's (instance_prices). These tables are coordination, not books: they
-// are not copied by CopyTo, nor checked by Verify. OpenUnpaid counts a
-// client's open unpaid payment requests across the instances from the
-// books themselves (the calls' limit_key, a partial index of awaiting
-// calls that have one): a read, no write.
+// # How it fits
+//
+// It imports vend (the interfaces it implements), migrations (the
+// schemas), internal/journal and reconcile (it is the reconciler's
+// store); only cmd/capvend and test kits import it.
+//
+// # Writes
+//
+// Writes are group-committed: one writer goroutine runs the writes of
+// concurrent callers in one transaction, a savepoint each, with one fsync
+// (batch.go). On PostgreSQL every write transaction first takes one
+// advisory lock, so the writers of every instance run one at a time as on
+// SQLite (writeLockKey); the queries are written once and translated at
+// the driver (pgsql.go). docs/ARCHITECTURE.md has the ledger's state
+// machines and crashes; docs/OPERATING.md its backups, exports,
+// PostgreSQL and several instances.
 package ledger
 
 import (

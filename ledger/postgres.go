@@ -17,7 +17,24 @@ import (
 )
 
 // writeLockKey is the PostgreSQL advisory lock every write transaction
-// takes first ("capv", as SQLite's application_id): see the package doc.
+// takes first ("capv", as SQLite's application_id).
+//
+// SQLite relies on its single writer: BEGIN IMMEDIATE takes the file's
+// write lock, so each write transaction sees every commit before it and
+// no other writer until it commits; checks such as a free quota's count
+// followed by an insert depend on that. PostgreSQL gets the same
+// guarantee from an explicit lock, not from serializable isolation: each
+// write transaction (READ COMMITTED) first takes one transaction-scoped
+// advisory lock (pg_advisory_xact_lock), held until COMMIT, which
+// serializes the writers of every capvend instance sharing the database.
+// Serializable isolation would abort conflicting transactions with 40001
+// and need a retry of each; a retry of a group commit would re-run every
+// caller's write in it, and a retried write that talked to a payment
+// backend in between is not safe to re-run blindly. The lock keeps the
+// group commit as it is (one lock and one commit for a batch of callers)
+// and makes every write see the commits before it, as on SQLite. Reads
+// run in REPEATABLE READ, read-only transactions: a consistent snapshot,
+// as SQLite's read transactions are.
 const writeLockKey = ApplicationID
 
 // SQLSTATE codes the ledger maps (never messages): class 23 is an
@@ -170,8 +187,8 @@ func (l *Ledger) pgTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 
 // beginWrite begins a write transaction on the writer connection: BEGIN
 // IMMEDIATE on SQLite (the file's write lock), and on PostgreSQL a READ
-// COMMITTED transaction that first takes the write lock (see the package
-// doc).
+// COMMITTED transaction that first takes the write lock (see
+// writeLockKey).
 func (l *Ledger) beginWrite(ctx context.Context) error {
 	q := "BEGIN IMMEDIATE"
 	if l.pg {

@@ -324,7 +324,7 @@ func (l *Ledger) verify(ctx context.Context, pragma string) (*Report, error) {
 				return err
 			}
 		}
-		for _, inv := range slices.Concat(invariants, refundInvariants, payoutInvariants, []invariant{releaseInvariant()}) {
+		for _, inv := range slices.Concat(invariants, refundInvariants, payoutInvariants, lostInvariants, []invariant{releaseInvariant()}) {
 			c, err := runInvariant(ctx, tx, inv)
 			if err != nil {
 				return fmt.Errorf("check %q: %w", inv.name, err)

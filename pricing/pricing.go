@@ -1,45 +1,38 @@
 // Package pricing holds capvend's money type and its price book: what each
-// tool costs, how a call's price follows from its arguments, and how a
-// price is shown in tool lists and `cap` tags. It is a leaf: it imports
-// nothing of capvend.
+// tool, prompt and resource costs, how a call's price follows from its
+// arguments, and how a price is shown in tool lists and `cap` tags.
 //
-// A Rule prices one tool: a base price per call, optionally plus a price
-// per unit of one argument (Per), clamped to [Min, Max]. The argument
-// kinds are:
+// # What it owns
 //
-//   - PerUnit: a numeric argument, counted in whole units. A fractional
-//     value is rounded up (2.5 units cost 3); the number is read exactly
-//     from its JSON text, never through a float. A negative number is an
-//     error; a huge one counts as "very many" (the price saturates and is
-//     clamped to the maximum).
-//   - PerKB: a string argument, counted in started KB of 1024 bytes of its
-//     UTF-8 encoding (1 byte .. 1024 bytes is 1 KB; "" is 0 KB).
-//   - PerItem: an array argument, counted in elements.
+// Msat, the money type: prices are integers throughout, and all
+// arithmetic saturates at MaxPrice, so no argument can make a price
+// negative or overflow. A Rule prices one tool: a base price per call,
+// optionally plus a price per unit of one argument (Per: see Kind for how
+// each kind counts), clamped to [Min, Max]. A Book holds the rules by
+// server and item: it quotes a call (Quote), says what an item without a
+// rule is (Unpriced: free, or refused: not offered at all), orders the
+// resource templates matching a URI from the most specific
+// (CompareSpecificity: the most literal characters, then the fewest
+// expressions), and checks its rules against what an upstream lists
+// (Unmatched: a rule naming nothing is a configuration error, since the
+// item it meant would go without it).
 //
-// An argument whose name differs from the priced one only in case (as Go's
-// encoding/json folds names: strings.EqualFold, with the Kelvin sign and
-// the long s) is refused with ErrBadArgument: an upstream matching names
-// without regard to case would read it as the priced argument.
+// A rule without a Max is capped at MaxPrice (21 million bitcoin): its
+// listed range is then "lo-2100000000000000" sats, so configurations
+// should give per-argument rules a Max (capvend's config requires one).
 //
-// A missing argument, or one that is JSON null, counts 0: the price is then
-// the base price (raised to Min). The schema's default is not consulted:
-// the upstream, not capvend, applies defaults, and a default the client
-// did not send costs nothing. An argument of the wrong JSON type is an
-// error (ErrBadArgument), which capvend answers with JSON-RPC -32602
-// invalid params.
+// Prices and Entry are rules as a configuration states them (amounts in
+// sats or msat, at most one per-argument price, a flat price only for
+// prompts and resources): Prices.Rules turns them into rules, and
+// Prices.Check reports what is wrong with them, naming the key.
 //
-// A Book also says what an item without a rule is (Unpriced: free, or
-// refused: not offered at all), orders the resource templates matching a
-// URI from the most specific (CompareSpecificity: the most literal
-// characters, then the fewest expressions), and checks its rules against
-// what an upstream lists (Unmatched: a rule naming nothing is a
-// configuration error, since the item it meant would go without it).
+// # How it fits
 //
-// Prices are integers (Msat) throughout; all arithmetic saturates at
-// MaxPrice, so no argument can make a price negative or overflow. A rule
-// without a Max is capped at MaxPrice (21 million bitcoin): its listed
-// range is then "lo-2100000000000000" sats, so configurations should give
-// per-argument rules a Max (capvend's config requires one).
+// It is a leaf: it imports nothing of capvend. vend quotes with it (its
+// PriceBook), adapters/ctxvm writes its cap tags with CapAmount,
+// adapters/upstream reports what it lists as a Listing, and cmd/capvend
+// builds the Book from the configuration.
+// docs/OPERATING.md, Prices, says how an operator sets prices.
 package pricing
 
 import (
@@ -61,7 +54,28 @@ import (
 // saturating arithmetic stops at.
 const MaxPrice Msat = 21_000_000 * 100_000_000 * MsatPerSat
 
-// Kind is what a per-argument price counts.
+// Kind is what a per-argument price counts:
+//
+//   - PerUnit: a numeric argument, counted in whole units. A fractional
+//     value is rounded up (2.5 units cost 3); the number is read exactly
+//     from its JSON text, never through a float. A negative number is an
+//     error; a huge one counts as "very many" (the price saturates and is
+//     clamped to the maximum).
+//   - PerKB: a string argument, counted in started KB of 1024 bytes of its
+//     UTF-8 encoding (1 byte .. 1024 bytes is 1 KB; "" is 0 KB).
+//   - PerItem: an array argument, counted in elements.
+//
+// An argument whose name differs from the priced one only in case (as Go's
+// encoding/json folds names: strings.EqualFold, with the Kelvin sign and
+// the long s) is refused with ErrBadArgument: an upstream matching names
+// without regard to case would read it as the priced argument.
+//
+// A missing argument, or one that is JSON null, counts 0: the price is then
+// the base price (raised to Min). The schema's default is not consulted:
+// the upstream, not capvend, applies defaults, and a default the client
+// did not send costs nothing. An argument of the wrong JSON type is an
+// error (ErrBadArgument), which capvend answers with JSON-RPC -32602
+// invalid params.
 type Kind string
 
 // The kinds of per-argument prices.

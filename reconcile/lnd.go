@@ -29,6 +29,10 @@ type Invoice struct {
 	SettleIndex uint64
 	// Created is when LND added the invoice (zero: unknown).
 	Created time.Time
+	// Preimage is the settled invoice's preimage (nil if not settled,
+	// or not known): Config.OwnsPreimage tells capvend's invoices whose
+	// payment a restored ledger lost.
+	Preimage []byte
 }
 
 // unrecordedGrace is how long after LND added an invoice the ledger may
@@ -61,12 +65,15 @@ type source struct {
 	backend vend.Backend // the backend its payments are recorded under
 	cursor  string       // its cursor's name in the Store
 	remote  string       // how a difference's detail names it: "LND", "the wallet"
+	// owns reports whether a settled invoice's preimage is capvend's
+	// (nil: none is known to be).
+	owns func(preimage []byte) bool
 }
 
 // checkLND compares every invoice after the stored cursor with the
 // ledger, and moves the cursor past the invoices that are final and agree.
 func (r *Reconciler) checkLND(ctx context.Context, run int64, add func(Difference)) error {
-	return r.checkInvoices(ctx, run, source{inv: r.cfg.LND, backend: vend.BackendLND, cursor: "lnd:" + r.cfg.Node, remote: "LND"}, add)
+	return r.checkInvoices(ctx, run, source{inv: r.cfg.LND, backend: vend.BackendLND, cursor: "lnd:" + r.cfg.Node, remote: "LND", owns: r.cfg.OwnsPreimage}, add)
 }
 
 // checkInvoices compares every invoice of src after its stored cursor with
@@ -90,7 +97,24 @@ func (r *Reconciler) checkInvoices(ctx context.Context, run int64, src source, a
 		if err != nil {
 			return err
 		}
+		lost, err := r.lostPayments(ctx, src, invs, payments)
+		if err != nil {
+			return err
+		}
 		for _, inv := range invs {
+			if lost[inv.Ref] {
+				final, err := r.repairLost(ctx, run, src, inv, add)
+				if err != nil {
+					return err
+				}
+				if stable && final {
+					next = inv.AddIndex
+				} else {
+					stable = false
+				}
+				after = inv.AddIndex
+				continue
+			}
 			p, ok := payments[inv.Ref]
 			if ok && p.Backend != src.backend {
 				ok = false // another backend's payment of the same hash: not this source's
@@ -150,6 +174,59 @@ func (r *Reconciler) bookedPayments(ctx context.Context, invs []Invoice) (map[st
 		}
 	}
 	return payments, nil
+}
+
+// lostPayments returns the settled invoices of a page that capvend made
+// (their preimage carries its mark: src.owns) and that no payment of the
+// ledger names: a ledger restored from its replica lost their quotes.
+// bookedPayments leaves out the payments settled on both sides, so the
+// candidates are looked up again, in one query.
+func (r *Reconciler) lostPayments(ctx context.Context, src source, invs []Invoice, payments map[string]vend.Payment) (map[string]bool, error) {
+	if src.owns == nil {
+		return nil, nil
+	}
+	var refs []string
+	for _, inv := range invs {
+		if _, ok := payments[inv.Ref]; !ok && inv.State == InvoiceSettled && src.owns(inv.Preimage) {
+			refs = append(refs, inv.Ref)
+		}
+	}
+	if len(refs) == 0 {
+		return nil, nil
+	}
+	known, err := r.cfg.Store.PaymentsByRef(ctx, refs, "")
+	if err != nil {
+		return nil, err
+	}
+	lost := map[string]bool{}
+	for _, ref := range refs {
+		if _, ok := known[ref]; !ok {
+			lost[ref] = true
+		}
+	}
+	return lost, nil
+}
+
+// repairLost books a settlement of an invoice capvend made whose payment
+// the ledger lost (lostPayments) to liabilities:unattributed, once.
+func (r *Reconciler) repairLost(ctx context.Context, run int64, src source, inv Invoice, add func(Difference)) (final bool, err error) {
+	d := Difference{Run: run, Kind: SettledUnbooked, Backend: src.backend, Ref: inv.Ref, Ledger: "lost", Remote: string(inv.State),
+		Detail: fmt.Sprintf("%s settled %d msat of an invoice capvend made (its mark) that no payment of the ledger names: its quote was lost, as by a restore from a replica", src.remote, inv.AmountPaid)}
+	if !r.cfg.Repair {
+		add(d)
+		return false, nil
+	}
+	d.Repair = RepairPrefix + ": booked to " + UnattributedAccount + " (owed until returned to its payer or booked as income)"
+	d.FoundAt = r.cfg.Now()
+	err = r.cfg.Store.RepairLost(ctx, d, vend.Settlement{Ref: inv.Ref, Amount: inv.AmountPaid, AddIndex: inv.AddIndex, SettleIndex: inv.SettleIndex})
+	switch {
+	case errors.Is(err, vend.ErrAlreadySettled):
+		return true, nil // booked by an earlier run, or recorded meanwhile
+	case err != nil:
+		return false, err
+	}
+	add(d)
+	return true, nil
 }
 
 // compareInvoice compares one invoice with the ledger's payment p (found:

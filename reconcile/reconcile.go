@@ -2,11 +2,14 @@
 // ledger: every LND invoice capvend created since a stored add index, every
 // invoice an NWC connection made (its list_transactions, by creation
 // time), the Cashu wallet's unspent ecash per mint against
-// assets:cashu:<mint>, and open mint quotes against the mint's word. It
-// owns the small interfaces it uses (LND, NWC, Wallet, Store);
-// billing/lnd, billing/nwc, billing/cashu and ledger implement them, and
-// cmd wires them. An NWC connection's differences are those of LND, named
-// by its backend ("nwc", "nwc:<name>").
+// assets:cashu:<mint>, and open mint quotes against the mint's word. An
+// NWC connection's differences are those of LND, named by its backend
+// ("nwc", "nwc:<name>"). It owns the small interfaces it uses (LND, NWC,
+// Wallet, Store); billing/lnd, billing/nwc, billing/cashu and ledger
+// implement them, and cmd wires them. docs/OPERATING.md, Reconciliation,
+// is the operator's view.
+//
+// # Differences and repairs
 //
 // A difference is a WARN log line with its ids, a row in the ledger the
 // operator lists (capvend reconcile), and a count by kind for the metrics
@@ -14,7 +17,10 @@
 //
 //   - settled_unbooked (LND settled an invoice the ledger does not have
 //     settled): the late settlement is booked (Store.RepairSettlement), and
-//     reported (Config.Report) so vend runs the paid call;
+//     reported (Config.Report) so vend runs the paid call; one of an
+//     invoice capvend made that no payment names (a ledger restored from
+//     its replica lost its quote; Config.OwnsPreimage) is booked to
+//     liabilities:unattributed (Store.RepairLost), and no call runs;
 //   - canceled_unbooked (LND canceled an invoice the ledger holds open or
 //     accepted, e.g. canceled behind capvend's back): the payment is ended,
 //     and a paid call that never started is refunded (Store.RepairCanceled);
@@ -163,7 +169,17 @@ type Store interface {
 	// a settled one is refused (vend.ErrIllegalTransition) and nothing is
 	// written.
 	RepairCanceled(ctx context.Context, d Difference) (vend.Payment, error)
+	// RepairLost books s, the settlement of an invoice capvend made that
+	// no payment names (its quote lost with a restored ledger), to
+	// UnattributedAccount, with d, in one transaction, once: one booked
+	// before, or a ref a payment names, is vend.ErrAlreadySettled and
+	// writes nothing.
+	RepairLost(ctx context.Context, d Difference, s vend.Settlement) error
 }
+
+// UnattributedAccount is where RepairLost books money received for a
+// call the ledger lost.
+const UnattributedAccount = "liabilities:unattributed"
 
 // Config configures a Reconciler. Store is required; LND, Wallet and NWC
 // are optional (the backends capvend is configured with).
@@ -177,6 +193,12 @@ type Config struct {
 	// NWC are the NWC connections (their cursors are named by their
 	// backend, "nwc" or "nwc:<name>").
 	NWC []NWC
+	// OwnsPreimage, if set, reports whether a settled LND invoice's
+	// preimage carries capvend's mark (billing/lnd.Mark.Owns, keyed by
+	// the ledger's identity): such an invoice that no payment names was
+	// made by capvend and lost with its ledger, and is booked
+	// (Store.RepairLost).
+	OwnsPreimage func(preimage []byte) bool
 	// Repair enables the automatic repairs (serve: on; capvend reconcile:
 	// --repair).
 	Repair bool

@@ -2,15 +2,16 @@
 // nodes (vendor, customer, mint) with funded wallets and open channels, a
 // Cashu mint backed by the mint node, and a Nostr relay, all on 127.0.0.1;
 // with Options.NWC also an NWC wallet service in front of the vendor node
-// (nwc.go, testnet/nwc).
+// (nwc.go, testnet/nwc). docs/TESTING.md, "The regtest stack", has more.
+//
+// # Use
 //
 // The same code serves the `capvend testnet` CLI, which leaves the stack
 // running detached, and integration tests, which call Start from TestMain
 // and Close at the end. Every process leads its own process group and is
 // recorded (pid and start time) in DIR/testnet.json, from which Load
-// reattaches.
-//
-// One stack per test binary, from another package's TestMain:
+// reattaches. One stack per test binary, from another package's TestMain
+// (testnet/teststack shares one among the test binaries of a run):
 //
 //	func TestMain(m *testing.M) {
 //		ctx := context.Background()

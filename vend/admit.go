@@ -8,8 +8,8 @@ import (
 	"fmt"
 )
 
-// CallTool serves one tools/call: see the package documentation for the
-// flow. It returns the tool's result (possibly with isError when the tool
+// CallTool serves one tools/call: see docs/ARCHITECTURE.md, The flow of
+// a priced call. It returns the tool's result (possibly with isError when the tool
 // ran and failed: a paid call is then refunded), or an error a front maps
 // to a JSON-RPC error: ErrUnknownTool, *InvalidParamsError, ErrRequestReused,
 // *PaymentRequiredError, *PaymentPendingError, ErrPaymentExpired,

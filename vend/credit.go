@@ -12,7 +12,17 @@ import (
 	"time"
 )
 
-// Prepaid credit: see the package documentation (Credit) for the design.
+// Prepaid credit: the design (accounts, tokens, the top-up and the draw
+// in the ledger's transactions) is in docs/ARCHITECTURE.md, Credit
+// accounts; the wire in docs/PAYING.md, Prepaid credit. In this package:
+// TopUpTool is sold like any priced tool and the ledger's Deliver credits
+// the account; a credit token is an HMAC under CreditLedger.CreditKey;
+// CallRequest.Credit or CreditSelf names the account; a priced call's
+// price is drawn in the transaction that records and claims it
+// (CreditLedger.RecordCreditCall), *CreditExhaustedError when the balance
+// does not cover it; every answer to a request naming an account carries
+// its CreditInfo in _meta[MetaCredit]; Run expires balances
+// (Credit.ExpiresAfter) to income:credit_expired.
 
 // The names of credit on the wire.
 const (

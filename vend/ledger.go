@@ -437,3 +437,17 @@ type UnpaidCounter interface {
 	// every call.
 	OpenUnpaid(ctx context.Context, key string, now time.Time) (ofKey, total int, err error)
 }
+
+// LostPayment is money capvend received for a quote its ledger lost (a
+// ledger restored from its replica ends before the quote): a settled LND
+// invoice whose preimage carries the ledger's mark, or a mint quote of the
+// Cashu wallet's own store, paid and minted, that no payment names. It is
+// booked to liabilities:unattributed; no call runs for it.
+type LostPayment struct {
+	Backend Backend // BackendLND or BackendCashu
+	MintURL string  // BackendCashu: the quote's mint
+	Ref     string  // payment hash, or mint quote id
+	Amount  Msat
+	// Note says who found it and what it did ("reconcile: ...").
+	Note string
+}

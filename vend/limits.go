@@ -9,9 +9,49 @@ import (
 	"time"
 )
 
-// Limits (see the package doc): who is counted, the per-minute rate, the
-// open unpaid payment requests per client and in all (with shedding of the
-// oldest), and proof of work.
+// Limits: who is counted, the per-minute rate, the open unpaid payment
+// requests per client and in all (with shedding of the oldest), and proof
+// of work. docs/OPERATING.md, Limits, has them with their settings.
+//
+// Every limit counts a request by CallRequest.Source when the front set
+// it, else by CallRequest.Client (limitKey): the MCP HTTP front sets
+// Source to "ip:<address>" (or "id:<client id>" a trusted proxy vouched
+// for), so every session from one address is one client; Nostr requests
+// have no Source and count by pubkey; stdio by "stdio".
+//
+//   - RequestsPerMinute: calls (free or priced) per client in each clock
+//     minute. Only the keys of the current minute are held, at most
+//     DefaultMaxRateKeys; a key first seen beyond that is not counted.
+//   - MaxUnpaidPerClient: open unpaid payment requests per client. A
+//     request counts from its quote until it is paid, canceled or expired
+//     (the backend's report), whether or not its client still waits: a
+//     dropped connection or an explicit-gating quote holds its slot while
+//     its invoice is payable. Beyond it: ErrLimit (-32053).
+//   - MaxUnpaidTotal: open unpaid payment requests in all. When it is
+//     reached, the oldest request of the client(s) holding the most is
+//     withdrawn (shed) so the newest customer still gets a quote: its
+//     invoice is canceled at its backend (its call becomes canceled) and
+//     a client waiting for it gets notifications/payment_rejected and
+//     ErrLimit. Requests of a previous run are not counted (they expire
+//     within the TTL).
+//   - With SharedConfig.Unpaid (instances sharing a ledger), both unpaid
+//     limits also count the requests every instance has open, read from
+//     the ledger (NewCall.LimitKey) once this process's own count let a
+//     new quote through: a client at MaxUnpaidPerClient there is refused
+//     before anything is written; at MaxUnpaidTotal this instance sheds
+//     its own oldest request of its busiest client (none: ErrLimit). The
+//     count is read, not reserved: quotes made at once on several
+//     instances can pass a limit by those not yet recorded when the
+//     others read (each instance's own limits still hold).
+//   - Daily free quotas (PriceBook's FreePerDay) count per transport and
+//     client, a Source as "source:<source>"; FreePerDayTotal bounds a
+//     tool's free calls per UTC day across all clients and transports (a
+//     fresh Nostr key is free to make), in the same ledger transaction.
+//   - Proof of work: a front may require it (CallRequest.WorkRequired; the
+//     Nostr front's NIP-13 difficulty). A request with less Work gets no
+//     free use (it is priced instead); if it would get a free call or an
+//     unpaid quote it is refused with *WorkRequiredError; one paying with
+//     a Cashu token is not refused.
 
 // Defaults of the limits left zero in Config.
 const (

@@ -8,9 +8,10 @@ import (
 
 // schemeCreditToken: a credit token (_meta[MetaCredit], the HeaderCredit
 // header, the CreditArg argument) names its account, whose balance pays
-// any priced call at once (see the package doc, Credit). Whoever holds
-// the token owns the account, so it never travels on a public channel,
-// and a top-up's answer hands it back only on a private one.
+// any priced call at once (see docs/ARCHITECTURE.md, Credit accounts).
+// Whoever holds the token owns the account, so it never travels on a
+// public channel, and a top-up's answer hands it back only on a private
+// one.
 var schemeCreditToken = Scheme{Name: SchemeCreditToken, Credential: "a credit token (cvc_...) naming its account", Bearer: true,
 	Releases: ReleasesAccount, Private: true, HandsBack: "the account's credit token (a top-up's answer)"}
 

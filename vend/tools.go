@@ -227,8 +227,8 @@ type CallRequest struct {
 	// Arguments): a priced call is paid from its account at once, a
 	// top-up credits it. CreditSelf asks the same of the account of the
 	// client's own identity: a front sets it only where Client is proven
-	// (a Nostr pubkey that signed the request). See the package doc,
-	// Credit.
+	// (a Nostr pubkey that signed the request). See
+	// docs/ARCHITECTURE.md, Credit accounts.
 	Credit     string
 	CreditSelf bool
 	// account is the credit account Credit or CreditSelf names, once

@@ -33,14 +33,15 @@ type Config struct {
 	// tool (prompt, resource) before it is refunded (default 1 min).
 	ToolWait time.Duration
 	// MaxUnpaidPerClient and MaxUnpaidTotal bound the open unpaid
-	// payment requests of one client and of all (see the package doc,
-	// Limits; defaults DefaultMaxUnpaidPerClient, DefaultMaxUnpaidTotal).
+	// payment requests of one client and of all (see Limits in limits.go;
+	// defaults DefaultMaxUnpaidPerClient, DefaultMaxUnpaidTotal).
 	MaxUnpaidPerClient, MaxUnpaidTotal int
 	// RequestsPerMinute bounds the calls (free or priced) of one client
 	// (Source, else Client); 0: unlimited.
 	RequestsPerMinute int
 	Log               *slog.Logger
-	// Credit turns prepaid credit on (see the package doc, Credit).
+	// Credit turns prepaid credit on (see docs/ARCHITECTURE.md, Credit
+	// accounts).
 	Credit CreditConfig
 	// Failpoint, if set, is called at the named steps of a priced call
 	// (FailAfterQuote, FailAfterInvoice, FailAfterSettlement,

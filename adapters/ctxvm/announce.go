@@ -17,7 +17,7 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// Announcement kinds (see the package doc, Announcements).
+// Announcement kinds (see docs/CONTEXTVM.md, Announcements).
 const (
 	// ContextVM (CEP-6): replaceable, one per kind and pubkey.
 	KindAnnounceServer            = 11316

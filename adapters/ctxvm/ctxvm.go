@@ -112,7 +112,7 @@ type Config struct {
 	// hashing of the request's event id over the member set) and drops
 	// the others before checking their signature, writing no claim in
 	// steady state; a claim is written only during a membership change.
-	// See the package doc, "Several servers, one key". Nil: every server
+	// See docs/CONTEXTVM.md, "Several servers, one key". Nil: every server
 	// claims every request.
 	Members Members
 	// ShardSample is how often the member set is read (0:
@@ -177,7 +177,7 @@ type Config struct {
 	// PowDifficulty is the NIP-13 proof of work (leading zero bits of the
 	// request event's id, committed in its nonce tag) required of a
 	// request that gets a free call or an unpaid quote; 0: none. See
-	// Proof of work in the package doc.
+	// docs/CONTEXTVM.md, Proof of work and load.
 	PowDifficulty int
 
 	// slowMain, when set, drops the events of the main subscription it
@@ -185,7 +185,7 @@ type Config struct {
 	// lanes, lanes.go).
 	slowMain func(*nostr.Event) bool
 
-	// Announce publishes the announcements (see the package doc) at start
+	// Announce publishes the announcements (docs/CONTEXTVM.md) at start
 	// and after each Refresh that changed them.
 	Announce bool
 	// Profile, with Announce, publishes the server's CEP-23 profile with
@@ -196,12 +196,12 @@ type Config struct {
 	// rebuilt (Refreshes meanwhile are coalesced). 0: DefaultAnnounceDelay.
 	AnnounceDelay time.Duration
 	// ElicitTimeout is how long a ContextVM client has to answer an
-	// elicitation (see the package doc, Elicitation).
+	// elicitation (see docs/CONTEXTVM.md, Elicitation).
 	// 0: DefaultElicitTimeout.
 	ElicitTimeout time.Duration
 	// Allow, when not empty, is the only clients (hex pubkeys) served;
-	// Deny is clients never served (it wins over Allow). See the package
-	// doc, Access lists.
+	// Deny is clients never served (it wins over Allow). See
+	// docs/CONTEXTVM.md, Access lists.
 	Allow, Deny []string
 
 	Logger *slog.Logger     // nil: slog.Default()
@@ -380,7 +380,8 @@ func New(cfg Config) (*Server, error) {
 // Refresh tells the server that the tools, their prices or the catalog
 // may have changed (an upstream's list_changed, a config reload): Run
 // then announces them again and notifies recent ContextVM clients of the
-// lists that did change (see the package doc). It never blocks.
+// lists that did change (see docs/CONTEXTVM.md, list_changed). It never
+// blocks.
 func (s *Server) Refresh() {
 	s.ann.refresh()
 	s.lists.refresh()

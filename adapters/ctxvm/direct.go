@@ -16,7 +16,7 @@ import (
 // cashu way to pay arriving by another carrier than
 // _meta["capvend/cashu"]: the tag's token becomes CallRequest.CashuToken,
 // so vend's rules apply unchanged (refused in a plaintext event, change
-// and refunds only in encrypted answers). See the package doc, Direct
+// and refunds only in encrypted answers). See docs/CONTEXTVM.md, Direct
 // payments.
 
 // Tags of CEP-8 direct payments.

@@ -16,7 +16,7 @@ import (
 // Elicitation: an upstream asking for input during a ContextVM call is
 // relayed to the call's client as a JSON-RPC request of our own, under an
 // id of our own (256 random bits, hex), and the client's JSON-RPC response
-// with that id, from that client, is the answer (see the package doc,
+// with that id, from that client, is the answer (see docs/CONTEXTVM.md,
 // Elicitation).
 
 // DefaultElicitTimeout is how long a client has to answer an elicitation

@@ -267,7 +267,8 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 }
 
 // callRequest is the vend.CallRequest of a tools/call (or priced
-// prompts/get, resources/read) of r: see the package doc.
+// prompts/get, resources/read) of r: see docs/CONTEXTVM.md, From
+// request to call.
 func (s *Server) callRequest(r *request, out *outbox, kind vend.ItemKind, name string, args json.RawMessage, meta map[string]any) vend.CallRequest {
 	cr := vend.CallRequest{
 		Kind:         kind,

@@ -55,8 +55,8 @@ const (
 
 // shard is this server's view of the live servers sharing its key: the
 // sorted member set read from the ledger every sample, and since when it
-// is unchanged. See the package doc, "Several servers, one key", for why
-// the decisions in decide answer each request once.
+// is unchanged. See docs/CONTEXTVM.md, "Several servers, one key", for
+// why the decisions in decide answer each request once.
 type shard struct {
 	m      Members
 	me     string
@@ -119,7 +119,7 @@ func (sh *shard) read(ctx context.Context) error {
 		// first read the view before is unknown (a joiner); after a gap it
 		// is taken as the view read now: this server stayed a member (its
 		// lease held, see renew), so what it owns now it owned before the
-		// last change, or its owner left (see the package doc).
+		// last change, or its owner left (see docs/CONTEXTVM.md).
 		switch {
 		case sh.lastEnd.IsZero():
 			sh.prev = nil

@@ -16,7 +16,7 @@ import (
 
 // Oversized transfer (CEP-22): answers too large for one event go to
 // clients that take them as frames; requests that came as frames are
-// reassembled. See the package doc, Oversized transfer.
+// reassembled. See docs/CONTEXTVM.md, Oversized transfer.
 
 // Defaults of the Config fields of oversized requests.
 const (

@@ -45,6 +45,15 @@ func toWire(err error, tool string) wireError {
 
 // markedError is what the handler returns to mcp-go: its text is the
 // marker the writers replace with the wire error.
+//
+// mcp-go (v1.2.1) turns every tool-handler error into -32603 with the
+// error's text as message, and has no way to set a code or data. So the
+// handler returns an error whose text is a marker (a per-Server random
+// nonce plus the encoded error), and the writers under mcp-go (the
+// http.ResponseWriter given to its handler, rewriteWriter; the io.Writer
+// given to its stdio server, lineWriter) replace such a message with the
+// real error. Results are passed the same way (placeholder), so that
+// mcp-go never re-encodes them. Nothing else is touched.
 type markedError struct {
 	text string
 	err  error // the Vendor's error, for mcp-go's hooks and logs
@@ -84,7 +93,40 @@ func (s *Server) placeholder(body json.RawMessage, isError bool) *mcp.CallToolRe
 	}
 }
 
-// handleCall is the mcp-go handler of every tool.
+// handleCall is the mcp-go handler of every tool. The call becomes a
+// vend.CallRequest:
+//
+//   - Transport "mcp-http" or "mcp-stdio";
+//   - Client the MCP session id (HTTP before protocol 2026-07-28), the
+//     Config.ClientID of the HTTP request, or "stdio"; an HTTP request
+//     with neither is Anonymous, Client "anonymous". Client makes request
+//     ids unique: a repeated request of the same session is a replay,
+//     while an anonymous client's request ids are never matched across
+//     requests and its explicit-gating grant is released only by its
+//     preimage or its payment token;
+//   - Source, over HTTP, who the request counts as for the Vendor's
+//     limits, unpaid quotes and free quotas, and for parked elicitations
+//     (see source);
+//   - RequestID the JSON-RPC id as JSON text (1 and "1" differ);
+//   - Arguments the raw arguments object ({} when absent);
+//   - from params._meta (readMeta): ProgressToken progressToken as JSON,
+//     CashuToken "capvend/cashu", PMIs "capvend/pmi" (array of strings),
+//     PaymentToken "capvend/payment" (vend takes the capvend_payment
+//     argument out of Arguments itself), Credit "capvend/credit", else the
+//     Capvend-Credit request header (vend takes a capvend_credit argument
+//     itself);
+//   - Explicit when _meta["capvend/payment_interaction"] is
+//     "explicit_gating", Config.ExplicitGating is set, or the client did
+//     not declare CapabilityPayments (gate); PaymentTokens unless
+//     Config.LegacyGatingCode;
+//   - Notify sends a notification on the call's own stream (notifier).
+//
+// A result is returned as the Vendor gave it (its JSON values byte for
+// byte; with protocol 2026-07-28 mcp-go's resultType and _meta.serverInfo
+// are added when the body lacks them); an error becomes the JSON-RPC
+// error of toWire. Over HTTP an answer that reports a credit balance sets
+// the Capvend-Credit response header to it, in msat, when the response
+// has not started streaming (creditHeader).
 func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	cr := vend.CallRequest{
 		Tool:      req.Params.Name,
@@ -281,7 +323,13 @@ func (s *Server) answer(ctx context.Context, cr vend.CallRequest, res vend.CallR
 
 // notifier returns the Notify function of a call: it writes the
 // notification on the call's own stream (stdio: the output; HTTP: the
-// POST's response, upgraded to SSE), before the call's result.
+// POST's response, upgraded to SSE, and mcp-go's session told to finish
+// as SSE), before the call's result. mcp-go's SendNotificationToClient is
+// not used: in v1.2.1 it drops a "_meta" member of params, its POST
+// forwarder can drop a notification queued just before the handler
+// returns (seen in tests), and before protocol 2026-07-28 a session's GET
+// and POST streams read the same queue, so a notification may go out on
+// either.
 func (s *Server) notifier(ctx context.Context) func(method string, params any) {
 	encode := s.encodeNotification
 	if w, ok := ctx.Value(keyStdioOut).(*lineWriter); ok {

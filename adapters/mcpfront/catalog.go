@@ -19,6 +19,20 @@ import (
 // Catalog is the free, pass-through part of what the front serves:
 // prompts, resources and resource templates. The wiring adapts the
 // upstream Manager to it.
+//
+// What is not priced is served for free, nothing recorded: definitions as
+// the Catalog gives them (names, URIs and URI templates as listed),
+// results converted from the Catalog's JSON to mcp-go's typed results
+// (its handlers take no raw JSON) and back, which keeps every member
+// mcp-go models (tested against the JSON for text, image and
+// embedded-resource messages, annotations, _meta, text and blob
+// contents). A read of a URI neither listed nor matching a listed
+// template, or a get of an unlisted prompt, is refused by mcp-go. Catalog
+// errors wrapping vend.ErrUpstream become -32054 "Upstream server
+// failed"; others -32603. A priced prompt or resource (the Vendor is an
+// ItemPricer) is listed with its price like a tool and sold through
+// Vendor.CallTool (itemRequest), answered with the same notifications and
+// errors, explicit gating as the 402 error (CodePaymentRequired402).
 type Catalog interface {
 	// Prompts returns the prompts to list now. The result is not modified
 	// by the caller.

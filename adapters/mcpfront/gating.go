@@ -19,7 +19,7 @@ import (
 // (capabilities.experimental["capvend/payments"], any value) by which a
 // client declares that it handles capvend's payment notifications
 // (notifications/payment_required and the rest). A client that did not
-// declare it gets explicit gating: see the package doc, Buying from any
+// declare it gets explicit gating: see docs/PAYING.md, Buying from any
 // MCP host.
 const CapabilityPayments = "capvend/payments"
 

@@ -1,283 +1,42 @@
 // Package mcpfront is capvend's client-facing MCP server: it serves the
-// Vendor's priced tools over Streamable HTTP (Handler, mounted by the wiring
-// at /mcp) and over stdio (ServeStdio, for `capvend serve --stdio`), on top
-// of mcp-go's server. It translates tools/list and tools/call to Vendor calls
-// and the Vendor's answers back to the wire; it knows nothing of billing or
-// the ledger.
+// Vendor's priced tools, and the Catalog's prompts and resources, over
+// Streamable HTTP (Handler, mounted by the wiring at /mcp) and over stdio
+// (ServeStdio, for `capvend serve --stdio`), on top of mcp-go's server.
 //
-// # tools/list
+// # What it owns
 //
-// Every tool of Vendor.Tools is listed with its name, title, description,
-// input schema and annotations. A priced tool carries its price in _meta:
+//   - Lists: tools with their price in _meta["capvend/price"] and the
+//     capvend_payment argument, prompts, resources and templates; Refresh
+//     re-reads them and mcp-go sends list_changed.
+//   - Calls: a tools/call, or a priced prompts/get or resources/read,
+//     becomes a vend.CallRequest (handleCall); its notifications go on
+//     the call's own stream, its result back byte for byte, its error
+//     through adapters/rpcerr.
+//   - How a client pays: payment notifications for clients that declare
+//     CapabilityPayments, else explicit gating with a payment token
+//     (gating.go); HTTP 402 with L402, MPP, x402 and X-Cashu challenges
+//     (http402.go, paid402.go, xcashu.go); pay pages and URL-mode
+//     elicitation (paypage.go); the discovery document (discovery.go).
+//   - An upstream's elicitations, relayed to the client (elicit.go).
+//   - The HTTP guard: origins, bearer token, body size, the sessions it
+//     issued, who a request counts as for limits (source), write deadlines.
+//   - A fast path for free calls to HTTP upstreams (fastfree.go).
 //
-//	"_meta": {"capvend/price": {"amount": 21, "unit": "sats"}}
+// # How it fits
 //
-// and, when the Vendor implements PriceRanger and the price depends on the
-// arguments, {"amount": <min>, "max_amount": <max>, "unit": "sats"}. Amounts
-// are whole sats, rounded up. A priced tool's inputSchema also gains the
-// optional string property capvend_payment (vend.PaymentArg), described
-// for the model (see Buying from any MCP host; not with
-// Config.LegacyGatingCode); the rest of the schema is the upstream's (its
-// keys re-encoded in sorted order). Refresh re-reads the Vendor's tools;
-// mcp-go then sends notifications/tools/list_changed to connected clients.
+// It imports vend, adapters/rpcerr and mcp-go's server, and knows nothing
+// of billing or the ledger (sessions shared between instances go through
+// a SessionStore, which the ledger implements). cmd/capvend builds its
+// Config from the http and payments sections and mounts Handler. mcp-go
+// v1.2.1 cannot set a tool error's code or data and re-encodes results,
+// so both pass through it as markers the writers under it put back (see
+// markedError).
 //
-// # tools/call
+// # Where the detail is
 //
-// A call becomes a vend.CallRequest: Transport "mcp-http" or "mcp-stdio";
-// Client the MCP session id (HTTP before protocol 2026-07-28), the
-// Config.ClientID of the HTTP request, or "stdio" (an HTTP request with
-// neither is Anonymous, Client "anonymous"); Source, over HTTP, who the
-// request counts as for limits (see below); RequestID the JSON-RPC id
-// as JSON text (1 and "1" differ); Arguments the raw arguments object ({}
-// when absent); ProgressToken params._meta.progressToken as JSON; CashuToken
-// params._meta["capvend/cashu"]; PMIs params._meta["capvend/pmi"] (array of
-// strings); PaymentToken params._meta["capvend/payment"] (vend takes the
-// capvend_payment argument out of Arguments itself); Credit
-// params._meta["capvend/credit"], else the Capvend-Credit request header
-// (vend takes a capvend_credit argument itself; over HTTP an answer that
-// reports a balance sets the Capvend-Credit response header to it, in
-// msat, when the response has not started streaming); Explicit when
-// params._meta["capvend/payment_interaction"] is "explicit_gating",
-// Config.ExplicitGating is set, or the client did not declare
-// CapabilityPayments (see below); PaymentTokens unless
-// Config.LegacyGatingCode. Notify sends a notification on the call's own
-// stream (see below).
-//
-// A result is returned as the Vendor gave it (its JSON values byte for byte;
-// with protocol 2026-07-28 mcp-go's resultType and _meta.serverInfo are added
-// when the body lacks them). Errors become JSON-RPC errors:
-//
-//	vend.ErrUnknownTool           -32602 "Unknown tool: <name>"
-//	*vend.InvalidParamsError      -32602 "Invalid params: <reason>"
-//	vend.ErrTokenMismatch         -32600 "Invalid Request: payment token is for another call"
-//	vend.ErrTokenUsed             -32600 "Invalid Request: payment token already used"
-//	vend.ErrTokenUnknown          -32602 "Invalid params: unknown payment token"
-//	vend.ErrTokenExpired          -32050 "Payment expired: the payment token's invoice expired unpaid; ..."
-//	vend.ErrPaymentExpired        -32050 "Payment expired"
-//	vend.ErrPaymentFailed         -32051 "Payment failed"
-//	vend.ErrNoPaymentMethod       -32052 "No payment method in common"
-//	vend.ErrLimit                 -32053 "Limit reached"
-//	vend.ErrUpstream              -32054 "Upstream server failed"
-//	*vend.WorkRequiredError       -32055 "Proof of work required" (only fronts that require work)
-//	vend.ErrResultExpired         -32057 "Result expired: ..." (a replay whose stored answer was pruned)
-//	anything else                 -32603 "Internal error"
-//
-// (*vend.PaymentRequiredError and *vend.PaymentPendingError are tool
-// results, see below; with Config.LegacyGatingCode they are -32042
-// "Payment Required" data {instructions, payment_options} and -32043
-// "Payment Pending" data {instructions, retry_after}), and the front's
-// own: a requestState retry naming another call -32600
-// "Invalid Request: request id reused with different parameters", an
-// unknown or expired requestState -32602 (see Elicitation).
-//
-// Messages are fixed strings (plus the tool name or the schema reason the
-// client's own arguments caused): no internals leak; the full error is
-// logged. -32042 is also MCP's URLElicitationRequired code (protocol
-// 2025-11-25): mcp-go clients decode it as such and drop our data, which
-// is why explicit gating is a tool result here (ContextVM clients, whose
-// CEP-8 defines -32042/-32043 for payments, keep them on the Nostr
-// front). -32000, -32001, -32002 and -32020..-32022 are avoided (used by
-// MCP SDKs).
-//
-// # Buying from any MCP host
-//
-// A client declares that it handles capvend's payment notifications
-// (notifications/payment_required, payment_accepted, payment_rejected,
-// progress heartbeats) with the experimental capability
-// CapabilityPayments in its initialize:
-//
-//	"capabilities": {"experimental": {"capvend/payments": {}}}
-//
-// (per request, in _meta's client capabilities, with protocol
-// 2026-07-28; per session over HTTP before it, and over stdio). Such a
-// client keeps the notifications flow, or explicit gating if it asks for
-// it in _meta. Any other client (a stock host: MCP Inspector, desktop chat
-// apps, IDE agents, which ignore those notifications and cannot set
-// _meta) gets explicit gating with a payment token, so its priced call is
-// answered at once with a tool result:
-//
-//	{"content": [{"type": "text", "text": "Payment required: 21 sats to call ex_sha256.\n\n
-//	   Pay this Lightning invoice (it expires at 2026-11-24T03:00:00Z):\n\nlnbc...\n\nlightning:lnbc...\n\n
-//	   After paying, call ex_sha256 again with the same arguments plus capvend_payment: cvp_..."}],
-//	 "structuredContent": {"error": "payment_required", "message": "...",
-//	   "resource": {"url": "mcp://tool/ex_sha256", "description": "..."},
-//	   "amount": 21, "amount_msat": 21000, "unit": "sat", "pmi": "bitcoin-lightning-bolt11",
-//	   "invoice": "lnbc...", "payment_uri": "lightning:lnbc...", "expires_at": "2026-11-24T03:00:00Z",
-//	   "accepts": [<payment options>], "capvend_payment": "cvp_...",
-//	   "retry": {"method": "tools/call", "name": "ex_sha256", "arguments": {"capvend_payment": "cvp_..."},
-//	             "instructions": "..."}},
-//	 "isError": true}
-//
-// structuredContent follows the shape of x402's MCP transport binding
-// (resource, accepts), with the first option's fields at the top. A
-// retry with the token before the payment arrived gets the same kind of
-// result with "error": "payment_pending", "retry_after" and the expiry;
-// after it, the call's result, once (see vend.CallRequest.PaymentToken
-// for the refusals). A priced prompts/get or resources/read has no tool
-// result: it is answered with the JSON-RPC error 402 "Payment Required"
-// (or "Payment Pending"), outside the range MCP reserves (x402's MCP
-// binding uses 402), whose data is that structuredContent plus "text";
-// the token goes back in _meta["capvend/payment"].
-//
-// Config.LegacyGatingCode (payments.legacy_gating_code, deprecated, for
-// one release) restores the previous behaviour: no capability check (a
-// client gets notifications unless it asks for explicit gating), explicit
-// gating answered with -32042/-32043, no tokens, no capvend_payment in
-// tool schemas.
-//
-// # Elicitation
-//
-// A call's vend.CallRequest.Elicit relays an upstream's request for input
-// to the client. The Vendor call runs on its own goroutine; the handler
-// waits for its result or an elicitation. A client on protocol 2026-07-28
-// that declared the elicitation capability gets an input_required result
-// (one input request, "capvend/elicit") whose requestState is a fresh
-// random token (256 bits); its retry with inputResponses and that
-// requestState continues the same Vendor call (no new quote or charge),
-// and waits again. A token is good once, for the client (Config.ClientID
-// or session; an anonymous client: from the same Source) it was issued
-// to, until Config.ElicitTimeout; anything else
-// is -32602 "Unknown or expired request state". It continues only the call
-// it was issued for: a retry with another tool or other canonical
-// arguments (vend.CanonicalHash) is -32600 "Invalid Request: request id
-// reused with different parameters" and leaves the call waiting for the
-// right retry. An unanswered elicitation gets "cancel" at the timeout.
-// A call's own pay page is asked for the same way (askPayPage), its ask
-// expiring with the call's invoice instead. At
-// most Config.MaxElicitsPerClient elicitations wait per Source and
-// Config.MaxElicits in all; beyond, the upstream gets "cancel" at once and
-// the client the call's outcome (never an error in its place: the call may
-// be paid, and a client without a session cannot ask for it again). A client on an
-// earlier protocol is asked with a server-initiated elicitation/create
-// within the same request; a failure there is answered "cancel". A client
-// without the capability is not asked: the answer is "decline". If the
-// client leaves while the handler waits, the call is cancelled as before
-// (a paid call still runs to its end in the Vendor).
-//
-// # HTTP: sessions, origins, token, write deadlines
-//
-// Every HTTP request is checked in this order, each refusal answered with
-// a JSON-RPC error body (id null unless the request's id is known):
-//
-//   - Origin: a request whose Origin header is not in
-//     Config.AllowedOrigins (default: http(s)://localhost, 127.0.0.1 and
-//     [::1] on any port) gets 403, -32000. A request without Origin (any
-//     client that is not a browser) passes.
-//   - Token: with Config.BearerToken, a request without "Authorization:
-//     Bearer <token>" gets 401 with WWW-Authenticate: Bearer, -32000. Only
-//     the token's SHA-256 is kept and compared in constant time.
-//   - Body: larger than MaxBodyBytes, 413.
-//   - Session (protocols before 2026-07-28): only session ids this Server
-//     issued at initialize are served. A request without Mcp-Session-Id
-//     (other than initialize) gets 400, -32000; an id never issued, ended
-//     by DELETE, idle (no request in flight) for Config.SessionIdle, or
-//     evicted, gets 404, -32001 "Session not found" (the client must
-//     initialize again). Each session belongs to the Source of its
-//     initialize, which holds at most Config.MaxSessionsPerSource: beyond
-//     that, its initialize evicts its own session idle the longest, and
-//     gets 429, -32000, with Retry-After, when each of its sessions has a
-//     request in flight. At most Config.MaxSessions live at once: a new
-//     initialize evicts the session idle the longest of the source
-//     holding the most sessions (one source flooding initialize evicts
-//     its own, not others'), and gets 503, -32000, with Retry-After, only
-//     when every session has a request in flight. Ids are 256 random bits. Requests of protocol 2026-07-28
-//     have no session (an Mcp-Session-Id is ignored): each is its own
-//     client. With Config.Sessions (instances sharing a ledger) a session
-//     another instance issued is served too: an id not live here, of the
-//     issued form, is looked up in the store (by its SHA-256), and made
-//     live here when the store has it unexpired. Each session's idle
-//     expiry is written there at its first request after initialize and
-//     again each half SessionIdle it is active, so elsewhere it ends
-//     between SessionIdle/2 and SessionIdle after its last request; a
-//     DELETE ends it in the store (an instance where it is live still
-//     serves it until it is idle there). mcp-go serves a request of such a
-//     session in an ephemeral session of the same id, so its calls are the
-//     same client's: a request sent again (same id) gets the stored answer
-//     of a paid call.
-//
-// With Config.WriteTimeout, every write of a response first moves the
-// connection's write deadline to now + WriteTimeout: a stream may stay
-// quiet while its call waits for a payment, but a client that stops
-// reading is cut off.
-//
-// # Who a request counts as
-//
-// Client makes request ids unique: the session for a legacy client, so a
-// repeated request of the same session is a replay; session-less clients
-// are Anonymous, their request ids are never matched across requests and
-// an explicit-gating grant is released only by its preimage or its payment
-// token. Source is who
-// the request counts as for the Vendor's limits, unpaid quotes and free
-// quotas, and a client cannot pick it: "ip:<address>" of the TCP peer (an
-// IPv6 client by its /64);
-// when the peer is one of Config.TrustedProxies, the right-most
-// X-Forwarded-For address that is not a trusted proxy (the peer's own if
-// there is none); when Config.ClientIDHeader is set (only together with
-// TrustedProxies) and a trusted proxy sent it, "id:<value>". Parked
-// elicitations are bounded by Source too.
-//
-// # Prompts and resources
-//
-// With a Config.Catalog, prompts/list, prompts/get, resources/list,
-// resources/templates/list and resources/read are served. When the Vendor
-// is an ItemPricer, a priced prompt, resource or resource template is
-// listed with the same _meta["capvend/price"] as a priced tool, and a
-// prompts/get of it (resources/read of the URI, or of a URI matching the
-// template) is sold through Vendor.CallTool exactly like a tools/call
-// (CallRequest.Kind KindPrompt or KindResource, Tool the prompt name or
-// URI, the same _meta keys, payment notifications on the request's stream,
-// the same JSON-RPC errors; explicit gating as 402, see above).
-// The others are served for free, nothing recorded: definitions as the Catalog gives them (names, URIs and URI
-// templates as listed), results converted from the Catalog's JSON to
-// mcp-go's typed results (its handlers take no raw JSON) and back, which
-// keeps every member mcp-go models (tested against the JSON for text,
-// image and embedded-resource messages, annotations, _meta, text and blob
-// contents); a resources/read result's own _meta and cache hints are not
-// passed on (mcp-go's resource handlers return only the contents). A read
-// of a URI neither listed nor matching a listed template, or a get of an
-// unlisted prompt, is refused by mcp-go. Catalog errors wrapping
-// vend.ErrUpstream become -32054 "Upstream server failed"; others -32603.
-// Refresh registers only what changed, so clients get
-// notifications/prompts/list_changed or notifications/resources/list_changed
-// only then.
-//
-// # How it is done on mcp-go v1.2.1
-//
-// mcp-go turns every tool-handler error into -32603 with the error's text as
-// message, and has no way to set a code or data. So the handler returns an
-// error whose text is a marker (a per-Server random nonce plus the encoded
-// error), and the writers under mcp-go (the http.ResponseWriter given to its
-// handler, the io.Writer given to its stdio server) replace such a message
-// with the real error. Results are passed the same way: the handler returns a
-// placeholder carrying the body, and the writer puts the body back, so that
-// mcp-go never re-encodes it. Nothing else is touched.
-//
-// Notifications: Notify writes the notification on the call's own stream,
-// before its result: over stdio directly on the output; over Streamable
-// HTTP on the POST's response, which it upgrades to SSE (and tells mcp-go's
-// session to finish as SSE). mcp-go's SendNotificationToClient is not used:
-// in v1.2.1 it drops a "_meta" member of params, its POST forwarder can drop
-// a notification queued just before the handler returns (seen in tests),
-// and before protocol 2026-07-28 a session's GET and POST streams read the
-// same queue, so a notification may go out on either.
-//
-// Sessions: mcp-go v1.2.1's default session id manager only checks an id's
-// format. The Server gives mcp-go a SessionIdManagerResolver whose manager
-// knows the issued ids (Validate fails for any other: mcp-go answers 404),
-// and checks every request itself before mcp-go sees it, to answer with
-// JSON-RPC bodies and to count requests in flight. mcp-go drops its own
-// state of a session only on DELETE, so an expired or evicted session is
-// sent a DELETE in process.
-//
-// With protocol 2026-07-28 a -32600 or -32602 error is answered with HTTP
-// 400, as mcp-go does for its own errors; other errors with 200.
-//
-// Free calls (fastfree.go): when the Vendor is a FreeCaller, a tools/call
-// of protocol 2026-07-28 from a client that cannot elicit, which mcp-go
-// would serve as is, is first offered to Vendor.CallFree, before mcp-go
-// sees it; if the Vendor serves it (free outright, on an upstream it can
-// call raw) the front writes the answer mcp-go and the writers above
-// would have written, byte for byte. Everything else goes through mcp-go.
+// docs/PAYING.md has what a client sends and gets back, by protocol, and
+// the errors; docs/OPERATING.md, "Serving MCP over HTTP" and "Limits", the
+// HTTP checks, sessions, elicitation and who counts as one client.
 package mcpfront
 
 import (
@@ -410,7 +169,7 @@ type Config struct {
 	ElicitTimeout time.Duration
 	// MaxElicitsPerClient and MaxElicits bound the elicitations waiting
 	// for clients on protocol 2026-07-28 to call again, per source (see
-	// Source in the package doc) and in total; beyond, the upstream gets
+	// source) and in total; beyond, the upstream gets
 	// "cancel" at once. 0: DefaultMaxElicitsPerClient,
 	// DefaultMaxElicits.
 	MaxElicitsPerClient, MaxElicits int
@@ -424,7 +183,7 @@ type Config struct {
 	// 0: DefaultMaxSessions.
 	MaxSessions int
 	// MaxSessionsPerSource bounds the live MCP sessions of one source
-	// (see Source in the package doc): beyond it, the source's
+	// (see source): beyond it, the source's
 	// initialize evicts its own session idle the longest, or gets 429
 	// when each of its sessions has a request in flight. 0:
 	// DefaultMaxSessionsPerSource.
@@ -439,7 +198,7 @@ type Config struct {
 	Sessions SessionStore
 
 	// TrustedProxies are the peers whose X-Forwarded-For (and
-	// ClientIDHeader) are believed: see Source in the package doc.
+	// ClientIDHeader) are believed: see source.
 	TrustedProxies []netip.Prefix
 	// ClientIDHeader, if set, names a header a trusted proxy sets to who
 	// the client is (e.g. after its own authentication): a request from
@@ -657,7 +416,7 @@ func withRPCID(h http.Header, id any) http.Header {
 
 // Refresh re-reads the Vendor's tools and registers them; mcp-go then
 // sends notifications/tools/list_changed to every connected client that
-// can receive it (see the package doc). It also re-reads the Catalog, if
+// can receive it. It also re-reads the Catalog, if
 // any, and registers the prompts, resources and templates that changed;
 // mcp-go then sends notifications/prompts/list_changed or
 // notifications/resources/list_changed (only when something changed).
@@ -726,8 +485,8 @@ func withPrice(m *mcp.Meta, lo, hi vend.Msat) *mcp.Meta {
 
 // Handler returns the Streamable HTTP handler. It serves every path it is
 // mounted on (the wiring mounts it at /mcp), checks Origin, token, body
-// size and session first (see the package doc), and listens nowhere by
-// itself. mcp-go rejects requests arriving on a loopback connection with a
+// size and session first (docs/OPERATING.md, Serving MCP over HTTP), and
+// listens nowhere by itself. mcp-go rejects requests arriving on a loopback connection with a
 // non-localhost Host header (DNS rebinding protection). Connection limits
 // and timeouts are the http.Server's.
 func (s *Server) Handler() http.Handler {

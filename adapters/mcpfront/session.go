@@ -332,6 +332,13 @@ type ctxNewSession struct{}
 
 // sessionResolver gives mcp-go, per request, the session id manager that
 // knows the id admitted for that request.
+//
+// mcp-go v1.2.1's default session id manager only checks an id's format.
+// Ours knows the issued ids (Validate fails for any other: mcp-go answers
+// 404), and the front checks every request itself before mcp-go sees it
+// (serveSession), to answer with JSON-RPC bodies and to count requests in
+// flight. mcp-go drops its own state of a session only on DELETE, so an
+// expired or evicted session is sent a DELETE in process.
 type sessionResolver struct{ s *Server }
 
 func (r sessionResolver) ResolveSessionIdManager(req *http.Request) server.SessionIdManager {
@@ -460,7 +467,12 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request, body []byt
 
 // SessionStore keeps MCP sessions where several instances share them (the
 // ledger), by the SHA-256 (hex) of each id, so that a session one
-// instance issued is accepted by the others (see Config.Sessions).
+// instance issued is accepted by the others (see Config.Sessions). An id
+// not live here, of the issued form, is looked up in the store and made
+// live here when the store has it unexpired. mcp-go serves a request of
+// such a session in an ephemeral session of the same id, so its calls are
+// the same client's: a request sent again (same id) gets the stored
+// answer of a paid call.
 type SessionStore interface {
 	// PutSession records session hash live until expires (a later
 	// expiry only).

@@ -1,44 +1,42 @@
 // Package upstream connects capvend to the MCP servers whose tools it sells.
 //
+// # What it owns
+//
 // A Manager keeps one MCP client session per configured upstream (a stdio
-// child process or a Streamable HTTP URL) and implements vend.ToolSource over
-// all of them: Tools lists every upstream's tools under its prefix, CallTool
-// forwards a call to the upstream that owns the tool and passes its progress
-// notifications back.
+// child process or a Streamable HTTP URL) and implements vend.ToolSource
+// over all of them: Tools lists every upstream's tools under its prefix,
+// CallTool forwards a call to the upstream that owns the tool and passes
+// its progress notifications back. Prompts, resources and resource
+// templates are passed through for free: listed on connect from every
+// upstream that advertises the capability (following pagination), listed
+// again on their list_changed, and routed (GetPrompt by exposed name,
+// ReadResource by URI). Prompts get the upstream's Prefix like tools;
+// resource URIs and templates are kept as they are (a URI already names
+// its resource), the first configured upstream winning a clash. Every
+// upstream client declares elicitation: an upstream's request for input
+// during a call is answered through the vend.ElicitFunc in the call's
+// context (vend.WithElicit), or declined when there is none (elicit.go).
+// The Manager is also a vend.RawToolSource: vend posts free calls to an
+// HTTP upstream on protocol 2026-07-28 as bytes (raw.go).
 //
-// Lifecycle: New does no I/O and starts nothing. Run connects every upstream,
+// # Lifecycle
+//
+// New does no I/O and starts nothing. Run connects every upstream,
 // reconnects with exponential backoff (100 ms doubling to 30 s) when one
-// fails, when its stdio child dies or when its HTTP listen stream breaks, and
-// returns when its context ends, after stopping the children. An upstream's
-// notifications/tools/list_changed makes the Manager list its tools again and
-// call Config.OnChange if the set changed.
+// fails, when its stdio child dies or when its HTTP listen stream breaks,
+// and returns when its context ends, after stopping the children. A
+// list_changed of tools, prompts or resources makes the Manager list them
+// again and call Config.OnChange if the set changed. While an upstream is
+// down its last known tools, prompts and resources stay listed (so
+// clients and Nostr announcements do not churn on a short outage) and
+// requests to it fail at once with an error wrapping vend.ErrUpstream. An
+// upstream never reached has no tools.
 //
-// While an upstream is down its last known tools stay listed (so clients and
-// Nostr announcements do not churn on a short outage) and calls to them fail
-// at once with an error wrapping vend.ErrUpstream. An upstream never reached
-// has no tools.
+// # How it fits
 //
-// Prompts, resources and resource templates are passed through for free:
-// the Manager lists them on connect from every upstream that advertises the
-// capability (following pagination), lists them again on
-// notifications/prompts/list_changed and notifications/resources/list_changed
-// (calling Config.OnChange when a set changed), and routes GetPrompt by
-// exposed name and ReadResource by URI. Prompts get the upstream's Prefix
-// like tools; resource URIs and templates are kept as they are (a URI
-// already names its resource), the first configured upstream winning a
-// clash. Like tools, they stay listed while their upstream is down, and
-// requests to it then fail at once with an error wrapping vend.ErrUpstream.
-//
-// Elicitation: every upstream client declares the elicitation capability;
-// an upstream's request for input during a call is answered through the
-// vend.ElicitFunc in the call's context (vend.WithElicit), or declined
-// when there is none. See elicit.go for which calls mcp-go lets us find.
-//
-// Raw calls: the Manager is a vend.RawToolSource. A call to an HTTP
-// upstream on protocol 2026-07-28 can be posted as bytes with capvend's
-// own HTTP client instead of through mcp-go's client (same request, same
-// result bytes, progress routed the same way; see raw.go). vend uses it
-// for free calls. HTTP upstream sessions keep up to 64 idle connections.
+// It imports vend (the interfaces it implements) and pricing, and
+// mcp-go's client. cmd/capvend makes it the Vendor's ToolSource and,
+// through an adapter, the fronts' Catalog.
 package upstream
 
 import (

@@ -1,5 +1,9 @@
-// Package cashu is capvend's Cashu payment backend (gonuts v0.4.2). It takes
-// payment two ways:
+// Package cashu is capvend's Cashu payment backend (gonuts v0.4.2): it
+// implements vend.PaymentBackend and vend.RefundPayer (and reconcile's
+// Wallet) for cmd/capvend to wire. docs/OPERATING.md, "Connecting to a
+// Cashu mint", sets it up.
+//
+// # Taking payment
 //
 //   - Mint quotes (NUT-04): Request asks the first trusted mint for a quote
 //     whose bolt11 the client pays; Run watches open quotes, mints the ecash
@@ -15,13 +19,17 @@
 //     mint failing) is settled from the mint's word on the proofs (NUT-07)
 //     later: never a silent gain, never a burnt token (swap.go).
 //
-// It also pays refunds (vend.RefundPayer): a failed call paid in Cashu is
-// paid back at once with a token made by the wallet (refund.go), and the
-// operator's `capvend refunds pay` uses PayRefundToken and
-// PayRefundInvoice on the wallet file. Every payout (refunds, credit paid
-// back, withdrawals) is reserved in the ledger before its money leaves,
-// then booked or released; one left in flight by a crash is resolved from
-// the mint's word by the next process holding the wallet (payout.go).
+// # Paying out
+//
+// A failed call paid in Cashu is paid back at once with a token made by
+// the wallet (refund.go), and the operator's `capvend refunds pay` uses
+// PayRefundToken and PayRefundInvoice on the wallet file. Every payout
+// (refunds, credit paid back, withdrawals) is reserved in the ledger
+// before its money leaves, then booked or released; one left in flight by
+// a crash is resolved from the mint's word by the next process holding
+// the wallet (payout.go).
+//
+// # The wallet
 //
 // The wallet is gonuts' bbolt wallet in Config.WalletDir. Loading it contacts
 // the mint, so a Backend never loads it in New: the first operation that

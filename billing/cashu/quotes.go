@@ -39,10 +39,15 @@ type watchedQuote struct {
 	busy        bool // a worker is handling it
 	// covered: an acknowledged NUT-17 subscription reports its changes,
 	// so it is polled only every SafetyPoll.
-	covered   bool
-	created   time.Time // when the quote was requested
-	urgent    bool      // the mint said PAID: check now
-	foreign   bool      // minted by someone else: never settle it
+	covered bool
+	created time.Time // when the quote was requested
+	urgent  bool      // the mint said PAID: check now
+	foreign bool      // minted by someone else: never settle it
+	// lost: a quote of the wallet's store that no payment names (the
+	// ledger lost it): minted once paid and booked as lost
+	// (settleLost), for no call.
+	lost      bool
+	amount    uint64    // lost: the quote's amount, sats
 	nextCheck time.Time // when to poll it next
 	checks    int       // checks ended (tests wait for one: CheckNow)
 }
@@ -495,16 +500,40 @@ func (b *Backend) reconcile(ctx context.Context) error {
 	// cannot tell yet are tried again while Run runs.
 	b.resolvePayouts(ctx)
 	for _, q := range stored {
+		qe := time.Unix(int64(q.QuoteExpiry), 0)
 		if q.State == nut04.Issued {
+			// Minted into the wallet: booked by its payment, or lost
+			// with the ledger (minted before a crash that the ledger
+			// was restored from a replica after, or minted for a lost
+			// quote and not yet booked). Looked at for a day after
+			// the mint's expiry.
+			if q.QuoteExpiry == 0 || now.After(qe.Add(lostLookback)) {
+				continue
+			}
+			if _, err := b.ledger.Payment(ctx, q.QuoteId); errors.Is(err, vend.ErrNotFound) {
+				if err := b.settleLost(ctx, &watchedQuote{ref: q.QuoteId, mint: q.Mint, amount: q.Amount}); err != nil {
+					return err
+				}
+			} else if err != nil {
+				return err
+			}
 			continue
 		}
-		qe := time.Unix(int64(q.QuoteExpiry), 0)
 		if q.QuoteExpiry == 0 || now.After(qe.Add(time.Minute)) {
 			continue
 		}
 		p, err := b.ledger.Payment(ctx, q.QuoteId)
 		if errors.Is(err, vend.ErrNotFound) {
-			continue // never recorded: not capvend's to watch
+			// The wallet requested it and no payment names it: the
+			// ledger lost it (restored from its replica), or capvend
+			// failed to record it (its client never saw it). Money
+			// paid for it is capvend's: watched, minted and booked
+			// as lost.
+			if q.State != nut04.Issued {
+				b.watch(&watchedQuote{ref: q.QuoteId, mint: q.Mint, quoteExpiry: qe, ended: true, lost: true, amount: q.Amount,
+					created: time.Unix(int64(q.CreatedAt), 0)})
+			}
+			continue
 		}
 		if err != nil {
 			return err
@@ -652,6 +681,14 @@ func (b *Backend) check(ctx context.Context, q *watchedQuote, emit func(vend.Pay
 		b.log.Warn("mint quote in unknown state", logRef, short(q.ref), logState, st.String())
 		return true
 	}
+	if q.lost {
+		if err := b.settleLost(ctx, q); err != nil {
+			b.log.Error("booking a lost mint quote; will retry", logRef, short(q.ref), logErr, err)
+			return true
+		}
+		done = true
+		return true
+	}
 	p, err := b.settleQuote(ctx, q.ref)
 	if err != nil {
 		if !errors.Is(err, vend.ErrAlreadySettled) {
@@ -675,6 +712,27 @@ func (b *Backend) mintQuote(ref string) error {
 		_, err := w.MintTokens(ref)
 		return err
 	})
+}
+
+// lostLookback is how long after a mint quote's expiry reconcile still
+// looks for its issued ecash among the books (a restore soon after the
+// disaster finds the quotes the ledger lost).
+const lostLookback = 24 * time.Hour
+
+// settleLost books the ecash minted for a lost quote (watchedQuote.lost)
+// once; booked before is done.
+func (b *Backend) settleLost(ctx context.Context, q *watchedQuote) error {
+	err := b.tl.BookLostPayment(ctx, vend.LostPayment{Backend: vend.BackendCashu, MintURL: q.mint, Ref: q.ref,
+		Amount: vend.Msat(q.amount) * 1000, Note: "cashu: minted a paid quote of the wallet that no payment names"})
+	if errors.Is(err, vend.ErrAlreadySettled) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	b.log.Warn("mint quote paid whose payment the ledger lost: minted and booked to liabilities:unattributed", logRef, short(q.ref),
+		logMint, q.mint, logAmount, int64(q.amount)*1000)
+	return nil
 }
 
 // settleQuote records a minted quote's settlement.

@@ -60,6 +60,11 @@ type tokenLedger interface {
 	RecordChange(ctx context.Context, ref string, proofs []vend.Proof) error
 	vend.RefundLedger
 	PayoutBook
+	// BookLostPayment books, once, the ecash minted for a quote of the
+	// wallet's own store that no payment names (the ledger lost it: a
+	// restore from its replica); vend.ErrAlreadySettled if booked
+	// before, or if a payment names it.
+	BookLostPayment(ctx context.Context, p vend.LostPayment) error
 }
 
 // swapToken swaps a claimed token's proofs into the wallet and records the

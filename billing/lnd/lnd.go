@@ -1,11 +1,17 @@
 // Package lnd is capvend's Lightning payment backend on an LND node
 // (lnrpc v0.20.2-beta): plain invoices, and hold invoices that are settled
 // only after the tool succeeded and canceled (returning the client's money)
-// when it failed. It needs nothing beyond LND's invoice macaroon.
+// when it failed. It needs nothing beyond LND's invoice macaroon. It
+// implements vend.PaymentBackend (and reconcile's LND) for cmd/capvend to
+// wire; docs/OPERATING.md, "Connecting to a real LND node", sets it up.
+//
+// # Watching payments
 //
 // Settlements are learned from SubscribeInvoices, resumed from the settle
 // index stored in the ledger, so a settlement that happened while capvend was
-// down is found at start; hold invoices are watched one by one with
+// down is found at start (with no index stored yet LND replays nothing, so
+// unsettled plain invoices are also looked up until the stream shows that
+// LND registered it); hold invoices are watched one by one with
 // SubscribeSingleInvoice (LND's all-invoices stream reports only additions
 // and settlements: lnd v0.20.2's invoice registry dispatches neither
 // ACCEPTED nor CANCELED to it, for backwards compatibility); and anything
@@ -103,6 +109,10 @@ type Config struct {
 	Log *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Mark keys the mark of every preimage the backend makes (see Mark):
+	// the ledger's identity. Empty: unmarked random preimages, which a
+	// restored ledger cannot recognize.
+	Mark Mark
 }
 
 // DefaultMaxHold is Config.MaxHold's default.
@@ -281,8 +291,9 @@ func (b *Backend) Backend() vend.Backend { return vend.BackendLND }
 func (b *Backend) CanHold() bool { return b.canHold }
 
 // Request implements vend.PaymentBackend. With r.Hold (and CanHold) it
-// issues a hold invoice whose preimage capvend makes and keeps in the
-// ledger.
+// issues a hold invoice whose preimage capvend keeps in the ledger. The
+// preimage of every invoice, plain or hold, is capvend's, marked under
+// Config.Mark.
 func (b *Backend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Payment, error) {
 	if r.Amount <= 0 {
 		return vend.Payment{}, fmt.Errorf("lnd: request of %d msat", r.Amount)
@@ -294,8 +305,8 @@ func (b *Backend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Paym
 	np := vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice, Amount: r.Amount,
 		ExpiresAt: b.cfg.Now().Add(time.Duration(expiry) * time.Second)}
 	var hash []byte
-	pre := make([]byte, 32)
-	if _, err := rand.Read(pre); err != nil {
+	pre, err := b.cfg.Mark.NewPreimage()
+	if err != nil {
 		return vend.Payment{}, err
 	}
 	sum := sha256.Sum256(pre)
@@ -310,7 +321,7 @@ func (b *Backend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Paym
 		}
 		np.Kind, np.Bolt11, np.HoldPreimage = vend.KindHoldInvoice, resp.PaymentRequest, pre
 	} else {
-		resp, err := b.ln.AddInvoice(ctx, &lnrpc.Invoice{Memo: r.Memo, ValueMsat: int64(r.Amount), Expiry: expiry})
+		resp, err := b.ln.AddInvoice(ctx, &lnrpc.Invoice{Memo: r.Memo, RPreimage: pre, ValueMsat: int64(r.Amount), Expiry: expiry})
 		if err != nil {
 			return vend.Payment{}, fmt.Errorf("lnd: add invoice: %w", rpcError(err))
 		}
@@ -473,6 +484,16 @@ func (b *Backend) runOnce(ctx context.Context) error {
 	}
 	b.connected.Store(true) // until this stream breaks
 	defer b.connected.Store(false)
+	// LND registers the stream only after SubscribeInvoices returned and,
+	// from settle index 0, replays nothing (its InvoicesSettledSince
+	// ignores 0): a plain invoice settled between the reconcile above and
+	// the registration is on no stream, and would wait for its expiry's
+	// sweep. LND sends nothing on a stream before registering it, so
+	// bookSettled runs on each sweep until the first message arrives,
+	// and once more on it: from then on the stream has every settlement.
+	// From a stored settle index LND replays all settled after it: no gap.
+	var registered atomic.Bool
+	registered.Store(settleIndex > 0)
 	errs := make(chan error, 1)
 	var sweeper sync.WaitGroup
 	defer sweeper.Wait()
@@ -487,7 +508,11 @@ func (b *Backend) runOnce(ctx context.Context) error {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if err := b.reconcile(ctx, true); err != nil {
+				err := b.reconcile(ctx, true)
+				if err == nil && !registered.Load() {
+					err = b.bookSettled(ctx)
+				}
+				if err != nil {
 					select {
 					case errs <- err:
 					default:
@@ -507,6 +532,11 @@ func (b *Backend) runOnce(ctx context.Context) error {
 			default:
 			}
 			return rpcError(err)
+		}
+		if !registered.Swap(true) {
+			if err := b.bookSettled(ctx); err != nil {
+				return err
+			}
 		}
 		if inv.State != lnrpc.Invoice_SETTLED {
 			continue // additions: we made them
@@ -563,6 +593,33 @@ func (b *Backend) reconcile(ctx context.Context, expiredOnly bool) error {
 			}
 		}
 		b.apply(ctx, inv)
+	}
+	return nil
+}
+
+// bookSettled looks up the unsettled plain invoices and records those LND
+// reports settled, and nothing else: a cancel made at LND behind capvend's
+// back is the reconciler's to report as a difference. Hold invoices need
+// no look-up: their watcher's stream starts with their current state.
+// Recording is idempotent, so one the stream also reports is booked once.
+func (b *Backend) bookSettled(ctx context.Context) error {
+	ps, err := b.led.UnsettledPayments(ctx, vend.BackendLND)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		hash, err := hex.DecodeString(p.Ref)
+		if p.Kind != vend.KindInvoice || err != nil {
+			continue
+		}
+		inv, err := b.ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: hash})
+		switch {
+		case err != nil && isNotFound(err):
+		case err != nil:
+			return rpcError(err)
+		case inv.State == lnrpc.Invoice_SETTLED:
+			b.apply(ctx, inv)
+		}
 	}
 	return nil
 }

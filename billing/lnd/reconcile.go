@@ -61,7 +61,7 @@ func (n *Node) Invoices(ctx context.Context, after uint64, max int) ([]reconcile
 			return nil, fmt.Errorf("list invoices: invoice %x in unknown state %v", inv.RHash, inv.State)
 		}
 		out = append(out, reconcile.Invoice{Ref: hex.EncodeToString(inv.RHash), State: st,
-			AmountPaid: vend.Msat(inv.AmtPaidMsat), AddIndex: inv.AddIndex, SettleIndex: inv.SettleIndex,
+			AmountPaid: vend.Msat(inv.AmtPaidMsat), AddIndex: inv.AddIndex, SettleIndex: inv.SettleIndex, Preimage: settledPreimage(inv),
 			Created: time.Unix(inv.CreationDate, 0)})
 	}
 	return out, nil
@@ -77,4 +77,13 @@ func (n *Node) CancelInvoice(ctx context.Context, ref string) error {
 		return fmt.Errorf("cancel invoice %s: %w", ref, rpcError(err))
 	}
 	return nil
+}
+
+// settledPreimage is a settled invoice's preimage (the reconciler tells
+// capvend's own by its mark); nil for any other.
+func settledPreimage(inv *lnrpc.Invoice) []byte {
+	if inv.State != lnrpc.Invoice_SETTLED {
+		return nil
+	}
+	return inv.RPreimage
 }

@@ -3,7 +3,10 @@
 // Primal, Zeus, LNbits, ...) issues the invoices, and the money lands
 // there. It speaks NIP-47 over the wallet's relay with go-nostr: NIP-44
 // encryption, or NIP-04 for a wallet whose info event (kind 13194) offers
-// nothing else.
+// nothing else. It implements vend.PaymentBackend (and reconcile's NWC);
+// docs/OPERATING.md, "Getting paid into your wallet", sets it up.
+//
+// # Invoices
 //
 // At start the backend connects and asks get_info what the connection
 // may do. With make_hold_invoice, settle_hold_invoice and
@@ -15,6 +18,8 @@
 // cannot withdraw it, so it stays payable Config.Grace past capvend's
 // expiry, and money that arrives after capvend gave up is booked and owed
 // back (vend.LatePayable), like a plain LND invoice's refund.
+//
+// # Watching payments
 //
 // Payments are learned from the payment_received and hold_invoice_accepted
 // notifications, and by lookup_invoice: of every unsettled payment each

@@ -66,7 +66,7 @@ func (c *instanceClaims) id() string {
 // PostgreSQL ledger, which several instances share. On SQLite one
 // instance serves and a claim would cost a write per request. With
 // nostr.shard the requests are sharded across the live instances (see
-// the ctxvm package doc): in steady state an instance writes no claim.
+// docs/CONTEXTVM.md): in steady state an instance writes no claim.
 func (s *vendServer) claims() *instanceClaims {
 	if s.cfg.Ledger.Driver != "postgres" {
 		return nil

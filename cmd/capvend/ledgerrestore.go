@@ -71,6 +71,12 @@ nothing is written.
 Then, with FILE at ledger.path, start 'capvend serve' (its reconciliation
 books what LND and the mints settled after that point, and its recovery
 refunds) and Litestream again; 'capvend reconcile' lists what it found.
+An invoice quoted after that point is in no payment of the restored
+ledger; the preimage of every LND invoice capvend makes carries a mark
+keyed by the ledger's identity, which the replica keeps, so reconciliation
+recognizes such an invoice that LND settled and books its amount to
+liabilities:unattributed (received for a call the books lost: return it
+to its payer or book it as income); its call never runs.
 Stored answers of calls answered after that point are lost: a client
 repeating such a request gets an error, not a second run.
 

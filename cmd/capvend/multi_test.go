@@ -423,7 +423,7 @@ func checkLedgerVerifies(t *testing.T, config string) {
 // in-process, the same code as the binary) on one PostgreSQL ledger and
 // one relay, all with the same key, driven by one Go load client
 // (nostrBenchInFlight calls in flight). The instances shard the requests
-// (see the ctxvm package doc): each is measured once their views of each
+// (see docs/CONTEXTVM.md): each is measured once their views of each
 // other are steady (a batch of calls writes no claim); each request costs
 // its owner a rate-limit count. The x_1 metric is the throughput over
 // one instance's. On a 2-core machine the instances, the relay,

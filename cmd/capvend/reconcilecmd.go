@@ -96,7 +96,12 @@ func reconcileOnce(ctx context.Context, e *env, cfg *Config, l *ledger.Ledger, r
 			return err
 		}
 		defer conn.Close()
+		mark, err := l.InvoiceMark(ctx)
+		if err != nil {
+			return err
+		}
 		rc.LND, rc.Node = lnd.NewNode(lnrpc.NewLightningClient(conn), invoicesrpc.NewInvoicesClient(conn)), cfg.LND.Host
+		rc.OwnsPreimage = lnd.Mark(mark).Owns
 	}
 	if len(cfg.Cashu.Mints) > 0 {
 		wf, err := cashu.OpenWalletFile(cfg.Cashu.WalletDir, cfg.Cashu.Mints)

@@ -126,7 +126,7 @@ func (r *shardRun) list(ctx context.Context) string {
 
 // stalls counts the instances' warnings that their view of the members
 // went stale or was read late: the machine (or PostgreSQL) stalled an
-// instance for longer than F. Then, by design (ctxvm's package doc,
+// instance for longer than F. Then, by design (docs/CONTEXTVM.md,
 // "Several servers, one key"), the requests it owned in the gap are
 // dropped and those of the next T claimed. Nothing else drops one.
 func (r *shardRun) stalls() int {

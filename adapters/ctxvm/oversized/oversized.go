@@ -20,7 +20,7 @@
 // UTF-8 bytes, totalBytes their number. Chunks are cut on code point
 // boundaries (a cut inside a character would be replaced by U+FFFD on the
 // way and break the digest). Wire details, and the stock SDK's behaviour
-// this package tolerates, are in the package doc of adapters/ctxvm.
+// this package tolerates, are in docs/CONTEXTVM.md, Oversized transfer.
 package oversized
 
 import (
