@@ -83,6 +83,45 @@ func bookLost(ctx context.Context, tx *wtx, p LostPayment, now time.Time) error 
 	return err
 }
 
+// LostRefs implements reconcile.Store: which of refs are booked as lost
+// payments.
+func (l *Ledger) LostRefs(ctx context.Context, refs []string) (map[string]bool, error) {
+	out := map[string]bool{}
+	err := l.read(ctx, func(tx *sql.Tx) error {
+		for len(refs) > 0 {
+			n := min(len(refs), 500)
+			args := make([]any, n)
+			for i, r := range refs[:n] {
+				args[i] = r
+			}
+			rows, err := tx.QueryContext(ctx, "SELECT ref FROM lost_payments WHERE ref IN (?"+strings.Repeat(", ?", n-1)+")", args...)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var ref string
+				if err := rows.Scan(&ref); err != nil {
+					rows.Close()
+					return err
+				}
+				out[ref] = true
+			}
+			if err := rows.Close(); err != nil {
+				return err
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			refs = refs[n:]
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("lost payments: %w", err)
+	}
+	return out, nil
+}
+
 // RepairLost implements reconcile.Store: s, a settlement of an invoice
 // that carries this ledger's mark and that no payment names, is booked
 // (BookLostPayment) with d, in one transaction.

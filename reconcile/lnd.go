@@ -177,8 +177,9 @@ func (r *Reconciler) bookedPayments(ctx context.Context, invs []Invoice) (map[st
 }
 
 // lostPayments returns the settled invoices of a page that capvend made
-// (their preimage carries its mark: src.owns) and that no payment of the
-// ledger names: a ledger restored from its replica lost their quotes.
+// (their preimage carries its mark: src.owns), that no payment of the
+// ledger names (a ledger restored from its replica lost their quotes)
+// and that are not booked as lost already (they then agree).
 // bookedPayments leaves out the payments settled on both sides, so the
 // candidates are looked up again, in one query.
 func (r *Reconciler) lostPayments(ctx context.Context, src source, invs []Invoice, payments map[string]vend.Payment) (map[string]bool, error) {
@@ -198,9 +199,13 @@ func (r *Reconciler) lostPayments(ctx context.Context, src source, invs []Invoic
 	if err != nil {
 		return nil, err
 	}
+	booked, err := r.cfg.Store.LostRefs(ctx, refs)
+	if err != nil {
+		return nil, err
+	}
 	lost := map[string]bool{}
 	for _, ref := range refs {
-		if _, ok := known[ref]; !ok {
+		if _, ok := known[ref]; !ok && !booked[ref] {
 			lost[ref] = true
 		}
 	}

@@ -88,6 +88,15 @@ func TestLostSettlementBookedOnce(t *testing.T) {
 			}
 		}
 	}
+	// A run that repairs nothing (capvend reconcile) finds it booked:
+	// no difference.
+	r, err := reconcile.New(reconcile.Config{Store: l, LND: node, OwnsPreimage: mark.Owns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := r.Once(ctx); err != nil || len(s.Differences) != 0 {
+		t.Fatalf("a report-only run after the booking: %+v %v", s.Differences, err)
+	}
 	bal, err := l.AccountBalances(ctx, "liabilities:unattributed")
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +123,7 @@ func TestLostSettlementBookedOnce(t *testing.T) {
 		t.Fatal("two ledgers got the same identity")
 	}
 	lost2 := markedInvoice(t, lnd.Mark(id2), 1, 1_000)
-	r, _ := reconcile.New(reconcile.Config{Store: l2, LND: &fakeLND{invs: []reconcile.Invoice{lost2}}, OwnsPreimage: lnd.Mark(id2).Owns})
+	r, _ = reconcile.New(reconcile.Config{Store: l2, LND: &fakeLND{invs: []reconcile.Invoice{lost2}}, OwnsPreimage: lnd.Mark(id2).Owns})
 	s, err := r.Once(ctx)
 	if err != nil || len(s.Differences) != 1 || s.Differences[0].Repair != "" || s.Differences[0].Ledger != "lost" {
 		t.Fatalf("report only: %+v %v", s.Differences, err)

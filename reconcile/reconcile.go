@@ -175,6 +175,9 @@ type Store interface {
 	// before, or a ref a payment names, is vend.ErrAlreadySettled and
 	// writes nothing.
 	RepairLost(ctx context.Context, d Difference, s vend.Settlement) error
+	// LostRefs returns which of refs are booked as lost payments
+	// (RepairLost) already.
+	LostRefs(ctx context.Context, refs []string) (map[string]bool, error)
 }
 
 // UnattributedAccount is where RepairLost books money received for a
