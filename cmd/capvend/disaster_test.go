@@ -28,18 +28,9 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// lostQuoteBooked turns on batch C's assertions: reconciliation
-// recognizes a settled invoice capvend made whose quote the restored
-// ledger lost (capvend marks its invoice preimages with the ledger's
-// identity), records a settled_lost difference and books the money to
-// accountUnattributed. The mechanism is being added on branch lost; flip
-// this once it is merged. Off, the drill only logs what C's payment left
-// outside the books.
-const lostQuoteBooked = false
-
-// accountUnattributed is the liability a settled invoice whose quote
-// was lost is booked to (see lostQuoteBooked).
-const accountUnattributed = "liabilities:unattributed"
+// accountUnattributed is the liability a payment whose quote was lost
+// with the ledger is booked to.
+const accountUnattributed = ledger.AccountUnattributed
 
 // drillPrices are the prices of the drill's configuration, in msat.
 const (
@@ -170,14 +161,15 @@ func TestDisasterDrill(t *testing.T) {
 
 	// Batch C: quoted after the last replicated change, paid and run.
 	c := d.explicit("C-plain", "t_word_count").pay().repeat()
-	d.waitState(db, "settled", append(slices.Clone(b), c)...)
+	cCashu := d.notified("C-cashu", "t_sha256", map[string]any{vend.MetaInvoiceFrom: "cashu"}, nil, false).wait(t)
+	d.waitState(db, "settled", append(slices.Clone(b), c, cCashu)...)
 	// The last of B: its hold invoice locked in and its call running
 	// (5 s) when serve is killed.
 	close(lockGate)
 	d.waitState(db, "accepted", locked)
 	d.waitRun(callsLog, locked)
 	ran := d.runs(callsLog)
-	for _, dc := range slices.Concat(a, b, []*drillCall{locked, c}) {
+	for _, dc := range slices.Concat(a, b, []*drillCall{locked, c, cCashu}) {
 		want := 1
 		if dc == bUnclaimed.drillCall {
 			want = 0
@@ -207,8 +199,10 @@ func TestDisasterDrill(t *testing.T) {
 	if diff := lineDiff(last, moneyRecords(t, db, false)); !restoreEndedOnly(diff, len(b)+1) {
 		t.Fatalf("the restored money records differ from the last replicated point by more than B's %d calls ended:\n%s", len(b)+1, diff)
 	}
-	if p := d.booked(db, c); p.found {
-		t.Fatalf("C-plain's quote is in the restored books (%+v): it was made after the last replicated change", p)
+	for _, dc := range []*drillCall{c, cCashu} {
+		if p := d.booked(db, dc); p.found {
+			t.Fatalf("%s's quote is in the restored books (%+v): it was made after the last replicated change", dc.label, p)
+		}
 	}
 	lastRun := d.lastReconcileRun(db)
 	t.Logf("restored the replicated point (%s)", time.Since(start).Round(time.Millisecond))
@@ -229,7 +223,7 @@ func TestDisasterDrill(t *testing.T) {
 	d.waitState(db, "canceled", locked)
 	// Repeating a call whose run the books lost runs nothing: B's (its
 	// call canceled by the restore) and C's (its token lost).
-	for _, dc := range []*drillCall{bPlain.drillCall, bUnclaimed.drillCall, c} {
+	for _, dc := range []*drillCall{bPlain.drillCall, bUnclaimed.drillCall, c, cCashu} {
 		if res, err := d.repeatOnce(dc); err == nil && !res.IsError && d.answer(res) == "" {
 			t.Fatalf("repeating %s after the restore was answered by the tool: %s", dc.label, text(res))
 		} else {
@@ -293,7 +287,7 @@ func TestDisasterDrill(t *testing.T) {
 
 	// The customer's payments equal the books' receipts, to the msat.
 	paidAB := d.customerPaid(ctx, start, slices.Concat(a, b)...)
-	paidC := d.customerPaid(ctx, start, c)
+	paidC := d.customerPaid(ctx, start, c, cCashu)
 	bal, err := l.Balance(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -320,19 +314,15 @@ func TestDisasterDrill(t *testing.T) {
 	if int64(bal.Pending.RefundsOwed) != owedB {
 		t.Errorf("the books owe %d msat back, want %d (B's payments: their runs were lost)", bal.Pending.RefundsOwed, owedB)
 	}
-	if lostQuoteBooked {
-		if assets != paidAB+paidC || unattributed != paidC {
-			t.Errorf("assets %d msat, %s %d msat; want %d and %d (C's %d msat booked unattributed)",
-				assets, accountUnattributed, unattributed, paidAB+paidC, paidC, paidC)
-		}
-		if n := d.differences(db, "settled_lost"); n != 1 {
-			t.Errorf("%d settled_lost differences recorded, want 1 (C's invoice)", n)
-		}
-	} else {
-		if assets != paidAB {
-			t.Errorf("the customer paid %d msat for A and B, the books' assets are %d msat", paidAB, assets)
-		}
-		t.Logf("batch C: the customer paid %d msat for a quote the restore lost; not in the books (lostQuoteBooked is off)", paidC)
+	// C's payments, their quotes lost with the ledger: the LND invoice
+	// recognized by the mark of its preimage, the mint quote from the
+	// wallet's own store; booked to liabilities:unattributed.
+	if assets != paidAB+paidC || unattributed != paidC {
+		t.Errorf("assets %d msat, %s %d msat; want %d and %d (C's %d msat booked unattributed)",
+			assets, accountUnattributed, unattributed, paidAB+paidC, paidC, paidC)
+	}
+	if n := d.lostSettlements(db); n != 1 {
+		t.Errorf("%d lost settlements recorded by reconciliation, want 1 (C-plain's invoice)", n)
 	}
 	t.Logf("drill done in %s", time.Since(start).Round(time.Millisecond))
 }
@@ -825,10 +815,11 @@ func (d *drill) executionsBooked(path string) int64 {
 }
 
 // differences counts the recorded differences of kind.
-func (d *drill) differences(path, kind string) int {
+func (d *drill) lostSettlements(path string) int {
 	var n int
 	d.query(path, func(db *sql.DB) error {
-		return db.QueryRow(`SELECT count(*) FROM reconcile_differences WHERE kind = ?`, kind).Scan(&n)
+		return db.QueryRow(`SELECT count(*) FROM reconcile_differences
+			WHERE kind = 'settled_unbooked' AND ledger = 'lost' AND repair LIKE 'reconcile:%'`).Scan(&n)
 	})
 	return n
 }
