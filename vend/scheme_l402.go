@@ -376,7 +376,7 @@ func (v *Vendor) grantByMacaroon(ctx context.Context, r *CallRequest, t *Tool, b
 	case CallPaid, CallAwaitingPayment:
 		return c, true, nil
 	case CallExpired, CallCanceled:
-		return Call{}, false, ErrTokenExpired
+		return Call{}, false, endedGrant(c)
 	case CallQuoted:
 		return Call{}, false, fmt.Errorf("%w: no such payment", ErrL402Invalid)
 	}

@@ -238,7 +238,7 @@ func (v *Vendor) grantOfPayment(ctx context.Context, p Payment, bind Binding, in
 	case CallPaid, CallAwaitingPayment:
 		return c, nil
 	case CallExpired, CallCanceled:
-		return Call{}, ErrTokenExpired
+		return Call{}, endedGrant(c)
 	case CallQuoted:
 		return Call{}, fmt.Errorf("%w: no such payment", invalid)
 	}

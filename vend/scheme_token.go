@@ -49,7 +49,25 @@ var (
 	// ErrTokenExpired: the token's invoice expired (or was withdrawn)
 	// unpaid. It matches ErrPaymentExpired.
 	ErrTokenExpired = fmt.Errorf("payment token's invoice expired unpaid: %w", ErrPaymentExpired)
+	// ErrTokenCanceled: the call the token (or macaroon, or credential)
+	// names was canceled (by its client, or by a restore of the ledger
+	// that ended it unrun): nothing runs, and a payment made for it is
+	// owed back. Not ErrTokenExpired: that answer tells the client to
+	// pay again.
+	ErrTokenCanceled = errors.New("payment token's call was canceled")
 )
+
+// endedGrant is the error of a credential whose call ended unrun: expired
+// (its invoice expired unpaid) or canceled (reason c.Reason).
+func endedGrant(c Call) error {
+	if c.State == CallCanceled {
+		if c.Reason == "" {
+			return ErrTokenCanceled
+		}
+		return fmt.Errorf("%w (%s); a payment made for it is owed back, never run", ErrTokenCanceled, c.Reason)
+	}
+	return ErrTokenExpired
+}
 
 // GrantTokens is the ledger's role of the payment-token scheme: the
 // payment tokens of explicit-gating grants.
@@ -123,7 +141,7 @@ func (v *Vendor) grantByToken(ctx context.Context, r *CallRequest, bind Binding)
 		}
 		return c, nil
 	case CallExpired, CallCanceled:
-		return Call{}, ErrTokenExpired
+		return Call{}, endedGrant(c)
 	case CallQuoted: // never: a token is issued with the payment request
 		return Call{}, ErrTokenUnknown
 	}

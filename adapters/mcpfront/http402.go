@@ -244,7 +244,7 @@ func (s *Server) answerHTTP(ctx context.Context, cr *vend.CallRequest, err error
 // credential.
 func refusedCredential(err error) bool {
 	return errors.Is(err, vend.ErrL402Invalid) || errors.Is(err, vend.ErrMPPInvalid) || errors.Is(err, vend.ErrX402Invalid) || errors.Is(err, vend.ErrTokenMismatch) ||
-		errors.Is(err, vend.ErrTokenUsed) || errors.Is(err, vend.ErrTokenExpired)
+		errors.Is(err, vend.ErrTokenUsed) || errors.Is(err, vend.ErrTokenExpired) || errors.Is(err, vend.ErrTokenCanceled)
 }
 
 // replace writes status, the headers h and body as the whole response, if

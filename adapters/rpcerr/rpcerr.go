@@ -97,6 +97,9 @@ func FromVend(err error, tool string) Error {
 		return Error{Code: CodeInvalidRequest, Message: "Invalid Request: payment token already used"}
 	case errors.Is(err, vend.ErrTokenUnknown):
 		return Error{Code: CodeInvalidParams, Message: "Invalid params: unknown payment token"}
+	case errors.Is(err, vend.ErrTokenCanceled):
+		// The reason is capvend's own (a client's cancel, a restore).
+		return Error{Code: CodeInvalidRequest, Message: "Invalid Request: " + err.Error()}
 	case errors.Is(err, vend.ErrTokenExpired):
 		return Error{Code: CodePaymentExpired, Message: "Payment expired: the payment token's invoice expired unpaid; call again without " +
 			vend.PaymentArg + " for a new invoice"}

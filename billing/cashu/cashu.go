@@ -219,6 +219,10 @@ type Backend struct {
 	wake    chan struct{} // a NUT-17 notification: check urgent quotes now
 	wsKick  chan struct{} // a quote was added: subscribe it
 	running bool
+	// caughtUp is closed once Run has reconciled the wallet with the
+	// ledger and checked every quote it then watched once (CaughtUp).
+	caughtUp     chan struct{}
+	caughtUpOnce sync.Once
 }
 
 var (
@@ -248,16 +252,17 @@ func New(cfg Config, l Ledger) (*Backend, error) {
 		return nil, errors.New("cashu: no wallet directory configured")
 	}
 	b := &Backend{
-		cfg:     cfg,
-		ledger:  l,
-		tl:      l,
-		log:     cfg.Log,
-		now:     cfg.Now,
-		http:    cfg.HTTPClient,
-		fees:    map[string]map[string]uint{},
-		watched: map[string]*watchedQuote{},
-		wake:    make(chan struct{}, 1),
-		wsKick:  make(chan struct{}, 1),
+		cfg:      cfg,
+		ledger:   l,
+		tl:       l,
+		log:      cfg.Log,
+		now:      cfg.Now,
+		http:     cfg.HTTPClient,
+		fees:     map[string]map[string]uint{},
+		watched:  map[string]*watchedQuote{},
+		wake:     make(chan struct{}, 1),
+		caughtUp: make(chan struct{}),
+		wsKick:   make(chan struct{}, 1),
 	}
 	seen := map[string]bool{}
 	for _, m := range cfg.Mints {

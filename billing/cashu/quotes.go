@@ -242,6 +242,15 @@ func (b *Backend) uncoverAll() {
 	b.cover(false, refs...)
 }
 
+// CaughtUp is closed once Run has caught up with what happened while
+// capvend was not watching: the wallet reconciled with the ledger (lost
+// quotes booked, interrupted swaps and payouts resolved) and every quote
+// then watched checked at its mint once (a quote paid meanwhile booked).
+// A reconciliation before it would report what the backend is about to
+// book. A check that cannot reach the mint counts: it is closed after
+// the first round either way.
+func (b *Backend) CaughtUp() <-chan struct{} { return b.caughtUp }
+
 // Run implements vend.PaymentBackend. It loads the wallet (retrying with
 // backoff while the mint is unreachable), reconciles what happened while
 // capvend was down, then watches every open mint quote: quotes are polled
@@ -341,6 +350,7 @@ func (b *Backend) Run(ctx context.Context, report func(vend.PaymentEvent)) error
 		if err != nil {
 			return err // the deferred wait covers started checks
 		}
+		b.caughtUpOnce.Do(func() { close(b.caughtUp) })
 		// Back off while the mint is unreachable; back to the poll
 		// interval as soon as one check gets through.
 		down := checks > 0 && failures == checks

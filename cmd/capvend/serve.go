@@ -416,6 +416,12 @@ func (s *vendServer) runBackground(ctx context.Context) (fronts context.Context,
 				case <-ctx.Done():
 					return nil
 				}
+				if !backendsCaughtUp(ctx, s.backends, caughtUpWait) {
+					if ctx.Err() != nil {
+						return nil
+					}
+					s.log.Warn("reconcile: a payment backend has not caught up yet; reconciling anyway", "waited", caughtUpWait)
+				}
 				return r.Run(ctx)
 			})
 		})
@@ -507,4 +513,32 @@ func describeBackends(bs []vend.PaymentBackend) string {
 		}
 	}
 	return s
+}
+
+// caughtUpWait bounds how long the first reconciliation waits for the
+// payment backends to catch up (an unreachable mint must not hold it off).
+const caughtUpWait = 30 * time.Second
+
+// backendsCaughtUp waits until every backend that catches up at start
+// (billing/cashu: quotes paid and lost quotes minted while capvend was
+// down) has, at most limit: a reconciliation before then reports what
+// the backend is about to book as differences. It reports whether all
+// did.
+func backendsCaughtUp(ctx context.Context, backends []vend.PaymentBackend, limit time.Duration) bool {
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	for _, b := range backends {
+		c, ok := b.(interface{ CaughtUp() <-chan struct{} })
+		if !ok {
+			continue
+		}
+		select {
+		case <-c.CaughtUp():
+		case <-timer.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }
