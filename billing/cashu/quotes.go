@@ -553,8 +553,14 @@ func (b *Backend) reconcile(ctx context.Context) error {
 		}
 		b.watch(&watchedQuote{ref: p.Ref, mint: p.MintURL, callID: p.CallID, expiresAt: p.ExpiresAt, quoteExpiry: qe, ended: true, created: p.CreatedAt})
 	}
+	// Every quote watched now is checked in Run's first round, not a
+	// poll interval later: what was paid while capvend was down is
+	// booked before CaughtUp, and so before serve reconciles.
 	b.qmu.Lock()
 	n := len(b.watched)
+	for _, q := range b.watched {
+		q.urgent = true
+	}
 	b.qmu.Unlock()
 	b.log.Info("cashu backend reconciled", "watched_quotes", n)
 	return nil
