@@ -302,3 +302,41 @@ func fillJournal(b *testing.B, l *ledger.Ledger, n int) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkReplayStore measures what a Nostr front asks of the ledger for
+// each request that runs something (free calls included): a lookup of its
+// stored reply (a miss) and, once answered, RememberReply, by 8 requests
+// at once (BenchmarkNostrFreeCallCPU's load), on disk. cpu-µs/request is
+// the process's CPU (user and system).
+func BenchmarkReplayStore(b *testing.B) {
+	ctx := context.Background()
+	l, err := ledger.OpenForTest(b, ctx, filepath.Join(b.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	reply := []byte(`{"content":[{"type":"text","text":"4 words, 1 lines, 19 characters"}]}`)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < b.N; i = int(next.Add(1) - 1) {
+				key := fmt.Sprintf("nostr:%064x", i)
+				if _, ok, err := l.Reply(ctx, key); err != nil || ok {
+					b.Error(ok, err)
+					return
+				}
+				if _, err := l.RememberReply(ctx, key, reply); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/request")
+}

@@ -75,10 +75,14 @@ func OpenPostgres(ctx context.Context, dsn string, opts Options) (*Ledger, error
 	db.SetConnMaxIdleTime(0)
 	ro := cfg.Copy()
 	ro.RuntimeParams["default_transaction_read_only"] = "on" // as SQLite's query_only
+	// Every reading connection stays open once opened, as SQLite's
+	// (readers): a new one is a new session of the server.
 	rdb := sql.OpenDB(pgConnector{stdlib.GetConnector(*ro)})
 	rdb.SetMaxOpenConns(4)
+	rdb.SetMaxIdleConns(4)
 	udb := sql.OpenDB(pgConnector{stdlib.GetConnector(*ro)})
 	udb.SetMaxOpenConns(2)
+	udb.SetMaxIdleConns(2)
 	l := newLedger(name, db, rdb, udb, opts, sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead})
 	l.pg = true
 	if err := l.migratePG(ctx, opts.MustExist); err != nil {

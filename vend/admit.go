@@ -291,9 +291,15 @@ func (v *Vendor) callArgs(t *Tool, r *CallRequest) (args json.RawMessage, inst a
 }
 
 // runFree runs a call nobody pays for: a free tool, or one within its
-// daily free quota. Nothing is recorded.
+// daily free quota. Nothing is recorded. A tool call goes through the
+// RawToolSource when its upstream can take it (the same answer, cheaper:
+// see CallFree).
 func (v *Vendor) runFree(ctx context.Context, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
-	body, err := v.execute(ctx, 0, t, args, r)
+	raw, _ := v.cfg.Tools.(RawToolSource)
+	if raw != nil && (t.Kind.Or() != KindTool || !raw.CanCallRaw(*t)) {
+		raw = nil
+	}
+	body, err := v.executeVia(ctx, 0, raw, t, args, r)
 	v.obs.FreeCall(*t, err)
 	if err != nil {
 		return CallResult{}, err

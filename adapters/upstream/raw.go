@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
@@ -25,7 +26,12 @@ import (
 // on protocol 2026-07-28 is written as bytes and posted by capvend
 // itself (with h1Client, or httpClient), skipping mcp-go's client and
 // transport (which encode and decode the params three times, derive
-// headers from a cached tool list, and decode every message twice). The
+// headers from a cached tool list, and decode every message twice); to a
+// stdio upstream on that protocol, its params are written as bytes and
+// handed to the session's stdio transport (sendStdio), skipping only
+// mcp-go's client (the params encoded three times, Mcp-Param-* headers
+// derived from the tool's schema for a hop that has no headers, the
+// result decoded and encoded again). The
 // request is the one mcp-go's client would send: the same params, _meta
 // (protocol version, capabilities, client info, our progress token),
 // Mcp-Method, Mcp-Name, protocol version and configured headers; a progress notification on the
@@ -39,10 +45,10 @@ import (
 // JSON value (and byte for byte for an mcp-go upstream, whose encoding
 // is the one resultBody uses).
 //
-// Not raw: stdio upstreams, upstreams before 2026-07-28 (their server-
-// initiated elicitations are answered by the client's handler on the
-// session), tools whose schema mirrors arguments into Mcp-Param-*
-// headers (x-mcp-header), and an upstream result asking for input
+// Not raw: upstreams before 2026-07-28 (their server-initiated
+// elicitations are answered by the client's handler on the session),
+// tools of an HTTP upstream whose schema mirrors arguments into
+// Mcp-Param-* headers (x-mcp-header), and an upstream result asking for input
 // (vend.ErrNotRaw: the caller runs the call through CallTool, whose
 // client answers such requests; by the protocol, a round asking for input
 // has not done the work yet). A request from the upstream on the call's
@@ -50,11 +56,12 @@ import (
 
 var _ vend.RawToolSource = (*Manager)(nil)
 
-// CanCallRaw reports whether t's upstream is an HTTP upstream connected on
-// protocol 2026-07-28 and t has no x-mcp-header parameters.
+// CanCallRaw reports whether t's upstream is connected on protocol
+// 2026-07-28, over stdio, or over HTTP when t has no x-mcp-header
+// parameters.
 func (m *Manager) CanCallRaw(t vend.Tool) bool {
 	u := m.byName[t.Server]
-	if u == nil || u.cfg.URL == "" || bytes.Contains(t.InputSchema, []byte("x-mcp-header")) {
+	if u == nil || (u.cfg.URL != "" && bytes.Contains(t.InputSchema, []byte("x-mcp-header"))) {
 		return false
 	}
 	_, ok := u.rawSession()
@@ -80,10 +87,11 @@ func (u *upstream) rawSession() (*client.Client, bool) {
 	if c == nil || !mcp.IsModernProtocol(c.ProtocolVersion()) {
 		return nil, false
 	}
-	if _, ok := c.GetTransport().(*transport.StreamableHTTP); !ok {
-		return nil, false
+	switch c.GetTransport().(type) {
+	case *transport.StreamableHTTP, *transport.Stdio:
+		return c, true
 	}
-	return c, true
+	return nil, false
 }
 
 // rawMeta is the _meta mcp-go's client puts on every request on protocol
@@ -149,11 +157,14 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	}
 	// The request in one buffer; the params' keys in the order mcp-go's
 	// client sends them (a map, sorted), args as vend parsed them (compact).
-	id := `"capvend-raw-` + strconv.FormatUint(u.seq.Add(1), 10) + `"`
+	seq := strconv.FormatUint(u.seq.Add(1), 10)
+	id := `"capvend-raw-` + seq + `"`
 	msg := make([]byte, 0, 144+len(id)+len(meta)+len(args)+len(name))
 	msg = append(msg, `{"jsonrpc":"2.0","id":`...)
 	msg = append(msg, id...)
-	msg = append(msg, `,"method":"tools/call","params":{"_meta":`...)
+	msg = append(msg, `,"method":"tools/call","params":`...)
+	params := len(msg)
+	msg = append(msg, `{"_meta":`...)
 	msg = append(msg, meta...)
 	msg = append(msg, `,"arguments":`...)
 	msg = append(msg, args...)
@@ -162,7 +173,12 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	msg = append(msg, "}}"...)
 
 	defer u.inflight(ctx)()
-	result, err := u.post(ctx, version, name, msg, id)
+	var result json.RawMessage
+	if tr, ok := c.GetTransport().(*transport.Stdio); ok {
+		result, err = u.sendStdio(ctx, tr, "capvend-raw-"+seq, msg[params:len(msg)-1])
+	} else {
+		result, err = u.post(ctx, version, name, msg, id)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("upstream %q: call %q: %w", u.cfg.Name, name, ctx.Err())
@@ -180,6 +196,47 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 		return nil, vend.ErrNotRaw
 	}
 	return u.resultBody(name, res)
+}
+
+// sendStdio sends a tools/call of params (a JSON object) with id on a
+// stdio upstream's transport, as mcp-go's client does (its
+// notifications/cancelled too, when ctx ends first), and returns the
+// result of the response; its JSON-RPC error as an error. A transport
+// failure also asks the session to check the upstream (ping).
+func (u *upstream) sendStdio(ctx context.Context, tr *transport.Stdio, id string, params json.RawMessage) (json.RawMessage, error) {
+	req := transport.JSONRPCRequest{JSONRPC: mcp.JSONRPC_VERSION, ID: mcp.NewRequestId(id), Method: string(mcp.MethodToolsCall), Params: params}
+	resp, err := tr.SendRequest(ctx, req)
+	if err != nil {
+		if ctx.Err() != nil {
+			cancelStdio(ctx, tr, req.ID)
+		} else {
+			signal(u.check)
+		}
+		return nil, err
+	}
+	if resp.Error != nil {
+		return nil, resp.Error.AsError()
+	}
+	return resp.Result, nil
+}
+
+// cancelStdio tells a stdio upstream that the request id was given up, as
+// mcp-go's client does: best effort, off the caller's path (an upstream
+// that does not read its stdin must not hold the caller up), within 5 s.
+func cancelStdio(ctx context.Context, tr *transport.Stdio, id mcp.RequestId) {
+	n := mcp.JSONRPCNotification{
+		JSONRPC: mcp.JSONRPC_VERSION,
+		Notification: mcp.Notification{
+			Method: string(mcp.MethodNotificationCancelled),
+			Params: mcp.NotificationParams{AdditionalFields: map[string]any{"requestId": id, "reason": ctx.Err().Error()}},
+		},
+	}
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_ = tr.SendNotification(ctx, n)
+	}()
 }
 
 // passResult returns the upstream's result as it came, without the

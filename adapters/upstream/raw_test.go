@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -56,12 +58,12 @@ func addRawTools(s *server.MCPServer) {
 		})
 }
 
-// TestCallToolRawAsCallTool: on an HTTP upstream of protocol 2026-07-28,
-// CallToolRaw gives the bytes CallTool gives (results, tool errors,
-// progress with the caller's token put back, JSON-RPC errors as
+// TestCallToolRawAsCallTool: on an HTTP or stdio upstream of protocol
+// 2026-07-28, CallToolRaw gives the bytes CallTool gives (results, tool
+// errors, progress with the caller's token put back, JSON-RPC errors as
 // ErrUpstream), and hands an upstream's request for input back
-// (ErrNotRaw). Stdio and older upstreams, and tools mirroring arguments
-// into headers, are not raw.
+// (ErrNotRaw). Older upstreams, and tools of an HTTP upstream mirroring
+// arguments into headers, are not raw.
 func TestCallToolRawAsCallTool(t *testing.T) {
 	hs := newTestServer("web")
 	addRawTools(hs)
@@ -80,7 +82,7 @@ func TestCallToolRawAsCallTool(t *testing.T) {
 	run(t, m)
 	waitTools(t, m, e, "w_rich", "w_headers", "o_echo", "l_echo")
 
-	for _, tc := range []struct{ tool string }{{"o_echo"}, {"l_echo"}, {"w_headers"}} {
+	for _, tc := range []struct{ tool string }{{"o_echo"}, {"w_headers"}} {
 		if m.CanCallRaw(tool(t, m, tc.tool)) {
 			t.Errorf("%s: raw", tc.tool)
 		}
@@ -98,6 +100,10 @@ func TestCallToolRawAsCallTool(t *testing.T) {
 		{"w_progress", `{}`, `7`},
 		{"w_progress", `{}`, ``},
 		{"w_rpcerror", `{}`, ``},
+		{"l_echo", `{"text":"hi"}`, ``},
+		{"l_echo", `{"text":1}`, ``},
+		{"l_fail", `{}`, ``},
+		{"l_pid", `{}`, ``},
 	} {
 		t.Run(tc.tool+" "+tc.args+" "+tc.token, func(t *testing.T) {
 			tl := tool(t, m, tc.tool)
@@ -139,9 +145,62 @@ func TestCallToolRawAsCallTool(t *testing.T) {
 	}
 
 	t.Run("asks for input", func(t *testing.T) {
-		_, err := m.CallToolRaw(ctx, tool(t, m, "w_ask"), json.RawMessage(`{}`), nil, nil)
-		if !errors.Is(err, vend.ErrNotRaw) {
-			t.Fatalf("%v, want ErrNotRaw", err)
+		for _, name := range []string{"w_ask", "l_ask"} {
+			_, err := m.CallToolRaw(ctx, tool(t, m, name), json.RawMessage(`{}`), nil, nil)
+			if !errors.Is(err, vend.ErrNotRaw) {
+				t.Fatalf("%s: %v, want ErrNotRaw", name, err)
+			}
+		}
+	})
+
+	t.Run("stdio progress", func(t *testing.T) {
+		// l_slow sends two notifications, then waits for l_release.
+		slow := func(call func(context.Context, vend.Tool, json.RawMessage, json.RawMessage, func(json.RawMessage)) (json.RawMessage, error)) (string, []string) {
+			var mu sync.Mutex
+			var notes []string
+			two := make(chan struct{})
+			done := make(chan string, 1)
+			go func() {
+				body, err := call(ctx, tool(t, m, "l_slow"), nil, json.RawMessage(`7`), func(p json.RawMessage) {
+					mu.Lock()
+					defer mu.Unlock()
+					if notes = append(notes, string(p)); len(notes) == 2 {
+						close(two)
+					}
+				})
+				done <- fmt.Sprintf("%s %v", body, err)
+			}()
+			<-two
+			if _, err := m.CallTool(ctx, tool(t, m, "l_release"), nil, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			got := <-done
+			mu.Lock()
+			defer mu.Unlock()
+			return got, notes
+		}
+		got, rawNotes := slow(m.CallToolRaw)
+		want, notes := slow(m.CallTool)
+		if got != want || !slices.Equal(rawNotes, notes) || len(notes) != 2 {
+			t.Errorf("raw: %s %q\nclient: %s %q", got, rawNotes, want, notes)
+		}
+	})
+
+	t.Run("stdio canceled", func(t *testing.T) {
+		// Given up before its answer: the caller's error, and the
+		// upstream goes on serving.
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			_, err := m.CallToolRaw(cctx, tool(t, m, "l_slow"), nil, json.RawMessage(`"c"`), func(json.RawMessage) { cancel() })
+			done <- err
+		}()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("%v, want context.Canceled", err)
+		}
+		body, err := m.CallToolRaw(ctx, tool(t, m, "l_echo"), json.RawMessage(`{"text":"after"}`), nil, nil)
+		if err != nil || !strings.Contains(string(body), "stdio-upstream:after") {
+			t.Fatalf("after a canceled call: %s %v", body, err)
 		}
 	})
 }
