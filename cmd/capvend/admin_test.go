@@ -40,7 +40,7 @@ func TestServeListsToolsOnlyOnceUpstreamsListed(t *testing.T) {
 	t.Parallel()
 	path, listen := freeToolsConfig(t, "")
 	slowUpstream(t, path)
-	serveInProcess(t, path, listen)
+	startCapvend(t, path)
 	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +90,7 @@ func TestServeAdminListener(t *testing.T) {
 	path, listen := freeToolsConfig(t, "")
 	slowUpstream(t, path)
 	addr := adminConfig(t, path, "")
-	serveInProcess(t, path, listen)
+	startCapvend(t, path)
 	if code, body := get(t, "http://"+addr+"/healthz", ""); code != 200 {
 		t.Fatalf("healthz: %d %s", code, body)
 	}
@@ -148,7 +148,7 @@ func TestAdminPprof(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := adminConfig(t, path, "  pprof: true\n  token_file: "+tokenFile+"\n")
-	serveInProcess(t, path, listen)
+	startCapvend(t, path)
 	if code, _ := get(t, "http://"+addr+"/debug/pprof/", ""); code != 401 {
 		t.Errorf("/debug/pprof/ without the token: %d, want 401", code)
 	}

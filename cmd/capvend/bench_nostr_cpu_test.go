@@ -5,11 +5,8 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -49,7 +46,7 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 		admin = freeAddr(b)
 		appendFile(b, path, fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", admin))
 	}
-	serve := startServeProcess(b, path)
+	serve := startCapvend(b, path, capvendOpts{Process: true}).Pid()
 	upstream := childOf(b, serve)
 
 	type server struct {
@@ -122,30 +119,6 @@ func fetchURL(b *testing.B, url string) []byte {
 		return nil
 	}
 	return body
-}
-
-// startServeProcess runs the built capvend's `serve --config path` until
-// the benchmark ends and returns its pid once it serves ContextVM.
-func startServeProcess(tb testing.TB, path string) int {
-	tb.Helper()
-	cmd := exec.Command(builtCapvend(tb), "serve", "--config", path)
-	stderr := &lockedWriter{w: &strings.Builder{}}
-	cmd.Stdout, cmd.Stderr = stderr, stderr
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-	})
-	deadline := time.Now().Add(60 * time.Second) // a hang guard
-	for !strings.Contains(stderr.String(), "serving ContextVM") {
-		if time.Now().After(deadline) {
-			tb.Fatalf("capvend serve not serving ContextVM within 60 s:\n%s", stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return cmd.Process.Pid
 }
 
 // childOf returns the pid of the one child of process pid (serve's stdio

@@ -20,6 +20,7 @@ import (
 
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/internal/syncbuf"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
@@ -49,8 +50,8 @@ func BenchmarkNostrFreeCall(b *testing.B) {
 
 	sk := nostr.GeneratePrivateKey()
 	ours, _ := nostr.GetPublicKey(sk)
-	path, listen := nostrToolsConfig(b, relay, sk, "")
-	serveStoppable(b, path, listen)
+	path, _ := nostrToolsConfig(b, relay, sk, "")
+	startCapvend(b, path)
 	theirs := startSDKServer(b, dir, relay)
 
 	sdk, cv := newLoadClient(b, relay, theirs), newLoadClient(b, relay, ours)
@@ -132,9 +133,8 @@ func startSDKServerProc(tb testing.TB, dir, script, relay string) (pubkey string
 	cmd := exec.Command("node", script, relay, "optional")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CONTEXTVM_SERVER_KEY="+nostr.GeneratePrivateKey())
-	var stderr lockedWriter
-	stderr.w = &strings.Builder{}
-	cmd.Stderr = &stderr
+	stderr := &syncbuf.Buffer{}
+	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		tb.Fatal(err)

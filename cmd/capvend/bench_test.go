@@ -50,7 +50,8 @@ func p50(d []time.Duration) time.Duration {
 // within that floor.
 func BenchmarkFreeCall(b *testing.B) {
 	s := needStack(b) // for the example-tools binary and a configuration
-	url, _ := serving(b, s, serveOpts{})
+	path, _ := writeServeConfig(b, s, serveOpts{})
+	url := startCapvend(b, path).URL()
 	pc := newPayingClient(b, s, url)
 	waitTools(b, pc)
 	ctx := context.Background()
@@ -359,7 +360,7 @@ func BenchmarkFreeCallMonitoring(b *testing.B) {
 			extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", freeAddr(b))
 		}
 		appendFile(b, path, extra)
-		serveInProcess(b, path, listen)
+		startCapvend(b, path)
 		waitTools(b, newPayingClient(b, s, "http://"+listen+"/mcp"))
 		for range freeCallClients {
 			clients[on] = append(clients[on], startClient(b, "http://"+listen+"/mcp"))
@@ -406,7 +407,8 @@ func appendFile(t testing.TB, path, text string) {
 // >= 0.85x the raw loop.
 func BenchmarkPaidCalls(b *testing.B) {
 	s := needStack(b)
-	url, _ := serving(b, s, serveOpts{})
+	path, _ := writeServeConfig(b, s, serveOpts{})
+	url := startCapvend(b, path).URL()
 	pc := newPayingClient(b, s, url)
 	waitTools(b, pc)
 	ctx := context.Background()

@@ -61,7 +61,9 @@ func mcpPost(t *testing.T, url, sid, body string, each func(msg json.RawMessage)
 // ledger holds only the first call, still awaiting its payment.
 func TestReusedRequestIDOverMCPHTTP(t *testing.T) {
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{hold: true})
+	path, _ := writeServeConfig(t, s, serveOpts{hold: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	sid := mcpPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"reuse","version":"1"}}}`,
 		func(json.RawMessage) bool { return true })
 	if sid == "" {

@@ -33,7 +33,9 @@ import (
 func TestStockClientsBuyWithEvery402Scheme(t *testing.T) {
 	needL402Client(t)
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{http402: true, http402Schemes: "[mpp, l402, x402, cashu]"})
+	path, _ := writeServeConfig(t, s, serveOpts{http402: true, http402Schemes: "[mpp, l402, x402, cashu]"})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	customer, _ := s.Node(testnet.Customer)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -141,7 +143,9 @@ func releasedBy(t *testing.T, db string, id vend.CallID) string {
 func TestURLElicitationPaysWithoutRetry(t *testing.T) {
 	needL402Client(t)
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{})
+	path, _ := writeServeConfig(t, s, serveOpts{})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	customer, _ := s.Node(testnet.Customer)
 	text := "bought through the pay page"
 	lines := runNodeClient(t, customer, "elicit.mjs", url, "t_sha256", fmt.Sprintf(`{"text":%q}`, text), customer.RESTHost,

@@ -76,7 +76,9 @@ func (p *pagePayer) Elicit(ctx context.Context, req mcp.ElicitationRequest) (*mc
 // input_required rounds to test here.)
 func TestURLElicitationPaysMRTR(t *testing.T) {
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{})
+	path, _ := writeServeConfig(t, s, serveOpts{})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	tr, err := transport.NewStreamableHTTP(url)
 	if err != nil {
 		t.Fatal(err)

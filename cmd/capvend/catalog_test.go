@@ -15,7 +15,7 @@ import (
 // and reads its prompt and resource through an mcp-go client.
 func TestServePassesPromptsAndResourcesThrough(t *testing.T) {
 	cfg, listen := freeToolsConfig(t, "ex_")
-	serveInProcess(t, cfg, listen)
+	startCapvend(t, cfg)
 	ctx := context.Background()
 	// A bound on waiting for the upstream: a deadlock guard.
 	deadline := time.Now().Add(60 * time.Second)

@@ -77,8 +77,8 @@ func TestContextVMOversizedStockClient(t *testing.T) {
 	needSDK(t)
 	relay := testkit.LimitedRelay(t, relayLimit)
 	server, nsec := serverKey(t)
-	path, listen := oversizedConfig(t, s, relay, nsec)
-	serveStoppable(t, path, listen)
+	path, _ := oversizedConfig(t, s, relay, nsec)
+	startCapvend(t, path)
 	c := dialContextVM(t, relay, server)
 	c.waitReady()
 	c.waitNames("tools/list", "t_bulk", "t_sha256")
@@ -204,7 +204,7 @@ func TestServeRefusingRelay(t *testing.T) {
 	server, _ := nostr.GetPublicKey(sk)
 	refuser := refusingRelay(t, server, reason)
 	limited := testkit.LimitedRelay(t, relayLimit)
-	path, listen := nostrToolsConfig(t, limited, sk, "ex_")
+	path, _ := nostrToolsConfig(t, limited, sk, "ex_")
 	cfg, _ := os.ReadFile(path)
 	cfg = []byte(strings.Replace(string(cfg), "relays: ["+limited+"]", "relays: ["+refuser+", "+limited+"]", 1))
 	cfg = []byte(strings.Replace(string(cfg), "    command: ", "    args: [--bulk]\n    command: ", 1))
@@ -212,7 +212,7 @@ func TestServeRefusingRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := adminConfig(t, path, "")
-	_, _, logs := serveLogged(t, path, listen)
+	sv := startCapvend(t, path)
 	c := dialContextVM(t, limited, server)
 	c.waitReady()
 	c.waitNames("tools/list", "ex_bulk")
@@ -225,8 +225,8 @@ func TestServeRefusingRelay(t *testing.T) {
 	if d := time.Since(start); d > 30*time.Second { // a bound: PublishTimeout is 10 s; the stock client waits 60 s
 		t.Fatalf("the error came after %s", d)
 	}
-	if !strings.Contains(logs.String(), "relay="+refuser+" reason=\""+reason+"\"") {
-		t.Fatalf("the log does not name the relay's reason:\n%s", logs.String())
+	if !strings.Contains(sv.Logs(), "relay="+refuser+" reason=\""+reason+"\"") {
+		t.Fatalf("the log does not name the relay's reason:\n%s", sv.Logs())
 	}
 	_, metrics := get(t, "http://"+addr+"/metrics", "")
 	for _, want := range []string{
@@ -245,9 +245,9 @@ func TestServeRefusingRelay(t *testing.T) {
 	}
 
 	// On the refusing relay alone (its announcements refused): not ready.
-	path2, listen2 := nostrToolsConfig(t, refuser, sk, "ex_")
+	path2, _ := nostrToolsConfig(t, refuser, sk, "ex_")
 	addr2 := adminConfig(t, path2, "")
-	serveStoppable(t, path2, listen2)
+	startCapvend(t, path2)
 	for i := 0; ; i++ { // until the announcements were refused: a hang guard, not a speed check
 		code, body = get(t, "http://"+addr2+"/readyz", "")
 		if strings.Contains(body, "not ready: nostr: every relay refuses our events: "+refuser) || i == 300 {
@@ -267,7 +267,7 @@ func TestDoctorRelayLimitsAndRefusals(t *testing.T) {
 	t.Parallel()
 	s := newDoctorSetup(t)
 	s.relays = []string{testkit.LimitedRelay(t, relayLimit)}
-	code, rep := runDoctor(t, s.write(t))
+	rep, _, code := run(t, nil, "doctor", "--config", s.write(t))
 	if l := wantStatus(t, rep, "relay "+s.relays[0], "ok"); !strings.Contains(l, "takes our events of 65536 bytes (its advertised max_message_length)") {
 		t.Fatalf("exit %d; relay line %q", code, l)
 	}
@@ -279,7 +279,7 @@ func TestDoctorRelayLimitsAndRefusals(t *testing.T) {
 		return ev.Kind == ctxvmclient.KindMessage, reason
 	})
 	s.relays = []string{testkit.ServeRelay(t, rl)}
-	code, rep = runDoctor(t, s.write(t))
+	rep, _, code = run(t, nil, "doctor", "--config", s.write(t))
 	if l := wantStatus(t, rep, "relay "+s.relays[0], "FAIL"); code != 1 || !strings.Contains(l, reason) {
 		t.Fatalf("exit %d; relay line %q", code, l)
 	}

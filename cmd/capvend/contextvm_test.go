@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,9 +38,9 @@ const sha256Hi = "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327a
 func TestContextVM(t *testing.T) {
 	s := needStack(t)
 	server, nsec := serverKey(t)
-	path, listen := writeServeConfig(t, s, serveOpts{nsecFile: nsec})
+	path, _ := writeServeConfig(t, s, serveOpts{nsecFile: nsec})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
-	stop := serveStoppable(t, path, listen)
+	stop := startCapvend(t, path).Stop
 
 	c := dialContextVM(t, s.RelayURL, server)
 	c.waitReady()
@@ -103,7 +102,7 @@ func TestContextVM(t *testing.T) {
 	// A restart, and the first call's event again: the stored result, no
 	// new payment request.
 	stop()
-	serveStoppable(t, path, listen)
+	startCapvend(t, path)
 	c.waitReady()
 	c.publish(req)
 	notes = nil
@@ -160,50 +159,6 @@ func serverKey(t testing.TB) (pubkey, nsecFile string) {
 		t.Fatal(err)
 	}
 	return pubkey, nsecFile
-}
-
-// serveStoppable runs `capvend serve --config path` in this process like
-// serveInProcess, and returns a function stopping it (it must exit 0);
-// the test's end stops it too.
-func serveStoppable(t testing.TB, path, listen string) (stop func()) {
-	t.Helper()
-	stop, _ = serveOutput(t, path, listen)
-	return stop
-}
-
-// serveOutput is serveStoppable that also returns serve's standard error.
-func serveOutput(t testing.TB, path, listen string) (stop func(), stderr *lockedWriter) {
-	t.Helper()
-	stop, stderr, _ = serveLogged(t, path, listen)
-	return stop, stderr
-}
-
-// serveLogged is serveOutput that also returns serve's debug log (why an
-// event was dropped ...), which is shown when the test fails.
-func serveLogged(t testing.TB, path, listen string) (stop func(), stderr, logs *lockedWriter) {
-	t.Helper()
-	logs = &lockedWriter{w: &strings.Builder{}}
-	t.Cleanup(func() {
-		if t.Failed() {
-			text := logs.String()
-			if len(text) > 20_000 {
-				text = "…" + text[len(text)-20_000:]
-			}
-			t.Logf("capvend serve log (%s):\n%s", path, text)
-		}
-	})
-	// Its goroutines carry the label capvend=<its config's dir> in CPU
-	// profiles (see BenchmarkNostrFreeCallInstances).
-	sv := runServe(t, path, filepath.Base(filepath.Dir(path)),
-		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	sv.await(t, "start", func() bool { return strings.Contains(sv.stderr.String(), "serving ContextVM") })
-	return sv.stop, sv.stderr, logs
-}
-
-func (l *lockedWriter) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.(*strings.Builder).String()
 }
 
 // cvmClient is the shared ContextVM client (internal/ctxvmclient) for a
@@ -359,8 +314,8 @@ func TestContextVMCatalog(t *testing.T) {
 	relay := testkit.Relay(t)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
-	path, listen := nostrToolsConfig(t, relay, sk, "ex_")
-	serveStoppable(t, path, listen)
+	path, _ := nostrToolsConfig(t, relay, sk, "ex_")
+	startCapvend(t, path)
 	c := dialContextVM(t, relay, server)
 	c.waitReady()
 

@@ -74,7 +74,7 @@ func TestCreditOverMCPHTTPAndContextVM(t *testing.T) {
 	s := needStack(t)
 	server, nsec := serverKey(t)
 	path, listen := writeServeConfig(t, s, serveOpts{cashu: true, credit: true, nsecFile: nsec})
-	stop := serveStoppable(t, path, listen)
+	stop := startCapvend(t, path).Stop
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
 	waitToolCount(t, pc, 11) // writeServeConfig's ten and capvend_topup
 	before := customerBalance(t, s)
@@ -145,11 +145,11 @@ func TestCreditOverMCPHTTPAndContextVM(t *testing.T) {
 	stop() // the wallet is capvend serve's while it runs
 	t.Chdir(filepath.Dir(path))
 	for _, acct := range []string{info.Account, nostrAccount} {
-		out := runCapvend(t, "credit", "show", "--config", path, acct)
+		out := capvendIn(t, "", nil, "credit", "show", "--config", path, acct)
 		if !strings.Contains(out, "16.000") || !strings.Contains(out, "84.000") {
 			t.Fatalf("credit show:\n%s", out)
 		}
-		out = runCapvend(t, "credit", "refund", acct, "--cashu", "--config", path)
+		out = capvendIn(t, "", nil, "credit", "refund", acct, "--cashu", "--config", path)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		tok, err := cashu.DecodeToken(lines[len(lines)-1])
 		if err != nil {
@@ -159,17 +159,17 @@ func TestCreditOverMCPHTTPAndContextVM(t *testing.T) {
 			t.Fatalf("refund token of %d sats, want 16", tok.Amount())
 		}
 	}
-	out := runCapvend(t, "credit", "--config", path)
+	out := capvendIn(t, "", nil, "credit", "--config", path)
 	if !strings.Contains(out, "2 account(s), 0.000 sat owed in credit") {
 		t.Fatalf("after the refunds:\n%s", out)
 	}
-	out = runCapvend(t, "ledger", "balance", "--config", path)
+	out = capvendIn(t, "", nil, "ledger", "balance", "--config", path)
 	for _, want := range []string{"income:tools:tools:sha256", "168.000"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("ledger balance lacks %q:\n%s", want, out)
 		}
 	}
-	if out := runCapvend(t, "ledger", "verify", "--config", path); !strings.Contains(out, "checks passed") {
+	if out := capvendIn(t, "", nil, "ledger", "verify", "--config", path); !strings.Contains(out, "checks passed") {
 		t.Fatalf("verify:\n%s", out)
 	}
 }
@@ -182,7 +182,8 @@ func TestCreditOverMCPHTTPAndContextVM(t *testing.T) {
 // one scheduling hiccup of a loaded machine doubles.
 func BenchmarkCreditCalls(b *testing.B) {
 	s := needStack(b)
-	url, _ := serving(b, s, serveOpts{credit: true})
+	path, _ := writeServeConfig(b, s, serveOpts{credit: true})
+	url := startCapvend(b, path).URL()
 	const calls, creditCalls = 40, 400
 	for _, n := range []int{1, 8} {
 		pcs := make([]*payingClient, n)

@@ -192,7 +192,7 @@ func TestDashboardInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := adminConfig(t, path, "  token_file: "+tokenFile+"\nreconcile:\n  interval: 10s\n")
-	serveInProcess(t, path, listen)
+	startCapvend(t, path)
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
 	waitTools(t, pc)
 	shots := t.TempDir()
@@ -224,7 +224,7 @@ func TestDashboardInChromium(t *testing.T) {
 	var shownTools, shownDays [][]string
 	js(t, ctx, `[...document.querySelectorAll('#revenue table.tools tr[data-account]')].map(r => [...r.cells].map(c => c.textContent.trim()))`, &shownTools)
 	js(t, ctx, `[...document.querySelectorAll('#revenue table.days tr[data-account]')].map(r => [...r.cells].map(c => c.textContent.trim()))`, &shownDays)
-	tools, days := balanceRows(runCapvend(t, "ledger", "balance", "--config", path))
+	tools, days := balanceRows(capvendIn(t, "", nil, "ledger", "balance", "--config", path))
 	if len(tools) != 3 || !reflect.DeepEqual(shownTools, tools) || len(days) == 0 || !reflect.DeepEqual(shownDays, days) {
 		t.Fatalf("the dashboard shows revenue\n%v\n%v\ncapvend ledger balance prints\n%v\n%v", shownTools, shownDays, tools, days)
 	}
@@ -300,7 +300,7 @@ func TestDashboardInChromium(t *testing.T) {
 		t.Error("the unpaid call never ended after its invoice was canceled")
 	}
 	// The per-day totals the dashboard reads agree with the journal.
-	if out := runCapvend(t, "ledger", "verify", "--config", path); !strings.Contains(out, "ok    the daily account totals") {
+	if out := capvendIn(t, "", nil, "ledger", "verify", "--config", path); !strings.Contains(out, "ok    the daily account totals") {
 		t.Errorf("ledger verify:\n%s", out)
 	}
 }

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -80,17 +78,6 @@ func (s *doctorSetup) write(t *testing.T) string {
 	return path
 }
 
-// runDoctor runs `capvend doctor --config path` and returns its exit code
-// and report.
-func runDoctor(t *testing.T, path string) (int, string) {
-	t.Helper()
-	var out strings.Builder
-	e := &env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: io.Discard, Getenv: func(string) string { return "" },
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	code := execute(context.Background(), rootCommand(), e, []string{"doctor", "--config", path})
-	return code, out.String()
-}
-
 // line returns the report's line for check name, failing if there is none.
 func line(t *testing.T, report, name string) string {
 	t.Helper()
@@ -119,7 +106,7 @@ func wantStatus(t *testing.T, report, name, status string) string {
 // fails (with its fix) and doctor exits 1; with nothing broken it exits 0.
 func TestDoctor(t *testing.T) {
 	t.Run("Healthy", func(t *testing.T) {
-		code, rep := runDoctor(t, newDoctorSetup(t).write(t))
+		rep, _, code := run(t, nil, "doctor", "--config", newDoctorSetup(t).write(t))
 		if code != 0 || strings.Contains(rep, "FAIL") {
 			t.Fatalf("exit %d:\n%s", code, rep)
 		}
@@ -147,7 +134,7 @@ func TestDoctor(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newDoctorSetup(t)
 			tc.breakIt(s)
-			code, rep := runDoctor(t, s.write(t))
+			rep, _, code := run(t, nil, "doctor", "--config", s.write(t))
 			if code != 1 || strings.Count(rep, "FAIL") != 1 {
 				t.Fatalf("exit %d, want 1 with one failure:\n%s", code, rep)
 			}
@@ -178,7 +165,7 @@ func TestDoctorLND(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newDoctorSetup(t)
 			s.lnd, s.macaroon, s.priceSats = &v, tc.macaroon, tc.price
-			code, rep := runDoctor(t, s.write(t))
+			rep, _, code := run(t, nil, "doctor", "--config", s.write(t))
 			wantStatus(t, rep, "lnd", tc.status)
 			if tc.liquidity != "" {
 				wantStatus(t, rep, "liquidity", tc.liquidity)
@@ -200,7 +187,7 @@ func TestDoctorItemPricesAndUnpriced(t *testing.T) {
 	s := newDoctorSetup(t)
 	path := s.write(t)
 	appendFile(t, path, "    prompts:\n      summarize: {price_sats: 2}\n    resources:\n      \"example://readm\": {price_sats: 1}\n      \"example://{name}\": {price_sats: 1}\n")
-	code, rep := runDoctor(t, path)
+	rep, _, code := run(t, nil, "doctor", "--config", path)
 	if code != 1 || strings.Count(rep, "FAIL") != 1 {
 		t.Fatalf("exit %d, want 1 with one failure:\n%s", code, rep)
 	}

@@ -39,7 +39,7 @@ func (c *confirmer) Elicit(ctx context.Context, req mcp.ElicitationRequest) (*mc
 // answer back.
 func TestServeElicitation(t *testing.T) {
 	cfg, listen := freeToolsConfig(t, "t_")
-	serveInProcess(t, cfg, listen)
+	startCapvend(t, cfg)
 	for _, tc := range []struct {
 		name    string
 		version string
@@ -133,8 +133,8 @@ func TestContextVMElicitation(t *testing.T) {
 	relay := testkit.Relay(t)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
-	path, listen := nostrToolsConfig(t, relay, sk, "ex_")
-	serveStoppable(t, path, listen)
+	path, _ := nostrToolsConfig(t, relay, sk, "ex_")
+	startCapvend(t, path)
 
 	seq := 0
 	// ask sends content (its id %d is a new number, so a new event) and

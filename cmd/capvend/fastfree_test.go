@@ -59,7 +59,8 @@ func modernPost(t *testing.T, url, id, tool, args, meta, caps string) (int, stri
 // a client that cannot elicit.
 func TestFreeCallFastPathSameBytes(t *testing.T) {
 	s := needStack(t)
-	url, _ := serving(t, s, serveOpts{})
+	path, _ := writeServeConfig(t, s, serveOpts{})
+	url := startCapvend(t, path).URL()
 	pc := newPayingClient(t, s, url)
 	waitTools(t, pc)
 	const cannot, can = `{}`, `{"elicitation":{}}`

@@ -73,7 +73,7 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 		t.Fatal(err)
 	}
 	path, listen := httpFrontConfig(t, "  auth_token_file: "+tokenFile+"\n  write_timeout: 1s\n")
-	serveInProcess(t, path, listen)
+	startCapvend(t, path)
 	url := "http://" + listen + "/mcp"
 	auth := []string{"Authorization", "Bearer " + token}
 	legacyCall := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sha256","arguments":{"text":"x"}}}`
@@ -135,10 +135,10 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 // new one is answered 503 at once; a freed slot serves again.
 func TestServeConnectionCap(t *testing.T) {
 	path, listen := httpFrontConfig(t, "  max_connections: 2\n")
-	serveInProcess(t, path, listen)
+	startCapvend(t, path)
 	// Two kept-alive connections that were served hold both slots (a
-	// connection refused because a slot was not yet given back, e.g. by
-	// serveInProcess's probe, is dialled again).
+	// connection refused because a slot was not yet given back is dialled
+	// again).
 	deadline := time.Now().Add(waitLimitServe)
 	var held []net.Conn
 	for len(held) < 2 {

@@ -15,7 +15,7 @@ import (
 func TestMCPInspectorListsAndCallsThroughServe(t *testing.T) {
 	inspector := inspectorBin(t)
 	cfg, listen := freeToolsConfig(t, "")
-	serveInProcess(t, cfg, listen)
+	startCapvend(t, cfg)
 	url := "http://" + listen + "/mcp"
 	inspect := func(args ...string) string {
 		t.Helper()

@@ -24,7 +24,9 @@ import (
 // verifies.
 func TestServeSellsPromptsAndResourcesOverMCPHTTP(t *testing.T) {
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{hold: true, items: true})
+	path, _ := writeServeConfig(t, s, serveOpts{hold: true, items: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	pc := newPayingClient(t, s, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -110,9 +112,9 @@ func TestServeSellsPromptsAndResourcesOverMCPHTTP(t *testing.T) {
 func TestContextVMSellsPrompts(t *testing.T) {
 	s := needStack(t)
 	server, nsec := serverKey(t)
-	path, listen := writeServeConfig(t, s, serveOpts{nsecFile: nsec, items: true})
+	path, _ := writeServeConfig(t, s, serveOpts{nsecFile: nsec, items: true})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
-	serveStoppable(t, path, listen)
+	startCapvend(t, path)
 	c := dialContextVM(t, s.RelayURL, server)
 	c.waitReady()
 

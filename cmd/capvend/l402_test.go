@@ -91,7 +91,9 @@ func customerPayment(t *testing.T, s *testnet.Stack, hash string) *lnrpc.Payment
 func TestStockL402ClientBuys(t *testing.T) {
 	needL402Client(t)
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{http402: true})
+	path, _ := writeServeConfig(t, s, serveOpts{http402: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	customer, _ := s.Node(testnet.Customer)
 
 	lines := runNodeClient(t, customer, "client.mjs", url, "t_sha256", `{"text":"bought with L402"}`, customer.RESTHost, customer.AdminMacaroon)
@@ -160,7 +162,9 @@ func TestStockL402ClientBuys(t *testing.T) {
 func TestStockL402ClientBuysCredit(t *testing.T) {
 	needL402Client(t)
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{http402: true, credit: true})
+	path, _ := writeServeConfig(t, s, serveOpts{http402: true, credit: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	customer, _ := s.Node(testnet.Customer)
 
 	lines := runNodeClient(t, customer, "credit.mjs", url, "100", "t_sha256", "credit", "5", customer.RESTHost, customer.AdminMacaroon)

@@ -59,27 +59,13 @@ func paidCalls(t *testing.T, l *ledger.Ledger, n int) {
 	}
 }
 
-// capvendFails runs the built capvend in dir, which must exit non-zero,
-// and returns its combined output.
-func capvendFails(t *testing.T, dir string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(builtCapvend(t), args...)
-	cmd.Dir, cmd.Env = dir, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		t.Fatalf("capvend %s: %v, want a non-zero exit\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
 // TestLedgerBackupWhileServing: `capvend ledger backup` (the built binary)
 // copies the ledger a running serve holds: the copy is verified and
 // written once, mode 0600; an existing file is refused without --force,
 // replaced with it; the copy verifies and balances as the ledger does.
 func TestLedgerBackupWhileServing(t *testing.T) {
 	t.Parallel()
-	path, listen := freeToolsConfig(t, "")
+	path, _ := freeToolsConfig(t, "")
 	dir := filepath.Dir(path)
 	l, err := ledger.Open(context.Background(), filepath.Join(dir, "capvend.db"), ledger.Options{})
 	if err != nil {
@@ -87,7 +73,7 @@ func TestLedgerBackupWhileServing(t *testing.T) {
 	}
 	paidCalls(t, l, 6)
 	l.Close()
-	serveInProcess(t, path, listen)
+	startCapvend(t, path)
 
 	if out := capvendIn(t, dir, nil, "ledger", "--help"); !strings.Contains(out, "backup ") {
 		t.Fatalf("ledger --help does not list backup:\n%s", out)

@@ -235,7 +235,7 @@ func TestServeOnPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Run("serve", func(t *testing.T) {
-		serveInProcess(t, src, listen)
+		startCapvend(t, src)
 		c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
 		if err != nil {
 			t.Fatal(err)
@@ -305,10 +305,10 @@ func sharedPGConfig(t *testing.T, dsn string, rule string) (path, listen string)
 // payment backend) is refused at start, saying why.
 func TestServeRefusesOtherPricesOnASharedLedger(t *testing.T) {
 	dsn := testPostgres(t)
-	a, listenA := sharedPGConfig(t, dsn, "not_idempotent: false")
-	serveInProcess(t, a, listenA)
-	b, listenB := sharedPGConfig(t, dsn, "not_idempotent: false")
-	serveInProcess(t, b, listenB)
+	a, _ := sharedPGConfig(t, dsn, "not_idempotent: false")
+	startCapvend(t, a)
+	b, _ := sharedPGConfig(t, dsn, "not_idempotent: false")
+	startCapvend(t, b)
 	c, _ := sharedPGConfig(t, dsn, "not_idempotent: true")
 	_, errOut, code := run(t, nil, "serve", "--config", c)
 	if code == 0 || !strings.Contains(errOut, "price book differs from a running instance's") || !strings.Contains(errOut, "same prices") {

@@ -62,12 +62,12 @@ func fillOld(t *testing.T, path string, age time.Duration, n int) {
 // verifies.
 func TestServePrunesOldAnswers(t *testing.T) {
 	t.Parallel()
-	path, listen := freeToolsConfig(t, "")
+	path, _ := freeToolsConfig(t, "")
 	dir := filepath.Dir(path)
 	db := filepath.Join(dir, "capvend.db")
 	fillOld(t, db, 40*24*time.Hour, 4) // 2 delivered, 1 failed and refunded, 1 awaiting
 	before := capvendIn(t, dir, nil, "ledger", "export", "--format", "beancount")
-	stop := serveInProcess(t, path, listen)
+	stop := startCapvend(t, path).Stop
 	l, err := ledger.Open(context.Background(), db, ledger.Options{MustExist: true})
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +131,9 @@ func TestLedgerPruneCommand(t *testing.T) {
 // still holds one call, run once, paid once.
 func TestReplayAfterPruneOverMCPHTTP(t *testing.T) {
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{})
+	path, _ := writeServeConfig(t, s, serveOpts{})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	sid := mcpPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"prune","version":"1"}}}`,
 		func(json.RawMessage) bool { return true })
 	mcpPost(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, func(json.RawMessage) bool { return true })

@@ -16,6 +16,7 @@ import (
 
 	"github.com/capvend/capvend/internal/replica"
 	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/internal/syncbuf"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
@@ -52,9 +53,8 @@ func replicating(t testing.TB, bin, config string) (stop func()) {
 	t.Helper()
 	cmd := exec.Command(bin, "replicate", "-config", config)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
-	var out lockedWriter
-	out.w = &bytes.Buffer{}
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := &syncbuf.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func replicating(t testing.TB, bin, config string) (stop func()) {
 	t.Cleanup(func() {
 		stop()
 		if t.Failed() {
-			t.Logf("litestream's log:\n%s", tail(&out, 8000))
+			t.Logf("litestream's log:\n%s", tail(out.String(), 8000))
 		}
 	})
 	return stop

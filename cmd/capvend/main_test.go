@@ -6,8 +6,6 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,22 +17,6 @@ import (
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
-
-// run executes capvend in-process with args and returns stdout, stderr and
-// the exit status.
-func run(t *testing.T, environ map[string]string, args ...string) (string, string, int) {
-	t.Helper()
-	var out, errOut bytes.Buffer
-	e := &env{
-		Stdin:  strings.NewReader(""),
-		Stdout: &out,
-		Stderr: &errOut,
-		Getenv: func(k string) string { return environ[k] },
-		Log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-	code := execute(context.Background(), rootCommand(), e, args)
-	return out.String(), errOut.String(), code
-}
 
 // chdir moves the test into dir (commands resolve ./capvend.yaml).
 func chdir(t *testing.T, dir string) {

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -329,11 +328,11 @@ func testMultiLoad(t *testing.T, hold bool) {
 		paths, listens, logs = append(paths, p), append(listens, l), append(logs, log)
 	}
 	db := openPG(t, dsn)
-	victim := startServe(t, paths[0], listens[0], "")
-	instance, run := victimOf(t, db, victim.Process.Pid)
+	victim := startCapvend(t, paths[0], capvendOpts{Process: true})
+	instance, run := victimOf(t, db, victim.Pid())
 	waitLedger(t, db, "the victim's work lease", time.Minute, func(n int) bool { return n == 1 },
 		"SELECT count(*) FROM leases WHERE name = $1 AND holder = $2", vend.LeaseWork, instance)
-	procs := []*exec.Cmd{startServe(t, paths[1], listens[1], ""), startServe(t, paths[2], listens[2], "")}
+	procs := []*runningCapvend{startCapvend(t, paths[1], capvendOpts{Process: true}), startCapvend(t, paths[2], capvendOpts{Process: true})}
 	start := time.Now()
 
 	ld := &load{s: s, tag: fmt.Sprintf("hold=%v", hold), hold: make(chan *loadCall, loadHeld+1), paidHashes: map[string]bool{},
@@ -390,9 +389,9 @@ func testMultiLoad(t *testing.T, hold bool) {
 	}
 	waitLedger(t, db, "the slow call executing", 2*time.Minute, func(n int) bool { return n == 1 },
 		"SELECT count(*) FROM calls WHERE run_id = $1 AND tool LIKE '%slow_count' AND state = 'executing'", run)
-	victim.Process.Signal(syscall.SIGKILL)
-	if err := waitExit(victim, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
-		t.Fatalf("the victim did not die by SIGKILL: %v", err)
+	victim.Signal(syscall.SIGKILL)
+	if code := victim.Wait(); code != exitKilled {
+		t.Fatalf("the victim did not die by SIGKILL: exit %d", code)
 	}
 	killed := time.Now()
 	ld.killed = killed
@@ -429,10 +428,7 @@ func testMultiLoad(t *testing.T, hold bool) {
 	replayLost(t, ld, cl.c, db, instance, killed)
 	logVictimStates(t, db, run, "at the end")
 	for _, p := range procs {
-		p.Process.Signal(syscall.SIGTERM)
-		if err := waitExit(p, 60*time.Second); err != nil {
-			t.Errorf("an instance did not stop cleanly: %v\n%s", err, tail(p.Stderr.(*lockedWriter), 4000))
-		}
+		p.Stop()
 	}
 	counts := answers.settle(t, cl, cl.c.PublicKey)
 	checkLoad(t, ld, loadLedger(t, db, logs), loadState{counts: counts, victim: instance, run: run, killed: killed,

@@ -7,13 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -234,14 +232,14 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 		paths, listens = append(paths, p), append(listens, l)
 	}
 	ctx := context.Background()
-	first := startServe(t, paths[0], listens[0], vend.FailAfterSettlement)
+	first := startCapvend(t, paths[0], capvendOpts{Process: true, Failpoint: vend.FailAfterSettlement})
 	l, err := ledger.OpenPostgres(ctx, dsn, ledger.Options{MustExist: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	waitLeaseHolder(t, l, first.Process.Pid, true, time.Minute)
-	procs := []*exec.Cmd{startServe(t, paths[1], listens[1], ""), startServe(t, paths[2], listens[2], "")}
+	waitLeaseHolder(t, l, first.Pid(), true, time.Minute)
+	procs := []*runningCapvend{startCapvend(t, paths[1], capvendOpts{Process: true}), startCapvend(t, paths[2], capvendOpts{Process: true})}
 
 	// A paid HTTP call on the first instance: it dies once the payment is
 	// booked, before the call runs.
@@ -250,14 +248,14 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 	if _, err := pc.call(t, "t_sha256", map[string]any{"text": "killed"}); err == nil {
 		t.Fatal("the call succeeded although its instance was killed")
 	}
-	if err := waitExit(first, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
-		t.Fatalf("the first instance did not die by SIGKILL: %v", err)
+	if code := first.Wait(); code != exitKilled {
+		t.Fatalf("the first instance did not die by SIGKILL: exit %d", code)
 	}
 	killed := time.Now()
 	if err := <-pc.paid; err != nil {
 		t.Fatalf("payment: %v", err)
 	}
-	holder := waitLeaseHolder(t, l, first.Process.Pid, false, 2*time.Minute)
+	holder := waitLeaseHolder(t, l, first.Pid(), false, 2*time.Minute)
 	c := waitCall(t, l, vend.CallDelivered)
 	t.Logf("the work lease went to %s and the dead instance's paid call was delivered %s after the kill (bound: %s lease + a third of it + recovery)",
 		holder, time.Since(killed).Round(time.Second), testLeaseTTL)
@@ -316,10 +314,7 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 	}
 
 	for _, p := range procs {
-		p.Process.Signal(syscall.SIGTERM)
-		if err := waitExit(p, 60*time.Second); err != nil {
-			t.Fatalf("an instance did not stop cleanly: %v", err)
-		}
+		p.Stop()
 	}
 	counts := answers.settle(t, cl, cl.c.PublicKey)
 	for i, req := range reqs {
@@ -453,10 +448,10 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 	}
 	var one float64
 	for n := 1; n <= 3; n++ {
-		path, listen := nostrToolsConfig(b, relay, sk, "")
+		path, _ := nostrToolsConfig(b, relay, sk, "")
 		onPostgres(b, path, dsn)
 		shardNostr(b, path, 0) // as served by default
-		serveStoppable(b, path, listen)
+		startCapvend(b, path)
 		c := newLoadClient(b, relay, server)
 		c.warmUp(b)
 		for deadline := time.Now().Add(2 * time.Minute); ; { // a hang guard
@@ -494,7 +489,7 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 
 // benchProfile writes, with CAPVEND_BENCH_CPUPROFILE=prefix, the CPU
 // profile of the load with n instances to prefix-n.prof: each instance's
-// samples carry the label capvend=<its dir> (see serveStoppable), the
+// samples carry the label capvend=<its dir> (see startCapvend), the
 // relay's and the client's none (go tool pprof -tags).
 func benchProfile(b *testing.B, n int) (stop func()) {
 	prefix := os.Getenv("CAPVEND_BENCH_CPUPROFILE")

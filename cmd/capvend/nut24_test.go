@@ -35,7 +35,9 @@ func TestNUT24PaysWithCashuTS(t *testing.T) {
 	dir := filepath.Join("testdata", "nut24")
 	needNUT24Client(t, dir)
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{cashu: true, http402: true})
+	path, _ := writeServeConfig(t, s, serveOpts{cashu: true, http402: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	lines := runPayingScript(t, dir, s.Pay, "client.mjs", url, s.MintURL)
 	t.Logf("NUT-24 client saw: %v", lines)
 

@@ -23,7 +23,8 @@ func BenchmarkPaidCallsNWC(b *testing.B) {
 	path := uriFile(b, w, testnet.NWCReceive)
 	sides := []*paidSide{{name: "lnd", opts: serveOpts{hold: true}}, {name: "nwc", opts: serveOpts{noLND: true, nwcURIFile: path}}}
 	for _, sd := range sides {
-		url, _ := serving(b, s, sd.opts)
+		path, _ := writeServeConfig(b, s, sd.opts)
+		url := startCapvend(b, path).URL()
 		sd.pc = newPayingClient(b, s, url)
 		waitTools(b, sd.pc)
 	}

@@ -177,7 +177,7 @@ func TestNWCEndToEnd(t *testing.T) {
 	calls := filepath.Join(t.TempDir(), "calls.log")
 	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, nwcURIFile: uriFile(t, w, testnet.NWCReceive), nsecFile: nsec, callsLog: calls})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
-	stop := serveStoppable(t, path, listen)
+	stop := startCapvend(t, path).Stop
 
 	// An MCP client pays a priced call.
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
@@ -300,7 +300,7 @@ func TestNWCRelayCut(t *testing.T) {
 	_, nsec := serverKey(t)
 	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, nwcURIFile: file, callsLog: calls, nsecFile: nsec})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
-	stop := serveStoppable(t, path, listen)
+	stop := startCapvend(t, path).Stop
 
 	paid := make(chan error, 1)
 	pc := newPayingClientWith(t, "http://"+listen+"/mcp", func(payReq string) {

@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,9 +25,9 @@ import (
 func nwcRefundOwed(t *testing.T, s *testnet.Stack) (path string, stop func(), refund vend.RefundInfo, inv string) {
 	t.Helper()
 	w := nwcWallet(t, s, s.RelayURL)
-	_, nsec := serverKey(t) // serveStoppable waits for the Nostr front too
+	_, nsec := serverKey(t) // startCapvend waits for the Nostr front too
 	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, nwcURIFile: uriFile(t, w, testnet.NWCPlain), nsecFile: nsec})
-	stop = serveStoppable(t, path, listen)
+	stop = startCapvend(t, path).Stop
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
 	waitTools(t, pc)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -153,13 +151,10 @@ func TestNWCRefundPaidNotBookedSurvivesSIGKILL(t *testing.T) {
 	id := fmt.Sprint(owed.ID)
 	before := customerBalance(t, s)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, builtCapvend(t), "refunds", "pay", id, "--nwc", "--config", path)
-	cmd.Env = append(os.Environ(), "CAPVEND_FAILPOINT="+nwc.FailAfterPayout)
-	out, err := cmd.CombinedOutput()
-	if st, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); err == nil || !ok || !st.Signaled() || st.Signal() != syscall.SIGKILL {
-		t.Fatalf("the payout command was not killed at %s: %v\n%s", nwc.FailAfterPayout, err, out)
+	pay := startCapvend(t, path, capvendOpts{Args: []string{"refunds", "pay", id, "--nwc", "--config", path}, Process: true,
+		Failpoint: nwc.FailAfterPayout})
+	if code := pay.Wait(); code != exitKilled {
+		t.Fatalf("the payout command was not killed at %s: exit %d\n%s%s", nwc.FailAfterPayout, code, pay.Stdout(), pay.Stderr())
 	}
 	waitCustomerGot(t, s, before, 5_000) // the wallet paid
 
@@ -196,7 +191,7 @@ func TestNWCCreditRefund(t *testing.T) {
 	w := nwcWallet(t, s, s.RelayURL)
 	_, nsec := serverKey(t)
 	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, credit: true, nwcURIFile: uriFile(t, w, testnet.NWCPlain), nsecFile: nsec})
-	stop := serveStoppable(t, path, listen)
+	stop := startCapvend(t, path).Stop
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
 	waitToolCount(t, pc, 11) // the ten tools and capvend_topup
 	// 30 sat of credit, paid into the wallet.

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -56,7 +55,7 @@ func BenchmarkPaidCallMonitoring(b *testing.B) {
 		}
 		b.Logf("load average before: %s", loadAvg())
 		scrapes := sides[true].scrapeEvery(b, paidMonScrape)
-		oo := testkit.OnOff{CPU: func(on bool) time.Duration { return procCPU(b, sides[on].proc.Process.Pid) }}
+		oo := testkit.OnOff{CPU: func(on bool) time.Duration { return procCPU(b, sides[on].proc.Pid()) }}
 		n := max(b.N/monitoringPairs, paidMonClients)
 		b.ResetTimer()
 		for r := range monitoringPairs {
@@ -86,7 +85,7 @@ const (
 
 // paidMonSide is one capvend of BenchmarkPaidCallMonitoring.
 type paidMonSide struct {
-	proc    *exec.Cmd
+	proc    *runningCapvend
 	clients []*payingClient
 	admin   string // the admin listener's address ("" when off)
 	done    int    // calls delivered (warm-up included)
@@ -97,7 +96,7 @@ type paidMonSide struct {
 // monitoring on or off, and connects its paying clients; each makes a
 // call first (a warm-up, not measured).
 func startPaidMonSide(b *testing.B, s *testnet.Stack, o serveOpts, on bool) *paidMonSide {
-	path, listen := writeServeConfig(b, s, o)
+	path, _ := writeServeConfig(b, s, o)
 	admin := ""
 	extra := "reconcile:\n  interval: 0s\n"
 	if on {
@@ -105,7 +104,7 @@ func startPaidMonSide(b *testing.B, s *testnet.Stack, o serveOpts, on bool) *pai
 		extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", admin)
 	}
 	appendFile(b, path, extra)
-	side := servePaying(b, s, path, listen, admin)
+	side := payingSide(b, s, startCapvend(b, path, capvendOpts{Process: true}), admin)
 	var g errgroup.Group
 	for _, pc := range side.clients {
 		g.Go(func() error { return paidMonCall(pc) })
@@ -117,13 +116,11 @@ func startPaidMonSide(b *testing.B, s *testnet.Stack, o serveOpts, on bool) *pai
 	return side
 }
 
-// servePaying starts a serve of the configuration at path (its admin
-// listener at admin, "" if none) and paidMonClients paying MCP clients of
-// it, once it lists its tools.
-func servePaying(b *testing.B, s *testnet.Stack, path, listen, admin string) *paidMonSide {
-	side := &paidMonSide{admin: admin}
-	side.proc = startServe(b, path, listen, "")
-	url := "http://" + listen + "/mcp"
+// payingSide connects paidMonClients paying MCP clients to proc (its
+// admin listener at admin, "" if none), once it lists its tools.
+func payingSide(b *testing.B, s *testnet.Stack, proc *runningCapvend, admin string) *paidMonSide {
+	side := &paidMonSide{proc: proc, admin: admin}
+	url := proc.URL()
 	for i := range paidMonClients {
 		pc := newPayingClient(b, s, url)
 		if i == 0 {

@@ -30,12 +30,12 @@ import (
 func BenchmarkPaidCallProfile(b *testing.B) {
 	s := needStack(b)
 	eachInvoiceKind(b, func(b *testing.B, hold bool) {
-		path, listen := writeServeConfig(b, s, serveOpts{hold: hold})
+		path, _ := writeServeConfig(b, s, serveOpts{hold: hold})
 		admin := freeAddr(b)
 		appendFile(b, path, fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", admin))
-		side := servePaying(b, s, path, listen, admin)
+		side := payingSide(b, s, startCapvend(b, path, capvendOpts{Process: true}), admin)
 		side.calls(b, 2*paidMonClients) // warm-up
-		pid := side.proc.Process.Pid
+		pid := side.proc.Pid()
 		b.Logf("load average before: %s", loadAvg())
 		c0 := procCPU(b, pid)
 		time.Sleep(paidProfIdle)

@@ -39,7 +39,9 @@ func payingInit() mcp.InitializeRequest {
 func TestMCPInspectorBuysWithNothingInstalled(t *testing.T) {
 	inspector := inspectorBin(t)
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{})
+	path, _ := writeServeConfig(t, s, serveOpts{})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	run := func(args ...string) (string, error) {
 		cctx, ccancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer ccancel()

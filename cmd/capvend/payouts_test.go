@@ -1,17 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/lightningnetwork/lnd/lnrpc/invoicesrpc"
@@ -45,7 +42,7 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 
 	// B sells 200 sats of credit, and a call paid with a Cashu token
 	// brings its wallet the melt's fee reserve.
-	procB := startServe(t, pathB, listenB, "")
+	procB := startCapvend(t, pathB, capvendOpts{Process: true})
 	pcB := newPayingClient(t, s, "http://"+listenB+"/mcp")
 	waitToolCount(t, pcB, 11)
 	info := buyCredit(t, pcB, 200, "")
@@ -56,13 +53,10 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 	if r, err := pcB.callMeta(t, "t_sha256", map[string]any{"text": "fee reserve"}, map[string]any{vend.MetaCashuToken: tok}); err != nil || r.IsError {
 		t.Fatalf("a call paid with a token: %+v %v", r, err)
 	}
-	procB.Process.Signal(syscall.SIGTERM) // B's wallet pays the refund
-	if err := waitExit(procB, 60*time.Second); err != nil {
-		t.Fatalf("instance B did not stop cleanly: %v", err)
-	}
+	procB.Stop() // B's wallet pays the refund
 
-	procA := startServe(t, pathA, listenA, "")
-	defer procA.Process.Signal(syscall.SIGTERM)
+	procA := startCapvend(t, pathA, capvendOpts{Process: true})
+	defer procA.Signal(syscall.SIGTERM)
 	pcA := newPayingClient(t, s, "http://"+listenA+"/mcp")
 	waitToolCount(t, pcA, 11)
 	draw := func(i int) error {
@@ -110,26 +104,9 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 		return got
 	}
 
-	refund := exec.Command(capvendBin, "credit", "refund", info.Account, "--invoice", inv.PaymentRequest, "--config", pathB)
-	var refundOut, refundErr bytes.Buffer
-	refund.Stdout, refund.Stderr = &refundOut, &refundErr
-	if err := refund.Start(); err != nil {
-		t.Fatal(err)
-	}
-	refundDone := make(chan error, 1)
-	go func() { refundDone <- refund.Wait() }()
-	deadline := time.Now().Add(60 * time.Second) // a hang guard
-	for invoiceState().State != lnrpc.Invoice_ACCEPTED {
-		select {
-		case err := <-refundDone:
-			t.Fatalf("the refund ended before its payment reached the customer: %v\n%s%s", err, refundOut.String(), refundErr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the refund's payment never reached the customer's invoice")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	refund := startCapvend(t, pathB, capvendOpts{Args: []string{"credit", "refund", info.Account, "--invoice", inv.PaymentRequest, "--config", pathB},
+		Process: true})
+	refund.Await("its payment reaching the customer's invoice", func() bool { return invoiceState().State == lnrpc.Invoice_ACCEPTED })
 
 	// The payout is in flight: the balance is reserved for it, and
 	// nothing may be drawn from it, on any instance.
@@ -155,13 +132,8 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 	if _, err := invoices.SettleInvoice(ctx, &invoicesrpc.SettleInvoiceMsg{Preimage: preimage}); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-refundDone:
-		if err != nil {
-			t.Errorf("credit refund: %v\n%s%s", err, refundOut.String(), refundErr.String())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("credit refund did not return after its payment settled")
+	if code := refund.Wait(); code != 0 {
+		t.Errorf("credit refund: exit %d\n%s%s", code, refund.Stdout(), refund.Stderr())
 	}
 	received := invoiceState().AmtPaidMsat
 	if received != int64(left) {

@@ -75,7 +75,8 @@ func stockGatedCall(t *testing.T, url, tool, args string) map[string]any {
 func TestPayPageInChromium(t *testing.T) {
 	s := needStack(t)
 	ctx := browser(t, nil)
-	url, _ := serving(t, s, serveOpts{})
+	path, _ := writeServeConfig(t, s, serveOpts{})
+	url := startCapvend(t, path).URL()
 	sc := stockGatedCall(t, url, "t_sha256", `{"text":"pay page"}`)
 	payURL, invoice, token := sc["pay_url"].(string), sc["invoice"].(string), sc["capvend_payment"].(string)
 	if !strings.Contains(payURL, "/pay/cvv_") || invoice == "" || token == "" || strings.Contains(payURL, token) {

@@ -9,13 +9,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
@@ -54,21 +52,6 @@ func pricedToolsConfig(t testing.TB, items string) (path, listen string) {
 	return path, listen
 }
 
-// serveUntil runs `capvend serve --config path` in this process until it
-// exits or limit passes, and returns its exit code and standard error.
-func serveUntil(t *testing.T, path string, limit time.Duration) (int, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	stderr := &lockedWriter{w: &strings.Builder{}}
-	e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: stderr, Getenv: func(string) string { return "" },
-		Log: slog.New(slog.NewTextHandler(stderr, nil))}
-	code := execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
-	stderr.mu.Lock()
-	defer stderr.mu.Unlock()
-	return code, stderr.w.(*strings.Builder).String()
-}
-
 // A price that names no tool, prompt or resource its upstream lists (a
 // typo, or renamed upstream) stops serve once the upstream's lists
 // arrive, naming it: the item it meant would otherwise be sold free.
@@ -83,7 +66,8 @@ func TestServeStopsWhenAPriceNamesNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			path, _ := pricedToolsConfig(t, tc.items)
-			code, out := serveUntil(t, path, 30*time.Second)
+			sv := startCapvend(t, path, capvendOpts{NoWait: true})
+			code, out := sv.Wait(), sv.Logs()
 			if code == 0 || !strings.Contains(out, tc.want) {
 				t.Fatalf("serve with the price %s, which names nothing upstream: exit %d, want it to stop naming it; output:\n%s", tc.want, code, out)
 			}
@@ -95,35 +79,9 @@ func TestServeStopsWhenAPriceNamesNothing(t *testing.T) {
 // invalid configuration: the old prices stay, the error names it.
 func TestSIGHUPRefusesAPriceNamingNothing(t *testing.T) {
 	t.Parallel()
-	path, listen := pricedToolsConfig(t, "    tools:\n      sha256: {price_sats: 2}\n")
-	cmd := exec.Command(builtCapvend(t), "serve", "--config", path)
-	stderr := &lockedWriter{w: &strings.Builder{}}
-	cmd.Stdout, cmd.Stderr = stderr, stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-	}()
-	logs := func() string {
-		stderr.mu.Lock()
-		defer stderr.mu.Unlock()
-		return stderr.w.(*strings.Builder).String()
-	}
-	waitFor := func(what string, ok func(string) bool) {
-		t.Helper()
-		deadline := time.Now().Add(60 * time.Second) // a hang guard
-		for !ok(logs()) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 60 s; log:\n%s", what, logs())
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	waitFor("serving", func(l string) bool {
-		return strings.Contains(l, "serving MCP at http://"+listen) && strings.Contains(l, "upstream connected")
-	})
+	path, _ := pricedToolsConfig(t, "    tools:\n      sha256: {price_sats: 2}\n")
+	sv := startCapvend(t, path, capvendOpts{Process: true})
+	sv.Await("upstream connected", func() bool { return strings.Contains(sv.Stderr(), "upstream connected") })
 	cfg, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -132,11 +90,12 @@ func TestSIGHUPRefusesAPriceNamingNothing(t *testing.T) {
 	if err := os.WriteFile(path, []byte(typo), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd.Process.Signal(syscall.SIGHUP)
-	waitFor("the reload's outcome", func(l string) bool {
+	sv.Signal(syscall.SIGHUP)
+	sv.Await("the reload's outcome", func() bool {
+		l := sv.Stderr()
 		return strings.Contains(l, "config reload refused") || strings.Contains(l, "config reloaded")
 	})
-	if l := logs(); !strings.Contains(l, "config reload refused") || !strings.Contains(l, "word_cuont") {
+	if l := sv.Stderr(); !strings.Contains(l, "config reload refused") || !strings.Contains(l, "word_cuont") {
 		t.Fatalf("SIGHUP with a price naming no upstream tool: not refused naming it; log:\n%s", l)
 	}
 }
@@ -150,7 +109,7 @@ func TestUnpricedRefused(t *testing.T) {
 	path, listen := freeToolsConfig(t, "")
 	appendFile(t, path, "    tools:\n      word_count: {}\n    resources:\n      \"example://readme\": {}\npricing:\n  unpriced: refuse\n")
 	addr := adminConfig(t, path, "")
-	serveInProcess(t, path, listen)
+	startCapvend(t, path)
 	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
 	if err != nil {
 		t.Fatal(err)

@@ -39,7 +39,7 @@ upstreams:
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stop := serveStoppable(t, path, "")
+	stop := startCapvend(t, path).Stop
 	profile := func() []*nostr.Event {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

@@ -91,7 +91,7 @@ func TestPrometheusScrapesCallMetrics(t *testing.T) {
 	path, listen := writeServeConfig(t, s, serveOpts{hold: true})
 	admin := adminConfig(t, path, "")
 	prom := startPrometheus(t, admin)
-	serveInProcess(t, path, listen)
+	startCapvend(t, path)
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
 	waitTools(t, pc)
 

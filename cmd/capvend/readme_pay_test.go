@@ -55,7 +55,7 @@ func payingFromHTTP(t *testing.T, run func(string, func(*testing.T))) {
 	stack := needStack(t)
 	dir := t.TempDir()
 	listen := payConfig(t, stack, dir)
-	serveInProcess(t, filepath.Join(dir, "regtest.yaml"), listen) // until the walk-through ends
+	startCapvend(t, filepath.Join(dir, "regtest.yaml")) // until the walk-through ends
 	run(payServe, func(t *testing.T) { waitListed(t, "http://"+listen+"/.well-known/capvend.json") })
 	if err := os.WriteFile(filepath.Join(dir, "vars.sh"), nil, 0o600); err != nil {
 		t.Fatal(err)

@@ -65,12 +65,11 @@ func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB stri
 	// real binary starts and stops it, not this test binary.
 	bin := func(t *testing.T, args ...string) {
 		t.Helper()
-		c := exec.Command(builtCapvend(t), args...)
 		// The whole environment: its HOME's cache holds the built btcd
 		// and lnd, and the Go settings to build them if it does not.
-		c.Dir, c.Env = dir, append(os.Environ(), "CAPVEND_TESTNET_DIR="+stackDir)
-		if out, err := c.CombinedOutput(); err != nil {
-			t.Fatalf("capvend %s: %v\n%s", strings.Join(args, " "), err, out)
+		c := startCapvend(t, "", capvendOpts{Args: args, Process: true, Dir: dir, Env: []string{"CAPVEND_TESTNET_DIR=" + stackDir}})
+		if code := c.Wait(); code != 0 {
+			t.Fatalf("capvend %s: exit %d\n%s%s", strings.Join(args, " "), code, c.Stdout(), c.Stderr())
 		}
 	}
 	t.Cleanup(func() { bin(t, "testnet", "down") })

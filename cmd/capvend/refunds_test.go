@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -146,7 +145,7 @@ func TestRefundsEndToEnd(t *testing.T) {
 	s := needStack(t)
 	ctx := context.Background()
 	path, listen := writeServeConfig(t, s, serveOpts{cashu: true}) // LND plain invoices
-	proc := startServe(t, path, listen, "")
+	proc := startCapvend(t, path, capvendOpts{Process: true})
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
 	waitTools(t, pc)
 	mint := func(sats uint64) string {
@@ -195,10 +194,7 @@ func TestRefundsEndToEnd(t *testing.T) {
 	if !owed.Owed || owed.Cashu != "" || owed.Amount != 5 {
 		t.Fatalf("invoice-paid failure: refund %+v", owed)
 	}
-	proc.Process.Signal(syscall.SIGTERM) // the wallet is free once it stops
-	if err := waitExit(proc, 60*time.Second); err != nil {
-		t.Fatalf("capvend did not stop cleanly: %v", err)
-	}
+	proc.Stop() // the wallet is free once it stops
 
 	out, errOut, code := run(t, nil, "refunds", "--config", path)
 	if code != 0 || !strings.Contains(out, "1 refund(s) owed, 5.000 sat in all") || !strings.Contains(out, "mcp-http ") ||
@@ -254,7 +250,7 @@ func TestServeSurvivesSIGKILLAfterSwap(t *testing.T) {
 	ctx := context.Background()
 	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, cashu: true})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
-	proc := startServe(t, path, listen, "after_swap")
+	proc := startCapvend(t, path, capvendOpts{Process: true, Failpoint: "after_swap"})
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
 	waitTools(t, pc)
 	tok, err := s.CashuMint(ctx, 21)
@@ -264,10 +260,10 @@ func TestServeSurvivesSIGKILLAfterSwap(t *testing.T) {
 	if _, err := pc.callMeta(t, "t_sha256", map[string]any{"text": "crash"}, map[string]any{"capvend/cashu": tok}); err == nil {
 		t.Fatal("the call succeeded although capvend was killed")
 	}
-	if err := waitExit(proc, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
-		t.Fatalf("capvend did not die by SIGKILL: %v", err)
+	if code := proc.Wait(); code != exitKilled {
+		t.Fatalf("capvend did not die by SIGKILL: exit %d", code)
 	}
-	restarted := startServe(t, path, listen, "")
+	restarted := startCapvend(t, path, capvendOpts{Process: true})
 	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
 	if err != nil {
 		t.Fatal(err)
@@ -288,10 +284,7 @@ func TestServeSurvivesSIGKILLAfterSwap(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	restarted.Process.Signal(syscall.SIGTERM)
-	if err := waitExit(restarted, 60*time.Second); err != nil {
-		t.Fatalf("capvend did not stop cleanly: %v", err)
-	}
+	restarted.Stop()
 	if out, errOut, code := run(t, nil, "ledger", "verify", "--db", db); code != 0 {
 		t.Fatalf("ledger verify: %s %s", out, errOut)
 	}

@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
 )
@@ -19,39 +17,14 @@ import (
 // price stays.
 func TestServeReloadsPricesOnSIGHUP(t *testing.T) {
 	s := needStack(t)
-	path, listen := writeServeConfig(t, s, serveOpts{})
+	path, _ := writeServeConfig(t, s, serveOpts{})
 	cfg, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(capvendBin, "serve", "--config", path)
-	stderr := &lockedWriter{w: &strings.Builder{}}
-	cmd.Stdout, cmd.Stderr = stderr, stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-	}()
-	logs := func() string {
-		stderr.mu.Lock()
-		defer stderr.mu.Unlock()
-		return stderr.w.(*strings.Builder).String()
-	}
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		// A bound on waiting (a deadlock guard), not a speed check.
-		deadline := time.Now().Add(60 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 60 s; log:\n%s", what, logs())
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	waitFor("serve listening", func() bool { return strings.Contains(logs(), "serving MCP at") })
-	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
+	sv := startCapvend(t, path, capvendOpts{Process: true})
+	logs, waitFor := sv.Stderr, sv.Await
+	pc := newPayingClient(t, s, sv.URL())
 	price := func() string {
 		res, err := pc.ListTools(context.Background(), mcp.ListToolsRequest{})
 		if err != nil {
@@ -73,7 +46,7 @@ func TestServeReloadsPricesOnSIGHUP(t *testing.T) {
 	if err := os.WriteFile(path, []byte(newCfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd.Process.Signal(syscall.SIGHUP)
+	sv.Signal(syscall.SIGHUP)
 	waitFor("t_sha256 listed at 34 sats after SIGHUP", func() bool { return price() == "map[amount:34 unit:sats]" })
 
 	before := customerBalance(t, s)
@@ -92,7 +65,7 @@ func TestServeReloadsPricesOnSIGHUP(t *testing.T) {
 	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd.Process.Signal(syscall.SIGHUP)
+	sv.Signal(syscall.SIGHUP)
 	waitFor("the bad configuration refused", func() bool { return strings.Contains(logs(), "config reload refused") })
 	if !strings.Contains(logs(), "price_sats: cannot be negative") {
 		t.Errorf("the refusal does not say what is wrong:\n%s", logs())

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -98,27 +96,6 @@ func freeAddr(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return addr
-}
-
-// serving runs `capvend serve` in-process against the stack until the test
-// ends, and returns its /mcp URL and the ledger path.
-func serving(t testing.TB, s *testnet.Stack, o serveOpts) (url, dbPath string) {
-	t.Helper()
-	path, listen := writeServeConfig(t, s, o)
-	serveInProcess(t, path, listen)
-	url = "http://" + listen + "/mcp"
-	return url, filepath.Join(filepath.Dir(path), "capvend.db")
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 // writeServeConfig writes a capvend.yaml selling example-tools as a stdio
@@ -338,7 +315,9 @@ func customerBalance(t *testing.T, s *testnet.Stack) int64 {
 // verifies.
 func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{hold: true, cashu: true})
+	path, _ := writeServeConfig(t, s, serveOpts{hold: true, cashu: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	pc := newPayingClient(t, s, url)
 	ctx := context.Background()
 
@@ -463,7 +442,9 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 // call.
 func TestServeWithCashuOnly(t *testing.T) {
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{noLND: true, cashu: true})
+	path, _ := writeServeConfig(t, s, serveOpts{noLND: true, cashu: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	pc := newPayingClient(t, s, url)
 	waitTools(t, pc)
 	res, err := pc.call(t, "w_sha256", map[string]any{"text": "hi"})
@@ -511,7 +492,7 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 		t.Run(tc.step+"/"+tc.tool, func(t *testing.T) {
 			path, listen := writeServeConfig(t, s, serveOpts{})
 			db := filepath.Join(filepath.Dir(path), "capvend.db")
-			proc := startServe(t, path, listen, tc.step)
+			proc := startCapvend(t, path, capvendOpts{Process: true, Failpoint: tc.step})
 			pc := newPayingClient(t, s, "http://"+listen+"/mcp")
 			args := map[string]any{"text": "crash " + tc.step}
 			if tc.tool == "t_slow_count" {
@@ -521,15 +502,15 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 			if _, err := pc.call(t, tc.tool, args); err == nil {
 				t.Fatal("the call succeeded although capvend was killed")
 			}
-			if err := waitExit(proc, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
-				t.Fatalf("capvend did not die by SIGKILL: %v", err)
+			if code := proc.Wait(); code != exitKilled {
+				t.Fatalf("capvend did not die by SIGKILL: exit %d", code)
 			}
 			if tc.pays {
 				if err := <-pc.paid; err != nil {
 					t.Fatalf("payment: %v", err)
 				}
 			}
-			restarted := startServe(t, path, listen, "")
+			restarted := startCapvend(t, path, capvendOpts{Process: true})
 			l, err := ledger.Open(context.Background(), db, ledger.Options{MustExist: true})
 			if err != nil {
 				t.Fatal(err)
@@ -539,63 +520,12 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 			if c.Executions != tc.executions {
 				t.Fatalf("call executed %d times, want %d", c.Executions, tc.executions)
 			}
-			restarted.Process.Signal(syscall.SIGTERM)
-			if err := waitExit(restarted, 60*time.Second); err != nil {
-				t.Fatalf("capvend did not stop cleanly: %v", err)
-			}
+			restarted.Stop()
 			out, errOut, code := run(t, nil, "ledger", "verify", "--db", db)
 			if code != 0 {
 				t.Fatalf("ledger verify: %s %s", out, errOut)
 			}
 		})
-	}
-}
-
-func startServe(t testing.TB, config, listen, failpoint string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(capvendBin, "serve", "--config", config)
-	cmd.Env = append(os.Environ(), "CAPVEND_FAILPOINT="+failpoint)
-	var stderr lockedWriter
-	stderr.w = &bytes.Buffer{}
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	// Its own line, not a connection to listen: another test's process
-	// may have taken the address (freeAddr releases it) and answer there.
-	deadline := time.Now().Add(60 * time.Second) // a deadlock guard; it answers once its upstreams listed (up to 30 s)
-	for {
-		out := tail(&stderr, 1<<20)
-		if strings.Contains(out, "serving MCP at http://"+listen+"/mcp") {
-			return cmd
-		}
-		if strings.Contains(out, "address already in use") || time.Now().After(deadline) {
-			t.Fatalf("capvend did not serve at %s: %s", listen, out)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// tail returns the last n bytes written to w (a process's stderr).
-func tail(w *lockedWriter, n int) string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	b := w.w.(*bytes.Buffer).Bytes()
-	return string(b[max(0, len(b)-n):])
-}
-
-func waitExit(cmd *exec.Cmd, d time.Duration) error {
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(d):
-		return fmt.Errorf("still running after %s", d)
 	}
 }
 

@@ -82,14 +82,14 @@ func TestSessionOnAnotherInstance(t *testing.T) {
 		paths, listens = append(paths, p), append(listens, l)
 	}
 	ctx := context.Background()
-	a := startServe(t, paths[0], listens[0], vend.FailAfterSettlement)
+	a := startCapvend(t, paths[0], capvendOpts{Process: true, Failpoint: vend.FailAfterSettlement})
 	l, err := ledger.OpenPostgres(ctx, dsn, ledger.Options{MustExist: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	waitLeaseHolder(t, l, a.Process.Pid, true, time.Minute)
-	startServe(t, paths[1], listens[1], "")
+	waitLeaseHolder(t, l, a.Pid(), true, time.Minute)
+	startCapvend(t, paths[1], capvendOpts{Process: true})
 	urlA, urlB := "http://"+listens[0]+"/mcp", "http://"+listens[1]+"/mcp"
 
 	c := &rawMCP{t: t}
@@ -118,8 +118,8 @@ func TestSessionOnAnotherInstance(t *testing.T) {
 			}()
 		}
 	})
-	if err := waitExit(a, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
-		t.Fatalf("A did not die by SIGKILL: %v", err)
+	if code := a.Wait(); code != exitKilled {
+		t.Fatalf("A did not die by SIGKILL: exit %d", code)
 	}
 	select {
 	case err := <-paid:
@@ -130,7 +130,7 @@ func TestSessionOnAnotherInstance(t *testing.T) {
 		t.Fatal("A sent no payment request")
 	}
 	// B takes the work over and runs the dead instance's paid call.
-	waitLeaseHolder(t, l, a.Process.Pid, false, 2*time.Minute)
+	waitLeaseHolder(t, l, a.Pid(), false, 2*time.Minute)
 	waitCall(t, l, vend.CallDelivered)
 
 	status, msgs := c.post(urlB, callReq, nil)

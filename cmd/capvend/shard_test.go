@@ -31,8 +31,8 @@ type shardRun struct {
 	answers    *answerCounter
 	unanswered atomic.Int64
 
-	mu   sync.Mutex
-	logs []*lockedWriter // of every instance started
+	mu      sync.Mutex
+	started []*runningCapvend // every instance, in order
 }
 
 // newShardRun starts a relay for instances sharding on the PostgreSQL
@@ -47,14 +47,14 @@ func newShardRun(t *testing.T, dsn string) *shardRun {
 // ledger of dsn, sampling the member set every 500 ms: F is 1.5 s, and
 // changes settle in 4.5 s (T), not 9 s.
 func (r *shardRun) start(prefix, dsn string) (stop func()) {
-	path, listen := nostrToolsConfig(r.t, r.relay, r.sk, prefix)
+	path, _ := nostrToolsConfig(r.t, r.relay, r.sk, prefix)
 	onPostgres(r.t, path, dsn)
 	shardNostr(r.t, path, 500*time.Millisecond)
-	stop, _, logs := serveLogged(r.t, path, listen)
+	sv := startCapvend(r.t, path)
 	r.mu.Lock()
-	r.logs = append(r.logs, logs)
+	r.started = append(r.started, sv)
 	r.mu.Unlock()
-	return stop
+	return sv.Stop
 }
 
 // connect starts the client and the answer counter, and returns once a
@@ -133,8 +133,8 @@ func (r *shardRun) stalls() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
-	for _, l := range r.logs {
-		text := l.String()
+	for _, sv := range r.started {
+		text := sv.Logs()
 		n += strings.Count(text, logLate) + strings.Count(text, logStale)
 	}
 	return n
@@ -266,7 +266,7 @@ func (r *shardRun) keepListing(wait time.Duration) (stop func()) {
 func (r *shardRun) logged(i int, text string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return strings.Count(r.logs[i].String(), text)
+	return strings.Count(r.started[i].Logs(), text)
 }
 
 // waitLogged waits until the i-th instance's log holds text more than n

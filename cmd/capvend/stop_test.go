@@ -14,7 +14,7 @@ func TestStopClosesCallsWaitingForPayment(t *testing.T) {
 	s := needStack(t)
 	path, listen := writeServeConfig(t, s, serveOpts{})
 	editConfig(t, path, "\nhttp:\n", "\nhttp:\n  shutdown_grace: 1s\n")
-	stop := serveInProcess(t, path, listen)
+	stop := startCapvend(t, path).Stop
 	quoted := make(chan struct{}, 1)
 	pc := newPayingClientWith(t, "http://"+listen+"/mcp", func(string) { quoted <- struct{}{} }) // never pays
 	waitTools(t, pc)

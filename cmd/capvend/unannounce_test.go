@@ -176,7 +176,7 @@ func TestUnannounceAfterServe(t *testing.T) {
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stop := serveStoppable(t, path, "")
+	stop := startCapvend(t, path).Stop
 	deadline := time.Now().Add(60 * time.Second) // a deadlock guard
 	for {
 		evs := announcementsOn(t, relay, pk)
