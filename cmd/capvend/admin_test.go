@@ -14,32 +14,15 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 )
 
-// slowUpstream makes the configuration at path start its upstream only
-// after a pause (as on a loaded machine), so a tools/list answered before
-// the upstream listed its tools would be empty.
-func slowUpstream(t *testing.T, path string) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := exampleTools(t)
-	y := strings.Replace(string(b), "command: "+bin+"\n",
-		fmt.Sprintf("command: /bin/sh\n    args: [\"-c\", \"sleep 2; exec %s\"]\n", bin), 1)
-	if y == string(b) {
-		t.Fatal("no upstream command to slow down")
-	}
-	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // The README test's flake (#15): a client that asks as soon as serve
 // accepts connections must see the upstream's tools, not an empty list.
 func TestServeListsToolsOnlyOnceUpstreamsListed(t *testing.T) {
 	t.Parallel()
 	path, listen := freeToolsConfig(t, "")
-	slowUpstream(t, path)
+	// The upstream starts only after a pause (as on a loaded machine), so
+	// a tools/list answered before it listed its tools would be empty.
+	editConfig(t, path, "command: "+exampleTools(t)+"\n",
+		"command: /bin/sh\n    args: [\"-c\", \"sleep 2; exec "+exampleTools(t)+"\"]\n")
 	startCapvend(t, path)
 	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
 	if err != nil {
@@ -61,10 +44,10 @@ func TestServeListsToolsOnlyOnceUpstreamsListed(t *testing.T) {
 
 // adminConfig adds an admin section to the configuration at path and
 // returns the admin listener's address.
-func adminConfig(t *testing.T, path, extra string) string {
+func adminConfig(t testing.TB, path, extra string) string {
 	t.Helper()
 	addr := freeAddr(t)
-	appendFile(t, path, fmt.Sprintf("admin:\n  listen: %s\n%s", addr, extra))
+	editConfig(t, path, "", fmt.Sprintf("admin:\n  listen: %s\n%s", addr, extra))
 	return addr
 }
 
@@ -88,7 +71,10 @@ func get(t *testing.T, url, token string) (int, string) {
 func TestServeAdminListener(t *testing.T) {
 	t.Parallel()
 	path, listen := freeToolsConfig(t, "")
-	slowUpstream(t, path)
+	// The upstream starts only after a pause (as on a loaded machine), so
+	// a tools/list answered before it listed its tools would be empty.
+	editConfig(t, path, "command: "+exampleTools(t)+"\n",
+		"command: /bin/sh\n    args: [\"-c\", \"sleep 2; exec "+exampleTools(t)+"\"]\n")
 	addr := adminConfig(t, path, "")
 	startCapvend(t, path)
 	if code, body := get(t, "http://"+addr+"/healthz", ""); code != 200 {

@@ -43,8 +43,7 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 	path, _ := nostrToolsConfig(b, relay, sk, "")
 	profDir, admin := os.Getenv("NOSTRPROF_DIR"), ""
 	if profDir != "" {
-		admin = freeAddr(b)
-		appendFile(b, path, fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", admin))
+		admin = adminConfig(b, path, "  pprof: true\n")
 	}
 	serve := startCapvend(b, path, capvendOpts{Process: true}).Pid()
 	upstream := childOf(b, serve)
@@ -55,8 +54,8 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 		pid, upstream int
 	}
 	servers := []server{{"capvend", newLoadClient(b, relay, ours), serve, upstream}}
-	if missing, _ := sdkMissing(); missing == "" {
-		theirs, pid := startSDKServerProc(b, filepath.Join("testdata", "contextvm"), "server.mjs", relay)
+	if missing, _ := npmMissing("contextvm"); missing == "" {
+		theirs, pid := startSDKServer(b, "server.mjs", relay)
 		servers = append(servers, server{"sdk", newLoadClient(b, relay, theirs), pid, 0})
 	} else {
 		b.Logf("stock SDK server not measured: %s", missing)

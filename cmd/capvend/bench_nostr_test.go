@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -42,8 +41,7 @@ const nostrBenchInFlight = 16
 //
 // Needs node and `npm ci` in cmd/capvend/testdata/contextvm (else skipped).
 func BenchmarkNostrFreeCall(b *testing.B) {
-	dir := filepath.Join("testdata", "contextvm")
-	if missing, install := sdkMissing(); missing != "" {
+	if missing, install := npmMissing("contextvm"); missing != "" {
 		skip.Missing(b, "stock ContextVM server: "+missing, install)
 	}
 	relay := testkit.Relay(b)
@@ -52,7 +50,7 @@ func BenchmarkNostrFreeCall(b *testing.B) {
 	ours, _ := nostr.GetPublicKey(sk)
 	path, _ := nostrToolsConfig(b, relay, sk, "")
 	startCapvend(b, path)
-	theirs := startSDKServer(b, dir, relay)
+	theirs, _ := startSDKServer(b, "server.mjs", relay)
 
 	sdk, cv := newLoadClient(b, relay, theirs), newLoadClient(b, relay, ours)
 	sdk.warmUp(b)
@@ -111,27 +109,13 @@ const nostrBenchRound = 200
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// startSDKServer runs testdata/contextvm/server.mjs on relay until the
-// benchmark ends and returns its pubkey once it is subscribed.
-func startSDKServer(tb testing.TB, dir, relay string) string {
-	tb.Helper()
-	return startSDKServerScript(tb, dir, "server.mjs", relay)
-}
-
-// startSDKServerScript is startSDKServer running script (a stock server
-// of testdata/contextvm taking the same arguments).
-func startSDKServerScript(tb testing.TB, dir, script, relay string) string {
-	tb.Helper()
-	pk, _ := startSDKServerProc(tb, dir, script, relay)
-	return pk
-}
-
-// startSDKServerProc is startSDKServerScript that also returns the node
-// process's pid.
-func startSDKServerProc(tb testing.TB, dir, script, relay string) (pubkey string, pid int) {
+// startSDKServer runs script, a stock server of testdata/contextvm, on
+// relay until the test ends, and returns its pubkey, once it is
+// subscribed, and the node process's pid.
+func startSDKServer(tb testing.TB, script, relay string) (pubkey string, pid int) {
 	tb.Helper()
 	cmd := exec.Command("node", script, relay, "optional")
-	cmd.Dir = dir
+	cmd.Dir = needNPM(tb, "contextvm")
 	cmd.Env = append(os.Environ(), "CONTEXTVM_SERVER_KEY="+nostr.GeneratePrivateKey())
 	stderr := &syncbuf.Buffer{}
 	cmd.Stderr = stderr

@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -27,6 +26,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/testnet"
 )
@@ -53,7 +53,7 @@ func BenchmarkFreeCall(b *testing.B) {
 	path, _ := writeServeConfig(b, s, serveOpts{})
 	url := startCapvend(b, path).URL()
 	pc := newPayingClient(b, s, url)
-	waitTools(b, pc)
+	waitTools(b, pc.Client, listed.Count(serveTools))
 	ctx := context.Background()
 	// The direct client talks to the same HTTP upstream capvend uses.
 	directURL := "http://" + lastHTTPUpstream.Load().(string) + "/mcp"
@@ -359,9 +359,9 @@ func BenchmarkFreeCallMonitoring(b *testing.B) {
 		if on {
 			extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", freeAddr(b))
 		}
-		appendFile(b, path, extra)
+		editConfig(b, path, "", extra)
 		startCapvend(b, path)
-		waitTools(b, newPayingClient(b, s, "http://"+listen+"/mcp"))
+		waitTools(b, newPayingClient(b, s, "http://"+listen+"/mcp").Client, listed.Count(serveTools))
 		for range freeCallClients {
 			clients[on] = append(clients[on], startClient(b, "http://"+listen+"/mcp"))
 		}
@@ -387,19 +387,6 @@ func BenchmarkFreeCallMonitoring(b *testing.B) {
 // BenchmarkFreeCallMonitoring runs.
 const monitoringPairs = 10
 
-// appendFile appends text to the file at path.
-func appendFile(t testing.TB, path, text string) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteString(text); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // BenchmarkPaidCalls measures paid calls per second end to end on regtest
 // (client -> capvend -> LND invoice -> customer pays over routerrpc ->
 // settlement -> upstream -> result), next to a raw loop of AddInvoice on the
@@ -410,7 +397,7 @@ func BenchmarkPaidCalls(b *testing.B) {
 	path, _ := writeServeConfig(b, s, serveOpts{})
 	url := startCapvend(b, path).URL()
 	pc := newPayingClient(b, s, url)
-	waitTools(b, pc)
+	waitTools(b, pc.Client, listed.Count(serveTools))
 	ctx := context.Background()
 	args := map[string]any{"text": "paid"}
 	b.ResetTimer()

@@ -31,7 +31,7 @@ import (
 // another tool, is refused with HTTP 401 and runs nothing. `ledger
 // verify` passes.
 func TestStockClientsBuyWithEvery402Scheme(t *testing.T) {
-	needL402Client(t)
+	needNPM(t, "l402")
 	s := needStack(t)
 	path, _ := writeServeConfig(t, s, serveOpts{http402: true, http402Schemes: "[mpp, l402, x402, cashu]"})
 	sv := startCapvend(t, path)
@@ -141,7 +141,7 @@ func releasedBy(t *testing.T, db string, id vend.CallID) string {
 // ran once, released to the waiting request (scheme invoice); `ledger
 // verify` passes.
 func TestURLElicitationPaysWithoutRetry(t *testing.T) {
-	needL402Client(t)
+	needNPM(t, "l402")
 	s := needStack(t)
 	path, _ := writeServeConfig(t, s, serveOpts{})
 	sv := startCapvend(t, path)

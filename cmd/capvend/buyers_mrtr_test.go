@@ -17,6 +17,7 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
@@ -98,7 +99,7 @@ func TestURLElicitationPaysMRTR(t *testing.T) {
 	if !mcp.IsModernProtocol(c.ProtocolVersion()) {
 		t.Fatalf("protocol %s", c.ProtocolVersion())
 	}
-	waitTool(t, c, "t_sha256")
+	waitTools(t, c, listed.All("t_sha256"))
 	text := "bought through input_required"
 	req := mcp.CallToolRequest{}
 	req.Params.Name, req.Params.Arguments = "t_sha256", map[string]any{"text": text}

@@ -28,7 +28,7 @@ import (
 // ledger verifies with one 21-sat sale.
 func TestContextVMDirectPayment(t *testing.T) {
 	s := needStack(t)
-	needSDK(t)
+	needNPM(t, "contextvm")
 	server, nsec := serverKey(t)
 	path, _ := writeServeConfig(t, s, serveOpts{nsecFile: nsec, cashu: true})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")

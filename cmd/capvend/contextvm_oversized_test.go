@@ -74,7 +74,7 @@ upstreams:
 // Each call is paid once; the ledger verifies.
 func TestContextVMOversizedStockClient(t *testing.T) {
 	s := needStack(t)
-	needSDK(t)
+	needNPM(t, "contextvm")
 	relay := testkit.LimitedRelay(t, relayLimit)
 	server, nsec := serverKey(t)
 	path, _ := oversizedConfig(t, s, relay, nsec)
@@ -129,9 +129,9 @@ func TestContextVMOversizedStockClient(t *testing.T) {
 // byte-exact, and sends it a 300 KiB request as frames (interop both
 // ways).
 func TestContextVMOversizedStockServer(t *testing.T) {
-	needSDK(t)
+	needNPM(t, "contextvm")
 	relay := testkit.LimitedRelay(t, relayLimit)
-	server := startSDKServerScript(t, filepath.Join("testdata", "contextvm"), "oversized-server.mjs", relay)
+	server, _ := startSDKServer(t, "oversized-server.mjs", relay)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
 	defer cancel()
 	c, err := ctxvmclient.Dial(ctx, relay, server, ctxvmclient.Options{Oversized: true})

@@ -127,7 +127,7 @@ func TestContextVM(t *testing.T) {
 // (fails in CI).
 func runSDKClient(t *testing.T, s *testnet.Stack, relay, server, encryption string) {
 	t.Helper()
-	needSDK(t)
+	needNPM(t, "contextvm")
 	lines := runPayingScript(t, filepath.Join("testdata", "contextvm"), s.Pay, "client.mjs", relay, server, encryption)
 	t.Logf("stock client (encryption %s) saw: %v", encryption, lines)
 	for word, want := range map[string]string{
@@ -403,27 +403,40 @@ func TestContextVMCatalog(t *testing.T) {
 	})
 }
 
-// sdkMissing says what is missing to run the stock @contextvm/sdk scripts
-// of testdata/contextvm and the command that installs it, or "".
-func sdkMissing() (missing, install string) {
+// npmPackages are the npm packages the node scripts of each folder of
+// testdata need (`npm ci` there installs them).
+var npmPackages = map[string][]string{
+	"contextvm": {"@contextvm/sdk", "@modelcontextprotocol/sdk", "zod"},
+	"inspector": {".bin/mcp-inspector"},
+	"l402":      {"@getalby/lightning-tools", "@modelcontextprotocol/sdk"},
+	"nut24":     {"@cashu/cashu-ts", "@modelcontextprotocol/sdk"},
+}
+
+// npmMissing says what is missing to run node on the scripts of
+// testdata/dir (node, or its npmPackages) and the command that installs
+// it, or "".
+func npmMissing(dir string) (missing, install string) {
 	if _, err := exec.LookPath("node"); err != nil {
 		return "node is not installed", "apt-get install nodejs npm"
 	}
-	for _, pkg := range []string{"@contextvm/sdk", "@modelcontextprotocol/sdk", "zod"} {
-		if _, err := os.Stat(filepath.Join("testdata", "contextvm", "node_modules", pkg)); err != nil {
-			return "the npm packages of the stock ContextVM client are not installed", "(cd cmd/capvend/testdata/contextvm && npm ci)"
+	for _, pkg := range npmPackages[dir] {
+		if _, err := os.Stat(filepath.Join("testdata", dir, "node_modules", pkg)); err != nil {
+			return "the npm packages of testdata/" + dir + " are not installed", "(cd cmd/capvend/testdata/" + dir + " && npm ci)"
 		}
 	}
 	return "", ""
 }
 
-// needSDK skips the test when the stock SDK scripts cannot run, saying
-// what to install; in CI, which installs them, it fails instead.
-func needSDK(t *testing.T) {
+// needNPM skips the test unless node can run the scripts of testdata/dir
+// (npmMissing), saying what to install; in CI, which installs them, it
+// fails instead. It returns testdata/dir.
+func needNPM(t testing.TB, dir string) string {
 	t.Helper()
-	if missing, install := sdkMissing(); missing != "" {
-		skip.Missing(t, "stock ContextVM client not run: "+missing, install)
+	skip.Short(t, "runs node")
+	if missing, install := npmMissing(dir); missing != "" {
+		skip.Missing(t, missing, install)
 	}
+	return filepath.Join("testdata", dir)
 }
 
 // runSDKScript runs node on a script of testdata/contextvm with args and
@@ -431,8 +444,7 @@ func needSDK(t *testing.T) {
 // packages it skips the test (fails in CI). The script must exit 0.
 func runSDKScript(t *testing.T, script string, args ...string) map[string]string {
 	t.Helper()
-	dir := filepath.Join("testdata", "contextvm")
-	needSDK(t)
+	dir := needNPM(t, "contextvm")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", append([]string{script}, args...)...)

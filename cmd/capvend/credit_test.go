@@ -32,15 +32,16 @@ func creditMeta(t testing.TB, r *mcp.CallToolResult) vend.CreditInfo {
 	return info
 }
 
-// waitToolCount waits until pc lists n tools.
-func waitToolCount(t testing.TB, pc *payingClient, n int) {
+// waitTools waits until the tools c lists are done (listed.Count,
+// listed.All): the upstreams may still be connecting.
+func waitTools(t testing.TB, c *client.Client, done func(names []string) bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second) // upstreams connecting under load: a deadlock guard
 	defer cancel()
 	if _, err := listed.Until(ctx, func(ctx context.Context) ([]string, error) {
-		_, names, err := listTools(ctx, pc.Client)
+		_, names, err := listTools(ctx, c)
 		return names, err
-	}, listed.Count(n)); err != nil {
+	}, done); err != nil {
 		t.Fatalf("tools: %v", err)
 	}
 }
@@ -76,7 +77,7 @@ func TestCreditOverMCPHTTPAndContextVM(t *testing.T) {
 	path, listen := writeServeConfig(t, s, serveOpts{cashu: true, credit: true, nsecFile: nsec})
 	stop := startCapvend(t, path).Stop
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitToolCount(t, pc, 11) // writeServeConfig's ten and capvend_topup
+	waitTools(t, pc.Client, listed.Count(11)) // writeServeConfig's ten and capvend_topup
 	before := customerBalance(t, s)
 
 	// MCP HTTP, with a credit token.
@@ -193,7 +194,7 @@ func BenchmarkCreditCalls(b *testing.B) {
 			pcs[i] = newPayingClient(b, s, url)
 			clients[i], paying[pcs[i].Client] = pcs[i].Client, pcs[i]
 		}
-		waitToolCount(b, pcs[0], 11)
+		waitTools(b, pcs[0].Client, listed.Count(11))
 		var seq atomic.Int64
 		call := func(pc *payingClient, meta map[string]any) error {
 			args := map[string]any{"text": fmt.Sprint("bench ", seq.Add(1))}

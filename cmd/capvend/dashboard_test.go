@@ -20,6 +20,7 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/testnet"
 )
@@ -194,7 +195,7 @@ func TestDashboardInChromium(t *testing.T) {
 	addr := adminConfig(t, path, "  token_file: "+tokenFile+"\nreconcile:\n  interval: 10s\n")
 	startCapvend(t, path)
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitTools(t, pc)
+	waitTools(t, pc.Client, listed.Count(serveTools))
 	shots := t.TempDir()
 	if d := os.Getenv("CAPVEND_SCREENSHOTS"); d != "" {
 		shots = d

@@ -186,7 +186,7 @@ func TestDoctorLND(t *testing.T) {
 func TestDoctorItemPricesAndUnpriced(t *testing.T) {
 	s := newDoctorSetup(t)
 	path := s.write(t)
-	appendFile(t, path, "    prompts:\n      summarize: {price_sats: 2}\n    resources:\n      \"example://readm\": {price_sats: 1}\n      \"example://{name}\": {price_sats: 1}\n")
+	editConfig(t, path, "", "    prompts:\n      summarize: {price_sats: 2}\n    resources:\n      \"example://readm\": {price_sats: 1}\n      \"example://{name}\": {price_sats: 1}\n")
 	rep, _, code := run(t, nil, "doctor", "--config", path)
 	if code != 1 || strings.Count(rep, "FAIL") != 1 {
 		t.Fatalf("exit %d, want 1 with one failure:\n%s", code, rep)

@@ -13,6 +13,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
@@ -73,7 +74,7 @@ func TestServeElicitation(t *testing.T) {
 			if tc.version != "" && c.ProtocolVersion() != tc.version {
 				t.Fatalf("protocol %s", c.ProtocolVersion())
 			}
-			waitTool(t, c, "t_confirm")
+			waitTools(t, c, listed.All("t_confirm"))
 			req := mcp.CallToolRequest{}
 			req.Params.Name = "t_confirm"
 			req.Params.Arguments = map[string]any{"question": "Delete everything?"}
@@ -96,28 +97,6 @@ func TestServeElicitation(t *testing.T) {
 				t.Error("the client was not asked")
 			}
 		})
-	}
-}
-
-// waitTool waits (bounded) until c lists name: the upstream may still be
-// connecting.
-func waitTool(t *testing.T, c *client.Client, name string) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		tl, err := c.ListTools(context.Background(), mcp.ListToolsRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, tool := range tl.Tools {
-			if tool.Name == name {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not listed", name)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

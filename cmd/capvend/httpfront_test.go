@@ -13,26 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 )
-
-// httpFrontConfig writes a free-tools configuration (see freeToolsConfig)
-// with extra lines in its http section.
-func httpFrontConfig(t *testing.T, httpLines string) (path, listen string) {
-	t.Helper()
-	path, listen = freeToolsConfig(t, "")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	yaml := strings.Replace(string(b), "http:\n", "http:\n"+httpLines, 1)
-	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path, listen
-}
 
 // post sends one JSON-RPC message to url with the headers and returns the
 // status, the response headers and the body.
@@ -72,7 +57,8 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	path, listen := httpFrontConfig(t, "  auth_token_file: "+tokenFile+"\n  write_timeout: 1s\n")
+	path, listen := freeToolsConfig(t, "")
+	editConfig(t, path, "http:\n", "http:\n"+"  auth_token_file: "+tokenFile+"\n  write_timeout: 1s\n")
 	startCapvend(t, path)
 	url := "http://" + listen + "/mcp"
 	auth := []string{"Authorization", "Bearer " + token}
@@ -118,7 +104,7 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 			if legacy != (c.GetSessionId() != "") {
 				t.Fatalf("legacy %v: session %q", legacy, c.GetSessionId())
 			}
-			waitTool(t, c, "slow_count")
+			waitTools(t, c, listed.All("slow_count"))
 			req := mcp.CallToolRequest{}
 			req.Params.Name = "slow_count"
 			req.Params.Arguments = map[string]any{"n": 30} // 1.5 s without a write
@@ -134,7 +120,8 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 // TestServeConnectionCap: beyond http.max_connections open connections a
 // new one is answered 503 at once; a freed slot serves again.
 func TestServeConnectionCap(t *testing.T) {
-	path, listen := httpFrontConfig(t, "  max_connections: 2\n")
+	path, listen := freeToolsConfig(t, "")
+	editConfig(t, path, "http:\n", "http:\n"+"  max_connections: 2\n")
 	startCapvend(t, path)
 	// Two kept-alive connections that were served hold both slots (a
 	// connection refused because a slot was not yet given back is dialled

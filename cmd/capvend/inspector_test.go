@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,10 @@ import (
 // testdata/inspector/package.json; .ci/run installs it) against `capvend
 // serve`: it lists the tools and calls a free one.
 func TestMCPInspectorListsAndCallsThroughServe(t *testing.T) {
-	inspector := inspectorBin(t)
+	inspector, err := filepath.Abs(filepath.Join(needNPM(t, "inspector"), "node_modules/.bin/mcp-inspector"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg, listen := freeToolsConfig(t, "")
 	startCapvend(t, cfg)
 	url := "http://" + listen + "/mcp"

@@ -15,26 +15,10 @@ import (
 
 	"github.com/lightningnetwork/lnd/lnrpc"
 
-	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
 )
-
-// needL402Client skips the test when the stock L402 client of
-// testdata/l402 cannot run, saying what to install; in CI, which installs
-// it, it fails instead.
-func needL402Client(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("node"); err != nil {
-		skip.Missing(t, "stock L402 client not run: node is not installed", "apt-get install nodejs npm")
-	}
-	for _, pkg := range []string{"@getalby/lightning-tools", "@modelcontextprotocol/sdk"} {
-		if _, err := os.Stat(filepath.Join("testdata", "l402", "node_modules", pkg)); err != nil {
-			skip.Missing(t, "stock L402 client not run: its npm packages are not installed", "(cd cmd/capvend/testdata/l402 && npm ci)")
-		}
-	}
-}
 
 // runNodeClient runs `node script args...` in testdata/l402, trusting the
 // customer node's TLS certificate, and returns its output lines by their
@@ -89,7 +73,7 @@ func customerPayment(t *testing.T, s *testnet.Stack, hash string) *lnrpc.Payment
 // amount is what the customer node sent for that payment hash; `ledger
 // verify` passes.
 func TestStockL402ClientBuys(t *testing.T) {
-	needL402Client(t)
+	needNPM(t, "l402")
 	s := needStack(t)
 	path, _ := writeServeConfig(t, s, serveOpts{http402: true})
 	sv := startCapvend(t, path)
@@ -160,7 +144,7 @@ func TestStockL402ClientBuys(t *testing.T) {
 // that settled invoice, 100 sats credited, four calls drawn and
 // delivered, 16 sats left; `ledger verify` passes.
 func TestStockL402ClientBuysCredit(t *testing.T) {
-	needL402Client(t)
+	needNPM(t, "l402")
 	s := needStack(t)
 	path, _ := writeServeConfig(t, s, serveOpts{http402: true, credit: true})
 	sv := startCapvend(t, path)

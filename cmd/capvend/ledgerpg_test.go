@@ -278,39 +278,22 @@ func TestServeOnPostgres(t *testing.T) {
 	}
 }
 
-// sharedPGConfig writes a serve configuration on the PostgreSQL ledger of
-// dsn whose tool sha256 has the price rule rule (YAML), and returns it
-// with its listen address.
-func sharedPGConfig(t *testing.T, dsn string, rule string) (path, listen string) {
-	t.Helper()
-	src, listen := freeToolsConfig(t, "")
-	b, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := strings.Replace(string(b), "ledger:\n  path: capvend.db\n", "ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\n", 1)
-	body += "    tools:\n      sha256:\n        " + rule + "\n"
-	if err := os.WriteFile(src, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(filepath.Dir(src), "ledger.dsn"), []byte(dsn), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return src, listen
-}
-
 // TestServeRefusesOtherPricesOnASharedLedger: two `capvend serve` with the
 // same price book share one PostgreSQL ledger; a third whose price book
 // differs (here a tool's rule: not idempotent; a price would need a
 // payment backend) is refused at start, saying why.
 func TestServeRefusesOtherPricesOnASharedLedger(t *testing.T) {
 	dsn := testPostgres(t)
-	a, _ := sharedPGConfig(t, dsn, "not_idempotent: false")
-	startCapvend(t, a)
-	b, _ := sharedPGConfig(t, dsn, "not_idempotent: false")
-	startCapvend(t, b)
-	c, _ := sharedPGConfig(t, dsn, "not_idempotent: true")
-	_, errOut, code := run(t, nil, "serve", "--config", c)
+	var paths []string
+	for _, rule := range []string{"not_idempotent: false", "not_idempotent: false", "not_idempotent: true"} {
+		path, _ := freeToolsConfig(t, "")
+		onPostgres(t, path, dsn)
+		editConfig(t, path, "", "    tools:\n      sha256:\n        "+rule+"\n")
+		paths = append(paths, path)
+	}
+	startCapvend(t, paths[0])
+	startCapvend(t, paths[1])
+	_, errOut, code := run(t, nil, "serve", "--config", paths[2])
 	if code == 0 || !strings.Contains(errOut, "price book differs from a running instance's") || !strings.Contains(errOut, "same prices") {
 		t.Fatalf("an instance with other prices: exit %d\n%s", code, errOut)
 	}

@@ -319,7 +319,7 @@ func testMultiLoad(t *testing.T, hold bool) {
 		log := filepath.Join(t.TempDir(), fmt.Sprintf("calls-%d.jsonl", i))
 		p, l := writeServeConfig(t, s, serveOpts{nsecFile: nsec, callsLog: log, hold: hold})
 		onPostgres(t, p, dsn)
-		fastTakeover(t, p)
+		editConfig(t, p, "  driver: postgres\n", fastTakeover)
 		// The unpaid limits count a client by its address across the
 		// instances, and every MCP HTTP client here comes from 127.0.0.1:
 		// one client to the limits, with the dead instance's unpaid

@@ -22,6 +22,7 @@ import (
 
 	"github.com/capvend/capvend/billing/lnd"
 	"github.com/capvend/capvend/internal/ctxvmclient"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/pgserver"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
@@ -83,28 +84,13 @@ const (
 	testClaimTakeover = 15 * time.Second
 )
 
-// fastTakeover sets, in the serve configuration at path (on PostgreSQL:
-// onPostgres first), the short lease and claim times testLeaseTTL and
-// testClaimTakeover.
-func fastTakeover(t testing.TB, path string) {
-	t.Helper()
-	editConfig(t, path, "  driver: postgres\n", fmt.Sprintf("  driver: postgres\n  lease_ttl: %s\n  claim_takeover: %s\n", testLeaseTTL, testClaimTakeover))
-}
-
-// shardNostr turns nostr.shard on in the serve configuration at path,
-// with the member set read every sample (0: the default second; a
-// membership change settles in 9 samples).
-func shardNostr(t testing.TB, path string, sample time.Duration) {
-	t.Helper()
-	extra := ""
-	if sample > 0 {
-		extra = fmt.Sprintf("  shard_sample: %s\n", sample)
-	}
-	editConfig(t, path, "\nnostr:\n", "\nnostr:\n  shard: true\n"+extra)
-}
+// fastTakeover is the ledger section's driver line with testLeaseTTL and
+// testClaimTakeover: editConfig puts it for "  driver: postgres\n" (after
+// onPostgres).
+var fastTakeover = fmt.Sprintf("  driver: postgres\n  lease_ttl: %s\n  claim_takeover: %s\n", testLeaseTTL, testClaimTakeover)
 
 // editConfig replaces the first old in the configuration file at path
-// with new; the file must hold old.
+// with new (the file must hold old), or appends new if old is "".
 func editConfig(t testing.TB, path, old, new string) {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -112,6 +98,9 @@ func editConfig(t testing.TB, path, old, new string) {
 		t.Fatal(err)
 	}
 	body := strings.Replace(string(b), old, new, 1)
+	if old == "" {
+		body = string(b) + new
+	}
 	if body == string(b) {
 		t.Fatalf("the configuration %s has no %q to replace", path, old)
 	}
@@ -228,7 +217,7 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 	for range 3 {
 		p, l := writeServeConfig(t, s, serveOpts{nsecFile: nsec})
 		onPostgres(t, p, dsn)
-		fastTakeover(t, p)
+		editConfig(t, p, "  driver: postgres\n", fastTakeover)
 		paths, listens = append(paths, p), append(listens, l)
 	}
 	ctx := context.Background()
@@ -244,7 +233,7 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 	// A paid HTTP call on the first instance: it dies once the payment is
 	// booked, before the call runs.
 	pc := newPayingClient(t, s, "http://"+listens[0]+"/mcp")
-	waitTools(t, pc)
+	waitTools(t, pc.Client, listed.Count(serveTools))
 	if _, err := pc.call(t, "t_sha256", map[string]any{"text": "killed"}); err == nil {
 		t.Fatal("the call succeeded although its instance was killed")
 	}
@@ -301,7 +290,7 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 	// HTTP: a paid and a free call on each live instance.
 	for _, listen := range listens[1:] {
 		pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-		waitTools(t, pc)
+		waitTools(t, pc.Client, listed.Count(serveTools))
 		if r, err := pc.call(t, "t_sha256", map[string]any{"text": "http " + listen}); err != nil || r.IsError {
 			t.Fatalf("paid HTTP call on %s: %v %v", listen, r, err)
 		}
@@ -450,7 +439,7 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 	for n := 1; n <= 3; n++ {
 		path, _ := nostrToolsConfig(b, relay, sk, "")
 		onPostgres(b, path, dsn)
-		shardNostr(b, path, 0) // as served by default
+		editConfig(b, path, "\nnostr:\n", "\nnostr:\n  shard: true\n") // sampling as served by default
 		startCapvend(b, path)
 		c := newLoadClient(b, relay, server)
 		c.warmUp(b)

@@ -6,16 +6,13 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/capvend/capvend/billing/cashu"
-	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
@@ -32,8 +29,7 @@ import (
 // client; the spent token is refused for another call; the proofs refused
 // for their mint then pay a call. The ledger verifies.
 func TestNUT24PaysWithCashuTS(t *testing.T) {
-	dir := filepath.Join("testdata", "nut24")
-	needNUT24Client(t, dir)
+	dir := needNPM(t, "nut24")
 	s := needStack(t)
 	path, _ := writeServeConfig(t, s, serveOpts{cashu: true, http402: true})
 	sv := startCapvend(t, path)
@@ -127,21 +123,6 @@ func paidRuns(t *testing.T, db string) int {
 		}
 	}
 	return ran
-}
-
-// needNUT24Client skips the test (fails in CI) without node or the npm
-// packages of testdata/nut24.
-func needNUT24Client(t *testing.T, dir string) {
-	t.Helper()
-	skip.Short(t, "runs node")
-	if _, err := exec.LookPath("node"); err != nil {
-		skip.Missing(t, "node is not installed", "apt-get install nodejs npm")
-	}
-	for _, pkg := range []string{"@cashu/cashu-ts", "@modelcontextprotocol/sdk"} {
-		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg)); err != nil {
-			skip.Missing(t, "the npm packages of the NUT-24 client are not installed", "(cd cmd/capvend/testdata/nut24 && npm ci)")
-		}
-	}
 }
 
 // runPayingScript runs node on script in dir with args, paying each

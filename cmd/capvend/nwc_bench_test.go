@@ -7,6 +7,7 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/testnet"
 )
 
@@ -26,7 +27,7 @@ func BenchmarkPaidCallsNWC(b *testing.B) {
 		path, _ := writeServeConfig(b, s, sd.opts)
 		url := startCapvend(b, path).URL()
 		sd.pc = newPayingClient(b, s, url)
-		waitTools(b, sd.pc)
+		waitTools(b, sd.pc.Client, listed.Count(serveTools))
 	}
 	ctx := context.Background()
 	args := map[string]any{"text": "paid"}

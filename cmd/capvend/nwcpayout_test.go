@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/capvend/capvend/billing/nwc"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
@@ -29,7 +30,7 @@ func nwcRefundOwed(t *testing.T, s *testnet.Stack) (path string, stop func(), re
 	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, nwcURIFile: uriFile(t, w, testnet.NWCPlain), nsecFile: nsec})
 	stop = startCapvend(t, path).Stop
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitTools(t, pc)
+	waitTools(t, pc.Client, listed.Count(serveTools))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ri, err := s.InvoiceOn(ctx, testnet.Customer, 5, "my refund")
@@ -193,7 +194,7 @@ func TestNWCCreditRefund(t *testing.T) {
 	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, credit: true, nwcURIFile: uriFile(t, w, testnet.NWCPlain), nsecFile: nsec})
 	stop := startCapvend(t, path).Stop
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitToolCount(t, pc, 11) // the ten tools and capvend_topup
+	waitTools(t, pc.Client, listed.Count(11)) // the ten tools and capvend_topup
 	// 30 sat of credit, paid into the wallet.
 	res, err := pc.callMeta(t, vend.TopUpTool, map[string]any{"sats": 30}, nil)
 	if err != nil || res.IsError {

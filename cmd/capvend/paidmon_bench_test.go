@@ -17,6 +17,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/procstat"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/testnet"
@@ -103,7 +104,7 @@ func startPaidMonSide(b *testing.B, s *testnet.Stack, o serveOpts, on bool) *pai
 		admin = freeAddr(b)
 		extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", admin)
 	}
-	appendFile(b, path, extra)
+	editConfig(b, path, "", extra)
 	side := payingSide(b, s, startCapvend(b, path, capvendOpts{Process: true}), admin)
 	var g errgroup.Group
 	for _, pc := range side.clients {
@@ -124,7 +125,7 @@ func payingSide(b *testing.B, s *testnet.Stack, proc *runningCapvend, admin stri
 	for i := range paidMonClients {
 		pc := newPayingClient(b, s, url)
 		if i == 0 {
-			waitTools(b, pc)
+			waitTools(b, pc.Client, listed.Count(serveTools))
 		}
 		side.clients = append(side.clients, pc)
 	}

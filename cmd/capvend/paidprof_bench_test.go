@@ -31,8 +31,7 @@ func BenchmarkPaidCallProfile(b *testing.B) {
 	s := needStack(b)
 	eachInvoiceKind(b, func(b *testing.B, hold bool) {
 		path, _ := writeServeConfig(b, s, serveOpts{hold: hold})
-		admin := freeAddr(b)
-		appendFile(b, path, fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", admin))
+		admin := adminConfig(b, path, "  pprof: true\n")
 		side := payingSide(b, s, startCapvend(b, path, capvendOpts{Process: true}), admin)
 		side.calls(b, 2*paidMonClients) // warm-up
 		pid := side.proc.Pid()

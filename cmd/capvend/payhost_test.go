@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -16,7 +15,6 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/capvend/capvend/adapters/mcpfront"
-	"github.com/capvend/capvend/internal/skip"
 )
 
 // payingInit is the initialize of a capvend-aware client: it declares the
@@ -37,7 +35,10 @@ func payingInit() mcp.InitializeRequest {
 // tool's result; a third with the same token is refused. The upstream ran
 // once, for exactly one settled payment.
 func TestMCPInspectorBuysWithNothingInstalled(t *testing.T) {
-	inspector := inspectorBin(t)
+	inspector, err := filepath.Abs(filepath.Join(needNPM(t, "inspector"), "node_modules/.bin/mcp-inspector"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	s := needStack(t)
 	path, _ := writeServeConfig(t, s, serveOpts{})
 	sv := startCapvend(t, path)
@@ -104,22 +105,4 @@ func TestMCPInspectorBuysWithNothingInstalled(t *testing.T) {
 	if ran := paidRuns(t, db); ran != 1 {
 		t.Fatalf("%d calls ran, want 1", ran)
 	}
-}
-
-// inspectorBin is the MCP Inspector CLI .ci/run installs, or skips (fails
-// in CI) without it.
-func inspectorBin(t *testing.T) string {
-	t.Helper()
-	skip.Short(t, "runs node")
-	if _, err := exec.LookPath("node"); err != nil {
-		skip.Missing(t, "node is not installed", "apt-get install nodejs npm")
-	}
-	inspector, err := filepath.Abs("testdata/inspector/node_modules/.bin/mcp-inspector")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(inspector); err != nil {
-		skip.Missing(t, "the MCP Inspector is not installed", "(cd cmd/capvend/testdata/inspector && npm ci)")
-	}
-	return inspector
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/lightningnetwork/lnd/lnrpc/invoicesrpc"
 
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
@@ -44,7 +45,7 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 	// brings its wallet the melt's fee reserve.
 	procB := startCapvend(t, pathB, capvendOpts{Process: true})
 	pcB := newPayingClient(t, s, "http://"+listenB+"/mcp")
-	waitToolCount(t, pcB, 11)
+	waitTools(t, pcB.Client, listed.Count(11))
 	info := buyCredit(t, pcB, 200, "")
 	tok, err := s.CashuMint(ctx, 21)
 	if err != nil {
@@ -58,7 +59,7 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 	procA := startCapvend(t, pathA, capvendOpts{Process: true})
 	defer procA.Signal(syscall.SIGTERM)
 	pcA := newPayingClient(t, s, "http://"+listenA+"/mcp")
-	waitToolCount(t, pcA, 11)
+	waitTools(t, pcA.Client, listed.Count(11))
 	draw := func(i int) error {
 		t.Helper()
 		r, err := pcA.callMeta(t, "t_sha256", map[string]any{"text": fmt.Sprint("draw ", i)}, map[string]any{vend.MetaCredit: info.Token})

@@ -48,7 +48,7 @@ func pricedToolsConfig(t testing.TB, items string) (path, listen string) {
 	if err := os.Mkdir(wallet, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	appendFile(t, path, items+fmt.Sprintf("cashu:\n  mints: [%s]\n  wallet_dir: cashu-wallet\n", standInMint(t)))
+	editConfig(t, path, "", items+fmt.Sprintf("cashu:\n  mints: [%s]\n  wallet_dir: cashu-wallet\n", standInMint(t)))
 	return path, listen
 }
 
@@ -107,7 +107,7 @@ func TestSIGHUPRefusesAPriceNamingNothing(t *testing.T) {
 func TestUnpricedRefused(t *testing.T) {
 	t.Parallel()
 	path, listen := freeToolsConfig(t, "")
-	appendFile(t, path, "    tools:\n      word_count: {}\n    resources:\n      \"example://readme\": {}\npricing:\n  unpriced: refuse\n")
+	editConfig(t, path, "", "    tools:\n      word_count: {}\n    resources:\n      \"example://readme\": {}\npricing:\n  unpriced: refuse\n")
 	addr := adminConfig(t, path, "")
 	startCapvend(t, path)
 	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")

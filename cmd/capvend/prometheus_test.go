@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/skip"
 )
 
@@ -93,7 +94,7 @@ func TestPrometheusScrapesCallMetrics(t *testing.T) {
 	prom := startPrometheus(t, admin)
 	startCapvend(t, path)
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitTools(t, pc)
+	waitTools(t, pc.Client, listed.Count(serveTools))
 
 	const paid, free, failed = 2, 3, 1
 	for range free {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
@@ -147,7 +148,7 @@ func TestRefundsEndToEnd(t *testing.T) {
 	path, listen := writeServeConfig(t, s, serveOpts{cashu: true}) // LND plain invoices
 	proc := startCapvend(t, path, capvendOpts{Process: true})
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitTools(t, pc)
+	waitTools(t, pc.Client, listed.Count(serveTools))
 	mint := func(sats uint64) string {
 		tok, err := s.CashuMint(ctx, sats)
 		if err != nil {
@@ -252,7 +253,7 @@ func TestServeSurvivesSIGKILLAfterSwap(t *testing.T) {
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
 	proc := startCapvend(t, path, capvendOpts{Process: true, Failpoint: "after_swap"})
 	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitTools(t, pc)
+	waitTools(t, pc.Client, listed.Count(serveTools))
 	tok, err := s.CashuMint(ctx, 21)
 	if err != nil {
 		t.Fatal(err)

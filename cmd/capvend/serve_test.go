@@ -18,6 +18,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/capvend/capvend/internal/freeport"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/racesupp"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
@@ -446,7 +447,7 @@ func TestServeWithCashuOnly(t *testing.T) {
 	sv := startCapvend(t, path)
 	url, db := sv.URL(), sv.Ledger()
 	pc := newPayingClient(t, s, url)
-	waitTools(t, pc)
+	waitTools(t, pc.Client, listed.Count(serveTools))
 	res, err := pc.call(t, "w_sha256", map[string]any{"text": "hi"})
 	if err != nil || text(res) != "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4" {
 		t.Fatalf("mint-quote call: %v %v (notes %v)", res, err, pc.methods())
@@ -498,7 +499,7 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 			if tc.tool == "t_slow_count" {
 				args = map[string]any{"n": 2}
 			}
-			waitTools(t, pc)
+			waitTools(t, pc.Client, listed.Count(serveTools))
 			if _, err := pc.call(t, tc.tool, args); err == nil {
 				t.Fatal("the call succeeded although capvend was killed")
 			}
@@ -529,8 +530,8 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 	}
 }
 
-// waitTools waits until pc lists the ten tools of writeServeConfig.
-func waitTools(t testing.TB, pc *payingClient) { waitToolCount(t, pc, 10) }
+// serveTools is how many tools writeServeConfig's capvend lists.
+const serveTools = 10
 
 // waitCall waits until the ledger's only call is in state want.
 func waitCall(t *testing.T, l *ledger.Ledger, want vend.CallState) vend.Call {

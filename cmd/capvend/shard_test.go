@@ -49,7 +49,7 @@ func newShardRun(t *testing.T, dsn string) *shardRun {
 func (r *shardRun) start(prefix, dsn string) (stop func()) {
 	path, _ := nostrToolsConfig(r.t, r.relay, r.sk, prefix)
 	onPostgres(r.t, path, dsn)
-	shardNostr(r.t, path, 500*time.Millisecond)
+	editConfig(r.t, path, "\nnostr:\n", "\nnostr:\n  shard: true\n  shard_sample: 500ms\n")
 	sv := startCapvend(r.t, path)
 	r.mu.Lock()
 	r.started = append(r.started, sv)

@@ -3,6 +3,8 @@ package main
 import (
 	"testing"
 	"time"
+
+	"github.com/capvend/capvend/internal/listed"
 )
 
 // TestStopClosesCallsWaitingForPayment: on stop, a call waiting for its
@@ -17,7 +19,7 @@ func TestStopClosesCallsWaitingForPayment(t *testing.T) {
 	stop := startCapvend(t, path).Stop
 	quoted := make(chan struct{}, 1)
 	pc := newPayingClientWith(t, "http://"+listen+"/mcp", func(string) { quoted <- struct{}{} }) // never pays
-	waitTools(t, pc)
+	waitTools(t, pc.Client, listed.Count(serveTools))
 	ended := make(chan error, 1)
 	go func() {
 		_, err := pc.call(t, "t_sha256", map[string]any{"text": "never paid"})
