@@ -2,14 +2,12 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 )
@@ -18,11 +16,11 @@ import (
 // accepts connections must see the upstream's tools, not an empty list.
 func TestServeListsToolsOnlyOnceUpstreamsListed(t *testing.T) {
 	t.Parallel()
-	path, listen := freeToolsConfig(t, "")
+	path, listen := capvendtest.FreeToolsConfig(t, "")
 	// The upstream starts only after a pause (as on a loaded machine), so
 	// a tools/list answered before it listed its tools would be empty.
-	editConfig(t, path, "command: "+exampleTools(t)+"\n",
-		"command: /bin/sh\n    args: [\"-c\", \"sleep 2; exec "+exampleTools(t)+"\"]\n")
+	capvendtest.EditConfig(t, path, "command: "+capvendtest.ExampleTools(t)+"\n",
+		"command: /bin/sh\n    args: [\"-c\", \"sleep 2; exec "+capvendtest.ExampleTools(t)+"\"]\n")
 	startCapvend(t, path)
 	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
 	if err != nil {
@@ -42,42 +40,18 @@ func TestServeListsToolsOnlyOnceUpstreamsListed(t *testing.T) {
 	}
 }
 
-// adminConfig adds an admin section to the configuration at path and
-// returns the admin listener's address.
-func adminConfig(t testing.TB, path, extra string) string {
-	t.Helper()
-	addr := freeAddr(t)
-	editConfig(t, path, "", fmt.Sprintf("admin:\n  listen: %s\n%s", addr, extra))
-	return addr
-}
-
-func get(t *testing.T, url, token string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequest("GET", url, nil)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 // serve with admin.listen: health, readiness and metrics on the admin
 // listener, none of them on the MCP endpoint's.
 func TestServeAdminListener(t *testing.T) {
 	t.Parallel()
-	path, listen := freeToolsConfig(t, "")
+	path, listen := capvendtest.FreeToolsConfig(t, "")
 	// The upstream starts only after a pause (as on a loaded machine), so
 	// a tools/list answered before it listed its tools would be empty.
-	editConfig(t, path, "command: "+exampleTools(t)+"\n",
-		"command: /bin/sh\n    args: [\"-c\", \"sleep 2; exec "+exampleTools(t)+"\"]\n")
-	addr := adminConfig(t, path, "")
+	capvendtest.EditConfig(t, path, "command: "+capvendtest.ExampleTools(t)+"\n",
+		"command: /bin/sh\n    args: [\"-c\", \"sleep 2; exec "+capvendtest.ExampleTools(t)+"\"]\n")
+	addr := capvendtest.AdminConfig(t, path, "")
 	startCapvend(t, path)
-	if code, body := get(t, "http://"+addr+"/healthz", ""); code != 200 {
+	if code, body := capvendtest.Get(t, "http://"+addr+"/healthz", ""); code != 200 {
 		t.Fatalf("healthz: %d %s", code, body)
 	}
 	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
@@ -89,16 +63,16 @@ func TestServeAdminListener(t *testing.T) {
 	if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil { // answered once the upstream listed its tools
 		t.Fatal(err)
 	}
-	code, body := get(t, "http://"+addr+"/readyz", "")
+	code, body := capvendtest.Get(t, "http://"+addr+"/readyz", "")
 	if code != 200 || !strings.Contains(body, "ok: upstreams") {
 		t.Fatalf("readyz once the MCP endpoint answers: %d\n%s", code, body)
 	}
 	for _, p := range []string{"/metrics", "/healthz", "/readyz", "/debug/pprof/"} {
-		if code, _ := get(t, "http://"+listen+p, ""); code != 404 {
+		if code, _ := capvendtest.Get(t, "http://"+listen+p, ""); code != 404 {
 			t.Errorf("the MCP listener answers %s with %d, want 404", p, code)
 		}
 	}
-	if code, _ := get(t, "http://"+addr+"/debug/pprof/", ""); code != 404 {
+	if code, _ := capvendtest.Get(t, "http://"+addr+"/debug/pprof/", ""); code != 404 {
 		t.Errorf("without admin.pprof the admin listener answers /debug/pprof/ with %d, want 404", code)
 	}
 	for range 3 {
@@ -109,7 +83,7 @@ func TestServeAdminListener(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, metrics := get(t, "http://"+addr+"/metrics", "")
+	_, metrics := capvendtest.Get(t, "http://"+addr+"/metrics", "")
 	for _, want := range []string{
 		`capvend_free_calls_total{kind="tool",server="tools",tool="other"} 3`,
 		`capvend_upstream_call_seconds_count{result="ok",server="tools",tool="other"} 3`,
@@ -128,21 +102,21 @@ func TestServeAdminListener(t *testing.T) {
 
 // admin.pprof serves Go's profiles on the admin listener, behind its token.
 func TestAdminPprof(t *testing.T) {
-	path, listen := freeToolsConfig(t, "")
+	path, listen := capvendtest.FreeToolsConfig(t, "")
 	tokenFile := filepath.Join(filepath.Dir(path), "admin.token")
 	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := adminConfig(t, path, "  pprof: true\n  token_file: "+tokenFile+"\n")
+	addr := capvendtest.AdminConfig(t, path, "  pprof: true\n  token_file: "+tokenFile+"\n")
 	startCapvend(t, path)
-	if code, _ := get(t, "http://"+addr+"/debug/pprof/", ""); code != 401 {
+	if code, _ := capvendtest.Get(t, "http://"+addr+"/debug/pprof/", ""); code != 401 {
 		t.Errorf("/debug/pprof/ without the token: %d, want 401", code)
 	}
-	code, body := get(t, "http://"+addr+"/debug/pprof/goroutine?debug=1", "0123456789abcdef0123")
+	code, body := capvendtest.Get(t, "http://"+addr+"/debug/pprof/goroutine?debug=1", "0123456789abcdef0123")
 	if code != 200 || !strings.Contains(body, "goroutine profile:") {
 		t.Fatalf("/debug/pprof/goroutine with the token: %d\n%.300s", code, body)
 	}
-	if code, body := get(t, "http://"+listen+"/debug/pprof/goroutine?debug=1", ""); code != 404 {
+	if code, body := capvendtest.Get(t, "http://"+listen+"/debug/pprof/goroutine?debug=1", ""); code != 404 {
 		t.Errorf("the MCP listener answers /debug/pprof/goroutine with %d: %.200s", code, body)
 	}
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/capvend/capvend/internal/procstat"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
@@ -40,13 +40,13 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 	relay := testkit.Relay(b)
 	sk := nostr.GeneratePrivateKey()
 	ours, _ := nostr.GetPublicKey(sk)
-	path, _ := nostrToolsConfig(b, relay, sk, "")
+	path, _ := capvendtest.NostrToolsConfig(b, relay, sk, "")
 	profDir, admin := os.Getenv("NOSTRPROF_DIR"), ""
 	if profDir != "" {
-		admin = adminConfig(b, path, "  pprof: true\n")
+		admin = capvendtest.AdminConfig(b, path, "  pprof: true\n")
 	}
 	serve := startCapvend(b, path, capvendOpts{Process: true}).Pid()
-	upstream := childOf(b, serve)
+	upstream := capvendtest.ChildOf(b, serve)
 
 	type server struct {
 		name          string
@@ -66,9 +66,9 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 	for _, inFlight := range []int{8, 1} {
 		for _, s := range servers {
 			b.Run(fmt.Sprintf("%s/inflight=%d", s.name, inFlight), func(b *testing.B) {
-				cpu0, up0 := procCPU(b, s.pid), time.Duration(0)
+				cpu0, up0 := capvendtest.ProcCPU(b, s.pid), time.Duration(0)
 				if s.upstream != 0 {
-					up0 = procCPU(b, s.upstream)
+					up0 = capvendtest.ProcCPU(b, s.upstream)
 				}
 				var prof chan []byte
 				if profDir != "" && s.name == "capvend" && inFlight == 8 {
@@ -83,10 +83,10 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 					writeNostrProfile(b, profDir, "nostr-cpu.pprof", <-prof)
 					writeNostrProfile(b, profDir, "nostr-allocs.pprof", fetchURL(b, "http://"+admin+"/debug/pprof/allocs"))
 				}
-				cpu := procCPU(b, s.pid) - cpu0
-				b.ReportMetric(ms(cpu)/float64(b.N), "cpu-ms/call")
+				cpu := capvendtest.ProcCPU(b, s.pid) - cpu0
+				b.ReportMetric(capvendtest.Ms(cpu)/float64(b.N), "cpu-ms/call")
 				if s.upstream != 0 {
-					b.ReportMetric(ms(procCPU(b, s.upstream)-up0)/float64(b.N), "upstream-cpu-ms/call")
+					b.ReportMetric(capvendtest.Ms(capvendtest.ProcCPU(b, s.upstream)-up0)/float64(b.N), "upstream-cpu-ms/call")
 				}
 				b.ReportMetric(r.perSecond, "calls/s")
 			})
@@ -118,27 +118,4 @@ func fetchURL(b *testing.B, url string) []byte {
 		return nil
 	}
 	return body
-}
-
-// childOf returns the pid of the one child of process pid (serve's stdio
-// upstream), waiting for it a while.
-func childOf(tb testing.TB, pid int) int {
-	tb.Helper()
-	deadline := time.Now().Add(30 * time.Second) // a hang guard
-	for {
-		dirs, _ := filepath.Glob("/proc/[0-9]*")
-		for _, d := range dirs {
-			child, err := strconv.Atoi(filepath.Base(d))
-			if err != nil {
-				continue
-			}
-			if f := procstat.Fields(child); len(f) > 3 && f[3] == strconv.Itoa(pid) {
-				return child
-			}
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("process %d has no child", pid)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/syncbuf"
@@ -48,7 +49,7 @@ func BenchmarkNostrFreeCall(b *testing.B) {
 
 	sk := nostr.GeneratePrivateKey()
 	ours, _ := nostr.GetPublicKey(sk)
-	path, _ := nostrToolsConfig(b, relay, sk, "")
+	path, _ := capvendtest.NostrToolsConfig(b, relay, sk, "")
 	startCapvend(b, path)
 	theirs, _ := startSDKServer(b, "server.mjs", relay)
 
@@ -67,8 +68,8 @@ func BenchmarkNostrFreeCall(b *testing.B) {
 			r := target.c.load(b, b.N).result()
 			b.StopTimer()
 			b.ReportMetric(r.perSecond, "calls/s")
-			b.ReportMetric(ms(r.p50), "p50-ms")
-			b.ReportMetric(ms(r.p99), "p99-ms")
+			b.ReportMetric(capvendtest.Ms(r.p50), "p50-ms")
+			b.ReportMetric(capvendtest.Ms(r.p99), "p99-ms")
 			if s := results["sdk"]; target.name == "capvend" && s.perSecond > 0 {
 				b.ReportMetric(r.perSecond/s.perSecond, "x_sdk")
 			}
@@ -95,10 +96,10 @@ func BenchmarkNostrFreeCall(b *testing.B) {
 		s, o := ts.result(), to.result()
 		b.ReportMetric(o.perSecond, "capvend-calls/s")
 		b.ReportMetric(s.perSecond, "sdk-calls/s")
-		b.ReportMetric(ms(o.p50), "capvend-p50-ms")
-		b.ReportMetric(ms(s.p50), "sdk-p50-ms")
-		b.ReportMetric(ms(o.p99), "capvend-p99-ms")
-		b.ReportMetric(ms(s.p99), "sdk-p99-ms")
+		b.ReportMetric(capvendtest.Ms(o.p50), "capvend-p50-ms")
+		b.ReportMetric(capvendtest.Ms(s.p50), "sdk-p50-ms")
+		b.ReportMetric(capvendtest.Ms(o.p99), "capvend-p99-ms")
+		b.ReportMetric(capvendtest.Ms(s.p99), "sdk-p99-ms")
 		b.ReportMetric(o.perSecond/s.perSecond, "x_sdk")
 	})
 }
@@ -106,8 +107,6 @@ func BenchmarkNostrFreeCall(b *testing.B) {
 // nostrBenchRound is how many calls each server gets in a turn of the
 // interleaved benchmark.
 const nostrBenchRound = 200
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // startSDKServer runs script, a stock server of testdata/contextvm, on
 // relay until the test ends, and returns its pubkey, once it is

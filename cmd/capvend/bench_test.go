@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,15 +25,11 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/testnet"
 )
-
-func p50(d []time.Duration) time.Duration {
-	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-	return d[len(d)/2]
-}
 
 // BenchmarkFreeCall measures a free tools/call through capvend (MCP HTTP
 // front -> upstream over MCP HTTP) against calling the same upstream
@@ -52,8 +47,8 @@ func BenchmarkFreeCall(b *testing.B) {
 	s := needStack(b) // for the example-tools binary and a configuration
 	path, _ := writeServeConfig(b, s, serveOpts{})
 	url := startCapvend(b, path).URL()
-	pc := newPayingClient(b, s, url)
-	waitTools(b, pc.Client, listed.Count(serveTools))
+	pc := capvendtest.NewPayingClient(b, s, url)
+	capvendtest.WaitTools(b, pc.Client, listed.Count(serveTools))
 	ctx := context.Background()
 	// The direct client talks to the same HTTP upstream capvend uses.
 	directURL := "http://" + lastHTTPUpstream.Load().(string) + "/mcp"
@@ -90,12 +85,12 @@ func BenchmarkFreeCall(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	d := p50(direct.lat)
-	b.ReportMetric(float64(p50(ours.lat).Microseconds())/1000, "capvend-p50-ms")
+	d := capvendtest.P50(direct.lat)
+	b.ReportMetric(float64(capvendtest.P50(ours.lat).Microseconds())/1000, "capvend-p50-ms")
 	b.ReportMetric(float64(d.Microseconds())/1000, "direct-p50-ms")
-	b.ReportMetric(float64(p50(ours.lat))/float64(d), "x_direct")
+	b.ReportMetric(float64(capvendtest.P50(ours.lat))/float64(d), "x_direct")
 	for _, sd := range sides[2:] {
-		b.ReportMetric(float64(p50(sd.lat))/float64(d), sd.name+"-x_direct")
+		b.ReportMetric(float64(capvendtest.P50(sd.lat))/float64(d), sd.name+"-x_direct")
 	}
 
 	// Throughput: freeCallClients clients at once, b.N calls in all per
@@ -357,11 +352,11 @@ func BenchmarkFreeCallMonitoring(b *testing.B) {
 		path, listen := writeServeConfig(b, s, serveOpts{})
 		extra := "reconcile:\n  interval: 0s\n"
 		if on {
-			extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", freeAddr(b))
+			extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", capvendtest.FreeAddr(b))
 		}
-		editConfig(b, path, "", extra)
+		capvendtest.EditConfig(b, path, "", extra)
 		startCapvend(b, path)
-		waitTools(b, newPayingClient(b, s, "http://"+listen+"/mcp").Client, listed.Count(serveTools))
+		capvendtest.WaitTools(b, capvendtest.NewPayingClient(b, s, "http://"+listen+"/mcp").Client, listed.Count(serveTools))
 		for range freeCallClients {
 			clients[on] = append(clients[on], startClient(b, "http://"+listen+"/mcp"))
 		}
@@ -396,8 +391,8 @@ func BenchmarkPaidCalls(b *testing.B) {
 	s := needStack(b)
 	path, _ := writeServeConfig(b, s, serveOpts{})
 	url := startCapvend(b, path).URL()
-	pc := newPayingClient(b, s, url)
-	waitTools(b, pc.Client, listed.Count(serveTools))
+	pc := capvendtest.NewPayingClient(b, s, url)
+	capvendtest.WaitTools(b, pc.Client, listed.Count(serveTools))
 	ctx := context.Background()
 	args := map[string]any{"text": "paid"}
 	b.ResetTimer()
@@ -406,7 +401,7 @@ func BenchmarkPaidCalls(b *testing.B) {
 		if _, err := pc.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "t_sha256", Arguments: args}}); err != nil {
 			b.Fatal(err)
 		}
-		if err := <-pc.paid; err != nil {
+		if err := <-pc.Paid; err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lightningnetwork/lnd/lnrpc"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
@@ -71,7 +72,7 @@ func TestStockClientsBuyWithEvery402Scheme(t *testing.T) {
 		}
 		sum := sha256.Sum256(pre)
 		hash := hex.EncodeToString(sum[:])
-		if sent := customerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
+		if sent := capvendtest.CustomerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
 			t.Fatalf("%s: the customer node paid %d msat (%s) for %s, want 21000", tc.wrapper, sent.ValueMsat, sent.Status, hash)
 		}
 		l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
@@ -159,7 +160,7 @@ func TestURLElicitationPaysWithoutRetry(t *testing.T) {
 	pre, _ := hex.DecodeString(lines["PREIMAGE"][0])
 	sum := sha256.Sum256(pre)
 	hash := hex.EncodeToString(sum[:])
-	if sent := customerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
+	if sent := capvendtest.CustomerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
 		t.Fatalf("the customer node paid %d msat (%s), want 21000", sent.ValueMsat, sent.Status)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

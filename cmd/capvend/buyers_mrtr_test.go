@@ -17,6 +17,7 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
@@ -99,7 +100,7 @@ func TestURLElicitationPaysMRTR(t *testing.T) {
 	if !mcp.IsModernProtocol(c.ProtocolVersion()) {
 		t.Fatalf("protocol %s", c.ProtocolVersion())
 	}
-	waitTools(t, c, listed.All("t_sha256"))
+	capvendtest.WaitTools(t, c, listed.All("t_sha256"))
 	text := "bought through input_required"
 	req := mcp.CallToolRequest{}
 	req.Params.Name, req.Params.Arguments = "t_sha256", map[string]any{"text": text}
@@ -118,7 +119,7 @@ func TestURLElicitationPaysMRTR(t *testing.T) {
 	if len(asks) != 1 || !strings.HasPrefix(asks[0], "url http://") || !strings.Contains(asks[0], "/pay/cvv_") || hash == "" {
 		t.Fatalf("asked %q, paid %q", asks, hash)
 	}
-	if sent := customerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
+	if sent := capvendtest.CustomerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
 		t.Fatalf("the customer node paid %d msat (%s), want 21000", sent.ValueMsat, sent.Status)
 	}
 	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})

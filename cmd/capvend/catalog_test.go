@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 )
@@ -14,7 +15,7 @@ import (
 // over example-tools (free tools only, no payment backend) and lists, gets
 // and reads its prompt and resource through an mcp-go client.
 func TestServePassesPromptsAndResourcesThrough(t *testing.T) {
-	cfg, listen := freeToolsConfig(t, "ex_")
+	cfg, listen := capvendtest.FreeToolsConfig(t, "ex_")
 	startCapvend(t, cfg)
 	ctx := context.Background()
 	// A bound on waiting for the upstream: a deadlock guard.
@@ -27,7 +28,7 @@ func TestServePassesPromptsAndResourcesThrough(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	init, err := c.Initialize(ctx, payingInit())
+	init, err := c.Initialize(ctx, capvendtest.PayingInit())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/elnosh/gonuts/wallet"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/testnet"
 )
@@ -29,7 +30,7 @@ import (
 func TestContextVMDirectPayment(t *testing.T) {
 	s := needStack(t)
 	needNPM(t, "contextvm")
-	server, nsec := serverKey(t)
+	server, nsec := capvendtest.ServerKey(t)
 	path, _ := writeServeConfig(t, s, serveOpts{nsecFile: nsec, cashu: true})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
 	startCapvend(t, path)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
@@ -32,7 +33,7 @@ const relayLimit = 64 << 10
 func oversizedConfig(t testing.TB, s *testnet.Stack, relay, nsec string) (path, listen string) {
 	t.Helper()
 	vendor, _ := s.Node(testnet.Vendor)
-	listen = freeAddr(t)
+	listen = capvendtest.FreeAddr(t)
 	cfg := fmt.Sprintf(`ledger:
   path: capvend.db
 server:
@@ -56,7 +57,7 @@ upstreams:
     tools:
       sha256: {price_sats: 21}
       bulk: {price_sats: 7}
-`, listen, vendor.RPCHost, vendor.TLSCert, vendor.InvoiceMacaroon, relay, nsec, exampleTools(t))
+`, listen, vendor.RPCHost, vendor.TLSCert, vendor.InvoiceMacaroon, relay, nsec, capvendtest.ExampleTools(t))
 	path = filepath.Join(t.TempDir(), "capvend.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -76,7 +77,7 @@ func TestContextVMOversizedStockClient(t *testing.T) {
 	s := needStack(t)
 	needNPM(t, "contextvm")
 	relay := testkit.LimitedRelay(t, relayLimit)
-	server, nsec := serverKey(t)
+	server, nsec := capvendtest.ServerKey(t)
 	path, _ := oversizedConfig(t, s, relay, nsec)
 	startCapvend(t, path)
 	c := dialContextVM(t, relay, server)
@@ -204,14 +205,14 @@ func TestServeRefusingRelay(t *testing.T) {
 	server, _ := nostr.GetPublicKey(sk)
 	refuser := refusingRelay(t, server, reason)
 	limited := testkit.LimitedRelay(t, relayLimit)
-	path, _ := nostrToolsConfig(t, limited, sk, "ex_")
+	path, _ := capvendtest.NostrToolsConfig(t, limited, sk, "ex_")
 	cfg, _ := os.ReadFile(path)
 	cfg = []byte(strings.Replace(string(cfg), "relays: ["+limited+"]", "relays: ["+refuser+", "+limited+"]", 1))
 	cfg = []byte(strings.Replace(string(cfg), "    command: ", "    args: [--bulk]\n    command: ", 1))
 	if err := os.WriteFile(path, cfg, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := adminConfig(t, path, "")
+	addr := capvendtest.AdminConfig(t, path, "")
 	sv := startCapvend(t, path)
 	c := dialContextVM(t, limited, server)
 	c.waitReady()
@@ -228,7 +229,7 @@ func TestServeRefusingRelay(t *testing.T) {
 	if !strings.Contains(sv.Logs(), "relay="+refuser+" reason=\""+reason+"\"") {
 		t.Fatalf("the log does not name the relay's reason:\n%s", sv.Logs())
 	}
-	_, metrics := get(t, "http://"+addr+"/metrics", "")
+	_, metrics := capvendtest.Get(t, "http://"+addr+"/metrics", "")
 	for _, want := range []string{
 		`capvend_nostr_publish_failures_total{reason="blocked",relay="` + refuser + `"}`,
 		`capvend_nostr_publish_failures_total{reason="too-large",relay="` + limited + `"} 1`,
@@ -236,20 +237,20 @@ func TestServeRefusingRelay(t *testing.T) {
 		`capvend_nostr_published_total{relay="` + limited + `"}`,
 	} {
 		if !strings.Contains(metrics, want) {
-			t.Errorf("metrics lack %s:\n%s", want, grepLines(metrics, "capvend_nostr"))
+			t.Errorf("metrics lack %s:\n%s", want, capvendtest.GrepLines(metrics, "capvend_nostr"))
 		}
 	}
-	code, body := get(t, "http://"+addr+"/readyz", "")
+	code, body := capvendtest.Get(t, "http://"+addr+"/readyz", "")
 	if !strings.Contains(body, refuser+" refuses our events (\""+reason+"\"") {
 		t.Fatalf("readyz %d does not show the refusing relay:\n%s", code, body)
 	}
 
 	// On the refusing relay alone (its announcements refused): not ready.
-	path2, _ := nostrToolsConfig(t, refuser, sk, "ex_")
-	addr2 := adminConfig(t, path2, "")
+	path2, _ := capvendtest.NostrToolsConfig(t, refuser, sk, "ex_")
+	addr2 := capvendtest.AdminConfig(t, path2, "")
 	startCapvend(t, path2)
 	for i := 0; ; i++ { // until the announcements were refused: a hang guard, not a speed check
-		code, body = get(t, "http://"+addr2+"/readyz", "")
+		code, body = capvendtest.Get(t, "http://"+addr2+"/readyz", "")
 		if strings.Contains(body, "not ready: nostr: every relay refuses our events: "+refuser) || i == 300 {
 			break
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/skip"
@@ -37,7 +38,7 @@ const sha256Hi = "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327a
 // ledger without a new charge. The ledger verifies.
 func TestContextVM(t *testing.T) {
 	s := needStack(t)
-	server, nsec := serverKey(t)
+	server, nsec := capvendtest.ServerKey(t)
 	path, _ := writeServeConfig(t, s, serveOpts{nsecFile: nsec})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
 	stop := startCapvend(t, path).Stop
@@ -146,19 +147,6 @@ func runSDKClient(t *testing.T, s *testnet.Stack, relay, server, encryption stri
 	if strings.Contains(lines["CAPS"], "t_word_count") {
 		t.Errorf("a cap tag for a free tool: %s", lines["CAPS"])
 	}
-}
-
-// serverKey makes a fresh Nostr key for a server and writes it to an nsec
-// file; it returns the pubkey and the file.
-func serverKey(t testing.TB) (pubkey, nsecFile string) {
-	t.Helper()
-	sk := nostr.GeneratePrivateKey()
-	pubkey, _ = nostr.GetPublicKey(sk)
-	nsecFile = filepath.Join(t.TempDir(), "server.nsec")
-	if err := os.WriteFile(nsecFile, []byte(sk+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return pubkey, nsecFile
 }
 
 // cvmClient is the shared ContextVM client (internal/ctxvmclient) for a
@@ -314,7 +302,7 @@ func TestContextVMCatalog(t *testing.T) {
 	relay := testkit.Relay(t)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
-	path, _ := nostrToolsConfig(t, relay, sk, "ex_")
+	path, _ := capvendtest.NostrToolsConfig(t, relay, sk, "ex_")
 	startCapvend(t, path)
 	c := dialContextVM(t, relay, server)
 	c.waitReady()
@@ -461,36 +449,4 @@ func runSDKScript(t *testing.T, script string, args ...string) map[string]string
 		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", script, err, out, stderr.String())
 	}
 	return lines
-}
-
-// nostrToolsConfig writes a configuration selling example-tools (a stdio
-// child with prefix) free, with no payment backend, on the MCP front and
-// the Nostr front on relay with secret key sk.
-func nostrToolsConfig(t testing.TB, relay, sk, prefix string) (path, listen string) {
-	t.Helper()
-	dir := t.TempDir()
-	nsec := filepath.Join(dir, "server.nsec")
-	if err := os.WriteFile(nsec, []byte(sk+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	listen = freeAddr(t)
-	path = filepath.Join(dir, "capvend.yaml")
-	yaml := fmt.Sprintf(`ledger:
-  path: capvend.db
-http:
-  listen: %s
-nostr:
-  relays: [%s]
-  nsec_file: %s
-limits:
-  requests_per_minute: 1000000 # benchmarks call in tight loops
-upstreams:
-  - name: tools
-    prefix: %q
-    command: %s
-`, listen, relay, nsec, prefix, exampleTools(t))
-	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path, listen
 }

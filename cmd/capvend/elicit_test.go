@@ -13,6 +13,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/testkit"
 )
@@ -39,7 +40,7 @@ func (c *confirmer) Elicit(ctx context.Context, req mcp.ElicitationRequest) (*mc
 // an input_required result; capvend relays it to the client and the
 // answer back.
 func TestServeElicitation(t *testing.T) {
-	cfg, listen := freeToolsConfig(t, "t_")
+	cfg, listen := capvendtest.FreeToolsConfig(t, "t_")
 	startCapvend(t, cfg)
 	for _, tc := range []struct {
 		name    string
@@ -68,13 +69,13 @@ func TestServeElicitation(t *testing.T) {
 			if err := c.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := c.Initialize(ctx, payingInit()); err != nil {
+			if _, err := c.Initialize(ctx, capvendtest.PayingInit()); err != nil {
 				t.Fatal(err)
 			}
 			if tc.version != "" && c.ProtocolVersion() != tc.version {
 				t.Fatalf("protocol %s", c.ProtocolVersion())
 			}
-			waitTools(t, c, listed.All("t_confirm"))
+			capvendtest.WaitTools(t, c, listed.All("t_confirm"))
 			req := mcp.CallToolRequest{}
 			req.Params.Name = "t_confirm"
 			req.Params.Arguments = map[string]any{"question": "Delete everything?"}
@@ -112,7 +113,7 @@ func TestContextVMElicitation(t *testing.T) {
 	relay := testkit.Relay(t)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
-	path, _ := nostrToolsConfig(t, relay, sk, "ex_")
+	path, _ := capvendtest.NostrToolsConfig(t, relay, sk, "ex_")
 	startCapvend(t, path)
 
 	seq := 0

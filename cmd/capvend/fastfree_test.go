@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/listed"
 	"github.com/mark3labs/mcp-go/mcp"
 )
@@ -62,8 +63,8 @@ func TestFreeCallFastPathSameBytes(t *testing.T) {
 	s := needStack(t)
 	path, _ := writeServeConfig(t, s, serveOpts{})
 	url := startCapvend(t, path).URL()
-	pc := newPayingClient(t, s, url)
-	waitTools(t, pc.Client, listed.Count(serveTools))
+	pc := capvendtest.NewPayingClient(t, s, url)
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
 	const cannot, can = `{}`, `{"elicitation":{}}`
 	for _, tc := range []struct{ name, tool, args, meta string }{
 		{"result", "w_word_count", `{"text":"free as in beer"}`, ``},

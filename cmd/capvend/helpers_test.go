@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -15,48 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/syncbuf"
 )
-
-var (
-	toolsOnce sync.Once
-	toolsDir  string
-	toolsErr  error
-)
-
-// exampleTools builds cmd/example-tools once per test binary and returns
-// its path.
-func exampleTools(t testing.TB) string {
-	t.Helper()
-	toolsOnce.Do(func() {
-		if toolsDir, toolsErr = os.MkdirTemp("", "capvend-example-tools-"); toolsErr != nil {
-			return
-		}
-		bin := filepath.Join(toolsDir, "example-tools")
-		if out, err := exec.Command("go", "build", "-o", bin, "../example-tools").CombinedOutput(); err != nil {
-			toolsErr = fmt.Errorf("build example-tools: %v\n%s", err, out)
-		}
-	})
-	if toolsErr != nil {
-		t.Fatal(toolsErr)
-	}
-	return filepath.Join(toolsDir, "example-tools")
-}
-
-// freeToolsConfig writes a configuration selling example-tools (as a stdio
-// child with prefix) with no payment backend: free tools only.
-func freeToolsConfig(t testing.TB, prefix string) (path, listen string) {
-	t.Helper()
-	dir := t.TempDir()
-	listen = freeAddr(t)
-	path = filepath.Join(dir, "capvend.yaml")
-	yaml := fmt.Sprintf("ledger:\n  path: capvend.db\nhttp:\n  listen: %s\nupstreams:\n  - name: tools\n    prefix: %q\n    command: %s\n",
-		listen, prefix, exampleTools(t))
-	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path, listen
-}
 
 // capvendOpts says how startCapvend runs capvend. The zero value runs
 // `capvend serve --config <config>` in this test binary and returns once
@@ -185,10 +145,10 @@ func startCapvend(t testing.TB, config string, opts ...capvendOpts) *runningCapv
 			c.cmd.Process.Kill()
 			<-c.done
 		} else if code, stopped := c.stop(); stopped && c.serves && code != 0 {
-			t.Errorf("capvend exited %d: %s", code, tail(c.Stderr(), 8000))
+			t.Errorf("capvend exited %d: %s", code, capvendtest.Tail(c.Stderr(), 8000))
 		}
 		if t.Failed() {
-			t.Logf("capvend %s: log:\n%s", strings.Join(args, " "), tail(c.Logs(), 20_000))
+			t.Logf("capvend %s: log:\n%s", strings.Join(args, " "), capvendtest.Tail(c.Logs(), 20_000))
 		}
 	})
 	if o.Args == nil && !o.NoWait {
@@ -238,7 +198,7 @@ func (c *runningCapvend) Await(what string, ready func() bool) {
 func (c *runningCapvend) Stop() {
 	c.t.Helper()
 	if code, stopped := c.stop(); stopped && code != 0 {
-		c.t.Fatalf("capvend exited %d when stopped: %s", code, tail(c.Stderr(), 8000))
+		c.t.Fatalf("capvend exited %d when stopped: %s", code, capvendtest.Tail(c.Stderr(), 8000))
 	}
 }
 
@@ -338,14 +298,6 @@ func (c *runningCapvend) Ledger() string {
 		c.t.Fatal(err)
 	}
 	return cfg.Ledger.Path
-}
-
-// tail is the last n bytes of s, marked as cut where it is.
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "…" + s[len(s)-n:]
 }
 
 // getenv looks k up in Env.

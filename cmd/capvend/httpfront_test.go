@@ -13,30 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/listed"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 )
-
-// post sends one JSON-RPC message to url with the headers and returns the
-// status, the response headers and the body.
-func post(t *testing.T, url, body string, header ...string) (int, http.Header, string) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, string(b)
-}
 
 func errorCode(body string) int {
 	var m struct {
@@ -57,28 +39,28 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	path, listen := freeToolsConfig(t, "")
-	editConfig(t, path, "http:\n", "http:\n"+"  auth_token_file: "+tokenFile+"\n  write_timeout: 1s\n")
+	path, listen := capvendtest.FreeToolsConfig(t, "")
+	capvendtest.EditConfig(t, path, "http:\n", "http:\n"+"  auth_token_file: "+tokenFile+"\n  write_timeout: 1s\n")
 	startCapvend(t, path)
 	url := "http://" + listen + "/mcp"
 	auth := []string{"Authorization", "Bearer " + token}
 	legacyCall := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sha256","arguments":{"text":"x"}}}`
 
 	t.Run("no token", func(t *testing.T) {
-		status, hdr, body := post(t, url, legacyCall)
+		status, hdr, body := capvendtest.Post(t, url, legacyCall)
 		if status != http.StatusUnauthorized || !strings.HasPrefix(hdr.Get("WWW-Authenticate"), "Bearer") || errorCode(body) != -32000 {
 			t.Errorf("HTTP %d %v %s", status, hdr, body)
 		}
 	})
 	t.Run("made-up session", func(t *testing.T) {
-		status, _, body := post(t, url, legacyCall, append(auth, "Mcp-Session-Id", "mcp-session-0b5e4f2c-5d0a-4b59-9a43-3c1d2e8f7a61",
+		status, _, body := capvendtest.Post(t, url, legacyCall, append(auth, "Mcp-Session-Id", "mcp-session-0b5e4f2c-5d0a-4b59-9a43-3c1d2e8f7a61",
 			"Mcp-Protocol-Version", "2025-11-25")...)
 		if status != http.StatusNotFound || errorCode(body) != -32001 {
 			t.Errorf("HTTP %d %s", status, body)
 		}
 	})
 	t.Run("foreign origin", func(t *testing.T) {
-		status, _, body := post(t, url, legacyCall, append(auth, "Origin", "https://evil.example")...)
+		status, _, body := capvendtest.Post(t, url, legacyCall, append(auth, "Origin", "https://evil.example")...)
 		if status != http.StatusForbidden || errorCode(body) != -32000 {
 			t.Errorf("HTTP %d %s", status, body)
 		}
@@ -98,13 +80,13 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 			if err := c.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := c.Initialize(ctx, payingInit()); err != nil {
+			if _, err := c.Initialize(ctx, capvendtest.PayingInit()); err != nil {
 				t.Fatal(err)
 			}
 			if legacy != (c.GetSessionId() != "") {
 				t.Fatalf("legacy %v: session %q", legacy, c.GetSessionId())
 			}
-			waitTools(t, c, listed.All("slow_count"))
+			capvendtest.WaitTools(t, c, listed.All("slow_count"))
 			req := mcp.CallToolRequest{}
 			req.Params.Name = "slow_count"
 			req.Params.Arguments = map[string]any{"n": 30} // 1.5 s without a write
@@ -120,8 +102,8 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 // TestServeConnectionCap: beyond http.max_connections open connections a
 // new one is answered 503 at once; a freed slot serves again.
 func TestServeConnectionCap(t *testing.T) {
-	path, listen := freeToolsConfig(t, "")
-	editConfig(t, path, "http:\n", "http:\n"+"  max_connections: 2\n")
+	path, listen := capvendtest.FreeToolsConfig(t, "")
+	capvendtest.EditConfig(t, path, "http:\n", "http:\n"+"  max_connections: 2\n")
 	startCapvend(t, path)
 	// Two kept-alive connections that were served hold both slots (a
 	// connection refused because a slot was not yet given back is dialled

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // TestMCPInspectorListsAndCallsThroughServe runs the official MCP Inspector
@@ -18,7 +20,7 @@ func TestMCPInspectorListsAndCallsThroughServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, listen := freeToolsConfig(t, "")
+	cfg, listen := capvendtest.FreeToolsConfig(t, "")
 	startCapvend(t, cfg)
 	url := "http://" + listen + "/mcp"
 	inspect := func(args ...string) string {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/lightningnetwork/lnd/lnrpc"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
@@ -54,16 +55,6 @@ func runNodeClient(t *testing.T, customer testnet.NodeInfo, script string, args 
 	return lines
 }
 
-// customerPayment returns the customer node's payment of hash, made in
-// the last hour (a zero Payment if there is none).
-func customerPayment(t *testing.T, s *testnet.Stack, hash string) *lnrpc.Payment {
-	t.Helper()
-	if p := customerPayments(t, s, time.Now().Add(-time.Hour))[hash]; p != nil {
-		return p
-	}
-	return &lnrpc.Payment{}
-}
-
 // TestStockL402ClientBuys: the official MCP TypeScript SDK client, its
 // fetch wrapped by @getalby/lightning-tools' fetchWithL402 whose wallet
 // pays through the customer LND's REST API, calls a priced tool of
@@ -94,7 +85,7 @@ func TestStockL402ClientBuys(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sent := customerPayment(t, s, hash)
+	sent := capvendtest.CustomerPayment(t, s, hash)
 	if sent.Status != lnrpc.Payment_SUCCEEDED {
 		t.Fatalf("the customer node has no succeeded payment %s: %+v", hash, sent)
 	}
@@ -185,7 +176,7 @@ func TestStockL402ClientBuysCredit(t *testing.T) {
 	sum := sha256.Sum256(pre)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if sent := customerPayment(t, s, hex.EncodeToString(sum[:])); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 100_000 {
+	if sent := capvendtest.CustomerPayment(t, s, hex.EncodeToString(sum[:])); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 100_000 {
 		t.Fatalf("the customer node paid %d msat (%s), want 100000: the top-up only", sent.ValueMsat, sent.Status)
 	}
 	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})

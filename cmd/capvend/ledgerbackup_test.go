@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/pgserver"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
@@ -65,7 +66,7 @@ func paidCalls(t *testing.T, l *ledger.Ledger, n int) {
 // replaced with it; the copy verifies and balances as the ledger does.
 func TestLedgerBackupWhileServing(t *testing.T) {
 	t.Parallel()
-	path, _ := freeToolsConfig(t, "")
+	path, _ := capvendtest.FreeToolsConfig(t, "")
 	dir := filepath.Dir(path)
 	l, err := ledger.Open(context.Background(), filepath.Join(dir, "capvend.db"), ledger.Options{})
 	if err != nil {
@@ -130,7 +131,7 @@ func TestLedgerBackupOfPostgresSaysPgDump(t *testing.T) {
 // calls (ids go on after the restored ones).
 func TestPgDumpRestoresALedger(t *testing.T) {
 	ctx := context.Background()
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	bin, err := pgserver.Bin()
 	if err != nil {
 		skip.Missing(t, err.Error(), "apt-get install postgresql")
@@ -154,7 +155,7 @@ func TestPgDumpRestoresALedger(t *testing.T) {
 		}
 	}
 	pg("pg_dump", "--format=custom", "--file="+dump, dsn)
-	if _, err := openPG(t, dsn).Exec("CREATE DATABASE restored TEMPLATE template0"); err != nil {
+	if _, err := capvendtest.OpenPG(t, dsn).Exec("CREATE DATABASE restored TEMPLATE template0"); err != nil {
 		t.Fatal(err)
 	}
 	restored := strings.Replace(dsn, "/capvend?", "/restored?", 1)

@@ -12,6 +12,7 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/pgserver"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
@@ -83,7 +84,7 @@ func TestLedgerDSNFileIsASecret(t *testing.T) {
 // and the ledger commands read it: verify, balance, export.
 func TestLedgerCommandsOnPostgres(t *testing.T) {
 	ctx := context.Background()
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	// The server trusts loopback; the password is there to be kept secret.
 	dsn = strings.Replace(dsn, pgserver.User+"@", pgserver.User+":s3cret-pw@", 1)
 	dir := t.TempDir()
@@ -139,7 +140,7 @@ func TestLedgerCommandsOnPostgres(t *testing.T) {
 // non-empty target is refused.
 func TestLedgerMigrateToPostgres(t *testing.T) {
 	ctx := context.Background()
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "ledger.dsn"), []byte(dsn), 0o600); err != nil {
 		t.Fatal(err)
@@ -221,8 +222,8 @@ func TestLedgerMigrateToPostgres(t *testing.T) {
 // verifies.
 func TestServeOnPostgres(t *testing.T) {
 	ctx := context.Background()
-	dsn := testPostgres(t)
-	src, listen := freeToolsConfig(t, "")
+	dsn := capvendtest.Postgres(t)
+	src, listen := capvendtest.FreeToolsConfig(t, "")
 	b, err := os.ReadFile(src)
 	if err != nil {
 		t.Fatal(err)
@@ -283,12 +284,12 @@ func TestServeOnPostgres(t *testing.T) {
 // differs (here a tool's rule: not idempotent; a price would need a
 // payment backend) is refused at start, saying why.
 func TestServeRefusesOtherPricesOnASharedLedger(t *testing.T) {
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	var paths []string
 	for _, rule := range []string{"not_idempotent: false", "not_idempotent: false", "not_idempotent: true"} {
-		path, _ := freeToolsConfig(t, "")
-		onPostgres(t, path, dsn)
-		editConfig(t, path, "", "    tools:\n      sha256:\n        "+rule+"\n")
+		path, _ := capvendtest.FreeToolsConfig(t, "")
+		capvendtest.OnPostgres(t, path, dsn)
+		capvendtest.EditConfig(t, path, "", "    tools:\n      sha256:\n        "+rule+"\n")
 		paths = append(paths, path)
 	}
 	startCapvend(t, paths[0])

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
@@ -62,7 +63,7 @@ func fillOld(t *testing.T, path string, age time.Duration, n int) {
 // verifies.
 func TestServePrunesOldAnswers(t *testing.T) {
 	t.Parallel()
-	path, _ := freeToolsConfig(t, "")
+	path, _ := capvendtest.FreeToolsConfig(t, "")
 	dir := filepath.Dir(path)
 	db := filepath.Join(dir, "capvend.db")
 	fillOld(t, db, 40*24*time.Hour, 4) // 2 delivered, 1 failed and refunded, 1 awaiting
@@ -134,13 +135,13 @@ func TestReplayAfterPruneOverMCPHTTP(t *testing.T) {
 	path, _ := writeServeConfig(t, s, serveOpts{})
 	sv := startCapvend(t, path)
 	url, db := sv.URL(), sv.Ledger()
-	sid := mcpPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"prune","version":"1"}}}`,
+	sid := capvendtest.MCPPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"prune","version":"1"}}}`,
 		func(json.RawMessage) bool { return true })
-	mcpPost(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, func(json.RawMessage) bool { return true })
+	capvendtest.MCPPost(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, func(json.RawMessage) bool { return true })
 	deadline := time.Now().Add(30 * time.Second)
 	for { // the upstreams connect
 		listed := false
-		mcpPost(t, url, sid, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, func(m json.RawMessage) bool {
+		capvendtest.MCPPost(t, url, sid, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, func(m json.RawMessage) bool {
 			listed = listed || strings.Contains(string(m), `"t_sha256"`)
 			return true
 		})
@@ -167,7 +168,7 @@ func TestReplayAfterPruneOverMCPHTTP(t *testing.T) {
 	}
 	paid := make(chan error, 1)
 	var first answer
-	mcpPost(t, url, sid, call, func(m json.RawMessage) bool {
+	capvendtest.MCPPost(t, url, sid, call, func(m json.RawMessage) bool {
 		var a answer
 		json.Unmarshal(m, &a)
 		if a.Method == "notifications/payment_required" {
@@ -196,7 +197,7 @@ func TestReplayAfterPruneOverMCPHTTP(t *testing.T) {
 		t.Fatalf("prune:\n%s", out)
 	}
 	var again answer
-	mcpPost(t, url, sid, call, func(m json.RawMessage) bool {
+	capvendtest.MCPPost(t, url, sid, call, func(m json.RawMessage) bool {
 		json.Unmarshal(m, &again)
 		return again.ID != 7
 	})

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/replica"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/syncbuf"
@@ -68,7 +69,7 @@ func replicating(t testing.TB, bin, config string) (stop func()) {
 	t.Cleanup(func() {
 		stop()
 		if t.Failed() {
-			t.Logf("litestream's log:\n%s", tail(out.String(), 8000))
+			t.Logf("litestream's log:\n%s", capvendtest.Tail(out.String(), 8000))
 		}
 	})
 	return stop
@@ -499,7 +500,7 @@ func TestLedgerRestoreDrill(t *testing.T) {
 	}
 	got := moneyRecords(t, db, false)
 	if got != last {
-		t.Fatalf("the restored money records differ from the last replicated point:\n%s", lineDiff(last, got))
+		t.Fatalf("the restored money records differ from the last replicated point:\n%s", capvendtest.LineDiff(last, got))
 	}
 	if got == lost || got == first {
 		t.Fatal("the drill's batches wrote nothing the restore could tell apart")
@@ -511,7 +512,7 @@ func TestLedgerRestoreDrill(t *testing.T) {
 		t.Fatalf("verify of the point-in-time restore:\n%s", out)
 	}
 	if then := moneyRecords(t, filepath.Join(dir, "then.db"), false); then != first {
-		t.Fatalf("the state as of %s differs from the first batch's:\n%s", point.UTC().Format(time.RFC3339Nano), lineDiff(first, then))
+		t.Fatalf("the state as of %s differs from the first batch's:\n%s", point.UTC().Format(time.RFC3339Nano), capvendtest.LineDiff(first, then))
 	}
 	r, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
 	if err != nil {
@@ -535,23 +536,6 @@ func rowCounts(records string) []string {
 		}
 	}
 	return out
-}
-
-// lineDiff lists the lines only in want (-) and only in got (+).
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var out strings.Builder
-	for _, l := range w {
-		if !slices.Contains(g, l) {
-			out.WriteString("- " + l + "\n")
-		}
-	}
-	for _, l := range g {
-		if !slices.Contains(w, l) {
-			out.WriteString("+ " + l + "\n")
-		}
-	}
-	return out.String()
 }
 
 // TestRestoreHelpSaysWhyLitestreamRunsBeside: the choice of running

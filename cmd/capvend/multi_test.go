@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,59 +20,15 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/billing/lnd"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/internal/listed"
-	"github.com/capvend/capvend/internal/pgserver"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
 )
-
-// testPostgres starts a PostgreSQL server for the test (skipping, and
-// failing under CI, when its binaries are missing) and returns the DSN of
-// an empty database.
-func testPostgres(t testing.TB) string {
-	t.Helper()
-	ctx := context.Background()
-	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
-	if errors.Is(err, pgserver.ErrMissing) {
-		skip.Missing(t, err.Error(), "apt-get install postgresql")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Destroy() })
-	dsn, err := srv.CreateDatabase(ctx, "capvend")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dsn
-}
-
-// openPG opens the PostgreSQL database of dsn for the test's own
-// queries, closed when the test ends.
-func openPG(t testing.TB, dsn string) *sql.DB {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := stdlib.OpenDB(*cfg)
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
-// onPostgres rewrites the serve configuration at path to keep its ledger
-// in the PostgreSQL database of dsn.
-func onPostgres(t testing.TB, path, dsn string) {
-	t.Helper()
-	editConfig(t, path, "ledger:\n  path: capvend.db\n", "ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\n")
-	if err := os.WriteFile(filepath.Join(filepath.Dir(path), "ledger.dsn"), []byte(dsn), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // The lease and claim times the multi-instance tests give their
 // instances (ledger.lease_ttl, ledger.claim_takeover; 30 s and 1 min by
@@ -85,29 +40,9 @@ const (
 )
 
 // fastTakeover is the ledger section's driver line with testLeaseTTL and
-// testClaimTakeover: editConfig puts it for "  driver: postgres\n" (after
-// onPostgres).
+// testClaimTakeover, to put for "  driver: postgres\n" (after
+// capvendtest.OnPostgres) with capvendtest.EditConfig.
 var fastTakeover = fmt.Sprintf("  driver: postgres\n  lease_ttl: %s\n  claim_takeover: %s\n", testLeaseTTL, testClaimTakeover)
-
-// editConfig replaces the first old in the configuration file at path
-// with new (the file must hold old), or appends new if old is "".
-func editConfig(t testing.TB, path, old, new string) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := strings.Replace(string(b), old, new, 1)
-	if old == "" {
-		body = string(b) + new
-	}
-	if body == string(b) {
-		t.Fatalf("the configuration %s has no %q to replace", path, old)
-	}
-	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // waitLeaseHolder waits until the work lease is held by an instance of
 // process pid (want true) or by one of another process (want false), and
@@ -211,13 +146,13 @@ func (a *answerCounter) settle(t *testing.T, c *cvmClient, client string) map[st
 func TestMultiInstanceOnOnePostgres(t *testing.T) {
 	t.Parallel() // most of it is the wait for the dead instance's lease
 	s := needStack(t)
-	dsn := testPostgres(t)
-	server, nsec := serverKey(t)
+	dsn := capvendtest.Postgres(t)
+	server, nsec := capvendtest.ServerKey(t)
 	var paths, listens []string
 	for range 3 {
 		p, l := writeServeConfig(t, s, serveOpts{nsecFile: nsec})
-		onPostgres(t, p, dsn)
-		editConfig(t, p, "  driver: postgres\n", fastTakeover)
+		capvendtest.OnPostgres(t, p, dsn)
+		capvendtest.EditConfig(t, p, "  driver: postgres\n", fastTakeover)
 		paths, listens = append(paths, p), append(listens, l)
 	}
 	ctx := context.Background()
@@ -232,16 +167,16 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 
 	// A paid HTTP call on the first instance: it dies once the payment is
 	// booked, before the call runs.
-	pc := newPayingClient(t, s, "http://"+listens[0]+"/mcp")
-	waitTools(t, pc.Client, listed.Count(serveTools))
-	if _, err := pc.call(t, "t_sha256", map[string]any{"text": "killed"}); err == nil {
+	pc := capvendtest.NewPayingClient(t, s, "http://"+listens[0]+"/mcp")
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
+	if _, err := pc.Call(t, "t_sha256", map[string]any{"text": "killed"}); err == nil {
 		t.Fatal("the call succeeded although its instance was killed")
 	}
 	if code := first.Wait(); code != exitKilled {
 		t.Fatalf("the first instance did not die by SIGKILL: exit %d", code)
 	}
 	killed := time.Now()
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		t.Fatalf("payment: %v", err)
 	}
 	holder := waitLeaseHolder(t, l, first.Pid(), false, 2*time.Minute)
@@ -289,15 +224,15 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 
 	// HTTP: a paid and a free call on each live instance.
 	for _, listen := range listens[1:] {
-		pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-		waitTools(t, pc.Client, listed.Count(serveTools))
-		if r, err := pc.call(t, "t_sha256", map[string]any{"text": "http " + listen}); err != nil || r.IsError {
+		pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
+		capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
+		if r, err := pc.Call(t, "t_sha256", map[string]any{"text": "http " + listen}); err != nil || r.IsError {
 			t.Fatalf("paid HTTP call on %s: %v %v", listen, r, err)
 		}
-		if err := <-pc.paid; err != nil {
+		if err := <-pc.Paid; err != nil {
 			t.Fatal(err)
 		}
-		if r, err := pc.call(t, "t_word_count", map[string]any{"text": "a b c"}); err != nil || r.IsError {
+		if r, err := pc.Call(t, "t_word_count", map[string]any{"text": "a b c"}); err != nil || r.IsError {
 			t.Fatalf("free HTTP call on %s: %v %v", listen, r, err)
 		}
 	}
@@ -323,7 +258,7 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 func checkMultiLedger(t *testing.T, s *testnet.Stack, dsn, config string, calls int) {
 	t.Helper()
 	ctx := context.Background()
-	db := openPG(t, dsn)
+	db := capvendtest.OpenPG(t, dsn)
 	var n, delivered, once int
 	var prices, paid int64
 	if err := db.QueryRowContext(ctx, `SELECT count(*), count(*) FILTER (WHERE state = 'delivered'),
@@ -418,7 +353,7 @@ func checkLedgerVerifies(t *testing.T, config string) {
 //	go test -run '^$' -bench NostrFreeCallInstances -benchtime 400x ./cmd/capvend
 func BenchmarkNostrFreeCallInstances(b *testing.B) {
 	skip.Short(b, "starts PostgreSQL and three capvend instances")
-	dsn := testPostgres(b)
+	dsn := capvendtest.Postgres(b)
 	relay := testkit.Relay(b)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
@@ -437,9 +372,9 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 	}
 	var one float64
 	for n := 1; n <= 3; n++ {
-		path, _ := nostrToolsConfig(b, relay, sk, "")
-		onPostgres(b, path, dsn)
-		editConfig(b, path, "\nnostr:\n", "\nnostr:\n  shard: true\n") // sampling as served by default
+		path, _ := capvendtest.NostrToolsConfig(b, relay, sk, "")
+		capvendtest.OnPostgres(b, path, dsn)
+		capvendtest.EditConfig(b, path, "\nnostr:\n", "\nnostr:\n  shard: true\n") // sampling as served by default
 		startCapvend(b, path)
 		c := newLoadClient(b, relay, server)
 		c.warmUp(b)
@@ -462,8 +397,8 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 			cpu := benchCPU(b, cfg.Port).minus(cpu0)
 			stopProfile()
 			b.ReportMetric(r.perSecond, "calls/s")
-			b.ReportMetric(ms(r.p50), "p50-ms")
-			b.ReportMetric(ms(r.p99), "p99-ms")
+			b.ReportMetric(capvendtest.Ms(r.p50), "p50-ms")
+			b.ReportMetric(capvendtest.Ms(r.p99), "p99-ms")
 			b.ReportMetric(1000*cpu.self/float64(b.N), "self-cpu-ms/call")
 			b.ReportMetric(1000*cpu.pg/float64(b.N), "pg-cpu-ms/call")
 			b.ReportMetric(1000*cpu.children/float64(b.N), "upstream-cpu-ms/call")

@@ -13,6 +13,7 @@ import (
 	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/lightningnetwork/lnd/lnrpc/invoicesrpc"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
@@ -35,36 +36,36 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 	t.Parallel() // most of it waits on payments
 	s := needStack(t)
 	ctx := context.Background()
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	pathB, listenB := writeServeConfig(t, s, serveOpts{cashu: true, credit: true})
-	onPostgres(t, pathB, dsn)
+	capvendtest.OnPostgres(t, pathB, dsn)
 	pathA, listenA := writeServeConfig(t, s, serveOpts{cashu: true, credit: true})
-	onPostgres(t, pathA, dsn)
+	capvendtest.OnPostgres(t, pathA, dsn)
 
 	// B sells 200 sats of credit, and a call paid with a Cashu token
 	// brings its wallet the melt's fee reserve.
 	procB := startCapvend(t, pathB, capvendOpts{Process: true})
-	pcB := newPayingClient(t, s, "http://"+listenB+"/mcp")
-	waitTools(t, pcB.Client, listed.Count(11))
-	info := buyCredit(t, pcB, 200, "")
+	pcB := capvendtest.NewPayingClient(t, s, "http://"+listenB+"/mcp")
+	capvendtest.WaitTools(t, pcB.Client, listed.Count(11))
+	info := capvendtest.BuyCredit(t, pcB, 200, "")
 	tok, err := s.CashuMint(ctx, 21)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, err := pcB.callMeta(t, "t_sha256", map[string]any{"text": "fee reserve"}, map[string]any{vend.MetaCashuToken: tok}); err != nil || r.IsError {
+	if r, err := pcB.CallMeta(t, "t_sha256", map[string]any{"text": "fee reserve"}, map[string]any{vend.MetaCashuToken: tok}); err != nil || r.IsError {
 		t.Fatalf("a call paid with a token: %+v %v", r, err)
 	}
 	procB.Stop() // B's wallet pays the refund
 
 	procA := startCapvend(t, pathA, capvendOpts{Process: true})
 	defer procA.Signal(syscall.SIGTERM)
-	pcA := newPayingClient(t, s, "http://"+listenA+"/mcp")
-	waitTools(t, pcA.Client, listed.Count(11))
+	pcA := capvendtest.NewPayingClient(t, s, "http://"+listenA+"/mcp")
+	capvendtest.WaitTools(t, pcA.Client, listed.Count(11))
 	draw := func(i int) error {
 		t.Helper()
-		r, err := pcA.callMeta(t, "t_sha256", map[string]any{"text": fmt.Sprint("draw ", i)}, map[string]any{vend.MetaCredit: info.Token})
+		r, err := pcA.CallMeta(t, "t_sha256", map[string]any{"text": fmt.Sprint("draw ", i)}, map[string]any{vend.MetaCredit: info.Token})
 		if err == nil && r.IsError {
-			err = fmt.Errorf("isError: %s", text(r))
+			err = fmt.Errorf("isError: %s", capvendtest.Text(r))
 		}
 		return err
 	}

@@ -74,7 +74,8 @@ func stockGatedCall(t *testing.T, url, tool, args string) map[string]any {
 // payment token nor, once paid, the preimage.
 func TestPayPageInChromium(t *testing.T) {
 	s := needStack(t)
-	ctx := browser(t, nil)
+	pg := browser(t, nil)
+	ctx := pg.ctx
 	path, _ := writeServeConfig(t, s, serveOpts{})
 	url := startCapvend(t, path).URL()
 	sc := stockGatedCall(t, url, "t_sha256", `{"text":"pay page"}`)
@@ -92,7 +93,7 @@ func TestPayPageInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	screenshot(t, ctx, shots, "pay-page")
+	pg.screenshot(shots, "pay-page")
 	var shot []byte
 	if err := chromedp.Run(ctx, chromedp.FullScreenshot(&shot, 100)); err != nil {
 		t.Fatal(err)
@@ -113,7 +114,7 @@ func TestPayPageInChromium(t *testing.T) {
 		t.Fatalf("the QR code says %q, the invoice is %q", read.GetText(), invoice)
 	}
 	var shown string
-	js(t, ctx, `document.getElementById("status").textContent + " | " + document.getElementById("invoice").textContent + " | " + document.getElementById("link").href`, &shown)
+	pg.js(`document.getElementById("status").textContent + " | " + document.getElementById("invoice").textContent + " | " + document.getElementById("link").href`, &shown)
 	if shown != "waiting for payment | "+invoice+" | lightning:"+invoice {
 		t.Fatalf("page shows %q", shown)
 	}
@@ -124,10 +125,10 @@ func TestPayPageInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitJS(t, ctx, "paid", `document.getElementById("status").textContent === "paid: go back to your chat"`)
-	screenshot(t, ctx, shots, "pay-page-paid")
+	pg.waitJS("paid", `document.getElementById("status").textContent === "paid: go back to your chat"`)
+	pg.screenshot(shots, "pay-page-paid")
 	var html string
-	js(t, ctx, `document.documentElement.outerHTML`, &html)
+	pg.js(`document.documentElement.outerHTML`, &html)
 	if strings.Contains(html, token) || strings.Contains(html, paid.Preimage) {
 		t.Fatalf("the page shows the payment token or the preimage:\n%s", html)
 	}

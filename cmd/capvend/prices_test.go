@@ -6,8 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,37 +16,21 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/pricing"
 )
 
-// standInMint answers a mint's keysets and info, so that items can be
-// priced (a price needs a payment backend) without the regtest stack.
-func standInMint(t testing.TB) string {
-	mint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/v1/keysets":
-			io.WriteString(w, `{"keysets":[{"id":"00ad268c4d1f5826","unit":"sat","active":true,"input_fee_ppk":0}]}`)
-		case "/v1/info":
-			io.WriteString(w, `{"name":"stand-in"}`)
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	t.Cleanup(mint.Close)
-	return mint.URL
-}
-
-// pricedToolsConfig is freeToolsConfig with the price sections items
+// pricedToolsConfig is capvendtest.FreeToolsConfig with the price sections items
 // (YAML under the upstream, indented four spaces) and a stand-in mint as
 // the payment backend.
 func pricedToolsConfig(t testing.TB, items string) (path, listen string) {
 	t.Helper()
-	path, listen = freeToolsConfig(t, "")
+	path, listen = capvendtest.FreeToolsConfig(t, "")
 	wallet := filepath.Join(filepath.Dir(path), "cashu-wallet")
 	if err := os.Mkdir(wallet, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	editConfig(t, path, "", items+fmt.Sprintf("cashu:\n  mints: [%s]\n  wallet_dir: cashu-wallet\n", standInMint(t)))
+	capvendtest.EditConfig(t, path, "", items+fmt.Sprintf("cashu:\n  mints: [%s]\n  wallet_dir: cashu-wallet\n", capvendtest.StandInMint(t, 0)))
 	return path, listen
 }
 
@@ -106,9 +88,9 @@ func TestSIGHUPRefusesAPriceNamingNothing(t *testing.T) {
 // shows the choice.
 func TestUnpricedRefused(t *testing.T) {
 	t.Parallel()
-	path, listen := freeToolsConfig(t, "")
-	editConfig(t, path, "", "    tools:\n      word_count: {}\n    resources:\n      \"example://readme\": {}\npricing:\n  unpriced: refuse\n")
-	addr := adminConfig(t, path, "")
+	path, listen := capvendtest.FreeToolsConfig(t, "")
+	capvendtest.EditConfig(t, path, "", "    tools:\n      word_count: {}\n    resources:\n      \"example://readme\": {}\npricing:\n  unpriced: refuse\n")
+	addr := capvendtest.AdminConfig(t, path, "")
 	startCapvend(t, path)
 	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
 	if err != nil {
@@ -160,7 +142,7 @@ func TestUnpricedRefused(t *testing.T) {
 	if _, err := c.ReadResource(ctx, rr); err != nil {
 		t.Errorf("resources/read example://readme (named, free): %v", err)
 	}
-	code, body := get(t, "http://"+addr+"/readyz", "")
+	code, body := capvendtest.Get(t, "http://"+addr+"/readyz", "")
 	if code != 200 || !strings.Contains(body, "ok: prices: ") || !strings.Contains(body, "refuse") {
 		t.Errorf("readyz does not show that unpriced items are refused: %d\n%s", code, body)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
@@ -35,7 +36,7 @@ upstreams:
   - name: tools
     prefix: t_
     command: %s
-`, relay, exampleTools(t))
+`, relay, capvendtest.ExampleTools(t))
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}

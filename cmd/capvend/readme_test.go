@@ -19,6 +19,7 @@ import (
 
 	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/adapters/mcpfront"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/ledger"
@@ -173,7 +174,7 @@ func TestREADME(t *testing.T) {
 		}
 	})
 	run("capvend serve --config capvend.yaml", func(t *testing.T) {
-		src, listen := freeToolsConfig(t, "") // builds example-tools from here
+		src, listen := capvendtest.FreeToolsConfig(t, "") // builds example-tools from here
 		b, err := os.ReadFile(src)
 		if err != nil {
 			t.Fatal(err)
@@ -221,7 +222,7 @@ func TestREADME(t *testing.T) {
 		if _, err := exec.LookPath("curl"); err != nil {
 			skip.Missing(t, "curl is not installed", "apt-get install curl")
 		}
-		src, listen := freeToolsConfig(t, "")
+		src, listen := capvendtest.FreeToolsConfig(t, "")
 		startCapvend(t, src)
 		url := strings.Replace(strings.Fields(discover)[2], "127.0.0.1:8402", listen, 1)
 		var doc struct {
@@ -476,7 +477,7 @@ func operating(t *testing.T, run func(string, func(*testing.T))) {
 	dir := t.TempDir()
 	cfg := fmt.Sprintf("ledger:\n  path: capvend.db\nlnd:\n  host: %s\n  tls_cert_file: %s\n  macaroon_file: %s\n"+
 		"cashu:\n  mints: [%s]\n  wallet_dir: wallet\nupstreams:\n  - name: tools\n    command: %s\n    tools:\n      sha256:\n        price_sats: 21\n",
-		v.RPCHost, v.TLSCert, v.InvoiceMacaroon, stack.MintURL, exampleTools(t))
+		v.RPCHost, v.TLSCert, v.InvoiceMacaroon, stack.MintURL, capvendtest.ExampleTools(t))
 	if err := os.WriteFile(filepath.Join(dir, "capvend.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
@@ -147,8 +148,8 @@ func TestRefundsEndToEnd(t *testing.T) {
 	ctx := context.Background()
 	path, listen := writeServeConfig(t, s, serveOpts{cashu: true}) // LND plain invoices
 	proc := startCapvend(t, path, capvendOpts{Process: true})
-	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitTools(t, pc.Client, listed.Count(serveTools))
+	pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
 	mint := func(sats uint64) string {
 		tok, err := s.CashuMint(ctx, sats)
 		if err != nil {
@@ -157,7 +158,7 @@ func TestRefundsEndToEnd(t *testing.T) {
 		return tok
 	}
 	// Ecash in the wallet for the payout below.
-	if res, err := pc.callMeta(t, "t_sha256", map[string]any{"text": "fund"}, map[string]any{"capvend/cashu": mint(21)}); err != nil || res.IsError {
+	if res, err := pc.CallMeta(t, "t_sha256", map[string]any{"text": "fund"}, map[string]any{"capvend/cashu": mint(21)}); err != nil || res.IsError {
 		t.Fatalf("funding call: %v %v", res, err)
 	}
 	refundOf := func(res *mcp.CallToolResult) vend.RefundInfo {
@@ -172,7 +173,7 @@ func TestRefundsEndToEnd(t *testing.T) {
 		}
 		return info
 	}
-	res, err := pc.callMeta(t, "t_always_fails", map[string]any{"text": "x"}, map[string]any{"capvend/cashu": mint(5)})
+	res, err := pc.CallMeta(t, "t_always_fails", map[string]any{"text": "x"}, map[string]any{"capvend/cashu": mint(5)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,11 +185,11 @@ func TestRefundsEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err = pc.callMeta(t, "t_always_fails", map[string]any{"text": "y"}, map[string]any{vend.MetaRefundInvoice: inv.PaymentRequest})
+	res, err = pc.CallMeta(t, "t_always_fails", map[string]any{"text": "y"}, map[string]any{vend.MetaRefundInvoice: inv.PaymentRequest})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		t.Fatalf("paying the invoice: %v", err)
 	}
 	owed := refundOf(res)
@@ -252,13 +253,13 @@ func TestServeSurvivesSIGKILLAfterSwap(t *testing.T) {
 	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, cashu: true})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
 	proc := startCapvend(t, path, capvendOpts{Process: true, Failpoint: "after_swap"})
-	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitTools(t, pc.Client, listed.Count(serveTools))
+	pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
 	tok, err := s.CashuMint(ctx, 21)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pc.callMeta(t, "t_sha256", map[string]any{"text": "crash"}, map[string]any{"capvend/cashu": tok}); err == nil {
+	if _, err := pc.CallMeta(t, "t_sha256", map[string]any{"text": "crash"}, map[string]any{"capvend/cashu": tok}); err == nil {
 		t.Fatal("the call succeeded although capvend was killed")
 	}
 	if code := proc.Wait(); code != exitKilled {

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/mark3labs/mcp-go/mcp"
 )
 
@@ -24,7 +25,7 @@ func TestServeReloadsPricesOnSIGHUP(t *testing.T) {
 	}
 	sv := startCapvend(t, path, capvendOpts{Process: true})
 	logs, waitFor := sv.Stderr, sv.Await
-	pc := newPayingClient(t, s, sv.URL())
+	pc := capvendtest.NewPayingClient(t, s, sv.URL())
 	price := func() string {
 		res, err := pc.ListTools(context.Background(), mcp.ListToolsRequest{})
 		if err != nil {
@@ -49,15 +50,15 @@ func TestServeReloadsPricesOnSIGHUP(t *testing.T) {
 	sv.Signal(syscall.SIGHUP)
 	waitFor("t_sha256 listed at 34 sats after SIGHUP", func() bool { return price() == "map[amount:34 unit:sats]" })
 
-	before := customerBalance(t, s)
-	res, err := pc.call(t, "t_sha256", map[string]any{"text": "hi"})
+	before := capvendtest.CustomerBalance(t, s)
+	res, err := pc.Call(t, "t_sha256", map[string]any{"text": "hi"})
 	if err != nil || res.IsError {
 		t.Fatalf("call at the new price: %v %v", res, err)
 	}
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		t.Fatal(err)
 	}
-	if spent := before - customerBalance(t, s); spent != 34_000 {
+	if spent := before - capvendtest.CustomerBalance(t, s); spent != 34_000 {
 		t.Fatalf("customer paid %d msat, want 34000", spent)
 	}
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // sameLedgerConfig writes a second configuration beside path's: the same
@@ -18,7 +20,7 @@ func sameLedgerConfig(t *testing.T, path, listen string) (string, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := freeAddr(t)
+	other := capvendtest.FreeAddr(t)
 	second := filepath.Join(filepath.Dir(path), "second.yaml")
 	if err := os.WriteFile(second, []byte(strings.Replace(string(b), listen, other, 1)), 0o600); err != nil {
 		t.Fatal(err)
@@ -38,7 +40,7 @@ func listening(addr string) bool {
 // the serve that holds it: two would take each other's paid calls for
 // orphans (canceling their hold invoices).
 func TestOneServePerSQLiteLedger(t *testing.T) {
-	path, listen := freeToolsConfig(t, "")
+	path, listen := capvendtest.FreeToolsConfig(t, "")
 	startCapvend(t, path)
 	second, listen2 := sameLedgerConfig(t, path, listen)
 	sv := startCapvend(t, second, capvendOpts{LockWait: 500 * time.Millisecond, NoWait: true})
@@ -64,7 +66,7 @@ func TestOneServePerSQLiteLedger(t *testing.T) {
 // A restart waits for the serve before it to finish and stop, then
 // serves.
 func TestServeWaitsForTheServeBeforeIt(t *testing.T) {
-	path, listen := freeToolsConfig(t, "")
+	path, listen := capvendtest.FreeToolsConfig(t, "")
 	first := startCapvend(t, path)
 	second, listen2 := sameLedgerConfig(t, path, listen)
 	sv := startCapvend(t, second, capvendOpts{LockWait: time.Minute, NoWait: true})

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
@@ -74,11 +75,11 @@ func (r *rawMCP) post(url, body string, onMessage func(json.RawMessage)) (int, [
 func TestSessionOnAnotherInstance(t *testing.T) {
 	t.Parallel() // most of it is the wait for the dead instance's lease
 	s := needStack(t)
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	var paths, listens []string
 	for range 2 {
 		p, l := writeServeConfig(t, s, serveOpts{})
-		onPostgres(t, p, dsn)
+		capvendtest.OnPostgres(t, p, dsn)
 		paths, listens = append(paths, p), append(listens, l)
 	}
 	ctx := context.Background()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/billing/billingtest"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
 )
@@ -40,16 +41,16 @@ type shardRun struct {
 func newShardRun(t *testing.T, dsn string) *shardRun {
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
-	return &shardRun{t: t, relay: testkit.Relay(t), sk: sk, server: server, db: openPG(t, dsn)}
+	return &shardRun{t: t, relay: testkit.Relay(t), sk: sk, server: server, db: capvendtest.OpenPG(t, dsn)}
 }
 
 // start runs an instance selling its example tools with prefix, on the
 // ledger of dsn, sampling the member set every 500 ms: F is 1.5 s, and
 // changes settle in 4.5 s (T), not 9 s.
 func (r *shardRun) start(prefix, dsn string) (stop func()) {
-	path, _ := nostrToolsConfig(r.t, r.relay, r.sk, prefix)
-	onPostgres(r.t, path, dsn)
-	editConfig(r.t, path, "\nnostr:\n", "\nnostr:\n  shard: true\n  shard_sample: 500ms\n")
+	path, _ := capvendtest.NostrToolsConfig(r.t, r.relay, r.sk, prefix)
+	capvendtest.OnPostgres(r.t, path, dsn)
+	capvendtest.EditConfig(r.t, path, "\nnostr:\n", "\nnostr:\n  shard: true\n  shard_sample: 500ms\n")
 	sv := startCapvend(r.t, path)
 	r.mu.Lock()
 	r.started = append(r.started, sv)
@@ -305,7 +306,7 @@ func (r *shardRun) ghostGone() bool {
 func TestNostrInstancesShareRequests(t *testing.T) {
 	skip.Short(t, "starts PostgreSQL and three capvend instances")
 	t.Parallel()
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	r := newShardRun(t, dsn)
 	r.start("a_", dsn)
 	r.start("b_", dsn)
@@ -377,7 +378,7 @@ const (
 func TestNostrShardRidesOutALedgerOutage(t *testing.T) {
 	skip.Short(t, "starts PostgreSQL and two capvend instances")
 	t.Parallel()
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatal(err)

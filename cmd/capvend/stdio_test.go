@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
@@ -16,7 +17,7 @@ import (
 // launch it, speaking MCP over its standard input and output, and lists and
 // calls a free tool through it.
 func TestServeStdio(t *testing.T) {
-	cfg, _ := freeToolsConfig(t, "ex_")
+	cfg, _ := capvendtest.FreeToolsConfig(t, "ex_")
 	inR, inW := io.Pipe()   // client -> capvend stdin
 	outR, outW := io.Pipe() // capvend stdout -> client
 	sv := startCapvend(t, cfg, capvendOpts{Args: []string{"serve", "--stdio", "--config", cfg}, Stdin: inR, Stdout: outW})
@@ -26,7 +27,7 @@ func TestServeStdio(t *testing.T) {
 	if err := c.Start(cctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Initialize(cctx, payingInit()); err != nil {
+	if _, err := c.Initialize(cctx, capvendtest.PayingInit()); err != nil {
 		t.Fatal(err)
 	}
 	// The upstream may still be connecting: a bounded wait.
@@ -46,7 +47,7 @@ func TestServeStdio(t *testing.T) {
 	}
 	res, err := c.CallTool(cctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "ex_word_count",
 		Arguments: map[string]any{"text": "over stdio"}}})
-	if err != nil || text(res) != "2 words, 1 lines, 10 characters" {
+	if err != nil || capvendtest.Text(res) != "2 words, 1 lines, 10 characters" {
 		t.Fatalf("call: %v %v", res, err)
 	}
 	inW.Close() // the client goes away: serve --stdio ends

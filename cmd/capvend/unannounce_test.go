@@ -14,6 +14,7 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip19"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
@@ -172,7 +173,7 @@ func TestUnannounceAfterServe(t *testing.T) {
 	path, sk := unannounceConfig(t, relay)
 	pk, _ := nostr.GetPublicKey(sk)
 	yaml := fmt.Sprintf("ledger:\n  path: capvend.db\nnostr:\n  relays: [%s]\n  nsec_file: server.nsec\nupstreams:\n  - name: tools\n    prefix: t_\n    command: %s\n",
-		relay, exampleTools(t))
+		relay, capvendtest.ExampleTools(t))
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
