@@ -7,9 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // The README test's flake (#15): a client that asks as soon as serve

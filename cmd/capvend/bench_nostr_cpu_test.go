@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -81,7 +80,9 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 				b.StopTimer()
 				if prof != nil {
 					writeNostrProfile(b, profDir, "nostr-cpu.pprof", <-prof)
-					writeNostrProfile(b, profDir, "nostr-allocs.pprof", fetchURL(b, "http://"+admin+"/debug/pprof/allocs"))
+					if code, allocs := capvendtest.Get(b, "http://"+admin+"/debug/pprof/allocs", ""); code == http.StatusOK {
+						writeNostrProfile(b, profDir, "nostr-allocs.pprof", []byte(allocs))
+					}
 				}
 				cpu := capvendtest.ProcCPU(b, s.pid) - cpu0
 				b.ReportMetric(capvendtest.Ms(cpu)/float64(b.N), "cpu-ms/call")
@@ -102,20 +103,4 @@ func writeNostrProfile(b *testing.B, dir, name string, p []byte) {
 	if err := os.WriteFile(filepath.Join(dir, name), p, 0o644); err != nil {
 		b.Fatal(err)
 	}
-}
-
-// fetchURL is the body of a GET of url; nil (logged) if it failed.
-func fetchURL(b *testing.B, url string) []byte {
-	resp, err := http.Get(url)
-	if err != nil {
-		b.Log(err)
-		return nil
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		b.Logf("%s: %s %v", url, resp.Status, err)
-		return nil
-	}
-	return body
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
@@ -91,7 +90,7 @@ func TestStockClientsBuyWithEvery402Scheme(t *testing.T) {
 		if p.State != vend.PaymentSettled || p.Settled != 21_000 || c.Price != 21_000 || c.State != vend.CallDelivered || c.Executions != 1 {
 			t.Fatalf("%s: payment %s settled %d, call %s price %d, %d executions", tc.wrapper, p.State, p.Settled, c.State, c.Price, c.Executions)
 		}
-		if by := releasedBy(t, db, c.ID); by != string(tc.scheme) {
+		if by := capvendtest.ReleasedBy(t, db, c.ID); by != string(tc.scheme) {
 			t.Fatalf("%s: the call was released by %q, want %q", tc.wrapper, by, tc.scheme)
 		}
 	}
@@ -114,22 +113,6 @@ func TestStockClientsBuyWithEvery402Scheme(t *testing.T) {
 	if stdout, stderr, code := run(t, nil, "ledger", "verify", "--config", filepath.Join(filepath.Dir(db), "capvend.yaml")); code != 0 {
 		t.Fatalf("ledger verify: exit %d\n%s%s", code, stdout, stderr)
 	}
-}
-
-// releasedBy is the scheme the ledger recorded as releasing call id's
-// execution.
-func releasedBy(t *testing.T, db string, id vend.CallID) string {
-	t.Helper()
-	d, err := sql.Open("sqlite3", db+"?mode=ro")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	var by sql.NullString
-	if err := d.QueryRow(`SELECT released_by FROM executions WHERE call_id = ?`, int64(id)).Scan(&by); err != nil {
-		t.Fatal(err)
-	}
-	return by.String
 }
 
 // TestURLElicitationPaysWithoutRetry (issue 29): the MCP TypeScript SDK
@@ -179,7 +162,7 @@ func TestURLElicitationPaysWithoutRetry(t *testing.T) {
 	if err != nil || c.State != vend.CallDelivered || c.Executions != 1 || p.Settled != 21_000 {
 		t.Fatalf("call %+v payment %+v: %v", c, p, err)
 	}
-	if by := releasedBy(t, db, c.ID); by != string(vend.SchemeInvoice) {
+	if by := capvendtest.ReleasedBy(t, db, c.ID); by != string(vend.SchemeInvoice) {
 		t.Fatalf("released by %q", by)
 	}
 	if stdout, stderr, code := run(t, nil, "ledger", "verify", "--config", filepath.Join(filepath.Dir(db), "capvend.yaml")); code != 0 {

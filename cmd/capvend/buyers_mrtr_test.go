@@ -136,7 +136,7 @@ func TestURLElicitationPaysMRTR(t *testing.T) {
 	if err != nil || call.State != vend.CallDelivered || call.Executions != 1 || p.Settled != 21_000 {
 		t.Fatalf("call %+v payment %+v: %v", call, p, err)
 	}
-	if by := releasedBy(t, db, call.ID); by != string(vend.SchemeInvoice) {
+	if by := capvendtest.ReleasedBy(t, db, call.ID); by != string(vend.SchemeInvoice) {
 		t.Fatalf("released by %q", by)
 	}
 	if stdout, stderr, code := run(t, nil, "ledger", "verify", "--config", filepath.Join(filepath.Dir(db), "capvend.yaml")); code != 0 {

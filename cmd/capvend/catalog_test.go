@@ -6,9 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // TestServePassesPromptsAndResourcesThrough runs `capvend serve` in-process

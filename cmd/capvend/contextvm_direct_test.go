@@ -48,7 +48,7 @@ func TestContextVMDirectPayment(t *testing.T) {
 	tok := mint(30)
 	run := func(encryption, token string) map[string]string {
 		t.Helper()
-		lines := runSDKScript(t, "direct.mjs", s.RelayURL, server, encryption, token)
+		lines := runNode[any](t, needNPM(t, "contextvm"), nil, "direct.mjs", s.RelayURL, server, encryption, token)
 		t.Logf("stock client (encryption %s) saw: %v", encryption, lines)
 		if lines["DONE"] != "true" || !strings.Contains(lines["SENT"], `["direct_payment","`+ctxvm.PMICashuDirect+`","<token>"]`) {
 			t.Fatalf("the patched stock client did not send its direct payment: %v", lines)

@@ -89,7 +89,7 @@ func TestContextVMOversizedStockClient(t *testing.T) {
 		argBytes   int
 	}{{"disabled", 300 << 10}, {"optional", 40_000}} {
 		t.Run("encryption "+tc.encryption, func(t *testing.T) {
-			lines := runPayingScript(t, filepath.Join("testdata", "contextvm"), s.Pay, "oversized.mjs",
+			lines := runNode(t, filepath.Join("testdata", "contextvm"), s.Pay, "oversized.mjs",
 				relay, server, tc.encryption, "t_bulk", "1024,4096", "t_sha256", strconv.Itoa(tc.argBytes))
 			for _, kib := range []int{1024, 4096} {
 				sum := sha256.Sum256([]byte(exampletools.BulkText(kib)))

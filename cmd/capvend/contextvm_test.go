@@ -129,7 +129,7 @@ func TestContextVM(t *testing.T) {
 func runSDKClient(t *testing.T, s *testnet.Stack, relay, server, encryption string) {
 	t.Helper()
 	needNPM(t, "contextvm")
-	lines := runPayingScript(t, filepath.Join("testdata", "contextvm"), s.Pay, "client.mjs", relay, server, encryption)
+	lines := runNode(t, filepath.Join("testdata", "contextvm"), s.Pay, "client.mjs", relay, server, encryption)
 	t.Logf("stock client (encryption %s) saw: %v", encryption, lines)
 	for word, want := range map[string]string{
 		"INIT":  `["name","capvend e2e"]`,
@@ -373,7 +373,7 @@ func TestContextVMCatalog(t *testing.T) {
 	// The stock SDK client, which validates every result: a subtest,
 	// skipped (failed in CI) without node or its packages.
 	t.Run("stock client", func(t *testing.T) {
-		lines := runSDKScript(t, "catalog.mjs", relay, server, "ex_summarize", "capvend sells tool calls", "example://readme")
+		lines := runNode[any](t, needNPM(t, "contextvm"), nil, "catalog.mjs", relay, server, "ex_summarize", "capvend sells tool calls", "example://readme")
 		t.Logf("stock client saw: %v", lines)
 		for word, want := range map[string]string{
 			"CAPS":      `"prompts":{"listChanged":true}`,
@@ -425,28 +425,4 @@ func needNPM(t testing.TB, dir string) string {
 		skip.Missing(t, missing, install)
 	}
 	return filepath.Join("testdata", dir)
-}
-
-// runSDKScript runs node on a script of testdata/contextvm with args and
-// returns its output lines "<WORD> <rest>" by word; without node or its
-// packages it skips the test (fails in CI). The script must exit 0.
-func runSDKScript(t *testing.T, script string, args ...string) map[string]string {
-	t.Helper()
-	dir := needNPM(t, "contextvm")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", append([]string{script}, args...)...)
-	cmd.Dir = dir
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	lines := map[string]string{}
-	for _, l := range strings.Split(string(out), "\n") {
-		word, rest, _ := strings.Cut(l, " ")
-		lines[word] = rest
-	}
-	if err != nil {
-		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", script, err, out, stderr.String())
-	}
-	return lines
 }

@@ -8,9 +8,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mark3labs/mcp-go/mcp"
+
 	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/listed"
-	"github.com/mark3labs/mcp-go/mcp"
 )
 
 // modernPost sends a tools/call of protocol 2026-07-28 to url, as mcp-go's

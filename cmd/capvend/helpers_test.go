@@ -91,8 +91,9 @@ func startCapvend(t testing.TB, config string, opts ...capvendOpts) *runningCapv
 	}
 	c := &runningCapvend{t: t, config: config, stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{},
 		logs: &syncbuf.Buffer{}, done: make(chan struct{}), serves: o.Args == nil && !o.NoWait}
+	level := slog.LevelDebug // why an event was dropped, a payment misbehaved...
 	if _, bench := t.(*testing.B); bench {
-		c.logs = io.Discard // a benchmark's calls would fill it
+		c.logs, level = io.Discard, slog.LevelInfo // a benchmark's calls would fill it
 	}
 	var stdout io.Writer = c.stdout
 	if o.Stdout != nil {
@@ -129,7 +130,7 @@ func startCapvend(t testing.TB, config string, opts ...capvendOpts) *runningCapv
 		ctx, cancel := context.WithCancel(context.Background())
 		c.cancel = cancel
 		e := &env{Stdin: stdin, Stdout: stdout, Stderr: c.stderr, Getenv: o.getenv,
-			Log: slog.New(slog.NewTextHandler(c.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), lockWait: o.LockWait}
+			Log: slog.New(slog.NewTextHandler(c.logs, &slog.HandlerOptions{Level: level})), lockWait: o.LockWait}
 		go func() {
 			// Its goroutines carry the label capvend=<its config's dir> in
 			// CPU profiles (go tool pprof -tagfocus; see
@@ -161,7 +162,7 @@ func startCapvend(t testing.TB, config string, opts ...capvendOpts) *runningCapv
 				want = append(want, "capvend: serving ContextVM ")
 			}
 		}
-		c.Await("serve", func() bool {
+		c.Await("serving", func() bool {
 			out := c.Stderr()
 			for _, w := range want {
 				if !strings.Contains(out, w) {
@@ -182,11 +183,11 @@ func (c *runningCapvend) Await(what string, ready func() bool) {
 	for !ready() {
 		select {
 		case <-c.done:
-			c.t.Fatalf("capvend exited %d before %s: %s", c.code, what, c.Stderr())
+			c.t.Fatalf("%s: capvend exited %d first; its standard error:\n%s", what, c.code, c.Stderr())
 		default:
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("capvend: not %s within 60 s: %s", what, c.Stderr())
+			c.t.Fatalf("%s: not within 60 s; capvend's standard error:\n%s", what, c.Stderr())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

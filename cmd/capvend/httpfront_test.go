@@ -13,11 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capvend/capvend/internal/capvendtest"
-	"github.com/capvend/capvend/internal/listed"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 )
 
 func errorCode(body string) int {
@@ -126,12 +127,12 @@ func TestServeConnectionCap(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // polling the server's state
 	}
-	if status := rawGET(t, listen); status != http.StatusServiceUnavailable {
+	if status := getOn(t, nil, listen, true); status != http.StatusServiceUnavailable {
 		t.Fatalf("third connection: HTTP %d, want 503", status)
 	}
 	held[0].Close()
 	for {
-		status := rawGET(t, listen)
+		status := getOn(t, nil, listen, true)
 		if status != http.StatusServiceUnavailable {
 			if status != http.StatusBadRequest { // a GET without a session: the front answered
 				t.Errorf("after a slot freed: HTTP %d", status)
@@ -148,22 +149,18 @@ func TestServeConnectionCap(t *testing.T) {
 // waitLimitServe bounds waiting for capvend serve; a deadlock guard.
 const waitLimitServe = 30 * time.Second
 
-// rawGET sends a GET /mcp on a new connection and returns the status (0
-// when the connection ended without one).
-func rawGET(t *testing.T, addr string) int {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	return getOn(t, c, addr, true)
-}
-
-// getOn sends a GET /mcp on c (keeping it open unless closing) and
-// returns the status (0 when the connection ended without one).
+// getOn sends a GET /mcp on c (keeping it open unless closing; nil: a
+// new connection to addr, closed after) and returns the status (0 when
+// the connection ended without one).
 func getOn(t *testing.T, c net.Conn, addr string, closing bool) int {
 	t.Helper()
+	if c == nil {
+		var err error
+		if c, err = net.Dial("tcp", addr); err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
 	c.SetDeadline(time.Now().Add(waitLimitServe))
 	conn := ""
 	if closing {

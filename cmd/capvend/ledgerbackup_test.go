@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,48 +17,6 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// paidCalls books n calls of 21 sat on l: n-2 paid and delivered, one
-// paid whose tool failed and was refunded (a refund owed), one awaiting
-// its payment.
-func paidCalls(t *testing.T, l *ledger.Ledger, n int) {
-	t.Helper()
-	ctx := context.Background()
-	for i := range n {
-		c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: fmt.Sprint("r", i),
-			Server: "demo", Tool: "echo", ArgsHash: fmt.Sprintf("%064x", i), Price: 21_000, Idempotent: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.RecordPayment(ctx, c.ID, vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice,
-			Ref: fmt.Sprintf("%064x", 1000+i), Bolt11: "lnbcrt210n1test", Amount: 21_000, ExpiresAt: time.Now().Add(time.Hour)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i == n-1 {
-			continue // awaiting payment
-		}
-		if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
-			t.Fatal(err)
-		}
-		if i == n-2 {
-			if err := l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte(`{"content":[],"isError":true}`)}, "upstream failed"); err != nil {
-				t.Fatal(err)
-			}
-			if err := l.Refund(ctx, c.ID, "upstream failed"); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		body := fmt.Sprintf(`{"content":[{"type":"text","text":"%s"}]}`, strings.Repeat("a", 2000))
-		if err := l.Deliver(ctx, c.ID, vend.Result{Body: []byte(body)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // TestLedgerBackupWhileServing: `capvend ledger backup` (the built binary)
 // copies the ledger a running serve holds: the copy is verified and
 // written once, mode 0600; an existing file is refused without --force,
@@ -72,7 +29,7 @@ func TestLedgerBackupWhileServing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	paidCalls(t, l, 6)
+	capvendtest.BookCalls(t, l, 0, 6, true)
 	l.Close()
 	startCapvend(t, path)
 
@@ -140,7 +97,7 @@ func TestPgDumpRestoresALedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	paidCalls(t, l, 6)
+	capvendtest.BookCalls(t, l, 0, 6, true)
 	if st, err := l.PruneBatch(ctx, time.Now().Add(time.Hour)); err != nil || st.Results == 0 {
 		t.Fatalf("prune: %+v %v", st, err)
 	}

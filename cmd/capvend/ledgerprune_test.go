@@ -53,7 +53,7 @@ func fillOld(t *testing.T, path string, age time.Duration, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	paidCalls(t, l, n)
+	capvendtest.BookCalls(t, l, 0, n, true)
 	l.Close()
 }
 

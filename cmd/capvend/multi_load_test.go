@@ -415,7 +415,7 @@ func testMultiLoad(t *testing.T, hold bool) {
 	counts := answers.settle(t, cl, cl.c.PublicKey)
 	ld.check(t, loadLedger(t, db, logs), loadState{counts: counts, victim: instance, run: run, killed: killed,
 		hold: hold, sdkPaid: int(sdkPaid.Load()), customer: capvendtest.CustomerPayments(t, s, start.Add(-time.Minute))})
-	checkInvoicesAtLND(t, s, db)
+	capvendtest.CheckInvoicesAtLND(t, s, db)
 	checkLedgerVerifies(t, paths[1])
 }
 

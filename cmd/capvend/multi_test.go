@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,10 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/capvend/capvend/billing/lnd"
 	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/internal/listed"
@@ -43,24 +39,6 @@ const (
 // testClaimTakeover, to put for "  driver: postgres\n" (after
 // capvendtest.OnPostgres) with capvendtest.EditConfig.
 var fastTakeover = fmt.Sprintf("  driver: postgres\n  lease_ttl: %s\n  claim_takeover: %s\n", testLeaseTTL, testClaimTakeover)
-
-// waitLeaseHolder waits until the work lease is held by an instance of
-// process pid (want true) or by one of another process (want false), and
-// returns the holder.
-func waitLeaseHolder(t *testing.T, l *ledger.Ledger, pid int, want bool, guard time.Duration) string {
-	t.Helper()
-	deadline := time.Now().Add(guard) // a deadlock guard
-	for {
-		h, err := l.LeaseHolder(context.Background(), vend.LeaseWork)
-		if err == nil && h != "" && strings.Contains(h, fmt.Sprintf("/%d/", pid)) == want {
-			return h
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("work lease held by %q (%v); want pid %d: %v", h, err, pid, want)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
 
 // answerCounter counts, on a connection of its own with the client's key,
 // the responses the server key published to each request (by e tag).
@@ -162,7 +140,7 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	waitLeaseHolder(t, l, first.Pid(), true, time.Minute)
+	capvendtest.WaitLeaseHolder(t, l, first.Pid(), true, time.Minute)
 	procs := []*runningCapvend{startCapvend(t, paths[1], capvendOpts{Process: true}), startCapvend(t, paths[2], capvendOpts{Process: true})}
 
 	// A paid HTTP call on the first instance: it dies once the payment is
@@ -179,8 +157,8 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 	if err := <-pc.Paid; err != nil {
 		t.Fatalf("payment: %v", err)
 	}
-	holder := waitLeaseHolder(t, l, first.Pid(), false, 2*time.Minute)
-	c := waitCall(t, l, vend.CallDelivered)
+	holder := capvendtest.WaitLeaseHolder(t, l, first.Pid(), false, 2*time.Minute)
+	c := capvendtest.WaitCall(t, l, vend.CallDelivered)
 	t.Logf("the work lease went to %s and the dead instance's paid call was delivered %s after the kill (bound: %s lease + a third of it + recovery)",
 		holder, time.Since(killed).Round(time.Second), testLeaseTTL)
 	if c.Executions != 1 {
@@ -284,47 +262,8 @@ func checkMultiLedger(t *testing.T, s *testnet.Stack, dsn, config string, calls 
 		t.Logf("Nostr requests claimed by %s: %d", h, k)
 	}
 	rows.Close()
-	checkInvoicesAtLND(t, s, db)
+	capvendtest.CheckInvoicesAtLND(t, s, db)
 	checkLedgerVerifies(t, config)
-}
-
-// checkInvoicesAtLND checks that every LND invoice of the ledger db is
-// settled at the stack's vendor LND if and only if the ledger booked it,
-// for the amount it booked.
-func checkInvoicesAtLND(t *testing.T, s *testnet.Stack, db *sql.DB) {
-	t.Helper()
-	ctx := context.Background()
-	vendor, _ := s.Node(testnet.Vendor)
-	conn, err := lnd.Dial(vendor.RPCHost, vendor.TLSCert, vendor.AdminMacaroon)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ln := lnrpc.NewLightningClient(conn)
-	prows, err := db.QueryContext(ctx, "SELECT ref, state, coalesce(settled_msat, 0) FROM payments WHERE backend = 'lnd'")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prows.Close()
-	checked := 0
-	for prows.Next() {
-		var ref, state string
-		var msat int64
-		if err := prows.Scan(&ref, &state, &msat); err != nil {
-			t.Fatal(err)
-		}
-		hash, _ := hex.DecodeString(ref)
-		inv, err := ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: hash})
-		if err != nil {
-			t.Fatalf("invoice %s: %v", ref, err)
-		}
-		settled := inv.State == lnrpc.Invoice_SETTLED
-		if settled != (state == "settled") || (settled && inv.AmtPaidMsat != msat) {
-			t.Errorf("invoice %s: LND %s, %d msat paid; ledger %s, %d msat", ref, inv.State, inv.AmtPaidMsat, state, msat)
-		}
-		checked++
-	}
-	t.Logf("%d LND invoices compared with the ledger", checked)
 }
 
 // checkLedgerVerifies runs `capvend ledger verify` on the ledger of the

@@ -13,8 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capvend/capvend/internal/capvendtest"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // BenchmarkPaidCallProfile accounts where a paid call's CPU goes in

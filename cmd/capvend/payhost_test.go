@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // TestMCPInspectorBuysWithNothingInstalled: the official MCP Inspector CLI
@@ -89,7 +91,7 @@ func TestMCPInspectorBuysWithNothingInstalled(t *testing.T) {
 		t.Fatalf("third call with the same token: %v\n%s", err, out)
 	}
 
-	if ran := paidRuns(t, db); ran != 1 {
+	if ran := capvendtest.PaidRuns(t, db); ran != 1 {
 		t.Fatalf("%d calls ran, want 1", ran)
 	}
 }

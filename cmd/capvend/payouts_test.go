@@ -177,7 +177,7 @@ func TestRefundsListPayoutsInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := owedRefund(t, l, 1, "mcp-session-alice", "lnbcrt50n1pjexampleinvoiceforalicexyz")
+	r := capvendtest.OwedRefund(t, l, 1, "mcp-session-alice", "lnbcrt50n1pjexampleinvoiceforalicexyz")
 	p, err := l.ReservePayout(ctx, vend.NewPayout{Kind: vend.PayoutRefund, Refund: r.ID, Method: vend.RefundBolt11, MintURL: "http://mint",
 		Amount: 5_000, Invoice: r.Invoice, Quote: "q0123456789abcdef", Wallet: "w0011223344556677"})
 	if err != nil {

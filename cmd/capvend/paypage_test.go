@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"image"
 	_ "image/png" // chromium's screenshots
-	"io"
-	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -16,50 +14,25 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/makiuchi-d/gozxing"
 	gozxingqr "github.com/makiuchi-d/gozxing/qrcode"
-)
 
-// payRawMCP posts one JSON-RPC message to url in session sid (none for
-// initialize) and returns the response's session id and its one JSON
-// message (the last SSE data line, or the body).
-func payRawMCP(t *testing.T, url, sid, body string) (string, json.RawMessage) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	if sid != "" {
-		req.Header.Set("Mcp-Session-Id", sid)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	msg := b
-	for _, l := range bytes.Split(b, []byte("\n")) {
-		if d, ok := bytes.CutPrefix(l, []byte("data: ")); ok {
-			msg = d
-		}
-	}
-	if sid == "" {
-		sid = resp.Header.Get("Mcp-Session-Id")
-	}
-	return sid, msg
-}
+	"github.com/capvend/capvend/internal/capvendtest"
+)
 
 // stockGatedCall is a client that declared nothing (a stock MCP host)
 // calling tool: it returns the explicit-gating answer's structuredContent.
 func stockGatedCall(t *testing.T, url, tool, args string) map[string]any {
 	t.Helper()
-	sid, _ := payRawMCP(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"stock","version":"1"}}}`)
-	payRawMCP(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	all := func(json.RawMessage) bool { return true }
+	sid := capvendtest.MCPPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"stock","version":"1"}}}`, all)
+	capvendtest.MCPPost(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, all)
 	var res struct {
 		Result struct {
 			StructuredContent map[string]any `json:"structuredContent"`
 		} `json:"result"`
 	}
-	_, msg := payRawMCP(t, url, sid, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"`+tool+`","arguments":`+args+`}}`)
+	var msg json.RawMessage // the answer's last message
+	capvendtest.MCPPost(t, url, sid, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"`+tool+`","arguments":`+args+`}}`,
+		func(m json.RawMessage) bool { msg = m; return true })
 	if err := json.Unmarshal(msg, &res); err != nil || res.Result.StructuredContent["pay_url"] == nil {
 		t.Fatalf("explicit-gating answer: %s (%v)", msg, err)
 	}

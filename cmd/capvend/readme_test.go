@@ -255,7 +255,7 @@ func TestREADME(t *testing.T) {
 
 	run("capvend unannounce --config capvend.yaml", func(t *testing.T) {
 		relay := testkit.Relay(t)
-		src, sk := unannounceConfig(t, relay)
+		src, sk := capvendtest.UnannounceConfig(t, relay)
 		pk, _ := nostr.GetPublicKey(sk)
 		r, err := nostr.RelayConnect(context.Background(), relay)
 		if err != nil {
@@ -268,7 +268,7 @@ func TestREADME(t *testing.T) {
 			t.Fatal(err)
 		}
 		capvendIn(t, filepath.Dir(src), nil, "unannounce", "--config", "capvend.yaml")
-		if n := len(announcementsOn(t, relay, pk)); n != 0 {
+		if n := len(capvendtest.AnnouncementsOn(t, relay, pk)); n != 0 {
 			t.Fatalf("%d announcements left after unannounce", n)
 		}
 	})
@@ -351,7 +351,7 @@ func TestREADME(t *testing.T) {
 	var litestreamBin string
 	replicated := false
 	run("capvend ledger litestream-config --out litestream.yml", func(t *testing.T) {
-		litestreamBin = litestream(t)
+		litestreamBin = capvendtest.Litestream(t)
 		path := filepath.Join(demoDir, "capvend.yaml")
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -371,7 +371,7 @@ func TestREADME(t *testing.T) {
 		if litestreamBin == "" {
 			t.Skip("no Litestream: see litestream-config above")
 		}
-		replicating(t, litestreamBin, filepath.Join(demoDir, "litestream.yml")) // stopped when this subtest ends
+		capvendtest.Replicating(t, litestreamBin, filepath.Join(demoDir, "litestream.yml")) // stopped when this subtest ends
 		cfg, err := loadConfig(filepath.Join(demoDir, "capvend.yaml"), func(string) string { return "" })
 		if err != nil {
 			t.Fatal(err)

@@ -19,43 +19,6 @@ import (
 	"github.com/capvend/capvend/vend"
 )
 
-// owedRefund books a call paid by a plain invoice whose tool failed: a
-// refund owed to client, to invoice if given.
-func owedRefund(t *testing.T, l *ledger.Ledger, i int, client, invoice string) vend.Refund {
-	t.Helper()
-	ctx := context.Background()
-	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: client, RequestID: fmt.Sprint(i), Server: "tools",
-		Tool: "always_fails", ArgsHash: strings.Repeat(fmt.Sprintf("%02x", i), 32), Price: 5_000, RefundInvoice: invoice})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := strings.Repeat(fmt.Sprintf("%02x", 100+i), 32)
-	if _, err := l.RecordPayment(ctx, c.ID, vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice, Ref: ref,
-		Amount: 5_000, ExpiresAt: time.Now().Add(time.Hour)}); err != nil {
-		t.Fatal(err)
-	}
-	for _, step := range []func() error{
-		func() error { _, err := l.SettlePayment(ctx, vend.Settlement{Ref: ref, Amount: 5_000}); return err },
-		func() error {
-			_, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice))
-			return err
-		},
-		func() error {
-			return l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte("{}")}, "the tool failed")
-		},
-		func() error { return l.Refund(ctx, c.ID, "the tool failed") },
-	} {
-		if err := step(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r, err := l.CallRefund(ctx, c.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
 // TestRefundsListsWhatIsOwedToWhom: the list, its total (the same as
 // ledger balance's), paid refunds with --all, and the pay command's
 // refusals, offline.
@@ -66,13 +29,13 @@ func TestRefundsListsWhatIsOwedToWhom(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	owedRefund(t, l, 1, "mcp-session-alice", "lnbcrt50n1pjexampleinvoiceforalicexyz")
-	paid := owedRefund(t, l, 2, "npub-bob", "")
+	capvendtest.OwedRefund(t, l, 1, "mcp-session-alice", "lnbcrt50n1pjexampleinvoiceforalicexyz")
+	paid := capvendtest.OwedRefund(t, l, 2, "npub-bob", "")
 	if _, err := l.PayRefund(context.Background(), paid.ID, vend.RefundPayout{Method: vend.RefundCashu, MintURL: "http://mint",
 		Paid: 5_000, Token: "cashuBpaid"}); err != nil {
 		t.Fatal(err)
 	}
-	owedRefund(t, l, 3, "mcp-session-carol", "")
+	capvendtest.OwedRefund(t, l, 3, "mcp-session-carol", "")
 	l.Close()
 
 	out, errOut, code := run(t, nil, "refunds", "--db", db)
@@ -271,7 +234,7 @@ func TestServeSurvivesSIGKILLAfterSwap(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	c := waitCall(t, l, vend.CallCanceled)
+	c := capvendtest.WaitCall(t, l, vend.CallCanceled)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		r, err := l.CallRefund(ctx, c.ID)

@@ -8,8 +8,9 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // TestServeReloadsPricesOnSIGHUP runs the real binary, changes a price in
@@ -24,7 +25,6 @@ func TestServeReloadsPricesOnSIGHUP(t *testing.T) {
 		t.Fatal(err)
 	}
 	sv := startCapvend(t, path, capvendOpts{Process: true})
-	logs, waitFor := sv.Stderr, sv.Await
 	pc := capvendtest.NewPayingClient(t, s, sv.URL())
 	price := func() string {
 		res, err := pc.ListTools(context.Background(), mcp.ListToolsRequest{})
@@ -38,7 +38,7 @@ func TestServeReloadsPricesOnSIGHUP(t *testing.T) {
 		}
 		return ""
 	}
-	waitFor("t_sha256 listed at 21 sats", func() bool { return price() == "map[amount:21 unit:sats]" })
+	sv.Await("t_sha256 listed at 21 sats", func() bool { return price() == "map[amount:21 unit:sats]" })
 
 	newCfg := strings.Replace(string(cfg), "sha256: {price_sats: 21}", "sha256: {price_sats: 34}", 1)
 	if newCfg == string(cfg) {
@@ -48,7 +48,7 @@ func TestServeReloadsPricesOnSIGHUP(t *testing.T) {
 		t.Fatal(err)
 	}
 	sv.Signal(syscall.SIGHUP)
-	waitFor("t_sha256 listed at 34 sats after SIGHUP", func() bool { return price() == "map[amount:34 unit:sats]" })
+	sv.Await("t_sha256 listed at 34 sats after SIGHUP", func() bool { return price() == "map[amount:34 unit:sats]" })
 
 	before := capvendtest.CustomerBalance(t, s)
 	res, err := pc.Call(t, "t_sha256", map[string]any{"text": "hi"})
@@ -67,9 +67,9 @@ func TestServeReloadsPricesOnSIGHUP(t *testing.T) {
 		t.Fatal(err)
 	}
 	sv.Signal(syscall.SIGHUP)
-	waitFor("the bad configuration refused", func() bool { return strings.Contains(logs(), "config reload refused") })
-	if !strings.Contains(logs(), "price_sats: cannot be negative") {
-		t.Errorf("the refusal does not say what is wrong:\n%s", logs())
+	sv.Await("the bad configuration refused", func() bool { return strings.Contains(sv.Stderr(), "config reload refused") })
+	if !strings.Contains(sv.Stderr(), "price_sats: cannot be negative") {
+		t.Errorf("the refusal does not say what is wrong:\n%s", sv.Stderr())
 	}
 	if p := price(); p != "map[amount:34 unit:sats]" {
 		t.Fatalf("after a refused reload t_sha256 is listed at %s", p)

@@ -397,7 +397,7 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer l.Close()
-			c := waitCall(t, l, tc.want)
+			c := capvendtest.WaitCall(t, l, tc.want)
 			if c.Executions != tc.executions {
 				t.Fatalf("call executed %d times, want %d", c.Executions, tc.executions)
 			}
@@ -412,19 +412,3 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 
 // serveTools is how many tools writeServeConfig's capvend lists.
 const serveTools = 10
-
-// waitCall waits until the ledger's only call is in state want.
-func waitCall(t *testing.T, l *ledger.Ledger, want vend.CallState) vend.Call {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		c, err := l.Call(context.Background(), 1)
-		if err == nil && c.State == want {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("call is %s (%v), want %s", c.State, err, want)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}

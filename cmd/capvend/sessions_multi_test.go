@@ -89,7 +89,7 @@ func TestSessionOnAnotherInstance(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	waitLeaseHolder(t, l, a.Pid(), true, time.Minute)
+	capvendtest.WaitLeaseHolder(t, l, a.Pid(), true, time.Minute)
 	startCapvend(t, paths[1], capvendOpts{Process: true})
 	urlA, urlB := "http://"+listens[0]+"/mcp", "http://"+listens[1]+"/mcp"
 
@@ -131,8 +131,8 @@ func TestSessionOnAnotherInstance(t *testing.T) {
 		t.Fatal("A sent no payment request")
 	}
 	// B takes the work over and runs the dead instance's paid call.
-	waitLeaseHolder(t, l, a.Pid(), false, 2*time.Minute)
-	waitCall(t, l, vend.CallDelivered)
+	capvendtest.WaitLeaseHolder(t, l, a.Pid(), false, 2*time.Minute)
+	capvendtest.WaitCall(t, l, vend.CallDelivered)
 
 	status, msgs := c.post(urlB, callReq, nil)
 	if status != http.StatusOK || len(msgs) == 0 {

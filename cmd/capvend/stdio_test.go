@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // TestServeStdio runs `capvend serve --stdio` as a desktop MCP client would

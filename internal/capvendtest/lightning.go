@@ -2,6 +2,8 @@ package capvendtest
 
 import (
 	"context"
+	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/lightningnetwork/lnd/lnrpc"
 
+	"github.com/capvend/capvend/billing/lnd"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/testnet"
 )
@@ -126,4 +129,43 @@ func StandInMint(t testing.TB, feePPK int) string {
 	}))
 	t.Cleanup(mint.Close)
 	return mint.URL
+}
+
+// CheckInvoicesAtLND checks that every LND invoice of the ledger db is
+// settled at the stack's vendor LND if and only if the ledger booked it,
+// for the amount it booked.
+func CheckInvoicesAtLND(t testing.TB, s *testnet.Stack, db *sql.DB) {
+	t.Helper()
+	ctx := context.Background()
+	vendor, _ := s.Node(testnet.Vendor)
+	conn, err := lnd.Dial(vendor.RPCHost, vendor.TLSCert, vendor.AdminMacaroon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ln := lnrpc.NewLightningClient(conn)
+	prows, err := db.QueryContext(ctx, "SELECT ref, state, coalesce(settled_msat, 0) FROM payments WHERE backend = 'lnd'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prows.Close()
+	checked := 0
+	for prows.Next() {
+		var ref, state string
+		var msat int64
+		if err := prows.Scan(&ref, &state, &msat); err != nil {
+			t.Fatal(err)
+		}
+		hash, _ := hex.DecodeString(ref)
+		inv, err := ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: hash})
+		if err != nil {
+			t.Fatalf("invoice %s: %v", ref, err)
+		}
+		settled := inv.State == lnrpc.Invoice_SETTLED
+		if settled != (state == "settled") || (settled && inv.AmtPaidMsat != msat) {
+			t.Errorf("invoice %s: LND %s, %d msat paid; ledger %s, %d msat", ref, inv.State, inv.AmtPaidMsat, state, msat)
+		}
+		checked++
+	}
+	t.Logf("%d LND invoices compared with the ledger", checked)
 }
