@@ -2,9 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,35 +9,20 @@ import (
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
-)
 
-// slowUpstream makes the configuration at path start its upstream only
-// after a pause (as on a loaded machine), so a tools/list answered before
-// the upstream listed its tools would be empty.
-func slowUpstream(t *testing.T, path string) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := exampleTools(t)
-	y := strings.Replace(string(b), "command: "+bin+"\n",
-		fmt.Sprintf("command: /bin/sh\n    args: [\"-c\", \"sleep 2; exec %s\"]\n", bin), 1)
-	if y == string(b) {
-		t.Fatal("no upstream command to slow down")
-	}
-	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
+	"github.com/capvend/capvend/internal/capvendtest"
+)
 
 // The README test's flake (#15): a client that asks as soon as serve
 // accepts connections must see the upstream's tools, not an empty list.
 func TestServeListsToolsOnlyOnceUpstreamsListed(t *testing.T) {
 	t.Parallel()
-	path, listen := freeToolsConfig(t, "")
-	slowUpstream(t, path)
-	serveInProcess(t, path, listen)
+	path, listen := capvendtest.FreeToolsConfig(t, "")
+	// The upstream starts only after a pause (as on a loaded machine), so
+	// a tools/list answered before it listed its tools would be empty.
+	capvendtest.EditConfig(t, path, "command: "+capvendtest.ExampleTools(t)+"\n",
+		"command: /bin/sh\n    args: [\"-c\", \"sleep 2; exec "+capvendtest.ExampleTools(t)+"\"]\n")
+	startCapvend(t, path)
 	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
 	if err != nil {
 		t.Fatal(err)
@@ -59,39 +41,18 @@ func TestServeListsToolsOnlyOnceUpstreamsListed(t *testing.T) {
 	}
 }
 
-// adminConfig adds an admin section to the configuration at path and
-// returns the admin listener's address.
-func adminConfig(t *testing.T, path, extra string) string {
-	t.Helper()
-	addr := freeAddr(t)
-	appendFile(t, path, fmt.Sprintf("admin:\n  listen: %s\n%s", addr, extra))
-	return addr
-}
-
-func get(t *testing.T, url, token string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequest("GET", url, nil)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 // serve with admin.listen: health, readiness and metrics on the admin
 // listener, none of them on the MCP endpoint's.
 func TestServeAdminListener(t *testing.T) {
 	t.Parallel()
-	path, listen := freeToolsConfig(t, "")
-	slowUpstream(t, path)
-	addr := adminConfig(t, path, "")
-	serveInProcess(t, path, listen)
-	if code, body := get(t, "http://"+addr+"/healthz", ""); code != 200 {
+	path, listen := capvendtest.FreeToolsConfig(t, "")
+	// The upstream starts only after a pause (as on a loaded machine), so
+	// a tools/list answered before it listed its tools would be empty.
+	capvendtest.EditConfig(t, path, "command: "+capvendtest.ExampleTools(t)+"\n",
+		"command: /bin/sh\n    args: [\"-c\", \"sleep 2; exec "+capvendtest.ExampleTools(t)+"\"]\n")
+	addr := capvendtest.AdminConfig(t, path, "")
+	startCapvend(t, path)
+	if code, body := capvendtest.Get(t, "http://"+addr+"/healthz", ""); code != 200 {
 		t.Fatalf("healthz: %d %s", code, body)
 	}
 	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
@@ -103,16 +64,16 @@ func TestServeAdminListener(t *testing.T) {
 	if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil { // answered once the upstream listed its tools
 		t.Fatal(err)
 	}
-	code, body := get(t, "http://"+addr+"/readyz", "")
+	code, body := capvendtest.Get(t, "http://"+addr+"/readyz", "")
 	if code != 200 || !strings.Contains(body, "ok: upstreams") {
 		t.Fatalf("readyz once the MCP endpoint answers: %d\n%s", code, body)
 	}
 	for _, p := range []string{"/metrics", "/healthz", "/readyz", "/debug/pprof/"} {
-		if code, _ := get(t, "http://"+listen+p, ""); code != 404 {
+		if code, _ := capvendtest.Get(t, "http://"+listen+p, ""); code != 404 {
 			t.Errorf("the MCP listener answers %s with %d, want 404", p, code)
 		}
 	}
-	if code, _ := get(t, "http://"+addr+"/debug/pprof/", ""); code != 404 {
+	if code, _ := capvendtest.Get(t, "http://"+addr+"/debug/pprof/", ""); code != 404 {
 		t.Errorf("without admin.pprof the admin listener answers /debug/pprof/ with %d, want 404", code)
 	}
 	for range 3 {
@@ -123,7 +84,7 @@ func TestServeAdminListener(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, metrics := get(t, "http://"+addr+"/metrics", "")
+	_, metrics := capvendtest.Get(t, "http://"+addr+"/metrics", "")
 	for _, want := range []string{
 		`capvend_free_calls_total{kind="tool",server="tools",tool="other"} 3`,
 		`capvend_upstream_call_seconds_count{result="ok",server="tools",tool="other"} 3`,
@@ -142,21 +103,21 @@ func TestServeAdminListener(t *testing.T) {
 
 // admin.pprof serves Go's profiles on the admin listener, behind its token.
 func TestAdminPprof(t *testing.T) {
-	path, listen := freeToolsConfig(t, "")
+	path, listen := capvendtest.FreeToolsConfig(t, "")
 	tokenFile := filepath.Join(filepath.Dir(path), "admin.token")
 	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := adminConfig(t, path, "  pprof: true\n  token_file: "+tokenFile+"\n")
-	serveInProcess(t, path, listen)
-	if code, _ := get(t, "http://"+addr+"/debug/pprof/", ""); code != 401 {
+	addr := capvendtest.AdminConfig(t, path, "  pprof: true\n  token_file: "+tokenFile+"\n")
+	startCapvend(t, path)
+	if code, _ := capvendtest.Get(t, "http://"+addr+"/debug/pprof/", ""); code != 401 {
 		t.Errorf("/debug/pprof/ without the token: %d, want 401", code)
 	}
-	code, body := get(t, "http://"+addr+"/debug/pprof/goroutine?debug=1", "0123456789abcdef0123")
+	code, body := capvendtest.Get(t, "http://"+addr+"/debug/pprof/goroutine?debug=1", "0123456789abcdef0123")
 	if code != 200 || !strings.Contains(body, "goroutine profile:") {
 		t.Fatalf("/debug/pprof/goroutine with the token: %d\n%.300s", code, body)
 	}
-	if code, body := get(t, "http://"+listen+"/debug/pprof/goroutine?debug=1", ""); code != 404 {
+	if code, body := capvendtest.Get(t, "http://"+listen+"/debug/pprof/goroutine?debug=1", ""); code != 404 {
 		t.Errorf("the MCP listener answers /debug/pprof/goroutine with %d: %.200s", code, body)
 	}
 }

@@ -2,20 +2,16 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/capvend/capvend/internal/procstat"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
@@ -43,14 +39,13 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 	relay := testkit.Relay(b)
 	sk := nostr.GeneratePrivateKey()
 	ours, _ := nostr.GetPublicKey(sk)
-	path, _ := nostrToolsConfig(b, relay, sk, "")
+	path, _ := capvendtest.NostrToolsConfig(b, relay, sk, "")
 	profDir, admin := os.Getenv("NOSTRPROF_DIR"), ""
 	if profDir != "" {
-		admin = freeAddr(b)
-		appendFile(b, path, fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", admin))
+		admin = capvendtest.AdminConfig(b, path, "  pprof: true\n")
 	}
-	serve := startServeProcess(b, path)
-	upstream := childOf(b, serve)
+	serve := startCapvend(b, path, capvendOpts{Process: true}).Pid()
+	upstream := capvendtest.ChildOf(b, serve)
 
 	type server struct {
 		name          string
@@ -58,8 +53,8 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 		pid, upstream int
 	}
 	servers := []server{{"capvend", newLoadClient(b, relay, ours), serve, upstream}}
-	if missing, _ := sdkMissing(); missing == "" {
-		theirs, pid := startSDKServerProc(b, filepath.Join("testdata", "contextvm"), "server.mjs", relay)
+	if missing, _ := npmMissing("contextvm"); missing == "" {
+		theirs, pid := startSDKServer(b, "server.mjs", relay)
 		servers = append(servers, server{"sdk", newLoadClient(b, relay, theirs), pid, 0})
 	} else {
 		b.Logf("stock SDK server not measured: %s", missing)
@@ -70,9 +65,9 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 	for _, inFlight := range []int{8, 1} {
 		for _, s := range servers {
 			b.Run(fmt.Sprintf("%s/inflight=%d", s.name, inFlight), func(b *testing.B) {
-				cpu0, up0 := procCPU(b, s.pid), time.Duration(0)
+				cpu0, up0 := capvendtest.ProcCPU(b, s.pid), time.Duration(0)
 				if s.upstream != 0 {
-					up0 = procCPU(b, s.upstream)
+					up0 = capvendtest.ProcCPU(b, s.upstream)
 				}
 				var prof chan []byte
 				if profDir != "" && s.name == "capvend" && inFlight == 8 {
@@ -85,12 +80,14 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 				b.StopTimer()
 				if prof != nil {
 					writeNostrProfile(b, profDir, "nostr-cpu.pprof", <-prof)
-					writeNostrProfile(b, profDir, "nostr-allocs.pprof", fetchURL(b, "http://"+admin+"/debug/pprof/allocs"))
+					if code, allocs := capvendtest.Get(b, "http://"+admin+"/debug/pprof/allocs", ""); code == http.StatusOK {
+						writeNostrProfile(b, profDir, "nostr-allocs.pprof", []byte(allocs))
+					}
 				}
-				cpu := procCPU(b, s.pid) - cpu0
-				b.ReportMetric(ms(cpu)/float64(b.N), "cpu-ms/call")
+				cpu := capvendtest.ProcCPU(b, s.pid) - cpu0
+				b.ReportMetric(capvendtest.Ms(cpu)/float64(b.N), "cpu-ms/call")
 				if s.upstream != 0 {
-					b.ReportMetric(ms(procCPU(b, s.upstream)-up0)/float64(b.N), "upstream-cpu-ms/call")
+					b.ReportMetric(capvendtest.Ms(capvendtest.ProcCPU(b, s.upstream)-up0)/float64(b.N), "upstream-cpu-ms/call")
 				}
 				b.ReportMetric(r.perSecond, "calls/s")
 			})
@@ -105,68 +102,5 @@ func writeNostrProfile(b *testing.B, dir, name string, p []byte) {
 	}
 	if err := os.WriteFile(filepath.Join(dir, name), p, 0o644); err != nil {
 		b.Fatal(err)
-	}
-}
-
-// fetchURL is the body of a GET of url; nil (logged) if it failed.
-func fetchURL(b *testing.B, url string) []byte {
-	resp, err := http.Get(url)
-	if err != nil {
-		b.Log(err)
-		return nil
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		b.Logf("%s: %s %v", url, resp.Status, err)
-		return nil
-	}
-	return body
-}
-
-// startServeProcess runs the built capvend's `serve --config path` until
-// the benchmark ends and returns its pid once it serves ContextVM.
-func startServeProcess(tb testing.TB, path string) int {
-	tb.Helper()
-	cmd := exec.Command(builtCapvend(tb), "serve", "--config", path)
-	stderr := &lockedWriter{w: &strings.Builder{}}
-	cmd.Stdout, cmd.Stderr = stderr, stderr
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-	})
-	deadline := time.Now().Add(60 * time.Second) // a hang guard
-	for !strings.Contains(stderr.String(), "serving ContextVM") {
-		if time.Now().After(deadline) {
-			tb.Fatalf("capvend serve not serving ContextVM within 60 s:\n%s", stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return cmd.Process.Pid
-}
-
-// childOf returns the pid of the one child of process pid (serve's stdio
-// upstream), waiting for it a while.
-func childOf(tb testing.TB, pid int) int {
-	tb.Helper()
-	deadline := time.Now().Add(30 * time.Second) // a hang guard
-	for {
-		dirs, _ := filepath.Glob("/proc/[0-9]*")
-		for _, d := range dirs {
-			child, err := strconv.Atoi(filepath.Base(d))
-			if err != nil {
-				continue
-			}
-			if f := procstat.Fields(child); len(f) > 3 && f[3] == strconv.Itoa(pid) {
-				return child
-			}
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("process %d has no child", pid)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -18,8 +17,10 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/internal/syncbuf"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
@@ -41,17 +42,16 @@ const nostrBenchInFlight = 16
 //
 // Needs node and `npm ci` in cmd/capvend/testdata/contextvm (else skipped).
 func BenchmarkNostrFreeCall(b *testing.B) {
-	dir := filepath.Join("testdata", "contextvm")
-	if missing, install := sdkMissing(); missing != "" {
+	if missing, install := npmMissing("contextvm"); missing != "" {
 		skip.Missing(b, "stock ContextVM server: "+missing, install)
 	}
 	relay := testkit.Relay(b)
 
 	sk := nostr.GeneratePrivateKey()
 	ours, _ := nostr.GetPublicKey(sk)
-	path, listen := nostrToolsConfig(b, relay, sk, "")
-	serveStoppable(b, path, listen)
-	theirs := startSDKServer(b, dir, relay)
+	path, _ := capvendtest.NostrToolsConfig(b, relay, sk, "")
+	startCapvend(b, path)
+	theirs, _ := startSDKServer(b, "server.mjs", relay)
 
 	sdk, cv := newLoadClient(b, relay, theirs), newLoadClient(b, relay, ours)
 	sdk.warmUp(b)
@@ -68,8 +68,8 @@ func BenchmarkNostrFreeCall(b *testing.B) {
 			r := target.c.load(b, b.N).result()
 			b.StopTimer()
 			b.ReportMetric(r.perSecond, "calls/s")
-			b.ReportMetric(ms(r.p50), "p50-ms")
-			b.ReportMetric(ms(r.p99), "p99-ms")
+			b.ReportMetric(capvendtest.Ms(r.p50), "p50-ms")
+			b.ReportMetric(capvendtest.Ms(r.p99), "p99-ms")
 			if s := results["sdk"]; target.name == "capvend" && s.perSecond > 0 {
 				b.ReportMetric(r.perSecond/s.perSecond, "x_sdk")
 			}
@@ -96,10 +96,10 @@ func BenchmarkNostrFreeCall(b *testing.B) {
 		s, o := ts.result(), to.result()
 		b.ReportMetric(o.perSecond, "capvend-calls/s")
 		b.ReportMetric(s.perSecond, "sdk-calls/s")
-		b.ReportMetric(ms(o.p50), "capvend-p50-ms")
-		b.ReportMetric(ms(s.p50), "sdk-p50-ms")
-		b.ReportMetric(ms(o.p99), "capvend-p99-ms")
-		b.ReportMetric(ms(s.p99), "sdk-p99-ms")
+		b.ReportMetric(capvendtest.Ms(o.p50), "capvend-p50-ms")
+		b.ReportMetric(capvendtest.Ms(s.p50), "sdk-p50-ms")
+		b.ReportMetric(capvendtest.Ms(o.p99), "capvend-p99-ms")
+		b.ReportMetric(capvendtest.Ms(s.p99), "sdk-p99-ms")
 		b.ReportMetric(o.perSecond/s.perSecond, "x_sdk")
 	})
 }
@@ -108,33 +108,16 @@ func BenchmarkNostrFreeCall(b *testing.B) {
 // interleaved benchmark.
 const nostrBenchRound = 200
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// startSDKServer runs testdata/contextvm/server.mjs on relay until the
-// benchmark ends and returns its pubkey once it is subscribed.
-func startSDKServer(tb testing.TB, dir, relay string) string {
-	tb.Helper()
-	return startSDKServerScript(tb, dir, "server.mjs", relay)
-}
-
-// startSDKServerScript is startSDKServer running script (a stock server
-// of testdata/contextvm taking the same arguments).
-func startSDKServerScript(tb testing.TB, dir, script, relay string) string {
-	tb.Helper()
-	pk, _ := startSDKServerProc(tb, dir, script, relay)
-	return pk
-}
-
-// startSDKServerProc is startSDKServerScript that also returns the node
-// process's pid.
-func startSDKServerProc(tb testing.TB, dir, script, relay string) (pubkey string, pid int) {
+// startSDKServer runs script, a stock server of testdata/contextvm, on
+// relay until the test ends, and returns its pubkey, once it is
+// subscribed, and the node process's pid.
+func startSDKServer(tb testing.TB, script, relay string) (pubkey string, pid int) {
 	tb.Helper()
 	cmd := exec.Command("node", script, relay, "optional")
-	cmd.Dir = dir
+	cmd.Dir = needNPM(tb, "contextvm")
 	cmd.Env = append(os.Environ(), "CONTEXTVM_SERVER_KEY="+nostr.GeneratePrivateKey())
-	var stderr lockedWriter
-	stderr.w = &strings.Builder{}
-	cmd.Stderr = &stderr
+	stderr := &syncbuf.Buffer{}
+	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		tb.Fatal(err)

@@ -10,9 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,14 +25,11 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/testnet"
 )
-
-func p50(d []time.Duration) time.Duration {
-	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-	return d[len(d)/2]
-}
 
 // BenchmarkFreeCall measures a free tools/call through capvend (MCP HTTP
 // front -> upstream over MCP HTTP) against calling the same upstream
@@ -50,9 +45,10 @@ func p50(d []time.Duration) time.Duration {
 // within that floor.
 func BenchmarkFreeCall(b *testing.B) {
 	s := needStack(b) // for the example-tools binary and a configuration
-	url, _ := serving(b, s, serveOpts{})
-	pc := newPayingClient(b, s, url)
-	waitTools(b, pc)
+	path, _ := writeServeConfig(b, s, serveOpts{})
+	url := startCapvend(b, path).URL()
+	pc := capvendtest.NewPayingClient(b, s, url)
+	capvendtest.WaitTools(b, pc.Client, listed.Count(serveTools))
 	ctx := context.Background()
 	// The direct client talks to the same HTTP upstream capvend uses.
 	directURL := "http://" + lastHTTPUpstream.Load().(string) + "/mcp"
@@ -89,12 +85,12 @@ func BenchmarkFreeCall(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	d := p50(direct.lat)
-	b.ReportMetric(float64(p50(ours.lat).Microseconds())/1000, "capvend-p50-ms")
+	d := capvendtest.P50(direct.lat)
+	b.ReportMetric(float64(capvendtest.P50(ours.lat).Microseconds())/1000, "capvend-p50-ms")
 	b.ReportMetric(float64(d.Microseconds())/1000, "direct-p50-ms")
-	b.ReportMetric(float64(p50(ours.lat))/float64(d), "x_direct")
+	b.ReportMetric(float64(capvendtest.P50(ours.lat))/float64(d), "x_direct")
 	for _, sd := range sides[2:] {
-		b.ReportMetric(float64(p50(sd.lat))/float64(d), sd.name+"-x_direct")
+		b.ReportMetric(float64(capvendtest.P50(sd.lat))/float64(d), sd.name+"-x_direct")
 	}
 
 	// Throughput: freeCallClients clients at once, b.N calls in all per
@@ -356,11 +352,11 @@ func BenchmarkFreeCallMonitoring(b *testing.B) {
 		path, listen := writeServeConfig(b, s, serveOpts{})
 		extra := "reconcile:\n  interval: 0s\n"
 		if on {
-			extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", freeAddr(b))
+			extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", capvendtest.FreeAddr(b))
 		}
-		appendFile(b, path, extra)
-		serveInProcess(b, path, listen)
-		waitTools(b, newPayingClient(b, s, "http://"+listen+"/mcp"))
+		capvendtest.EditConfig(b, path, "", extra)
+		startCapvend(b, path)
+		capvendtest.WaitTools(b, capvendtest.NewPayingClient(b, s, "http://"+listen+"/mcp").Client, listed.Count(serveTools))
 		for range freeCallClients {
 			clients[on] = append(clients[on], startClient(b, "http://"+listen+"/mcp"))
 		}
@@ -386,19 +382,6 @@ func BenchmarkFreeCallMonitoring(b *testing.B) {
 // BenchmarkFreeCallMonitoring runs.
 const monitoringPairs = 10
 
-// appendFile appends text to the file at path.
-func appendFile(t testing.TB, path, text string) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteString(text); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // BenchmarkPaidCalls measures paid calls per second end to end on regtest
 // (client -> capvend -> LND invoice -> customer pays over routerrpc ->
 // settlement -> upstream -> result), next to a raw loop of AddInvoice on the
@@ -406,9 +389,10 @@ func appendFile(t testing.TB, path, text string) {
 // >= 0.85x the raw loop.
 func BenchmarkPaidCalls(b *testing.B) {
 	s := needStack(b)
-	url, _ := serving(b, s, serveOpts{})
-	pc := newPayingClient(b, s, url)
-	waitTools(b, pc)
+	path, _ := writeServeConfig(b, s, serveOpts{})
+	url := startCapvend(b, path).URL()
+	pc := capvendtest.NewPayingClient(b, s, url)
+	capvendtest.WaitTools(b, pc.Client, listed.Count(serveTools))
 	ctx := context.Background()
 	args := map[string]any{"text": "paid"}
 	b.ResetTimer()
@@ -417,7 +401,7 @@ func BenchmarkPaidCalls(b *testing.B) {
 		if _, err := pc.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "t_sha256", Arguments: args}}); err != nil {
 			b.Fatal(err)
 		}
-		if err := <-pc.paid; err != nil {
+		if err := <-pc.Paid; err != nil {
 			b.Fatal(err)
 		}
 	}

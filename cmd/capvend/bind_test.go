@@ -1,56 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
-
-// mcpPost sends one JSON-RPC message on an MCP Streamable HTTP session
-// (2025-11-25) and calls each JSON-RPC message of the answer (JSON, or an
-// SSE stream) until each returns false or the answer ends. It returns the
-// response's session id.
-func mcpPost(t *testing.T, url, sid, body string, each func(msg json.RawMessage) bool) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	if sid != "" {
-		req.Header.Set("Mcp-Session-Id", sid)
-		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close() // closing mid-stream is the client dropping it
-	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		b, _ := io.ReadAll(resp.Body)
-		if len(strings.TrimSpace(string(b))) > 0 {
-			each(json.RawMessage(b))
-		}
-		return resp.Header.Get("Mcp-Session-Id")
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok && !each(json.RawMessage(d)) {
-			break
-		}
-	}
-	return resp.Header.Get("Mcp-Session-Id")
-}
 
 // TestReusedRequestIDOverMCPHTTP is issue 11's first hole, as reported:
 // in one session, tools/call id 7 slow_count {"n":1} gets its
@@ -61,17 +22,19 @@ func mcpPost(t *testing.T, url, sid, body string, each func(msg json.RawMessage)
 // ledger holds only the first call, still awaiting its payment.
 func TestReusedRequestIDOverMCPHTTP(t *testing.T) {
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{hold: true})
-	sid := mcpPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"reuse","version":"1"}}}`,
+	path, _ := writeServeConfig(t, s, serveOpts{hold: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
+	sid := capvendtest.MCPPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"reuse","version":"1"}}}`,
 		func(json.RawMessage) bool { return true })
 	if sid == "" {
 		t.Fatal("no session")
 	}
-	mcpPost(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, func(json.RawMessage) bool { return true })
+	capvendtest.MCPPost(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, func(json.RawMessage) bool { return true })
 	deadline := time.Now().Add(30 * time.Second)
 	for { // the upstreams connect
 		listed := false
-		mcpPost(t, url, sid, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, func(m json.RawMessage) bool {
+		capvendtest.MCPPost(t, url, sid, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, func(m json.RawMessage) bool {
 			listed = listed || strings.Contains(string(m), `"t_slow_count"`)
 			return true
 		})
@@ -85,7 +48,7 @@ func TestReusedRequestIDOverMCPHTTP(t *testing.T) {
 	}
 
 	var invoice string
-	mcpPost(t, url, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t_slow_count","arguments":{"n":1}}}`,
+	capvendtest.MCPPost(t, url, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t_slow_count","arguments":{"n":1}}}`,
 		func(m json.RawMessage) bool {
 			var n struct {
 				Method string
@@ -105,7 +68,7 @@ func TestReusedRequestIDOverMCPHTTP(t *testing.T) {
 	}
 
 	var answers []string
-	mcpPost(t, url, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t_sha256","arguments":{"text":"EXPENSIVE"}}}`,
+	capvendtest.MCPPost(t, url, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t_sha256","arguments":{"text":"EXPENSIVE"}}}`,
 		func(m json.RawMessage) bool {
 			answers = append(answers, string(m))
 			return true

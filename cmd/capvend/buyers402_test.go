@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/lightningnetwork/lnd/lnrpc"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
@@ -31,9 +31,11 @@ import (
 // another tool, is refused with HTTP 401 and runs nothing. `ledger
 // verify` passes.
 func TestStockClientsBuyWithEvery402Scheme(t *testing.T) {
-	needL402Client(t)
+	needNPM(t, "l402")
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{http402: true, http402Schemes: "[mpp, l402, x402, cashu]"})
+	path, _ := writeServeConfig(t, s, serveOpts{http402: true, http402Schemes: "[mpp, l402, x402, cashu]"})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	customer, _ := s.Node(testnet.Customer)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -69,7 +71,7 @@ func TestStockClientsBuyWithEvery402Scheme(t *testing.T) {
 		}
 		sum := sha256.Sum256(pre)
 		hash := hex.EncodeToString(sum[:])
-		if sent := customerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
+		if sent := capvendtest.CustomerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
 			t.Fatalf("%s: the customer node paid %d msat (%s) for %s, want 21000", tc.wrapper, sent.ValueMsat, sent.Status, hash)
 		}
 		l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
@@ -88,7 +90,7 @@ func TestStockClientsBuyWithEvery402Scheme(t *testing.T) {
 		if p.State != vend.PaymentSettled || p.Settled != 21_000 || c.Price != 21_000 || c.State != vend.CallDelivered || c.Executions != 1 {
 			t.Fatalf("%s: payment %s settled %d, call %s price %d, %d executions", tc.wrapper, p.State, p.Settled, c.State, c.Price, c.Executions)
 		}
-		if by := releasedBy(t, db, c.ID); by != string(tc.scheme) {
+		if by := capvendtest.ReleasedBy(t, db, c.ID); by != string(tc.scheme) {
 			t.Fatalf("%s: the call was released by %q, want %q", tc.wrapper, by, tc.scheme)
 		}
 	}
@@ -113,22 +115,6 @@ func TestStockClientsBuyWithEvery402Scheme(t *testing.T) {
 	}
 }
 
-// releasedBy is the scheme the ledger recorded as releasing call id's
-// execution.
-func releasedBy(t *testing.T, db string, id vend.CallID) string {
-	t.Helper()
-	d, err := sql.Open("sqlite3", db+"?mode=ro")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	var by sql.NullString
-	if err := d.QueryRow(`SELECT released_by FROM executions WHERE call_id = ?`, int64(id)).Scan(&by); err != nil {
-		t.Fatal(err)
-	}
-	return by.String
-}
-
 // TestURLElicitationPaysWithoutRetry (issue 29): the MCP TypeScript SDK
 // client (1.32.2) declaring URL-mode elicitation calls t_sha256 once. The
 // server sends it elicitation/create (mode url) pointing at the call's
@@ -139,9 +125,11 @@ func releasedBy(t *testing.T, db string, id vend.CallID) string {
 // ran once, released to the waiting request (scheme invoice); `ledger
 // verify` passes.
 func TestURLElicitationPaysWithoutRetry(t *testing.T) {
-	needL402Client(t)
+	needNPM(t, "l402")
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{})
+	path, _ := writeServeConfig(t, s, serveOpts{})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	customer, _ := s.Node(testnet.Customer)
 	text := "bought through the pay page"
 	lines := runNodeClient(t, customer, "elicit.mjs", url, "t_sha256", fmt.Sprintf(`{"text":%q}`, text), customer.RESTHost,
@@ -155,7 +143,7 @@ func TestURLElicitationPaysWithoutRetry(t *testing.T) {
 	pre, _ := hex.DecodeString(lines["PREIMAGE"][0])
 	sum := sha256.Sum256(pre)
 	hash := hex.EncodeToString(sum[:])
-	if sent := customerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
+	if sent := capvendtest.CustomerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
 		t.Fatalf("the customer node paid %d msat (%s), want 21000", sent.ValueMsat, sent.Status)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -174,7 +162,7 @@ func TestURLElicitationPaysWithoutRetry(t *testing.T) {
 	if err != nil || c.State != vend.CallDelivered || c.Executions != 1 || p.Settled != 21_000 {
 		t.Fatalf("call %+v payment %+v: %v", c, p, err)
 	}
-	if by := releasedBy(t, db, c.ID); by != string(vend.SchemeInvoice) {
+	if by := capvendtest.ReleasedBy(t, db, c.ID); by != string(vend.SchemeInvoice) {
 		t.Fatalf("released by %q", by)
 	}
 	if stdout, stderr, code := run(t, nil, "ledger", "verify", "--config", filepath.Join(filepath.Dir(db), "capvend.yaml")); code != 0 {

@@ -17,6 +17,8 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
@@ -76,7 +78,9 @@ func (p *pagePayer) Elicit(ctx context.Context, req mcp.ElicitationRequest) (*mc
 // input_required rounds to test here.)
 func TestURLElicitationPaysMRTR(t *testing.T) {
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{})
+	path, _ := writeServeConfig(t, s, serveOpts{})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	tr, err := transport.NewStreamableHTTP(url)
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +100,7 @@ func TestURLElicitationPaysMRTR(t *testing.T) {
 	if !mcp.IsModernProtocol(c.ProtocolVersion()) {
 		t.Fatalf("protocol %s", c.ProtocolVersion())
 	}
-	waitTool(t, c, "t_sha256")
+	capvendtest.WaitTools(t, c, listed.All("t_sha256"))
 	text := "bought through input_required"
 	req := mcp.CallToolRequest{}
 	req.Params.Name, req.Params.Arguments = "t_sha256", map[string]any{"text": text}
@@ -115,7 +119,7 @@ func TestURLElicitationPaysMRTR(t *testing.T) {
 	if len(asks) != 1 || !strings.HasPrefix(asks[0], "url http://") || !strings.Contains(asks[0], "/pay/cvv_") || hash == "" {
 		t.Fatalf("asked %q, paid %q", asks, hash)
 	}
-	if sent := customerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
+	if sent := capvendtest.CustomerPayment(t, s, hash); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 21_000 {
 		t.Fatalf("the customer node paid %d msat (%s), want 21000", sent.ValueMsat, sent.Status)
 	}
 	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
@@ -132,7 +136,7 @@ func TestURLElicitationPaysMRTR(t *testing.T) {
 	if err != nil || call.State != vend.CallDelivered || call.Executions != 1 || p.Settled != 21_000 {
 		t.Fatalf("call %+v payment %+v: %v", call, p, err)
 	}
-	if by := releasedBy(t, db, call.ID); by != string(vend.SchemeInvoice) {
+	if by := capvendtest.ReleasedBy(t, db, call.ID); by != string(vend.SchemeInvoice) {
 		t.Fatalf("released by %q", by)
 	}
 	if stdout, stderr, code := run(t, nil, "ledger", "verify", "--config", filepath.Join(filepath.Dir(db), "capvend.yaml")); code != 0 {

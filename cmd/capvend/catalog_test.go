@@ -8,14 +8,16 @@ import (
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // TestServePassesPromptsAndResourcesThrough runs `capvend serve` in-process
 // over example-tools (free tools only, no payment backend) and lists, gets
 // and reads its prompt and resource through an mcp-go client.
 func TestServePassesPromptsAndResourcesThrough(t *testing.T) {
-	cfg, listen := freeToolsConfig(t, "ex_")
-	serveInProcess(t, cfg, listen)
+	cfg, listen := capvendtest.FreeToolsConfig(t, "ex_")
+	startCapvend(t, cfg)
 	ctx := context.Background()
 	// A bound on waiting for the upstream: a deadlock guard.
 	deadline := time.Now().Add(60 * time.Second)
@@ -27,7 +29,7 @@ func TestServePassesPromptsAndResourcesThrough(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	init, err := c.Initialize(ctx, payingInit())
+	init, err := c.Initialize(ctx, capvendtest.PayingInit())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 	"unicode"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 var updateDocs = flag.Bool("update-docs", false, "rewrite docs/CONFIGURATION.md from the configuration types")
@@ -42,8 +44,8 @@ func TestConfigurationReferenceIsCurrent(t *testing.T) {
 		t.Fatalf("%v (generate it with -update-docs)", err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Errorf("docs/CONFIGURATION.md is stale: the configuration types changed; regenerate it:\n\tgo test ./cmd/capvend -run TestConfigurationReferenceIsCurrent -update-docs\n%s",
-			firstDifference(string(want), string(got)))
+		t.Errorf("docs/CONFIGURATION.md is stale: the configuration types changed; regenerate it:\n\tgo test ./cmd/capvend -run TestConfigurationReferenceIsCurrent -update-docs\nlines only in the file (-) and only generated (+):\n%s",
+			capvendtest.LineDiff(string(want), string(got)))
 	}
 }
 
@@ -76,23 +78,6 @@ func TestConfigurationReferenceCoversEveryKey(t *testing.T) {
 	if len(missing) > 0 {
 		t.Errorf("configuration keys without a doc comment (write one on the field; it is the key's documentation):\n\t%s", strings.Join(missing, "\n\t"))
 	}
-}
-
-func firstDifference(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	for i := 0; i < len(w) || i < len(g); i++ {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			return fmt.Sprintf("first difference at line %d:\n\tfile:      %q\n\tgenerated: %q", i+1, wl, gl)
-		}
-	}
-	return ""
 }
 
 // configDocs holds the doc comments of the package's types and their

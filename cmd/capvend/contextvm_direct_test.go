@@ -13,6 +13,7 @@ import (
 	"github.com/elnosh/gonuts/wallet"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/testnet"
 )
@@ -28,11 +29,11 @@ import (
 // ledger verifies with one 21-sat sale.
 func TestContextVMDirectPayment(t *testing.T) {
 	s := needStack(t)
-	needSDK(t)
-	server, nsec := serverKey(t)
-	path, listen := writeServeConfig(t, s, serveOpts{nsecFile: nsec, cashu: true})
+	needNPM(t, "contextvm")
+	server, nsec := capvendtest.ServerKey(t)
+	path, _ := writeServeConfig(t, s, serveOpts{nsecFile: nsec, cashu: true})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
-	serveStoppable(t, path, listen)
+	startCapvend(t, path)
 	c := dialContextVM(t, s.RelayURL, server)
 	c.waitReady()
 	ctx := context.Background()
@@ -47,7 +48,7 @@ func TestContextVMDirectPayment(t *testing.T) {
 	tok := mint(30)
 	run := func(encryption, token string) map[string]string {
 		t.Helper()
-		lines := runSDKScript(t, "direct.mjs", s.RelayURL, server, encryption, token)
+		lines := runNode[any](t, needNPM(t, "contextvm"), nil, "direct.mjs", s.RelayURL, server, encryption, token)
 		t.Logf("stock client (encryption %s) saw: %v", encryption, lines)
 		if lines["DONE"] != "true" || !strings.Contains(lines["SENT"], `["direct_payment","`+ctxvm.PMICashuDirect+`","<token>"]`) {
 			t.Fatalf("the patched stock client did not send its direct payment: %v", lines)

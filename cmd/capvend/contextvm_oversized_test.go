@@ -15,6 +15,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
@@ -32,7 +33,7 @@ const relayLimit = 64 << 10
 func oversizedConfig(t testing.TB, s *testnet.Stack, relay, nsec string) (path, listen string) {
 	t.Helper()
 	vendor, _ := s.Node(testnet.Vendor)
-	listen = freeAddr(t)
+	listen = capvendtest.FreeAddr(t)
 	cfg := fmt.Sprintf(`ledger:
   path: capvend.db
 server:
@@ -56,7 +57,7 @@ upstreams:
     tools:
       sha256: {price_sats: 21}
       bulk: {price_sats: 7}
-`, listen, vendor.RPCHost, vendor.TLSCert, vendor.InvoiceMacaroon, relay, nsec, exampleTools(t))
+`, listen, vendor.RPCHost, vendor.TLSCert, vendor.InvoiceMacaroon, relay, nsec, capvendtest.ExampleTools(t))
 	path = filepath.Join(t.TempDir(), "capvend.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -74,11 +75,11 @@ upstreams:
 // Each call is paid once; the ledger verifies.
 func TestContextVMOversizedStockClient(t *testing.T) {
 	s := needStack(t)
-	needSDK(t)
+	needNPM(t, "contextvm")
 	relay := testkit.LimitedRelay(t, relayLimit)
-	server, nsec := serverKey(t)
-	path, listen := oversizedConfig(t, s, relay, nsec)
-	serveStoppable(t, path, listen)
+	server, nsec := capvendtest.ServerKey(t)
+	path, _ := oversizedConfig(t, s, relay, nsec)
+	startCapvend(t, path)
 	c := dialContextVM(t, relay, server)
 	c.waitReady()
 	c.waitNames("tools/list", "t_bulk", "t_sha256")
@@ -88,7 +89,7 @@ func TestContextVMOversizedStockClient(t *testing.T) {
 		argBytes   int
 	}{{"disabled", 300 << 10}, {"optional", 40_000}} {
 		t.Run("encryption "+tc.encryption, func(t *testing.T) {
-			lines := runPayingScript(t, filepath.Join("testdata", "contextvm"), s.Pay, "oversized.mjs",
+			lines := runNode(t, filepath.Join("testdata", "contextvm"), s.Pay, "oversized.mjs",
 				relay, server, tc.encryption, "t_bulk", "1024,4096", "t_sha256", strconv.Itoa(tc.argBytes))
 			for _, kib := range []int{1024, 4096} {
 				sum := sha256.Sum256([]byte(exampletools.BulkText(kib)))
@@ -129,9 +130,9 @@ func TestContextVMOversizedStockClient(t *testing.T) {
 // byte-exact, and sends it a 300 KiB request as frames (interop both
 // ways).
 func TestContextVMOversizedStockServer(t *testing.T) {
-	needSDK(t)
+	needNPM(t, "contextvm")
 	relay := testkit.LimitedRelay(t, relayLimit)
-	server := startSDKServerScript(t, filepath.Join("testdata", "contextvm"), "oversized-server.mjs", relay)
+	server, _ := startSDKServer(t, "oversized-server.mjs", relay)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
 	defer cancel()
 	c, err := ctxvmclient.Dial(ctx, relay, server, ctxvmclient.Options{Oversized: true})
@@ -204,15 +205,15 @@ func TestServeRefusingRelay(t *testing.T) {
 	server, _ := nostr.GetPublicKey(sk)
 	refuser := refusingRelay(t, server, reason)
 	limited := testkit.LimitedRelay(t, relayLimit)
-	path, listen := nostrToolsConfig(t, limited, sk, "ex_")
+	path, _ := capvendtest.NostrToolsConfig(t, limited, sk, "ex_")
 	cfg, _ := os.ReadFile(path)
 	cfg = []byte(strings.Replace(string(cfg), "relays: ["+limited+"]", "relays: ["+refuser+", "+limited+"]", 1))
 	cfg = []byte(strings.Replace(string(cfg), "    command: ", "    args: [--bulk]\n    command: ", 1))
 	if err := os.WriteFile(path, cfg, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := adminConfig(t, path, "")
-	_, _, logs := serveLogged(t, path, listen)
+	addr := capvendtest.AdminConfig(t, path, "")
+	sv := startCapvend(t, path)
 	c := dialContextVM(t, limited, server)
 	c.waitReady()
 	c.waitNames("tools/list", "ex_bulk")
@@ -225,10 +226,10 @@ func TestServeRefusingRelay(t *testing.T) {
 	if d := time.Since(start); d > 30*time.Second { // a bound: PublishTimeout is 10 s; the stock client waits 60 s
 		t.Fatalf("the error came after %s", d)
 	}
-	if !strings.Contains(logs.String(), "relay="+refuser+" reason=\""+reason+"\"") {
-		t.Fatalf("the log does not name the relay's reason:\n%s", logs.String())
+	if !strings.Contains(sv.Logs(), "relay="+refuser+" reason=\""+reason+"\"") {
+		t.Fatalf("the log does not name the relay's reason:\n%s", sv.Logs())
 	}
-	_, metrics := get(t, "http://"+addr+"/metrics", "")
+	_, metrics := capvendtest.Get(t, "http://"+addr+"/metrics", "")
 	for _, want := range []string{
 		`capvend_nostr_publish_failures_total{reason="blocked",relay="` + refuser + `"}`,
 		`capvend_nostr_publish_failures_total{reason="too-large",relay="` + limited + `"} 1`,
@@ -236,20 +237,20 @@ func TestServeRefusingRelay(t *testing.T) {
 		`capvend_nostr_published_total{relay="` + limited + `"}`,
 	} {
 		if !strings.Contains(metrics, want) {
-			t.Errorf("metrics lack %s:\n%s", want, grepLines(metrics, "capvend_nostr"))
+			t.Errorf("metrics lack %s:\n%s", want, capvendtest.GrepLines(metrics, "capvend_nostr"))
 		}
 	}
-	code, body := get(t, "http://"+addr+"/readyz", "")
+	code, body := capvendtest.Get(t, "http://"+addr+"/readyz", "")
 	if !strings.Contains(body, refuser+" refuses our events (\""+reason+"\"") {
 		t.Fatalf("readyz %d does not show the refusing relay:\n%s", code, body)
 	}
 
 	// On the refusing relay alone (its announcements refused): not ready.
-	path2, listen2 := nostrToolsConfig(t, refuser, sk, "ex_")
-	addr2 := adminConfig(t, path2, "")
-	serveStoppable(t, path2, listen2)
+	path2, _ := capvendtest.NostrToolsConfig(t, refuser, sk, "ex_")
+	addr2 := capvendtest.AdminConfig(t, path2, "")
+	startCapvend(t, path2)
 	for i := 0; ; i++ { // until the announcements were refused: a hang guard, not a speed check
-		code, body = get(t, "http://"+addr2+"/readyz", "")
+		code, body = capvendtest.Get(t, "http://"+addr2+"/readyz", "")
 		if strings.Contains(body, "not ready: nostr: every relay refuses our events: "+refuser) || i == 300 {
 			break
 		}
@@ -267,7 +268,7 @@ func TestDoctorRelayLimitsAndRefusals(t *testing.T) {
 	t.Parallel()
 	s := newDoctorSetup(t)
 	s.relays = []string{testkit.LimitedRelay(t, relayLimit)}
-	code, rep := runDoctor(t, s.write(t))
+	rep, _, code := run(t, nil, "doctor", "--config", s.write(t))
 	if l := wantStatus(t, rep, "relay "+s.relays[0], "ok"); !strings.Contains(l, "takes our events of 65536 bytes (its advertised max_message_length)") {
 		t.Fatalf("exit %d; relay line %q", code, l)
 	}
@@ -279,7 +280,7 @@ func TestDoctorRelayLimitsAndRefusals(t *testing.T) {
 		return ev.Kind == ctxvmclient.KindMessage, reason
 	})
 	s.relays = []string{testkit.ServeRelay(t, rl)}
-	code, rep = runDoctor(t, s.write(t))
+	rep, _, code = run(t, nil, "doctor", "--config", s.write(t))
 	if l := wantStatus(t, rep, "relay "+s.relays[0], "FAIL"); code != 1 || !strings.Contains(l, reason) {
 		t.Fatalf("exit %d; relay line %q", code, l)
 	}

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/skip"
@@ -38,10 +38,10 @@ const sha256Hi = "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327a
 // ledger without a new charge. The ledger verifies.
 func TestContextVM(t *testing.T) {
 	s := needStack(t)
-	server, nsec := serverKey(t)
-	path, listen := writeServeConfig(t, s, serveOpts{nsecFile: nsec})
+	server, nsec := capvendtest.ServerKey(t)
+	path, _ := writeServeConfig(t, s, serveOpts{nsecFile: nsec})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
-	stop := serveStoppable(t, path, listen)
+	stop := startCapvend(t, path).Stop
 
 	c := dialContextVM(t, s.RelayURL, server)
 	c.waitReady()
@@ -103,7 +103,7 @@ func TestContextVM(t *testing.T) {
 	// A restart, and the first call's event again: the stored result, no
 	// new payment request.
 	stop()
-	serveStoppable(t, path, listen)
+	startCapvend(t, path)
 	c.waitReady()
 	c.publish(req)
 	notes = nil
@@ -128,8 +128,8 @@ func TestContextVM(t *testing.T) {
 // (fails in CI).
 func runSDKClient(t *testing.T, s *testnet.Stack, relay, server, encryption string) {
 	t.Helper()
-	needSDK(t)
-	lines := runPayingScript(t, filepath.Join("testdata", "contextvm"), s.Pay, "client.mjs", relay, server, encryption)
+	needNPM(t, "contextvm")
+	lines := runNode(t, filepath.Join("testdata", "contextvm"), s.Pay, "client.mjs", relay, server, encryption)
 	t.Logf("stock client (encryption %s) saw: %v", encryption, lines)
 	for word, want := range map[string]string{
 		"INIT":  `["name","capvend e2e"]`,
@@ -147,63 +147,6 @@ func runSDKClient(t *testing.T, s *testnet.Stack, relay, server, encryption stri
 	if strings.Contains(lines["CAPS"], "t_word_count") {
 		t.Errorf("a cap tag for a free tool: %s", lines["CAPS"])
 	}
-}
-
-// serverKey makes a fresh Nostr key for a server and writes it to an nsec
-// file; it returns the pubkey and the file.
-func serverKey(t testing.TB) (pubkey, nsecFile string) {
-	t.Helper()
-	sk := nostr.GeneratePrivateKey()
-	pubkey, _ = nostr.GetPublicKey(sk)
-	nsecFile = filepath.Join(t.TempDir(), "server.nsec")
-	if err := os.WriteFile(nsecFile, []byte(sk+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return pubkey, nsecFile
-}
-
-// serveStoppable runs `capvend serve --config path` in this process like
-// serveInProcess, and returns a function stopping it (it must exit 0);
-// the test's end stops it too.
-func serveStoppable(t testing.TB, path, listen string) (stop func()) {
-	t.Helper()
-	stop, _ = serveOutput(t, path, listen)
-	return stop
-}
-
-// serveOutput is serveStoppable that also returns serve's standard error.
-func serveOutput(t testing.TB, path, listen string) (stop func(), stderr *lockedWriter) {
-	t.Helper()
-	stop, stderr, _ = serveLogged(t, path, listen)
-	return stop, stderr
-}
-
-// serveLogged is serveOutput that also returns serve's debug log (why an
-// event was dropped ...), which is shown when the test fails.
-func serveLogged(t testing.TB, path, listen string) (stop func(), stderr, logs *lockedWriter) {
-	t.Helper()
-	logs = &lockedWriter{w: &strings.Builder{}}
-	t.Cleanup(func() {
-		if t.Failed() {
-			text := logs.String()
-			if len(text) > 20_000 {
-				text = "…" + text[len(text)-20_000:]
-			}
-			t.Logf("capvend serve log (%s):\n%s", path, text)
-		}
-	})
-	// Its goroutines carry the label capvend=<its config's dir> in CPU
-	// profiles (see BenchmarkNostrFreeCallInstances).
-	sv := runServe(t, path, filepath.Base(filepath.Dir(path)),
-		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	sv.await(t, "start", func() bool { return strings.Contains(sv.stderr.String(), "serving ContextVM") })
-	return sv.stop, sv.stderr, logs
-}
-
-func (l *lockedWriter) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.(*strings.Builder).String()
 }
 
 // cvmClient is the shared ContextVM client (internal/ctxvmclient) for a
@@ -359,8 +302,8 @@ func TestContextVMCatalog(t *testing.T) {
 	relay := testkit.Relay(t)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
-	path, listen := nostrToolsConfig(t, relay, sk, "ex_")
-	serveStoppable(t, path, listen)
+	path, _ := capvendtest.NostrToolsConfig(t, relay, sk, "ex_")
+	startCapvend(t, path)
 	c := dialContextVM(t, relay, server)
 	c.waitReady()
 
@@ -430,7 +373,7 @@ func TestContextVMCatalog(t *testing.T) {
 	// The stock SDK client, which validates every result: a subtest,
 	// skipped (failed in CI) without node or its packages.
 	t.Run("stock client", func(t *testing.T) {
-		lines := runSDKScript(t, "catalog.mjs", relay, server, "ex_summarize", "capvend sells tool calls", "example://readme")
+		lines := runNode[any](t, needNPM(t, "contextvm"), nil, "catalog.mjs", relay, server, "ex_summarize", "capvend sells tool calls", "example://readme")
 		t.Logf("stock client saw: %v", lines)
 		for word, want := range map[string]string{
 			"CAPS":      `"prompts":{"listChanged":true}`,
@@ -448,82 +391,38 @@ func TestContextVMCatalog(t *testing.T) {
 	})
 }
 
-// sdkMissing says what is missing to run the stock @contextvm/sdk scripts
-// of testdata/contextvm and the command that installs it, or "".
-func sdkMissing() (missing, install string) {
+// npmPackages are the npm packages the node scripts of each folder of
+// testdata need (`npm ci` there installs them).
+var npmPackages = map[string][]string{
+	"contextvm": {"@contextvm/sdk", "@modelcontextprotocol/sdk", "zod"},
+	"inspector": {".bin/mcp-inspector"},
+	"l402":      {"@getalby/lightning-tools", "@modelcontextprotocol/sdk"},
+	"nut24":     {"@cashu/cashu-ts", "@modelcontextprotocol/sdk"},
+}
+
+// npmMissing says what is missing to run node on the scripts of
+// testdata/dir (node, or its npmPackages) and the command that installs
+// it, or "".
+func npmMissing(dir string) (missing, install string) {
 	if _, err := exec.LookPath("node"); err != nil {
 		return "node is not installed", "apt-get install nodejs npm"
 	}
-	for _, pkg := range []string{"@contextvm/sdk", "@modelcontextprotocol/sdk", "zod"} {
-		if _, err := os.Stat(filepath.Join("testdata", "contextvm", "node_modules", pkg)); err != nil {
-			return "the npm packages of the stock ContextVM client are not installed", "(cd cmd/capvend/testdata/contextvm && npm ci)"
+	for _, pkg := range npmPackages[dir] {
+		if _, err := os.Stat(filepath.Join("testdata", dir, "node_modules", pkg)); err != nil {
+			return "the npm packages of testdata/" + dir + " are not installed", "(cd cmd/capvend/testdata/" + dir + " && npm ci)"
 		}
 	}
 	return "", ""
 }
 
-// needSDK skips the test when the stock SDK scripts cannot run, saying
-// what to install; in CI, which installs them, it fails instead.
-func needSDK(t *testing.T) {
+// needNPM skips the test unless node can run the scripts of testdata/dir
+// (npmMissing), saying what to install; in CI, which installs them, it
+// fails instead. It returns testdata/dir.
+func needNPM(t testing.TB, dir string) string {
 	t.Helper()
-	if missing, install := sdkMissing(); missing != "" {
-		skip.Missing(t, "stock ContextVM client not run: "+missing, install)
+	skip.Short(t, "runs node")
+	if missing, install := npmMissing(dir); missing != "" {
+		skip.Missing(t, missing, install)
 	}
-}
-
-// runSDKScript runs node on a script of testdata/contextvm with args and
-// returns its output lines "<WORD> <rest>" by word; without node or its
-// packages it skips the test (fails in CI). The script must exit 0.
-func runSDKScript(t *testing.T, script string, args ...string) map[string]string {
-	t.Helper()
-	dir := filepath.Join("testdata", "contextvm")
-	needSDK(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", append([]string{script}, args...)...)
-	cmd.Dir = dir
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	lines := map[string]string{}
-	for _, l := range strings.Split(string(out), "\n") {
-		word, rest, _ := strings.Cut(l, " ")
-		lines[word] = rest
-	}
-	if err != nil {
-		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", script, err, out, stderr.String())
-	}
-	return lines
-}
-
-// nostrToolsConfig writes a configuration selling example-tools (a stdio
-// child with prefix) free, with no payment backend, on the MCP front and
-// the Nostr front on relay with secret key sk.
-func nostrToolsConfig(t testing.TB, relay, sk, prefix string) (path, listen string) {
-	t.Helper()
-	dir := t.TempDir()
-	nsec := filepath.Join(dir, "server.nsec")
-	if err := os.WriteFile(nsec, []byte(sk+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	listen = freeAddr(t)
-	path = filepath.Join(dir, "capvend.yaml")
-	yaml := fmt.Sprintf(`ledger:
-  path: capvend.db
-http:
-  listen: %s
-nostr:
-  relays: [%s]
-  nsec_file: %s
-limits:
-  requests_per_minute: 1000000 # benchmarks call in tight loops
-upstreams:
-  - name: tools
-    prefix: %q
-    command: %s
-`, listen, relay, nsec, prefix, exampleTools(t))
-	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path, listen
+	return filepath.Join("testdata", dir)
 }

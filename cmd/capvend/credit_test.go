@@ -1,67 +1,20 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/elnosh/gonuts/cashu"
 	"github.com/mark3labs/mcp-go/client"
-	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/vend"
 )
-
-// creditMeta is an answer's _meta["capvend/credit"].
-func creditMeta(t testing.TB, r *mcp.CallToolResult) vend.CreditInfo {
-	t.Helper()
-	var info vend.CreditInfo
-	if r.Meta != nil {
-		b, _ := json.Marshal(r.Meta.AdditionalFields[vend.MetaCredit])
-		json.Unmarshal(b, &info)
-	}
-	if info.Account == "" {
-		t.Fatalf("no _meta[%q] in the answer: %+v", vend.MetaCredit, r)
-	}
-	return info
-}
-
-// waitToolCount waits until pc lists n tools.
-func waitToolCount(t testing.TB, pc *payingClient, n int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second) // upstreams connecting under load: a deadlock guard
-	defer cancel()
-	if _, err := listed.Until(ctx, func(ctx context.Context) ([]string, error) {
-		_, names, err := listTools(ctx, pc.Client)
-		return names, err
-	}, listed.Count(n)); err != nil {
-		t.Fatalf("tools: %v", err)
-	}
-}
-
-// buyCredit tops up sats over pc (paid by the customer node through a mint
-// quote, so the ecash lands in capvend's wallet) and returns the credit.
-func buyCredit(t testing.TB, pc *payingClient, sats int, token string) vend.CreditInfo {
-	t.Helper()
-	meta := map[string]any{vend.MetaInvoiceFrom: "cashu"}
-	if token != "" {
-		meta[vend.MetaCredit] = token
-	}
-	res, err := pc.callMeta(t, vend.TopUpTool, map[string]any{"sats": sats}, meta)
-	if err != nil || res.IsError {
-		t.Fatalf("top-up: %+v %v", res, err)
-	}
-	if err := <-pc.paid; err != nil {
-		t.Fatalf("paying the top-up: %v", err)
-	}
-	return creditMeta(t, res)
-}
 
 // TestCreditOverMCPHTTPAndContextVM is the regtest proof of prepaid
 // credit, on MCP HTTP (a credit token) and over ContextVM (the client's
@@ -72,20 +25,20 @@ func buyCredit(t testing.TB, pc *payingClient, sats int, token string) vend.Cred
 // the ledger agree to the msat, and the ledger verifies.
 func TestCreditOverMCPHTTPAndContextVM(t *testing.T) {
 	s := needStack(t)
-	server, nsec := serverKey(t)
+	server, nsec := capvendtest.ServerKey(t)
 	path, listen := writeServeConfig(t, s, serveOpts{cashu: true, credit: true, nsecFile: nsec})
-	stop := serveStoppable(t, path, listen)
-	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitToolCount(t, pc, 11) // writeServeConfig's ten and capvend_topup
-	before := customerBalance(t, s)
+	stop := startCapvend(t, path).Stop
+	pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
+	capvendtest.WaitTools(t, pc.Client, listed.Count(11)) // writeServeConfig's ten and capvend_topup
+	before := capvendtest.CustomerBalance(t, s)
 
 	// MCP HTTP, with a credit token.
-	info := buyCredit(t, pc, 100, "")
+	info := capvendtest.BuyCredit(t, pc, 100, "")
 	if info.BalanceMsat != 100_000 || !strings.HasPrefix(info.Token, "cvc_") {
 		t.Fatalf("after the top-up: %+v", info)
 	}
 	for i := range 5 {
-		res, err := pc.callMeta(t, "t_sha256", map[string]any{"text": fmt.Sprint("credit ", i)}, map[string]any{vend.MetaCredit: info.Token})
+		res, err := pc.CallMeta(t, "t_sha256", map[string]any{"text": fmt.Sprint("credit ", i)}, map[string]any{vend.MetaCredit: info.Token})
 		if i == 4 {
 			if err == nil || !strings.Contains(err.Error(), "Credit exhausted") {
 				t.Fatalf("fifth call: %+v %v", res, err)
@@ -95,12 +48,12 @@ func TestCreditOverMCPHTTPAndContextVM(t *testing.T) {
 		if err != nil || res.IsError {
 			t.Fatalf("call %d: %+v %v", i, res, err)
 		}
-		if got := creditMeta(t, res); got.BalanceMsat != int64(100_000-21_000*(i+1)) {
+		if got := capvendtest.CreditMeta(t, res); got.BalanceMsat != int64(100_000-21_000*(i+1)) {
 			t.Fatalf("call %d: credit %+v", i, got)
 		}
 	}
 	select {
-	case err := <-pc.paid:
+	case err := <-pc.Paid:
 		t.Fatalf("a credit call was paid over Lightning (%v)", err)
 	default:
 	}
@@ -138,18 +91,18 @@ func TestCreditOverMCPHTTPAndContextVM(t *testing.T) {
 	if nostrAccount != vend.NostrAccount(c.c.PublicKey) {
 		t.Fatalf("ContextVM credit account %s", nostrAccount)
 	}
-	if spent := before - customerBalance(t, s); spent != 200_000 {
+	if spent := before - capvendtest.CustomerBalance(t, s); spent != 200_000 {
 		t.Fatalf("the customer's LND paid %d msat in all, want 200000 (two top-ups of 100 sats)", spent)
 	}
 
 	stop() // the wallet is capvend serve's while it runs
 	t.Chdir(filepath.Dir(path))
 	for _, acct := range []string{info.Account, nostrAccount} {
-		out := runCapvend(t, "credit", "show", "--config", path, acct)
+		out := capvendIn(t, "", nil, "credit", "show", "--config", path, acct)
 		if !strings.Contains(out, "16.000") || !strings.Contains(out, "84.000") {
 			t.Fatalf("credit show:\n%s", out)
 		}
-		out = runCapvend(t, "credit", "refund", acct, "--cashu", "--config", path)
+		out = capvendIn(t, "", nil, "credit", "refund", acct, "--cashu", "--config", path)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		tok, err := cashu.DecodeToken(lines[len(lines)-1])
 		if err != nil {
@@ -159,17 +112,17 @@ func TestCreditOverMCPHTTPAndContextVM(t *testing.T) {
 			t.Fatalf("refund token of %d sats, want 16", tok.Amount())
 		}
 	}
-	out := runCapvend(t, "credit", "--config", path)
+	out := capvendIn(t, "", nil, "credit", "--config", path)
 	if !strings.Contains(out, "2 account(s), 0.000 sat owed in credit") {
 		t.Fatalf("after the refunds:\n%s", out)
 	}
-	out = runCapvend(t, "ledger", "balance", "--config", path)
+	out = capvendIn(t, "", nil, "ledger", "balance", "--config", path)
 	for _, want := range []string{"income:tools:tools:sha256", "168.000"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("ledger balance lacks %q:\n%s", want, out)
 		}
 	}
-	if out := runCapvend(t, "ledger", "verify", "--config", path); !strings.Contains(out, "checks passed") {
+	if out := capvendIn(t, "", nil, "ledger", "verify", "--config", path); !strings.Contains(out, "checks passed") {
 		t.Fatalf("verify:\n%s", out)
 	}
 }
@@ -182,21 +135,22 @@ func TestCreditOverMCPHTTPAndContextVM(t *testing.T) {
 // one scheduling hiccup of a loaded machine doubles.
 func BenchmarkCreditCalls(b *testing.B) {
 	s := needStack(b)
-	url, _ := serving(b, s, serveOpts{credit: true})
+	path, _ := writeServeConfig(b, s, serveOpts{credit: true})
+	url := startCapvend(b, path).URL()
 	const calls, creditCalls = 40, 400
 	for _, n := range []int{1, 8} {
-		pcs := make([]*payingClient, n)
+		pcs := make([]*capvendtest.PayingClient, n)
 		clients := make([]*client.Client, n)
-		paying := make(map[*client.Client]*payingClient, n)
+		paying := make(map[*client.Client]*capvendtest.PayingClient, n)
 		for i := range pcs {
-			pcs[i] = newPayingClient(b, s, url)
+			pcs[i] = capvendtest.NewPayingClient(b, s, url)
 			clients[i], paying[pcs[i].Client] = pcs[i].Client, pcs[i]
 		}
-		waitToolCount(b, pcs[0], 11)
+		capvendtest.WaitTools(b, pcs[0].Client, listed.Count(11))
 		var seq atomic.Int64
-		call := func(pc *payingClient, meta map[string]any) error {
+		call := func(pc *capvendtest.PayingClient, meta map[string]any) error {
 			args := map[string]any{"text": fmt.Sprint("bench ", seq.Add(1))}
-			res, err := pc.callMeta(b, "t_sha256", args, meta)
+			res, err := pc.CallMeta(b, "t_sha256", args, meta)
 			if err == nil && res.IsError {
 				err = fmt.Errorf("isError: %+v", res)
 			}
@@ -207,11 +161,11 @@ func BenchmarkCreditCalls(b *testing.B) {
 			if err := call(pc, nil); err != nil {
 				return err
 			}
-			return <-pc.paid
+			return <-pc.Paid
 		})
-		tokens := make(map[*payingClient]string, n)
+		tokens := make(map[*capvendtest.PayingClient]string, n)
 		for _, pc := range pcs {
-			tokens[pc] = buyCredit(b, pc, creditCalls*21, "").Token
+			tokens[pc] = capvendtest.BuyCredit(b, pc, creditCalls*21, "").Token
 		}
 		credit := concurrentCalls(b, clients, creditCalls, func(c *client.Client) error {
 			return call(paying[c], map[string]any{vend.MetaCredit: tokens[paying[c]]})

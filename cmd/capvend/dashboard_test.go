@@ -20,13 +20,21 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/testnet"
 )
 
+// page is a tab of the chromium browser a test started (browser).
+type page struct {
+	t   *testing.T
+	ctx context.Context // for chromedp.Run
+}
+
 // browser starts Debian's chromium, headless, with a fresh profile, for
 // the test's length; every request it makes carries headers.
-func browser(t *testing.T, headers map[string]any) context.Context {
+func browser(t *testing.T, headers map[string]any) *page {
 	t.Helper()
 	bin, err := exec.LookPath("chromium")
 	if err != nil {
@@ -53,11 +61,12 @@ func browser(t *testing.T, headers map[string]any) context.Context {
 	if err := chromedp.Run(ctx, network.Enable(), network.SetExtraHTTPHeaders(network.Headers(headers))); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
-	return ctx
+	return &page{t: t, ctx: ctx}
 }
 
 // screenshot saves the whole page as a PNG under dir and logs its path.
-func screenshot(t *testing.T, ctx context.Context, dir, name string) {
+func (p *page) screenshot(dir, name string) {
+	t, ctx := p.t, p.ctx
 	t.Helper()
 	var png []byte
 	if err := chromedp.Run(ctx, chromedp.FullScreenshot(&png, 100)); err != nil {
@@ -71,29 +80,30 @@ func screenshot(t *testing.T, ctx context.Context, dir, name string) {
 }
 
 // js evaluates expr in the page into out, failing t on an error.
-func js(t *testing.T, ctx context.Context, expr string, out any) {
-	t.Helper()
-	if err := chromedp.Run(ctx, chromedp.Evaluate(expr, out)); err != nil {
-		t.Fatalf("evaluate %s: %v", expr, err)
+func (p *page) js(expr string, out any) {
+	p.t.Helper()
+	if err := chromedp.Run(p.ctx, chromedp.Evaluate(expr, out)); err != nil {
+		p.t.Fatalf("evaluate %s: %v", expr, err)
 	}
 }
 
 // waitJS waits until expr is true in the page (a bound against a hang,
 // not a speed check: the page refreshes itself every few seconds and the
 // reconciler runs every 10 s).
-func waitJS(t *testing.T, ctx context.Context, what, expr string) {
+func (p *page) waitJS(what, expr string) {
+	t := p.t
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		var ok bool
-		js(t, ctx, expr, &ok)
+		p.js(expr, &ok)
 		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			var page string
-			js(t, ctx, "document.body.innerText", &page)
-			t.Fatalf("the dashboard never showed %s:\n%s", what, page)
+			var text string
+			p.js("document.body.innerText", &text)
+			t.Fatalf("the page never showed %s:\n%s", what, text)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
@@ -147,7 +157,7 @@ func unpaidCall(t *testing.T, s *testnet.Stack, url string) (string, <-chan erro
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Initialize(ctx, payingInit()); err != nil {
+	if _, err := c.Initialize(ctx, capvendtest.PayingInit()); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -185,16 +195,17 @@ func TestDashboardInChromium(t *testing.T) {
 	t.Parallel()
 	const token = "dashboard-token-0123456789"
 	s := needStack(t)
-	ctx := browser(t, map[string]any{"Authorization": "Bearer " + token})
+	pg := browser(t, map[string]any{"Authorization": "Bearer " + token})
+	ctx := pg.ctx
 	path, listen := writeServeConfig(t, s, serveOpts{})
 	tokenFile := filepath.Join(filepath.Dir(path), "admin.token")
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := adminConfig(t, path, "  token_file: "+tokenFile+"\nreconcile:\n  interval: 10s\n")
-	serveInProcess(t, path, listen)
-	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitTools(t, pc)
+	addr := capvendtest.AdminConfig(t, path, "  token_file: "+tokenFile+"\nreconcile:\n  interval: 10s\n")
+	startCapvend(t, path)
+	pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
 	shots := t.TempDir()
 	if d := os.Getenv("CAPVEND_SCREENSHOTS"); d != "" {
 		shots = d
@@ -204,15 +215,15 @@ func TestDashboardInChromium(t *testing.T) {
 		tool string
 		fail bool
 	}{{"t_sha256", false}, {"t_sha256", false}, {"w_sha256", false}, {"t_always_fails", true}} {
-		res, err := pc.call(t, c.tool, map[string]any{"text": "hi"})
+		res, err := pc.Call(t, c.tool, map[string]any{"text": "hi"})
 		if err != nil || res.IsError != c.fail {
 			t.Fatalf("%s: %v %v", c.tool, res, err)
 		}
-		if err := <-pc.paid; err != nil {
+		if err := <-pc.Paid; err != nil {
 			t.Fatal(err)
 		}
 	}
-	if res, err := pc.call(t, "t_word_count", map[string]any{"text": "free"}); err != nil || res.IsError {
+	if res, err := pc.Call(t, "t_word_count", map[string]any{"text": "free"}); err != nil || res.IsError {
 		t.Fatalf("free call: %v %v", res, err)
 	}
 
@@ -222,22 +233,22 @@ func TestDashboardInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	var shownTools, shownDays [][]string
-	js(t, ctx, `[...document.querySelectorAll('#revenue table.tools tr[data-account]')].map(r => [...r.cells].map(c => c.textContent.trim()))`, &shownTools)
-	js(t, ctx, `[...document.querySelectorAll('#revenue table.days tr[data-account]')].map(r => [...r.cells].map(c => c.textContent.trim()))`, &shownDays)
-	tools, days := balanceRows(runCapvend(t, "ledger", "balance", "--config", path))
+	pg.js(`[...document.querySelectorAll('#revenue table.tools tr[data-account]')].map(r => [...r.cells].map(c => c.textContent.trim()))`, &shownTools)
+	pg.js(`[...document.querySelectorAll('#revenue table.days tr[data-account]')].map(r => [...r.cells].map(c => c.textContent.trim()))`, &shownDays)
+	tools, days := balanceRows(capvendIn(t, "", nil, "ledger", "balance", "--config", path))
 	if len(tools) != 3 || !reflect.DeepEqual(shownTools, tools) || len(days) == 0 || !reflect.DeepEqual(shownDays, days) {
 		t.Fatalf("the dashboard shows revenue\n%v\n%v\ncapvend ledger balance prints\n%v\n%v", shownTools, shownDays, tools, days)
 	}
 	var owed string
-	js(t, ctx, `document.querySelector('#refunds table.owed tbody').innerText`, &owed)
+	pg.js(`document.querySelector('#refunds table.owed tbody').innerText`, &owed)
 	if !strings.Contains(owed, "5.000") || !strings.Contains(owed, "the tool reported an error") {
 		t.Errorf("refunds owed: %q", owed)
 	}
-	screenshot(t, ctx, shots, "dashboard")
+	pg.screenshot(shots, "dashboard")
 
 	// The newest delivered sha256 call's link leads to its history.
 	var href string
-	js(t, ctx, `(() => { for (const r of document.querySelectorAll('#calls tr[data-call]')) {
+	pg.js(`(() => { for (const r of document.querySelectorAll('#calls tr[data-call]')) {
 		if (r.innerText.includes('tools/sha256') && r.querySelector('.state.delivered')) return r.querySelector('a').getAttribute('href'); } return ''; })()`, &href)
 	if href == "" {
 		t.Fatal("no delivered tools/sha256 call listed")
@@ -248,7 +259,7 @@ func TestDashboardInChromium(t *testing.T) {
 	var hist struct {
 		URL, State, Payment, Settlement, Execution, Result, Journal string
 	}
-	js(t, ctx, `({URL: location.pathname, State: document.querySelector('#call-state').textContent,
+	pg.js(`({URL: location.pathname, State: document.querySelector('#call-state').textContent,
 		Payment: document.querySelector('#payments tbody').innerText, Settlement: document.querySelector('#settlement tbody').innerText,
 		Execution: document.querySelector('#execution tbody').innerText,
 		Result: document.querySelector('#result').innerText, Journal: document.querySelector('#journal').innerText})`, &hist)
@@ -259,7 +270,7 @@ func TestDashboardInChromium(t *testing.T) {
 		!strings.Contains(hist.Journal, "21.000") {
 		t.Fatalf("call history %s:\n%+v", href, hist)
 	}
-	screenshot(t, ctx, shots, "call")
+	pg.screenshot(shots, "call")
 
 	// A call nobody pays: its invoice is pending; then canceled at LND
 	// behind capvend's back. The reconciler finds it, and the open page
@@ -269,7 +280,7 @@ func TestDashboardInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	hash, unpaid := unpaidCall(t, s, "http://"+listen+"/mcp")
-	waitJS(t, ctx, "the unpaid invoice as pending", `!!document.querySelector('#pending .open tr[data-ref="`+hash+`"]')`)
+	pg.waitJS("the unpaid invoice as pending", `!!document.querySelector('#pending .open tr[data-ref="`+hash+`"]')`)
 	conn, err := s.Conn(testnet.Vendor)
 	if err != nil {
 		t.Fatal(err)
@@ -278,19 +289,19 @@ func TestDashboardInChromium(t *testing.T) {
 	if _, err := invoicesrpc.NewInvoicesClient(conn).CancelInvoice(context.Background(), &invoicesrpc.CancelInvoiceMsg{PaymentHash: h}); err != nil {
 		t.Fatal(err)
 	}
-	waitJS(t, ctx, "the canceled invoice as a reconciliation difference",
+	pg.waitJS("the canceled invoice as a reconciliation difference",
 		`!!document.querySelector('#reconcile tr[data-kind="canceled_unbooked"][data-ref="`+hash+`"]')`)
 	var still bool
-	js(t, ctx, `window.notReloaded === true && Number(document.body.dataset.refreshes) > 0`, &still)
+	pg.js(`window.notReloaded === true && Number(document.body.dataset.refreshes) > 0`, &still)
 	if !still {
 		t.Fatal("the page was reloaded, or never refreshed itself")
 	}
 	var diff string
-	js(t, ctx, `document.querySelector('#reconcile tr[data-kind="canceled_unbooked"]').innerText`, &diff)
+	pg.js(`document.querySelector('#reconcile tr[data-kind="canceled_unbooked"]').innerText`, &diff)
 	if !strings.Contains(diff, "reconcile") {
 		t.Errorf("the difference was not repaired: %q", diff)
 	}
-	screenshot(t, ctx, shots, "reconcile")
+	pg.screenshot(shots, "reconcile")
 	select {
 	case err := <-unpaid:
 		if err == nil {
@@ -300,7 +311,7 @@ func TestDashboardInChromium(t *testing.T) {
 		t.Error("the unpaid call never ended after its invoice was canceled")
 	}
 	// The per-day totals the dashboard reads agree with the journal.
-	if out := runCapvend(t, "ledger", "verify", "--config", path); !strings.Contains(out, "ok    the daily account totals") {
+	if out := capvendIn(t, "", nil, "ledger", "verify", "--config", path); !strings.Contains(out, "ok    the daily account totals") {
 		t.Errorf("ledger verify:\n%s", out)
 	}
 }

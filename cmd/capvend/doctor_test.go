@@ -1,12 +1,7 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +9,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/testnet"
 )
@@ -32,23 +28,11 @@ type doctorSetup struct {
 	priceSats int64
 }
 
-// newDoctorSetup has a mint that answers its keysets (NUT-02) and info
-// with a Date header: a stand-in, so a tool can be priced without the
+// newDoctorSetup has a stand-in mint (standInMint, input fee 100 ppk), so a tool can be priced without the
 // regtest stack (TestDoctorLND and the reconcile tests use the real mint).
 func newDoctorSetup(t *testing.T) *doctorSetup {
-	mint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/v1/keysets":
-			io.WriteString(w, `{"keysets":[{"id":"00ad268c4d1f5826","unit":"sat","active":true,"input_fee_ppk":100}]}`)
-		case "/v1/info":
-			io.WriteString(w, `{"name":"stand-in"}`)
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	t.Cleanup(mint.Close)
 	return &doctorSetup{dir: t.TempDir(), relays: []string{testkit.Relay(t)}, tool: "word_count", nsecMode: 0o600, priceSats: 5,
-		mints: []string{mint.URL}}
+		mints: []string{capvendtest.StandInMint(t, 100)}}
 }
 
 // write writes the configuration and returns its path.
@@ -72,7 +56,7 @@ func (s *doctorSetup) write(t *testing.T) string {
 	if s.lnd != nil {
 		fmt.Fprintf(&b, "lnd:\n  host: %s\n  tls_cert_file: %s\n  macaroon_file: %s\n", s.lnd.RPCHost, s.lnd.TLSCert, s.macaroon)
 	}
-	fmt.Fprintf(&b, "upstreams:\n  - name: tools\n    command: %s\n    tools:\n      %s:\n        price_sats: %d\n", exampleTools(t), s.tool, s.priceSats)
+	fmt.Fprintf(&b, "upstreams:\n  - name: tools\n    command: %s\n    tools:\n      %s:\n        price_sats: %d\n", capvendtest.ExampleTools(t), s.tool, s.priceSats)
 	path := filepath.Join(s.dir, "capvend.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
@@ -80,33 +64,22 @@ func (s *doctorSetup) write(t *testing.T) string {
 	return path
 }
 
-// runDoctor runs `capvend doctor --config path` and returns its exit code
-// and report.
-func runDoctor(t *testing.T, path string) (int, string) {
-	t.Helper()
-	var out strings.Builder
-	e := &env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: io.Discard, Getenv: func(string) string { return "" },
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	code := execute(context.Background(), rootCommand(), e, []string{"doctor", "--config", path})
-	return code, out.String()
-}
-
-// line returns the report's line for check name, failing if there is none.
-func line(t *testing.T, report, name string) string {
-	t.Helper()
-	for _, l := range strings.Split(report, "\n") {
-		if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(strings.TrimSpace(l[len(f[0]):]), name+":") {
-			return l
-		}
-	}
-	t.Fatalf("no %q line in:\n%s", name, report)
-	return ""
-}
-
+// wantStatus returns the report's line for check name, failing if there
+// is none or if its status is not status ("" takes any); a FAIL must say
+// its fix.
 func wantStatus(t *testing.T, report, name, status string) string {
 	t.Helper()
-	l := line(t, report, name)
-	if !strings.HasPrefix(l, status+" ") {
+	var l string
+	for _, rl := range strings.Split(report, "\n") {
+		if f := strings.Fields(rl); len(f) > 1 && strings.HasPrefix(strings.TrimSpace(rl[len(f[0]):]), name+":") {
+			l = rl
+			break
+		}
+	}
+	if l == "" {
+		t.Fatalf("no %q line in:\n%s", name, report)
+	}
+	if status != "" && !strings.HasPrefix(l, status+" ") {
 		t.Fatalf("%s: want %s, got %q\n%s", name, status, l, report)
 	}
 	if status == "FAIL" && !strings.Contains(l, "-- fix: ") {
@@ -119,7 +92,7 @@ func wantStatus(t *testing.T, report, name, status string) string {
 // fails (with its fix) and doctor exits 1; with nothing broken it exits 0.
 func TestDoctor(t *testing.T) {
 	t.Run("Healthy", func(t *testing.T) {
-		code, rep := runDoctor(t, newDoctorSetup(t).write(t))
+		rep, _, code := run(t, nil, "doctor", "--config", newDoctorSetup(t).write(t))
 		if code != 0 || strings.Contains(rep, "FAIL") {
 			t.Fatalf("exit %d:\n%s", code, rep)
 		}
@@ -128,10 +101,10 @@ func TestDoctor(t *testing.T) {
 		wantStatus(t, rep, "upstream tools", "ok")
 		wantStatus(t, rep, "secrets", "ok")
 		wantStatus(t, rep, "clock", "ok")
-		if l := line(t, rep, "mint http://127.0.0.1"); !strings.Contains(l, "00ad268c4d1f5826 (input fee 100 ppk)") {
+		if l := wantStatus(t, rep, "mint http://127.0.0.1", ""); !strings.Contains(l, "00ad268c4d1f5826 (input fee 100 ppk)") {
 			t.Fatalf("mint: %q", l)
 		}
-		if l := line(t, rep, "relay ws://127.0.0.1"); !strings.Contains(l, "read back") {
+		if l := wantStatus(t, rep, "relay ws://127.0.0.1", ""); !strings.Contains(l, "read back") {
 			t.Fatalf("relay: %q", l)
 		}
 	})
@@ -147,7 +120,7 @@ func TestDoctor(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newDoctorSetup(t)
 			tc.breakIt(s)
-			code, rep := runDoctor(t, s.write(t))
+			rep, _, code := run(t, nil, "doctor", "--config", s.write(t))
 			if code != 1 || strings.Count(rep, "FAIL") != 1 {
 				t.Fatalf("exit %d, want 1 with one failure:\n%s", code, rep)
 			}
@@ -178,7 +151,7 @@ func TestDoctorLND(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newDoctorSetup(t)
 			s.lnd, s.macaroon, s.priceSats = &v, tc.macaroon, tc.price
-			code, rep := runDoctor(t, s.write(t))
+			rep, _, code := run(t, nil, "doctor", "--config", s.write(t))
 			wantStatus(t, rep, "lnd", tc.status)
 			if tc.liquidity != "" {
 				wantStatus(t, rep, "liquidity", tc.liquidity)
@@ -199,8 +172,8 @@ func TestDoctorLND(t *testing.T) {
 func TestDoctorItemPricesAndUnpriced(t *testing.T) {
 	s := newDoctorSetup(t)
 	path := s.write(t)
-	appendFile(t, path, "    prompts:\n      summarize: {price_sats: 2}\n    resources:\n      \"example://readm\": {price_sats: 1}\n      \"example://{name}\": {price_sats: 1}\n")
-	code, rep := runDoctor(t, path)
+	capvendtest.EditConfig(t, path, "", "    prompts:\n      summarize: {price_sats: 2}\n    resources:\n      \"example://readm\": {price_sats: 1}\n      \"example://{name}\": {price_sats: 1}\n")
+	rep, _, code := run(t, nil, "doctor", "--config", path)
 	if code != 1 || strings.Count(rep, "FAIL") != 1 {
 		t.Fatalf("exit %d, want 1 with one failure:\n%s", code, rep)
 	}

@@ -13,6 +13,8 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
@@ -38,8 +40,8 @@ func (c *confirmer) Elicit(ctx context.Context, req mcp.ElicitationRequest) (*mc
 // an input_required result; capvend relays it to the client and the
 // answer back.
 func TestServeElicitation(t *testing.T) {
-	cfg, listen := freeToolsConfig(t, "t_")
-	serveInProcess(t, cfg, listen)
+	cfg, listen := capvendtest.FreeToolsConfig(t, "t_")
+	startCapvend(t, cfg)
 	for _, tc := range []struct {
 		name    string
 		version string
@@ -67,13 +69,13 @@ func TestServeElicitation(t *testing.T) {
 			if err := c.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := c.Initialize(ctx, payingInit()); err != nil {
+			if _, err := c.Initialize(ctx, capvendtest.PayingInit()); err != nil {
 				t.Fatal(err)
 			}
 			if tc.version != "" && c.ProtocolVersion() != tc.version {
 				t.Fatalf("protocol %s", c.ProtocolVersion())
 			}
-			waitTool(t, c, "t_confirm")
+			capvendtest.WaitTools(t, c, listed.All("t_confirm"))
 			req := mcp.CallToolRequest{}
 			req.Params.Name = "t_confirm"
 			req.Params.Arguments = map[string]any{"question": "Delete everything?"}
@@ -99,28 +101,6 @@ func TestServeElicitation(t *testing.T) {
 	}
 }
 
-// waitTool waits (bounded) until c lists name: the upstream may still be
-// connecting.
-func waitTool(t *testing.T, c *client.Client, name string) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		tl, err := c.ListTools(context.Background(), mcp.ListToolsRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, tool := range tl.Tools {
-			if tool.Name == name {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not listed", name)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestContextVMElicitation runs `capvend serve` in-process, Nostr front on
 // an in-process relay, over example-tools, and calls its confirm tool
 // from a Go ContextVM client that declared the elicitation capability:
@@ -133,8 +113,8 @@ func TestContextVMElicitation(t *testing.T) {
 	relay := testkit.Relay(t)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
-	path, listen := nostrToolsConfig(t, relay, sk, "ex_")
-	serveStoppable(t, path, listen)
+	path, _ := capvendtest.NostrToolsConfig(t, relay, sk, "ex_")
+	startCapvend(t, path)
 
 	seq := 0
 	// ask sends content (its id %d is a new number, so a new event) and

@@ -9,6 +9,9 @@ import (
 	"testing"
 
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 )
 
 // modernPost sends a tools/call of protocol 2026-07-28 to url, as mcp-go's
@@ -59,9 +62,10 @@ func modernPost(t *testing.T, url, id, tool, args, meta, caps string) (int, stri
 // a client that cannot elicit.
 func TestFreeCallFastPathSameBytes(t *testing.T) {
 	s := needStack(t)
-	url, _ := serving(t, s, serveOpts{})
-	pc := newPayingClient(t, s, url)
-	waitTools(t, pc)
+	path, _ := writeServeConfig(t, s, serveOpts{})
+	url := startCapvend(t, path).URL()
+	pc := capvendtest.NewPayingClient(t, s, url)
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
 	const cannot, can = `{}`, `{"elicitation":{}}`
 	for _, tc := range []struct{ name, tool, args, meta string }{
 		{"result", "w_word_count", `{"text":"free as in beer"}`, ``},

@@ -2,143 +2,348 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/syncbuf"
 )
 
-var (
-	toolsOnce sync.Once
-	toolsDir  string
-	toolsErr  error
-)
-
-// exampleTools builds cmd/example-tools once per test binary and returns
-// its path.
-func exampleTools(t testing.TB) string {
-	t.Helper()
-	toolsOnce.Do(func() {
-		if toolsDir, toolsErr = os.MkdirTemp("", "capvend-example-tools-"); toolsErr != nil {
-			return
-		}
-		bin := filepath.Join(toolsDir, "example-tools")
-		if out, err := exec.Command("go", "build", "-o", bin, "../example-tools").CombinedOutput(); err != nil {
-			toolsErr = fmt.Errorf("build example-tools: %v\n%s", err, out)
-		}
-	})
-	if toolsErr != nil {
-		t.Fatal(toolsErr)
-	}
-	return filepath.Join(toolsDir, "example-tools")
+// capvendOpts says how startCapvend runs capvend. The zero value runs
+// `capvend serve --config <config>` in this test binary and returns once
+// it serves every front its configuration turns on.
+type capvendOpts struct {
+	// Args is the command line; nil means serve --config <config>.
+	Args []string
+	// Process runs the built binary (builtCapvend) as a child process, as
+	// a user does: for signals (SIGHUP, SIGKILL), failpoints, its pid,
+	// and commands that must not share this process.
+	Process bool
+	// Failpoint, with Process, is CAPVEND_FAILPOINT: the step at which
+	// the binary kills itself (the crash tests).
+	Failpoint string
+	// Env is the environment capvend sees ("KEY=value"): in this
+	// process all of it; for a Process it is added to this process's
+	// environment (to PATH and HOME only with UserShell).
+	Env []string
+	// UserShell, with Process, runs it as a user at a shell would: with
+	// only PATH and HOME of this process's environment, plus Env.
+	UserShell bool
+	// Dir, with Process, is the folder it runs in.
+	Dir string
+	// LockWait, in this process, replaces how long serve waits for the
+	// serve holding its SQLite ledger (serveLockWait).
+	LockWait time.Duration
+	// Stdin and Stdout are capvend's (default: empty, and kept for
+	// Stdout()).
+	Stdin  io.Reader
+	Stdout io.Writer
+	// NoWait returns at once, without waiting for serve to serve: for a
+	// serve expected to fail, to wait, or to be waited for by the test.
+	NoWait bool
 }
 
-// freeToolsConfig writes a configuration selling example-tools (as a stdio
-// child with prefix) with no payment backend: free tools only.
-func freeToolsConfig(t testing.TB, prefix string) (path, listen string) {
-	t.Helper()
-	dir := t.TempDir()
-	listen = freeAddr(t)
-	path = filepath.Join(dir, "capvend.yaml")
-	yaml := fmt.Sprintf("ledger:\n  path: capvend.db\nhttp:\n  listen: %s\nupstreams:\n  - name: tools\n    prefix: %q\n    command: %s\n",
-		listen, prefix, exampleTools(t))
-	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path, listen
+// runningCapvend is a capvend a test started (startCapvend).
+type runningCapvend struct {
+	t      testing.TB
+	config string
+	cmd    *exec.Cmd          // with Process
+	cancel context.CancelFunc // in this process
+	stdout *syncbuf.Buffer
+	stderr *syncbuf.Buffer
+	logs   io.Writer // its slog log in this process (a *syncbuf.Buffer, or io.Discard)
+	done   chan struct{}
+	code   int  // once done is closed
+	serves bool // a serve startCapvend waited for: it must exit 0 when stopped
+	once   sync.Once
 }
 
-// serveInProcess runs `capvend serve --config path` in this process until
-// the test ends or stop (then it must exit 0) and returns once it listens.
-func serveInProcess(t testing.TB, path, listen string) (stop func()) {
+// exitKilled is Wait's code for a process killed by SIGKILL (as a shell
+// reports it).
+const exitKilled = 128 + int(syscall.SIGKILL)
+
+// startCapvend is the one way the tests start capvend: `capvend serve
+// --config config` (or o.Args) in this process or, with o.Process, as the
+// built binary. Unless o.NoWait or o.Args is set, it returns once serve
+// says it serves each front its configuration turns on (HTTP, Nostr),
+// failing the test if it exits first. At the test's end a capvend still
+// running in this process is stopped and must exit 0; a process is
+// killed. Its log (this process) or standard error (a process) is shown
+// when the test fails.
+func startCapvend(t testing.TB, config string, opts ...capvendOpts) *runningCapvend {
 	t.Helper()
-	// serve's log, shown when the test fails: the only way to see why an
-	// upstream or a payment misbehaved in a run that cannot be repeated.
-	var logs io.Writer = &syncbuf.Buffer{}
+	var o capvendOpts
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	args := o.Args
+	if args == nil {
+		args = []string{"serve", "--config", config}
+	}
+	c := &runningCapvend{t: t, config: config, stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{},
+		logs: &syncbuf.Buffer{}, done: make(chan struct{}), serves: o.Args == nil && !o.NoWait}
+	level := slog.LevelDebug // why an event was dropped, a payment misbehaved...
 	if _, bench := t.(*testing.B); bench {
-		logs = io.Discard // a benchmark's calls would fill it
+		c.logs, level = io.Discard, slog.LevelInfo // a benchmark's calls would fill it
+	}
+	var stdout io.Writer = c.stdout
+	if o.Stdout != nil {
+		stdout = o.Stdout
+	}
+	stdin := o.Stdin
+	if stdin == nil {
+		stdin = strings.NewReader("")
+	}
+	if o.Process {
+		c.cmd = exec.Command(builtCapvend(t), args...)
+		c.cmd.Dir, c.cmd.Stdin, c.cmd.Stdout, c.cmd.Stderr = o.Dir, stdin, stdout, c.stderr
+		c.cmd.Env = append(os.Environ(), o.Env...)
+		if o.UserShell {
+			c.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, o.Env...)
+		}
+		if o.Failpoint != "" {
+			c.cmd.Env = append(c.cmd.Env, "CAPVEND_FAILPOINT="+o.Failpoint)
+		}
+		if err := c.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			err := c.cmd.Wait()
+			c.code = c.cmd.ProcessState.ExitCode()
+			if st, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && st.Signaled() {
+				c.code = 128 + int(st.Signal())
+			} else if err != nil && c.code == 0 {
+				c.code = -1
+			}
+			close(c.done)
+		}()
+	} else {
+		ctx, cancel := context.WithCancel(context.Background())
+		c.cancel = cancel
+		e := &env{Stdin: stdin, Stdout: stdout, Stderr: c.stderr, Getenv: o.getenv,
+			Log: slog.New(slog.NewTextHandler(c.logs, &slog.HandlerOptions{Level: level})), lockWait: o.LockWait}
+		go func() {
+			// Its goroutines carry the label capvend=<its config's dir> in
+			// CPU profiles (go tool pprof -tagfocus; see
+			// BenchmarkNostrFreeCallInstances).
+			pprof.Do(ctx, pprof.Labels("capvend", filepath.Base(filepath.Dir(config))), func(ctx context.Context) {
+				c.code = execute(ctx, rootCommand(), e, args)
+			})
+			close(c.done)
+		}()
 	}
 	t.Cleanup(func() {
-		if sb, ok := logs.(fmt.Stringer); ok && t.Failed() {
-			t.Logf("serve's log:\n%s", sb)
+		if c.cmd != nil {
+			c.cmd.Process.Kill()
+			<-c.done
+		} else if code, stopped := c.stop(); stopped && c.serves && code != 0 {
+			t.Errorf("capvend exited %d: %s", code, capvendtest.Tail(c.Stderr(), 8000))
+		}
+		if t.Failed() {
+			t.Logf("capvend %s: log:\n%s", strings.Join(args, " "), capvendtest.Tail(c.Logs(), 20_000))
 		}
 	})
-	// serve's goroutines (and those they start) carry the label
-	// capvend=serve in CPU profiles (go tool pprof -tagfocus).
-	sv := runServe(t, path, "serve", slog.New(slog.NewTextHandler(logs, nil)))
-	sv.await(t, "listen", func() bool {
-		c, err := net.Dial("tcp", listen)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
-	return sv.stop
-}
-
-// inProcessServe is a `capvend serve` running in this test binary.
-type inProcessServe struct {
-	stop   func() // cancels it and waits until it exits (it must exit 0)
-	done   chan int
-	stderr *lockedWriter
-}
-
-// runServe runs `capvend serve --config path` in this process, logging
-// to log, its goroutines labelled capvend=label in CPU profiles, until the
-// test ends or stop.
-func runServe(t testing.TB, path, label string, log *slog.Logger) *inProcessServe {
-	ctx, cancel := context.WithCancel(context.Background())
-	sv := &inProcessServe{done: make(chan int, 1), stderr: &lockedWriter{w: &strings.Builder{}}}
-	go func() {
-		e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: sv.stderr,
-			Getenv: func(string) string { return "" }, Log: log}
-		pprof.Do(ctx, pprof.Labels("capvend", label), func(ctx context.Context) {
-			sv.done <- execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
-		})
-	}()
-	var once sync.Once
-	sv.stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case code := <-sv.done:
-				if code != 0 {
-					t.Errorf("serve exited %d: %s", code, sv.stderr)
-				}
-			case <-time.After(60 * time.Second):
-				t.Error("serve did not stop within 60 s")
+	if o.Args == nil && !o.NoWait {
+		var want []string
+		if cfg, err := loadConfig(config, o.getenv); err == nil {
+			if cfg.HTTP.Listen != "" {
+				want = append(want, "capvend: serving MCP at ")
 			}
+			if len(cfg.Nostr.Relays) > 0 {
+				want = append(want, "capvend: serving ContextVM ")
+			}
+		}
+		c.Await("serving", func() bool {
+			out := c.Stderr()
+			for _, w := range want {
+				if !strings.Contains(out, w) {
+					return false
+				}
+			}
+			return true
 		})
 	}
-	t.Cleanup(sv.stop)
-	return sv
+	return c
 }
 
-// await waits until ready says so, failing the test if serve exits
+// Await waits until ready says so, failing the test if capvend exits
 // first or 60 s pass (a deadlock guard, not a speed check).
-func (sv *inProcessServe) await(t testing.TB, what string, ready func() bool) {
-	t.Helper()
+func (c *runningCapvend) Await(what string, ready func() bool) {
+	c.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for !ready() {
 		select {
-		case code := <-sv.done:
-			sv.done <- code
-			t.Fatalf("serve exited %d: %s", code, sv.stderr)
+		case <-c.done:
+			c.t.Fatalf("%s: capvend exited %d first; its standard error:\n%s", what, c.code, c.Stderr())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("serve did not %s: %s", what, sv.stderr)
+			c.t.Fatalf("%s: not within 60 s; capvend's standard error:\n%s", what, c.Stderr())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Stop stops capvend as SIGTERM does (the context of one in this
+// process ends) and waits for it: it must exit 0. Stopping a stopped
+// capvend does nothing.
+func (c *runningCapvend) Stop() {
+	c.t.Helper()
+	if code, stopped := c.stop(); stopped && code != 0 {
+		c.t.Fatalf("capvend exited %d when stopped: %s", code, capvendtest.Tail(c.Stderr(), 8000))
+	}
+}
+
+// stop stops capvend and returns its exit code; stopped is false if an
+// earlier stop did.
+func (c *runningCapvend) stop() (code int, stopped bool) {
+	c.t.Helper()
+	c.once.Do(func() {
+		if c.cmd != nil {
+			c.cmd.Process.Signal(syscall.SIGTERM)
+		} else {
+			c.cancel()
+		}
+		code, stopped = c.Wait(), true
+	})
+	return code, stopped
+}
+
+// Signal sends sig to the process (Process only).
+func (c *runningCapvend) Signal(sig os.Signal) {
+	c.t.Helper()
+	if c.cmd == nil {
+		c.t.Fatal("Signal: capvend runs in this process")
+	}
+	c.cmd.Process.Signal(sig)
+}
+
+// Wait waits for capvend to exit, 15 minutes at most (a hang guard: the
+// demo takes minutes), and
+// returns its exit code: 128+n for a process killed by signal n
+// (exitKilled for SIGKILL).
+func (c *runningCapvend) Wait() int {
+	c.t.Helper()
+	select {
+	case <-c.done:
+		return c.code
+	case <-time.After(15 * time.Minute):
+		c.t.Fatalf("capvend did not exit within 15 minutes: %s", c.Stderr())
+		return -1
+	}
+}
+
+// Exited reports whether capvend has exited, and its code if so.
+func (c *runningCapvend) Exited() (code int, exited bool) {
+	select {
+	case <-c.done:
+		return c.code, true
+	default:
+		return 0, false
+	}
+}
+
+// Pid is the process's pid (this process's for one in it).
+func (c *runningCapvend) Pid() int {
+	if c.cmd != nil {
+		return c.cmd.Process.Pid
+	}
+	return os.Getpid()
+}
+
+// Stdout is what capvend wrote to its standard output (unless
+// capvendOpts.Stdout took it).
+func (c *runningCapvend) Stdout() string { return c.stdout.String() }
+
+// Stderr is what capvend wrote to its standard error so far.
+func (c *runningCapvend) Stderr() string { return c.stderr.String() }
+
+// Logs is its log so far, at debug level (a process logs to its standard
+// error), empty in a benchmark.
+func (c *runningCapvend) Logs() string {
+	if c.cmd != nil {
+		return c.Stderr()
+	}
+	if b, ok := c.logs.(*syncbuf.Buffer); ok {
+		return c.Stderr() + b.String()
+	}
+	return c.Stderr()
+}
+
+// URL is the MCP front's URL, as serve said it serves it.
+func (c *runningCapvend) URL() string {
+	c.t.Helper()
+	const at = "capvend: serving MCP at "
+	out := c.Stderr()
+	i := strings.Index(out, at)
+	if i < 0 {
+		c.t.Fatalf("capvend serves no MCP front: %s", out)
+	}
+	return strings.Fields(out[i+len(at):])[0]
+}
+
+// Ledger is the path of its SQLite ledger, from its configuration.
+func (c *runningCapvend) Ledger() string {
+	c.t.Helper()
+	cfg, err := loadConfig(c.config, func(string) string { return "" })
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return cfg.Ledger.Path
+}
+
+// getenv looks k up in Env.
+func (o capvendOpts) getenv(k string) string {
+	for _, kv := range o.Env {
+		if v, ok := strings.CutPrefix(kv, k+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// run runs capvend with args in this process and returns its standard
+// output, its standard error and its exit code; environ is all of its
+// environment.
+func run(t testing.TB, environ map[string]string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	o := capvendOpts{Args: append([]string{}, args...)}
+	for k, v := range environ {
+		o.Env = append(o.Env, k+"="+v)
+	}
+	c := startCapvend(t, "", o)
+	code = c.Wait()
+	return c.Stdout(), c.Stderr(), code
+}
+
+// capvendIn runs the built capvend binary with args in dir, as a user at a
+// shell there would (capvendOpts.UserShell) with env, and returns its
+// standard output; a non-zero exit fails the test.
+func capvendIn(t testing.TB, dir string, env []string, args ...string) string {
+	t.Helper()
+	c := startCapvend(t, "", capvendOpts{Args: append([]string{}, args...), Process: true, UserShell: true, Dir: dir, Env: env})
+	if code := c.Wait(); code != 0 {
+		t.Fatalf("capvend %s (in %s) exited %d\n%s%s", strings.Join(args, " "), dir, code, c.Stdout(), c.Stderr())
+	}
+	return c.Stdout()
+}
+
+// capvendFails is capvendIn of a command that must exit non-zero; it
+// returns the command's standard output and error.
+func capvendFails(t testing.TB, dir string, args ...string) string {
+	t.Helper()
+	c := startCapvend(t, "", capvendOpts{Args: append([]string{}, args...), Process: true, UserShell: true, Dir: dir})
+	if code := c.Wait(); code == 0 {
+		t.Fatalf("capvend %s: exit 0, want a non-zero exit\n%s%s", strings.Join(args, " "), c.Stdout(), c.Stderr())
+	}
+	return c.Stdout() + c.Stderr()
 }

@@ -16,42 +16,10 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 )
-
-// httpFrontConfig writes a free-tools configuration (see freeToolsConfig)
-// with extra lines in its http section.
-func httpFrontConfig(t *testing.T, httpLines string) (path, listen string) {
-	t.Helper()
-	path, listen = freeToolsConfig(t, "")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	yaml := strings.Replace(string(b), "http:\n", "http:\n"+httpLines, 1)
-	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path, listen
-}
-
-// post sends one JSON-RPC message to url with the headers and returns the
-// status, the response headers and the body.
-func post(t *testing.T, url, body string, header ...string) (int, http.Header, string) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, string(b)
-}
 
 func errorCode(body string) int {
 	var m struct {
@@ -72,27 +40,28 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	path, listen := httpFrontConfig(t, "  auth_token_file: "+tokenFile+"\n  write_timeout: 1s\n")
-	serveInProcess(t, path, listen)
+	path, listen := capvendtest.FreeToolsConfig(t, "")
+	capvendtest.EditConfig(t, path, "http:\n", "http:\n"+"  auth_token_file: "+tokenFile+"\n  write_timeout: 1s\n")
+	startCapvend(t, path)
 	url := "http://" + listen + "/mcp"
 	auth := []string{"Authorization", "Bearer " + token}
 	legacyCall := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sha256","arguments":{"text":"x"}}}`
 
 	t.Run("no token", func(t *testing.T) {
-		status, hdr, body := post(t, url, legacyCall)
+		status, hdr, body := capvendtest.Post(t, url, legacyCall)
 		if status != http.StatusUnauthorized || !strings.HasPrefix(hdr.Get("WWW-Authenticate"), "Bearer") || errorCode(body) != -32000 {
 			t.Errorf("HTTP %d %v %s", status, hdr, body)
 		}
 	})
 	t.Run("made-up session", func(t *testing.T) {
-		status, _, body := post(t, url, legacyCall, append(auth, "Mcp-Session-Id", "mcp-session-0b5e4f2c-5d0a-4b59-9a43-3c1d2e8f7a61",
+		status, _, body := capvendtest.Post(t, url, legacyCall, append(auth, "Mcp-Session-Id", "mcp-session-0b5e4f2c-5d0a-4b59-9a43-3c1d2e8f7a61",
 			"Mcp-Protocol-Version", "2025-11-25")...)
 		if status != http.StatusNotFound || errorCode(body) != -32001 {
 			t.Errorf("HTTP %d %s", status, body)
 		}
 	})
 	t.Run("foreign origin", func(t *testing.T) {
-		status, _, body := post(t, url, legacyCall, append(auth, "Origin", "https://evil.example")...)
+		status, _, body := capvendtest.Post(t, url, legacyCall, append(auth, "Origin", "https://evil.example")...)
 		if status != http.StatusForbidden || errorCode(body) != -32000 {
 			t.Errorf("HTTP %d %s", status, body)
 		}
@@ -112,13 +81,13 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 			if err := c.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := c.Initialize(ctx, payingInit()); err != nil {
+			if _, err := c.Initialize(ctx, capvendtest.PayingInit()); err != nil {
 				t.Fatal(err)
 			}
 			if legacy != (c.GetSessionId() != "") {
 				t.Fatalf("legacy %v: session %q", legacy, c.GetSessionId())
 			}
-			waitTool(t, c, "slow_count")
+			capvendtest.WaitTools(t, c, listed.All("slow_count"))
 			req := mcp.CallToolRequest{}
 			req.Params.Name = "slow_count"
 			req.Params.Arguments = map[string]any{"n": 30} // 1.5 s without a write
@@ -134,11 +103,12 @@ func TestServeHTTPFrontGuards(t *testing.T) {
 // TestServeConnectionCap: beyond http.max_connections open connections a
 // new one is answered 503 at once; a freed slot serves again.
 func TestServeConnectionCap(t *testing.T) {
-	path, listen := httpFrontConfig(t, "  max_connections: 2\n")
-	serveInProcess(t, path, listen)
+	path, listen := capvendtest.FreeToolsConfig(t, "")
+	capvendtest.EditConfig(t, path, "http:\n", "http:\n"+"  max_connections: 2\n")
+	startCapvend(t, path)
 	// Two kept-alive connections that were served hold both slots (a
-	// connection refused because a slot was not yet given back, e.g. by
-	// serveInProcess's probe, is dialled again).
+	// connection refused because a slot was not yet given back is dialled
+	// again).
 	deadline := time.Now().Add(waitLimitServe)
 	var held []net.Conn
 	for len(held) < 2 {
@@ -157,12 +127,12 @@ func TestServeConnectionCap(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // polling the server's state
 	}
-	if status := rawGET(t, listen); status != http.StatusServiceUnavailable {
+	if status := getOn(t, nil, listen, true); status != http.StatusServiceUnavailable {
 		t.Fatalf("third connection: HTTP %d, want 503", status)
 	}
 	held[0].Close()
 	for {
-		status := rawGET(t, listen)
+		status := getOn(t, nil, listen, true)
 		if status != http.StatusServiceUnavailable {
 			if status != http.StatusBadRequest { // a GET without a session: the front answered
 				t.Errorf("after a slot freed: HTTP %d", status)
@@ -179,22 +149,18 @@ func TestServeConnectionCap(t *testing.T) {
 // waitLimitServe bounds waiting for capvend serve; a deadlock guard.
 const waitLimitServe = 30 * time.Second
 
-// rawGET sends a GET /mcp on a new connection and returns the status (0
-// when the connection ended without one).
-func rawGET(t *testing.T, addr string) int {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	return getOn(t, c, addr, true)
-}
-
-// getOn sends a GET /mcp on c (keeping it open unless closing) and
-// returns the status (0 when the connection ended without one).
+// getOn sends a GET /mcp on c (keeping it open unless closing; nil: a
+// new connection to addr, closed after) and returns the status (0 when
+// the connection ended without one).
 func getOn(t *testing.T, c net.Conn, addr string, closing bool) int {
 	t.Helper()
+	if c == nil {
+		var err error
+		if c, err = net.Dial("tcp", addr); err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
 	c.SetDeadline(time.Now().Add(waitLimitServe))
 	conn := ""
 	if closing {

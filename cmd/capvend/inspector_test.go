@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // TestMCPInspectorListsAndCallsThroughServe runs the official MCP Inspector
@@ -13,9 +16,12 @@ import (
 // testdata/inspector/package.json; .ci/run installs it) against `capvend
 // serve`: it lists the tools and calls a free one.
 func TestMCPInspectorListsAndCallsThroughServe(t *testing.T) {
-	inspector := inspectorBin(t)
-	cfg, listen := freeToolsConfig(t, "")
-	serveInProcess(t, cfg, listen)
+	inspector, err := filepath.Abs(filepath.Join(needNPM(t, "inspector"), "node_modules/.bin/mcp-inspector"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, listen := capvendtest.FreeToolsConfig(t, "")
+	startCapvend(t, cfg)
 	url := "http://" + listen + "/mcp"
 	inspect := func(args ...string) string {
 		t.Helper()

@@ -11,6 +11,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/vend"
 )
@@ -24,8 +25,10 @@ import (
 // verifies.
 func TestServeSellsPromptsAndResourcesOverMCPHTTP(t *testing.T) {
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{hold: true, items: true})
-	pc := newPayingClient(t, s, url)
+	path, _ := writeServeConfig(t, s, serveOpts{hold: true, items: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
+	pc := capvendtest.NewPayingClient(t, s, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -57,35 +60,35 @@ func TestServeSellsPromptsAndResourcesOverMCPHTTP(t *testing.T) {
 
 	// The free prompt: no payment.
 	free, err := pc.GetPrompt(ctx, mcp.GetPromptRequest{Params: mcp.GetPromptParams{Name: "w_summarize", Arguments: map[string]string{"text": "free"}}})
-	if err != nil || len(free.Messages) != 1 || len(pc.methods()) != 0 {
-		t.Fatalf("free prompt: %+v %v %v", free, err, pc.methods())
+	if err != nil || len(free.Messages) != 1 || len(pc.Methods()) != 0 {
+		t.Fatalf("free prompt: %+v %v %v", free, err, pc.Methods())
 	}
 
-	before := customerBalance(t, s)
+	before := capvendtest.CustomerBalance(t, s)
 	res, err := pc.GetPrompt(ctx, mcp.GetPromptRequest{Params: mcp.GetPromptParams{Name: "t_summarize", Arguments: map[string]string{"text": "sold for sats"}}})
 	if err != nil || len(res.Messages) != 1 {
-		t.Fatalf("priced prompt: %+v %v (notes %v)", res, err, pc.methods())
+		t.Fatalf("priced prompt: %+v %v (notes %v)", res, err, pc.Methods())
 	}
 	if tc, ok := res.Messages[0].Content.(mcp.TextContent); !ok || !strings.HasSuffix(tc.Text, "sold for sats") {
 		t.Fatalf("priced prompt message %+v", res.Messages[0])
 	}
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		t.Fatalf("prompt payment: %v", err)
 	}
 	read, err := pc.ReadResource(ctx, mcp.ReadResourceRequest{Params: mcp.ReadResourceParams{URI: "example://readme"}})
 	if err != nil || len(read.Contents) != 1 {
-		t.Fatalf("priced resource: %+v %v (notes %v)", read, err, pc.methods())
+		t.Fatalf("priced resource: %+v %v (notes %v)", read, err, pc.Methods())
 	}
 	if tc, ok := read.Contents[0].(mcp.TextResourceContents); !ok || !strings.HasPrefix(tc.Text, "example-tools:") {
 		t.Fatalf("priced resource contents %+v", read.Contents[0])
 	}
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		t.Fatalf("resource payment: %v", err)
 	}
-	if got := strings.Join(pc.methods(), ","); got != "notifications/payment_required,notifications/payment_accepted,notifications/payment_required,notifications/payment_accepted" {
+	if got := strings.Join(pc.Methods(), ","); got != "notifications/payment_required,notifications/payment_accepted,notifications/payment_required,notifications/payment_accepted" {
 		t.Fatalf("notifications %s", got)
 	}
-	if spent := before - customerBalance(t, s); spent != 4_500 {
+	if spent := before - capvendtest.CustomerBalance(t, s); spent != 4_500 {
 		t.Fatalf("customer spent %d msat, want 4500", spent)
 	}
 
@@ -109,10 +112,10 @@ func TestServeSellsPromptsAndResourcesOverMCPHTTP(t *testing.T) {
 // follows; the journal books income:prompts and the ledger verifies.
 func TestContextVMSellsPrompts(t *testing.T) {
 	s := needStack(t)
-	server, nsec := serverKey(t)
-	path, listen := writeServeConfig(t, s, serveOpts{nsecFile: nsec, items: true})
+	server, nsec := capvendtest.ServerKey(t)
+	path, _ := writeServeConfig(t, s, serveOpts{nsecFile: nsec, items: true})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
-	serveStoppable(t, path, listen)
+	startCapvend(t, path)
 	c := dialContextVM(t, s.RelayURL, server)
 	c.waitReady()
 

@@ -15,26 +15,11 @@ import (
 
 	"github.com/lightningnetwork/lnd/lnrpc"
 
-	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
 )
-
-// needL402Client skips the test when the stock L402 client of
-// testdata/l402 cannot run, saying what to install; in CI, which installs
-// it, it fails instead.
-func needL402Client(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("node"); err != nil {
-		skip.Missing(t, "stock L402 client not run: node is not installed", "apt-get install nodejs npm")
-	}
-	for _, pkg := range []string{"@getalby/lightning-tools", "@modelcontextprotocol/sdk"} {
-		if _, err := os.Stat(filepath.Join("testdata", "l402", "node_modules", pkg)); err != nil {
-			skip.Missing(t, "stock L402 client not run: its npm packages are not installed", "(cd cmd/capvend/testdata/l402 && npm ci)")
-		}
-	}
-}
 
 // runNodeClient runs `node script args...` in testdata/l402, trusting the
 // customer node's TLS certificate, and returns its output lines by their
@@ -70,16 +55,6 @@ func runNodeClient(t *testing.T, customer testnet.NodeInfo, script string, args 
 	return lines
 }
 
-// customerPayment returns the customer node's payment of hash, made in
-// the last hour (a zero Payment if there is none).
-func customerPayment(t *testing.T, s *testnet.Stack, hash string) *lnrpc.Payment {
-	t.Helper()
-	if p := customerPayments(t, s, time.Now().Add(-time.Hour))[hash]; p != nil {
-		return p
-	}
-	return &lnrpc.Payment{}
-}
-
 // TestStockL402ClientBuys: the official MCP TypeScript SDK client, its
 // fetch wrapped by @getalby/lightning-tools' fetchWithL402 whose wallet
 // pays through the customer LND's REST API, calls a priced tool of
@@ -89,9 +64,11 @@ func customerPayment(t *testing.T, s *testnet.Stack, hash string) *lnrpc.Payment
 // amount is what the customer node sent for that payment hash; `ledger
 // verify` passes.
 func TestStockL402ClientBuys(t *testing.T) {
-	needL402Client(t)
+	needNPM(t, "l402")
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{http402: true})
+	path, _ := writeServeConfig(t, s, serveOpts{http402: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	customer, _ := s.Node(testnet.Customer)
 
 	lines := runNodeClient(t, customer, "client.mjs", url, "t_sha256", `{"text":"bought with L402"}`, customer.RESTHost, customer.AdminMacaroon)
@@ -108,7 +85,7 @@ func TestStockL402ClientBuys(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sent := customerPayment(t, s, hash)
+	sent := capvendtest.CustomerPayment(t, s, hash)
 	if sent.Status != lnrpc.Payment_SUCCEEDED {
 		t.Fatalf("the customer node has no succeeded payment %s: %+v", hash, sent)
 	}
@@ -158,9 +135,11 @@ func TestStockL402ClientBuys(t *testing.T) {
 // that settled invoice, 100 sats credited, four calls drawn and
 // delivered, 16 sats left; `ledger verify` passes.
 func TestStockL402ClientBuysCredit(t *testing.T) {
-	needL402Client(t)
+	needNPM(t, "l402")
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{http402: true, credit: true})
+	path, _ := writeServeConfig(t, s, serveOpts{http402: true, credit: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	customer, _ := s.Node(testnet.Customer)
 
 	lines := runNodeClient(t, customer, "credit.mjs", url, "100", "t_sha256", "credit", "5", customer.RESTHost, customer.AdminMacaroon)
@@ -197,7 +176,7 @@ func TestStockL402ClientBuysCredit(t *testing.T) {
 	sum := sha256.Sum256(pre)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if sent := customerPayment(t, s, hex.EncodeToString(sum[:])); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 100_000 {
+	if sent := capvendtest.CustomerPayment(t, s, hex.EncodeToString(sum[:])); sent.Status != lnrpc.Payment_SUCCEEDED || sent.ValueMsat != 100_000 {
 		t.Fatalf("the customer node paid %d msat (%s), want 100000: the top-up only", sent.ValueMsat, sent.Status)
 	}
 	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})

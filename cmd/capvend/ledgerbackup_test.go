@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,67 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/pgserver"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
-
-// paidCalls books n calls of 21 sat on l: n-2 paid and delivered, one
-// paid whose tool failed and was refunded (a refund owed), one awaiting
-// its payment.
-func paidCalls(t *testing.T, l *ledger.Ledger, n int) {
-	t.Helper()
-	ctx := context.Background()
-	for i := range n {
-		c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: fmt.Sprint("r", i),
-			Server: "demo", Tool: "echo", ArgsHash: fmt.Sprintf("%064x", i), Price: 21_000, Idempotent: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.RecordPayment(ctx, c.ID, vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice,
-			Ref: fmt.Sprintf("%064x", 1000+i), Bolt11: "lnbcrt210n1test", Amount: 21_000, ExpiresAt: time.Now().Add(time.Hour)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i == n-1 {
-			continue // awaiting payment
-		}
-		if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
-			t.Fatal(err)
-		}
-		if i == n-2 {
-			if err := l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte(`{"content":[],"isError":true}`)}, "upstream failed"); err != nil {
-				t.Fatal(err)
-			}
-			if err := l.Refund(ctx, c.ID, "upstream failed"); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		body := fmt.Sprintf(`{"content":[{"type":"text","text":"%s"}]}`, strings.Repeat("a", 2000))
-		if err := l.Deliver(ctx, c.ID, vend.Result{Body: []byte(body)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// capvendFails runs the built capvend in dir, which must exit non-zero,
-// and returns its combined output.
-func capvendFails(t *testing.T, dir string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(builtCapvend(t), args...)
-	cmd.Dir, cmd.Env = dir, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		t.Fatalf("capvend %s: %v, want a non-zero exit\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
 
 // TestLedgerBackupWhileServing: `capvend ledger backup` (the built binary)
 // copies the ledger a running serve holds: the copy is verified and
@@ -79,15 +23,15 @@ func capvendFails(t *testing.T, dir string, args ...string) string {
 // replaced with it; the copy verifies and balances as the ledger does.
 func TestLedgerBackupWhileServing(t *testing.T) {
 	t.Parallel()
-	path, listen := freeToolsConfig(t, "")
+	path, _ := capvendtest.FreeToolsConfig(t, "")
 	dir := filepath.Dir(path)
 	l, err := ledger.Open(context.Background(), filepath.Join(dir, "capvend.db"), ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	paidCalls(t, l, 6)
+	capvendtest.BookCalls(t, l, 0, 6, true)
 	l.Close()
-	serveInProcess(t, path, listen)
+	startCapvend(t, path)
 
 	if out := capvendIn(t, dir, nil, "ledger", "--help"); !strings.Contains(out, "backup ") {
 		t.Fatalf("ledger --help does not list backup:\n%s", out)
@@ -144,7 +88,7 @@ func TestLedgerBackupOfPostgresSaysPgDump(t *testing.T) {
 // calls (ids go on after the restored ones).
 func TestPgDumpRestoresALedger(t *testing.T) {
 	ctx := context.Background()
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	bin, err := pgserver.Bin()
 	if err != nil {
 		skip.Missing(t, err.Error(), "apt-get install postgresql")
@@ -153,7 +97,7 @@ func TestPgDumpRestoresALedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	paidCalls(t, l, 6)
+	capvendtest.BookCalls(t, l, 0, 6, true)
 	if st, err := l.PruneBatch(ctx, time.Now().Add(time.Hour)); err != nil || st.Results == 0 {
 		t.Fatalf("prune: %+v %v", st, err)
 	}
@@ -168,7 +112,7 @@ func TestPgDumpRestoresALedger(t *testing.T) {
 		}
 	}
 	pg("pg_dump", "--format=custom", "--file="+dump, dsn)
-	if _, err := openPG(t, dsn).Exec("CREATE DATABASE restored TEMPLATE template0"); err != nil {
+	if _, err := capvendtest.OpenPG(t, dsn).Exec("CREATE DATABASE restored TEMPLATE template0"); err != nil {
 		t.Fatal(err)
 	}
 	restored := strings.Replace(dsn, "/capvend?", "/restored?", 1)

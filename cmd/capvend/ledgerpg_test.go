@@ -12,6 +12,7 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/pgserver"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
@@ -83,7 +84,7 @@ func TestLedgerDSNFileIsASecret(t *testing.T) {
 // and the ledger commands read it: verify, balance, export.
 func TestLedgerCommandsOnPostgres(t *testing.T) {
 	ctx := context.Background()
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	// The server trusts loopback; the password is there to be kept secret.
 	dsn = strings.Replace(dsn, pgserver.User+"@", pgserver.User+":s3cret-pw@", 1)
 	dir := t.TempDir()
@@ -139,7 +140,7 @@ func TestLedgerCommandsOnPostgres(t *testing.T) {
 // non-empty target is refused.
 func TestLedgerMigrateToPostgres(t *testing.T) {
 	ctx := context.Background()
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "ledger.dsn"), []byte(dsn), 0o600); err != nil {
 		t.Fatal(err)
@@ -221,8 +222,8 @@ func TestLedgerMigrateToPostgres(t *testing.T) {
 // verifies.
 func TestServeOnPostgres(t *testing.T) {
 	ctx := context.Background()
-	dsn := testPostgres(t)
-	src, listen := freeToolsConfig(t, "")
+	dsn := capvendtest.Postgres(t)
+	src, listen := capvendtest.FreeToolsConfig(t, "")
 	b, err := os.ReadFile(src)
 	if err != nil {
 		t.Fatal(err)
@@ -235,7 +236,7 @@ func TestServeOnPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Run("serve", func(t *testing.T) {
-		serveInProcess(t, src, listen)
+		startCapvend(t, src)
 		c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
 		if err != nil {
 			t.Fatal(err)
@@ -278,39 +279,22 @@ func TestServeOnPostgres(t *testing.T) {
 	}
 }
 
-// sharedPGConfig writes a serve configuration on the PostgreSQL ledger of
-// dsn whose tool sha256 has the price rule rule (YAML), and returns it
-// with its listen address.
-func sharedPGConfig(t *testing.T, dsn string, rule string) (path, listen string) {
-	t.Helper()
-	src, listen := freeToolsConfig(t, "")
-	b, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := strings.Replace(string(b), "ledger:\n  path: capvend.db\n", "ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\n", 1)
-	body += "    tools:\n      sha256:\n        " + rule + "\n"
-	if err := os.WriteFile(src, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(filepath.Dir(src), "ledger.dsn"), []byte(dsn), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return src, listen
-}
-
 // TestServeRefusesOtherPricesOnASharedLedger: two `capvend serve` with the
 // same price book share one PostgreSQL ledger; a third whose price book
 // differs (here a tool's rule: not idempotent; a price would need a
 // payment backend) is refused at start, saying why.
 func TestServeRefusesOtherPricesOnASharedLedger(t *testing.T) {
-	dsn := testPostgres(t)
-	a, listenA := sharedPGConfig(t, dsn, "not_idempotent: false")
-	serveInProcess(t, a, listenA)
-	b, listenB := sharedPGConfig(t, dsn, "not_idempotent: false")
-	serveInProcess(t, b, listenB)
-	c, _ := sharedPGConfig(t, dsn, "not_idempotent: true")
-	_, errOut, code := run(t, nil, "serve", "--config", c)
+	dsn := capvendtest.Postgres(t)
+	var paths []string
+	for _, rule := range []string{"not_idempotent: false", "not_idempotent: false", "not_idempotent: true"} {
+		path, _ := capvendtest.FreeToolsConfig(t, "")
+		capvendtest.OnPostgres(t, path, dsn)
+		capvendtest.EditConfig(t, path, "", "    tools:\n      sha256:\n        "+rule+"\n")
+		paths = append(paths, path)
+	}
+	startCapvend(t, paths[0])
+	startCapvend(t, paths[1])
+	_, errOut, code := run(t, nil, "serve", "--config", paths[2])
 	if code == 0 || !strings.Contains(errOut, "price book differs from a running instance's") || !strings.Contains(errOut, "same prices") {
 		t.Fatalf("an instance with other prices: exit %d\n%s", code, errOut)
 	}

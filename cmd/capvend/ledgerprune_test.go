@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
@@ -52,7 +53,7 @@ func fillOld(t *testing.T, path string, age time.Duration, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	paidCalls(t, l, n)
+	capvendtest.BookCalls(t, l, 0, n, true)
 	l.Close()
 }
 
@@ -62,12 +63,12 @@ func fillOld(t *testing.T, path string, age time.Duration, n int) {
 // verifies.
 func TestServePrunesOldAnswers(t *testing.T) {
 	t.Parallel()
-	path, listen := freeToolsConfig(t, "")
+	path, _ := capvendtest.FreeToolsConfig(t, "")
 	dir := filepath.Dir(path)
 	db := filepath.Join(dir, "capvend.db")
 	fillOld(t, db, 40*24*time.Hour, 4) // 2 delivered, 1 failed and refunded, 1 awaiting
 	before := capvendIn(t, dir, nil, "ledger", "export", "--format", "beancount")
-	stop := serveInProcess(t, path, listen)
+	stop := startCapvend(t, path).Stop
 	l, err := ledger.Open(context.Background(), db, ledger.Options{MustExist: true})
 	if err != nil {
 		t.Fatal(err)
@@ -131,14 +132,16 @@ func TestLedgerPruneCommand(t *testing.T) {
 // still holds one call, run once, paid once.
 func TestReplayAfterPruneOverMCPHTTP(t *testing.T) {
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{})
-	sid := mcpPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"prune","version":"1"}}}`,
+	path, _ := writeServeConfig(t, s, serveOpts{})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
+	sid := capvendtest.MCPPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"experimental":{"capvend/payments":{}}},"clientInfo":{"name":"prune","version":"1"}}}`,
 		func(json.RawMessage) bool { return true })
-	mcpPost(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, func(json.RawMessage) bool { return true })
+	capvendtest.MCPPost(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, func(json.RawMessage) bool { return true })
 	deadline := time.Now().Add(30 * time.Second)
 	for { // the upstreams connect
 		listed := false
-		mcpPost(t, url, sid, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, func(m json.RawMessage) bool {
+		capvendtest.MCPPost(t, url, sid, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, func(m json.RawMessage) bool {
 			listed = listed || strings.Contains(string(m), `"t_sha256"`)
 			return true
 		})
@@ -165,7 +168,7 @@ func TestReplayAfterPruneOverMCPHTTP(t *testing.T) {
 	}
 	paid := make(chan error, 1)
 	var first answer
-	mcpPost(t, url, sid, call, func(m json.RawMessage) bool {
+	capvendtest.MCPPost(t, url, sid, call, func(m json.RawMessage) bool {
 		var a answer
 		json.Unmarshal(m, &a)
 		if a.Method == "notifications/payment_required" {
@@ -194,7 +197,7 @@ func TestReplayAfterPruneOverMCPHTTP(t *testing.T) {
 		t.Fatalf("prune:\n%s", out)
 	}
 	var again answer
-	mcpPost(t, url, sid, call, func(m json.RawMessage) bool {
+	capvendtest.MCPPost(t, url, sid, call, func(m json.RawMessage) bool {
 		json.Unmarshal(m, &again)
 		return again.ID != 7
 	})

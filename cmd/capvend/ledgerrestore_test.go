@@ -6,73 +6,17 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/replica"
-	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
-	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
 )
-
-var (
-	litestreamOnce sync.Once
-	litestreamBin  string
-	litestreamErr  error
-)
-
-// litestream returns the Litestream binary the backup tests run beside
-// capvend, built once from the pinned module version (testnet).
-func litestream(t testing.TB) string {
-	t.Helper()
-	skip.Short(t, "builds Litestream "+testnet.LitestreamVersion)
-	litestreamOnce.Do(func() {
-		dir, err := testnet.DefaultBinDir()
-		if err != nil {
-			litestreamErr = err
-			return
-		}
-		litestreamBin, litestreamErr = testnet.EnsureLitestream(context.Background(), dir, func(f string, a ...any) { fmt.Printf(f+"\n", a...) })
-	})
-	if litestreamErr != nil {
-		t.Fatal(litestreamErr)
-	}
-	return litestreamBin
-}
-
-// replicating runs `litestream replicate -config config` beside the test
-// (as an operator runs it beside serve) until stop or the test's end.
-func replicating(t testing.TB, bin, config string) (stop func()) {
-	t.Helper()
-	cmd := exec.Command(bin, "replicate", "-config", config)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
-	var out lockedWriter
-	out.w = &bytes.Buffer{}
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cmd.Process.Kill()
-			cmd.Wait()
-		})
-	}
-	t.Cleanup(func() {
-		stop()
-		if t.Failed() {
-			t.Logf("litestream's log:\n%s", tail(&out, 8000))
-		}
-	})
-	return stop
-}
 
 // caughtUp waits until doctor's replica check finds no lag.
 func caughtUp(t testing.TB, cfg *Config) outcome {
@@ -90,49 +34,6 @@ func caughtUp(t testing.TB, cfg *Config) outcome {
 	}
 }
 
-// deliveredCalls books n paid, delivered calls of 21 sat, request ids
-// from r<from>.
-func deliveredCalls(t *testing.T, l *ledger.Ledger, from, n int) {
-	t.Helper()
-	ctx := context.Background()
-	for i := from; i < from+n; i++ {
-		c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: fmt.Sprint("r", i),
-			Server: "demo", Tool: "echo", ArgsHash: fmt.Sprintf("%064x", i), Price: 21_000, Idempotent: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.RecordPayment(ctx, c.ID, vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice,
-			Ref: fmt.Sprintf("%064x", 1000+i), Bolt11: "lnbcrt210n1test", Amount: 21_000, ExpiresAt: time.Now().Add(time.Hour)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := l.SettlePayment(ctx, vend.Settlement{Ref: p.Ref, Amount: p.Amount}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice)); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Deliver(ctx, c.ID, vend.Result{Body: []byte(`{"content":[{"type":"text","text":"ok"}]}`)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// countCalls is how many calls the ledger file at path holds.
-func countCalls(t *testing.T, path string) int {
-	t.Helper()
-	l, err := ledger.Open(context.Background(), path, ledger.Options{MustExist: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	calls, err := l.CallsIn(context.Background(), vend.CallStates()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(calls)
-}
-
 // TestLedgerRestoreFromFileReplica runs Litestream beside a ledger in use
 // with the configuration `capvend ledger litestream-config` writes, to a
 // file:// replica: doctor sees the replica catch up and then lag when
@@ -141,7 +42,7 @@ func countCalls(t *testing.T, path string) int {
 // overwrite a file or to restore beside an old ledger's -wal; and after a
 // restore into ledger.path, Litestream replicates the restored ledger on.
 func TestLedgerRestoreFromFileReplica(t *testing.T) {
-	bin := litestream(t)
+	bin := capvendtest.Litestream(t)
 	dir := t.TempDir()
 	db := filepath.Join(dir, "capvend.db")
 	yaml := fmt.Sprintf("ledger:\n  path: capvend.db\n  replica: file://%s\n  litestream: %s\nserver:\n  name: t\n",
@@ -159,14 +60,14 @@ func TestLedgerRestoreFromFileReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { l.Close() }()
-	paidCalls(t, l, 6) // 4 delivered, 1 refunded, 1 awaiting payment
+	capvendtest.BookCalls(t, l, 0, 6, true) // 4 delivered, 1 refunded, 1 awaiting payment
 
 	capvendIn(t, dir, nil, "ledger", "litestream-config", "--out", "litestream.yml")
 	ly, _ := os.ReadFile(filepath.Join(dir, "litestream.yml"))
 	if !strings.Contains(string(ly), db) || !strings.Contains(string(ly), "file://"+filepath.Join(dir, "replica")) {
 		t.Fatalf("litestream.yml:\n%s", ly)
 	}
-	stop := replicating(t, bin, filepath.Join(dir, "litestream.yml"))
+	stop := capvendtest.Replicating(t, bin, filepath.Join(dir, "litestream.yml"))
 	o := caughtUp(t, cfg)
 	t.Logf("doctor: %s: %s", o.name, o.detail)
 
@@ -175,7 +76,7 @@ func TestLedgerRestoreFromFileReplica(t *testing.T) {
 	time.Sleep(1100 * time.Millisecond)
 	point := time.Now()
 	time.Sleep(1100 * time.Millisecond)
-	deliveredCalls(t, l, 100, 3)
+	capvendtest.BookCalls(t, l, 100, 3, false)
 	caughtUp(t, cfg)
 
 	out := capvendIn(t, dir, nil, "ledger", "restore", "--to", "restored/latest.db")
@@ -186,11 +87,11 @@ func TestLedgerRestoreFromFileReplica(t *testing.T) {
 	if st, err := os.Stat(latest); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("restored file: %v %v", st, err)
 	}
-	if n := countCalls(t, latest); n != 9 {
+	if n := capvendtest.CountCalls(t, latest); n != 9 {
 		t.Fatalf("the newest state holds %d calls, want 9", n)
 	}
 	capvendIn(t, dir, nil, "ledger", "restore", "--to", "restored/then.db", "--at", point.UTC().Format(time.RFC3339Nano))
-	if n := countCalls(t, filepath.Join(dir, "restored", "then.db")); n != 6 {
+	if n := capvendtest.CountCalls(t, filepath.Join(dir, "restored", "then.db")); n != 6 {
 		t.Fatalf("the state as of %s holds %d calls, want 6", point, n)
 	}
 	before, _ := os.ReadFile(latest)
@@ -210,7 +111,7 @@ func TestLedgerRestoreFromFileReplica(t *testing.T) {
 	// Replication stops; the books change: doctor reports the lag.
 	stop()
 	time.Sleep(replicaLagWarn + 1100*time.Millisecond)
-	deliveredCalls(t, l, 200, 1)
+	capvendtest.BookCalls(t, l, 200, 1, false)
 	if o := checkReplica(ctx, cfg, time.Now()); o.status != "WARN" || !strings.Contains(o.detail, "lag ") {
 		t.Fatalf("doctor after replication stopped: %+v", o)
 	}
@@ -222,17 +123,17 @@ func TestLedgerRestoreFromFileReplica(t *testing.T) {
 		os.RemoveAll(p)
 	}
 	capvendIn(t, dir, nil, "ledger", "restore", "--to", "capvend.db")
-	if n := countCalls(t, db); n != 9 {
+	if n := capvendtest.CountCalls(t, db); n != 9 {
 		t.Fatalf("the restored ledger holds %d calls, want 9 (the last one was never replicated)", n)
 	}
 	if l, err = ledger.Open(ctx, db, ledger.Options{MustExist: true}); err != nil {
 		t.Fatal(err)
 	}
-	deliveredCalls(t, l, 300, 2)
-	replicating(t, bin, filepath.Join(dir, "litestream.yml"))
+	capvendtest.BookCalls(t, l, 300, 2, false)
+	capvendtest.Replicating(t, bin, filepath.Join(dir, "litestream.yml"))
 	caughtUp(t, cfg)
 	capvendIn(t, dir, nil, "ledger", "restore", "--to", "restored/after.db")
-	if n := countCalls(t, filepath.Join(dir, "restored", "after.db")); n != 11 {
+	if n := capvendtest.CountCalls(t, filepath.Join(dir, "restored", "after.db")); n != 11 {
 		t.Fatalf("after the restore, the replica holds %d calls, want 11", n)
 	}
 	if out := capvendIn(t, dir, nil, "ledger", "verify", "--db", "restored/after.db"); !strings.Contains(out, "checks passed") {
@@ -440,7 +341,7 @@ func replicated(t *testing.T, ls replica.Litestream, db string) string {
 // `restore --at` a time between the first two batches gives the state
 // after the first, verified as well.
 func TestLedgerRestoreDrill(t *testing.T) {
-	bin := litestream(t)
+	bin := capvendtest.Litestream(t)
 	ctx := context.Background()
 	dir := t.TempDir()
 	db := filepath.Join(dir, "capvend.db")
@@ -463,7 +364,7 @@ func TestLedgerRestoreDrill(t *testing.T) {
 	}
 	defer func() { l.Close() }()
 	capvendIn(t, dir, nil, "ledger", "litestream-config", "--out", "litestream.yml")
-	stop := replicating(t, bin, filepath.Join(dir, "litestream.yml"))
+	stop := capvendtest.Replicating(t, bin, filepath.Join(dir, "litestream.yml"))
 
 	drillBatch(t, l, 1)
 	first := replicated(t, ls, db)
@@ -499,7 +400,7 @@ func TestLedgerRestoreDrill(t *testing.T) {
 	}
 	got := moneyRecords(t, db, false)
 	if got != last {
-		t.Fatalf("the restored money records differ from the last replicated point:\n%s", lineDiff(last, got))
+		t.Fatalf("the restored money records differ from the last replicated point:\n%s", capvendtest.LineDiff(last, got))
 	}
 	if got == lost || got == first {
 		t.Fatal("the drill's batches wrote nothing the restore could tell apart")
@@ -511,7 +412,7 @@ func TestLedgerRestoreDrill(t *testing.T) {
 		t.Fatalf("verify of the point-in-time restore:\n%s", out)
 	}
 	if then := moneyRecords(t, filepath.Join(dir, "then.db"), false); then != first {
-		t.Fatalf("the state as of %s differs from the first batch's:\n%s", point.UTC().Format(time.RFC3339Nano), lineDiff(first, then))
+		t.Fatalf("the state as of %s differs from the first batch's:\n%s", point.UTC().Format(time.RFC3339Nano), capvendtest.LineDiff(first, then))
 	}
 	r, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
 	if err != nil {
@@ -535,23 +436,6 @@ func rowCounts(records string) []string {
 		}
 	}
 	return out
-}
-
-// lineDiff lists the lines only in want (-) and only in got (+).
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var out strings.Builder
-	for _, l := range w {
-		if !slices.Contains(g, l) {
-			out.WriteString("- " + l + "\n")
-		}
-	}
-	for _, l := range g {
-		if !slices.Contains(w, l) {
-			out.WriteString("+ " + l + "\n")
-		}
-	}
-	return out.String()
 }
 
 // TestRestoreHelpSaysWhyLitestreamRunsBeside: the choice of running

@@ -6,8 +6,6 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,36 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
-
-// run executes capvend in-process with args and returns stdout, stderr and
-// the exit status.
-func run(t *testing.T, environ map[string]string, args ...string) (string, string, int) {
-	t.Helper()
-	var out, errOut bytes.Buffer
-	e := &env{
-		Stdin:  strings.NewReader(""),
-		Stdout: &out,
-		Stderr: &errOut,
-		Getenv: func(k string) string { return environ[k] },
-		Log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-	code := execute(context.Background(), rootCommand(), e, args)
-	return out.String(), errOut.String(), code
-}
-
-// chdir moves the test into dir (commands resolve ./capvend.yaml).
-func chdir(t *testing.T, dir string) {
-	t.Helper()
-	old, _ := os.Getwd()
-	if err := os.Chdir(dir); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.Chdir(old) })
-}
 
 func TestEveryCommandHasHelp(t *testing.T) {
 	var walk func(c *command, path []string)
@@ -116,7 +89,7 @@ func TestVersion(t *testing.T) {
 
 func TestInitWritesAValidConfigOnce(t *testing.T) {
 	dir := t.TempDir()
-	chdir(t, dir)
+	capvendtest.Chdir(t, dir)
 	out, errOut, code := run(t, nil, "init")
 	if code != 0 || !strings.Contains(out, "wrote capvend.yaml") {
 		t.Fatalf("exit %d: %s %s", code, out, errOut)
@@ -218,7 +191,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 }
 
 func TestExplicitConfigMustExist(t *testing.T) {
-	chdir(t, t.TempDir())
+	capvendtest.Chdir(t, t.TempDir())
 	_, errOut, code := run(t, map[string]string{"CAPVEND_CONFIG": "missing.yaml"}, "ledger", "balance")
 	if code != 1 || !strings.Contains(errOut, "missing.yaml") {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -258,7 +231,7 @@ func bookSomething(t *testing.T, path string) {
 
 func TestLedgerCommands(t *testing.T) {
 	dir := t.TempDir()
-	chdir(t, dir)
+	capvendtest.Chdir(t, dir)
 	if _, _, code := run(t, nil, "init"); code != 0 {
 		t.Fatal("init")
 	}

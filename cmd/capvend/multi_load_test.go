@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,6 +19,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/ctxvmclient"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/testnet/exampletools"
@@ -153,7 +151,7 @@ func (ld *load) done(c *loadCall, result string, err error) {
 }
 
 // httpCall makes c over MCP HTTP with pc (whose payments go to cur's call).
-func (ld *load) httpCall(pc *payingClient, cur *atomic.Pointer[loadCall], c *loadCall) error {
+func (ld *load) httpCall(pc *capvendtest.PayingClient, cur *atomic.Pointer[loadCall], c *loadCall) error {
 	cur.Store(c)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -166,11 +164,11 @@ func (ld *load) httpCall(pc *payingClient, cur *atomic.Pointer[loadCall], c *loa
 	}
 	r, err := pc.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: tool, Arguments: args}})
 	if err == nil && r.IsError {
-		err = fmt.Errorf("tool error: %s", text(r))
+		err = fmt.Errorf("tool error: %s", capvendtest.Text(r))
 	}
 	var out string
 	if err == nil {
-		out = text(r)
+		out = capvendtest.Text(r)
 	}
 	ld.done(c, out, err)
 	return err
@@ -178,11 +176,11 @@ func (ld *load) httpCall(pc *payingClient, cur *atomic.Pointer[loadCall], c *loa
 
 // httpClients makes, in the test's goroutine, a paying MCP HTTP client on
 // each listen address, all paying for the call in cur.
-func (ld *load) httpClients(t *testing.T, cur *atomic.Pointer[loadCall], listens ...string) []*payingClient {
+func (ld *load) httpClients(t *testing.T, cur *atomic.Pointer[loadCall], listens ...string) []*capvendtest.PayingClient {
 	t.Helper()
-	var out []*payingClient
+	var out []*capvendtest.PayingClient
 	for _, l := range listens {
-		out = append(out, newPayingClientWith(t, "http://"+l+"/mcp", func(payReq string) { ld.pay(cur.Load(), payReq) }))
+		out = append(out, capvendtest.NewPayingClientWith(t, "http://"+l+"/mcp", func(payReq string) { ld.pay(cur.Load(), payReq) }))
 	}
 	return out
 }
@@ -190,7 +188,7 @@ func (ld *load) httpClients(t *testing.T, cur *atomic.Pointer[loadCall], listens
 // httpWorker makes loadHTTPCalls calls, alternately paid and free, with
 // clients[0] on instance on; once a call fails it goes on with the next
 // client (another instance), as a client of a dead instance would.
-func (ld *load) httpWorker(w, on int, clients []*payingClient, cur *atomic.Pointer[loadCall]) {
+func (ld *load) httpWorker(w, on int, clients []*capvendtest.PayingClient, cur *atomic.Pointer[loadCall]) {
 	for i := range loadHTTPCalls {
 		c := ld.add(&loadCall{front: "http", on: on, text: fmt.Sprintf("%s http %d-%d", ld.tag, w, i), paid: i%2 == 0})
 		if ld.httpCall(clients[0], cur, c) != nil && len(clients) > 1 && on == 0 {
@@ -262,23 +260,6 @@ func victimOf(t *testing.T, db *sql.DB, pid int) (instance, run string) {
 	}
 }
 
-// waitLedger polls query (one integer) on db until ok says yes.
-func waitLedger(t *testing.T, db *sql.DB, what string, guard time.Duration, ok func(int) bool, query string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(guard) // a deadlock guard
-	for {
-		var n int
-		err := db.QueryRow(query, args...).Scan(&n)
-		if err == nil && ok(n) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still %d (%v) after %s", what, n, err, guard)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // TestMultiInstanceUnderLoad runs three real `capvend serve` processes on
 // one PostgreSQL ledger, the regtest vendor LND and relay, all with the
 // same Nostr key, each selling example-tools with a calls log of its own.
@@ -289,7 +270,7 @@ func waitLedger(t *testing.T, db *sql.DB, what string, guard time.Duration, ok f
 // calls, is running a paid slow_count and has issued the invoices of
 // loadHeld more paid calls, it is SIGKILLed with the load still coming;
 // the held invoices are paid after its death. Then every call is checked
-// (checkLoad): a call whose client got no answer was on the dead instance
+// (load.check): a call whose client got no answer was on the dead instance
 // and was either delivered once by another instance (recovery) or its
 // money is not taken (unpaid, refunded), and the customer node paid
 // exactly the delivered calls and the refunds owed.
@@ -313,27 +294,27 @@ func TestMultiInstanceUnderLoad(t *testing.T) {
 
 func testMultiLoad(t *testing.T, hold bool) {
 	s := needStack(t)
-	dsn := testPostgres(t)
-	server, nsec := serverKey(t)
+	dsn := capvendtest.Postgres(t)
+	server, nsec := capvendtest.ServerKey(t)
 	var paths, listens, logs []string
 	for i := range 3 {
 		log := filepath.Join(t.TempDir(), fmt.Sprintf("calls-%d.jsonl", i))
 		p, l := writeServeConfig(t, s, serveOpts{nsecFile: nsec, callsLog: log, hold: hold})
-		onPostgres(t, p, dsn)
-		fastTakeover(t, p)
+		capvendtest.OnPostgres(t, p, dsn)
+		capvendtest.EditConfig(t, p, "  driver: postgres\n", fastTakeover)
 		// The unpaid limits count a client by its address across the
 		// instances, and every MCP HTTP client here comes from 127.0.0.1:
 		// one client to the limits, with the dead instance's unpaid
 		// quotes counted until they end. Room for all of them.
-		editConfig(t, p, "limits:\n", "limits:\n  max_unpaid_per_client: 100\n")
+		capvendtest.EditConfig(t, p, "limits:\n", "limits:\n  max_unpaid_per_client: 100\n")
 		paths, listens, logs = append(paths, p), append(listens, l), append(logs, log)
 	}
-	db := openPG(t, dsn)
-	victim := startServe(t, paths[0], listens[0], "")
-	instance, run := victimOf(t, db, victim.Process.Pid)
-	waitLedger(t, db, "the victim's work lease", time.Minute, func(n int) bool { return n == 1 },
+	db := capvendtest.OpenPG(t, dsn)
+	victim := startCapvend(t, paths[0], capvendOpts{Process: true})
+	instance, run := victimOf(t, db, victim.Pid())
+	capvendtest.WaitLedger(t, db, "the victim's work lease", time.Minute, func(n int) bool { return n == 1 },
 		"SELECT count(*) FROM leases WHERE name = $1 AND holder = $2", vend.LeaseWork, instance)
-	procs := []*exec.Cmd{startServe(t, paths[1], listens[1], ""), startServe(t, paths[2], listens[2], "")}
+	procs := []*runningCapvend{startCapvend(t, paths[1], capvendOpts{Process: true}), startCapvend(t, paths[2], capvendOpts{Process: true})}
 	start := time.Now()
 
 	ld := &load{s: s, tag: fmt.Sprintf("hold=%v", hold), hold: make(chan *loadCall, loadHeld+1), paidHashes: map[string]bool{},
@@ -361,7 +342,7 @@ func testMultiLoad(t *testing.T, hold bool) {
 
 	// The kill: once the victim has delivered loadBeforeKill calls, a
 	// slow paid call and loadHeld paid calls whose invoices wait.
-	waitLedger(t, db, "calls the victim delivered", 2*time.Minute, func(n int) bool { return n >= loadBeforeKill },
+	capvendtest.WaitLedger(t, db, "calls the victim delivered", 2*time.Minute, func(n int) bool { return n >= loadBeforeKill },
 		"SELECT count(*) FROM calls WHERE run_id = $1 AND state = 'delivered'", run)
 	var victimCalls sync.WaitGroup
 	special := []*loadCall{{front: "slow", on: 0, paid: true}}
@@ -388,16 +369,16 @@ func testMultiLoad(t *testing.T, hold bool) {
 			t.Fatalf("only %d of the victim's %d invoices issued", len(held), len(special))
 		}
 	}
-	waitLedger(t, db, "the slow call executing", 2*time.Minute, func(n int) bool { return n == 1 },
+	capvendtest.WaitLedger(t, db, "the slow call executing", 2*time.Minute, func(n int) bool { return n == 1 },
 		"SELECT count(*) FROM calls WHERE run_id = $1 AND tool LIKE '%slow_count' AND state = 'executing'", run)
-	victim.Process.Signal(syscall.SIGKILL)
-	if err := waitExit(victim, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
-		t.Fatalf("the victim did not die by SIGKILL: %v", err)
+	victim.Signal(syscall.SIGKILL)
+	if code := victim.Wait(); code != exitKilled {
+		t.Fatalf("the victim did not die by SIGKILL: exit %d", code)
 	}
 	killed := time.Now()
 	ld.killed = killed
 	close(ld.dead)
-	logVictimStates(t, db, run, "at the kill")
+	ld.logVictimStates(t, run, "at the kill")
 	for _, c := range held {
 		ld.payNow(c, c.payReq) // the dead instance's invoices, paid
 	}
@@ -421,23 +402,20 @@ func testMultiLoad(t *testing.T, hold bool) {
 	t.Logf("load done %s after the start, %s after the kill", time.Since(start).Round(time.Second), time.Since(killed).Round(time.Second))
 
 	// Recovery: the held calls end, and no call is left paid or running.
-	if !waitRecovered(t, db, 3*time.Minute) {
+	if !ld.waitRecovered(t, 3*time.Minute) {
 		t.Errorf("calls not ended %s after the kill", time.Since(killed).Round(time.Second))
 	}
 	t.Logf("the dead instance's calls ended %s after the kill (bound: %s lease + a third of it + recovery)", time.Since(killed).Round(time.Second), testLeaseTTL)
 	ld.pays.Wait()
-	replayLost(t, ld, cl.c, db, instance, killed)
-	logVictimStates(t, db, run, "at the end")
+	ld.replayLost(t, cl.c, db, instance, killed)
+	ld.logVictimStates(t, run, "at the end")
 	for _, p := range procs {
-		p.Process.Signal(syscall.SIGTERM)
-		if err := waitExit(p, 60*time.Second); err != nil {
-			t.Errorf("an instance did not stop cleanly: %v\n%s", err, tail(p.Stderr.(*lockedWriter), 4000))
-		}
+		p.Stop()
 	}
 	counts := answers.settle(t, cl, cl.c.PublicKey)
-	checkLoad(t, ld, loadLedger(t, db, logs), loadState{counts: counts, victim: instance, run: run, killed: killed,
-		hold: hold, sdkPaid: int(sdkPaid.Load()), customer: customerPayments(t, s, start.Add(-time.Minute))})
-	checkInvoicesAtLND(t, s, db)
+	ld.check(t, loadLedger(t, db, logs), loadState{counts: counts, victim: instance, run: run, killed: killed,
+		hold: hold, sdkPaid: int(sdkPaid.Load()), customer: capvendtest.CustomerPayments(t, s, start.Add(-time.Minute))})
+	capvendtest.CheckInvoicesAtLND(t, s, db)
 	checkLedgerVerifies(t, paths[1])
 }
 
@@ -446,7 +424,7 @@ func testMultiLoad(t *testing.T, hold bool) {
 // the Nostr requests the dead instance claimed and never answered whose
 // call is free or was delivered by recovery: another instance answers
 // each, a paid one with its stored result, asking no payment.
-func replayLost(t *testing.T, ld *load, cl *ctxvmclient.Client, db *sql.DB, victim string, killed time.Time) {
+func (ld *load) replayLost(t *testing.T, cl *ctxvmclient.Client, db *sql.DB, victim string, killed time.Time) {
 	t.Helper()
 	var lost []*loadCall
 	for _, c := range ld.calls {
@@ -492,8 +470,9 @@ func replayLost(t *testing.T, ld *load, cl *ctxvmclient.Client, db *sql.DB, vict
 // waitRecovered waits until no call is paid or executing and the held
 // calls (paid after the kill) have ended; after guard it logs those left
 // and returns false.
-func waitRecovered(t *testing.T, db *sql.DB, guard time.Duration) bool {
+func (ld *load) waitRecovered(t *testing.T, guard time.Duration) bool {
 	t.Helper()
+	db := ld.db
 	const left = `FROM calls c JOIN call_arguments a ON a.call_id = c.id WHERE c.state IN ('paid', 'executing')
 		OR (convert_from(a.arguments, 'UTF8') LIKE '%held%' AND c.state = 'awaiting_payment')`
 	deadline := time.Now().Add(guard) // a deadlock guard
@@ -503,7 +482,7 @@ func waitRecovered(t *testing.T, db *sql.DB, guard time.Duration) bool {
 			return true
 		}
 		if time.Now().After(deadline) {
-			query(t, db, "SELECT c.id, c.state, c.run_id, c.tool, convert_from(a.arguments, 'UTF8') "+left, func(r *sql.Rows) error {
+			capvendtest.Query(t, db, "SELECT c.id, c.state, c.run_id, c.tool, convert_from(a.arguments, 'UTF8') "+left, func(r *sql.Rows) error {
 				var id int64
 				var state, run, tool, args string
 				err := r.Scan(&id, &state, &run, &tool, &args)
@@ -517,8 +496,9 @@ func waitRecovered(t *testing.T, db *sql.DB, guard time.Duration) bool {
 }
 
 // logVictimStates logs how many calls of run are in each state.
-func logVictimStates(t *testing.T, db *sql.DB, run, when string) {
+func (ld *load) logVictimStates(t *testing.T, run, when string) {
 	t.Helper()
+	db := ld.db
 	rows, err := db.Query("SELECT state, count(*) FROM calls WHERE run_id = $1 GROUP BY state ORDER BY state", run)
 	if err != nil {
 		t.Fatal(err)
@@ -534,7 +514,7 @@ func logVictimStates(t *testing.T, db *sql.DB, run, when string) {
 	t.Logf("the dead instance's paid calls %s:%s", when, b.String())
 }
 
-// ledgerCall is a call of the ledger as checkLoad sees it.
+// ledgerCall is a call of the ledger as load.check sees it.
 type ledgerCall struct {
 	id         int64
 	state      string
@@ -552,7 +532,7 @@ type ledgerCall struct {
 	who        string // transport, client, request id, created_at
 }
 
-// loadBooks is what checkLoad reads after the load: the ledger's calls by
+// loadBooks is what load.check reads after the load: the ledger's calls by
 // their arguments' text, the Nostr claims, and each instance's upstream
 // executions by text.
 type loadBooks struct {
@@ -589,7 +569,7 @@ func loadLedger(t *testing.T, db *sql.DB, logs []string) loadBooks {
 		byID[c.id] = c
 	}
 	rows.Close()
-	query(t, db, "SELECT call_id, ref, state, coalesce(settled_msat, 0) FROM payments WHERE backend = 'lnd' ORDER BY id", func(r *sql.Rows) error {
+	capvendtest.Query(t, db, "SELECT call_id, ref, state, coalesce(settled_msat, 0) FROM payments WHERE backend = 'lnd' ORDER BY id", func(r *sql.Rows) error {
 		var id int64
 		var hash, state string
 		var settled int64
@@ -599,7 +579,7 @@ func loadLedger(t *testing.T, db *sql.DB, logs []string) loadBooks {
 		}
 		return err
 	})
-	query(t, db, "SELECT call_id, started_at FROM executions ORDER BY call_id, seq", func(r *sql.Rows) error {
+	capvendtest.Query(t, db, "SELECT call_id, started_at FROM executions ORDER BY call_id, seq", func(r *sql.Rows) error {
 		var id, at int64
 		err := r.Scan(&id, &at)
 		if c := byID[id]; c != nil {
@@ -607,7 +587,7 @@ func loadLedger(t *testing.T, db *sql.DB, logs []string) loadBooks {
 		}
 		return err
 	})
-	query(t, db, "SELECT substr(request_key, 7), holder FROM request_claims WHERE request_key LIKE 'nostr:%'", func(r *sql.Rows) error {
+	capvendtest.Query(t, db, "SELECT substr(request_key, 7), holder FROM request_claims WHERE request_key LIKE 'nostr:%'", func(r *sql.Rows) error {
 		var ev, holder string
 		err := r.Scan(&ev, &holder)
 		b.claims[ev] = holder
@@ -636,54 +616,7 @@ func loadLedger(t *testing.T, db *sql.DB, logs []string) loadBooks {
 	return b
 }
 
-// query runs q on db and scan on each row.
-func query(t *testing.T, db *sql.DB, q string, scan func(*sql.Rows) error) {
-	t.Helper()
-	rows, err := db.Query(q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := scan(rows); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// customerPayments returns the customer node's payments made since
-// start, by payment hash (other test binaries pay from it too).
-func customerPayments(t testing.TB, s *testnet.Stack, start time.Time) map[string]*lnrpc.Payment {
-	t.Helper()
-	conn, err := s.Conn(testnet.Customer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln := lnrpc.NewLightningClient(conn)
-	out := map[string]*lnrpc.Payment{}
-	var offset uint64
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		r, err := ln.ListPayments(ctx, &lnrpc.ListPaymentsRequest{IncludeIncomplete: true, IndexOffset: offset, MaxPayments: 500,
-			CreationDateStart: uint64(start.Unix())})
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range r.Payments {
-			out[p.PaymentHash] = p
-		}
-		if len(r.Payments) == 0 || r.LastIndexOffset == offset {
-			return out
-		}
-		offset = r.LastIndexOffset
-	}
-}
-
-// loadState is what checkLoad holds the books against.
+// loadState is what load.check holds the books against.
 type loadState struct {
 	counts   map[string]int // answers on the relay, by request event id
 	victim   string         // the dead instance
@@ -694,15 +627,10 @@ type loadState struct {
 	customer map[string]*lnrpc.Payment
 }
 
-func sha256Hex(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:])
-}
-
-// checkLoad holds every call of the load against the books (see
+// check holds every call of the load against the books (see
 // TestMultiInstanceUnderLoad), and the customer's payments against the
 // delivered calls.
-func checkLoad(t *testing.T, ld *load, b loadBooks, st loadState) {
+func (ld *load) check(t *testing.T, b loadBooks, st loadState) {
 	t.Helper()
 	var paid, free, failed, recovered int
 	for _, c := range ld.calls {
@@ -724,10 +652,10 @@ func checkLoad(t *testing.T, ld *load, b loadBooks, st loadState) {
 		}
 		paid++
 		if c.front == "slow" {
-			checkSlowCall(t, b, st)
+			b.checkSlowCall(t, st)
 			continue
 		}
-		if checkPaidCall(t, c, b, st, onVictim) {
+		if b.checkPaidCall(t, c, st, onVictim) {
 			recovered++
 		}
 	}
@@ -750,12 +678,12 @@ func checkLoad(t *testing.T, ld *load, b loadBooks, st loadState) {
 	if recovered < loadHeld && !st.hold {
 		t.Errorf("%d of the dead instance's paid calls delivered by another instance, want at least the %d held ones", recovered, loadHeld)
 	}
-	checkCustomerPaid(t, ld, b, st)
+	ld.checkCustomerPaid(t, b, st)
 }
 
 // checkPaidCall checks one paid call of the workers or a held one, and
 // says whether another instance delivered it for the dead one.
-func checkPaidCall(t *testing.T, c *loadCall, b loadBooks, st loadState, onVictim bool) (recovered bool) {
+func (b loadBooks) checkPaidCall(t *testing.T, c *loadCall, st loadState, onVictim bool) (recovered bool) {
 	t.Helper()
 	lcs := b.calls[c.text]
 	if len(lcs) > 1 {
@@ -780,11 +708,11 @@ func checkPaidCall(t *testing.T, c *loadCall, b loadBooks, st loadState, onVicti
 	}
 	custPaid := cust.Status == lnrpc.Payment_SUCCEEDED
 	switch {
-	case c.err == nil && (lc.state != "delivered" || !strings.Contains(c.result, sha256Hex(c.text))):
+	case c.err == nil && (lc.state != "delivered" || !strings.Contains(c.result, capvendtest.SHA256Hex(c.text))):
 		t.Errorf("%s call %q answered %q, the ledger has it %s", c.front, c.text, c.result, lc.state)
 	case lc.state == "delivered" && (!custPaid || cust.ValueMsat != lc.price || lc.settled != lc.price):
 		t.Errorf("%s call %q delivered for %d msat settled; the customer's payment is %s, %d msat", c.front, c.text, lc.settled, cust.Status, cust.ValueMsat)
-	case lc.state == "delivered" && (lc.executions != 1 || ran != 1) && !reranInterrupted(lc, b, st, key):
+	case lc.state == "delivered" && (lc.executions != 1 || ran != 1) && !b.reranInterrupted(lc, st, key):
 		t.Errorf("%s call %q delivered after %d executions (the upstreams ran it %d times)", c.front, c.text, lc.executions, ran)
 	case lc.state == "delivered" && lc.executions != 1:
 		t.Logf("%s call %q, cut short by the kill while it ran, ran again on another instance (idempotent)", c.front, c.text)
@@ -805,7 +733,7 @@ func checkPaidCall(t *testing.T, c *loadCall, b loadBooks, st loadState, onVicti
 // reranInterrupted says whether lc is an idempotent call the kill cut
 // short while it ran on the dead instance, run once more by another
 // (Recover runs interrupted idempotent calls again).
-func reranInterrupted(lc *ledgerCall, b loadBooks, st loadState, key string) bool {
+func (b loadBooks) reranInterrupted(lc *ledgerCall, st loadState, key string) bool {
 	if lc.run != st.run || !lc.idempotent || lc.executions != 2 || len(lc.started) != 2 ||
 		!lc.started[0].Before(st.killed) || lc.started[1].Before(st.killed) ||
 		b.upstream[0][key] > 1 || b.upstream[1][key]+b.upstream[2][key] != 1 {
@@ -817,7 +745,7 @@ func reranInterrupted(lc *ledgerCall, b loadBooks, st loadState, key string) boo
 // checkSlowCall checks the slow_count call the kill interrupted: not
 // idempotent, so it is not run again but refunded in full, or, on a hold
 // invoice, canceled (the customer's payment failed).
-func checkSlowCall(t *testing.T, b loadBooks, st loadState) {
+func (b loadBooks) checkSlowCall(t *testing.T, st loadState) {
 	t.Helper()
 	var slow *ledgerCall
 	for _, lc := range b.all {
@@ -840,7 +768,7 @@ func checkSlowCall(t *testing.T, b loadBooks, st loadState) {
 // checkCustomerPaid checks that the customer node paid, for the ledger's
 // invoices, exactly the prices of the delivered calls plus the refunds
 // owed, and that every invoice the test paid is the ledger's.
-func checkCustomerPaid(t *testing.T, ld *load, b loadBooks, st loadState) {
+func (ld *load) checkCustomerPaid(t *testing.T, b loadBooks, st loadState) {
 	t.Helper()
 	var delivered, refunds, paid int64
 	invoices := map[string]bool{}

@@ -2,79 +2,29 @@ package main
 
 import (
 	"context"
-	"database/sql"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/capvend/capvend/billing/lnd"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/ctxvmclient"
-	"github.com/capvend/capvend/internal/pgserver"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
 )
-
-// testPostgres starts a PostgreSQL server for the test (skipping, and
-// failing under CI, when its binaries are missing) and returns the DSN of
-// an empty database.
-func testPostgres(t testing.TB) string {
-	t.Helper()
-	ctx := context.Background()
-	srv, err := pgserver.Start(ctx, filepath.Join(t.TempDir(), "pg"), pgserver.Options{NoFsync: true})
-	if errors.Is(err, pgserver.ErrMissing) {
-		skip.Missing(t, err.Error(), "apt-get install postgresql")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Destroy() })
-	dsn, err := srv.CreateDatabase(ctx, "capvend")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dsn
-}
-
-// openPG opens the PostgreSQL database of dsn for the test's own
-// queries, closed when the test ends.
-func openPG(t testing.TB, dsn string) *sql.DB {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := stdlib.OpenDB(*cfg)
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
-// onPostgres rewrites the serve configuration at path to keep its ledger
-// in the PostgreSQL database of dsn.
-func onPostgres(t testing.TB, path, dsn string) {
-	t.Helper()
-	editConfig(t, path, "ledger:\n  path: capvend.db\n", "ledger:\n  driver: postgres\n  dsn_file: ledger.dsn\n")
-	if err := os.WriteFile(filepath.Join(filepath.Dir(path), "ledger.dsn"), []byte(dsn), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // The lease and claim times the multi-instance tests give their
 // instances (ledger.lease_ttl, ledger.claim_takeover; 30 s and 1 min by
@@ -85,60 +35,10 @@ const (
 	testClaimTakeover = 15 * time.Second
 )
 
-// fastTakeover sets, in the serve configuration at path (on PostgreSQL:
-// onPostgres first), the short lease and claim times testLeaseTTL and
-// testClaimTakeover.
-func fastTakeover(t testing.TB, path string) {
-	t.Helper()
-	editConfig(t, path, "  driver: postgres\n", fmt.Sprintf("  driver: postgres\n  lease_ttl: %s\n  claim_takeover: %s\n", testLeaseTTL, testClaimTakeover))
-}
-
-// shardNostr turns nostr.shard on in the serve configuration at path,
-// with the member set read every sample (0: the default second; a
-// membership change settles in 9 samples).
-func shardNostr(t testing.TB, path string, sample time.Duration) {
-	t.Helper()
-	extra := ""
-	if sample > 0 {
-		extra = fmt.Sprintf("  shard_sample: %s\n", sample)
-	}
-	editConfig(t, path, "\nnostr:\n", "\nnostr:\n  shard: true\n"+extra)
-}
-
-// editConfig replaces the first old in the configuration file at path
-// with new; the file must hold old.
-func editConfig(t testing.TB, path, old, new string) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := strings.Replace(string(b), old, new, 1)
-	if body == string(b) {
-		t.Fatalf("the configuration %s has no %q to replace", path, old)
-	}
-	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// waitLeaseHolder waits until the work lease is held by an instance of
-// process pid (want true) or by one of another process (want false), and
-// returns the holder.
-func waitLeaseHolder(t *testing.T, l *ledger.Ledger, pid int, want bool, guard time.Duration) string {
-	t.Helper()
-	deadline := time.Now().Add(guard) // a deadlock guard
-	for {
-		h, err := l.LeaseHolder(context.Background(), vend.LeaseWork)
-		if err == nil && h != "" && strings.Contains(h, fmt.Sprintf("/%d/", pid)) == want {
-			return h
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("work lease held by %q (%v); want pid %d: %v", h, err, pid, want)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
+// fastTakeover is the ledger section's driver line with testLeaseTTL and
+// testClaimTakeover, to put for "  driver: postgres\n" (after
+// capvendtest.OnPostgres) with capvendtest.EditConfig.
+var fastTakeover = fmt.Sprintf("  driver: postgres\n  lease_ttl: %s\n  claim_takeover: %s\n", testLeaseTTL, testClaimTakeover)
 
 // answerCounter counts, on a connection of its own with the client's key,
 // the responses the server key published to each request (by e tag).
@@ -224,41 +124,41 @@ func (a *answerCounter) settle(t *testing.T, c *cvmClient, client string) map[st
 func TestMultiInstanceOnOnePostgres(t *testing.T) {
 	t.Parallel() // most of it is the wait for the dead instance's lease
 	s := needStack(t)
-	dsn := testPostgres(t)
-	server, nsec := serverKey(t)
+	dsn := capvendtest.Postgres(t)
+	server, nsec := capvendtest.ServerKey(t)
 	var paths, listens []string
 	for range 3 {
 		p, l := writeServeConfig(t, s, serveOpts{nsecFile: nsec})
-		onPostgres(t, p, dsn)
-		fastTakeover(t, p)
+		capvendtest.OnPostgres(t, p, dsn)
+		capvendtest.EditConfig(t, p, "  driver: postgres\n", fastTakeover)
 		paths, listens = append(paths, p), append(listens, l)
 	}
 	ctx := context.Background()
-	first := startServe(t, paths[0], listens[0], vend.FailAfterSettlement)
+	first := startCapvend(t, paths[0], capvendOpts{Process: true, Failpoint: vend.FailAfterSettlement})
 	l, err := ledger.OpenPostgres(ctx, dsn, ledger.Options{MustExist: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	waitLeaseHolder(t, l, first.Process.Pid, true, time.Minute)
-	procs := []*exec.Cmd{startServe(t, paths[1], listens[1], ""), startServe(t, paths[2], listens[2], "")}
+	capvendtest.WaitLeaseHolder(t, l, first.Pid(), true, time.Minute)
+	procs := []*runningCapvend{startCapvend(t, paths[1], capvendOpts{Process: true}), startCapvend(t, paths[2], capvendOpts{Process: true})}
 
 	// A paid HTTP call on the first instance: it dies once the payment is
 	// booked, before the call runs.
-	pc := newPayingClient(t, s, "http://"+listens[0]+"/mcp")
-	waitTools(t, pc)
-	if _, err := pc.call(t, "t_sha256", map[string]any{"text": "killed"}); err == nil {
+	pc := capvendtest.NewPayingClient(t, s, "http://"+listens[0]+"/mcp")
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
+	if _, err := pc.Call(t, "t_sha256", map[string]any{"text": "killed"}); err == nil {
 		t.Fatal("the call succeeded although its instance was killed")
 	}
-	if err := waitExit(first, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
-		t.Fatalf("the first instance did not die by SIGKILL: %v", err)
+	if code := first.Wait(); code != exitKilled {
+		t.Fatalf("the first instance did not die by SIGKILL: exit %d", code)
 	}
 	killed := time.Now()
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		t.Fatalf("payment: %v", err)
 	}
-	holder := waitLeaseHolder(t, l, first.Process.Pid, false, 2*time.Minute)
-	c := waitCall(t, l, vend.CallDelivered)
+	holder := capvendtest.WaitLeaseHolder(t, l, first.Pid(), false, 2*time.Minute)
+	c := capvendtest.WaitCall(t, l, vend.CallDelivered)
 	t.Logf("the work lease went to %s and the dead instance's paid call was delivered %s after the kill (bound: %s lease + a third of it + recovery)",
 		holder, time.Since(killed).Round(time.Second), testLeaseTTL)
 	if c.Executions != 1 {
@@ -302,24 +202,21 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 
 	// HTTP: a paid and a free call on each live instance.
 	for _, listen := range listens[1:] {
-		pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-		waitTools(t, pc)
-		if r, err := pc.call(t, "t_sha256", map[string]any{"text": "http " + listen}); err != nil || r.IsError {
+		pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
+		capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
+		if r, err := pc.Call(t, "t_sha256", map[string]any{"text": "http " + listen}); err != nil || r.IsError {
 			t.Fatalf("paid HTTP call on %s: %v %v", listen, r, err)
 		}
-		if err := <-pc.paid; err != nil {
+		if err := <-pc.Paid; err != nil {
 			t.Fatal(err)
 		}
-		if r, err := pc.call(t, "t_word_count", map[string]any{"text": "a b c"}); err != nil || r.IsError {
+		if r, err := pc.Call(t, "t_word_count", map[string]any{"text": "a b c"}); err != nil || r.IsError {
 			t.Fatalf("free HTTP call on %s: %v %v", listen, r, err)
 		}
 	}
 
 	for _, p := range procs {
-		p.Process.Signal(syscall.SIGTERM)
-		if err := waitExit(p, 60*time.Second); err != nil {
-			t.Fatalf("an instance did not stop cleanly: %v", err)
-		}
+		p.Stop()
 	}
 	counts := answers.settle(t, cl, cl.c.PublicKey)
 	for i, req := range reqs {
@@ -339,7 +236,7 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 func checkMultiLedger(t *testing.T, s *testnet.Stack, dsn, config string, calls int) {
 	t.Helper()
 	ctx := context.Background()
-	db := openPG(t, dsn)
+	db := capvendtest.OpenPG(t, dsn)
 	var n, delivered, once int
 	var prices, paid int64
 	if err := db.QueryRowContext(ctx, `SELECT count(*), count(*) FILTER (WHERE state = 'delivered'),
@@ -365,47 +262,8 @@ func checkMultiLedger(t *testing.T, s *testnet.Stack, dsn, config string, calls 
 		t.Logf("Nostr requests claimed by %s: %d", h, k)
 	}
 	rows.Close()
-	checkInvoicesAtLND(t, s, db)
+	capvendtest.CheckInvoicesAtLND(t, s, db)
 	checkLedgerVerifies(t, config)
-}
-
-// checkInvoicesAtLND checks that every LND invoice of the ledger db is
-// settled at the stack's vendor LND if and only if the ledger booked it,
-// for the amount it booked.
-func checkInvoicesAtLND(t *testing.T, s *testnet.Stack, db *sql.DB) {
-	t.Helper()
-	ctx := context.Background()
-	vendor, _ := s.Node(testnet.Vendor)
-	conn, err := lnd.Dial(vendor.RPCHost, vendor.TLSCert, vendor.AdminMacaroon)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ln := lnrpc.NewLightningClient(conn)
-	prows, err := db.QueryContext(ctx, "SELECT ref, state, coalesce(settled_msat, 0) FROM payments WHERE backend = 'lnd'")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prows.Close()
-	checked := 0
-	for prows.Next() {
-		var ref, state string
-		var msat int64
-		if err := prows.Scan(&ref, &state, &msat); err != nil {
-			t.Fatal(err)
-		}
-		hash, _ := hex.DecodeString(ref)
-		inv, err := ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: hash})
-		if err != nil {
-			t.Fatalf("invoice %s: %v", ref, err)
-		}
-		settled := inv.State == lnrpc.Invoice_SETTLED
-		if settled != (state == "settled") || (settled && inv.AmtPaidMsat != msat) {
-			t.Errorf("invoice %s: LND %s, %d msat paid; ledger %s, %d msat", ref, inv.State, inv.AmtPaidMsat, state, msat)
-		}
-		checked++
-	}
-	t.Logf("%d LND invoices compared with the ledger", checked)
 }
 
 // checkLedgerVerifies runs `capvend ledger verify` on the ledger of the
@@ -434,7 +292,7 @@ func checkLedgerVerifies(t *testing.T, config string) {
 //	go test -run '^$' -bench NostrFreeCallInstances -benchtime 400x ./cmd/capvend
 func BenchmarkNostrFreeCallInstances(b *testing.B) {
 	skip.Short(b, "starts PostgreSQL and three capvend instances")
-	dsn := testPostgres(b)
+	dsn := capvendtest.Postgres(b)
 	relay := testkit.Relay(b)
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
@@ -453,10 +311,10 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 	}
 	var one float64
 	for n := 1; n <= 3; n++ {
-		path, listen := nostrToolsConfig(b, relay, sk, "")
-		onPostgres(b, path, dsn)
-		shardNostr(b, path, 0) // as served by default
-		serveStoppable(b, path, listen)
+		path, _ := capvendtest.NostrToolsConfig(b, relay, sk, "")
+		capvendtest.OnPostgres(b, path, dsn)
+		capvendtest.EditConfig(b, path, "\nnostr:\n", "\nnostr:\n  shard: true\n") // sampling as served by default
+		startCapvend(b, path)
 		c := newLoadClient(b, relay, server)
 		c.warmUp(b)
 		for deadline := time.Now().Add(2 * time.Minute); ; { // a hang guard
@@ -478,8 +336,8 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 			cpu := benchCPU(b, cfg.Port).minus(cpu0)
 			stopProfile()
 			b.ReportMetric(r.perSecond, "calls/s")
-			b.ReportMetric(ms(r.p50), "p50-ms")
-			b.ReportMetric(ms(r.p99), "p99-ms")
+			b.ReportMetric(capvendtest.Ms(r.p50), "p50-ms")
+			b.ReportMetric(capvendtest.Ms(r.p99), "p99-ms")
 			b.ReportMetric(1000*cpu.self/float64(b.N), "self-cpu-ms/call")
 			b.ReportMetric(1000*cpu.pg/float64(b.N), "pg-cpu-ms/call")
 			b.ReportMetric(1000*cpu.children/float64(b.N), "upstream-cpu-ms/call")
@@ -494,7 +352,7 @@ func BenchmarkNostrFreeCallInstances(b *testing.B) {
 
 // benchProfile writes, with CAPVEND_BENCH_CPUPROFILE=prefix, the CPU
 // profile of the load with n instances to prefix-n.prof: each instance's
-// samples carry the label capvend=<its dir> (see serveStoppable), the
+// samples carry the label capvend=<its dir> (see startCapvend), the
 // relay's and the client's none (go tool pprof -tags).
 func benchProfile(b *testing.B, n int) (stop func()) {
 	prefix := os.Getenv("CAPVEND_BENCH_CPUPROFILE")

@@ -6,19 +6,14 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/capvend/capvend/billing/cashu"
-	"github.com/capvend/capvend/internal/skip"
-	"github.com/capvend/capvend/internal/testkit/ledgerkit"
-	"github.com/capvend/capvend/ledger"
-	"github.com/capvend/capvend/vend"
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // TestNUT24PaysWithCashuTS: the official MCP TypeScript SDK client, its
@@ -32,11 +27,12 @@ import (
 // client; the spent token is refused for another call; the proofs refused
 // for their mint then pay a call. The ledger verifies.
 func TestNUT24PaysWithCashuTS(t *testing.T) {
-	dir := filepath.Join("testdata", "nut24")
-	needNUT24Client(t, dir)
+	dir := needNPM(t, "nut24")
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{cashu: true, http402: true})
-	lines := runPayingScript(t, dir, s.Pay, "client.mjs", url, s.MintURL)
+	path, _ := writeServeConfig(t, s, serveOpts{cashu: true, http402: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
+	lines := runNode(t, dir, s.Pay, "client.mjs", url, s.MintURL)
 	t.Logf("NUT-24 client saw: %v", lines)
 
 	var creq struct {
@@ -92,60 +88,16 @@ func TestNUT24PaysWithCashuTS(t *testing.T) {
 		t.Fatalf("change %+v (%v), want 9 sats", change, err)
 	}
 
-	if ran := paidRuns(t, db); ran != 2 { // the 30-sat token's call and the reused proofs' call
+	if ran := capvendtest.PaidRuns(t, db); ran != 2 { // the 30-sat token's call and the reused proofs' call
 		t.Fatalf("%d calls ran, want 2", ran)
 	}
 }
 
-// paidRuns verifies the ledger at db and checks that every call that ran
-// ran once, delivered, for one settled payment covering its price; it
-// returns how many ran.
-func paidRuns(t *testing.T, db string) int {
-	t.Helper()
-	ctx := context.Background()
-	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	ledgerkit.Verify(t, l)
-	calls, err := l.CallsIn(ctx, vend.CallStates()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ran := 0
-	for _, c := range calls {
-		if c.Executions == 0 {
-			continue
-		}
-		ran++
-		ps, _ := l.CallPayments(ctx, c.ID)
-		if c.State != vend.CallDelivered || c.Executions != 1 || len(ps) != 1 || ps[0].State != vend.PaymentSettled || ps[0].Settled < c.Price {
-			t.Errorf("call %d: %s, %d executions, payments %+v", c.ID, c.State, c.Executions, ps)
-		}
-	}
-	return ran
-}
-
-// needNUT24Client skips the test (fails in CI) without node or the npm
-// packages of testdata/nut24.
-func needNUT24Client(t *testing.T, dir string) {
-	t.Helper()
-	skip.Short(t, "runs node")
-	if _, err := exec.LookPath("node"); err != nil {
-		skip.Missing(t, "node is not installed", "apt-get install nodejs npm")
-	}
-	for _, pkg := range []string{"@cashu/cashu-ts", "@modelcontextprotocol/sdk"} {
-		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg)); err != nil {
-			skip.Missing(t, "the npm packages of the NUT-24 client are not installed", "(cd cmd/capvend/testdata/nut24 && npm ci)")
-		}
-	}
-}
-
-// runPayingScript runs node on script in dir with args, paying each
-// "PAY <bolt11>" line it writes with pay, and returns its output lines
-// "<WORD> <rest>" by word (the last of each). The script must exit 0.
-func runPayingScript[R any](t *testing.T, dir string, pay func(context.Context, string) (R, error), script string, args ...string) map[string]string {
+// runNode runs node on script in dir with args, paying each
+// "PAY <bolt11>" line it writes with pay (with none, such a line fails
+// the test), and returns its output lines "<WORD> <rest>" by word (the
+// last of each). The script must exit 0.
+func runNode[R any](t *testing.T, dir string, pay func(context.Context, string) (R, error), script string, args ...string) map[string]string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute) // a hang guard
 	defer cancel()
@@ -169,7 +121,9 @@ func runPayingScript[R any](t *testing.T, dir string, pay func(context.Context, 
 	for sc.Scan() {
 		word, rest, _ := strings.Cut(sc.Text(), " ")
 		lines[word] = rest
-		if word == "PAY" {
+		if word == "PAY" && pay == nil {
+			payErr = fmt.Errorf("asked to pay %s", rest)
+		} else if word == "PAY" {
 			pays.Add(1)
 			go func() {
 				defer pays.Done()

@@ -7,6 +7,8 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/testnet"
 )
 
@@ -19,13 +21,14 @@ import (
 // rounds so that both see the same load. Target: NWC >= 0.5x LND.
 func BenchmarkPaidCallsNWC(b *testing.B) {
 	s := needStack(b)
-	w := nwcWallet(b, s, s.RelayURL)
-	path := uriFile(b, w, testnet.NWCReceive)
+	w := capvendtest.NWCWallet(b, s, s.RelayURL)
+	path := capvendtest.URIFile(b, w, testnet.NWCReceive)
 	sides := []*paidSide{{name: "lnd", opts: serveOpts{hold: true}}, {name: "nwc", opts: serveOpts{noLND: true, nwcURIFile: path}}}
 	for _, sd := range sides {
-		url, _ := serving(b, s, sd.opts)
-		sd.pc = newPayingClient(b, s, url)
-		waitTools(b, sd.pc)
+		path, _ := writeServeConfig(b, s, sd.opts)
+		url := startCapvend(b, path).URL()
+		sd.pc = capvendtest.NewPayingClient(b, s, url)
+		capvendtest.WaitTools(b, sd.pc.Client, listed.Count(serveTools))
 	}
 	ctx := context.Background()
 	args := map[string]any{"text": "paid"}
@@ -39,7 +42,7 @@ func BenchmarkPaidCallsNWC(b *testing.B) {
 				if _, err := sd.pc.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "t_sha256", Arguments: args}}); err != nil {
 					b.Fatal(err)
 				}
-				if err := <-sd.pc.paid; err != nil {
+				if err := <-sd.pc.Paid; err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -58,6 +61,6 @@ func BenchmarkPaidCallsNWC(b *testing.B) {
 type paidSide struct {
 	name string
 	opts serveOpts
-	pc   *payingClient
+	pc   *capvendtest.PayingClient
 	took time.Duration
 }

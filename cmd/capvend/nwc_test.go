@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +12,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/capvend/capvend/billing/nwc"
-	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/testnet"
@@ -87,56 +86,18 @@ type namedBackend struct {
 
 func (b namedBackend) Backend() vend.Backend { return b.name }
 
-// nwcWallet starts an NWC wallet service in front of the stack's vendor
-// node on relay, skipping (failing in CI) without node or its packages.
-func nwcWallet(t testing.TB, s *testnet.Stack, relay string) *testnet.NWCInfo {
-	t.Helper()
-	dir, err := testnet.NWCServiceDir()
-	if errors.Is(err, testnet.ErrNWCNotInstalled) {
-		skip.Missing(t, "the NWC wallet service (node and testnet/nwc's npm packages)", testnet.NWCInstall)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	vendor, _ := s.Node(testnet.Vendor)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	w, err := testnet.StartNWC(ctx, testnet.NWCOptions{Node: vendor, Relay: relay, Dir: t.TempDir(), ServiceDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		w.Stop()
-		if t.Failed() {
-			b, _ := os.ReadFile(w.Log)
-			t.Logf("the wallet service's log:\n%s", b)
-		}
-	})
-	return w
-}
-
-// uriFile writes a wallet connection's URI to a 0600 file.
-func uriFile(t testing.TB, w *testnet.NWCInfo, conn string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), conn+".uri")
-	if err := os.WriteFile(path, []byte(w.URIs[conn]+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // TestDoctorNWC: doctor connects to each wallet, says what it was
 // granted and whether hold invoices are available, passes a receive-only
 // connection and warns of one that may pay invoices (capvend pays
 // refunds from it with --nwc), saying to give it a budget.
 func TestDoctorNWC(t *testing.T) {
 	s := needStack(t)
-	w := nwcWallet(t, s, s.RelayURL)
+	w := capvendtest.NWCWallet(t, s, s.RelayURL)
 	dir := t.TempDir()
-	chdir(t, dir)
-	cfg := "ledger:\n  path: capvend.db\nnwc:\n  uri_file: " + uriFile(t, w, testnet.NWCReceive) + "\n  wallets:\n" +
-		"    - {name: spender, uri_file: " + uriFile(t, w, testnet.NWCHold) + "}\n" +
-		"    - {name: plain, uri_file: " + uriFile(t, w, testnet.NWCPlain) + "}\n"
+	capvendtest.Chdir(t, dir)
+	cfg := "ledger:\n  path: capvend.db\nnwc:\n  uri_file: " + capvendtest.URIFile(t, w, testnet.NWCReceive) + "\n  wallets:\n" +
+		"    - {name: spender, uri_file: " + capvendtest.URIFile(t, w, testnet.NWCHold) + "}\n" +
+		"    - {name: plain, uri_file: " + capvendtest.URIFile(t, w, testnet.NWCPlain) + "}\n"
 	if err := os.WriteFile("capvend.yaml", []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -172,22 +133,22 @@ func TestDoctorNWC(t *testing.T) {
 // the delivered prices; the ledger verifies and reconcile agrees.
 func TestNWCEndToEnd(t *testing.T) {
 	s := needStack(t)
-	w := nwcWallet(t, s, s.RelayURL)
-	server, nsec := serverKey(t)
+	w := capvendtest.NWCWallet(t, s, s.RelayURL)
+	server, nsec := capvendtest.ServerKey(t)
 	calls := filepath.Join(t.TempDir(), "calls.log")
-	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, nwcURIFile: uriFile(t, w, testnet.NWCReceive), nsecFile: nsec, callsLog: calls})
+	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, nwcURIFile: capvendtest.URIFile(t, w, testnet.NWCReceive), nsecFile: nsec, callsLog: calls})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
-	stop := serveStoppable(t, path, listen)
+	stop := startCapvend(t, path).Stop
 
 	// An MCP client pays a priced call.
-	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
+	pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	res, err := pc.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "t_sha256", Arguments: map[string]any{"text": "hi"}}})
 	if err != nil || res.IsError || !strings.Contains(mcp.GetTextFromContent(res.Content[0]), sha256Hi) {
 		t.Fatalf("paid call: %+v %v", res, err)
 	}
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		t.Fatal(err)
 	}
 
@@ -201,7 +162,7 @@ func TestNWCEndToEnd(t *testing.T) {
 	if err == nil && !res.IsError {
 		t.Fatalf("a failing tool succeeded: %+v", res)
 	}
-	if err := <-pc.paid; err == nil {
+	if err := <-pc.Paid; err == nil {
 		t.Fatal("the payment of the failed call's hold invoice succeeded")
 	}
 	after, err := s.Balance(ctx, testnet.Customer)
@@ -272,7 +233,7 @@ func TestNWCEndToEnd(t *testing.T) {
 	if revenue != received || b.Pending.RefundsOwed != 0 {
 		t.Fatalf("ledger revenue %d, refunds owed %d; the wallet received %d", revenue, b.Pending.RefundsOwed, received)
 	}
-	chdir(t, filepath.Dir(path))
+	capvendtest.Chdir(t, filepath.Dir(path))
 	if out, errOut, code := run(t, nil, "reconcile", "--config", path); code != 0 || !strings.Contains(out, "the books agree") {
 		t.Fatalf("reconcile exit %d:\n%s%s", code, out, errOut)
 	}
@@ -286,7 +247,7 @@ func TestNWCEndToEnd(t *testing.T) {
 func TestNWCRelayCut(t *testing.T) {
 	s := needStack(t)
 	relay := testkit.NewGatedRelay(t)
-	w := nwcWallet(t, s, relay.Open) // the wallet stays on its relay; capvend goes through the gate
+	w := capvendtest.NWCWallet(t, s, relay.Open) // the wallet stays on its relay; capvend goes through the gate
 	u, err := nwc.ParseURI(w.URIs[testnet.NWCReceive])
 	if err != nil {
 		t.Fatal(err)
@@ -297,13 +258,13 @@ func TestNWCRelayCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := filepath.Join(t.TempDir(), "calls.log")
-	_, nsec := serverKey(t)
+	_, nsec := capvendtest.ServerKey(t)
 	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, nwcURIFile: file, callsLog: calls, nsecFile: nsec})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
-	stop := serveStoppable(t, path, listen)
+	stop := startCapvend(t, path).Stop
 
 	paid := make(chan error, 1)
-	pc := newPayingClientWith(t, "http://"+listen+"/mcp", func(payReq string) {
+	pc := capvendtest.NewPayingClientWith(t, "http://"+listen+"/mcp", func(payReq string) {
 		relay.Cut()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		go func() { // a hold invoice's payment returns once settled

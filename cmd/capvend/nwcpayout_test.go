@@ -5,14 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/capvend/capvend/billing/nwc"
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
@@ -26,23 +26,23 @@ import (
 // the customer's invoice.
 func nwcRefundOwed(t *testing.T, s *testnet.Stack) (path string, stop func(), refund vend.RefundInfo, inv string) {
 	t.Helper()
-	w := nwcWallet(t, s, s.RelayURL)
-	_, nsec := serverKey(t) // serveStoppable waits for the Nostr front too
-	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, nwcURIFile: uriFile(t, w, testnet.NWCPlain), nsecFile: nsec})
-	stop = serveStoppable(t, path, listen)
-	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitTools(t, pc)
+	w := capvendtest.NWCWallet(t, s, s.RelayURL)
+	_, nsec := capvendtest.ServerKey(t) // startCapvend waits for the Nostr front too
+	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, nwcURIFile: capvendtest.URIFile(t, w, testnet.NWCPlain), nsecFile: nsec})
+	stop = startCapvend(t, path).Stop
+	pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ri, err := s.InvoiceOn(ctx, testnet.Customer, 5, "my refund")
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := pc.callMeta(t, "t_always_fails", map[string]any{"text": "y"}, map[string]any{vend.MetaRefundInvoice: ri.PaymentRequest})
+	res, err := pc.CallMeta(t, "t_always_fails", map[string]any{"text": "y"}, map[string]any{vend.MetaRefundInvoice: ri.PaymentRequest})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		t.Fatalf("paying the wallet's invoice: %v", err)
 	}
 	if res == nil || !res.IsError || res.Meta == nil {
@@ -53,20 +53,6 @@ func nwcRefundOwed(t *testing.T, s *testnet.Stack) (path string, stop func(), re
 		t.Fatalf("the refund of a failed call paid by the wallet's plain invoice: %s", b)
 	}
 	return path, stop, refund, ri.PaymentRequest
-}
-
-// waitCustomerGot waits until the customer's balance is before+msat.
-func waitCustomerGot(t *testing.T, s *testnet.Stack, before, msat int64) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		after := customerBalance(t, s)
-		if after-before == msat {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the customer got %d msat, want %d", after-before, msat)
-		}
-	}
 }
 
 // TestNWCRefundsEndToEnd: a seller paid into its wallet by NWC, without a
@@ -102,12 +88,12 @@ func TestNWCRefundsEndToEnd(t *testing.T) {
 		t.Fatalf("an invoice for more than owed: exit %d: %s", code, errOut)
 	}
 
-	before := customerBalance(t, s)
+	before := capvendtest.CustomerBalance(t, s)
 	out, errOut, code = run(t, nil, "refunds", "pay", id, "--nwc", "--config", path)
 	if code != 0 || !strings.Contains(out, "paid: 5.000 sat") || !strings.Contains(out, "from the wallet of nwc") || !strings.Contains(out, "preimage") {
 		t.Fatalf("refunds pay --nwc (exit %d, %s):\n%s", code, errOut, out)
 	}
-	waitCustomerGot(t, s, before, 5_000)
+	capvendtest.WaitCustomerGot(t, s, before, 5_000)
 	if _, errOut, code := run(t, nil, "refunds", "pay", id, "--nwc", "--config", path); code != 1 || !strings.Contains(errOut, "already paid") {
 		t.Fatalf("paid twice? exit %d: %s", code, errOut)
 	}
@@ -119,7 +105,7 @@ func TestNWCRefundsEndToEnd(t *testing.T) {
 		t.Fatalf("ledger verify: %s %s", out, errOut)
 	}
 	time.Sleep(time.Second) // no second payment is coming
-	if after := customerBalance(t, s); after-before != 5_000 {
+	if after := capvendtest.CustomerBalance(t, s); after-before != 5_000 {
 		t.Fatalf("the customer got %d msat in all, want 5000", after-before)
 	}
 
@@ -133,7 +119,7 @@ func TestNWCRefundsEndToEnd(t *testing.T) {
 	if wallet != -fees || acc[ledger.AccountRefunds] != 0 { // 5 sat in, 5 sat and its fee out
 		t.Fatalf("the wallet's account %d, its fees %d, refunds owed %d", wallet, fees, acc[ledger.AccountRefunds])
 	}
-	chdir(t, filepath.Dir(path))
+	capvendtest.Chdir(t, filepath.Dir(path))
 	if out, errOut, code := run(t, nil, "reconcile", "--config", path); code != 0 || !strings.Contains(out, "the books agree") {
 		t.Fatalf("reconcile exit %d:\n%s%s", code, out, errOut)
 	}
@@ -151,17 +137,14 @@ func TestNWCRefundPaidNotBookedSurvivesSIGKILL(t *testing.T) {
 	path, stop, owed, _ := nwcRefundOwed(t, s)
 	stop() // the payout commands need no serve; its start would resolve the payout too
 	id := fmt.Sprint(owed.ID)
-	before := customerBalance(t, s)
+	before := capvendtest.CustomerBalance(t, s)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, builtCapvend(t), "refunds", "pay", id, "--nwc", "--config", path)
-	cmd.Env = append(os.Environ(), "CAPVEND_FAILPOINT="+nwc.FailAfterPayout)
-	out, err := cmd.CombinedOutput()
-	if st, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); err == nil || !ok || !st.Signaled() || st.Signal() != syscall.SIGKILL {
-		t.Fatalf("the payout command was not killed at %s: %v\n%s", nwc.FailAfterPayout, err, out)
+	pay := startCapvend(t, path, capvendOpts{Args: []string{"refunds", "pay", id, "--nwc", "--config", path}, Process: true,
+		Failpoint: nwc.FailAfterPayout})
+	if code := pay.Wait(); code != exitKilled {
+		t.Fatalf("the payout command was not killed at %s: exit %d\n%s%s", nwc.FailAfterPayout, code, pay.Stdout(), pay.Stderr())
 	}
-	waitCustomerGot(t, s, before, 5_000) // the wallet paid
+	capvendtest.WaitCustomerGot(t, s, before, 5_000) // the wallet paid
 
 	listed, errOut, code := run(t, nil, "refunds", "--config", path)
 	if code != 0 || !strings.Contains(listed, "in flight") || !strings.Contains(listed, "through the NWC wallet") {
@@ -181,7 +164,7 @@ func TestNWCRefundPaidNotBookedSurvivesSIGKILL(t *testing.T) {
 		t.Fatalf("ledger verify: %s %s", out, errOut)
 	}
 	time.Sleep(time.Second)
-	if after := customerBalance(t, s); after-before != 5_000 {
+	if after := capvendtest.CustomerBalance(t, s); after-before != 5_000 {
 		t.Fatalf("the customer got %d msat in all, want 5000 (paid once)", after-before)
 	}
 }
@@ -193,21 +176,21 @@ func TestNWCRefundPaidNotBookedSurvivesSIGKILL(t *testing.T) {
 // refused, naming pay_invoice.
 func TestNWCCreditRefund(t *testing.T) {
 	s := needStack(t)
-	w := nwcWallet(t, s, s.RelayURL)
-	_, nsec := serverKey(t)
-	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, credit: true, nwcURIFile: uriFile(t, w, testnet.NWCPlain), nsecFile: nsec})
-	stop := serveStoppable(t, path, listen)
-	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitToolCount(t, pc, 11) // the ten tools and capvend_topup
+	w := capvendtest.NWCWallet(t, s, s.RelayURL)
+	_, nsec := capvendtest.ServerKey(t)
+	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, credit: true, nwcURIFile: capvendtest.URIFile(t, w, testnet.NWCPlain), nsecFile: nsec})
+	stop := startCapvend(t, path).Stop
+	pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
+	capvendtest.WaitTools(t, pc.Client, listed.Count(11)) // the ten tools and capvend_topup
 	// 30 sat of credit, paid into the wallet.
-	res, err := pc.callMeta(t, vend.TopUpTool, map[string]any{"sats": 30}, nil)
+	res, err := pc.CallMeta(t, vend.TopUpTool, map[string]any{"sats": 30}, nil)
 	if err != nil || res.IsError {
 		t.Fatalf("top-up: %+v %v", res, err)
 	}
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		t.Fatal(err)
 	}
-	credit := creditMeta(t, res)
+	credit := capvendtest.CreditMeta(t, res)
 	stop()
 	ctx := context.Background()
 	big, err := s.InvoiceOn(ctx, testnet.Customer, 31, "too much")
@@ -224,7 +207,7 @@ func TestNWCCreditRefund(t *testing.T) {
 	// A receive-only connection may not pay.
 	receive := strings.Replace(path, "capvend.yaml", "receive.yaml", 1)
 	cfg, _ := os.ReadFile(path)
-	uri := uriFile(t, w, testnet.NWCReceive)
+	uri := capvendtest.URIFile(t, w, testnet.NWCReceive)
 	if err := os.WriteFile(receive, []byte(strings.Replace(string(cfg), "nwc:\n  uri_file: ", "nwc:\n  wallets:\n    - name: receive\n      uri_file: "+uri+"\n  uri_file: ", 1)), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -236,12 +219,12 @@ func TestNWCCreditRefund(t *testing.T) {
 		!strings.Contains(errOut, "pay_invoice") {
 		t.Fatalf("a connection without pay_invoice: exit %d: %s", code, errOut)
 	}
-	before := customerBalance(t, s)
+	before := capvendtest.CustomerBalance(t, s)
 	out, errOut, code := run(t, nil, "credit", "refund", credit.Account, "--nwc", "--invoice", inv.PaymentRequest, "--config", path)
 	if code != 0 || !strings.Contains(out, "refunded: 30.000 sat") {
 		t.Fatalf("credit refund --nwc (exit %d, %s):\n%s", code, errOut, out)
 	}
-	waitCustomerGot(t, s, before, 30_000)
+	capvendtest.WaitCustomerGot(t, s, before, 30_000)
 	if _, _, code := run(t, nil, "credit", "refund", credit.Account, "--nwc", "--invoice", inv.PaymentRequest, "--config", path); code == 0 {
 		t.Fatal("an empty account was paid out again")
 	}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -18,7 +16,8 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/capvend/capvend/internal/procstat"
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/testnet"
 )
@@ -54,9 +53,9 @@ func BenchmarkPaidCallMonitoring(b *testing.B) {
 		for _, on := range []bool{false, true} {
 			sides[on] = startPaidMonSide(b, s, serveOpts{hold: hold}, on)
 		}
-		b.Logf("load average before: %s", loadAvg())
+		b.Logf("load average before: %s", capvendtest.LoadAvg())
 		scrapes := sides[true].scrapeEvery(b, paidMonScrape)
-		oo := testkit.OnOff{CPU: func(on bool) time.Duration { return procCPU(b, sides[on].proc.Process.Pid) }}
+		oo := testkit.OnOff{CPU: func(on bool) time.Duration { return capvendtest.ProcCPU(b, sides[on].proc.Pid()) }}
 		n := max(b.N/monitoringPairs, paidMonClients)
 		b.ResetTimer()
 		for r := range monitoringPairs {
@@ -65,10 +64,10 @@ func BenchmarkPaidCallMonitoring(b *testing.B) {
 			}
 		}
 		b.StopTimer()
-		b.Logf("load average after: %s", loadAvg())
+		b.Logf("load average after: %s", capvendtest.LoadAvg())
 		oo.Report(b)
 		for on, name := range map[bool]string{false: "off", true: "on"} {
-			b.ReportMetric(float64(p50(sides[on].lat).Microseconds())/1000, name+"-p50-ms")
+			b.ReportMetric(float64(capvendtest.P50(sides[on].lat).Microseconds())/1000, name+"-p50-ms")
 		}
 		b.ReportMetric(float64(scrapes()), "scrapes")
 		sides[true].checkMetrics(b)
@@ -86,8 +85,8 @@ const (
 
 // paidMonSide is one capvend of BenchmarkPaidCallMonitoring.
 type paidMonSide struct {
-	proc    *exec.Cmd
-	clients []*payingClient
+	proc    *runningCapvend
+	clients []*capvendtest.PayingClient
 	admin   string // the admin listener's address ("" when off)
 	done    int    // calls delivered (warm-up included)
 	lat     []time.Duration
@@ -97,15 +96,15 @@ type paidMonSide struct {
 // monitoring on or off, and connects its paying clients; each makes a
 // call first (a warm-up, not measured).
 func startPaidMonSide(b *testing.B, s *testnet.Stack, o serveOpts, on bool) *paidMonSide {
-	path, listen := writeServeConfig(b, s, o)
+	path, _ := writeServeConfig(b, s, o)
 	admin := ""
 	extra := "reconcile:\n  interval: 0s\n"
 	if on {
-		admin = freeAddr(b)
+		admin = capvendtest.FreeAddr(b)
 		extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", admin)
 	}
-	appendFile(b, path, extra)
-	side := servePaying(b, s, path, listen, admin)
+	capvendtest.EditConfig(b, path, "", extra)
+	side := payingSide(b, s, startCapvend(b, path, capvendOpts{Process: true}), admin)
 	var g errgroup.Group
 	for _, pc := range side.clients {
 		g.Go(func() error { return paidMonCall(pc) })
@@ -117,17 +116,15 @@ func startPaidMonSide(b *testing.B, s *testnet.Stack, o serveOpts, on bool) *pai
 	return side
 }
 
-// servePaying starts a serve of the configuration at path (its admin
-// listener at admin, "" if none) and paidMonClients paying MCP clients of
-// it, once it lists its tools.
-func servePaying(b *testing.B, s *testnet.Stack, path, listen, admin string) *paidMonSide {
-	side := &paidMonSide{admin: admin}
-	side.proc = startServe(b, path, listen, "")
-	url := "http://" + listen + "/mcp"
+// payingSide connects paidMonClients paying MCP clients to proc (its
+// admin listener at admin, "" if none), once it lists its tools.
+func payingSide(b *testing.B, s *testnet.Stack, proc *runningCapvend, admin string) *paidMonSide {
+	side := &paidMonSide{proc: proc, admin: admin}
+	url := proc.URL()
 	for i := range paidMonClients {
-		pc := newPayingClient(b, s, url)
+		pc := capvendtest.NewPayingClient(b, s, url)
 		if i == 0 {
-			waitTools(b, pc)
+			capvendtest.WaitTools(b, pc.Client, listed.Count(serveTools))
 		}
 		side.clients = append(side.clients, pc)
 	}
@@ -136,7 +133,7 @@ func servePaying(b *testing.B, s *testnet.Stack, path, listen, admin string) *pa
 
 // paidMonCall makes one paid call of w_sha256 on pc (its notification
 // handler pays it) and checks that it was paid and delivered.
-func paidMonCall(pc *payingClient) error {
+func paidMonCall(pc *capvendtest.PayingClient) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	res, err := pc.CallTool(ctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "w_sha256",
@@ -144,11 +141,11 @@ func paidMonCall(pc *payingClient) error {
 	if err != nil {
 		return err
 	}
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		return fmt.Errorf("paying: %w", err)
 	}
 	if res.IsError {
-		return fmt.Errorf("w_sha256 failed: %s", text(res))
+		return fmt.Errorf("w_sha256 failed: %s", capvendtest.Text(res))
 	}
 	return nil
 }
@@ -242,46 +239,16 @@ func (side *paidMonSide) checkMetrics(b *testing.B) {
 	}
 	m := deliveredSeries.FindStringSubmatch(body)
 	if m == nil {
-		b.Fatalf("no delivered w_sha256 calls in /metrics:\n%s", grepLines(body, "capvend_calls_total"))
+		b.Fatalf("no delivered w_sha256 calls in /metrics:\n%s", capvendtest.GrepLines(body, "capvend_calls_total"))
 	}
 	if n, err := strconv.ParseFloat(m[1], 64); err != nil || int(n) != side.done {
 		b.Errorf("capvend_calls_total delivered = %s, want %d", m[1], side.done)
 	}
-	for _, l := range strings.Split(grepLines(body, "capvend_reconcile_differences{"), "\n") {
+	for _, l := range strings.Split(capvendtest.GrepLines(body, "capvend_reconcile_differences{"), "\n") {
 		if l != "" && !strings.HasSuffix(l, " 0") && !strings.HasSuffix(l, " 0.0") {
 			b.Errorf("reconciliation difference: %s", l)
 		}
 	}
-}
-
-// grepLines returns the lines of s that start with prefix.
-func grepLines(s, prefix string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.HasPrefix(l, prefix) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
-// procCPU is the CPU time (user and system) process pid used so far.
-func procCPU(b *testing.B, pid int) time.Duration {
-	d, ok := procstat.CPU(pid)
-	if !ok {
-		b.Fatalf("no CPU time of process %d", pid)
-	}
-	return d
-}
-
-// loadAvg is the machine's load average (/proc/loadavg's first three).
-func loadAvg() string {
-	l, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(l))
-	return strings.Join(f[:min(3, len(f))], " ")
 }
 
 // eachInvoiceKind runs f as the sub-benchmarks "invoice" (plain invoices)

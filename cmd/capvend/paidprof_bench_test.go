@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // BenchmarkPaidCallProfile accounts where a paid call's CPU goes in
@@ -30,21 +32,20 @@ import (
 func BenchmarkPaidCallProfile(b *testing.B) {
 	s := needStack(b)
 	eachInvoiceKind(b, func(b *testing.B, hold bool) {
-		path, listen := writeServeConfig(b, s, serveOpts{hold: hold})
-		admin := freeAddr(b)
-		appendFile(b, path, fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", admin))
-		side := servePaying(b, s, path, listen, admin)
+		path, _ := writeServeConfig(b, s, serveOpts{hold: hold})
+		admin := capvendtest.AdminConfig(b, path, "  pprof: true\n")
+		side := payingSide(b, s, startCapvend(b, path, capvendOpts{Process: true}), admin)
 		side.calls(b, 2*paidMonClients) // warm-up
-		pid := side.proc.Process.Pid
-		b.Logf("load average before: %s", loadAvg())
-		c0 := procCPU(b, pid)
+		pid := side.proc.Pid()
+		b.Logf("load average before: %s", capvendtest.LoadAvg())
+		c0 := capvendtest.ProcCPU(b, pid)
 		time.Sleep(paidProfIdle)
-		idle := procCPU(b, pid) - c0
+		idle := capvendtest.ProcCPU(b, pid) - c0
 		b.ResetTimer()
 		commits0 := ledgerCommits(b, side)
 		prof := make(chan []byte, 1)
 		go func() { prof <- fetchProfile(b, admin, paidProfLoad) }()
-		c0 = procCPU(b, pid)
+		c0 = capvendtest.ProcCPU(b, pid)
 		var n atomic.Int64
 		ctx, cancel := context.WithTimeout(context.Background(), paidProfLoad)
 		defer cancel()
@@ -63,11 +64,11 @@ func BenchmarkPaidCallProfile(b *testing.B) {
 		if err := g.Wait(); err != nil {
 			b.Fatal(err)
 		}
-		busy := procCPU(b, pid) - c0
+		busy := capvendtest.ProcCPU(b, pid) - c0
 		commits := ledgerCommits(b, side) - commits0
 		b.StopTimer()
 		p := <-prof
-		b.Logf("load average after: %s", loadAvg())
+		b.Logf("load average after: %s", capvendtest.LoadAvg())
 		if dir := os.Getenv("PAIDPROF_DIR"); dir != "" && p != nil {
 			if err := os.WriteFile(filepath.Join(dir, filepath.Base(b.Name())+".pprof"), p, 0o644); err != nil {
 				b.Fatal(err)
@@ -99,7 +100,7 @@ func ledgerCommits(b *testing.B, side *paidMonSide) float64 {
 	}
 	m := commitCount.FindStringSubmatch(body)
 	if m == nil {
-		b.Fatalf("no capvend_ledger_commit_seconds_count in /metrics:\n%s", grepLines(body, "capvend_ledger"))
+		b.Fatalf("no capvend_ledger_commit_seconds_count in /metrics:\n%s", capvendtest.GrepLines(body, "capvend_ledger"))
 	}
 	n, err := strconv.ParseFloat(m[1], 64)
 	if err != nil {

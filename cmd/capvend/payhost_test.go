@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -13,20 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mark3labs/mcp-go/mcp"
-
-	"github.com/capvend/capvend/adapters/mcpfront"
-	"github.com/capvend/capvend/internal/skip"
+	"github.com/capvend/capvend/internal/capvendtest"
 )
-
-// payingInit is the initialize of a capvend-aware client: it declares the
-// capvend/payments capability, so it gets the payment notifications (a
-// client without it gets explicit gating as a tool result).
-func payingInit() mcp.InitializeRequest {
-	var r mcp.InitializeRequest
-	r.Params.Capabilities.Experimental = map[string]any{mcpfront.CapabilityPayments: map[string]any{}}
-	return r
-}
 
 // TestMCPInspectorBuysWithNothingInstalled: the official MCP Inspector CLI
 // as the host (a stock client: no capvend/payments capability, no _meta)
@@ -37,9 +24,14 @@ func payingInit() mcp.InitializeRequest {
 // tool's result; a third with the same token is refused. The upstream ran
 // once, for exactly one settled payment.
 func TestMCPInspectorBuysWithNothingInstalled(t *testing.T) {
-	inspector := inspectorBin(t)
+	inspector, err := filepath.Abs(filepath.Join(needNPM(t, "inspector"), "node_modules/.bin/mcp-inspector"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{})
+	path, _ := writeServeConfig(t, s, serveOpts{})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
 	run := func(args ...string) (string, error) {
 		cctx, ccancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer ccancel()
@@ -99,25 +91,7 @@ func TestMCPInspectorBuysWithNothingInstalled(t *testing.T) {
 		t.Fatalf("third call with the same token: %v\n%s", err, out)
 	}
 
-	if ran := paidRuns(t, db); ran != 1 {
+	if ran := capvendtest.PaidRuns(t, db); ran != 1 {
 		t.Fatalf("%d calls ran, want 1", ran)
 	}
-}
-
-// inspectorBin is the MCP Inspector CLI .ci/run installs, or skips (fails
-// in CI) without it.
-func inspectorBin(t *testing.T) string {
-	t.Helper()
-	skip.Short(t, "runs node")
-	if _, err := exec.LookPath("node"); err != nil {
-		skip.Missing(t, "node is not installed", "apt-get install nodejs npm")
-	}
-	inspector, err := filepath.Abs("testdata/inspector/node_modules/.bin/mcp-inspector")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(inspector); err != nil {
-		skip.Missing(t, "the MCP Inspector is not installed", "(cd cmd/capvend/testdata/inspector && npm ci)")
-	}
-	return inspector
 }

@@ -1,21 +1,20 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/lightningnetwork/lnd/lnrpc"
 	"github.com/lightningnetwork/lnd/lnrpc/invoicesrpc"
 
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
@@ -37,39 +36,36 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 	t.Parallel() // most of it waits on payments
 	s := needStack(t)
 	ctx := context.Background()
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	pathB, listenB := writeServeConfig(t, s, serveOpts{cashu: true, credit: true})
-	onPostgres(t, pathB, dsn)
+	capvendtest.OnPostgres(t, pathB, dsn)
 	pathA, listenA := writeServeConfig(t, s, serveOpts{cashu: true, credit: true})
-	onPostgres(t, pathA, dsn)
+	capvendtest.OnPostgres(t, pathA, dsn)
 
 	// B sells 200 sats of credit, and a call paid with a Cashu token
 	// brings its wallet the melt's fee reserve.
-	procB := startServe(t, pathB, listenB, "")
-	pcB := newPayingClient(t, s, "http://"+listenB+"/mcp")
-	waitToolCount(t, pcB, 11)
-	info := buyCredit(t, pcB, 200, "")
+	procB := startCapvend(t, pathB, capvendOpts{Process: true})
+	pcB := capvendtest.NewPayingClient(t, s, "http://"+listenB+"/mcp")
+	capvendtest.WaitTools(t, pcB.Client, listed.Count(11))
+	info := capvendtest.BuyCredit(t, pcB, 200, "")
 	tok, err := s.CashuMint(ctx, 21)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, err := pcB.callMeta(t, "t_sha256", map[string]any{"text": "fee reserve"}, map[string]any{vend.MetaCashuToken: tok}); err != nil || r.IsError {
+	if r, err := pcB.CallMeta(t, "t_sha256", map[string]any{"text": "fee reserve"}, map[string]any{vend.MetaCashuToken: tok}); err != nil || r.IsError {
 		t.Fatalf("a call paid with a token: %+v %v", r, err)
 	}
-	procB.Process.Signal(syscall.SIGTERM) // B's wallet pays the refund
-	if err := waitExit(procB, 60*time.Second); err != nil {
-		t.Fatalf("instance B did not stop cleanly: %v", err)
-	}
+	procB.Stop() // B's wallet pays the refund
 
-	procA := startServe(t, pathA, listenA, "")
-	defer procA.Process.Signal(syscall.SIGTERM)
-	pcA := newPayingClient(t, s, "http://"+listenA+"/mcp")
-	waitToolCount(t, pcA, 11)
+	procA := startCapvend(t, pathA, capvendOpts{Process: true})
+	defer procA.Signal(syscall.SIGTERM)
+	pcA := capvendtest.NewPayingClient(t, s, "http://"+listenA+"/mcp")
+	capvendtest.WaitTools(t, pcA.Client, listed.Count(11))
 	draw := func(i int) error {
 		t.Helper()
-		r, err := pcA.callMeta(t, "t_sha256", map[string]any{"text": fmt.Sprint("draw ", i)}, map[string]any{vend.MetaCredit: info.Token})
+		r, err := pcA.CallMeta(t, "t_sha256", map[string]any{"text": fmt.Sprint("draw ", i)}, map[string]any{vend.MetaCredit: info.Token})
 		if err == nil && r.IsError {
-			err = fmt.Errorf("isError: %s", text(r))
+			err = fmt.Errorf("isError: %s", capvendtest.Text(r))
 		}
 		return err
 	}
@@ -110,26 +106,9 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 		return got
 	}
 
-	refund := exec.Command(capvendBin, "credit", "refund", info.Account, "--invoice", inv.PaymentRequest, "--config", pathB)
-	var refundOut, refundErr bytes.Buffer
-	refund.Stdout, refund.Stderr = &refundOut, &refundErr
-	if err := refund.Start(); err != nil {
-		t.Fatal(err)
-	}
-	refundDone := make(chan error, 1)
-	go func() { refundDone <- refund.Wait() }()
-	deadline := time.Now().Add(60 * time.Second) // a hang guard
-	for invoiceState().State != lnrpc.Invoice_ACCEPTED {
-		select {
-		case err := <-refundDone:
-			t.Fatalf("the refund ended before its payment reached the customer: %v\n%s%s", err, refundOut.String(), refundErr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the refund's payment never reached the customer's invoice")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	refund := startCapvend(t, pathB, capvendOpts{Args: []string{"credit", "refund", info.Account, "--invoice", inv.PaymentRequest, "--config", pathB},
+		Process: true})
+	refund.Await("its payment reaching the customer's invoice", func() bool { return invoiceState().State == lnrpc.Invoice_ACCEPTED })
 
 	// The payout is in flight: the balance is reserved for it, and
 	// nothing may be drawn from it, on any instance.
@@ -155,13 +134,8 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 	if _, err := invoices.SettleInvoice(ctx, &invoicesrpc.SettleInvoiceMsg{Preimage: preimage}); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-refundDone:
-		if err != nil {
-			t.Errorf("credit refund: %v\n%s%s", err, refundOut.String(), refundErr.String())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("credit refund did not return after its payment settled")
+	if code := refund.Wait(); code != 0 {
+		t.Errorf("credit refund: exit %d\n%s%s", code, refund.Stdout(), refund.Stderr())
 	}
 	received := invoiceState().AmtPaidMsat
 	if received != int64(left) {
@@ -203,7 +177,7 @@ func TestRefundsListPayoutsInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := owedRefund(t, l, 1, "mcp-session-alice", "lnbcrt50n1pjexampleinvoiceforalicexyz")
+	r := capvendtest.OwedRefund(t, l, 1, "mcp-session-alice", "lnbcrt50n1pjexampleinvoiceforalicexyz")
 	p, err := l.ReservePayout(ctx, vend.NewPayout{Kind: vend.PayoutRefund, Refund: r.ID, Method: vend.RefundBolt11, MintURL: "http://mint",
 		Amount: 5_000, Invoice: r.Invoice, Quote: "q0123456789abcdef", Wallet: "w0011223344556677"})
 	if err != nil {

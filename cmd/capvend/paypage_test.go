@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"image"
 	_ "image/png" // chromium's screenshots
-	"io"
-	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -16,50 +14,25 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/makiuchi-d/gozxing"
 	gozxingqr "github.com/makiuchi-d/gozxing/qrcode"
-)
 
-// payRawMCP posts one JSON-RPC message to url in session sid (none for
-// initialize) and returns the response's session id and its one JSON
-// message (the last SSE data line, or the body).
-func payRawMCP(t *testing.T, url, sid, body string) (string, json.RawMessage) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	if sid != "" {
-		req.Header.Set("Mcp-Session-Id", sid)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	msg := b
-	for _, l := range bytes.Split(b, []byte("\n")) {
-		if d, ok := bytes.CutPrefix(l, []byte("data: ")); ok {
-			msg = d
-		}
-	}
-	if sid == "" {
-		sid = resp.Header.Get("Mcp-Session-Id")
-	}
-	return sid, msg
-}
+	"github.com/capvend/capvend/internal/capvendtest"
+)
 
 // stockGatedCall is a client that declared nothing (a stock MCP host)
 // calling tool: it returns the explicit-gating answer's structuredContent.
 func stockGatedCall(t *testing.T, url, tool, args string) map[string]any {
 	t.Helper()
-	sid, _ := payRawMCP(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"stock","version":"1"}}}`)
-	payRawMCP(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	all := func(json.RawMessage) bool { return true }
+	sid := capvendtest.MCPPost(t, url, "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"stock","version":"1"}}}`, all)
+	capvendtest.MCPPost(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, all)
 	var res struct {
 		Result struct {
 			StructuredContent map[string]any `json:"structuredContent"`
 		} `json:"result"`
 	}
-	_, msg := payRawMCP(t, url, sid, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"`+tool+`","arguments":`+args+`}}`)
+	var msg json.RawMessage // the answer's last message
+	capvendtest.MCPPost(t, url, sid, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"`+tool+`","arguments":`+args+`}}`,
+		func(m json.RawMessage) bool { msg = m; return true })
 	if err := json.Unmarshal(msg, &res); err != nil || res.Result.StructuredContent["pay_url"] == nil {
 		t.Fatalf("explicit-gating answer: %s (%v)", msg, err)
 	}
@@ -74,8 +47,10 @@ func stockGatedCall(t *testing.T, url, tool, args string) map[string]any {
 // payment token nor, once paid, the preimage.
 func TestPayPageInChromium(t *testing.T) {
 	s := needStack(t)
-	ctx := browser(t, nil)
-	url, _ := serving(t, s, serveOpts{})
+	pg := browser(t, nil)
+	ctx := pg.ctx
+	path, _ := writeServeConfig(t, s, serveOpts{})
+	url := startCapvend(t, path).URL()
 	sc := stockGatedCall(t, url, "t_sha256", `{"text":"pay page"}`)
 	payURL, invoice, token := sc["pay_url"].(string), sc["invoice"].(string), sc["capvend_payment"].(string)
 	if !strings.Contains(payURL, "/pay/cvv_") || invoice == "" || token == "" || strings.Contains(payURL, token) {
@@ -91,7 +66,7 @@ func TestPayPageInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	screenshot(t, ctx, shots, "pay-page")
+	pg.screenshot(shots, "pay-page")
 	var shot []byte
 	if err := chromedp.Run(ctx, chromedp.FullScreenshot(&shot, 100)); err != nil {
 		t.Fatal(err)
@@ -112,7 +87,7 @@ func TestPayPageInChromium(t *testing.T) {
 		t.Fatalf("the QR code says %q, the invoice is %q", read.GetText(), invoice)
 	}
 	var shown string
-	js(t, ctx, `document.getElementById("status").textContent + " | " + document.getElementById("invoice").textContent + " | " + document.getElementById("link").href`, &shown)
+	pg.js(`document.getElementById("status").textContent + " | " + document.getElementById("invoice").textContent + " | " + document.getElementById("link").href`, &shown)
 	if shown != "waiting for payment | "+invoice+" | lightning:"+invoice {
 		t.Fatalf("page shows %q", shown)
 	}
@@ -123,10 +98,10 @@ func TestPayPageInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitJS(t, ctx, "paid", `document.getElementById("status").textContent === "paid: go back to your chat"`)
-	screenshot(t, ctx, shots, "pay-page-paid")
+	pg.waitJS("paid", `document.getElementById("status").textContent === "paid: go back to your chat"`)
+	pg.screenshot(shots, "pay-page-paid")
 	var html string
-	js(t, ctx, `document.documentElement.outerHTML`, &html)
+	pg.js(`document.documentElement.outerHTML`, &html)
 	if strings.Contains(html, token) || strings.Contains(html, paid.Preimage) {
 		t.Fatalf("the page shows the payment token or the preimage:\n%s", html)
 	}

@@ -6,67 +6,32 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net/http"
-	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/pricing"
 )
 
-// standInMint answers a mint's keysets and info, so that items can be
-// priced (a price needs a payment backend) without the regtest stack.
-func standInMint(t testing.TB) string {
-	mint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/v1/keysets":
-			io.WriteString(w, `{"keysets":[{"id":"00ad268c4d1f5826","unit":"sat","active":true,"input_fee_ppk":0}]}`)
-		case "/v1/info":
-			io.WriteString(w, `{"name":"stand-in"}`)
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	t.Cleanup(mint.Close)
-	return mint.URL
-}
-
-// pricedToolsConfig is freeToolsConfig with the price sections items
+// pricedToolsConfig is capvendtest.FreeToolsConfig with the price sections items
 // (YAML under the upstream, indented four spaces) and a stand-in mint as
 // the payment backend.
 func pricedToolsConfig(t testing.TB, items string) (path, listen string) {
 	t.Helper()
-	path, listen = freeToolsConfig(t, "")
+	path, listen = capvendtest.FreeToolsConfig(t, "")
 	wallet := filepath.Join(filepath.Dir(path), "cashu-wallet")
 	if err := os.Mkdir(wallet, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	appendFile(t, path, items+fmt.Sprintf("cashu:\n  mints: [%s]\n  wallet_dir: cashu-wallet\n", standInMint(t)))
+	capvendtest.EditConfig(t, path, "", items+fmt.Sprintf("cashu:\n  mints: [%s]\n  wallet_dir: cashu-wallet\n", capvendtest.StandInMint(t, 0)))
 	return path, listen
-}
-
-// serveUntil runs `capvend serve --config path` in this process until it
-// exits or limit passes, and returns its exit code and standard error.
-func serveUntil(t *testing.T, path string, limit time.Duration) (int, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	stderr := &lockedWriter{w: &strings.Builder{}}
-	e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: stderr, Getenv: func(string) string { return "" },
-		Log: slog.New(slog.NewTextHandler(stderr, nil))}
-	code := execute(ctx, rootCommand(), e, []string{"serve", "--config", path})
-	stderr.mu.Lock()
-	defer stderr.mu.Unlock()
-	return code, stderr.w.(*strings.Builder).String()
 }
 
 // A price that names no tool, prompt or resource its upstream lists (a
@@ -83,7 +48,8 @@ func TestServeStopsWhenAPriceNamesNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			path, _ := pricedToolsConfig(t, tc.items)
-			code, out := serveUntil(t, path, 30*time.Second)
+			sv := startCapvend(t, path, capvendOpts{NoWait: true})
+			code, out := sv.Wait(), sv.Logs()
 			if code == 0 || !strings.Contains(out, tc.want) {
 				t.Fatalf("serve with the price %s, which names nothing upstream: exit %d, want it to stop naming it; output:\n%s", tc.want, code, out)
 			}
@@ -95,35 +61,9 @@ func TestServeStopsWhenAPriceNamesNothing(t *testing.T) {
 // invalid configuration: the old prices stay, the error names it.
 func TestSIGHUPRefusesAPriceNamingNothing(t *testing.T) {
 	t.Parallel()
-	path, listen := pricedToolsConfig(t, "    tools:\n      sha256: {price_sats: 2}\n")
-	cmd := exec.Command(builtCapvend(t), "serve", "--config", path)
-	stderr := &lockedWriter{w: &strings.Builder{}}
-	cmd.Stdout, cmd.Stderr = stderr, stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-	}()
-	logs := func() string {
-		stderr.mu.Lock()
-		defer stderr.mu.Unlock()
-		return stderr.w.(*strings.Builder).String()
-	}
-	waitFor := func(what string, ok func(string) bool) {
-		t.Helper()
-		deadline := time.Now().Add(60 * time.Second) // a hang guard
-		for !ok(logs()) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 60 s; log:\n%s", what, logs())
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	waitFor("serving", func(l string) bool {
-		return strings.Contains(l, "serving MCP at http://"+listen) && strings.Contains(l, "upstream connected")
-	})
+	path, _ := pricedToolsConfig(t, "    tools:\n      sha256: {price_sats: 2}\n")
+	sv := startCapvend(t, path, capvendOpts{Process: true})
+	sv.Await("upstream connected", func() bool { return strings.Contains(sv.Stderr(), "upstream connected") })
 	cfg, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -132,11 +72,12 @@ func TestSIGHUPRefusesAPriceNamingNothing(t *testing.T) {
 	if err := os.WriteFile(path, []byte(typo), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd.Process.Signal(syscall.SIGHUP)
-	waitFor("the reload's outcome", func(l string) bool {
+	sv.Signal(syscall.SIGHUP)
+	sv.Await("the reload's outcome", func() bool {
+		l := sv.Stderr()
 		return strings.Contains(l, "config reload refused") || strings.Contains(l, "config reloaded")
 	})
-	if l := logs(); !strings.Contains(l, "config reload refused") || !strings.Contains(l, "word_cuont") {
+	if l := sv.Stderr(); !strings.Contains(l, "config reload refused") || !strings.Contains(l, "word_cuont") {
 		t.Fatalf("SIGHUP with a price naming no upstream tool: not refused naming it; log:\n%s", l)
 	}
 }
@@ -147,10 +88,10 @@ func TestSIGHUPRefusesAPriceNamingNothing(t *testing.T) {
 // shows the choice.
 func TestUnpricedRefused(t *testing.T) {
 	t.Parallel()
-	path, listen := freeToolsConfig(t, "")
-	appendFile(t, path, "    tools:\n      word_count: {}\n    resources:\n      \"example://readme\": {}\npricing:\n  unpriced: refuse\n")
-	addr := adminConfig(t, path, "")
-	serveInProcess(t, path, listen)
+	path, listen := capvendtest.FreeToolsConfig(t, "")
+	capvendtest.EditConfig(t, path, "", "    tools:\n      word_count: {}\n    resources:\n      \"example://readme\": {}\npricing:\n  unpriced: refuse\n")
+	addr := capvendtest.AdminConfig(t, path, "")
+	startCapvend(t, path)
 	c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
 	if err != nil {
 		t.Fatal(err)
@@ -201,7 +142,7 @@ func TestUnpricedRefused(t *testing.T) {
 	if _, err := c.ReadResource(ctx, rr); err != nil {
 		t.Errorf("resources/read example://readme (named, free): %v", err)
 	}
-	code, body := get(t, "http://"+addr+"/readyz", "")
+	code, body := capvendtest.Get(t, "http://"+addr+"/readyz", "")
 	if code != 200 || !strings.Contains(body, "ok: prices: ") || !strings.Contains(body, "refuse") {
 		t.Errorf("readyz does not show that unpriced items are refused: %d\n%s", code, body)
 	}

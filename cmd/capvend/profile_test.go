@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
@@ -20,7 +20,7 @@ import (
 // leaves the profile.
 func TestServeProfile(t *testing.T) {
 	relay := testkit.Relay(t)
-	path, sk := unannounceConfig(t, relay)
+	path, sk := capvendtest.UnannounceConfig(t, relay)
 	pk, _ := nostr.GetPublicKey(sk)
 	yaml := fmt.Sprintf(`ledger:
   path: capvend.db
@@ -35,28 +35,15 @@ upstreams:
   - name: tools
     prefix: t_
     command: %s
-`, relay, exampleTools(t))
+`, relay, capvendtest.ExampleTools(t))
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stop := serveStoppable(t, path, "")
-	profile := func() []*nostr.Event {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		r, err := nostr.RelayConnect(ctx, relay)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.Close()
-		evs, err := r.QuerySync(ctx, nostr.Filter{Authors: []string{pk}, Kinds: []int{ctxvm.KindProfile}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return evs
-	}
+	stop := startCapvend(t, path).Stop
+	profile := func() []*nostr.Event { return capvendtest.EventsOn(t, relay, pk, ctxvm.KindProfile) }
 	want := `{"name":"Profile shop","about":"sells words","website":"https://example.com"}`
 	deadline := time.Now().Add(60 * time.Second) // a deadlock guard
-	for len(profile()) == 0 || len(announcementsOn(t, relay, pk)) != len(ctxvm.AnnouncementAddresses(pk)) {
+	for len(profile()) == 0 || len(capvendtest.AnnouncementsOn(t, relay, pk)) != len(ctxvm.AnnouncementAddresses(pk)) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no profile, or not every announcement, on the relay")
 		}
@@ -69,7 +56,7 @@ upstreams:
 	if _, errOut, code := run(t, nil, "unannounce", "--config", path); code != 0 || !strings.Contains(errOut, "nostr.announce is true") {
 		t.Fatalf("unannounce: exit %d: %s", code, errOut)
 	}
-	if n := len(announcementsOn(t, relay, pk)); n != 0 || len(profile()) != 1 {
+	if n := len(capvendtest.AnnouncementsOn(t, relay, pk)); n != 0 || len(profile()) != 1 {
 		t.Fatalf("after unannounce: %d announcements, %d profiles; want 0 and 1", n, len(profile()))
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/skip"
 )
 
@@ -31,7 +33,7 @@ func startPrometheus(t *testing.T, target string) string {
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	listen := freeAddr(t)
+	listen := capvendtest.FreeAddr(t)
 	var out bytes.Buffer
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+listen, "--enable-feature=exemplar-storage")
@@ -89,31 +91,31 @@ func TestPrometheusScrapesCallMetrics(t *testing.T) {
 	t.Parallel()
 	s := needStack(t)
 	path, listen := writeServeConfig(t, s, serveOpts{hold: true})
-	admin := adminConfig(t, path, "")
+	admin := capvendtest.AdminConfig(t, path, "")
 	prom := startPrometheus(t, admin)
-	serveInProcess(t, path, listen)
-	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitTools(t, pc)
+	startCapvend(t, path)
+	pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
 
 	const paid, free, failed = 2, 3, 1
 	for range free {
-		if res, err := pc.call(t, "t_word_count", map[string]any{"text": "free as in beer"}); err != nil || res.IsError {
+		if res, err := pc.Call(t, "t_word_count", map[string]any{"text": "free as in beer"}); err != nil || res.IsError {
 			t.Fatalf("free call: %v %v", res, err)
 		}
 	}
 	for range paid {
-		if res, err := pc.call(t, "t_sha256", map[string]any{"text": "hi"}); err != nil || res.IsError {
+		if res, err := pc.Call(t, "t_sha256", map[string]any{"text": "hi"}); err != nil || res.IsError {
 			t.Fatalf("paid call: %v %v", res, err)
 		}
-		if err := <-pc.paid; err != nil {
+		if err := <-pc.Paid; err != nil {
 			t.Fatal(err)
 		}
 	}
 	for range failed { // paid (a hold invoice locked in), failed, refunded (the invoice canceled)
-		if res, err := pc.call(t, "t_always_fails", map[string]any{"text": "x"}); err != nil || !res.IsError {
+		if res, err := pc.Call(t, "t_always_fails", map[string]any{"text": "x"}); err != nil || !res.IsError {
 			t.Fatalf("failing call: %v %v", res, err)
 		}
-		<-pc.paid // the payment fails: the hold invoice was canceled
+		<-pc.Paid // the payment fails: the hold invoice was canceled
 	}
 
 	const priced = paid + failed

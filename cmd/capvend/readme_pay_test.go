@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/testnet"
 )
@@ -55,7 +56,7 @@ func payingFromHTTP(t *testing.T, run func(string, func(*testing.T))) {
 	stack := needStack(t)
 	dir := t.TempDir()
 	listen := payConfig(t, stack, dir)
-	serveInProcess(t, filepath.Join(dir, "regtest.yaml"), listen) // until the walk-through ends
+	startCapvend(t, filepath.Join(dir, "regtest.yaml")) // until the walk-through ends
 	run(payServe, func(t *testing.T) { waitListed(t, "http://"+listen+"/.well-known/capvend.json") })
 	if err := os.WriteFile(filepath.Join(dir, "vars.sh"), nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -224,12 +225,12 @@ func payConfig(t *testing.T, s *testnet.Stack, dir string) string {
 			t.Fatal(err)
 		}
 	}
-	listen := freeAddr(t)
+	listen := capvendtest.FreeAddr(t)
 	for _, r := range [][2]string{
 		{"listen: 127.0.0.1:8402", "listen: " + listen},
 		{"host: 127.0.0.1:10009", "host: " + v.RPCHost},
 		{"[http://127.0.0.1:3338]", "[" + s.MintURL + "]"},
-		{"command: bin/example-tools", "command: " + exampleTools(t)},
+		{"command: bin/example-tools", "command: " + capvendtest.ExampleTools(t)},
 		{"tls_cert_file: vendor-tls.cert", "tls_cert_file: vendor-tls.cert"},
 		{"macaroon_file: vendor-invoice.macaroon", "macaroon_file: vendor-invoice.macaroon"},
 	} {

@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/adapters/mcpfront"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
 	"github.com/capvend/capvend/ledger"
@@ -175,7 +174,7 @@ func TestREADME(t *testing.T) {
 		}
 	})
 	run("capvend serve --config capvend.yaml", func(t *testing.T) {
-		src, listen := freeToolsConfig(t, "") // builds example-tools from here
+		src, listen := capvendtest.FreeToolsConfig(t, "") // builds example-tools from here
 		b, err := os.ReadFile(src)
 		if err != nil {
 			t.Fatal(err)
@@ -184,7 +183,7 @@ func TestREADME(t *testing.T) {
 		if err := os.WriteFile(path, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		serveInProcess(t, path, listen)
+		startCapvend(t, path)
 		c, err := client.NewStreamableHttpClient("http://" + listen + "/mcp")
 		if err != nil {
 			t.Fatal(err)
@@ -223,8 +222,8 @@ func TestREADME(t *testing.T) {
 		if _, err := exec.LookPath("curl"); err != nil {
 			skip.Missing(t, "curl is not installed", "apt-get install curl")
 		}
-		src, listen := freeToolsConfig(t, "")
-		serveInProcess(t, src, listen)
+		src, listen := capvendtest.FreeToolsConfig(t, "")
+		startCapvend(t, src)
 		url := strings.Replace(strings.Fields(discover)[2], "127.0.0.1:8402", listen, 1)
 		var doc struct {
 			MCP   string `json:"mcp"`
@@ -256,7 +255,7 @@ func TestREADME(t *testing.T) {
 
 	run("capvend unannounce --config capvend.yaml", func(t *testing.T) {
 		relay := testkit.Relay(t)
-		src, sk := unannounceConfig(t, relay)
+		src, sk := capvendtest.UnannounceConfig(t, relay)
 		pk, _ := nostr.GetPublicKey(sk)
 		r, err := nostr.RelayConnect(context.Background(), relay)
 		if err != nil {
@@ -269,7 +268,7 @@ func TestREADME(t *testing.T) {
 			t.Fatal(err)
 		}
 		capvendIn(t, filepath.Dir(src), nil, "unannounce", "--config", "capvend.yaml")
-		if n := len(announcementsOn(t, relay, pk)); n != 0 {
+		if n := len(capvendtest.AnnouncementsOn(t, relay, pk)); n != 0 {
 			t.Fatalf("%d announcements left after unannounce", n)
 		}
 	})
@@ -352,7 +351,7 @@ func TestREADME(t *testing.T) {
 	var litestreamBin string
 	replicated := false
 	run("capvend ledger litestream-config --out litestream.yml", func(t *testing.T) {
-		litestreamBin = litestream(t)
+		litestreamBin = capvendtest.Litestream(t)
 		path := filepath.Join(demoDir, "capvend.yaml")
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -372,7 +371,7 @@ func TestREADME(t *testing.T) {
 		if litestreamBin == "" {
 			t.Skip("no Litestream: see litestream-config above")
 		}
-		replicating(t, litestreamBin, filepath.Join(demoDir, "litestream.yml")) // stopped when this subtest ends
+		capvendtest.Replicating(t, litestreamBin, filepath.Join(demoDir, "litestream.yml")) // stopped when this subtest ends
 		cfg, err := loadConfig(filepath.Join(demoDir, "capvend.yaml"), func(string) string { return "" })
 		if err != nil {
 			t.Fatal(err)
@@ -428,48 +427,13 @@ func TestREADME(t *testing.T) {
 	readmePostgres(t, run, filepath.Join(demoDir, "capvend.db"))
 }
 
-// capvendIn runs the built capvend binary with args in dir, as a user at a
-// shell there would, with PATH and HOME from this process's environment
-// and env, and returns its standard output; a non-zero exit fails the
-// test.
-func capvendIn(t *testing.T, dir string, env []string, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
-	defer cancel()
-	cmd := exec.CommandContext(ctx, builtCapvend(t), args...)
-	cmd.Dir, cmd.Stdin = dir, strings.NewReader("")
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, env...)
-	var out, errOut strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("capvend %s (in %s): %v\n%s%s", strings.Join(args, " "), dir, err, out.String(), errOut.String())
-	}
-	return out.String()
-}
-
-// runCapvend runs capvend in-process with args in the current folder and
-// returns its standard output; a non-zero exit fails the test.
-func runCapvend(t *testing.T, args ...string) string {
-	t.Helper()
-	var out, errOut strings.Builder
-	e := &env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" }, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if code := execute(context.Background(), rootCommand(), e, args); code != 0 {
-		t.Fatalf("capvend %s exited %d: %s", strings.Join(args, " "), code, errOut.String())
-	}
-	return out.String()
-}
-
 // runDemoBinary runs `capvend demo --dir dir` as a user does: the real
 // binary, its own regtest stack, a customer paying over Lightning and
 // Cashu, the books, and teardown.
 func runDemoBinary(t *testing.T, dir string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, builtCapvend(t), "demo", "--dir", dir)
-	var out, errOut strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("capvend demo: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())
+	c := startCapvend(t, "", capvendOpts{Args: []string{"demo", "--dir", dir}, Process: true})
+	if code := c.Wait(); code != 0 {
+		t.Fatalf("capvend demo: exit %d\nstdout:\n%s\nstderr:\n%s", code, c.Stdout(), c.Stderr())
 	}
 	for _, want := range []string{
 		"tools/list: always_fails (5 sats), confirm (free), sha256 (20-50 sats)",
@@ -487,8 +451,8 @@ func runDemoBinary(t *testing.T, dir string) {
 		"checks passed",
 		"teardown: stopping the regtest stack",
 	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("transcript lacks %q:\n%s", want, out.String())
+		if !strings.Contains(c.Stdout(), want) {
+			t.Errorf("transcript lacks %q:\n%s", want, c.Stdout())
 		}
 	}
 	st, err := testnet.Load(filepath.Join(dir, "stack"), nil)
@@ -513,7 +477,7 @@ func operating(t *testing.T, run func(string, func(*testing.T))) {
 	dir := t.TempDir()
 	cfg := fmt.Sprintf("ledger:\n  path: capvend.db\nlnd:\n  host: %s\n  tls_cert_file: %s\n  macaroon_file: %s\n"+
 		"cashu:\n  mints: [%s]\n  wallet_dir: wallet\nupstreams:\n  - name: tools\n    command: %s\n    tools:\n      sha256:\n        price_sats: 21\n",
-		v.RPCHost, v.TLSCert, v.InvoiceMacaroon, stack.MintURL, exampleTools(t))
+		v.RPCHost, v.TLSCert, v.InvoiceMacaroon, stack.MintURL, capvendtest.ExampleTools(t))
 	if err := os.WriteFile(filepath.Join(dir, "capvend.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/pgserver"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/testnet"
@@ -29,9 +30,9 @@ func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB stri
 	home := t.TempDir()
 	stackDir := filepath.Join(home, ".cache", "capvend", "testnet")
 	dir := t.TempDir()
-	copyFile(t, srcDB, filepath.Join(dir, "capvend.db"))
+	capvendtest.CopyFile(t, srcDB, filepath.Join(dir, "capvend.db"))
 	if _, err := os.Stat(srcDB + "-wal"); err == nil {
-		copyFile(t, srcDB+"-wal", filepath.Join(dir, "capvend.db-wal"))
+		capvendtest.CopyFile(t, srcDB+"-wal", filepath.Join(dir, "capvend.db-wal"))
 	}
 	var cfg string
 	for _, c := range docBlocks(t, pgDoc, "yaml") {
@@ -65,12 +66,11 @@ func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB stri
 	// real binary starts and stops it, not this test binary.
 	bin := func(t *testing.T, args ...string) {
 		t.Helper()
-		c := exec.Command(builtCapvend(t), args...)
 		// The whole environment: its HOME's cache holds the built btcd
 		// and lnd, and the Go settings to build them if it does not.
-		c.Dir, c.Env = dir, append(os.Environ(), "CAPVEND_TESTNET_DIR="+stackDir)
-		if out, err := c.CombinedOutput(); err != nil {
-			t.Fatalf("capvend %s: %v\n%s", strings.Join(args, " "), err, out)
+		c := startCapvend(t, "", capvendOpts{Args: args, Process: true, Dir: dir, Env: []string{"CAPVEND_TESTNET_DIR=" + stackDir}})
+		if code := c.Wait(); code != 0 {
+			t.Fatalf("capvend %s: exit %d\n%s%s", strings.Join(args, " "), code, c.Stdout(), c.Stderr())
 		}
 	}
 	t.Cleanup(func() { bin(t, "testnet", "down") })
@@ -122,15 +122,4 @@ func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB stri
 			t.Errorf("balance of the PostgreSQL ledger:\n%s", out)
 		}
 	})
-}
-
-func copyFile(t *testing.T, from, to string) {
-	t.Helper()
-	b, err := os.ReadFile(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(to, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
 }

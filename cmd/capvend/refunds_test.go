@@ -7,53 +7,17 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/vend"
 )
-
-// owedRefund books a call paid by a plain invoice whose tool failed: a
-// refund owed to client, to invoice if given.
-func owedRefund(t *testing.T, l *ledger.Ledger, i int, client, invoice string) vend.Refund {
-	t.Helper()
-	ctx := context.Background()
-	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: client, RequestID: fmt.Sprint(i), Server: "tools",
-		Tool: "always_fails", ArgsHash: strings.Repeat(fmt.Sprintf("%02x", i), 32), Price: 5_000, RefundInvoice: invoice})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := strings.Repeat(fmt.Sprintf("%02x", 100+i), 32)
-	if _, err := l.RecordPayment(ctx, c.ID, vend.NewPayment{Backend: vend.BackendLND, Kind: vend.KindInvoice, Ref: ref,
-		Amount: 5_000, ExpiresAt: time.Now().Add(time.Hour)}); err != nil {
-		t.Fatal(err)
-	}
-	for _, step := range []func() error{
-		func() error { _, err := l.SettlePayment(ctx, vend.Settlement{Ref: ref, Amount: 5_000}); return err },
-		func() error {
-			_, err := l.StartExecution(ctx, c.ID, c.Binding(), c.Released(vend.SchemeInvoice))
-			return err
-		},
-		func() error {
-			return l.Fail(ctx, c.ID, vend.Result{IsError: true, Body: []byte("{}")}, "the tool failed")
-		},
-		func() error { return l.Refund(ctx, c.ID, "the tool failed") },
-	} {
-		if err := step(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r, err := l.CallRefund(ctx, c.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
 
 // TestRefundsListsWhatIsOwedToWhom: the list, its total (the same as
 // ledger balance's), paid refunds with --all, and the pay command's
@@ -65,13 +29,13 @@ func TestRefundsListsWhatIsOwedToWhom(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	owedRefund(t, l, 1, "mcp-session-alice", "lnbcrt50n1pjexampleinvoiceforalicexyz")
-	paid := owedRefund(t, l, 2, "npub-bob", "")
+	capvendtest.OwedRefund(t, l, 1, "mcp-session-alice", "lnbcrt50n1pjexampleinvoiceforalicexyz")
+	paid := capvendtest.OwedRefund(t, l, 2, "npub-bob", "")
 	if _, err := l.PayRefund(context.Background(), paid.ID, vend.RefundPayout{Method: vend.RefundCashu, MintURL: "http://mint",
 		Paid: 5_000, Token: "cashuBpaid"}); err != nil {
 		t.Fatal(err)
 	}
-	owedRefund(t, l, 3, "mcp-session-carol", "")
+	capvendtest.OwedRefund(t, l, 3, "mcp-session-carol", "")
 	l.Close()
 
 	out, errOut, code := run(t, nil, "refunds", "--db", db)
@@ -146,9 +110,9 @@ func TestRefundsEndToEnd(t *testing.T) {
 	s := needStack(t)
 	ctx := context.Background()
 	path, listen := writeServeConfig(t, s, serveOpts{cashu: true}) // LND plain invoices
-	proc := startServe(t, path, listen, "")
-	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitTools(t, pc)
+	proc := startCapvend(t, path, capvendOpts{Process: true})
+	pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
 	mint := func(sats uint64) string {
 		tok, err := s.CashuMint(ctx, sats)
 		if err != nil {
@@ -157,7 +121,7 @@ func TestRefundsEndToEnd(t *testing.T) {
 		return tok
 	}
 	// Ecash in the wallet for the payout below.
-	if res, err := pc.callMeta(t, "t_sha256", map[string]any{"text": "fund"}, map[string]any{"capvend/cashu": mint(21)}); err != nil || res.IsError {
+	if res, err := pc.CallMeta(t, "t_sha256", map[string]any{"text": "fund"}, map[string]any{"capvend/cashu": mint(21)}); err != nil || res.IsError {
 		t.Fatalf("funding call: %v %v", res, err)
 	}
 	refundOf := func(res *mcp.CallToolResult) vend.RefundInfo {
@@ -172,7 +136,7 @@ func TestRefundsEndToEnd(t *testing.T) {
 		}
 		return info
 	}
-	res, err := pc.callMeta(t, "t_always_fails", map[string]any{"text": "x"}, map[string]any{"capvend/cashu": mint(5)})
+	res, err := pc.CallMeta(t, "t_always_fails", map[string]any{"text": "x"}, map[string]any{"capvend/cashu": mint(5)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,21 +148,18 @@ func TestRefundsEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err = pc.callMeta(t, "t_always_fails", map[string]any{"text": "y"}, map[string]any{vend.MetaRefundInvoice: inv.PaymentRequest})
+	res, err = pc.CallMeta(t, "t_always_fails", map[string]any{"text": "y"}, map[string]any{vend.MetaRefundInvoice: inv.PaymentRequest})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		t.Fatalf("paying the invoice: %v", err)
 	}
 	owed := refundOf(res)
 	if !owed.Owed || owed.Cashu != "" || owed.Amount != 5 {
 		t.Fatalf("invoice-paid failure: refund %+v", owed)
 	}
-	proc.Process.Signal(syscall.SIGTERM) // the wallet is free once it stops
-	if err := waitExit(proc, 60*time.Second); err != nil {
-		t.Fatalf("capvend did not stop cleanly: %v", err)
-	}
+	proc.Stop() // the wallet is free once it stops
 
 	out, errOut, code := run(t, nil, "refunds", "--config", path)
 	if code != 0 || !strings.Contains(out, "1 refund(s) owed, 5.000 sat in all") || !strings.Contains(out, "mcp-http ") ||
@@ -254,26 +215,26 @@ func TestServeSurvivesSIGKILLAfterSwap(t *testing.T) {
 	ctx := context.Background()
 	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, cashu: true})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
-	proc := startServe(t, path, listen, "after_swap")
-	pc := newPayingClient(t, s, "http://"+listen+"/mcp")
-	waitTools(t, pc)
+	proc := startCapvend(t, path, capvendOpts{Process: true, Failpoint: "after_swap"})
+	pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
 	tok, err := s.CashuMint(ctx, 21)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pc.callMeta(t, "t_sha256", map[string]any{"text": "crash"}, map[string]any{"capvend/cashu": tok}); err == nil {
+	if _, err := pc.CallMeta(t, "t_sha256", map[string]any{"text": "crash"}, map[string]any{"capvend/cashu": tok}); err == nil {
 		t.Fatal("the call succeeded although capvend was killed")
 	}
-	if err := waitExit(proc, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
-		t.Fatalf("capvend did not die by SIGKILL: %v", err)
+	if code := proc.Wait(); code != exitKilled {
+		t.Fatalf("capvend did not die by SIGKILL: exit %d", code)
 	}
-	restarted := startServe(t, path, listen, "")
+	restarted := startCapvend(t, path, capvendOpts{Process: true})
 	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	c := waitCall(t, l, vend.CallCanceled)
+	c := capvendtest.WaitCall(t, l, vend.CallCanceled)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		r, err := l.CallRefund(ctx, c.ID)
@@ -288,10 +249,7 @@ func TestServeSurvivesSIGKILLAfterSwap(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	restarted.Process.Signal(syscall.SIGTERM)
-	if err := waitExit(restarted, 60*time.Second); err != nil {
-		t.Fatalf("capvend did not stop cleanly: %v", err)
-	}
+	restarted.Stop()
 	if out, errOut, code := run(t, nil, "ledger", "verify", "--db", db); code != 0 {
 		t.Fatalf("ledger verify: %s %s", out, errOut)
 	}

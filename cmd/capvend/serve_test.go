@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -12,14 +10,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
-	"github.com/capvend/capvend/internal/freeport"
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 	"github.com/capvend/capvend/internal/racesupp"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit/ledgerkit"
@@ -53,9 +50,7 @@ func TestMain(m *testing.M) {
 	if binTmp != "" {
 		os.RemoveAll(binTmp)
 	}
-	if toolsDir != "" {
-		os.RemoveAll(toolsDir)
-	}
+	capvendtest.Cleanup()
 	os.Exit(code)
 }
 
@@ -87,38 +82,6 @@ func builtCapvend(t testing.TB) string {
 		t.Fatal(binErr)
 	}
 	return capvendBin
-}
-
-// freeAddr is a free 127.0.0.1:port for a server the test starts, below
-// the range outgoing connections take their ports from (internal/freeport).
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	addr, err := freeport.Addr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return addr
-}
-
-// serving runs `capvend serve` in-process against the stack until the test
-// ends, and returns its /mcp URL and the ledger path.
-func serving(t testing.TB, s *testnet.Stack, o serveOpts) (url, dbPath string) {
-	t.Helper()
-	path, listen := writeServeConfig(t, s, o)
-	serveInProcess(t, path, listen)
-	url = "http://" + listen + "/mcp"
-	return url, filepath.Join(filepath.Dir(path), "capvend.db")
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 // writeServeConfig writes a capvend.yaml selling example-tools as a stdio
@@ -153,8 +116,8 @@ type serveOpts struct {
 func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen string) {
 	t.Helper()
 	vendor, _ := s.Node(testnet.Vendor)
-	toolsBin := exampleTools(t)
-	httpUpstream := freeAddr(t)
+	toolsBin := capvendtest.ExampleTools(t)
+	httpUpstream := capvendtest.FreeAddr(t)
 	lastHTTPUpstream.Store(httpUpstream)
 	up := exec.Command(toolsBin, "--http", httpUpstream)
 	up.Stderr = io.Discard
@@ -162,7 +125,7 @@ func writeServeConfig(t testing.TB, s *testnet.Stack, o serveOpts) (path, listen
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { up.Process.Kill(); up.Wait() })
-	listen = freeAddr(t)
+	listen = capvendtest.FreeAddr(t)
 	var backends string
 	if !o.noLND {
 		backends = fmt.Sprintf("lnd:\n  host: %s\n  tls_cert_file: %s\n  macaroon_file: %s\n  hold_invoices: %v\n",
@@ -226,111 +189,6 @@ upstreams:
 	return path, listen
 }
 
-// payingClient is an MCP client that pays every payment_required it gets
-// from the customer node.
-type payingClient struct {
-	*client.Client
-	mu    sync.Mutex
-	notes []mcp.JSONRPCNotification
-	paid  chan error
-}
-
-func newPayingClient(t testing.TB, s *testnet.Stack, url string) *payingClient {
-	t.Helper()
-	paid := make(chan error, 16)
-	pc := newPayingClientWith(t, url, func(payReq string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		_, err := s.Pay(ctx, payReq)
-		paid <- err
-	})
-	pc.paid = paid
-	return pc
-}
-
-// newPayingClientWith is newPayingClient with pay, run in a goroutine of
-// its own, paying each payment_required's bolt11 (pc.paid is nil).
-func newPayingClientWith(t testing.TB, url string, pay func(payReq string)) *payingClient {
-	t.Helper()
-	c, err := client.NewStreamableHttpClient(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc := &payingClient{Client: c}
-	c.OnNotification(func(n mcp.JSONRPCNotification) {
-		pc.mu.Lock()
-		pc.notes = append(pc.notes, n)
-		pc.mu.Unlock()
-		if n.Method != "notifications/payment_required" {
-			return
-		}
-		b, _ := json.Marshal(n.Params.AdditionalFields)
-		var p struct {
-			PayReq string `json:"pay_req"`
-		}
-		json.Unmarshal(b, &p)
-		go pay(p.PayReq)
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Initialize(ctx, payingInit()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return pc
-}
-
-func (pc *payingClient) methods() []string {
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
-	var out []string
-	for _, n := range pc.notes {
-		out = append(out, n.Method)
-	}
-	return out
-}
-
-func (pc *payingClient) call(t testing.TB, tool string, args map[string]any) (*mcp.CallToolResult, error) {
-	t.Helper()
-	return pc.callMeta(t, tool, args, nil)
-}
-
-func (pc *payingClient) callMeta(t testing.TB, tool string, args, meta map[string]any) (*mcp.CallToolResult, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	p := mcp.CallToolParams{Name: tool, Arguments: args}
-	if meta != nil {
-		p.Meta = &mcp.Meta{AdditionalFields: meta}
-	}
-	return pc.CallTool(ctx, mcp.CallToolRequest{Params: p})
-}
-
-func text(r *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range r.Content {
-		if tc, ok := c.(mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String()
-}
-
-// customerBalance is the customer's balance as this test binary's payments
-// moved it (Stack.Balance): other packages pay from the shared stack's
-// customer at the same time.
-func customerBalance(t *testing.T, s *testnet.Stack) int64 {
-	t.Helper()
-	b, err := s.Balance(context.Background(), testnet.Customer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // TestServePaidCallsOverMCPHTTP is the end-to-end proof: a real mcp-go
 // client calls priced tools of a real upstream (a stdio child and an HTTP
 // server) through `capvend serve`, the customer LND node pays, the results
@@ -338,8 +196,10 @@ func customerBalance(t *testing.T, s *testnet.Stack) int64 {
 // verifies.
 func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{hold: true, cashu: true})
-	pc := newPayingClient(t, s, url)
+	path, _ := writeServeConfig(t, s, serveOpts{hold: true, cashu: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
+	pc := capvendtest.NewPayingClient(t, s, url)
 	ctx := context.Background()
 
 	var tools *mcp.ListToolsResult
@@ -365,28 +225,28 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 		t.Fatalf("prices in tools/list: %v", prices)
 	}
 
-	res, err := pc.call(t, "t_word_count", map[string]any{"text": "free as in beer"})
-	if err != nil || text(res) != "4 words, 1 lines, 15 characters" {
+	res, err := pc.Call(t, "t_word_count", map[string]any{"text": "free as in beer"})
+	if err != nil || capvendtest.Text(res) != "4 words, 1 lines, 15 characters" {
 		t.Fatalf("free call: %v %v", res, err)
 	}
-	if len(pc.methods()) != 0 {
-		t.Fatalf("a free call sent %v", pc.methods())
+	if len(pc.Methods()) != 0 {
+		t.Fatalf("a free call sent %v", pc.Methods())
 	}
 
-	before := customerBalance(t, s)
+	before := capvendtest.CustomerBalance(t, s)
 	for _, tool := range []string{"t_sha256", "w_sha256"} {
-		res, err = pc.call(t, tool, map[string]any{"text": "hi"})
-		if err != nil || text(res) != "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4" {
-			t.Fatalf("%s: %v %v (notes %v)", tool, res, err, pc.methods())
+		res, err = pc.Call(t, tool, map[string]any{"text": "hi"})
+		if err != nil || capvendtest.Text(res) != "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4" {
+			t.Fatalf("%s: %v %v (notes %v)", tool, res, err, pc.Methods())
 		}
-		if err := <-pc.paid; err != nil {
+		if err := <-pc.Paid; err != nil {
 			t.Fatalf("%s: payment: %v", tool, err)
 		}
 	}
-	if got := strings.Join(pc.methods(), ","); got != "notifications/payment_required,notifications/payment_accepted,notifications/payment_required,notifications/payment_accepted" {
+	if got := strings.Join(pc.Methods(), ","); got != "notifications/payment_required,notifications/payment_accepted,notifications/payment_required,notifications/payment_accepted" {
 		t.Fatalf("notifications %s", got)
 	}
-	if spent := before - customerBalance(t, s); spent != 34_000 {
+	if spent := before - capvendtest.CustomerBalance(t, s); spent != 34_000 {
 		t.Fatalf("customer spent %d msat, want 34000", spent)
 	}
 
@@ -395,14 +255,14 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 	res, err = pc.CallTool(ctx2, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "t_slow_count",
 		Arguments: map[string]any{"n": 4}, Meta: &mcp.Meta{ProgressToken: "count-1"}}})
 	cancel2()
-	if err != nil || text(res) != "counted to 4" {
+	if err != nil || capvendtest.Text(res) != "counted to 4" {
 		t.Fatalf("slow_count: %v %v", res, err)
 	}
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		t.Fatal(err)
 	}
 	progress := 0
-	for _, m := range pc.methods() {
+	for _, m := range pc.Methods() {
 		if m == "notifications/progress" {
 			progress++
 		}
@@ -411,24 +271,24 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 	// after its result, and then it is not forwarded: at least three of
 	// the four must arrive.
 	if progress < 3 {
-		t.Fatalf("%d of 4 progress notifications reached the client, want at least 3: %v", progress, pc.methods())
+		t.Fatalf("%d of 4 progress notifications reached the client, want at least 3: %v", progress, pc.Methods())
 	}
 
 	// Invalid arguments: refused before any charge.
-	if _, err := pc.call(t, "t_sha256", map[string]any{"text": 42}); err == nil || !strings.Contains(err.Error(), "invalid") {
+	if _, err := pc.Call(t, "t_sha256", map[string]any{"text": 42}); err == nil || !strings.Contains(err.Error(), "invalid") {
 		t.Fatalf("invalid arguments: %v", err)
 	}
 	// A tool that fails after payment: the hold invoice is canceled and
 	// the customer's money comes back.
-	before = customerBalance(t, s)
-	res, err = pc.call(t, "t_always_fails", map[string]any{"text": "x"})
+	before = capvendtest.CustomerBalance(t, s)
+	res, err = pc.Call(t, "t_always_fails", map[string]any{"text": "x"})
 	if err != nil || !res.IsError {
 		t.Fatalf("failing tool: %v %v", res, err)
 	}
-	if err := <-pc.paid; err == nil {
+	if err := <-pc.Paid; err == nil {
 		t.Fatal("the customer's payment of the failed call succeeded")
 	}
-	if after := customerBalance(t, s); after != before {
+	if after := capvendtest.CustomerBalance(t, s); after != before {
 		t.Fatalf("customer balance %d -> %d after a refunded call", before, after)
 	}
 
@@ -438,12 +298,12 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err = pc.callMeta(t, "t_sha256", map[string]any{"text": "hi"}, map[string]any{"capvend/cashu": token})
-	if err != nil || text(res) != "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4" {
+	res, err = pc.CallMeta(t, "t_sha256", map[string]any{"text": "hi"}, map[string]any{"capvend/cashu": token})
+	if err != nil || capvendtest.Text(res) != "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4" {
 		t.Fatalf("token call: %v %v", res, err)
 	}
 	// The same token again is refused: it is spent.
-	if _, err := pc.callMeta(t, "t_sha256", map[string]any{"text": "again"}, map[string]any{"capvend/cashu": token}); err == nil {
+	if _, err := pc.CallMeta(t, "t_sha256", map[string]any{"text": "again"}, map[string]any{"capvend/cashu": token}); err == nil {
 		t.Fatal("a spent token paid a second call")
 	}
 
@@ -463,14 +323,16 @@ func TestServePaidCallsOverMCPHTTP(t *testing.T) {
 // call.
 func TestServeWithCashuOnly(t *testing.T) {
 	s := needStack(t)
-	url, db := serving(t, s, serveOpts{noLND: true, cashu: true})
-	pc := newPayingClient(t, s, url)
-	waitTools(t, pc)
-	res, err := pc.call(t, "w_sha256", map[string]any{"text": "hi"})
-	if err != nil || text(res) != "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4" {
-		t.Fatalf("mint-quote call: %v %v (notes %v)", res, err, pc.methods())
+	path, _ := writeServeConfig(t, s, serveOpts{noLND: true, cashu: true})
+	sv := startCapvend(t, path)
+	url, db := sv.URL(), sv.Ledger()
+	pc := capvendtest.NewPayingClient(t, s, url)
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
+	res, err := pc.Call(t, "w_sha256", map[string]any{"text": "hi"})
+	if err != nil || capvendtest.Text(res) != "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4" {
+		t.Fatalf("mint-quote call: %v %v (notes %v)", res, err, pc.Methods())
 	}
-	if err := <-pc.paid; err != nil {
+	if err := <-pc.Paid; err != nil {
 		t.Fatalf("paying the mint quote: %v", err)
 	}
 	l := ledgerkit.OpenVerified(t, db)
@@ -511,38 +373,35 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 		t.Run(tc.step+"/"+tc.tool, func(t *testing.T) {
 			path, listen := writeServeConfig(t, s, serveOpts{})
 			db := filepath.Join(filepath.Dir(path), "capvend.db")
-			proc := startServe(t, path, listen, tc.step)
-			pc := newPayingClient(t, s, "http://"+listen+"/mcp")
+			proc := startCapvend(t, path, capvendOpts{Process: true, Failpoint: tc.step})
+			pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
 			args := map[string]any{"text": "crash " + tc.step}
 			if tc.tool == "t_slow_count" {
 				args = map[string]any{"n": 2}
 			}
-			waitTools(t, pc)
-			if _, err := pc.call(t, tc.tool, args); err == nil {
+			capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
+			if _, err := pc.Call(t, tc.tool, args); err == nil {
 				t.Fatal("the call succeeded although capvend was killed")
 			}
-			if err := waitExit(proc, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
-				t.Fatalf("capvend did not die by SIGKILL: %v", err)
+			if code := proc.Wait(); code != exitKilled {
+				t.Fatalf("capvend did not die by SIGKILL: exit %d", code)
 			}
 			if tc.pays {
-				if err := <-pc.paid; err != nil {
+				if err := <-pc.Paid; err != nil {
 					t.Fatalf("payment: %v", err)
 				}
 			}
-			restarted := startServe(t, path, listen, "")
+			restarted := startCapvend(t, path, capvendOpts{Process: true})
 			l, err := ledger.Open(context.Background(), db, ledger.Options{MustExist: true})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer l.Close()
-			c := waitCall(t, l, tc.want)
+			c := capvendtest.WaitCall(t, l, tc.want)
 			if c.Executions != tc.executions {
 				t.Fatalf("call executed %d times, want %d", c.Executions, tc.executions)
 			}
-			restarted.Process.Signal(syscall.SIGTERM)
-			if err := waitExit(restarted, 60*time.Second); err != nil {
-				t.Fatalf("capvend did not stop cleanly: %v", err)
-			}
+			restarted.Stop()
 			out, errOut, code := run(t, nil, "ledger", "verify", "--db", db)
 			if code != 0 {
 				t.Fatalf("ledger verify: %s %s", out, errOut)
@@ -551,69 +410,5 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 	}
 }
 
-func startServe(t testing.TB, config, listen, failpoint string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(capvendBin, "serve", "--config", config)
-	cmd.Env = append(os.Environ(), "CAPVEND_FAILPOINT="+failpoint)
-	var stderr lockedWriter
-	stderr.w = &bytes.Buffer{}
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	// Its own line, not a connection to listen: another test's process
-	// may have taken the address (freeAddr releases it) and answer there.
-	deadline := time.Now().Add(60 * time.Second) // a deadlock guard; it answers once its upstreams listed (up to 30 s)
-	for {
-		out := tail(&stderr, 1<<20)
-		if strings.Contains(out, "serving MCP at http://"+listen+"/mcp") {
-			return cmd
-		}
-		if strings.Contains(out, "address already in use") || time.Now().After(deadline) {
-			t.Fatalf("capvend did not serve at %s: %s", listen, out)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// tail returns the last n bytes written to w (a process's stderr).
-func tail(w *lockedWriter, n int) string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	b := w.w.(*bytes.Buffer).Bytes()
-	return string(b[max(0, len(b)-n):])
-}
-
-func waitExit(cmd *exec.Cmd, d time.Duration) error {
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(d):
-		return fmt.Errorf("still running after %s", d)
-	}
-}
-
-// waitTools waits until pc lists the ten tools of writeServeConfig.
-func waitTools(t testing.TB, pc *payingClient) { waitToolCount(t, pc, 10) }
-
-// waitCall waits until the ledger's only call is in state want.
-func waitCall(t *testing.T, l *ledger.Ledger, want vend.CallState) vend.Call {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		c, err := l.Call(context.Background(), 1)
-		if err == nil && c.State == want {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("call is %s (%v), want %s", c.State, err, want)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
+// serveTools is how many tools writeServeConfig's capvend lists.
+const serveTools = 10

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
@@ -38,19 +39,19 @@ func TestServingLineMeansSubscribed(t *testing.T) {
 	dead := "ws://" + ln.Addr().String()
 	ln.Close()
 
-	path, listen := nostrToolsConfig(t, relay+", "+dead, sk, "")
-	admin := adminConfig(t, path, "")
-	_, stderr := serveOutput(t, path, listen)
+	path, _ := capvendtest.NostrToolsConfig(t, relay+", "+dead, sk, "")
+	admin := capvendtest.AdminConfig(t, path, "")
+	sv := startCapvend(t, path)
 	c := newLoadClient(t, relay, server)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a hang guard
 	defer cancel()
 	if _, err := c.call(ctx, "ping", `{}`); err != nil {
-		t.Fatalf("a request right after %q: %v", stderr.String(), err)
+		t.Fatalf("a request right after %q: %v", sv.Stderr(), err)
 	}
-	if code, body := get(t, "http://"+admin+"/readyz", ""); code != http.StatusOK || !strings.Contains(body, "ok: nostr") {
+	if code, body := capvendtest.Get(t, "http://"+admin+"/readyz", ""); code != http.StatusOK || !strings.Contains(body, "ok: nostr") {
 		t.Errorf("readyz once subscribed on one relay of two: %d\n%s", code, body)
 	}
-	out := stderr.String()
+	out := sv.Stderr()
 	if !strings.Contains(out, "capvend: nostr relay "+dead+": not subscribed: ") {
 		t.Errorf("the dead relay is not named: %s", out)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
@@ -74,22 +75,22 @@ func (r *rawMCP) post(url, body string, onMessage func(json.RawMessage)) (int, [
 func TestSessionOnAnotherInstance(t *testing.T) {
 	t.Parallel() // most of it is the wait for the dead instance's lease
 	s := needStack(t)
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	var paths, listens []string
 	for range 2 {
 		p, l := writeServeConfig(t, s, serveOpts{})
-		onPostgres(t, p, dsn)
+		capvendtest.OnPostgres(t, p, dsn)
 		paths, listens = append(paths, p), append(listens, l)
 	}
 	ctx := context.Background()
-	a := startServe(t, paths[0], listens[0], vend.FailAfterSettlement)
+	a := startCapvend(t, paths[0], capvendOpts{Process: true, Failpoint: vend.FailAfterSettlement})
 	l, err := ledger.OpenPostgres(ctx, dsn, ledger.Options{MustExist: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	waitLeaseHolder(t, l, a.Process.Pid, true, time.Minute)
-	startServe(t, paths[1], listens[1], "")
+	capvendtest.WaitLeaseHolder(t, l, a.Pid(), true, time.Minute)
+	startCapvend(t, paths[1], capvendOpts{Process: true})
 	urlA, urlB := "http://"+listens[0]+"/mcp", "http://"+listens[1]+"/mcp"
 
 	c := &rawMCP{t: t}
@@ -118,8 +119,8 @@ func TestSessionOnAnotherInstance(t *testing.T) {
 			}()
 		}
 	})
-	if err := waitExit(a, 60*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
-		t.Fatalf("A did not die by SIGKILL: %v", err)
+	if code := a.Wait(); code != exitKilled {
+		t.Fatalf("A did not die by SIGKILL: exit %d", code)
 	}
 	select {
 	case err := <-paid:
@@ -130,8 +131,8 @@ func TestSessionOnAnotherInstance(t *testing.T) {
 		t.Fatal("A sent no payment request")
 	}
 	// B takes the work over and runs the dead instance's paid call.
-	waitLeaseHolder(t, l, a.Process.Pid, false, 2*time.Minute)
-	waitCall(t, l, vend.CallDelivered)
+	capvendtest.WaitLeaseHolder(t, l, a.Pid(), false, 2*time.Minute)
+	capvendtest.WaitCall(t, l, vend.CallDelivered)
 
 	status, msgs := c.post(urlB, callReq, nil)
 	if status != http.StatusOK || len(msgs) == 0 {

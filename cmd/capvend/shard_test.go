@@ -14,6 +14,7 @@ import (
 
 	"github.com/capvend/capvend/adapters/ctxvm"
 	"github.com/capvend/capvend/billing/billingtest"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/internal/testkit"
 )
@@ -31,8 +32,8 @@ type shardRun struct {
 	answers    *answerCounter
 	unanswered atomic.Int64
 
-	mu   sync.Mutex
-	logs []*lockedWriter // of every instance started
+	mu      sync.Mutex
+	started []*runningCapvend // every instance, in order
 }
 
 // newShardRun starts a relay for instances sharding on the PostgreSQL
@@ -40,21 +41,21 @@ type shardRun struct {
 func newShardRun(t *testing.T, dsn string) *shardRun {
 	sk := nostr.GeneratePrivateKey()
 	server, _ := nostr.GetPublicKey(sk)
-	return &shardRun{t: t, relay: testkit.Relay(t), sk: sk, server: server, db: openPG(t, dsn)}
+	return &shardRun{t: t, relay: testkit.Relay(t), sk: sk, server: server, db: capvendtest.OpenPG(t, dsn)}
 }
 
 // start runs an instance selling its example tools with prefix, on the
 // ledger of dsn, sampling the member set every 500 ms: F is 1.5 s, and
 // changes settle in 4.5 s (T), not 9 s.
 func (r *shardRun) start(prefix, dsn string) (stop func()) {
-	path, listen := nostrToolsConfig(r.t, r.relay, r.sk, prefix)
-	onPostgres(r.t, path, dsn)
-	shardNostr(r.t, path, 500*time.Millisecond)
-	stop, _, logs := serveLogged(r.t, path, listen)
+	path, _ := capvendtest.NostrToolsConfig(r.t, r.relay, r.sk, prefix)
+	capvendtest.OnPostgres(r.t, path, dsn)
+	capvendtest.EditConfig(r.t, path, "\nnostr:\n", "\nnostr:\n  shard: true\n  shard_sample: 500ms\n")
+	sv := startCapvend(r.t, path)
 	r.mu.Lock()
-	r.logs = append(r.logs, logs)
+	r.started = append(r.started, sv)
 	r.mu.Unlock()
-	return stop
+	return sv.Stop
 }
 
 // connect starts the client and the answer counter, and returns once a
@@ -133,8 +134,8 @@ func (r *shardRun) stalls() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
-	for _, l := range r.logs {
-		text := l.String()
+	for _, sv := range r.started {
+		text := sv.Logs()
 		n += strings.Count(text, logLate) + strings.Count(text, logStale)
 	}
 	return n
@@ -266,7 +267,7 @@ func (r *shardRun) keepListing(wait time.Duration) (stop func()) {
 func (r *shardRun) logged(i int, text string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return strings.Count(r.logs[i].String(), text)
+	return strings.Count(r.started[i].Logs(), text)
 }
 
 // waitLogged waits until the i-th instance's log holds text more than n
@@ -305,7 +306,7 @@ func (r *shardRun) ghostGone() bool {
 func TestNostrInstancesShareRequests(t *testing.T) {
 	skip.Short(t, "starts PostgreSQL and three capvend instances")
 	t.Parallel()
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	r := newShardRun(t, dsn)
 	r.start("a_", dsn)
 	r.start("b_", dsn)
@@ -377,7 +378,7 @@ const (
 func TestNostrShardRidesOutALedgerOutage(t *testing.T) {
 	skip.Short(t, "starts PostgreSQL and two capvend instances")
 	t.Parallel()
-	dsn := testPostgres(t)
+	dsn := capvendtest.Postgres(t)
 	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatal(err)

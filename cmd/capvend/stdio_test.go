@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -11,30 +10,25 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/capvend/capvend/internal/capvendtest"
 )
 
 // TestServeStdio runs `capvend serve --stdio` as a desktop MCP client would
 // launch it, speaking MCP over its standard input and output, and lists and
 // calls a free tool through it.
 func TestServeStdio(t *testing.T) {
-	cfg, _ := freeToolsConfig(t, "ex_")
+	cfg, _ := capvendtest.FreeToolsConfig(t, "ex_")
 	inR, inW := io.Pipe()   // client -> capvend stdin
 	outR, outW := io.Pipe() // capvend stdout -> client
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	go func() {
-		e := &env{Stdin: inR, Stdout: outW, Stderr: io.Discard, Getenv: func(string) string { return "" },
-			Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		done <- execute(ctx, rootCommand(), e, []string{"serve", "--stdio", "--config", cfg})
-		outW.Close()
-	}()
+	sv := startCapvend(t, cfg, capvendOpts{Args: []string{"serve", "--stdio", "--config", cfg}, Stdin: inR, Stdout: outW})
 	c := client.NewClient(transport.NewIO(outR, inW, io.NopCloser(strings.NewReader(""))))
-	cctx, ccancel := context.WithTimeout(ctx, 60*time.Second)
+	cctx, ccancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer ccancel()
 	if err := c.Start(cctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Initialize(cctx, payingInit()); err != nil {
+	if _, err := c.Initialize(cctx, capvendtest.PayingInit()); err != nil {
 		t.Fatal(err)
 	}
 	// The upstream may still be connecting: a bounded wait.
@@ -54,19 +48,13 @@ func TestServeStdio(t *testing.T) {
 	}
 	res, err := c.CallTool(cctx, mcp.CallToolRequest{Params: mcp.CallToolParams{Name: "ex_word_count",
 		Arguments: map[string]any{"text": "over stdio"}}})
-	if err != nil || text(res) != "2 words, 1 lines, 10 characters" {
+	if err != nil || capvendtest.Text(res) != "2 words, 1 lines, 10 characters" {
 		t.Fatalf("call: %v %v", res, err)
 	}
 	inW.Close() // the client goes away: serve --stdio ends
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Fatalf("serve --stdio exited %d", code)
-		}
-	case <-time.After(60 * time.Second):
-		cancel()
-		t.Fatal("serve --stdio did not end when its input closed")
+	if code := sv.Wait(); code != 0 {
+		t.Fatalf("serve --stdio exited %d", code)
 	}
-	cancel()
+	outW.Close()
 	c.Close()
 }

@@ -3,6 +3,9 @@ package main
 import (
 	"testing"
 	"time"
+
+	"github.com/capvend/capvend/internal/capvendtest"
+	"github.com/capvend/capvend/internal/listed"
 )
 
 // TestStopClosesCallsWaitingForPayment: on stop, a call waiting for its
@@ -13,14 +16,14 @@ import (
 func TestStopClosesCallsWaitingForPayment(t *testing.T) {
 	s := needStack(t)
 	path, listen := writeServeConfig(t, s, serveOpts{})
-	editConfig(t, path, "\nhttp:\n", "\nhttp:\n  shutdown_grace: 1s\n")
-	stop := serveInProcess(t, path, listen)
+	capvendtest.EditConfig(t, path, "\nhttp:\n", "\nhttp:\n  shutdown_grace: 1s\n")
+	stop := startCapvend(t, path).Stop
 	quoted := make(chan struct{}, 1)
-	pc := newPayingClientWith(t, "http://"+listen+"/mcp", func(string) { quoted <- struct{}{} }) // never pays
-	waitTools(t, pc)
+	pc := capvendtest.NewPayingClientWith(t, "http://"+listen+"/mcp", func(string) { quoted <- struct{}{} }) // never pays
+	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
 	ended := make(chan error, 1)
 	go func() {
-		_, err := pc.call(t, "t_sha256", map[string]any{"text": "never paid"})
+		_, err := pc.Call(t, "t_sha256", map[string]any{"text": "never paid"})
 		ended <- err
 	}()
 	select {

@@ -14,51 +14,13 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip19"
 
 	"github.com/capvend/capvend/adapters/ctxvm"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
-// announcementsOn returns the announcement events of pk the relay holds.
-func announcementsOn(t *testing.T, relay, pk string) []*nostr.Event {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	r, err := nostr.RelayConnect(ctx, relay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	var kinds []int
-	for _, a := range ctxvm.AnnouncementAddresses(pk) {
-		kinds = append(kinds, a.Kind)
-	}
-	evs, err := r.QuerySync(ctx, nostr.Filter{Authors: []string{pk}, Kinds: kinds})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return evs
-}
-
-// unannounceConfig writes a configuration naming relays and a fresh key,
-// and returns its path and the key.
-func unannounceConfig(t *testing.T, relays ...string) (path, sk string) {
-	t.Helper()
-	dir := t.TempDir()
-	sk = nostr.GeneratePrivateKey()
-	nsec, _ := nip19.EncodePrivateKey(sk)
-	if err := os.WriteFile(filepath.Join(dir, "server.nsec"), []byte(nsec+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	path = filepath.Join(dir, "capvend.yaml")
-	yaml := fmt.Sprintf("nostr:\n  relays: [%s]\n  nsec_file: server.nsec\n  announce: false\n", strings.Join(relays, ", "))
-	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path, sk
-}
-
 func TestUnannounce(t *testing.T) {
 	relay := testkit.Relay(t)
-	path, sk := unannounceConfig(t, relay)
+	path, sk := capvendtest.UnannounceConfig(t, relay)
 	pk, _ := nostr.GetPublicKey(sk)
 
 	// Announcements as a server publishes them (one replaceable, one
@@ -85,7 +47,7 @@ func TestUnannounce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := len(announcementsOn(t, relay, pk)); n != 2 {
+	if n := len(capvendtest.AnnouncementsOn(t, relay, pk)); n != 2 {
 		t.Fatalf("%d announcements before", n)
 	}
 
@@ -96,10 +58,10 @@ func TestUnannounce(t *testing.T) {
 	if !strings.Contains(out, "(2 announcement events found) accepted by 1 of 1 relay(s)") || !strings.Contains(out, relay+": accepted") {
 		t.Errorf("output %q", out)
 	}
-	if n := len(announcementsOn(t, relay, pk)); n != 0 {
+	if n := len(capvendtest.AnnouncementsOn(t, relay, pk)); n != 0 {
 		t.Errorf("%d announcements left", n)
 	}
-	if n := len(announcementsOn(t, relay, otherPK)); n != 1 {
+	if n := len(capvendtest.AnnouncementsOn(t, relay, otherPK)); n != 1 {
 		t.Errorf("another author's announcement deleted")
 	}
 	// The request itself, as the relay holds it.
@@ -121,7 +83,7 @@ func TestUnannounceFails(t *testing.T) {
 		return ev.Kind == ctxvm.KindDeletion, "blocked: not here"
 	})
 	refusing := testkit.ServeRelay(t, rl)
-	path, _ := unannounceConfig(t, refusing, "ws://127.0.0.1:1")
+	path, _ := capvendtest.UnannounceConfig(t, refusing, "ws://127.0.0.1:1")
 	_, errOut, code := run(t, nil, "unannounce", "--config", path, "--timeout", "5s")
 	if code != 1 || !strings.Contains(errOut, "no relay accepted the deletion request") {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -169,17 +131,17 @@ func TestConfigNostrAccessLists(t *testing.T) {
 // upstream's tools on the relay; unannounce then removes every one.
 func TestUnannounceAfterServe(t *testing.T) {
 	relay := testkit.Relay(t)
-	path, sk := unannounceConfig(t, relay)
+	path, sk := capvendtest.UnannounceConfig(t, relay)
 	pk, _ := nostr.GetPublicKey(sk)
 	yaml := fmt.Sprintf("ledger:\n  path: capvend.db\nnostr:\n  relays: [%s]\n  nsec_file: server.nsec\nupstreams:\n  - name: tools\n    prefix: t_\n    command: %s\n",
-		relay, exampleTools(t))
+		relay, capvendtest.ExampleTools(t))
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stop := serveStoppable(t, path, "")
+	stop := startCapvend(t, path).Stop
 	deadline := time.Now().Add(60 * time.Second) // a deadlock guard
 	for {
-		evs := announcementsOn(t, relay, pk)
+		evs := capvendtest.AnnouncementsOn(t, relay, pk)
 		tools := false
 		for _, ev := range evs {
 			tools = tools || (ev.Kind == ctxvm.KindAnnounceTools && strings.Contains(ev.Content, `"name":"t_word_count"`))
@@ -197,7 +159,7 @@ func TestUnannounceAfterServe(t *testing.T) {
 	if _, errOut, code := run(t, nil, "unannounce", "--config", path); code != 0 || !strings.Contains(errOut, "nostr.announce is true") {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	if n := len(announcementsOn(t, relay, pk)); n != 0 {
+	if n := len(capvendtest.AnnouncementsOn(t, relay, pk)); n != 0 {
 		t.Errorf("%d announcements left", n)
 	}
 }
