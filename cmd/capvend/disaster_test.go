@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -21,6 +19,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/capvend/capvend/adapters/mcpfront"
+	"github.com/capvend/capvend/internal/capvendtest"
 	"github.com/capvend/capvend/internal/skip"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
@@ -111,7 +110,7 @@ func TestDisasterDrill(t *testing.T) {
 	dir := t.TempDir()
 	db := filepath.Join(dir, "capvend.db")
 	callsLog := filepath.Join(dir, "calls.jsonl")
-	listen := freeAddr(t)
+	listen := capvendtest.FreeAddr(t)
 	config := writeDrillConfig(t, s, dir, listen, ls, callsLog)
 	cfg, err := loadConfig(config, func(string) string { return "" })
 	if err != nil {
@@ -124,8 +123,8 @@ func TestDisasterDrill(t *testing.T) {
 	capvendIn(t, dir, nil, "ledger", "litestream-config", "--out", "litestream.yml")
 	lsConfig := filepath.Join(dir, "litestream.yml")
 
-	serve := startDrillServe(t, config, listen)
-	stopLitestream := replicating(t, ls, lsConfig)
+	serve := startCapvend(t, config, capvendOpts{Process: true})
+	stopLitestream := capvendtest.Replicating(t, ls, lsConfig)
 	url := "http://" + listen + "/mcp"
 	d := &drill{t: t, s: s, url: url}
 	d.waitTools()
@@ -183,9 +182,9 @@ func TestDisasterDrill(t *testing.T) {
 
 	// The disaster: serve dies, the ledger is lost with everything beside
 	// it; the replica is all that is left.
-	serve.Process.Signal(syscall.SIGKILL)
-	if err := waitExit(serve, 30*time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
-		t.Fatalf("serve did not die by SIGKILL: %v", err)
+	serve.Signal(syscall.SIGKILL)
+	if code := serve.Wait(); code != exitKilled {
+		t.Fatalf("serve did not die by SIGKILL: exit %d", code)
 	}
 	for _, p := range []string{db, db + "-wal", db + "-shm", filepath.Join(dir, ".capvend.db-litestream")} {
 		if err := os.RemoveAll(p); err != nil {
@@ -197,7 +196,7 @@ func TestDisasterDrill(t *testing.T) {
 		!strings.Contains(out, "checks passed") {
 		t.Fatalf("restore:\n%s", out)
 	}
-	if diff := lineDiff(last, moneyRecords(t, db, false)); !restoreEndedOnly(diff, len(b)+1) {
+	if diff := capvendtest.LineDiff(last, moneyRecords(t, db, false)); !restoreEndedOnly(diff, len(b)+1) {
 		t.Fatalf("the restored money records differ from the last replicated point by more than B's %d calls ended:\n%s", len(b)+1, diff)
 	}
 	for _, dc := range []*drillCall{c, cCashu} {
@@ -210,8 +209,8 @@ func TestDisasterDrill(t *testing.T) {
 
 	// Serve again, Litestream beside it: what LND and the mint settled
 	// meanwhile is booked.
-	serve = startDrillServe(t, config, listen)
-	replicating(t, ls, lsConfig)
+	serve = startCapvend(t, config, capvendOpts{Process: true})
+	capvendtest.Replicating(t, ls, lsConfig)
 	d.waitReconciled(db, lastRun)
 	d.waitState(db, "settled", b...)
 	// The hold invoice locked in at the kill is canceled: the customer's
@@ -229,7 +228,7 @@ func TestDisasterDrill(t *testing.T) {
 	for _, dc := range []*drillCall{bPlain.drillCall, bUnclaimed.drillCall, c} {
 		res, err := d.repeatOnce(dc)
 		if err == nil && !res.IsError && d.answer(res) == "" {
-			t.Fatalf("repeating %s after the restore was answered by the tool: %s", dc.label, text(res))
+			t.Fatalf("repeating %s after the restore was answered by the tool: %s", dc.label, capvendtest.Text(res))
 		}
 		t.Logf("repeating %s after the restore: %v %s", dc.label, err, drillResult(res))
 		if dc != c && (err == nil || !strings.Contains(err.Error(), "canceled") || !strings.Contains(err.Error(), "owed back")) {
@@ -239,10 +238,7 @@ func TestDisasterDrill(t *testing.T) {
 	if n := d.unrepaired(db); n != 0 {
 		t.Errorf("serve's reconciliation after the restore recorded %d differences it did not repair; want none (the backends caught up first)", n)
 	}
-	serve.Process.Signal(syscall.SIGTERM)
-	if err := waitExit(serve, 60*time.Second); err != nil {
-		t.Fatalf("serve did not stop: %v", err)
-	}
+	serve.Stop()
 	t.Logf("served again, reconciled, stopped (%s)", time.Since(start).Round(time.Millisecond))
 
 	// With serve stopped, reconcile compares the Cashu wallet too.
@@ -360,7 +356,7 @@ func drillParts(t *testing.T) (*testnet.Stack, string) {
 		skip.Missing(t, "Litestream "+testnet.LitestreamVersion+" could not be built: "+err.Error(),
 			"go install github.com/benbjohnson/litestream/cmd/litestream@"+testnet.LitestreamVersion)
 	}
-	bin := litestream(t)
+	bin := capvendtest.Litestream(t)
 	return needStack(t), bin
 }
 
@@ -404,44 +400,12 @@ upstreams:
       word_count: {price_msat: %d}
       slow_count: {price_msat: %d}
 `, filepath.Join(dir, "replica"), litestreamBin, listen, vendor.RPCHost, vendor.TLSCert, vendor.InvoiceMacaroon,
-		s.MintURL, exampleTools(t), callsLog, drillHoldPrice, drillPlainPrice, drillSlowPrice)
+		s.MintURL, capvendtest.ExampleTools(t), callsLog, drillHoldPrice, drillPlainPrice, drillSlowPrice)
 	path := filepath.Join(dir, "capvend.yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path
-}
-
-// startDrillServe starts the capvend binary serving config, as
-// startServe does, and shows its log if the test fails.
-func startDrillServe(t *testing.T, config, listen string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(builtCapvend(t), "serve", "--config", config)
-	cmd.Env = append(os.Environ(), "CAPVEND_FAILPOINT=")
-	var stderr lockedWriter
-	stderr.w = &bytes.Buffer{}
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("serve's log (pid %d):\n%s", cmd.Process.Pid, tail(&stderr, 30000))
-		}
-	})
-	deadline := time.Now().Add(60 * time.Second) // a deadlock guard
-	for {
-		out := tail(&stderr, 1<<20)
-		if strings.Contains(out, "serving MCP at http://"+listen+"/mcp") {
-			return cmd
-		}
-		if strings.Contains(out, "address already in use") || time.Now().After(deadline) {
-			t.Fatalf("capvend did not serve at %s: %s", listen, out)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // drill is the customer's side of the drill.
@@ -455,11 +419,11 @@ type drill struct {
 
 // client is a new MCP client that declared capvend's payment
 // notifications; pay handles each payment_required's bolt11.
-func (d *drill) client(pay func(string)) *payingClient {
+func (d *drill) client(pay func(string)) *capvendtest.PayingClient {
 	if pay == nil {
 		pay = func(string) {}
 	}
-	return newPayingClientWith(d.t, d.url, pay)
+	return capvendtest.NewPayingClientWith(d.t, d.url, pay)
 }
 
 func (d *drill) waitTools() {
@@ -543,7 +507,7 @@ func (d *drill) notified(label, tool string, meta map[string]any, gate <-chan st
 		close(f.paid)
 	})
 	go func() {
-		res, err := pc.callMeta(t, tool, f.call.args, meta)
+		res, err := pc.CallMeta(t, tool, f.call.args, meta)
 		f.res = res
 		f.done <- err
 	}()
@@ -591,7 +555,7 @@ func (d *drill) explicit(label, tool string) *explicitCall {
 	t := d.t
 	dc := d.newCall(label, tool)
 	pc := d.client(nil)
-	res, err := pc.callMeta(t, tool, dc.args,
+	res, err := pc.CallMeta(t, tool, dc.args,
 		map[string]any{mcpfront.MetaPaymentInteraction: mcpfront.ExplicitGating})
 	if err != nil {
 		t.Fatalf("%s: %v", label, err)
@@ -636,7 +600,7 @@ func (e *explicitCall) repeat() *drillCall {
 // repeatOnce repeats dc's call once with its payment token.
 func (d *drill) repeatOnce(dc *drillCall) (*mcp.CallToolResult, error) {
 	pc := d.client(nil)
-	return pc.callMeta(d.t, dc.tool, dc.args, map[string]any{vend.MetaPaymentToken: dc.token})
+	return pc.CallMeta(d.t, dc.tool, dc.args, map[string]any{vend.MetaPaymentToken: dc.token})
 }
 
 // answer is a payment answer's error ("payment_required",
@@ -889,26 +853,13 @@ func (d *drill) customerPaid(ctx context.Context, start time.Time, calls ...*dri
 	return sum
 }
 
-// capvendExit runs the built capvend with args in dir and returns its
-// combined output and exit code.
+// capvendExit runs the built capvend with args in dir, as a user at a
+// shell there, and returns its output and exit code.
 func capvendExit(t *testing.T, dir string, args ...string) (string, int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
-	defer cancel()
-	cmd := exec.CommandContext(ctx, builtCapvend(t), args...)
-	cmd.Dir, cmd.Stdin = dir, strings.NewReader("")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return out.String(), ee.ExitCode()
-	}
-	if err != nil {
-		t.Fatalf("capvend %s: %v\n%s", strings.Join(args, " "), err, out.String())
-	}
-	return out.String(), 0
+	c := startCapvend(t, "", capvendOpts{Args: args, Process: true, UserShell: true, Dir: dir})
+	code := c.Wait()
+	return c.Stdout() + c.Stderr(), code
 }
 
 // restoreEndedOnly reports whether diff (lineDiff of the money records of
