@@ -110,7 +110,7 @@ type itemCache = readMap[itemKey, *itemSeries]
 const maxItems = 10_000
 
 // series returns t's series.
-func (m *Metrics) series(t *vend.Tool) *itemSeries {
+func (m *Metrics) series(t *vend.Item) *itemSeries {
 	k := itemKey{t.Kind.Or(), t.Server, t.UpstreamName}
 	if s, ok := m.items.load(k); ok {
 		return s
