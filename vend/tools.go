@@ -19,7 +19,7 @@ const (
 	ItemResource ItemKind = "resource" // resources/read
 )
 
-// Or returns k, or KindTool when k is empty.
+// Or returns k, or ItemTool when k is empty.
 func (k ItemKind) Or() ItemKind {
 	if k == "" {
 		return ItemTool
@@ -33,7 +33,7 @@ func (k ItemKind) Or() ItemKind {
 // URI read, UpstreamName the prompt's name on the upstream or the URI (or
 // URI template) the resource is priced under, and there is no schema.
 type Item struct {
-	Kind         ItemKind        // "" or KindTool for tools
+	Kind         ItemKind        // "" or ItemTool for tools
 	Name         string          // the name clients call (upstream prefix + UpstreamName)
 	Server       string          // the upstream server's configured name
 	UpstreamName string          // the tool's name on the upstream
@@ -74,13 +74,13 @@ type ToolSource interface {
 // interrupted is run again at start.
 type ItemSource interface {
 	// PromptItem returns the prompt exposed as name as a Tool of
-	// KindPrompt: Name, Server, UpstreamName (its name on the upstream),
+	// ItemPrompt: Name, Server, UpstreamName (its name on the upstream),
 	// Title, Description, and an InputSchema of its arguments (strings,
 	// the required ones required), checked before a get is quoted.
 	// ok=false if no upstream lists it.
 	PromptItem(name string) (t Item, ok bool)
 	// ResourceItem returns the resource read as uri as a Tool of
-	// KindResource: Name uri, Server the upstream that serves the read,
+	// ItemResource: Name uri, Server the upstream that serves the read,
 	// UpstreamName a key its price may be looked up by (uri itself when
 	// an upstream lists it or it is a listed URI template, else the
 	// first listed URI template uri matches), and Templates the further
@@ -127,9 +127,9 @@ type TemplatePricer interface {
 // CallRequest is one tools/call (or priced prompts/get or resources/read)
 // as a front received it.
 type CallRequest struct {
-	// Kind is what is asked for: "" or KindTool a tools/call;
-	// KindPrompt a prompts/get, with Tool the exposed prompt name and
-	// Arguments its arguments object (string values); KindResource a
+	// Kind is what is asked for: "" or ItemTool a tools/call;
+	// ItemPrompt a prompts/get, with Tool the exposed prompt name and
+	// Arguments its arguments object (string values); ItemResource a
 	// resources/read, with Tool the URI and Arguments {} or nil.
 	Kind      ItemKind
 	Transport string // "mcp-http", "mcp-stdio", "nostr"

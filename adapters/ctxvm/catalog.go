@@ -39,8 +39,8 @@ func (s *Server) capabilities() map[string]any {
 // prompts/get or resources/read is sold through Vendor.CallItem like a
 // tools/call; the others stay free.
 type ItemPricer interface {
-	// ItemPrice returns the least and most a prompts/get (KindPrompt,
-	// the exposed name) or resources/read (KindResource, a URI or URI
+	// ItemPrice returns the least and most a prompts/get (ItemPrompt,
+	// the exposed name) or resources/read (ItemResource, a URI or URI
 	// template) costs; 0 when free or unknown.
 	ItemPrice(kind vend.ItemKind, name string) (lo, hi vend.Msat)
 }

@@ -83,8 +83,8 @@ type PriceRanger interface {
 // above 0 is listed with its price and served through Vendor.CallItem
 // (CallRequest.Kind), paid like a tool; the others stay free.
 type ItemPricer interface {
-	// ItemPrice returns the least and most a prompts/get (KindPrompt,
-	// the exposed name) or resources/read (KindResource, a URI or URI
+	// ItemPrice returns the least and most a prompts/get (ItemPrompt,
+	// the exposed name) or resources/read (ItemResource, a URI or URI
 	// template) costs; 0 when free or unknown.
 	ItemPrice(kind vend.ItemKind, name string) (lo, hi vend.Msat)
 }
