@@ -34,7 +34,7 @@ func TestRecordCallRefusesAReusedRequestKey(t *testing.T) {
 	}{
 		{"another tool", func(nc *vend.NewCall) { nc.Tool = "sha256" }},
 		{"another server", func(nc *vend.NewCall) { nc.Server = "other" }},
-		{"another kind", func(nc *vend.NewCall) { nc.Kind = vend.KindPrompt }},
+		{"another kind", func(nc *vend.NewCall) { nc.Kind = vend.ItemPrompt }},
 		{"other arguments", func(nc *vend.NewCall) { nc.ArgsHash = hash("EXPENSIVE") }},
 		{"everything else", func(nc *vend.NewCall) {
 			nc.Tool, nc.ArgsHash, nc.Price, nc.ToolName, nc.Arguments = "sha256", hash("EXPENSIVE"), 1_000, "demo_sha256", []byte(`{"text":"EXPENSIVE"}`)
@@ -143,7 +143,7 @@ func TestFindGrantMatchesTheWholeBinding(t *testing.T) {
 		t.Fatalf("grant %+v %v", got, err)
 	}
 	for _, mod := range []func(*vend.Binding){
-		func(b *vend.Binding) { b.Kind = vend.KindPrompt },
+		func(b *vend.Binding) { b.Kind = vend.ItemPrompt },
 		func(b *vend.Binding) { b.Server = "other" },
 		func(b *vend.Binding) { b.Tool = "sha256" },
 		func(b *vend.Binding) { b.ArgsHash = hash("other") },
@@ -199,7 +199,7 @@ func TestExecutionRecordsWhatWasSent(t *testing.T) {
 	}
 	b := c.Binding()
 	for _, mod := range []func(*vend.Binding){
-		func(b *vend.Binding) { b.Kind = vend.KindResource },
+		func(b *vend.Binding) { b.Kind = vend.ItemResource },
 		func(b *vend.Binding) { b.Server = "other" },
 		func(b *vend.Binding) { b.Tool = "sha256" },
 		func(b *vend.Binding) { b.ArgsHash = hash("EXPENSIVE") },

@@ -148,7 +148,7 @@ func validateNewCall(nc vend.NewCall) error {
 	switch {
 	case nc.Transport == "" || nc.Client == "" || nc.RequestID == "" || nc.Server == "" || nc.Tool == "":
 		return errors.New("record call: transport, client, request id, server and tool are required")
-	case nc.Kind.Or() != vend.KindTool && nc.Kind != vend.KindPrompt && nc.Kind != vend.KindResource:
+	case nc.Kind.Or() != vend.ItemTool && nc.Kind != vend.ItemPrompt && nc.Kind != vend.ItemResource:
 		return fmt.Errorf("record call: unknown kind %q", nc.Kind)
 	case len(nc.ArgsHash) != 64:
 		return errors.New("record call: args hash must be a hex SHA-256")

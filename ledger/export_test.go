@@ -104,12 +104,12 @@ func fixtureLedger(t *testing.T) *ledger.Ledger {
 	// An unpaid quote stays pending and books nothing.
 	call(6, "demo", "echo", 21_000, vend.KindInvoice, vend.BackendLND)
 
-	item = vend.KindPrompt
+	item = vend.ItemPrompt
 	c7, p7 := call(7, "demo", "summarize", 3_000, vend.KindInvoice, vend.BackendLND)
 	_, err = l.SettlePayment(ctx, vend.Settlement{Ref: p7.Ref, Amount: 3_000})
 	must(err)
 	deliver(c7)
-	item = vend.KindResource
+	item = vend.ItemResource
 	c8, p8 := call(8, "demo", "docs://guide/{page}", 1_500, vend.KindInvoice, vend.BackendLND)
 	_, err = l.SettlePayment(ctx, vend.Settlement{Ref: p8.Ref, Amount: 1_500})
 	must(err)

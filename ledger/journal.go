@@ -32,9 +32,9 @@ func IncomeAccount(server, tool string) string {
 // template made one segment by Segment: "docs://guide" is "docs---guide").
 func ItemIncomeAccount(kind vend.ItemKind, server, name string) string {
 	switch kind {
-	case vend.KindPrompt:
+	case vend.ItemPrompt:
 		return "income:prompts:" + Segment(server) + ":" + Segment(name)
-	case vend.KindResource:
+	case vend.ItemResource:
 		return "income:resources:" + Segment(server) + ":" + Segment(name)
 	}
 	return IncomeAccount(server, name)
@@ -222,7 +222,7 @@ func postSettlement(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, s
 // kindPrefix starts the description of a prompt's or resource's entry
 // ("prompt demo/summarize call 3 ..."); tools have none, as before.
 func kindPrefix(k vend.ItemKind) string {
-	if k.Or() == vend.KindTool {
+	if k.Or() == vend.ItemTool {
 		return ""
 	}
 	return string(k) + " "

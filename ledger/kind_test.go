@@ -16,7 +16,7 @@ func TestCallKind(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "capvend.db")
 	l := openLedger(t, path)
-	for i, k := range []vend.ItemKind{"", vend.KindTool, vend.KindPrompt, vend.KindResource} {
+	for i, k := range []vend.ItemKind{"", vend.ItemTool, vend.ItemPrompt, vend.ItemResource} {
 		nc := newCall(i + 1)
 		nc.Kind = k
 		c, _, err := l.RecordCall(ctx, nc)
@@ -43,14 +43,14 @@ func TestCallKind(t *testing.T) {
 	l.Close()
 	l = openLedger(t, path)
 	c, err := l.Call(ctx, 4)
-	if err != nil || c.Kind != vend.KindResource {
+	if err != nil || c.Kind != vend.ItemResource {
 		t.Fatalf("after reopen: call 4 kind %q, %v", c.Kind, err)
 	}
 	b, err := l.Balance(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := ledger.ItemIncomeAccount(vend.KindPrompt, newCall(3).Server, newCall(3).Tool)
+	want := ledger.ItemIncomeAccount(vend.ItemPrompt, newCall(3).Server, newCall(3).Tool)
 	if len(b.Tools) != 1 || b.Tools[0].Account != want || b.Tools[0].Revenue != ps.Amount {
 		t.Fatalf("revenue %+v, want %s: %d", b.Tools, want, ps.Amount)
 	}
@@ -63,9 +63,9 @@ func TestItemIncomeAccount(t *testing.T) {
 		want         string
 	}{
 		{"", "demo", "echo", "income:tools:demo:echo"},
-		{vend.KindTool, "demo", "echo", "income:tools:demo:echo"},
-		{vend.KindPrompt, "demo", "summarize", "income:prompts:demo:summarize"},
-		{vend.KindResource, "demo", "docs://guide", "income:resources:demo:docs---guide"},
+		{vend.ItemTool, "demo", "echo", "income:tools:demo:echo"},
+		{vend.ItemPrompt, "demo", "summarize", "income:prompts:demo:summarize"},
+		{vend.ItemResource, "demo", "docs://guide", "income:resources:demo:docs---guide"},
 	} {
 		if got := ledger.ItemIncomeAccount(c.kind, c.server, c.name); got != c.want {
 			t.Errorf("ItemIncomeAccount(%q, %q, %q) = %q, want %q", c.kind, c.server, c.name, got, c.want)

@@ -73,15 +73,15 @@ func classify(t *testing.T, sh *shop, r exampletools.Record) execution {
 	var err error
 	switch r.Method {
 	case exampletools.MethodTool:
-		e.kind, e.key = vend.KindTool, r.Name
+		e.kind, e.key = vend.ItemTool, r.Name
 		e.rule, e.priced = p.tools[r.Name]
 		params, err = json.Marshal(map[string]any{"name": r.Name, "arguments": args})
 	case exampletools.MethodGet:
-		e.kind, e.key = vend.KindPrompt, "prompt:"+r.Name
+		e.kind, e.key = vend.ItemPrompt, "prompt:"+r.Name
 		e.rule, e.priced = p.prompts[r.Name]
 		params, err = json.Marshal(map[string]any{"name": r.Name, "arguments": args})
 	case exampletools.MethodRead:
-		e.kind, e.key = vend.KindResource, "resource:"+r.Name
+		e.kind, e.key = vend.ItemResource, "resource:"+r.Name
 		e.rule, e.priced = p.resources[r.Name]
 		if !e.priced {
 			// A listed URI matching a priced URI template is priced

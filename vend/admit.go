@@ -17,7 +17,7 @@ import (
 // that failed and was refunded answers with *RefundError (wrapping
 // ErrUpstream) or, when the tool answered isError, that result with the
 // refund in _meta[MetaRefund].
-func (v *Vendor) CallTool(ctx context.Context, req CallRequest) (CallResult, error) {
+func (v *Vendor) CallItem(ctx context.Context, req CallRequest) (CallResult, error) {
 	// A call waiting for payment keeps the frames of CallTool, quote,
 	// awaitPayment and waitPaid on its goroutine's stack: they are kept
 	// small (the work is in functions that have returned by then), so
@@ -152,7 +152,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 // admitNew records r, a new call of t (or finds the call its request key
 // recorded before: a replay), to be paid by a Cashu token, from credit or
 // by an invoice; or runs it free under its daily quota.
-func (v *Vendor) admitNew(ctx context.Context, r *CallRequest, t *Tool, args json.RawMessage, q Quote, hash string, bind Binding) (*admitted, CallResult, error) {
+func (v *Vendor) admitNew(ctx context.Context, r *CallRequest, t *Item, args json.RawMessage, q Quote, hash string, bind Binding) (*admitted, CallResult, error) {
 	if r.Anonymous {
 		// Anonymous request ids collide between clients: never treat
 		// one as a replay of another client's call.
@@ -224,7 +224,7 @@ func (v *Vendor) admitNew(ctx context.Context, r *CallRequest, t *Tool, args jso
 // its arguments parsed once (callArgs, which takes a payment argument out
 // into r.PaymentToken), validated against t's schema, and priced. A
 // failure is an *InvalidParamsError.
-func (v *Vendor) check(t *Tool, r *CallRequest) (json.RawMessage, Quote, error) {
+func (v *Vendor) check(t *Item, r *CallRequest) (json.RawMessage, Quote, error) {
 	args, inst, err := v.callArgs(t, r)
 	if err == nil {
 		err = v.schemas.validate(t, args, inst)
@@ -248,19 +248,19 @@ func (v *Vendor) check(t *Tool, r *CallRequest) (json.RawMessage, Quote, error) 
 // is taken out into r.PaymentToken. A tool call's arguments come with
 // their parsed value too (inst, for the schema: encodeArgs wrote it as
 // args, and jsonschema.UnmarshalJSON reads args back as it).
-func (v *Vendor) callArgs(t *Tool, r *CallRequest) (args json.RawMessage, inst any, err error) {
+func (v *Vendor) callArgs(t *Item, r *CallRequest) (args json.RawMessage, inst any, err error) {
 	m, err := parseArgsObject(r.Arguments)
 	if err != nil {
 		return nil, nil, err
 	}
 	switch t.Kind {
-	case KindPrompt:
+	case ItemPrompt:
 		args, err := encodeArgs(m)
 		if err == nil {
 			_, err = promptArgs(args)
 		}
 		return args, nil, err
-	case KindResource:
+	case ItemResource:
 		return json.RawMessage("{}"), nil, nil // a read has no arguments
 	}
 	tok, err := takePaymentArg(m)
@@ -294,9 +294,9 @@ func (v *Vendor) callArgs(t *Tool, r *CallRequest) (args json.RawMessage, inst a
 // daily free quota. Nothing is recorded. A tool call goes through the
 // RawToolSource when its upstream can take it (the same answer, cheaper:
 // see CallFree).
-func (v *Vendor) runFree(ctx context.Context, t *Tool, args json.RawMessage, r *CallRequest) (CallResult, error) {
+func (v *Vendor) runFree(ctx context.Context, t *Item, args json.RawMessage, r *CallRequest) (CallResult, error) {
 	raw, _ := v.cfg.Tools.(RawToolSource)
-	if raw != nil && (t.Kind.Or() != KindTool || !raw.CanCallRaw(*t)) {
+	if raw != nil && (t.Kind.Or() != ItemTool || !raw.CanCallRaw(*t)) {
 		raw = nil
 	}
 	body, err := v.executeVia(ctx, 0, raw, t, args, r)

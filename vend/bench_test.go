@@ -26,7 +26,7 @@ type timedTools struct {
 	reached map[string]time.Time // by the "text" argument
 }
 
-func (f *timedTools) CallTool(ctx context.Context, t vend.Tool, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
+func (f *timedTools) CallTool(ctx context.Context, t vend.Item, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
 	now := time.Now()
 	var a struct{ Text string }
 	json.Unmarshal(args, &a)
@@ -94,7 +94,7 @@ func BenchmarkPendingQuotesRSS(b *testing.B) {
 				r := req(fmt.Sprint(n), "demo_echo", `{"text":"`+strconv.Itoa(n)+`"}`, nil)
 				go func() {
 					defer wg.Done()
-					if _, err := h.v.CallTool(ctx, r); err != nil && ctx.Err() == nil {
+					if _, err := h.v.CallItem(ctx, r); err != nil && ctx.Err() == nil {
 						b.Errorf("call %s: %v", r.RequestID, err)
 					}
 				}()
@@ -153,7 +153,7 @@ func BenchmarkCreditCall(b *testing.B) {
 			i := seq.Add(1)
 			r := req(fmt.Sprint("c", i), "demo_echo", fmt.Sprintf(`{"text":"%d"}`, i), nil)
 			r.Credit = info.Token
-			if res, err := h.v.CallTool(context.Background(), r); err != nil || res.IsError {
+			if res, err := h.v.CallItem(context.Background(), r); err != nil || res.IsError {
 				b.Fatalf("%s %v", res.Body, err)
 			}
 		}

@@ -30,7 +30,7 @@ func TestReusedRequestIDIsRefused(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			first := make(chan error, 1)
 			go func() {
-				_, err := h.v.CallTool(ctx, req("7", "demo_free", `{"text":"1"}`, nil))
+				_, err := h.v.CallItem(ctx, req("7", "demo_free", `{"text":"1"}`, nil))
 				first <- err
 			}()
 			p := h.nextPayment(t)
@@ -55,7 +55,7 @@ func TestReusedRequestIDIsRefused(t *testing.T) {
 			if got := h.tools.sentArgs(); !slices.Equal(got, []string{`free {"text":"1"}`}) {
 				t.Fatalf("sent upstream: %q", got)
 			}
-			res, err := h.v.CallTool(context.Background(), req("7", "demo_free", `{"text":"1"}`, nil))
+			res, err := h.v.CallItem(context.Background(), req("7", "demo_free", `{"text":"1"}`, nil))
 			if err != nil || string(res.Body) != `{"content":[{"type":"text","text":"echo:1"}]}` {
 				t.Fatalf("replay of the first call: %s %v", res.Body, err)
 			}
@@ -70,11 +70,11 @@ func TestReusedRequestIDIsRefused(t *testing.T) {
 func TestFreeQuotaIsNotReplayableWithOtherArguments(t *testing.T) {
 	h := newHarness(t, false, withPrices(t, map[string]pricing.Rule{"echo": {Price: 21_000, FreePerDay: 1}}))
 	ctx := context.Background()
-	if _, err := h.v.CallTool(ctx, req("f", "demo_echo", `{"text":"a"}`, nil)); err != nil {
+	if _, err := h.v.CallItem(ctx, req("f", "demo_echo", `{"text":"a"}`, nil)); err != nil {
 		t.Fatal(err)
 	}
 	for _, text := range []string{"b", "c"} {
-		res, err := h.v.CallTool(ctx, req("f", "demo_echo", `{"text":"`+text+`"}`, nil))
+		res, err := h.v.CallItem(ctx, req("f", "demo_echo", `{"text":"`+text+`"}`, nil))
 		if !errors.Is(err, vend.ErrRequestReused) {
 			t.Fatalf("text %s: %s %v, want ErrRequestReused", text, res.Body, err)
 		}
@@ -96,7 +96,7 @@ type remapTools struct {
 	moved atomic.Bool
 }
 
-func (r *remapTools) Tools() []vend.Tool {
+func (r *remapTools) Tools() []vend.Item {
 	ts := r.fakeTools.Tools()
 	if r.moved.Load() {
 		ts[0].UpstreamName = "fail" // demo_echo
@@ -117,7 +117,7 @@ func TestGrantIsBoundToWhatWasPaidFor(t *testing.T) {
 			r := req("1", "demo_echo", `{"text":"g"}`, nil)
 			r.Explicit = true
 			var pr *vend.PaymentRequiredError
-			if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+			if _, err := h.v.CallItem(context.Background(), r); !errors.As(err, &pr) {
 				t.Fatal(err)
 			}
 			p := h.nextPayment(t)
@@ -129,7 +129,7 @@ func TestGrantIsBoundToWhatWasPaidFor(t *testing.T) {
 				r.PaymentProof = h.be.preimages[p.Ref]
 				h.be.mu.Unlock()
 			}
-			res, err := h.v.CallTool(context.Background(), r)
+			res, err := h.v.CallItem(context.Background(), r)
 			if !errors.As(err, &pr) || pr.Options[0].Amount != 10 {
 				t.Fatalf("repeat for another upstream tool: %s %v, want a new 10-sat quote", res.Body, err)
 			}
@@ -167,7 +167,7 @@ func TestArgumentsAreParsedOnceStrictly(t *testing.T) {
 		`{"text":"a"} {"text":"b"}`,
 	} {
 		for _, tool := range []string{"demo_echo", "demo_free"} {
-			_, err := h.v.CallTool(ctx, req("x", tool, args, nil))
+			_, err := h.v.CallItem(ctx, req("x", tool, args, nil))
 			var ip *vend.InvalidParamsError
 			if !errors.As(err, &ip) {
 				t.Errorf("%s %s: %v, want invalid params", tool, args, err)
@@ -184,7 +184,7 @@ func TestArgumentsAreParsedOnceStrictly(t *testing.T) {
 	}
 	// A well-formed object is re-encoded once (compact, keys sorted,
 	// numbers and strings as sent) and that is what runs.
-	res, err := h.v.CallTool(ctx, req("y", "demo_free", ` { "z" : 1.50, "text" : "a<b", "o" : { "b" : [ 1e3 ] , "a" : null } } `, nil))
+	res, err := h.v.CallItem(ctx, req("y", "demo_free", ` { "z" : 1.50, "text" : "a<b", "o" : { "b" : [ 1e3 ] , "a" : null } } `, nil))
 	if err != nil {
 		t.Fatalf("%s %v", res.Body, err)
 	}
@@ -203,7 +203,7 @@ func TestExecutionUsesTheStoredArguments(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		first := make(chan error, 1)
 		go func() {
-			_, err := h.v.CallTool(ctx, req("5", "demo_echo", `{"text":"a","n":2}`, nil))
+			_, err := h.v.CallItem(ctx, req("5", "demo_echo", `{"text":"a","n":2}`, nil))
 			first <- err
 		}()
 		p := h.nextPayment(t)
@@ -223,10 +223,10 @@ func TestExecutionUsesTheStoredArguments(t *testing.T) {
 		h := newHarness(t, false, nil)
 		r := req("1", "demo_echo", `{"text":"g","n":2}`, nil)
 		r.Explicit = true
-		h.v.CallTool(context.Background(), r)
+		h.v.CallItem(context.Background(), r)
 		h.be.pay(h.nextPayment(t).Ref)
 		r.RequestID, r.Arguments = "2", json.RawMessage(`{"n":2e0,"text":"g"}`)
-		if res, err := h.v.CallTool(context.Background(), r); err != nil {
+		if res, err := h.v.CallItem(context.Background(), r); err != nil {
 			t.Fatalf("%s %v", res.Body, err)
 		}
 		if got := h.tools.sentArgs(); !slices.Equal(got, []string{`echo {"n":2,"text":"g"}`}) {
@@ -259,7 +259,7 @@ func TestExecutionIsBoundToTheCall(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	first := make(chan error, 1)
 	go func() {
-		_, err := h.v.CallTool(ctx, req("1", "demo_echo", `{"text":"x"}`, nil))
+		_, err := h.v.CallItem(ctx, req("1", "demo_echo", `{"text":"x"}`, nil))
 		first <- err
 	}()
 	p := h.nextPayment(t)

@@ -55,7 +55,7 @@ func TestEveryPricedCallIsLoggedOnce(t *testing.T) {
 	// Canceled: the client can pay no way the server takes.
 	r := req("canceled", "demo_echo", `{"text":"hi"}`, nil)
 	r.PMIs = []string{"bitcoin-onchain"}
-	if _, err := h.v.CallTool(h.ctx, r); !errors.Is(err, vend.ErrNoPaymentMethod) {
+	if _, err := h.v.CallItem(h.ctx, r); !errors.Is(err, vend.ErrNoPaymentMethod) {
 		t.Fatalf("canceled call: %v", err)
 	}
 	// Delivered.

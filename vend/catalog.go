@@ -9,7 +9,7 @@ import (
 )
 
 // Catalog is what the fronts serve of the upstreams' prompts and
-// resources outside CallTool: the lists, and the gets and reads of free
+// resources outside CallItem: the lists, and the gets and reads of free
 // ones (a priced one is sold through CallTool). The fronts' own Catalog
 // interfaces (mcpfront.Catalog, ctxvm.Catalog) have these methods.
 type Catalog interface {
@@ -47,7 +47,7 @@ func (o offeredCatalog) Prompts() []Prompt {
 	}
 	out := make([]Prompt, 0, len(ps))
 	for _, p := range ps {
-		if o.offers(KindPrompt, p.Name) {
+		if o.offers(ItemPrompt, p.Name) {
 			out = append(out, p)
 		}
 	}
@@ -61,7 +61,7 @@ func (o offeredCatalog) Resources() []Resource {
 	}
 	out := make([]Resource, 0, len(rs))
 	for _, r := range rs {
-		if o.offers(KindResource, r.URI) {
+		if o.offers(ItemResource, r.URI) {
 			out = append(out, r)
 		}
 	}
@@ -106,14 +106,14 @@ func (o offeredCatalog) refusal(kind ItemKind, name string) error {
 }
 
 func (o offeredCatalog) GetPrompt(ctx context.Context, name string, args map[string]string) (json.RawMessage, error) {
-	if err := o.refusal(KindPrompt, name); err != nil {
+	if err := o.refusal(ItemPrompt, name); err != nil {
 		return nil, err
 	}
 	return o.c.GetPrompt(ctx, name, args)
 }
 
 func (o offeredCatalog) ReadResource(ctx context.Context, uri string) (json.RawMessage, error) {
-	if err := o.refusal(KindResource, uri); err != nil {
+	if err := o.refusal(ItemResource, uri); err != nil {
 		return nil, err
 	}
 	return o.c.ReadResource(ctx, uri)

@@ -190,9 +190,9 @@ func (v *Vendor) creditLedger() (CreditLedger, bool) {
 }
 
 // topUpTool is the built-in tool that sells credit.
-func (v *Vendor) topUpTool() Tool {
+func (v *Vendor) topUpTool() Item {
 	max := v.cfg.Credit.MaxTopUp.SatsCeil()
-	return Tool{Name: TopUpTool, Server: CreditServer, UpstreamName: topUpUpstream, Title: "Buy prepaid credit",
+	return Item{Name: TopUpTool, Server: CreditServer, UpstreamName: topUpUpstream, Title: "Buy prepaid credit",
 		Description: fmt.Sprintf("Buy N sats of prepaid credit for this server's priced tools (1 to %d sats). "+
 			"Pay the invoice like any priced call; the answer gives your credit token and balance. Then send the token "+
 			"in _meta[%q], the %s HTTP header or the %s argument with each call: it is paid from your balance at once.",
@@ -203,7 +203,7 @@ func (v *Vendor) topUpTool() Tool {
 	}
 }
 
-func isTopUp(t *Tool) bool { return t.Server == CreditServer && t.UpstreamName == topUpUpstream }
+func isTopUp(t *Item) bool { return t.Server == CreditServer && t.UpstreamName == topUpUpstream }
 
 // topUpQuote prices a top-up: its sats, within bounds.
 func (v *Vendor) topUpQuote(args json.RawMessage) (Quote, error) {
@@ -389,7 +389,7 @@ type TopUpRequest struct {
 // request with a CashuToken, credits the account once and returns its
 // balance and token; a repeat after that is refused (the grant is used).
 func (v *Vendor) TopUp(ctx context.Context, t TopUpRequest) (CreditInfo, error) {
-	res, err := v.CallTool(ctx, CallRequest{Transport: t.Transport, Client: t.Client, RequestID: t.RequestID, Tool: TopUpTool,
+	res, err := v.CallItem(ctx, CallRequest{Transport: t.Transport, Client: t.Client, RequestID: t.RequestID, Tool: TopUpTool,
 		Arguments: mustJSON(map[string]int64{"sats": t.Sats}), Explicit: true, Credit: t.Token, PaymentProof: t.PaymentProof,
 		PaymentToken: t.PaymentToken, CashuToken: t.CashuToken, Macaroon: t.Macaroon, L402: t.Macaroon != nil})
 	if err != nil {

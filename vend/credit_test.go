@@ -72,7 +72,7 @@ func TestCreditBuysFiveCallsAt21Sats(t *testing.T) {
 	for i := range 4 {
 		r := req(fmt.Sprint("c", i), "demo_echo", `{"text":"hi"}`, nil)
 		r.Credit = info.Token
-		res, err := h.v.CallTool(ctx, r)
+		res, err := h.v.CallItem(ctx, r)
 		if err != nil || !strings.Contains(string(res.Body), "echo:hi") {
 			t.Fatalf("call %d: %s %v", i, res.Body, err)
 		}
@@ -87,7 +87,7 @@ func TestCreditBuysFiveCallsAt21Sats(t *testing.T) {
 	}
 	r := req("c4", "demo_echo", `{"text":"hi"}`, nil)
 	r.Credit = info.Token
-	_, err := h.v.CallTool(ctx, r)
+	_, err := h.v.CallItem(ctx, r)
 	var ex *vend.CreditExhaustedError
 	if !errors.As(err, &ex) || ex.Balance != 16_000 || ex.TopUpSats() != 5 || ex.Account != info.Account {
 		t.Fatalf("fifth call: %v", err)
@@ -98,7 +98,7 @@ func TestCreditBuysFiveCallsAt21Sats(t *testing.T) {
 	// Its replay gets its stored answer and draws nothing again.
 	r = req("c0", "demo_echo", `{"text":"hi"}`, nil)
 	r.Credit = info.Token
-	if res, err := h.v.CallTool(ctx, r); err != nil || creditOf(t, res.Body).Balance != 16 || h.tools.count("echo") != 4 {
+	if res, err := h.v.CallItem(ctx, r); err != nil || creditOf(t, res.Body).Balance != 16 || h.tools.count("echo") != 4 {
 		t.Fatalf("replay: %s %v", res.Body, err)
 	}
 	verify(t, h.l)
@@ -114,7 +114,7 @@ func TestConcurrentCreditCallsOnTheLast21Sats(t *testing.T) {
 	for i := range errs {
 		r := req(fmt.Sprint("c", i), "demo_echo", fmt.Sprintf(`{"text":"%d"}`, i), nil)
 		r.Credit = info.Token
-		wg.Go(func() { _, errs[i] = h.v.CallTool(context.Background(), r) })
+		wg.Go(func() { _, errs[i] = h.v.CallItem(context.Background(), r) })
 	}
 	wg.Wait()
 	ran, refused := 0, 0
@@ -141,7 +141,7 @@ func TestFailedCreditCallGivesItsDrawBack(t *testing.T) {
 	info := h.buyCredit(t, req("topup-1", "", "", nil), 30)
 	r := req("f", "demo_fail", `{"text":"x"}`, nil)
 	r.Credit = info.Token
-	res, err := h.v.CallTool(context.Background(), r)
+	res, err := h.v.CallItem(context.Background(), r)
 	if err != nil || !res.IsError {
 		t.Fatalf("%s %v", res.Body, err)
 	}
@@ -168,7 +168,7 @@ func TestCreditTokensAreBoundToTheirAccount(t *testing.T) {
 		r := req(fmt.Sprint("x", i), "demo_echo", `{"text":"hi"}`, nil)
 		r.Credit = tok
 		var ip *vend.InvalidParamsError
-		if _, err := h.v.CallTool(ctx, r); !errors.As(err, &ip) {
+		if _, err := h.v.CallItem(ctx, r); !errors.As(err, &ip) {
 			t.Fatalf("token %q: %v", tok, err)
 		}
 	}
@@ -178,7 +178,7 @@ func TestCreditTokensAreBoundToTheirAccount(t *testing.T) {
 	// The token in the argument capvend_credit: stripped before anything
 	// else sees the arguments.
 	r := req("arg", "demo_echo", `{"text":"a","capvend_credit":"`+info.Token+`"}`, nil)
-	if res, err := h.v.CallTool(ctx, r); err != nil || creditOf(t, res.Body).Balance != 29 {
+	if res, err := h.v.CallItem(ctx, r); err != nil || creditOf(t, res.Body).Balance != 29 {
 		t.Fatalf("argument token: %s %v", res.Body, err)
 	}
 	if sent := h.tools.sentArgs(); sent[len(sent)-1] != `echo {"text":"a"}` {
@@ -192,7 +192,7 @@ func TestCreditTokensAreBoundToTheirAccount(t *testing.T) {
 		t.Fatalf("Nostr top-up credited %s", own.Account)
 	}
 	nostr.RequestID, nostr.Tool, nostr.Arguments = "n1", "demo_echo", json.RawMessage(`{"text":"n"}`)
-	if res, err := h.v.CallTool(ctx, nostr); err != nil || creditOf(t, res.Body).Balance != 0 {
+	if res, err := h.v.CallItem(ctx, nostr); err != nil || creditOf(t, res.Body).Balance != 0 {
 		t.Fatalf("Nostr credit call: %s %v", res.Body, err)
 	}
 	verify(t, h.l)
@@ -207,7 +207,7 @@ func TestInterruptedCreditCallsAfterRestart(t *testing.T) {
 	info := h.buyCredit(t, req("topup-1", "", "", nil), 100)
 	drawn := func(id string, idempotent bool) vend.Call {
 		args := `{"text":"` + id + `"}`
-		c, _, err := h.l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: id, Server: "demo", Kind: vend.KindTool,
+		c, _, err := h.l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: id, Server: "demo", Kind: vend.ItemTool,
 			Tool: "echo", ArgsHash: argsHash(t, "tools/call", "demo_echo", args), Price: 21_000, Idempotent: idempotent,
 			ToolName: "demo_echo", Arguments: []byte(args)})
 		if err != nil {
@@ -249,7 +249,7 @@ func TestTopUpIsListedAndBounded(t *testing.T) {
 	}
 	for i, args := range []string{`{"sats":0}`, `{"sats":501}`, `{"sats":-3}`, `{"sats":"9"}`, `{}`} {
 		var ip *vend.InvalidParamsError
-		if _, err := h.v.CallTool(context.Background(), req(fmt.Sprint(i), vend.TopUpTool, args, nil)); !errors.As(err, &ip) {
+		if _, err := h.v.CallItem(context.Background(), req(fmt.Sprint(i), vend.TopUpTool, args, nil)); !errors.As(err, &ip) {
 			t.Fatalf("%s: %v", args, err)
 		}
 	}

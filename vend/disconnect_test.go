@@ -32,7 +32,7 @@ func TestClientLeavesAtTheInstantItsPaymentLands(t *testing.T) {
 						cancel()        // and the client is gone
 					})
 				}
-				h.v.CallTool(ctx, r)
+				h.v.CallItem(ctx, r)
 				c, err := h.l.Call(context.Background(), p.CallID)
 				if err != nil {
 					t.Fatal(err)
@@ -40,7 +40,7 @@ func TestClientLeavesAtTheInstantItsPaymentLands(t *testing.T) {
 				pay, _ := h.l.Payment(context.Background(), p.Ref)
 				switch {
 				case c.State == vend.CallDelivered && pay.State == vend.PaymentSettled:
-					res, err := h.v.CallTool(context.Background(), req("1", "demo_echo", `{"text":"x"}`, nil))
+					res, err := h.v.CallItem(context.Background(), req("1", "demo_echo", `{"text":"x"}`, nil))
 					if err != nil || string(res.Body) != `{"content":[{"type":"text","text":"echo:x"}]}` {
 						t.Fatalf("replay: %s %v", res.Body, err)
 					}

@@ -24,7 +24,7 @@ func TestElicitReachesTheToolSource(t *testing.T) {
 
 	r := req("1", "demo_free", `{"text":"elicit"}`, nil)
 	r.Elicit = elicit
-	res, err := h.v.CallTool(context.Background(), r)
+	res, err := h.v.CallItem(context.Background(), r)
 	if err != nil || !strings.Contains(string(res.Body), want) {
 		t.Fatalf("free: %s %v", res.Body, err)
 	}
@@ -46,7 +46,7 @@ func TestElicitReachesTheToolSource(t *testing.T) {
 	verify(t, h.l)
 
 	// Without Elicit the ToolSource finds none.
-	res, err = h.v.CallTool(context.Background(), req("3", "demo_free", `{"text":"elicit"}`, nil))
+	res, err = h.v.CallItem(context.Background(), req("3", "demo_free", `{"text":"elicit"}`, nil))
 	if err != nil || !strings.Contains(string(res.Body), "echo:no elicit") {
 		t.Fatalf("no elicit: %s %v", res.Body, err)
 	}

@@ -13,14 +13,14 @@ import (
 type RawToolSource interface {
 	// CanCallRaw reports whether CallToolRaw can run t now (an upstream it
 	// can reach that way). Cheap; no I/O.
-	CanCallRaw(t Tool) bool
+	CanCallRaw(t Item) bool
 	// CallToolRaw runs t like ToolSource.CallTool: the same arguments,
 	// the same result bytes, the same errors, progress passed the same
 	// way. It returns ErrNotRaw when the call needs CallTool after all:
 	// the upstream asked for input (an elicitation; CallTool's client
 	// answers such requests, starting the call again), or it can no
 	// longer be reached raw (then nothing was sent). Not idempotent.
-	CallToolRaw(ctx context.Context, t Tool, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error)
+	CallToolRaw(ctx context.Context, t Item, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error)
 }
 
 // ErrNotRaw is RawToolSource.CallToolRaw's answer when the call needs
@@ -40,7 +40,7 @@ var ErrNotRaw = errors.New("call needs the full MCP client")
 // included). A front may so try CallFree first on every tools/call.
 func (v *Vendor) CallFree(ctx context.Context, req CallRequest) (res CallResult, ok bool, err error) {
 	raw, isRaw := v.cfg.Tools.(RawToolSource)
-	if !isRaw || req.Kind.Or() != KindTool || req.CashuToken != "" || req.RefundInvoice != "" {
+	if !isRaw || req.Kind.Or() != ItemTool || req.CashuToken != "" || req.RefundInvoice != "" {
 		return CallResult{}, false, nil
 	}
 	r := &req
@@ -66,18 +66,18 @@ func (v *Vendor) CallFree(ctx context.Context, req CallRequest) (res CallResult,
 // freeTool runs admit's checks of a tools/call without side effects and
 // reports whether the call is free outright (price 0, proof of work
 // enough), with its tool and parsed arguments.
-func (v *Vendor) freeTool(r *CallRequest) (Tool, json.RawMessage, bool) {
-	t, ok := v.item(KindTool, r.Tool)
-	if !ok || t.Kind.Or() != KindTool {
-		return Tool{}, nil, false
+func (v *Vendor) freeTool(r *CallRequest) (Item, json.RawMessage, bool) {
+	t, ok := v.item(ItemTool, r.Tool)
+	if !ok || t.Kind.Or() != ItemTool {
+		return Item{}, nil, false
 	}
 	if _, hi := v.listed(&t, priceKey(&t)); hi > 0 {
-		return Tool{}, nil, false // priced: spare it the parsing CallTool does again
+		return Item{}, nil, false // priced: spare it the parsing CallTool does again
 	}
 	rc := *r // check takes a payment argument out into PaymentToken
 	args, q, err := v.check(&t, &rc)
 	if err != nil || q.Price > 0 || checkWork(r) != nil {
-		return Tool{}, nil, false
+		return Item{}, nil, false
 	}
 	return t, args, true
 }

@@ -21,9 +21,9 @@ type rawTools struct {
 	noRaw bool // CanCallRaw says no
 }
 
-func (r *rawTools) CanCallRaw(t vend.Tool) bool { return !r.noRaw }
+func (r *rawTools) CanCallRaw(t vend.Item) bool { return !r.noRaw }
 
-func (r *rawTools) CallToolRaw(ctx context.Context, t vend.Tool, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
+func (r *rawTools) CallToolRaw(ctx context.Context, t vend.Item, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
 	r.raw.Add(1)
 	switch {
 	case strings.Contains(string(args), "needinput"):
@@ -36,7 +36,7 @@ func (r *rawTools) CallToolRaw(ctx context.Context, t vend.Tool, args json.RawMe
 
 // CallTool of the fake fails for "down" too, so both paths see the same
 // upstream.
-func (r *rawTools) CallTool(ctx context.Context, t vend.Tool, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
+func (r *rawTools) CallTool(ctx context.Context, t vend.Item, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
 	if strings.Contains(string(args), "down") {
 		return nil, errors.New("connection refused")
 	}
@@ -88,7 +88,7 @@ func TestCallFreeAnswersAsCallTool(t *testing.T) {
 		{name: "cashu token", tool: "demo_free", args: `{"text":"hi"}`, mod: func(r *vend.CallRequest) { r.CashuToken = "cashuAabc" }},
 		{name: "refund invoice", tool: "demo_free", args: `{"text":"hi"}`, mod: func(r *vend.CallRequest) { r.RefundInvoice = "lnbcrt1x" }},
 		{name: "proof of work", tool: "demo_free", args: `{"text":"hi"}`, mod: func(r *vend.CallRequest) { r.WorkRequired = 8 }},
-		{name: "prompt", tool: "demo_free", args: `{"text":"hi"}`, mod: func(r *vend.CallRequest) { r.Kind = vend.KindPrompt }},
+		{name: "prompt", tool: "demo_free", args: `{"text":"hi"}`, mod: func(r *vend.CallRequest) { r.Kind = vend.ItemPrompt }},
 		{name: "not raw", tool: "demo_free", args: `{"text":"hi"}`, noRaw: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -112,7 +112,7 @@ func TestCallFreeAnswersAsCallTool(t *testing.T) {
 				}
 				return
 			}
-			want, werr := h.v.CallTool(context.Background(), sr)
+			want, werr := h.v.CallItem(context.Background(), sr)
 			if string(res.Body) != string(want.Body) || res.IsError != want.IsError || (err == nil) != (werr == nil) ||
 				err != nil && err.Error() != werr.Error() || errors.Is(err, vend.ErrUpstream) != errors.Is(werr, vend.ErrUpstream) {
 				t.Errorf("CallFree: %s %v %v\nCallTool: %s %v %v", res.Body, res.IsError, err, want.Body, want.IsError, werr)
@@ -150,7 +150,7 @@ func TestCallFreeCountsTheRateLimitOnce(t *testing.T) {
 	if !ok || !errors.Is(err, vend.ErrLimit) {
 		t.Fatalf("third call: taken %v, %v; want ErrLimit", ok, err)
 	}
-	if _, err := h.v.CallTool(ctx, req("x", "demo_free", `{"text":5}`, nil)); !errors.Is(err, vend.ErrLimit) {
+	if _, err := h.v.CallItem(ctx, req("x", "demo_free", `{"text":5}`, nil)); !errors.Is(err, vend.ErrLimit) {
 		t.Fatalf("CallTool after the limit: %v, want ErrLimit", err)
 	}
 }

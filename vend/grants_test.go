@@ -43,7 +43,7 @@ func withToken(t *testing.T, args, tok string) string {
 func TestPaymentTokenReleasesItsGrantOnce(t *testing.T) {
 	h := newHarness(t, false, nil)
 	args := `{"text":"tok"}`
-	_, err := h.v.CallTool(context.Background(), tokenReq("1", args))
+	_, err := h.v.CallItem(context.Background(), tokenReq("1", args))
 	var pr *vend.PaymentRequiredError
 	if !errors.As(err, &pr) {
 		t.Fatalf("first call: %v", err)
@@ -57,16 +57,16 @@ func TestPaymentTokenReleasesItsGrantOnce(t *testing.T) {
 	retry := withToken(t, args, pr.Token)
 
 	var pp *vend.PaymentPendingError
-	if _, err := h.v.CallTool(context.Background(), tokenReq("1", retry)); !errors.As(err, &pp) || pp.Token != pr.Token ||
+	if _, err := h.v.CallItem(context.Background(), tokenReq("1", retry)); !errors.As(err, &pp) || pp.Token != pr.Token ||
 		!pp.ExpiresAt.Equal(p.ExpiresAt) {
 		t.Fatalf("retry before paying: %v %+v", err, pp)
 	}
 	h.be.pay(p.Ref)
-	res, err := h.v.CallTool(context.Background(), tokenReq("1", retry))
+	res, err := h.v.CallItem(context.Background(), tokenReq("1", retry))
 	if err != nil || !strings.Contains(string(res.Body), "echo:tok") {
 		t.Fatalf("retry after paying: %s %v", res.Body, err)
 	}
-	if _, err := h.v.CallTool(context.Background(), tokenReq("1", retry)); !errors.Is(err, vend.ErrTokenUsed) {
+	if _, err := h.v.CallItem(context.Background(), tokenReq("1", retry)); !errors.Is(err, vend.ErrTokenUsed) {
 		t.Fatalf("third call with the same token: %v, want %v", err, vend.ErrTokenUsed)
 	}
 	if got := h.tools.sentArgs(); len(got) != 1 || got[0] != `echo {"text":"tok"}` {
@@ -93,31 +93,31 @@ func TestPaymentTokenReleasesItsGrantOnce(t *testing.T) {
 func TestPaymentTokenIsBoundToItsCall(t *testing.T) {
 	h := newHarness(t, false, nil)
 	var pr *vend.PaymentRequiredError
-	if _, err := h.v.CallTool(context.Background(), tokenReq("1", `{"text":"a"}`)); !errors.As(err, &pr) {
+	if _, err := h.v.CallItem(context.Background(), tokenReq("1", `{"text":"a"}`)); !errors.As(err, &pr) {
 		t.Fatal(err)
 	}
 	h.be.pay(h.nextPayment(t).Ref)
 
 	other := tokenReq("2", withToken(t, `{"text":"b"}`, pr.Token))
-	if _, err := h.v.CallTool(context.Background(), other); !errors.Is(err, vend.ErrTokenMismatch) {
+	if _, err := h.v.CallItem(context.Background(), other); !errors.Is(err, vend.ErrTokenMismatch) {
 		t.Fatalf("other arguments: %v", err)
 	}
 	otherTool := tokenReq("3", withToken(t, `{"text":"a"}`, pr.Token))
 	otherTool.Tool = "demo_fail"
-	if _, err := h.v.CallTool(context.Background(), otherTool); !errors.Is(err, vend.ErrTokenMismatch) {
+	if _, err := h.v.CallItem(context.Background(), otherTool); !errors.Is(err, vend.ErrTokenMismatch) {
 		t.Fatalf("another tool: %v", err)
 	}
-	if _, err := h.v.CallTool(context.Background(), tokenReq("4", withToken(t, `{"text":"a"}`, "cvp_00"))); !errors.Is(err, vend.ErrTokenUnknown) {
+	if _, err := h.v.CallItem(context.Background(), tokenReq("4", withToken(t, `{"text":"a"}`, "cvp_00"))); !errors.Is(err, vend.ErrTokenUnknown) {
 		t.Fatalf("unknown token: %v", err)
 	}
 	var ip *vend.InvalidParamsError
-	if _, err := h.v.CallTool(context.Background(), tokenReq("5", `{"text":"a","capvend_payment":7}`)); !errors.As(err, &ip) {
+	if _, err := h.v.CallItem(context.Background(), tokenReq("5", `{"text":"a","capvend_payment":7}`)); !errors.As(err, &ip) {
 		t.Fatalf("a number as token: %v", err)
 	}
 	// null or "" is no token: a first call, quoted anew (stripped all the same).
 	for i, v := range []string{`null`, `""`} {
 		var again *vend.PaymentRequiredError
-		if _, err := h.v.CallTool(context.Background(), tokenReq(fmt.Sprint("n", i), `{"text":"a","capvend_payment":`+v+`}`)); !errors.As(err, &again) ||
+		if _, err := h.v.CallItem(context.Background(), tokenReq(fmt.Sprint("n", i), `{"text":"a","capvend_payment":`+v+`}`)); !errors.As(err, &again) ||
 			again.Token == pr.Token {
 			t.Fatalf("capvend_payment %s: %v", v, err)
 		}
@@ -127,7 +127,7 @@ func TestPaymentTokenIsBoundToItsCall(t *testing.T) {
 	}
 	meta := tokenReq("6", withToken(t, `{"text":"a"}`, pr.Token))
 	meta.PaymentToken = "cvp_other"
-	if _, err := h.v.CallTool(context.Background(), meta); !errors.As(err, &ip) {
+	if _, err := h.v.CallItem(context.Background(), meta); !errors.As(err, &ip) {
 		t.Fatalf("two different tokens: %v", err)
 	}
 	if n := h.tools.count("echo") + h.tools.count("fail"); n != 0 {
@@ -136,16 +136,16 @@ func TestPaymentTokenIsBoundToItsCall(t *testing.T) {
 	// The token in _meta works as well as the argument.
 	meta = tokenReq("7", `{"text":"a"}`)
 	meta.PaymentToken = pr.Token
-	if res, err := h.v.CallTool(context.Background(), meta); err != nil || !strings.Contains(string(res.Body), "echo:a") {
+	if res, err := h.v.CallItem(context.Background(), meta); err != nil || !strings.Contains(string(res.Body), "echo:a") {
 		t.Fatalf("token in _meta: %s %v", res.Body, err)
 	}
 
 	// Expired unpaid: refused as expired (a payment-expired error).
-	if _, err := h.v.CallTool(context.Background(), tokenReq("8", `{"text":"late"}`)); !errors.As(err, &pr) {
+	if _, err := h.v.CallItem(context.Background(), tokenReq("8", `{"text":"late"}`)); !errors.As(err, &pr) {
 		t.Fatal(err)
 	}
 	h.be.expire(h.nextPayment(t).Ref)
-	_, err := h.v.CallTool(context.Background(), tokenReq("9", withToken(t, `{"text":"late"}`, pr.Token)))
+	_, err := h.v.CallItem(context.Background(), tokenReq("9", withToken(t, `{"text":"late"}`, pr.Token)))
 	if !errors.Is(err, vend.ErrTokenExpired) || !errors.Is(err, vend.ErrPaymentExpired) {
 		t.Fatalf("expired token: %v", err)
 	}
@@ -160,7 +160,7 @@ func TestPaymentTokenIsBoundToItsCall(t *testing.T) {
 func TestPaymentTokenRacesRunOnce(t *testing.T) {
 	h := newHarness(t, false, nil)
 	var pr *vend.PaymentRequiredError
-	if _, err := h.v.CallTool(context.Background(), tokenReq("1", `{"text":"race"}`)); !errors.As(err, &pr) {
+	if _, err := h.v.CallItem(context.Background(), tokenReq("1", `{"text":"race"}`)); !errors.As(err, &pr) {
 		t.Fatal(err)
 	}
 	h.be.pay(h.nextPayment(t).Ref)
@@ -169,7 +169,7 @@ func TestPaymentTokenRacesRunOnce(t *testing.T) {
 	errs := make(chan error, n)
 	for range n {
 		wg.Go(func() {
-			_, err := h.v.CallTool(context.Background(), tokenReq("1", withToken(t, `{"text":"race"}`, pr.Token)))
+			_, err := h.v.CallItem(context.Background(), tokenReq("1", withToken(t, `{"text":"race"}`, pr.Token)))
 			errs <- err
 		})
 	}
@@ -197,7 +197,7 @@ func TestNoTokenUnlessAsked(t *testing.T) {
 	r := tokenReq("1", `{"text":"x"}`)
 	r.PaymentTokens = false
 	var pr *vend.PaymentRequiredError
-	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) || pr.Token != "" {
+	if _, err := h.v.CallItem(context.Background(), r); !errors.As(err, &pr) || pr.Token != "" {
 		t.Fatalf("%v %+v", err, pr)
 	}
 }
@@ -206,8 +206,8 @@ func TestNoTokenUnlessAsked(t *testing.T) {
 // capvend_payment itself.
 type reservingTools struct{ *fakeTools }
 
-func (r reservingTools) Tools() []vend.Tool {
-	return append(r.fakeTools.Tools(), vend.Tool{Name: "demo_own", Server: "demo", UpstreamName: "own",
+func (r reservingTools) Tools() []vend.Item {
+	return append(r.fakeTools.Tools(), vend.Item{Name: "demo_own", Server: "demo", UpstreamName: "own",
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"capvend_payment":{"type":"string"}}}`)})
 }
 
@@ -223,7 +223,7 @@ func TestToolDeclaringPaymentArgIsNotOffered(t *testing.T) {
 	if len(h.v.Tools()) != 3 {
 		t.Fatalf("tools %v", h.v.Tools())
 	}
-	if _, err := h.v.CallTool(context.Background(), req("1", "demo_own", `{"capvend_payment":"x"}`, nil)); !errors.Is(err, vend.ErrUnknownTool) {
+	if _, err := h.v.CallItem(context.Background(), req("1", "demo_own", `{"capvend_payment":"x"}`, nil)); !errors.Is(err, vend.ErrUnknownTool) {
 		t.Fatalf("call: %v", err)
 	}
 }

@@ -14,19 +14,19 @@ import (
 // recorded name leads to now, its recorded arguments, and the Binding of
 // the two (which StartExecution checks against the call). Errors:
 // errNoArguments, errItemGone, or a ledger error.
-func (v *Vendor) storedItem(ctx context.Context, call *Call) (Tool, json.RawMessage, Binding, error) {
+func (v *Vendor) storedItem(ctx context.Context, call *Call) (Item, json.RawMessage, Binding, error) {
 	name, args, _, err := v.cfg.Ledger.CallArguments(ctx, call.ID)
 	if errors.Is(err, ErrNotFound) {
-		return Tool{}, nil, Binding{}, fmt.Errorf("call %d: %w", call.ID, errNoArguments)
+		return Item{}, nil, Binding{}, fmt.Errorf("call %d: %w", call.ID, errNoArguments)
 	}
 	if err != nil {
-		return Tool{}, nil, Binding{}, err
+		return Item{}, nil, Binding{}, err
 	}
 	t, ok := v.item(call.Kind.Or(), name)
 	if !ok {
-		return Tool{}, nil, Binding{}, fmt.Errorf("call %d: %s %q: %w", call.ID, call.Kind.Or(), name, errItemGone)
+		return Item{}, nil, Binding{}, fmt.Errorf("call %d: %s %q: %w", call.ID, call.Kind.Or(), name, errItemGone)
 	}
-	if t.Kind == KindResource && t.UpstreamName != call.Tool && (call.Tool == t.Name || slices.Contains(t.Templates, call.Tool)) {
+	if t.Kind == ItemResource && t.UpstreamName != call.Tool && (call.Tool == t.Name || slices.Contains(t.Templates, call.Tool)) {
 		// Still a key this URI may be priced under: the book changed
 		// since the quote, not what is read.
 		t.UpstreamName = call.Tool
@@ -36,7 +36,7 @@ func (v *Vendor) storedItem(ctx context.Context, call *Call) (Tool, json.RawMess
 }
 
 // bindingOf is what a call of t with args sends upstream.
-func bindingOf(t *Tool, args json.RawMessage) (Binding, error) {
+func bindingOf(t *Item, args json.RawMessage) (Binding, error) {
 	hash, err := CanonicalHash(method(t, args))
 	if err != nil {
 		return Binding{}, err
@@ -46,10 +46,10 @@ func bindingOf(t *Tool, args json.RawMessage) (Binding, error) {
 
 // Tools returns the upstreams' tools with the prices clients see (the
 // lowest price of a varying one).
-func (v *Vendor) Tools() []Tool {
+func (v *Vendor) Tools() []Item {
 	ts := v.cfg.Tools.Tools()
 	book := v.book()
-	out := make([]Tool, 0, len(ts))
+	out := make([]Item, 0, len(ts))
 	for _, t := range ts {
 		if !v.offered(&t) || !v.forSale(&t) {
 			continue
@@ -68,14 +68,14 @@ func (v *Vendor) Tools() []Tool {
 
 // listed is the price book's Listed price of t under key, or a top-up's
 // bounds (1 sat to Credit.MaxTopUp).
-func (v *Vendor) listed(t *Tool, key string) (lo, hi Msat) {
+func (v *Vendor) listed(t *Item, key string) (lo, hi Msat) {
 	if isTopUp(t) {
 		return MsatPerSat, v.cfg.Credit.MaxTopUp
 	}
 	return v.book().Listed(t.Server, key)
 }
 
-func (v *Vendor) tool(name string) (Tool, bool) {
+func (v *Vendor) tool(name string) (Item, bool) {
 	if _, ok := v.creditLedger(); ok && name == TopUpTool {
 		return v.topUpTool(), true
 	}
@@ -84,7 +84,7 @@ func (v *Vendor) tool(name string) (Tool, bool) {
 			return t, v.offered(&t) && v.forSale(&t)
 		}
 	}
-	return Tool{}, false
+	return Item{}, false
 }
 
 // UnpricedPolicy is an optional ability of a PriceBook (pricing.Book has
@@ -108,24 +108,24 @@ type UnpricedPolicy interface {
 
 // forSale reports whether the price book offers t (see UnpricedPolicy):
 // a resource when a rule applies to any key it may be priced under.
-func (v *Vendor) forSale(t *Tool) bool {
+func (v *Vendor) forSale(t *Item) bool {
 	up, ok := v.book().(UnpricedPolicy)
 	if !ok || up.Unpriced(t.Server) != pricing.UnpricedRefuse {
 		return true
 	}
-	if t.Kind.Or() != KindResource {
+	if t.Kind.Or() != ItemResource {
 		return up.Has(t.Server, priceKey(t))
 	}
-	if up.Has(t.Server, itemPriceKey(KindResource, t.UpstreamName)) || up.Has(t.Server, itemPriceKey(KindResource, t.Name)) {
+	if up.Has(t.Server, itemPriceKey(ItemResource, t.UpstreamName)) || up.Has(t.Server, itemPriceKey(ItemResource, t.Name)) {
 		return true
 	}
-	return slices.ContainsFunc(t.Templates, func(k string) bool { return up.Has(t.Server, itemPriceKey(KindResource, k)) })
+	return slices.ContainsFunc(t.Templates, func(k string) bool { return up.Has(t.Server, itemPriceKey(ItemResource, k)) })
 }
 
 // item returns what a request of kind asks for by name: a tool, or a
 // prompt or resource (as a Tool, see Tool) if the ToolSource is an
 // ItemSource that serves it.
-func (v *Vendor) item(kind ItemKind, name string) (Tool, bool) {
+func (v *Vendor) item(kind ItemKind, name string) (Item, bool) {
 	t, err := v.lookup(kind, name)
 	return t, err == nil
 }
@@ -137,39 +137,39 @@ var errNotListed = errors.New("not listed")
 // errNotListed (no upstream lists it) or not (not for sale, see
 // UnpricedPolicy), or an *InvalidParamsError (a resource URI not in
 // normal form, see normalURI).
-func (v *Vendor) lookup(kind ItemKind, name string) (Tool, error) {
-	if kind.Or() == KindTool {
+func (v *Vendor) lookup(kind ItemKind, name string) (Item, error) {
+	if kind.Or() == ItemTool {
 		t, ok := v.tool(name)
 		if !ok {
-			return Tool{}, fmt.Errorf("%w: %q", ErrUnknownTool, name)
+			return Item{}, fmt.Errorf("%w: %q", ErrUnknownTool, name)
 		}
 		return t, nil
 	}
 	items, ok := v.cfg.Tools.(ItemSource)
 	if !ok {
-		return Tool{}, fmt.Errorf("%w: %w: %s %q", ErrUnknownTool, errNotListed, kind, name)
+		return Item{}, fmt.Errorf("%w: %w: %s %q", ErrUnknownTool, errNotListed, kind, name)
 	}
-	var t Tool
+	var t Item
 	switch kind {
-	case KindPrompt:
+	case ItemPrompt:
 		t, ok = items.PromptItem(name)
-	case KindResource:
+	case ItemResource:
 		if t, ok = items.ResourceItem(name); !ok {
 			break
 		}
 		if n := normalURI(name); n != name && t.UpstreamName != name {
-			return Tool{}, &InvalidParamsError{Tool: name, Reason: "the URI is not in normal form (RFC 3986): read " + n}
+			return Item{}, &InvalidParamsError{Tool: name, Reason: "the URI is not in normal form (RFC 3986): read " + n}
 		}
 		t.InputSchema = nil // a read has no arguments
 		v.priceKeys(&t)
 		t.UpstreamName = v.resourceKey(&t)
 	}
 	if !ok {
-		return Tool{}, fmt.Errorf("%w: %w: %s %q", ErrUnknownTool, errNotListed, kind, name)
+		return Item{}, fmt.Errorf("%w: %w: %s %q", ErrUnknownTool, errNotListed, kind, name)
 	}
 	t.Kind, t.Name, t.Idempotent = kind, name, true
 	if !v.forSale(&t) {
-		return Tool{}, fmt.Errorf("%w: %s %q is not for sale", ErrUnknownTool, kind, name)
+		return Item{}, fmt.Errorf("%w: %s %q is not for sale", ErrUnknownTool, kind, name)
 	}
 	return t, nil
 }
@@ -178,7 +178,7 @@ func (v *Vendor) lookup(kind ItemKind, name string) (Tool, error) {
 // priced under: the URI itself, the price book's templates it matches
 // (see TemplatePricer), and, when it reads as another URI once folded
 // (see foldedURI), that URI and the book's templates matching it.
-func (v *Vendor) priceKeys(t *Tool) {
+func (v *Vendor) priceKeys(t *Item) {
 	add := func(k string) {
 		if k != t.UpstreamName && !slices.Contains(t.Templates, k) {
 			t.Templates = append(t.Templates, k)
@@ -206,11 +206,11 @@ func (v *Vendor) priceKeys(t *Tool) {
 // fewest variables), else UpstreamName (free). A URI's own price so wins
 // over its templates', and a listed URI without a price of its own is
 // priced by the most specific template it matches.
-func (v *Vendor) resourceKey(t *Tool) string {
+func (v *Vendor) resourceKey(t *Item) string {
 	book := v.book()
 	best := ""
 	for _, k := range append([]string{t.UpstreamName}, t.Templates...) {
-		if _, hi := book.Listed(t.Server, itemPriceKey(KindResource, k)); hi > 0 && (best == "" || pricing.CompareSpecificity(k, best) < 0) {
+		if _, hi := book.Listed(t.Server, itemPriceKey(ItemResource, k)); hi > 0 && (best == "" || pricing.CompareSpecificity(k, best) < 0) {
 			best = k
 		}
 	}
@@ -223,16 +223,16 @@ func (v *Vendor) resourceKey(t *Tool) string {
 // priceKey is the name t's price is looked up by in the price book (and
 // its daily free quota counted by): the tool's upstream name, or
 // pricing.PromptKey, pricing.ResourceKey of it.
-func priceKey(t *Tool) string { return itemPriceKey(t.Kind, t.UpstreamName) }
+func priceKey(t *Item) string { return itemPriceKey(t.Kind, t.UpstreamName) }
 
 // method is the JSON-RPC method a request for t is, and its params without
 // _meta, for CanonicalHash.
-func method(t *Tool, args json.RawMessage) (string, json.RawMessage) {
+func method(t *Item, args json.RawMessage) (string, json.RawMessage) {
 	switch t.Kind {
-	case KindPrompt:
+	case ItemPrompt:
 		p, _ := json.Marshal(map[string]json.RawMessage{"name": mustJSON(t.Name), "arguments": args})
 		return "prompts/get", p
-	case KindResource:
+	case ItemResource:
 		p, _ := json.Marshal(map[string]json.RawMessage{"uri": mustJSON(t.Name)})
 		return "resources/read", p
 	}
@@ -256,7 +256,7 @@ func (v *Vendor) ItemPrice(kind ItemKind, name string) (lo, hi Msat) {
 // text × 2 sat/KB + 1 sat = 7 sat"). When the book would price the call
 // differently now (it was replaced since the call was quoted), just the
 // price the call was recorded with.
-func (v *Vendor) describe(t *Tool, args json.RawMessage, price Msat) string {
+func (v *Vendor) describe(t *Item, args json.RawMessage, price Msat) string {
 	if q, err := v.book().Quote(t.Server, priceKey(t), args); err == nil && q.Price == price && q.Description != "" {
 		return t.Name + ": " + q.Description
 	}
@@ -264,7 +264,7 @@ func (v *Vendor) describe(t *Tool, args json.RawMessage, price Msat) string {
 }
 
 // describe is a call's price without its computation, for invoice memos.
-func describe(t *Tool, price Msat) string {
+func describe(t *Item, price Msat) string {
 	return fmt.Sprintf("%s: %s", t.Name, price)
 }
 
@@ -302,6 +302,6 @@ func isErrorResult(body json.RawMessage) bool {
 
 // ListedPrice returns the least and most a call of t can cost, for tool
 // lists and announcements.
-func (v *Vendor) ListedPrice(t Tool) (lo, hi Msat) {
+func (v *Vendor) ListedPrice(t Item) (lo, hi Msat) {
 	return v.listed(&t, t.UpstreamName)
 }

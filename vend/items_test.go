@@ -27,27 +27,27 @@ var _ vend.ItemSource = (*fakeItems)(nil)
 
 var summarizeSchema = json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`)
 
-func (f *fakeItems) PromptItem(name string) (vend.Tool, bool) {
+func (f *fakeItems) PromptItem(name string) (vend.Item, bool) {
 	switch name {
 	case "demo_summarize", "demo_broken", "demo_freeprompt":
-		return vend.Tool{Kind: vend.KindPrompt, Name: name, Server: "demo", UpstreamName: strings.TrimPrefix(name, "demo_"),
+		return vend.Item{Kind: vend.ItemPrompt, Name: name, Server: "demo", UpstreamName: strings.TrimPrefix(name, "demo_"),
 			InputSchema: map[bool]json.RawMessage{true: summarizeSchema}[name == "demo_summarize"]}, true
 	}
-	return vend.Tool{}, false
+	return vend.Item{}, false
 }
 
-func (f *fakeItems) ResourceItem(uri string) (vend.Tool, bool) {
+func (f *fakeItems) ResourceItem(uri string) (vend.Item, bool) {
 	switch {
 	case uri == "docs://guide":
-		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: uri}, true
+		return vend.Item{Kind: vend.ItemResource, Name: uri, Server: "demo", UpstreamName: uri}, true
 	case uri == "docs://pages/intro", uri == "docs://pages/special": // listed, and matching the template
-		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: uri, Templates: []string{"docs://pages/{id}"}}, true
+		return vend.Item{Kind: vend.ItemResource, Name: uri, Server: "demo", UpstreamName: uri, Templates: []string{"docs://pages/{id}"}}, true
 	case uri == "notes://today": // listed; the upstream has no template, the configuration has one
-		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: uri}, true
+		return vend.Item{Kind: vend.ItemResource, Name: uri, Server: "demo", UpstreamName: uri}, true
 	case uri == "docs://pages/{id}" || strings.HasPrefix(uri, "docs://pages/"):
-		return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: "docs://pages/{id}"}, true
+		return vend.Item{Kind: vend.ItemResource, Name: uri, Server: "demo", UpstreamName: "docs://pages/{id}"}, true
 	}
-	return vend.Tool{}, false
+	return vend.Item{}, false
 }
 
 func (f *fakeItems) GetPrompt(ctx context.Context, name string, args map[string]string) (json.RawMessage, error) {
@@ -89,13 +89,13 @@ func itemHarness(t *testing.T, hold bool) (*harness, *fakeItems) {
 
 func promptReq(id, name, args string, n *notes) vend.CallRequest {
 	r := req(id, name, args, n)
-	r.Kind = vend.KindPrompt
+	r.Kind = vend.ItemPrompt
 	return r
 }
 
 func readReq(id, uri string, n *notes) vend.CallRequest {
 	r := req(id, uri, "", n)
-	r.Kind = vend.KindResource
+	r.Kind = vend.ItemResource
 	return r
 }
 
@@ -120,19 +120,19 @@ func TestPricedPromptIsQuotedPaidRunOnceAndReplayed(t *testing.T) {
 		t.Fatalf("notifications %s", got)
 	}
 	n2 := &notes{}
-	res, err := h.v.CallTool(context.Background(), promptReq("p1", "demo_summarize", `{"text":"hi"}`, n2))
+	res, err := h.v.CallItem(context.Background(), promptReq("p1", "demo_summarize", `{"text":"hi"}`, n2))
 	if err != nil || string(res.Body) != string(o.res.Body) || len(n2.methods()) != 0 || items.prompts.Load() != 1 {
 		t.Fatalf("replay: %s %v %v renders=%d", res.Body, err, n2.methods(), items.prompts.Load())
 	}
 	c, err := h.l.Call(context.Background(), p.CallID)
-	if err != nil || c.Kind != vend.KindPrompt || c.Tool != "summarize" || c.State != vend.CallDelivered {
+	if err != nil || c.Kind != vend.ItemPrompt || c.Tool != "summarize" || c.State != vend.CallDelivered {
 		t.Fatalf("recorded call %+v %v", c, err)
 	}
 	b, _ := h.l.Balance(context.Background())
 	if len(b.Tools) != 1 || b.Tools[0].Account != "income:prompts:demo:summarize" || b.Tools[0].Revenue != 3_000 {
 		t.Fatalf("revenue %+v", b.Tools)
 	}
-	if lo, hi := h.v.ItemPrice(vend.KindPrompt, "demo_summarize"); lo != 3_000 || hi != 3_000 {
+	if lo, hi := h.v.ItemPrice(vend.ItemPrompt, "demo_summarize"); lo != 3_000 || hi != 3_000 {
 		t.Fatalf("listed %d-%d", lo, hi)
 	}
 	verify(t, h.l)
@@ -141,13 +141,13 @@ func TestPricedPromptIsQuotedPaidRunOnceAndReplayed(t *testing.T) {
 func TestPromptArgumentsAreCheckedBeforeAQuote(t *testing.T) {
 	h, items := itemHarness(t, false)
 	for _, args := range []string{`{"text":1}`, `{}`, `[]`} { // not a string; a required argument missing; not an object
-		_, err := h.v.CallTool(context.Background(), promptReq("p1"+args, "demo_summarize", args, nil))
+		_, err := h.v.CallItem(context.Background(), promptReq("p1"+args, "demo_summarize", args, nil))
 		var ip *vend.InvalidParamsError
 		if !errors.As(err, &ip) {
 			t.Fatalf("%s: err %v, want invalid params", args, err)
 		}
 	}
-	if _, err := h.v.CallTool(context.Background(), promptReq("p2", "demo_nope", `{}`, nil)); !errors.Is(err, vend.ErrUnknownTool) {
+	if _, err := h.v.CallItem(context.Background(), promptReq("p2", "demo_nope", `{}`, nil)); !errors.Is(err, vend.ErrUnknownTool) {
 		t.Fatalf("unknown prompt: %v", err)
 	}
 	if b, _ := h.l.Balance(context.Background()); b.Pending.AwaitingCalls != 0 || items.prompts.Load() != 0 {
@@ -157,11 +157,11 @@ func TestPromptArgumentsAreCheckedBeforeAQuote(t *testing.T) {
 
 func TestFreePromptRunsUnrecorded(t *testing.T) {
 	h, items := itemHarness(t, false)
-	res, err := h.v.CallTool(context.Background(), promptReq("p1", "demo_freeprompt", `{"text":"x"}`, nil))
+	res, err := h.v.CallItem(context.Background(), promptReq("p1", "demo_freeprompt", `{"text":"x"}`, nil))
 	if err != nil || !strings.Contains(string(res.Body), "summarize: x") || items.prompts.Load() != 1 {
 		t.Fatalf("%s %v", res.Body, err)
 	}
-	if lo, hi := h.v.ItemPrice(vend.KindPrompt, "demo_freeprompt"); lo != 0 || hi != 0 {
+	if lo, hi := h.v.ItemPrice(vend.ItemPrompt, "demo_freeprompt"); lo != 0 || hi != 0 {
 		t.Fatalf("free prompt listed at %d-%d", lo, hi)
 	}
 }
@@ -197,7 +197,7 @@ func TestPricedResourceReadsAndTemplates(t *testing.T) {
 	if got["income:resources:demo:docs---pages--id-"] != 2_000 || got["income:resources:demo:docs---guide"] != 1_500 {
 		t.Fatalf("revenue %v", got)
 	}
-	if lo, _ := h.v.ItemPrice(vend.KindResource, "docs://pages/{id}"); lo != 2_000 {
+	if lo, _ := h.v.ItemPrice(vend.ItemResource, "docs://pages/{id}"); lo != 2_000 {
 		t.Fatalf("template listed at %d", lo)
 	}
 	verify(t, h.l)
@@ -237,7 +237,7 @@ func TestRecoverRedoesAnInterruptedPrompt(t *testing.T) {
 	}
 	defer l.Close()
 	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: "p1", Server: "demo",
-		Kind: vend.KindPrompt, Tool: "summarize", ArgsHash: argsHash(t, "prompts/get", "demo_summarize", `{"text":"again"}`), Price: 3_000, Idempotent: true,
+		Kind: vend.ItemPrompt, Tool: "summarize", ArgsHash: argsHash(t, "prompts/get", "demo_summarize", `{"text":"again"}`), Price: 3_000, Idempotent: true,
 		ToolName: "demo_summarize", Arguments: []byte(`{"text":"again"}`)})
 	if err != nil {
 		t.Fatal(err)
@@ -261,7 +261,7 @@ func TestRecoverRedoesAnInterruptedPrompt(t *testing.T) {
 	if got := waitState(t, l, c.ID, vend.CallDelivered); got.Executions != 2 {
 		t.Fatalf("executions %d", got.Executions)
 	}
-	res, err := h.v.CallTool(ctx, promptReq("p1", "demo_summarize", `{"text":"again"}`, nil))
+	res, err := h.v.CallItem(ctx, promptReq("p1", "demo_summarize", `{"text":"again"}`, nil))
 	if err != nil || !strings.Contains(string(res.Body), "summarize: again") || items.prompts.Load() != 1 {
 		t.Fatalf("replay: %s %v renders=%d", res.Body, err, items.prompts.Load())
 	}
@@ -276,7 +276,7 @@ func TestPromptDailyFreeQuota(t *testing.T) {
 		c.Tools = items
 		c.Prices = newBook(t, map[string]pricing.Rule{pricing.PromptKey("summarize"): {Price: 3_000, FreePerDay: 1}})
 	})
-	if _, err := h.v.CallTool(context.Background(), promptReq("p1", "demo_summarize", `{"text":"a"}`, nil)); err != nil {
+	if _, err := h.v.CallItem(context.Background(), promptReq("p1", "demo_summarize", `{"text":"a"}`, nil)); err != nil {
 		t.Fatal(err)
 	}
 	ch := h.callAsync(promptReq("p2", "demo_summarize", `{"text":"b"}`, nil))
@@ -305,7 +305,7 @@ func TestListedResourceMatchingAPricedTemplateIsPriced(t *testing.T) {
 		uri  string
 		want vend.Msat
 	}{{"docs://pages/intro", 2_000}, {"docs://pages/special", 5_000}, {"docs://guide", 1_500}} {
-		if lo, hi := h.v.ItemPrice(vend.KindResource, tc.uri); lo != tc.want || hi != tc.want {
+		if lo, hi := h.v.ItemPrice(vend.ItemResource, tc.uri); lo != tc.want || hi != tc.want {
 			t.Errorf("%s listed at %d-%d msat, want %d", tc.uri, lo, hi, tc.want)
 		}
 	}
@@ -331,7 +331,7 @@ func TestListedResourceMatchingAPricedTemplateIsPriced(t *testing.T) {
 // (redteam TestPricedURITemplate).
 func TestResourceMatchingAConfiguredTemplateIsPriced(t *testing.T) {
 	h, items := itemHarness(t, false)
-	if lo, hi := h.v.ItemPrice(vend.KindResource, "notes://today"); lo != 4_000 || hi != 4_000 {
+	if lo, hi := h.v.ItemPrice(vend.ItemResource, "notes://today"); lo != 4_000 || hi != 4_000 {
 		t.Errorf("notes://today listed at %d-%d msat, want 4000", lo, hi)
 	}
 	ch := h.callAsync(readReq("r1", "notes://today", nil))

@@ -22,7 +22,7 @@ func creditChallenge(t *testing.T, h *harness, id string, sats int) (*vend.Payme
 	t.Helper()
 	r := l402Req(id, fmt.Sprintf(`{"sats":%d}`, sats))
 	r.Tool = vend.TopUpTool
-	_, err := h.v.CallTool(context.Background(), r)
+	_, err := h.v.CallItem(context.Background(), r)
 	var pr *vend.PaymentRequiredError
 	if !errors.As(err, &pr) || pr.Macaroon == nil {
 		t.Fatalf("unpaid L402 top-up: %v (%+v)", err, pr)
@@ -84,7 +84,7 @@ func TestL402CreditToken(t *testing.T) {
 	h.be.pay(p.Ref)
 	for i := range 5 {
 		args := fmt.Sprintf(`{"text":"c%d"}`, i)
-		res, err := h.v.CallTool(context.Background(), l402Retry(fmt.Sprint("c", i), args, pr.Macaroon, pre))
+		res, err := h.v.CallItem(context.Background(), l402Retry(fmt.Sprint("c", i), args, pr.Macaroon, pre))
 		if i == 4 {
 			var ex *vend.CreditExhaustedError
 			if !errors.As(err, &ex) || ex.Account != account || ex.Balance != 16_000 {
@@ -106,7 +106,7 @@ func TestL402CreditToken(t *testing.T) {
 	}
 	retry := l402Retry("topup", `{"sats":100}`, pr.Macaroon, pre)
 	retry.Tool = vend.TopUpTool
-	if _, err := h.v.CallTool(context.Background(), retry); !errors.Is(err, vend.ErrTokenUsed) {
+	if _, err := h.v.CallItem(context.Background(), retry); !errors.Is(err, vend.ErrTokenUsed) {
 		t.Fatalf("the top-up's retry after it was credited: %v, want %v", err, vend.ErrTokenUsed)
 	}
 	if got := h.tools.count("echo"); got != 4 {
@@ -124,14 +124,14 @@ func TestL402CreditTopUpRetry(t *testing.T) {
 	h.be.pay(p.Ref)
 	retry := l402Retry("topup", `{"sats":50}`, pr.Macaroon, pre)
 	retry.Tool = vend.TopUpTool
-	res, err := h.v.CallTool(context.Background(), retry)
+	res, err := h.v.CallItem(context.Background(), retry)
 	if err != nil || res.IsError {
 		t.Fatalf("top-up retry: %s %v", res.Body, err)
 	}
 	if info := creditOf(t, res.Body); info.BalanceMsat != 50_000 {
 		t.Fatalf("after the top-up: %+v", info)
 	}
-	res, err = h.v.CallTool(context.Background(), l402Retry("c", `{"text":"x"}`, pr.Macaroon, pre))
+	res, err = h.v.CallItem(context.Background(), l402Retry("c", `{"text":"x"}`, pr.Macaroon, pre))
 	if err != nil || creditOf(t, res.Body).BalanceMsat != 29_000 {
 		t.Fatalf("call: %s %v", res.Body, err)
 	}
@@ -203,7 +203,7 @@ func TestL402CreditRefusals(t *testing.T) {
 				r.Tool = tc.tool
 			}
 			r.Credit = tc.credit
-			_, err := h.v.CallTool(ctx, r)
+			_, err := h.v.CallItem(ctx, r)
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.reason) {
 				t.Fatalf("got %v, want %v (%q)", err, tc.want, tc.reason)
 			}

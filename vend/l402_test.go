@@ -35,7 +35,7 @@ func l402Retry(id, args string, mac []byte, preimage string) vend.CallRequest {
 // and the preimage its payer would learn.
 func challenge(t *testing.T, h *harness, id, args string) (*vend.PaymentRequiredError, vend.Payment, string) {
 	t.Helper()
-	_, err := h.v.CallTool(context.Background(), l402Req(id, args))
+	_, err := h.v.CallItem(context.Background(), l402Req(id, args))
 	var pr *vend.PaymentRequiredError
 	if !errors.As(err, &pr) || pr.Macaroon == nil {
 		t.Fatalf("unpaid L402 call: %v (%+v)", err, pr)
@@ -73,7 +73,7 @@ func TestL402ReleasesItsCallOnce(t *testing.T) {
 	if o.err != nil || !strings.Contains(string(o.res.Body), "echo:l402") {
 		t.Fatalf("paid retry: %s %v", o.res.Body, o.err)
 	}
-	if _, err := h.v.CallTool(context.Background(), l402Retry("2", args, pr.Macaroon, pre)); !errors.Is(err, vend.ErrTokenUsed) {
+	if _, err := h.v.CallItem(context.Background(), l402Retry("2", args, pr.Macaroon, pre)); !errors.Is(err, vend.ErrTokenUsed) {
 		t.Fatalf("replay: %v, want %v", err, vend.ErrTokenUsed)
 	}
 	if got := h.tools.sentArgs(); len(got) != 1 {
@@ -181,7 +181,7 @@ func TestL402Refusals(t *testing.T) {
 			if tc.tool != "" {
 				r.Tool = tc.tool
 			}
-			_, err := h.v.CallTool(context.Background(), r)
+			_, err := h.v.CallItem(context.Background(), r)
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.reason) {
 				t.Fatalf("got %v, want %v (%q)", err, tc.want, tc.reason)
 			}
@@ -195,7 +195,7 @@ func TestL402Refusals(t *testing.T) {
 		t.Fatalf("a refused credential asked for a payment: %+v", extra)
 	default:
 	}
-	if o, err := h.v.CallTool(context.Background(), l402Retry("ok", args, pr.Macaroon, pre)); err != nil || !strings.Contains(string(o.Body), "echo:a") {
+	if o, err := h.v.CallItem(context.Background(), l402Retry("ok", args, pr.Macaroon, pre)); err != nil || !strings.Contains(string(o.Body), "echo:a") {
 		t.Fatalf("the paid call's own credential: %s %v", o.Body, err)
 	}
 	verify(t, h.l)
@@ -233,7 +233,7 @@ func TestL402SurvivesRestart(t *testing.T) {
 		t.Fatalf("root key changed across a restart (%v)", err)
 	}
 	h2 := harnessOn(t, l, false, nil)
-	o, err := h2.v.CallTool(context.Background(), l402Retry("1", args, pr.Macaroon, pre))
+	o, err := h2.v.CallItem(context.Background(), l402Retry("1", args, pr.Macaroon, pre))
 	if err != nil || !strings.Contains(string(o.Body), "echo:r") {
 		t.Fatalf("after restart: %s %v", o.Body, err)
 	}

@@ -79,7 +79,7 @@ type NewCall struct {
 	Client    string // client identity: a Nostr pubkey, an MCP session id
 	RequestID string // the request's id on its transport (JSON-RPC id, Nostr event id)
 	Server    string // upstream server name
-	// Kind is what was sold ("" is KindTool).
+	// Kind is what was sold ("" is ItemTool).
 	Kind ItemKind
 	// Tool is the tool's (prompt's) name on that server, or the URI (or
 	// URI template) a resource is priced under.
@@ -119,7 +119,7 @@ type NewCall struct {
 // Binding is not that call (ErrRequestReused), and an execution must send
 // exactly the call's Binding upstream.
 type Binding struct {
-	Kind     ItemKind // never "": KindTool for tools
+	Kind     ItemKind // never "": ItemTool for tools
 	Server   string
 	Tool     string
 	ArgsHash string

@@ -23,17 +23,17 @@ func TestLimitsCountBySourceElseClient(t *testing.T) {
 	// Two sessions from one address are one client for the limits.
 	ch := h.callAsync(from("1", "session-a", "ip:10.0.0.1", nil))
 	p := h.nextPayment(t)
-	if _, err := h.v.CallTool(context.Background(), from("2", "session-b", "ip:10.0.0.1", nil)); !errors.Is(err, vend.ErrLimit) {
+	if _, err := h.v.CallItem(context.Background(), from("2", "session-b", "ip:10.0.0.1", nil)); !errors.Is(err, vend.ErrLimit) {
 		t.Fatalf("a second session from the same address got a second unpaid quote: %v", err)
 	}
 	// The rate limit too: 2 a minute per address, whatever the session.
-	if _, err := h.v.CallTool(context.Background(), from("3", "session-c", "ip:10.0.0.1", nil)); !errors.Is(err, vend.ErrLimit) {
+	if _, err := h.v.CallItem(context.Background(), from("3", "session-c", "ip:10.0.0.1", nil)); !errors.Is(err, vend.ErrLimit) {
 		t.Fatalf("a third call a minute from the same address: %v", err)
 	}
 	// Without a Source, the client (a Nostr pubkey) counts.
 	ch2 := h.callAsync(from("4", "pubkey-1", "", nil))
 	p2 := h.nextPayment(t)
-	if _, err := h.v.CallTool(context.Background(), from("5", "pubkey-1", "", nil)); !errors.Is(err, vend.ErrLimit) {
+	if _, err := h.v.CallItem(context.Background(), from("5", "pubkey-1", "", nil)); !errors.Is(err, vend.ErrLimit) {
 		t.Fatalf("a second unpaid quote of one pubkey: %v", err)
 	}
 	h.be.pay(p.Ref)
@@ -95,11 +95,11 @@ func TestUnpaidCountsTheOpenInvoiceNotTheWaiter(t *testing.T) {
 	h := newHarness(t, false, func(c *vend.Config) { c.MaxUnpaidPerClient = 1 })
 	ctx, leave := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { _, err := h.v.CallTool(ctx, from("1", "dropper", "", nil)); done <- err }()
+	go func() { _, err := h.v.CallItem(ctx, from("1", "dropper", "", nil)); done <- err }()
 	p := h.nextPayment(t)
 	leave()
 	<-done
-	if _, err := h.v.CallTool(context.Background(), from("2", "dropper", "", nil)); !errors.Is(err, vend.ErrLimit) {
+	if _, err := h.v.CallItem(context.Background(), from("2", "dropper", "", nil)); !errors.Is(err, vend.ErrLimit) {
 		t.Fatalf("after leaving, the client got another unpaid quote: %v", err)
 	}
 	h.be.expire(p.Ref) // the invoice ends: the slot is free again
@@ -111,14 +111,14 @@ func TestUnpaidCountsTheOpenInvoiceNotTheWaiter(t *testing.T) {
 	g := from("4", "gater", "", nil)
 	g.Explicit = true
 	var pr *vend.PaymentRequiredError
-	if _, err := h.v.CallTool(context.Background(), g); !errors.As(err, &pr) {
+	if _, err := h.v.CallItem(context.Background(), g); !errors.As(err, &pr) {
 		t.Fatalf("explicit gating: %v", err)
 	}
 	<-h.be.last
 	g2 := from("5", "gater", "", nil)
 	g2.Explicit = true
 	g2.Arguments = []byte(`{"text":"other"}`)
-	if _, err := h.v.CallTool(context.Background(), g2); !errors.Is(err, vend.ErrLimit) {
+	if _, err := h.v.CallItem(context.Background(), g2); !errors.Is(err, vend.ErrLimit) {
 		t.Fatalf("a second unpaid explicit-gating quote: %v", err)
 	}
 	verify(t, h.l)
@@ -137,7 +137,7 @@ func TestProofOfWork(t *testing.T) {
 		return r
 	}
 	var we *vend.WorkRequiredError
-	if _, err := h.v.CallTool(context.Background(), weak("1")); !errors.As(err, &we) || we.Required != 8 || we.Work != 3 {
+	if _, err := h.v.CallItem(context.Background(), weak("1")); !errors.As(err, &we) || we.Required != 8 || we.Work != 3 {
 		t.Fatalf("a weak request for a free use: %v", err)
 	}
 	if h.tools.count("echo") != 0 {
@@ -145,19 +145,19 @@ func TestProofOfWork(t *testing.T) {
 	}
 	r := weak("2")
 	r.Tool = "demo_free"
-	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &we) {
+	if _, err := h.v.CallItem(context.Background(), r); !errors.As(err, &we) {
 		t.Fatalf("a weak request for a free tool: %v", err)
 	}
 	// With a token it pays, work or not (weak requests get no free use).
 	r = weak("3")
 	r.CashuToken = "good:21"
-	if _, err := h.v.CallTool(context.Background(), r); err != nil {
+	if _, err := h.v.CallItem(context.Background(), r); err != nil {
 		t.Fatalf("a weak request paying with a token: %v", err)
 	}
 	// Enough work: the free use, then a quote.
 	strong := from("4", "pubkey-1", "", nil)
 	strong.Work, strong.WorkRequired = 8, 8
-	if _, err := h.v.CallTool(context.Background(), strong); err != nil {
+	if _, err := h.v.CallItem(context.Background(), strong); err != nil {
 		t.Fatalf("enough work: %v", err)
 	}
 	strong.RequestID = "5"
@@ -175,7 +175,7 @@ func TestFreePerDayTotal(t *testing.T) {
 		c.Prices = newBook(t, map[string]pricing.Rule{"echo": {Price: 21_000, FreePerDay: 1, FreePerDayTotal: 2}})
 	})
 	for i := 0; i < 2; i++ {
-		if _, err := h.v.CallTool(context.Background(), from("1", fmt.Sprint("fresh-", i), "", nil)); err != nil {
+		if _, err := h.v.CallItem(context.Background(), from("1", fmt.Sprint("fresh-", i), "", nil)); err != nil {
 			t.Fatalf("free call %d: %v", i, err)
 		}
 	}
@@ -199,7 +199,7 @@ func TestRefusedAtTheClientLimitWritesNothing(t *testing.T) {
 	first := from("1", "session-a", "ip:10.0.0.1", n)
 	ch := h.callAsync(first)
 	p := h.nextPayment(t)
-	if _, err := h.v.CallTool(ctx, from("2", "session-a", "ip:10.0.0.1", nil)); !errors.Is(err, vend.ErrLimit) {
+	if _, err := h.v.CallItem(ctx, from("2", "session-a", "ip:10.0.0.1", nil)); !errors.Is(err, vend.ErrLimit) {
 		t.Fatalf("a second unpaid quote: %v", err)
 	}
 	if c, err := h.l.CallByRequest(ctx, "test", "session-a", "2"); !errors.Is(err, vend.ErrNotFound) {

@@ -221,7 +221,7 @@ func benchCalls(b *testing.B, bh *benchHarness, paid bool, callers, n int) time.
 				r := req(id, "demo_free", `{"text":"x`+id+`"}`, nil)
 				r.Client = "client-" + strconv.Itoa(int(i%64))
 				if !paid {
-					if _, err := h.v.CallTool(h.ctx, r); err != nil {
+					if _, err := h.v.CallItem(h.ctx, r); err != nil {
 						errs <- err
 						return
 					}

@@ -30,11 +30,11 @@ type Observer interface {
 	// FreeCall reports a call nobody paid for that ran on its upstream
 	// (a free item, or one within its daily free quota): err is nil if
 	// the upstream answered (even with isError).
-	FreeCall(t Tool, err error)
+	FreeCall(t Item, err error)
 	// UpstreamCall reports one execution on an upstream, free or paid
 	// (call is the priced call's id, 0 for a free call): how long it took
 	// and whether it failed (err), not whether the tool answered isError.
-	UpstreamCall(t Tool, call CallID, d time.Duration, err error)
+	UpstreamCall(t Item, call CallID, d time.Duration, err error)
 }
 
 // NopObserver implements Observer doing nothing.
@@ -49,10 +49,10 @@ func (NopObserver) LedgerChanged([]Change) {}
 func (NopObserver) LedgerCommit(time.Duration, int) {}
 
 // FreeCall implements Observer.
-func (NopObserver) FreeCall(Tool, error) {}
+func (NopObserver) FreeCall(Item, error) {}
 
 // UpstreamCall implements Observer.
-func (NopObserver) UpstreamCall(Tool, CallID, time.Duration, error) {}
+func (NopObserver) UpstreamCall(Item, CallID, time.Duration, error) {}
 
 // ChangeKind is what a Change is about.
 type ChangeKind uint8
@@ -100,7 +100,7 @@ type Change struct {
 	Since time.Duration
 }
 
-// inflight counts the requests a Vendor is serving (CallTool, CallFree).
+// inflight counts the requests a Vendor is serving (CallItem, CallFree).
 type inflight struct{ n atomic.Int64 }
 
 // InFlight returns how many tools/call (prompt, resource) requests the

@@ -15,7 +15,7 @@ type pending struct {
 	// run from the ledger, the recorded ones): they describe the call and
 	// answer a request that finds it run already, but are never executed:
 	// a paid call runs what the ledger recorded (claimAndFinish).
-	t    Tool
+	t    Item
 	args json.RawMessage
 	r    *CallRequest
 	// byToken: the request presented the payment token of this call

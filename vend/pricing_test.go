@@ -72,7 +72,7 @@ func TestFreeQuotaReplayAndPricedReplay(t *testing.T) {
 	h := newHarness(t, false, withPrices(t, map[string]pricing.Rule{"echo": {Price: 21_000, FreePerDay: 1}}))
 	ctx := context.Background()
 	for i := 0; i < 3; i++ { // the first request and two replays of it
-		if _, err := h.v.CallTool(ctx, req("free-1", "demo_echo", `{"text":"a"}`, nil)); err != nil {
+		if _, err := h.v.CallItem(ctx, req("free-1", "demo_echo", `{"text":"a"}`, nil)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -88,7 +88,7 @@ func TestFreeQuotaReplayAndPricedReplay(t *testing.T) {
 	if o := result(t, ch); o.err != nil {
 		t.Fatal(o.err)
 	}
-	res, err := h.v.CallTool(ctx, req("paid-1", "demo_echo", `{"text":"b"}`, nil))
+	res, err := h.v.CallItem(ctx, req("paid-1", "demo_echo", `{"text":"b"}`, nil))
 	if err != nil || !strings.Contains(string(res.Body), "echo:b") {
 		t.Fatalf("replay of the paid call: %s %v", res.Body, err)
 	}
@@ -108,7 +108,7 @@ func TestFreeQuotaOfAnonymousClientsIsBySource(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for i := 0; i < 2; i++ {
-		if _, err := h.v.CallTool(ctx, anon("192.0.2.1")); err != nil {
+		if _, err := h.v.CallItem(ctx, anon("192.0.2.1")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -118,7 +118,7 @@ func TestFreeQuotaOfAnonymousClientsIsBySource(t *testing.T) {
 		t.Fatalf("amount %d", p.Amount)
 	}
 	// Another address has its own quota.
-	if _, err := h.v.CallTool(ctx, anon("192.0.2.2")); err != nil {
+	if _, err := h.v.CallItem(ctx, anon("192.0.2.2")); err != nil {
 		t.Fatal(err)
 	}
 	if n := h.tools.count("echo"); n != 3 {
@@ -181,7 +181,7 @@ func TestPaymentDescriptionSaysHowThePriceWasComputed(t *testing.T) {
 	// Explicit gating: the -32042 options carry it too (Lightning and Cashu).
 	r = req("2", "demo_echo", `{"text":"x","ids":[1,2,3]}`, nil)
 	r.Explicit = true
-	_, err := h.v.CallTool(context.Background(), r)
+	_, err := h.v.CallItem(context.Background(), r)
 	var pr *vend.PaymentRequiredError
 	if !errors.As(err, &pr) || len(pr.Options) != 2 {
 		t.Fatalf("%v", err)
@@ -197,7 +197,7 @@ func TestUnpriceableArgumentsAreInvalidParams(t *testing.T) {
 	h := newHarness(t, false, withPrices(t, map[string]pricing.Rule{"echo": {Max: 50_000,
 		Per: &pricing.Per{Kind: pricing.PerUnit, Arg: "n", Price: 1000}}}))
 	for _, args := range []string{`{"text":"x","n":"3"}`, `{"text":"x","n":-2}`, `{"text":"x","n":[1]}`} {
-		_, err := h.v.CallTool(context.Background(), req("a", "demo_echo", args, nil))
+		_, err := h.v.CallItem(context.Background(), req("a", "demo_echo", args, nil))
 		var ip *vend.InvalidParamsError
 		if !errors.As(err, &ip) || !strings.Contains(ip.Reason, "n must") {
 			t.Errorf("%s: %v", args, err)
@@ -214,7 +214,7 @@ func TestUnpriceableArgumentsAreInvalidParams(t *testing.T) {
 		h.be.pay(p.Ref)
 	}
 	result(t, ch)
-	if _, err := h.v.CallTool(context.Background(), req("c", "demo_echo", `{"text":"x"}`, nil)); err != nil {
+	if _, err := h.v.CallItem(context.Background(), req("c", "demo_echo", `{"text":"x"}`, nil)); err != nil {
 		t.Fatal(err)
 	}
 	if n := h.tools.count("echo"); n != 2 {
@@ -244,7 +244,7 @@ func TestSetPricesSwapsTheBook(t *testing.T) {
 	if price() != 5000 {
 		t.Fatalf("Tools lists %d after SetPrices", price())
 	}
-	if lo, hi := h.v.ListedPrice(vend.Tool{Server: "demo", UpstreamName: "echo"}); lo != 5000 || hi != 40_000 {
+	if lo, hi := h.v.ListedPrice(vend.Item{Server: "demo", UpstreamName: "echo"}); lo != 5000 || hi != 40_000 {
 		t.Fatalf("ListedPrice %d-%d", lo, hi)
 	}
 	// The call quoted before keeps its price.
@@ -289,7 +289,7 @@ func TestSetPricesConcurrentWithCalls(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		// Free or priced, depending on the book at that moment; a priced
 		// one waits for a payment until ctx ends.
-		_, err := h.v.CallTool(ctx, req(fmt.Sprint("c", i), "demo_echo", `{"text":"x"}`, nil))
+		_, err := h.v.CallItem(ctx, req(fmt.Sprint("c", i), "demo_echo", `{"text":"x"}`, nil))
 		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatal(err)
 		}

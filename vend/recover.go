@@ -129,7 +129,7 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool, until ti
 		log.Error("vend: recover: no payment", "err", err)
 		return
 	}
-	t := Tool{Kind: call.Kind.Or(), Name: name}
+	t := Item{Kind: call.Kind.Or(), Name: name}
 	if aerr == nil {
 		var ok bool
 		if t, ok = v.awaitTool(ctx, call.Kind.Or(), name, until); !ok && ctx.Err() != nil {
@@ -189,17 +189,17 @@ func unrunnable(err error) string {
 
 // awaitTool waits until deadline for an upstream to offer the tool
 // (prompt, resource).
-func (v *Vendor) awaitTool(ctx context.Context, kind ItemKind, name string, deadline time.Time) (Tool, bool) {
+func (v *Vendor) awaitTool(ctx context.Context, kind ItemKind, name string, deadline time.Time) (Item, bool) {
 	for {
 		if t, ok := v.item(kind, name); ok {
 			return t, true
 		}
 		if time.Now().After(deadline) {
-			return Tool{}, false
+			return Item{}, false
 		}
 		select {
 		case <-ctx.Done():
-			return Tool{}, false
+			return Item{}, false
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

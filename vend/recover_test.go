@@ -22,7 +22,7 @@ type gatedTools struct {
 	entered atomic.Int32
 }
 
-func (g *gatedTools) CallTool(ctx context.Context, t vend.Tool, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
+func (g *gatedTools) CallTool(ctx context.Context, t vend.Item, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
 	g.entered.Add(1)
 	<-g.gate
 	return g.fakeTools.CallTool(ctx, t, args, tok, progress)

@@ -94,7 +94,7 @@ func (f *fakeCashu) PayRefund(ctx context.Context, r vend.Refund) (vend.Refund, 
 // brokenTools is fakeTools whose "fail" tool cannot be reached at all.
 type brokenTools struct{ *fakeTools }
 
-func (b brokenTools) CallTool(ctx context.Context, t vend.Tool, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
+func (b brokenTools) CallTool(ctx context.Context, t vend.Item, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
 	if t.UpstreamName == "fail" {
 		return nil, errors.New("connection refused")
 	}
@@ -144,7 +144,7 @@ func TestFailedCashuCallIsRefundedAsEcash(t *testing.T) {
 			ctx := context.Background()
 			r := req("1", "demo_fail", `{"text":"x"}`, nil)
 			r.CashuToken = "good:12" // price 10 sat: 12 paid, 12 owed back
-			res, err := h.v.CallTool(ctx, r)
+			res, err := h.v.CallItem(ctx, r)
 			var info vend.RefundInfo
 			if broken {
 				var re *vend.RefundError
@@ -182,7 +182,7 @@ func TestFailedCashuCallIsRefundedAsEcash(t *testing.T) {
 			// token, from the ledger; no second one is made.
 			// (A call that could not run is replayed from its stored
 			// isError result.)
-			res2, err2 := h.v.CallTool(ctx, r)
+			res2, err2 := h.v.CallItem(ctx, r)
 			if err2 != nil {
 				t.Fatalf("replay: %v", err2)
 			}
@@ -205,7 +205,7 @@ func TestCashuRefundStaysOwedWhileTheMintIsDown(t *testing.T) {
 	ctx := context.Background()
 	r := req("1", "demo_fail", `{"text":"x"}`, nil)
 	r.CashuToken = "good:10"
-	_, err := h.v.CallTool(ctx, r)
+	_, err := h.v.CallItem(ctx, r)
 	var re *vend.RefundError
 	if !errors.As(err, &re) || !re.Refund.Owed || re.Refund.Cashu != "" || re.Refund.Amount != 10 {
 		t.Fatalf("want an owed refund, got %v", err)
@@ -216,7 +216,7 @@ func TestCashuRefundStaysOwedWhileTheMintIsDown(t *testing.T) {
 	}
 	verify(t, h.l)
 	c.down.Store(false)
-	res, err := h.v.CallTool(ctx, r)
+	res, err := h.v.CallItem(ctx, r)
 	if info, ok := refundMeta(t, res.Body); err != nil || !ok || info.Owed || info.Cashu == "" {
 		t.Fatalf("after the mint is back: %s %v", res.Body, err)
 	}
@@ -252,7 +252,7 @@ func TestFailedInvoiceCallIsOwedToTheRefundInvoice(t *testing.T) {
 	bad := req("2", "demo_echo", `{"text":"x"}`, nil)
 	bad.RefundInvoice = "https://example.com/refund"
 	var ip *vend.InvalidParamsError
-	if _, err := h.v.CallTool(ctx, bad); !errors.As(err, &ip) {
+	if _, err := h.v.CallItem(ctx, bad); !errors.As(err, &ip) {
 		t.Fatalf("bad refund invoice: %v", err)
 	}
 
@@ -286,7 +286,7 @@ func TestCashuRefundWaitsForItsClient(t *testing.T) {
 	r.InvoiceFrom = vend.BackendCashu
 	done := make(chan error, 1)
 	go func() {
-		_, err := h.v.CallTool(ctx, r)
+		_, err := h.v.CallItem(ctx, r)
 		done <- err
 	}()
 	p := <-c.quotes
@@ -300,7 +300,7 @@ func TestCashuRefundWaitsForItsClient(t *testing.T) {
 		t.Fatalf("refund %+v %v, tokens made %d", rf, err, c.made.Load())
 	}
 	verify(t, h.l)
-	res, err := h.v.CallTool(context.Background(), r)
+	res, err := h.v.CallItem(context.Background(), r)
 	info, ok := refundMeta(t, res.Body)
 	if err != nil || !ok || info.Owed || info.Cashu == "" || c.made.Load() != 1 {
 		t.Fatalf("the client's repeat: %s %v", res.Body, err)
@@ -336,7 +336,7 @@ func TestLatePaymentIsRefundedOnTheReplay(t *testing.T) {
 	// whose call cannot run deadlocks vend's run->resume on main, the
 	// issue's self-deadlock item, fixed elsewhere.)
 	c.payQuote(t, p.Ref, false)
-	_, err = h.v.CallTool(context.Background(), r)
+	_, err = h.v.CallItem(context.Background(), r)
 	var re *vend.RefundError
 	if !errors.As(err, &re) || !errors.Is(err, vend.ErrPaymentExpired) || re.Refund.Owed || re.Refund.Cashu == "" || h.tools.count("echo") != 0 {
 		t.Fatalf("replay after a late payment: %v (runs %d)", err, h.tools.count("echo"))

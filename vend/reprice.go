@@ -79,9 +79,9 @@ func callPriceKey(c Call) string { return itemPriceKey(c.Kind, c.Tool) }
 // looked up by in the price book, and its daily free quota counted by.
 func itemPriceKey(kind ItemKind, name string) string {
 	switch kind {
-	case KindPrompt:
+	case ItemPrompt:
 		return pricing.PromptKey(name)
-	case KindResource:
+	case ItemResource:
 		return pricing.ResourceKey(name)
 	}
 	return name

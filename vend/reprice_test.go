@@ -19,21 +19,21 @@ func TestGrantOfAToolThatBecameFreeIsRefunded(t *testing.T) {
 	paid := req("1", "demo_echo", `{"text":"paid"}`, nil)
 	paid.Explicit = true
 	var pr *vend.PaymentRequiredError
-	if _, err := h.v.CallTool(ctx, paid); !errors.As(err, &pr) {
+	if _, err := h.v.CallItem(ctx, paid); !errors.As(err, &pr) {
 		t.Fatalf("first call: %v", err)
 	}
 	pp := h.nextPayment(t)
 	h.be.pay(pp.Ref)
 	unpaid := req("2", "demo_echo", `{"text":"unpaid"}`, nil)
 	unpaid.Explicit = true
-	if _, err := h.v.CallTool(ctx, unpaid); !errors.As(err, &pr) {
+	if _, err := h.v.CallItem(ctx, unpaid); !errors.As(err, &pr) {
 		t.Fatalf("second call: %v", err)
 	}
 	up := h.nextPayment(t)
 	// A grant for a tool still priced is left alone.
 	other := req("3", "demo_fail", `{"text":"x"}`, nil)
 	other.Explicit = true
-	if _, err := h.v.CallTool(ctx, other); !errors.As(err, &pr) {
+	if _, err := h.v.CallItem(ctx, other); !errors.As(err, &pr) {
 		t.Fatalf("third call: %v", err)
 	}
 	op := h.nextPayment(t)
@@ -59,7 +59,7 @@ func TestGrantOfAToolThatBecameFreeIsRefunded(t *testing.T) {
 	}
 	// The client's repeat now runs free; nothing else is charged.
 	paid.RequestID = "4"
-	res, err := h.v.CallTool(ctx, paid)
+	res, err := h.v.CallItem(ctx, paid)
 	if err != nil || !strings.Contains(string(res.Body), "echo:paid") {
 		t.Fatalf("repeat: %s %v", res.Body, err)
 	}

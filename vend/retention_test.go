@@ -33,14 +33,14 @@ func TestReplayOfAPrunedResultIsExpired(t *testing.T) {
 		t.Fatalf("pruned %+v, %v", st, err)
 	}
 
-	res, err := h.v.CallTool(ctx, req("7", "demo_echo", `{"text":"hi"}`, nil))
+	res, err := h.v.CallItem(ctx, req("7", "demo_echo", `{"text":"hi"}`, nil))
 	if !errors.Is(err, vend.ErrResultExpired) || res.Body != nil {
 		t.Fatalf("replay of a pruned result: %s %v; want ErrResultExpired", res.Body, err)
 	}
 	if n := h.tools.count("echo"); n != 1 {
 		t.Fatalf("echo ran %d times, want once", n)
 	}
-	_, err = h.v.CallTool(ctx, failed)
+	_, err = h.v.CallItem(ctx, failed)
 	var re *vend.RefundError
 	if !errors.As(err, &re) || !errors.Is(err, vend.ErrResultExpired) || !re.Refund.Owed || re.Refund.Amount != 10 {
 		t.Fatalf("replay of a refunded call whose result was pruned: %v; want its refund with ErrResultExpired", err)

@@ -63,7 +63,7 @@ func (c *pending) claimAndFinish(ctx context.Context) (CallResult, *Call, error)
 
 // finish runs a claimed call on its upstream, as t with args (what the
 // ledger recorded), and records its end.
-func (c *pending) finish(ctx context.Context, t *Tool, args json.RawMessage) (CallResult, error) {
+func (c *pending) finish(ctx context.Context, t *Item, args json.RawMessage) (CallResult, error) {
 	v, call, p := c.v, &c.call, c.pay
 	// The call runs to its end even if the client leaves: it is paid.
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.ExecTimeout)
@@ -132,14 +132,14 @@ func (c *pending) fail(ctx context.Context, body json.RawMessage, reason string)
 // execute runs the tool on its upstream for the priced call id (0 for a
 // free call), forwarding progress and passing the client's Elicit along
 // (in ctx).
-func (v *Vendor) execute(ctx context.Context, id CallID, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
+func (v *Vendor) execute(ctx context.Context, id CallID, t *Item, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
 	return v.executeVia(ctx, id, nil, t, args, r)
 }
 
 // executeVia is execute, a tool call going through raw when it is not
 // nil, and through ToolSource.CallTool when raw answers ErrNotRaw (the
 // upstream asked for input).
-func (v *Vendor) executeVia(ctx context.Context, id CallID, raw RawToolSource, t *Tool, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
+func (v *Vendor) executeVia(ctx context.Context, id CallID, raw RawToolSource, t *Item, args json.RawMessage, r *CallRequest) (json.RawMessage, error) {
 	ctx = WithElicit(ctx, r.Elicit)
 	var progress func(json.RawMessage)
 	if r.ProgressToken != nil {
@@ -156,9 +156,9 @@ func (v *Vendor) executeVia(ctx context.Context, id CallID, raw RawToolSource, t
 			return nil, fmt.Errorf("%w: %v", ErrUpstream, err)
 		}
 		return topUpResult(q.Price), nil
-	case t.Kind == KindPrompt || t.Kind == KindResource:
+	case t.Kind == ItemPrompt || t.Kind == ItemResource:
 		items, _ := v.cfg.Tools.(ItemSource) // item() found t through it
-		if t.Kind == KindPrompt {
+		if t.Kind == ItemPrompt {
 			m, _ := promptArgs(args) // checked in admit
 			body, err = items.GetPrompt(ctx, t.Name, m)
 		} else {

@@ -23,7 +23,7 @@ type schemaCache struct {
 // JSON object. inst, if not nil, is args as jsonschema.UnmarshalJSON
 // reads them (parseArgsObject's value that encodeArgs wrote as args):
 // then they are not read again.
-func (c *schemaCache) validate(t *Tool, args []byte, inst any) error {
+func (c *schemaCache) validate(t *Item, args []byte, inst any) error {
 	if len(bytes.TrimSpace(t.InputSchema)) == 0 {
 		return nil
 	}

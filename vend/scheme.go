@@ -190,7 +190,7 @@ func checkTravel(r *CallRequest) error {
 // (a credit token's, the signing key's, or an L402 credit macaroon's)
 // when r names one and t is not the top-up that credits it, else a Cashu
 // token in r, else an invoice.
-func choosePayment(t *Tool, r *CallRequest) SchemeName {
+func choosePayment(t *Item, r *CallRequest) SchemeName {
 	switch {
 	case byCredit(t, r) && r.Macaroon != nil && r.Credit == "" && !r.CreditSelf:
 		return SchemeL402Credit
@@ -209,7 +209,7 @@ func choosePayment(t *Tool, r *CallRequest) SchemeName {
 // account (its answer carries the account's credit token). Answers that
 // carry a secret only on some outcomes (a payment token, a macaroon, a
 // Cashu refund) carry none there: see secretsAllowed.
-func checkOutbound(t *Tool, r *CallRequest) error {
+func checkOutbound(t *Item, r *CallRequest) error {
 	if r.Public && isTopUp(t) && !r.CreditSelf {
 		return &PublicSecretError{What: "the credit token a top-up of a token account answers with (top up your key's own account " +
 			"with _meta[\"" + MetaCredit + "\"] = true instead)"}

@@ -70,7 +70,7 @@ func TestMPPReleasesItsCallOnce(t *testing.T) {
 		"not base64url":  retry("x3", args, "!!"),
 		"other args":     retry("x4", `{"text":"other"}`, mppToken(ch, pre)),
 	} {
-		if _, err := h.v.CallTool(ctx, r); !errors.Is(err, vend.ErrMPPInvalid) {
+		if _, err := h.v.CallItem(ctx, r); !errors.Is(err, vend.ErrMPPInvalid) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
@@ -79,7 +79,7 @@ func TestMPPReleasesItsCallOnce(t *testing.T) {
 	if res := result(t, o); res.err != nil || !strings.Contains(string(res.res.Body), "echo:mpp") {
 		t.Fatalf("paid retry: %s %v", res.res.Body, res.err)
 	}
-	if _, err := h.v.CallTool(ctx, retry("2", args, mppToken(ch, pre))); !errors.Is(err, vend.ErrTokenUsed) {
+	if _, err := h.v.CallItem(ctx, retry("2", args, mppToken(ch, pre))); !errors.Is(err, vend.ErrTokenUsed) {
 		t.Fatalf("replay: %v", err)
 	}
 	if n := len(h.tools.sentArgs()); n != 1 {
@@ -104,7 +104,7 @@ func TestX402ReleasesItsCallToItsClientOnce(t *testing.T) {
 		r.Client, r.L402, r.X402 = "session-a", true, payload
 		return r
 	}
-	_, err := h.v.CallTool(ctx, mine("1", args, nil))
+	_, err := h.v.CallItem(ctx, mine("1", args, nil))
 	var pr *vend.PaymentRequiredError
 	if !errors.As(err, &pr) || pr.X402 == nil {
 		t.Fatalf("unpaid call: %v", err)
@@ -125,7 +125,7 @@ func TestX402ReleasesItsCallToItsClientOnce(t *testing.T) {
 		"swapped":        mine("x3", args, x402Payload(&swapped)),
 		"version 1":      mine("x4", args, json.RawMessage(strings.Replace(string(x402Payload(x)), `"x402Version":2`, `"x402Version":1`, 1))),
 	} {
-		if _, err := h.v.CallTool(ctx, r); !errors.Is(err, vend.ErrX402Invalid) {
+		if _, err := h.v.CallItem(ctx, r); !errors.Is(err, vend.ErrX402Invalid) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
@@ -136,16 +136,16 @@ func TestX402ReleasesItsCallToItsClientOnce(t *testing.T) {
 	}
 	thief := mine("t1", args, x402Payload(x))
 	thief.Client = "session-b"
-	if _, err := h.v.CallTool(ctx, thief); !errors.Is(err, vend.ErrTokenUsed) {
+	if _, err := h.v.CallItem(ctx, thief); !errors.Is(err, vend.ErrTokenUsed) {
 		t.Fatalf("another client after the run: %v", err)
 	}
-	if _, err := h.v.CallTool(ctx, mine("2", args, x402Payload(x))); !errors.Is(err, vend.ErrTokenUsed) {
+	if _, err := h.v.CallItem(ctx, mine("2", args, x402Payload(x))); !errors.Is(err, vend.ErrTokenUsed) {
 		t.Fatalf("replay: %v", err)
 	}
 
 	// Another client presenting a payload for a paid call not yet run:
 	// bound, it releases nothing (its own quote).
-	_, err = h.v.CallTool(ctx, mine("3", `{"text":"y"}`, nil))
+	_, err = h.v.CallItem(ctx, mine("3", `{"text":"y"}`, nil))
 	if !errors.As(err, &pr) {
 		t.Fatal(err)
 	}
@@ -153,14 +153,14 @@ func TestX402ReleasesItsCallToItsClientOnce(t *testing.T) {
 	h.be.pay(p2.Ref)
 	thief = mine("t2", `{"text":"y"}`, x402Payload(pr.X402))
 	thief.Client = "session-b"
-	if _, err := h.v.CallTool(ctx, thief); !errors.As(err, new(*vend.PaymentRequiredError)) {
+	if _, err := h.v.CallItem(ctx, thief); !errors.As(err, new(*vend.PaymentRequiredError)) {
 		t.Fatalf("another client: %v", err)
 	}
 	h.nextPayment(t)
 	if n := len(h.tools.sentArgs()); n != 1 {
 		t.Fatalf("ran %d times", n)
 	}
-	if res, err := h.v.CallTool(ctx, mine("4", `{"text":"y"}`, x402Payload(pr.X402))); err != nil || !strings.Contains(string(res.Body), "echo:y") {
+	if res, err := h.v.CallItem(ctx, mine("4", `{"text":"y"}`, x402Payload(pr.X402))); err != nil || !strings.Contains(string(res.Body), "echo:y") {
 		t.Fatalf("its own client: %s %v", res.Body, err)
 	}
 	verify(t, h.l)
@@ -178,7 +178,7 @@ func TestPublicChannelRefusesMPPAndX402(t *testing.T) {
 		r := req("p-"+name, "demo_echo", `{"text":"x"}`, nil)
 		r.Client, r.Public = strings.Repeat("ab", 32), true
 		mod(&r)
-		if _, err := h.v.CallTool(context.Background(), r); !errors.Is(err, vend.ErrPublicSecret) {
+		if _, err := h.v.CallItem(context.Background(), r); !errors.Is(err, vend.ErrPublicSecret) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
@@ -219,7 +219,7 @@ func TestPayPageToken(t *testing.T) {
 	h := newHarness(t, false, nil)
 	r := req("1", "demo_echo", `{"text":"page"}`, nil)
 	r.Explicit, r.PaymentTokens = true, true
-	_, err := h.v.CallTool(ctx, r)
+	_, err := h.v.CallItem(ctx, r)
 	var pr *vend.PaymentRequiredError
 	if !errors.As(err, &pr) || !strings.HasPrefix(pr.PayPage, "cvv_") || pr.Token == "" {
 		t.Fatalf("answer: %v %+v", err, pr)
@@ -238,7 +238,7 @@ func TestPayPageToken(t *testing.T) {
 	}
 	steal := req("2", "demo_echo", `{"text":"page"}`, nil)
 	steal.Client, steal.PaymentToken = "client-2", pr.PayPage
-	if _, err := h.v.CallTool(ctx, steal); !errors.Is(err, vend.ErrTokenUnknown) {
+	if _, err := h.v.CallItem(ctx, steal); !errors.Is(err, vend.ErrTokenUnknown) {
 		t.Fatalf("the page token as a payment token: %v", err)
 	}
 	h.be.pay(p.Ref)

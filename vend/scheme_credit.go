@@ -71,7 +71,7 @@ func isCredit(s SchemeName) bool {
 
 // byCredit reports whether r is paid from credit: it names an account and
 // is not a top-up.
-func byCredit(t *Tool, r *CallRequest) bool {
+func byCredit(t *Item, r *CallRequest) bool {
 	return (r.Credit != "" || r.CreditSelf || r.account != "") && !isTopUp(t)
 }
 

@@ -41,7 +41,7 @@ type GrantBook interface {
 // grant (by the preimage r presents, else the client's own newest). A nil
 // *admitted and nil error: r names none (or an L402 credit macaroon,
 // which made r.account the account that pays), it is a new call.
-func (v *Vendor) releaseGrant(ctx context.Context, r *CallRequest, t *Tool, args json.RawMessage, bind Binding) (*admitted, error) {
+func (v *Vendor) releaseGrant(ctx context.Context, r *CallRequest, t *Item, args json.RawMessage, bind Binding) (*admitted, error) {
 	p := pending{v: v, t: *t, args: args, r: r}
 	if r.Macaroon != nil {
 		// An L402 macaroon names its grant, and its preimage proves

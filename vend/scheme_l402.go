@@ -137,7 +137,7 @@ func (v *Vendor) l402RootKey(ctx context.Context) ([]byte, L402Keys, error) {
 
 // callCaveat is the value of the capvend_call caveat of a call of t with
 // arguments hash argsHash.
-func callCaveat(t *Tool, argsHash string) string {
+func callCaveat(t *Item, argsHash string) string {
 	return string(t.Kind.Or()) + " " + argsHash + " " + t.Name
 }
 
@@ -361,7 +361,7 @@ func hasService(val string) (bool, error) {
 // exactly bind; so must a credit macaroon's top-up when t is TopUpTool.
 // A credit macaroon presented with any other priced call releases no
 // call: ok is false and r is to be paid from its account (creditByMacaroon).
-func (v *Vendor) grantByMacaroon(ctx context.Context, r *CallRequest, t *Tool, bind Binding) (c Call, ok bool, err error) {
+func (v *Vendor) grantByMacaroon(ctx context.Context, r *CallRequest, t *Item, bind Binding) (c Call, ok bool, err error) {
 	g, c, err := v.macaroonCall(ctx, r, callCaveat(t, bind.ArgsHash))
 	if err != nil {
 		return Call{}, false, err

@@ -18,7 +18,7 @@ func (h *harness) paidGrant(t *testing.T, r vend.CallRequest) string {
 	t.Helper()
 	r.Explicit = true
 	var pr *vend.PaymentRequiredError
-	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+	if _, err := h.v.CallItem(context.Background(), r); !errors.As(err, &pr) {
 		t.Fatalf("quote: %v", err)
 	}
 	p := h.nextPayment(t)
@@ -55,7 +55,7 @@ func TestPreimageOfAnotherClientReleasesNothing(t *testing.T) {
 		r.Transport, r.Client, r.Anonymous = thief.transport, thief.client, thief.anonymous
 		r.Explicit, r.PaymentProof = true, pre
 		var pr *vend.PaymentRequiredError
-		if res, err := h.v.CallTool(ctx, r); !errors.As(err, &pr) {
+		if res, err := h.v.CallItem(ctx, r); !errors.As(err, &pr) {
 			t.Fatalf("%s with the preimage: %s %v", thief.name, res.Body, err)
 		}
 		h.nextPayment(t) // its own quote
@@ -64,7 +64,7 @@ func TestPreimageOfAnotherClientReleasesNothing(t *testing.T) {
 		t.Fatalf("ran %d times for others", n)
 	}
 	mine.RequestID, mine.Explicit, mine.PaymentProof = "a2", true, pre
-	if res, err := h.v.CallTool(ctx, mine); err != nil || !strings.Contains(string(res.Body), "echo:p1") {
+	if res, err := h.v.CallItem(ctx, mine); err != nil || !strings.Contains(string(res.Body), "echo:p1") {
 		t.Fatalf("the quoted client's repeat: %s %v", res.Body, err)
 	}
 	verify(t, h.l)
@@ -83,14 +83,14 @@ func TestTopUpPreimageOfAnotherClientHandsOverNoToken(t *testing.T) {
 	pre := h.paidGrant(t, refill)
 	thief := req("x", vend.TopUpTool, `{"sats":10}`, nil)
 	thief.Client, thief.Explicit, thief.PaymentProof = "client-2", true, pre
-	res, err := h.v.CallTool(ctx, thief)
+	res, err := h.v.CallItem(ctx, thief)
 	var pr *vend.PaymentRequiredError
 	if !errors.As(err, &pr) || strings.Contains(string(res.Body), "cvc_") {
 		t.Fatalf("the thief's top-up: %s %v", res.Body, err)
 	}
 	h.nextPayment(t)
 	refill.RequestID, refill.Explicit, refill.PaymentProof = "topup-3", true, pre
-	res, err = h.v.CallTool(ctx, refill)
+	res, err = h.v.CallItem(ctx, refill)
 	if err != nil || creditOf(t, res.Body).BalanceMsat != 60_000 || creditOf(t, res.Body).Token != info.Token {
 		t.Fatalf("the owner's repeat: %s %v", res.Body, err)
 	}
@@ -125,7 +125,7 @@ func TestPublicChannelCarriesNoSecret(t *testing.T) {
 		r := req(fmt.Sprint("pub", i), "demo_echo", `{"text":"x"}`, nil)
 		r.Client, r.Public = key, true
 		tc.mod(&r)
-		_, err := h.v.CallTool(ctx, r)
+		_, err := h.v.CallItem(ctx, r)
 		if !errors.Is(err, vend.ErrPublicSecret) || !strings.Contains(err.Error(), "encrypted") {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -148,7 +148,7 @@ func TestPublicChannelCarriesNoSecret(t *testing.T) {
 	}
 	call := req("pub-call", "demo_echo", `{"text":"own"}`, nil)
 	call.Client, call.Public, call.CreditSelf = key, true, true
-	res, err := h.v.CallTool(ctx, call)
+	res, err := h.v.CallItem(ctx, call)
 	if err != nil || creditOf(t, res.Body).BalanceMsat != 9_000 || strings.Contains(string(res.Body), "cvc_") {
 		t.Fatalf("key account call: %s %v", res.Body, err)
 	}
@@ -172,7 +172,7 @@ func TestKeyAccountHasNoToken(t *testing.T) {
 	r := req("steal", "demo_echo", `{"text":"x"}`, nil)
 	r.Client, r.Credit = "client-2", vend.CreditToken(key, vend.NostrAccount(own.Client))
 	var ip *vend.InvalidParamsError
-	if _, err := h.v.CallTool(ctx, r); !errors.As(err, &ip) || !errors.Is(err, vend.ErrCreditToken) && !strings.Contains(err.Error(), "signed by its key") {
+	if _, err := h.v.CallItem(ctx, r); !errors.As(err, &ip) || !errors.Is(err, vend.ErrCreditToken) && !strings.Contains(err.Error(), "signed by its key") {
 		t.Fatalf("a token of a key account: %v", err)
 	}
 	if b, _ := h.l.CreditBalance(ctx, vend.NostrAccount(own.Client)); b != 30_000 {
@@ -226,11 +226,11 @@ func TestPlaintextRepeatOfATopUpGetsNoToken(t *testing.T) {
 	h.paidGrant(t, r)
 	plain := r
 	plain.RequestID, plain.Explicit, plain.Public = "t2", true, true
-	if res, err := h.v.CallTool(ctx, plain); !errors.Is(err, vend.ErrPublicSecret) {
+	if res, err := h.v.CallItem(ctx, plain); !errors.Is(err, vend.ErrPublicSecret) {
 		t.Fatalf("plaintext repeat: %s %v", res.Body, err)
 	}
 	r.RequestID, r.Explicit = "t3", true
-	if res, err := h.v.CallTool(ctx, r); err != nil || creditOf(t, res.Body).Token == "" {
+	if res, err := h.v.CallItem(ctx, r); err != nil || creditOf(t, res.Body).Token == "" {
 		t.Fatalf("encrypted repeat: %s %v", res.Body, err)
 	}
 	verify(t, h.l)

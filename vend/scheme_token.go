@@ -25,7 +25,7 @@ var schemePaymentToken = Scheme{Name: SchemePaymentToken, Credential: "the payme
 // in priced tools' input schemas, and vend strips it from a tool call's
 // arguments before they are validated, priced, hashed, recorded or sent
 // upstream (the upstream never sees it). A tool whose own input schema
-// declares a property of that name is not offered (Tools, CallTool's
+// declares a property of that name is not offered (Tools, CallItem's
 // ErrUnknownTool): capvend could not tell its argument from a token.
 const PaymentArg = "capvend_payment"
 
@@ -194,8 +194,8 @@ func declaresPaymentArg(schema json.RawMessage) bool {
 
 // offered reports whether t may be offered: a tool declaring PaymentArg
 // is not (logged once per tool name).
-func (v *Vendor) offered(t *Tool) bool {
-	if t.Kind.Or() != KindTool || !declaresPaymentArg(t.InputSchema) {
+func (v *Vendor) offered(t *Item) bool {
+	if t.Kind.Or() != ItemTool || !declaresPaymentArg(t.InputSchema) {
 		return true
 	}
 	if _, seen := v.reserved.LoadOrStore(t.Server+"\x00"+t.Name, true); !seen {

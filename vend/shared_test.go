@@ -199,7 +199,7 @@ func TestSharedPaidAfterClientLeftOnAnotherInstance(t *testing.T) {
 			cctx, leave := context.WithCancel(ctx)
 			left := make(chan error, 1)
 			go func() {
-				_, err := a.v.CallTool(cctx, req("1", "demo_echo", `{"text":"later"}`, nil))
+				_, err := a.v.CallItem(cctx, req("1", "demo_echo", `{"text":"later"}`, nil))
 				left <- err
 			}()
 			p := a.nextPayment(t)
@@ -210,7 +210,7 @@ func TestSharedPaidAfterClientLeftOnAnotherInstance(t *testing.T) {
 			b.be.pay(p.Ref) // B's watcher records it and reports it to B only
 			if !hold {
 				waitState(t, l, p.CallID, vend.CallDelivered)
-				res, err := a.v.CallTool(ctx, req("1", "demo_echo", `{"text":"later"}`, nil))
+				res, err := a.v.CallItem(ctx, req("1", "demo_echo", `{"text":"later"}`, nil))
 				if err != nil || !strings.Contains(string(res.Body), "echo:later") {
 					t.Fatalf("the replay on A: %s %v", res.Body, err)
 				}
@@ -264,7 +264,7 @@ func TestUnpaidLimitsAcrossInstances(t *testing.T) {
 		r := from(id, client, "", nil)
 		r.Explicit = true
 		var pr *vend.PaymentRequiredError
-		_, err := h.v.CallTool(ctx, r)
+		_, err := h.v.CallItem(ctx, r)
 		if !errors.As(err, &pr) {
 			return vend.Payment{}, err
 		}

@@ -40,7 +40,7 @@ func TestWaitingCallsKeepSmallStacks(t *testing.T) {
 		r := req(fmt.Sprint(i), "demo_echo", `{"text":"`+strconv.Itoa(i)+`"}`, nil)
 		go func() {
 			defer h.calls.Done()
-			h.v.CallTool(ctx, r)
+			h.v.CallItem(ctx, r)
 		}()
 		h.nextPayment(t)
 	}

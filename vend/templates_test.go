@@ -27,14 +27,14 @@ type templateItems struct {
 
 var _ vend.ItemSource = (*templateItems)(nil)
 
-func (f *templateItems) PromptItem(string) (vend.Tool, bool) { return vend.Tool{}, false }
+func (f *templateItems) PromptItem(string) (vend.Item, bool) { return vend.Item{}, false }
 
-func (f *templateItems) ResourceItem(uri string) (vend.Tool, bool) {
+func (f *templateItems) ResourceItem(uri string) (vend.Item, bool) {
 	match := func(tpl string) bool {
 		ut, err := uritemplate.New(tpl)
 		return err == nil && ut.Regexp().MatchString(uri)
 	}
-	t := vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo"}
+	t := vend.Item{Kind: vend.ItemResource, Name: uri, Server: "demo"}
 	for _, u := range f.uris {
 		if u == uri {
 			t.UpstreamName = uri
@@ -43,7 +43,7 @@ func (f *templateItems) ResourceItem(uri string) (vend.Tool, bool) {
 	for _, tpl := range f.templates {
 		switch {
 		case tpl == uri:
-			return vend.Tool{Kind: vend.KindResource, Name: uri, Server: "demo", UpstreamName: uri}, true
+			return vend.Item{Kind: vend.ItemResource, Name: uri, Server: "demo", UpstreamName: uri}, true
 		case !match(tpl):
 		case t.UpstreamName == "":
 			t.UpstreamName = tpl
@@ -136,7 +136,7 @@ func TestMostSpecificResourceTemplateWins(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			items := &templateItems{templates: tc.listed}
 			h := templateHarness(t, items, tc.rules)
-			if lo, hi := h.v.ItemPrice(vend.KindResource, tc.uri); lo != tc.wantPrice || hi != tc.wantPrice {
+			if lo, hi := h.v.ItemPrice(vend.ItemResource, tc.uri); lo != tc.wantPrice || hi != tc.wantPrice {
 				t.Errorf("%s listed at %d-%d msat, want %d (the most specific template's)", tc.uri, lo, hi, tc.wantPrice)
 			}
 			h.callAsync(readReq("r1", tc.uri, nil))
@@ -179,7 +179,7 @@ func TestResourceSpellingsNeverReadFree(t *testing.T) {
 		t.Run(tc.uri, func(t *testing.T) {
 			items := &templateItems{templates: []string{"file:///{+path}"}, uris: []string{"file:///docs/guide"}}
 			h := templateHarness(t, items, rules)
-			lo, hi := h.v.ItemPrice(vend.KindResource, tc.uri)
+			lo, hi := h.v.ItemPrice(vend.ItemResource, tc.uri)
 			if lo != tc.wantPrice || hi != tc.wantPrice {
 				t.Fatalf("listed at %d-%d msat, want %d", lo, hi, tc.wantPrice)
 			}

@@ -12,28 +12,28 @@ import (
 // resource read.
 type ItemKind string
 
-// The kinds of items sold. The zero ItemKind is KindTool.
+// The kinds of items sold. The zero ItemKind is ItemTool.
 const (
-	KindTool     ItemKind = "tool"     // tools/call
-	KindPrompt   ItemKind = "prompt"   // prompts/get
-	KindResource ItemKind = "resource" // resources/read
+	ItemTool     ItemKind = "tool"     // tools/call
+	ItemPrompt   ItemKind = "prompt"   // prompts/get
+	ItemResource ItemKind = "resource" // resources/read
 )
 
-// Or returns k, or KindTool when k is empty.
+// Or returns k, or ItemTool when k is empty.
 func (k ItemKind) Or() ItemKind {
 	if k == "" {
-		return KindTool
+		return ItemTool
 	}
 	return k
 }
 
-// Tool is a tool capvend offers: an upstream server's tool under the name
-// clients see, with its price. Inside vend a Tool also stands for a priced
+// Item is a tool capvend offers: an upstream server's tool under the name
+// clients see, with its price. Inside vend a Item also stands for a priced
 // prompt or resource (Kind): then Name is the exposed prompt name or the
 // URI read, UpstreamName the prompt's name on the upstream or the URI (or
 // URI template) the resource is priced under, and there is no schema.
-type Tool struct {
-	Kind         ItemKind        // "" or KindTool for tools
+type Item struct {
+	Kind         ItemKind        // "" or ItemTool for tools
 	Name         string          // the name clients call (upstream prefix + UpstreamName)
 	Server       string          // the upstream server's configured name
 	UpstreamName string          // the tool's name on the upstream
@@ -57,7 +57,7 @@ type Tool struct {
 type ToolSource interface {
 	// Tools returns the upstreams' tools now, without prices, under their
 	// exposed names. The result is not modified by the caller.
-	Tools() []Tool
+	Tools() []Item
 	// CallTool runs t on its upstream with args (a JSON object) and returns
 	// the upstream's CallToolResult as JSON. Progress notifications the
 	// upstream sends for the call are passed to progress (their params
@@ -65,7 +65,7 @@ type ToolSource interface {
 	// nil. A tool that ran and failed is a result with isError, not an
 	// error; an error means the upstream could not be reached or broke
 	// the protocol.
-	CallTool(ctx context.Context, t Tool, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error)
+	CallTool(ctx context.Context, t Item, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error)
 }
 
 // ItemSource is an optional ability of a ToolSource: it serves prompts and
@@ -74,20 +74,20 @@ type ToolSource interface {
 // interrupted is run again at start.
 type ItemSource interface {
 	// PromptItem returns the prompt exposed as name as a Tool of
-	// KindPrompt: Name, Server, UpstreamName (its name on the upstream),
+	// ItemPrompt: Name, Server, UpstreamName (its name on the upstream),
 	// Title, Description, and an InputSchema of its arguments (strings,
 	// the required ones required), checked before a get is quoted.
 	// ok=false if no upstream lists it.
-	PromptItem(name string) (t Tool, ok bool)
+	PromptItem(name string) (t Item, ok bool)
 	// ResourceItem returns the resource read as uri as a Tool of
-	// KindResource: Name uri, Server the upstream that serves the read,
+	// ItemResource: Name uri, Server the upstream that serves the read,
 	// UpstreamName a key its price may be looked up by (uri itself when
 	// an upstream lists it or it is a listed URI template, else the
 	// first listed URI template uri matches), and Templates the further
 	// URI templates of Server that uri matches (vend prices the read by
 	// the most specific of these keys, and its own, the book prices).
 	// ok=false if neither.
-	ResourceItem(uri string) (t Tool, ok bool)
+	ResourceItem(uri string) (t Item, ok bool)
 	// GetPrompt renders the prompt exposed as name with args and returns
 	// the MCP GetPromptResult as JSON. An error means it could not be
 	// rendered (the upstream is down, refused the arguments, ...).
@@ -127,9 +127,9 @@ type TemplatePricer interface {
 // CallRequest is one tools/call (or priced prompts/get or resources/read)
 // as a front received it.
 type CallRequest struct {
-	// Kind is what is asked for: "" or KindTool a tools/call;
-	// KindPrompt a prompts/get, with Tool the exposed prompt name and
-	// Arguments its arguments object (string values); KindResource a
+	// Kind is what is asked for: "" or ItemTool a tools/call;
+	// ItemPrompt a prompts/get, with Tool the exposed prompt name and
+	// Arguments its arguments object (string values); ItemResource a
 	// resources/read, with Tool the URI and Arguments {} or nil.
 	Kind      ItemKind
 	Transport string // "mcp-http", "mcp-stdio", "nostr"

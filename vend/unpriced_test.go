@@ -61,19 +61,19 @@ func TestUnpricedItemsRefused(t *testing.T) {
 	if want := []string{"demo_echo", "demo_free"}; !slices.Equal(tools, want) {
 		t.Errorf("tools listed %q, want %q", tools, want)
 	}
-	if _, err := h.v.CallTool(h.ctx, req("c1", "demo_fail", `{"text":"x"}`, nil)); !errors.Is(err, vend.ErrUnknownTool) {
+	if _, err := h.v.CallItem(h.ctx, req("c1", "demo_fail", `{"text":"x"}`, nil)); !errors.Is(err, vend.ErrUnknownTool) {
 		t.Errorf("calling demo_fail (no rule): %v, want ErrUnknownTool", err)
 	}
 	if _, ok, _ := h.v.CallFree(h.ctx, req("c2", "demo_fail", `{"text":"x"}`, nil)); ok {
 		t.Error("CallFree served demo_fail (no rule)")
 	}
-	if res, err := h.v.CallTool(h.ctx, req("c3", "demo_free", `{"text":"x"}`, nil)); err != nil || res.IsError {
+	if res, err := h.v.CallItem(h.ctx, req("c3", "demo_free", `{"text":"x"}`, nil)); err != nil || res.IsError {
 		t.Errorf("demo_free (a free rule): %s %v", res.Body, err)
 	}
 	if n := h.tools.count("fail"); n != 0 {
 		t.Errorf("demo_fail ran %d times", n)
 	}
-	if _, err := h.v.CallTool(h.ctx, promptReq("p1", "demo_broken", `{}`, nil)); !errors.Is(err, vend.ErrUnknownTool) {
+	if _, err := h.v.CallItem(h.ctx, promptReq("p1", "demo_broken", `{}`, nil)); !errors.Is(err, vend.ErrUnknownTool) {
 		t.Errorf("prompts/get demo_broken (no rule): %v, want ErrUnknownTool", err)
 	}
 
@@ -116,7 +116,7 @@ func TestUnpricedItemsRefused(t *testing.T) {
 	if _, err := cat.GetPrompt(ctx, "demo_freeprompt", nil); err != nil {
 		t.Errorf("catalog get of demo_freeprompt (a free rule): %v", err)
 	}
-	if lo, hi := h.v.ItemPrice(vend.KindResource, "docs://guide"); lo != 1_500 || hi != 1_500 {
+	if lo, hi := h.v.ItemPrice(vend.ItemResource, "docs://guide"); lo != 1_500 || hi != 1_500 {
 		t.Errorf("docs://guide priced %d-%d msat", lo, hi)
 	}
 }
@@ -132,7 +132,7 @@ func TestUnpricedItemsFree(t *testing.T) {
 	if len(cat.Prompts()) != 3 || len(cat.Resources()) != 4 || len(cat.ResourceTemplates()) != 1 {
 		t.Errorf("catalog lists %v %v %v", cat.Prompts(), cat.Resources(), cat.ResourceTemplates())
 	}
-	if res, err := h.v.CallTool(h.ctx, req("c1", "demo_fail", `{"text":"x"}`, nil)); err != nil || !res.IsError {
+	if res, err := h.v.CallItem(h.ctx, req("c1", "demo_fail", `{"text":"x"}`, nil)); err != nil || !res.IsError {
 		t.Errorf("demo_fail (no rule, free): %s %v", res.Body, err)
 	}
 	if _, err := cat.ReadResource(context.Background(), "notes://today"); err != nil {

@@ -74,7 +74,7 @@ func (v *Vendor) failpoint(step string) {
 // Vendor is capvend's vending runtime: it prices a tools/call, takes the
 // payment through a backend, runs the tool exactly once on its upstream,
 // and records every step in the ledger. Fronts (MCP HTTP, stdio, Nostr)
-// call Tools and CallTool; Run must be running for payments to be seen.
+// call Tools and CallItem; Run must be running for payments to be seen.
 type Vendor struct {
 	cfg     Config
 	schemas schemaCache

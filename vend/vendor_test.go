@@ -170,8 +170,8 @@ func (f *fakeTools) sentArgs() []string {
 
 var echoSchema = json.RawMessage(`{"type":"object","properties":{"text":{"type":"string","maxLength":100}},"required":["text"]}`)
 
-func (f *fakeTools) Tools() []vend.Tool {
-	return []vend.Tool{
+func (f *fakeTools) Tools() []vend.Item {
+	return []vend.Item{
 		{Name: "demo_echo", Server: "demo", UpstreamName: "echo", InputSchema: echoSchema},
 		{Name: "demo_fail", Server: "demo", UpstreamName: "fail", InputSchema: echoSchema},
 		{Name: "demo_free", Server: "demo", UpstreamName: "free", InputSchema: echoSchema},
@@ -183,7 +183,7 @@ func (f *fakeTools) count(tool string) int32 {
 	return c.(*atomic.Int32).Load()
 }
 
-func (f *fakeTools) CallTool(ctx context.Context, t vend.Tool, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
+func (f *fakeTools) CallTool(ctx context.Context, t vend.Item, args json.RawMessage, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
 	c, _ := f.calls.LoadOrStore(t.UpstreamName, new(atomic.Int32))
 	c.(*atomic.Int32).Add(1)
 	f.mu.Lock()
@@ -342,7 +342,7 @@ func (h *harness) callAsync(r vend.CallRequest) <-chan outcome {
 	h.calls.Add(1)
 	go func() {
 		defer h.calls.Done()
-		res, err := h.v.CallTool(h.ctx, r)
+		res, err := h.v.CallItem(h.ctx, r)
 		ch <- outcome{res, err}
 	}()
 	return ch
@@ -377,7 +377,7 @@ func verify(t *testing.T, l *ledger.Ledger) {
 
 func TestFreeCallRunsWithoutPayment(t *testing.T) {
 	h := newHarness(t, false, nil)
-	res, err := h.v.CallTool(context.Background(), req("1", "demo_free", `{"text":"hi"}`, nil))
+	res, err := h.v.CallItem(context.Background(), req("1", "demo_free", `{"text":"hi"}`, nil))
 	if err != nil || !strings.Contains(string(res.Body), "echo:hi") {
 		t.Fatalf("%s %v", res.Body, err)
 	}
@@ -405,7 +405,7 @@ func TestPricedCallIsPaidThenRunOnceAndReplaysFromTheLedger(t *testing.T) {
 	}
 	// The same request again: the stored answer, no payment, no run.
 	n2 := &notes{}
-	res, err := h.v.CallTool(context.Background(), req("7", "demo_echo", `{"text":"hi"}`, n2))
+	res, err := h.v.CallItem(context.Background(), req("7", "demo_echo", `{"text":"hi"}`, n2))
 	if err != nil || string(res.Body) != string(o.res.Body) || len(n2.methods()) != 0 || h.tools.count("echo") != 1 {
 		t.Fatalf("replay: %s %v %v runs=%d", res.Body, err, n2.methods(), h.tools.count("echo"))
 	}
@@ -435,13 +435,13 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 func TestInvalidArgumentsAreRefusedBeforeAnyCharge(t *testing.T) {
 	h := newHarness(t, false, nil)
 	for _, args := range []string{`{}`, `{"text":5}`, `{"text":"` + strings.Repeat("x", 101) + `"}`, `[1]`, `"text"`} {
-		_, err := h.v.CallTool(context.Background(), req("a", "demo_echo", args, nil))
+		_, err := h.v.CallItem(context.Background(), req("a", "demo_echo", args, nil))
 		var ip *vend.InvalidParamsError
 		if !errors.As(err, &ip) {
 			t.Fatalf("%s: %v", args, err)
 		}
 	}
-	if _, err := h.v.CallTool(context.Background(), req("b", "nope", `{}`, nil)); !errors.Is(err, vend.ErrUnknownTool) {
+	if _, err := h.v.CallItem(context.Background(), req("b", "nope", `{}`, nil)); !errors.Is(err, vend.ErrUnknownTool) {
 		t.Fatalf("unknown tool: %v", err)
 	}
 	if b, _ := h.l.Balance(context.Background()); b.Pending.AwaitingCalls != 0 || b.Pending.OpenPayments != 0 {
@@ -538,7 +538,7 @@ func TestExplicitGatingGrantIsSingleUse(t *testing.T) {
 	h := newHarness(t, true, nil)
 	r := req("1", "demo_echo", `{"text":"g"}`, nil)
 	r.Explicit = true
-	_, err := h.v.CallTool(context.Background(), r)
+	_, err := h.v.CallItem(context.Background(), r)
 	var pr *vend.PaymentRequiredError
 	if !errors.As(err, &pr) || len(pr.Options) != 2 || pr.Options[0].PMI != vend.PMILightning || pr.Options[0].Amount != 21 ||
 		pr.Options[1].PMI != vend.PMICashu {
@@ -551,18 +551,18 @@ func TestExplicitGatingGrantIsSingleUse(t *testing.T) {
 	// Repeated before paying: pending.
 	r.RequestID = "2"
 	var pp *vend.PaymentPendingError
-	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pp) {
+	if _, err := h.v.CallItem(context.Background(), r); !errors.As(err, &pp) {
 		t.Fatalf("before payment: %v", err)
 	}
 	h.be.pay(p.Ref)
 	r.RequestID = "3"
-	res, err := h.v.CallTool(context.Background(), r)
+	res, err := h.v.CallItem(context.Background(), r)
 	if err != nil || !strings.Contains(string(res.Body), "echo:g") {
 		t.Fatalf("after payment: %s %v", res.Body, err)
 	}
 	// The grant is used up: the next identical call must pay again.
 	r.RequestID = "4"
-	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+	if _, err := h.v.CallItem(context.Background(), r); !errors.As(err, &pr) {
 		t.Fatalf("reused grant: %v", err)
 	}
 	// Another client cannot use this client's grant.
@@ -576,12 +576,12 @@ func TestGrantIsBoundToTheClient(t *testing.T) {
 	h := newHarness(t, false, nil)
 	r := req("1", "demo_echo", `{"text":"mine"}`, nil)
 	r.Explicit = true
-	h.v.CallTool(context.Background(), r)
+	h.v.CallItem(context.Background(), r)
 	h.be.pay(h.nextPayment(t).Ref)
 	thief := r
 	thief.Client, thief.RequestID = "client-2", "x"
 	var pr *vend.PaymentRequiredError
-	if _, err := h.v.CallTool(context.Background(), thief); !errors.As(err, &pr) {
+	if _, err := h.v.CallItem(context.Background(), thief); !errors.As(err, &pr) {
 		t.Fatalf("another client used the grant: %v", err)
 	}
 	if h.tools.count("echo") != 0 {
@@ -593,15 +593,15 @@ func TestCashuTokenPaysAtOnce(t *testing.T) {
 	h := newHarness(t, false, nil)
 	r := req("1", "demo_echo", `{"text":"t"}`, nil)
 	r.CashuToken = "good:21"
-	if res, err := h.v.CallTool(context.Background(), r); err != nil || !strings.Contains(string(res.Body), "echo:t") {
+	if res, err := h.v.CallItem(context.Background(), r); err != nil || !strings.Contains(string(res.Body), "echo:t") {
 		t.Fatalf("%s %v", res.Body, err)
 	}
 	r.RequestID, r.CashuToken = "2", "good:5"
-	if _, err := h.v.CallTool(context.Background(), r); !errors.Is(err, vend.ErrPaymentFailed) {
+	if _, err := h.v.CallItem(context.Background(), r); !errors.Is(err, vend.ErrPaymentFailed) {
 		t.Fatalf("underpaid token: %v", err)
 	}
 	r.RequestID, r.CashuToken = "3", "garbage"
-	if _, err := h.v.CallTool(context.Background(), r); !errors.Is(err, vend.ErrPaymentFailed) {
+	if _, err := h.v.CallItem(context.Background(), r); !errors.Is(err, vend.ErrPaymentFailed) {
 		t.Fatalf("malformed token: %v", err)
 	}
 	if h.tools.count("echo") != 1 {
@@ -614,7 +614,7 @@ func TestUnpaidQuotesAreLimitedPerClient(t *testing.T) {
 	h := newHarness(t, false, func(c *vend.Config) { c.MaxUnpaidPerClient = 1 })
 	ch := h.callAsync(req("1", "demo_echo", `{"text":"a"}`, nil))
 	p := h.nextPayment(t)
-	if _, err := h.v.CallTool(context.Background(), req("2", "demo_echo", `{"text":"b"}`, nil)); !errors.Is(err, vend.ErrLimit) {
+	if _, err := h.v.CallItem(context.Background(), req("2", "demo_echo", `{"text":"b"}`, nil)); !errors.Is(err, vend.ErrLimit) {
 		t.Fatalf("second unpaid quote: %v", err)
 	}
 	other := req("3", "demo_echo", `{"text":"c"}`, nil)
@@ -655,7 +655,7 @@ func TestPaidAfterTheClientLeftRunsAndWaitsForTheReplay(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan error, 1)
 	go func() {
-		_, err := h.v.CallTool(ctx, req("1", "demo_echo", `{"text":"later"}`, nil))
+		_, err := h.v.CallItem(ctx, req("1", "demo_echo", `{"text":"later"}`, nil))
 		ch <- err
 	}()
 	p := h.nextPayment(t)
@@ -665,7 +665,7 @@ func TestPaidAfterTheClientLeftRunsAndWaitsForTheReplay(t *testing.T) {
 	}
 	h.be.pay(p.Ref) // and pays anyway
 	waitState(t, h.l, p.CallID, vend.CallDelivered)
-	res, err := h.v.CallTool(context.Background(), req("1", "demo_echo", `{"text":"later"}`, nil))
+	res, err := h.v.CallItem(context.Background(), req("1", "demo_echo", `{"text":"later"}`, nil))
 	if err != nil || !strings.Contains(string(res.Body), "echo:later") || h.tools.count("echo") != 1 {
 		t.Fatalf("%s %v runs=%d", res.Body, err, h.tools.count("echo"))
 	}
@@ -771,7 +771,7 @@ func TestRecoverFinishesWhatACrashLeft(t *testing.T) {
 	if n := h.tools.count("echo"); n != 2 {
 		t.Fatalf("echo ran %d times, want 2", n)
 	}
-	res, err := h.v.CallTool(context.Background(), req("paid", "demo_echo", `{"text":"paid"}`, nil))
+	res, err := h.v.CallItem(context.Background(), req("paid", "demo_echo", `{"text":"paid"}`, nil))
 	if err != nil || !strings.Contains(string(res.Body), "echo:paid") {
 		t.Fatalf("replay after recovery: %s %v", res.Body, err)
 	}
@@ -808,19 +808,19 @@ func TestAnonymousClientsNeitherCollideNorShareGrants(t *testing.T) {
 	r := anon("2", "grant")
 	r.Explicit, r.PaymentTokens = true, true
 	var pr *vend.PaymentRequiredError
-	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) || pr.Token == "" {
+	if _, err := h.v.CallItem(context.Background(), r); !errors.As(err, &pr) || pr.Token == "" {
 		t.Fatal(err)
 	}
 	token := pr.Token
 	p := h.nextPayment(t)
 	h.be.pay(p.Ref)
 	r.RequestID = "3"
-	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+	if _, err := h.v.CallItem(context.Background(), r); !errors.As(err, &pr) {
 		t.Fatalf("an anonymous repeat without proof used the grant: %v", err)
 	}
 	h.nextPayment(t) // that repeat was quoted anew
 	r.RequestID, r.PaymentProof = "4", strings.Repeat("00", 32)
-	if _, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+	if _, err := h.v.CallItem(context.Background(), r); !errors.As(err, &pr) {
 		t.Fatalf("a wrong preimage used the grant: %v", err)
 	}
 	h.nextPayment(t)
@@ -832,12 +832,12 @@ func TestAnonymousClientsNeitherCollideNorShareGrants(t *testing.T) {
 	proof := h.be.preimages[p.Ref]
 	h.be.mu.Unlock()
 	r.RequestID, r.PaymentProof = "5", proof
-	if res, err := h.v.CallTool(context.Background(), r); !errors.As(err, &pr) {
+	if res, err := h.v.CallItem(context.Background(), r); !errors.As(err, &pr) {
 		t.Fatalf("the preimage alone released an anonymous grant: %s %v", res.Body, err)
 	}
 	h.nextPayment(t)
 	r.RequestID, r.PaymentProof, r.PaymentToken = "6", "", token
-	res, err := h.v.CallTool(context.Background(), r)
+	res, err := h.v.CallItem(context.Background(), r)
 	if err != nil || !strings.Contains(string(res.Body), "echo:grant") {
 		t.Fatalf("with the payment token: %s %v", res.Body, err)
 	}
@@ -847,29 +847,29 @@ func TestAnonymousClientsNeitherCollideNorShareGrants(t *testing.T) {
 func TestRateLimitPerClient(t *testing.T) {
 	h := newHarness(t, false, func(c *vend.Config) { c.RequestsPerMinute = 3 })
 	for i := 0; i < 3; i++ {
-		if _, err := h.v.CallTool(context.Background(), req(fmt.Sprint(i), "demo_free", `{"text":"x"}`, nil)); err != nil {
+		if _, err := h.v.CallItem(context.Background(), req(fmt.Sprint(i), "demo_free", `{"text":"x"}`, nil)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := h.v.CallTool(context.Background(), req("4", "demo_free", `{"text":"x"}`, nil)); !errors.Is(err, vend.ErrLimit) {
+	if _, err := h.v.CallItem(context.Background(), req("4", "demo_free", `{"text":"x"}`, nil)); !errors.Is(err, vend.ErrLimit) {
 		t.Fatalf("fourth call in a minute: %v", err)
 	}
 	other := req("5", "demo_free", `{"text":"x"}`, nil)
 	other.Client = "client-2"
-	if _, err := h.v.CallTool(context.Background(), other); err != nil {
+	if _, err := h.v.CallItem(context.Background(), other); err != nil {
 		t.Fatalf("another client was limited: %v", err)
 	}
 	// Anonymous clients are told apart by their source address.
 	for i, src := range []string{"ip:10.0.0.1", "ip:10.0.0.1", "ip:10.0.0.1", "ip:10.0.0.2"} {
 		r := req(fmt.Sprint("a", i), "demo_free", `{"text":"x"}`, nil)
 		r.Client, r.Anonymous, r.Source = "anonymous", true, src
-		if _, err := h.v.CallTool(context.Background(), r); err != nil {
+		if _, err := h.v.CallItem(context.Background(), r); err != nil {
 			t.Fatalf("anonymous %d: %v", i, err)
 		}
 	}
 	r := req("a9", "demo_free", `{"text":"x"}`, nil)
 	r.Client, r.Anonymous, r.Source = "anonymous", true, "ip:10.0.0.1"
-	if _, err := h.v.CallTool(context.Background(), r); !errors.Is(err, vend.ErrLimit) {
+	if _, err := h.v.CallItem(context.Background(), r); !errors.Is(err, vend.ErrLimit) {
 		t.Fatalf("fourth anonymous call from one address: %v", err)
 	}
 }

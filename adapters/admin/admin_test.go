@@ -129,14 +129,14 @@ func TestLabelsBounded(t *testing.T) {
 	m := NewMetrics([]string{"words"}, []Item{{"words", "word_count"}}, Sources{}, nil)
 	for i := range 1000 {
 		name := "client_chosen_" + strings.Repeat("x", i%50)
-		m.LedgerChanged([]vend.Change{{What: vend.ChangeCall, Call: vend.CallID(i), Kind: vend.KindTool, Server: "words", Tool: name,
+		m.LedgerChanged([]vend.Change{{What: vend.ChangeCall, Call: vend.CallID(i), Kind: vend.ItemTool, Server: "words", Tool: name,
 			CallFrom: vend.CallExecuting, CallTo: vend.CallDelivered}})
 		m.LedgerChanged([]vend.Change{{What: vend.ChangeCall, Call: vend.CallID(i), Kind: vend.ItemKind(name), Server: name, Tool: name,
 			CallFrom: vend.CallExecuting, CallTo: vend.CallDelivered}})
-		m.FreeCall(vend.Tool{Server: name, UpstreamName: name}, nil)
-		m.UpstreamCall(vend.Tool{Server: "words", UpstreamName: name}, 0, time.Millisecond, nil)
+		m.FreeCall(vend.Item{Server: name, UpstreamName: name}, nil)
+		m.UpstreamCall(vend.Item{Server: "words", UpstreamName: name}, 0, time.Millisecond, nil)
 	}
-	m.LedgerChanged([]vend.Change{{What: vend.ChangeCall, Call: 1, Kind: vend.KindTool, Server: "words", Tool: "word_count",
+	m.LedgerChanged([]vend.Change{{What: vend.ChangeCall, Call: 1, Kind: vend.ItemTool, Server: "words", Tool: "word_count",
 		CallFrom: vend.CallExecuting, CallTo: vend.CallDelivered}})
 	if n := testutil.CollectAndCount(m.calls); n != 3 {
 		t.Errorf("capvend_calls_total has %d series, want 3 (words/word_count, words/other, other/other)", n)
@@ -159,11 +159,11 @@ func TestLabelsBounded(t *testing.T) {
 func TestCallIDExemplar(t *testing.T) {
 	m := NewMetrics([]string{"words"}, []Item{{"words", "word_count"}}, Sources{}, nil)
 	m.LedgerChanged([]vend.Change{
-		{What: vend.ChangeCall, Call: 42, Kind: vend.KindTool, Server: "words", Tool: "word_count", CallFrom: vend.CallQuoted, CallTo: vend.CallAwaitingPayment, Since: time.Millisecond},
-		{What: vend.ChangeCall, Call: 42, Kind: vend.KindTool, Server: "words", Tool: "word_count", CallFrom: vend.CallExecuting, CallTo: vend.CallDelivered},
+		{What: vend.ChangeCall, Call: 42, Kind: vend.ItemTool, Server: "words", Tool: "word_count", CallFrom: vend.CallQuoted, CallTo: vend.CallAwaitingPayment, Since: time.Millisecond},
+		{What: vend.ChangeCall, Call: 42, Kind: vend.ItemTool, Server: "words", Tool: "word_count", CallFrom: vend.CallExecuting, CallTo: vend.CallDelivered},
 	})
-	m.UpstreamCall(vend.Tool{Server: "words", UpstreamName: "word_count"}, 42, 3*time.Millisecond, nil)
-	m.UpstreamCall(vend.Tool{Server: "words", UpstreamName: "word_count"}, 0, 30*time.Millisecond, nil) // free: no exemplar
+	m.UpstreamCall(vend.Item{Server: "words", UpstreamName: "word_count"}, 42, 3*time.Millisecond, nil)
+	m.UpstreamCall(vend.Item{Server: "words", UpstreamName: "word_count"}, 0, 30*time.Millisecond, nil) // free: no exemplar
 	body := scrapeOpenMetrics(m)
 	for _, want := range []string{
 		`capvend_calls_total{kind="tool",outcome="delivered",server="words",tool="word_count"} 1.0 # {call_id="42"} 1.0`,
@@ -181,11 +181,11 @@ func TestCallIDExemplar(t *testing.T) {
 // and a counter's latest, however many calls were observed before.
 func TestLatestExemplars(t *testing.T) {
 	m := NewMetrics([]string{"words"}, []Item{{"words", "word_count"}}, Sources{}, nil)
-	tool := vend.Tool{Server: "words", UpstreamName: "word_count"}
+	tool := vend.Item{Server: "words", UpstreamName: "word_count"}
 	for id := vend.CallID(1); id <= 100; id++ {
 		m.UpstreamCall(tool, id, 3*time.Millisecond, nil)
 		m.UpstreamCall(tool, 1000+id, 100*time.Second, nil) // above the last bound
-		m.LedgerChanged([]vend.Change{{What: vend.ChangeCall, Call: id, Kind: vend.KindTool, Server: "words", Tool: "word_count",
+		m.LedgerChanged([]vend.Change{{What: vend.ChangeCall, Call: id, Kind: vend.ItemTool, Server: "words", Tool: "word_count",
 			CallFrom: vend.CallExecuting, CallTo: vend.CallDelivered}})
 	}
 	body := scrapeOpenMetrics(m)
@@ -276,7 +276,7 @@ capvend_reconcile_differences{kind="lnd_settled_not_booked"} 1
 // past maxItems is counted all the same.
 func TestFreeAndUpstreamSeries(t *testing.T) {
 	m := NewMetrics([]string{"words"}, []Item{{"words", "word_count"}}, Sources{}, nil)
-	tool := vend.Tool{Server: "words", UpstreamName: "word_count"}
+	tool := vend.Item{Server: "words", UpstreamName: "word_count"}
 	m.UpstreamCall(tool, 0, time.Millisecond, nil)
 	m.FreeCall(tool, nil)
 	if n := testutil.CollectAndCount(m.upstream); n != 1 {
@@ -295,7 +295,7 @@ func TestFreeAndUpstreamSeries(t *testing.T) {
 		t.Errorf("capvend_upstream_call_seconds has %d series, want 2 (ok, error)", n)
 	}
 	for i := range maxItems + 5 {
-		m.FreeCall(vend.Tool{Server: "words", UpstreamName: "t" + strconv.Itoa(i)}, nil)
+		m.FreeCall(vend.Item{Server: "words", UpstreamName: "t" + strconv.Itoa(i)}, nil)
 	}
 	if got := testutil.ToFloat64(m.free.WithLabelValues("tool", "words", Other)); got != maxItems+5 {
 		t.Errorf("words/other free calls = %v, want %d", got, maxItems+5)

@@ -13,7 +13,7 @@ import (
 func BenchmarkObservePaidCall(b *testing.B) {
 	m := NewMetrics([]string{"demo"}, []Item{{"demo", "echo"}}, Sources{}, nil)
 	call := func(from, to vend.CallState) vend.Change {
-		return vend.Change{What: vend.ChangeCall, Call: 7, Kind: vend.KindTool, Server: "demo", Tool: "echo", CallFrom: from, CallTo: to, Since: time.Millisecond}
+		return vend.Change{What: vend.ChangeCall, Call: 7, Kind: vend.ItemTool, Server: "demo", Tool: "echo", CallFrom: from, CallTo: to, Since: time.Millisecond}
 	}
 	pay := func(from, to vend.PaymentState) vend.Change {
 		return vend.Change{What: vend.ChangePayment, Call: 7, Backend: vend.BackendLND, Payment: vend.KindInvoice, PayFrom: from, PayTo: to, Amount: 21000}
@@ -25,7 +25,7 @@ func BenchmarkObservePaidCall(b *testing.B) {
 		{call(vend.CallPaid, vend.CallExecuting)},
 		{call(vend.CallExecuting, vend.CallDelivered)},
 	}
-	tool := vend.Tool{Server: "demo", UpstreamName: "echo"}
+	tool := vend.Item{Server: "demo", UpstreamName: "echo"}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -41,7 +41,7 @@ func BenchmarkObservePaidCall(b *testing.B) {
 // BenchmarkObserveFreeCall is what the metrics do for one free call.
 func BenchmarkObserveFreeCall(b *testing.B) {
 	m := NewMetrics([]string{"demo"}, nil, Sources{}, nil)
-	tool := vend.Tool{Server: "demo", UpstreamName: "free"}
+	tool := vend.Item{Server: "demo", UpstreamName: "free"}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

@@ -87,7 +87,7 @@ type callKey struct{ kind, server, tool, outcome string }
 // metrics by backend only).
 type payKey struct{ backend, state string }
 
-// itemKey is an item as vend.Tool names it.
+// itemKey is an item as vend.Item names it.
 type itemKey struct {
 	kind         vend.ItemKind
 	server, tool string
@@ -110,7 +110,7 @@ type itemCache = readMap[itemKey, *itemSeries]
 const maxItems = 10_000
 
 // series returns t's series.
-func (m *Metrics) series(t *vend.Tool) *itemSeries {
+func (m *Metrics) series(t *vend.Item) *itemSeries {
 	k := itemKey{t.Kind.Or(), t.Server, t.UpstreamName}
 	if s, ok := m.items.load(k); ok {
 		return s

@@ -238,7 +238,7 @@ func (m *Metrics) label(server, tool string) (string, string) {
 
 func kindLabel(k vend.ItemKind) string {
 	switch k := k.Or(); k {
-	case vend.KindTool, vend.KindPrompt, vend.KindResource:
+	case vend.ItemTool, vend.ItemPrompt, vend.ItemResource:
 		return string(k)
 	}
 	return Other
@@ -291,7 +291,7 @@ func (m *Metrics) paymentMoved(c *vend.Change) {
 func (m *Metrics) LedgerCommit(d time.Duration, _ int) { m.commit.Observe(d.Seconds()) }
 
 // FreeCall implements vend.Observer.
-func (m *Metrics) FreeCall(t vend.Tool, err error) {
+func (m *Metrics) FreeCall(t vend.Item, err error) {
 	if err != nil {
 		return // it did not run
 	}
@@ -301,7 +301,7 @@ func (m *Metrics) FreeCall(t vend.Tool, err error) {
 
 // UpstreamCall implements vend.Observer.
 // A priced call's observation carries its call id as an exemplar.
-func (m *Metrics) UpstreamCall(t vend.Tool, call vend.CallID, d time.Duration, err error) {
+func (m *Metrics) UpstreamCall(t vend.Item, call vend.CallID, d time.Duration, err error) {
 	s := m.series(&t)
 	h := child(&s.ok, m.upstreamBy, s.okKey)
 	if err != nil {

@@ -408,19 +408,19 @@ func (s *Server) definitionList(kind vend.ItemKind, key, field string, n int, it
 
 func (s *Server) announceResources() catalogList {
 	rs := s.cfg.Catalog.Resources()
-	return s.definitionList(vend.KindResource, "resources", "uri", len(rs), func(i int) (string, json.RawMessage) { return rs[i].URI, rs[i].Definition })
+	return s.definitionList(vend.ItemResource, "resources", "uri", len(rs), func(i int) (string, json.RawMessage) { return rs[i].URI, rs[i].Definition })
 }
 
 func (s *Server) announceResourceTemplates() catalogList {
 	ts := s.cfg.Catalog.ResourceTemplates()
-	return s.definitionList(vend.KindResource, "resourceTemplates", "uriTemplate", len(ts), func(i int) (string, json.RawMessage) {
+	return s.definitionList(vend.ItemResource, "resourceTemplates", "uriTemplate", len(ts), func(i int) (string, json.RawMessage) {
 		return ts[i].URITemplate, ts[i].Definition
 	})
 }
 
 func (s *Server) announcePrompts() catalogList {
 	ps := s.cfg.Catalog.Prompts()
-	return s.definitionList(vend.KindPrompt, "prompts", "name", len(ps), func(i int) (string, json.RawMessage) { return ps[i].Name, ps[i].Definition })
+	return s.definitionList(vend.ItemPrompt, "prompts", "name", len(ps), func(i int) (string, json.RawMessage) { return ps[i].Name, ps[i].Definition })
 }
 
 // UnannounceResult is what Unannounce published.

@@ -20,12 +20,12 @@ import (
 type priceVendor struct {
 	fakeVendor
 	tmu   sync.Mutex
-	tools []vend.Tool
+	tools []vend.Item
 }
 
 func newPriceVendor() *priceVendor { return &priceVendor{tools: slices.Clone(fakeTools)} }
 
-func (p *priceVendor) Tools() []vend.Tool {
+func (p *priceVendor) Tools() []vend.Item {
 	p.tmu.Lock()
 	defer p.tmu.Unlock()
 	return slices.Clone(p.tools)
@@ -44,7 +44,7 @@ func (p *priceVendor) setPrice(name string, m vend.Msat) {
 func (p *priceVendor) remove(name string) {
 	p.tmu.Lock()
 	defer p.tmu.Unlock()
-	p.tools = slices.DeleteFunc(p.tools, func(t vend.Tool) bool { return t.Name == name })
+	p.tools = slices.DeleteFunc(p.tools, func(t vend.Item) bool { return t.Name == name })
 }
 
 // listCatalog lists what it holds (for announcements); it serves nothing.

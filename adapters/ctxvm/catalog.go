@@ -36,11 +36,11 @@ func (s *Server) capabilities() map[string]any {
 // ItemPricer is an optional ability of a Vendor: it sells prompts and
 // resources (vend's Vendor implements it). A prompt or resource it prices
 // above 0 is listed with its price (_meta and cap tags) and its
-// prompts/get or resources/read is sold through Vendor.CallTool like a
+// prompts/get or resources/read is sold through Vendor.CallItem like a
 // tools/call; the others stay free.
 type ItemPricer interface {
-	// ItemPrice returns the least and most a prompts/get (KindPrompt,
-	// the exposed name) or resources/read (KindResource, a URI or URI
+	// ItemPrice returns the least and most a prompts/get (ItemPrompt,
+	// the exposed name) or resources/read (ItemResource, a URI or URI
 	// template) costs; 0 when free or unknown.
 	ItemPrice(kind vend.ItemKind, name string) (lo, hi vend.Msat)
 }
@@ -100,7 +100,7 @@ func (s *Server) serveCatalog(ctx context.Context, r *request, out *outbox) (jso
 		var tags nostr.Tags
 		seen := map[string]bool{}
 		for _, p := range ps {
-			if d, tag := s.definition(vend.KindPrompt, p.Definition, "name", p.Name, "", seen); d != nil {
+			if d, tag := s.definition(vend.ItemPrompt, p.Definition, "name", p.Name, "", seen); d != nil {
 				defs = append(defs, d)
 				tags = append(tags, tag...)
 			}
@@ -115,7 +115,7 @@ func (s *Server) serveCatalog(ctx context.Context, r *request, out *outbox) (jso
 		var tags nostr.Tags
 		seen := map[string]bool{}
 		for _, res := range rs {
-			if d, tag := s.definition(vend.KindResource, res.Definition, "uri", res.URI, res.URI, seen); d != nil {
+			if d, tag := s.definition(vend.ItemResource, res.Definition, "uri", res.URI, res.URI, seen); d != nil {
 				defs = append(defs, d)
 				tags = append(tags, tag...)
 			}
@@ -130,7 +130,7 @@ func (s *Server) serveCatalog(ctx context.Context, r *request, out *outbox) (jso
 		var tags nostr.Tags
 		seen := map[string]bool{}
 		for _, t := range ts {
-			if d, tag := s.definition(vend.KindResource, t.Definition, "uriTemplate", t.URITemplate, t.URITemplate, seen); d != nil {
+			if d, tag := s.definition(vend.ItemResource, t.Definition, "uriTemplate", t.URITemplate, t.URITemplate, seen); d != nil {
 				defs = append(defs, d)
 				tags = append(tags, tag...)
 			}
@@ -220,9 +220,9 @@ func (s *Server) getPrompt(ctx context.Context, r *request, out *outbox) (json.R
 	if !listed {
 		return nil, &rpcError{Code: rpcerr.CodeInvalidParams, Message: "Unknown prompt: " + p.Name}
 	}
-	if _, hi := s.itemPrice(vend.KindPrompt, p.Name); hi > 0 {
+	if _, hi := s.itemPrice(vend.ItemPrompt, p.Name); hi > 0 {
 		args, _ := json.Marshal(p.Arguments)
-		body, rerr := s.sell(ctx, s.callRequest(r, out, vend.KindPrompt, p.Name, args, p.Meta), out)
+		body, rerr := s.sell(ctx, s.callRequest(r, out, vend.ItemPrompt, p.Name, args, p.Meta), out)
 		if rerr != nil {
 			return nil, rerr
 		}
@@ -254,8 +254,8 @@ func (s *Server) readResource(ctx context.Context, r *request, out *outbox) (jso
 	if !s.readable(p.URI) {
 		return nil, &rpcError{Code: rpcerr.CodeInvalidParams, Message: "Unknown resource: " + p.URI}
 	}
-	if _, hi := s.itemPrice(vend.KindResource, p.URI); hi > 0 {
-		body, rerr := s.sell(ctx, s.callRequest(r, out, vend.KindResource, p.URI, json.RawMessage(`{}`), p.Meta), out)
+	if _, hi := s.itemPrice(vend.ItemResource, p.URI); hi > 0 {
+		body, rerr := s.sell(ctx, s.callRequest(r, out, vend.ItemResource, p.URI, json.RawMessage(`{}`), p.Meta), out)
 		if rerr != nil {
 			return nil, rerr
 		}

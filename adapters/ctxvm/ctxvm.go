@@ -53,12 +53,12 @@ const (
 // Vendor sells tool calls. vend's engine implements it.
 type Vendor interface {
 	// Tools returns the exposed tools with their prices.
-	Tools() []vend.Tool
-	// CallTool runs one priced call; errors are vend's sentinel and typed
+	Tools() []vend.Item
+	// CallItem runs one priced call (a tool call, prompt get or resource read); errors are vend's sentinel and typed
 	// errors (anything else is reported as an internal error).
-	CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error)
+	CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error)
 	// ListedPrice returns the least and most a call of t can cost.
-	ListedPrice(t vend.Tool) (lo, hi vend.Msat)
+	ListedPrice(t vend.Item) (lo, hi vend.Msat)
 }
 
 // PayerKnower is what a Vendor may also do: tell whether a client (a

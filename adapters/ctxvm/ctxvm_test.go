@@ -52,17 +52,17 @@ func (f *fakeVendor) RecentPayers(n int) []string {
 	return keys[:min(n, len(keys))]
 }
 
-var fakeTools = []vend.Tool{
+var fakeTools = []vend.Item{
 	{Name: "free", Description: "free echo", InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}}}`)},
 	{Name: "paid", Description: "paid echo", Price: 21_000},
 	{Name: "gated", Price: 5_000},
 }
 
-func (f *fakeVendor) Tools() []vend.Tool { return fakeTools }
+func (f *fakeVendor) Tools() []vend.Item { return fakeTools }
 
-func (f *fakeVendor) ListedPrice(t vend.Tool) (lo, hi vend.Msat) { return t.Price, t.Price }
+func (f *fakeVendor) ListedPrice(t vend.Item) (lo, hi vend.Msat) { return t.Price, t.Price }
 
-func (f *fakeVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+func (f *fakeVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
 	f.mu.Lock()
 	f.calls = append(f.calls, r)
 	f.signer = append(f.signer, vend.ClientPubkeyFrom(ctx))

@@ -33,9 +33,9 @@ type elicitVendor struct {
 
 const askParams = `{"message":"Delete everything?","requestedSchema":{"type":"object","properties":{"confirm":{"type":"boolean"}},"required":["confirm"]}}`
 
-func (v *elicitVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+func (v *elicitVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
 	if r.Tool != "ask" {
-		return v.fakeVendor.CallTool(ctx, r)
+		return v.fakeVendor.CallItem(ctx, r)
 	}
 	if r.Elicit == nil {
 		v.mu.Lock()

@@ -259,7 +259,7 @@ func (s *Server) call(ctx context.Context, r *request, out *outbox) (json.RawMes
 	if err := json.Unmarshal(r.msg.Params, &p); err != nil || p.Name == "" {
 		return nil, &rpcError{Code: rpcerr.CodeInvalidParams, Message: "Invalid params"}
 	}
-	cr := s.callRequest(r, out, vend.KindTool, p.Name, p.Arguments, p.Meta)
+	cr := s.callRequest(r, out, vend.ItemTool, p.Name, p.Arguments, p.Meta)
 	if r.dialect == dialectContextVM {
 		cr.Elicit = s.elicitFunc(r, out)
 	}
@@ -348,7 +348,7 @@ func (s *Server) callRequest(r *request, out *outbox, kind vend.ItemKind, name s
 // logged). A direct payment refused without being redeemed also gets
 // CEP-8's payment_rejected before the error.
 func (s *Server) sell(ctx context.Context, cr vend.CallRequest, out *outbox) (json.RawMessage, *rpcError) {
-	res, err := s.cfg.Vendor.CallTool(ctx, cr)
+	res, err := s.cfg.Vendor.CallItem(ctx, cr)
 	if err != nil {
 		var pe *vend.PublicSecretError
 		if out.direct != "" && errors.As(err, &pe) && strings.HasPrefix(pe.What, "a Cashu token") {

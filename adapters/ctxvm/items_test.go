@@ -22,26 +22,26 @@ var _ ItemPricer = itemVendor{}
 
 func (v itemVendor) ItemPrice(kind vend.ItemKind, name string) (lo, hi vend.Msat) {
 	switch {
-	case kind == vend.KindPrompt && name == "greet":
+	case kind == vend.ItemPrompt && name == "greet":
 		return 3000, 3000
-	case kind == vend.KindResource && name == "test://readme":
+	case kind == vend.ItemResource && name == "test://readme":
 		return 1500, 1500
-	case kind == vend.KindResource && strings.HasPrefix(name, "test://item/"):
+	case kind == vend.ItemResource && strings.HasPrefix(name, "test://item/"):
 		return 2000, 2000
 	}
 	return 0, 0
 }
 
-func (v itemVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
-	if r.Kind.Or() == vend.KindTool {
-		return v.fakeVendor.CallTool(ctx, r)
+func (v itemVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+	if r.Kind.Or() == vend.ItemTool {
+		return v.fakeVendor.CallItem(ctx, r)
 	}
 	v.mu.Lock()
 	v.calls = append(v.calls, r)
 	v.mu.Unlock()
 	r.Notify(vend.NotifyPaymentRequired, vend.PaymentOption{Amount: 3, PayReq: "lnbcrt30n1fake", PMI: vend.PMILightning, Description: r.Tool, TTL: 600})
 	r.Notify(vend.NotifyPaymentAccepted, map[string]any{"amount": 3, "pmi": vend.PMILightning})
-	if r.Kind == vend.KindPrompt {
+	if r.Kind == vend.ItemPrompt {
 		txt, _ := json.Marshal("sold " + string(r.Arguments))
 		return vend.CallResult{Body: json.RawMessage(`{"messages":[{"role":"user","content":{"type":"text","text":` + string(txt) + `}}]}`)}, nil
 	}
@@ -90,7 +90,7 @@ func TestPricedPromptsAndResources(t *testing.T) {
 			t.Fatalf("answer %s %+v", r.Result, r.Error)
 		}
 		got := v.lastCall()
-		if got.Kind != vend.KindPrompt || got.Tool != "greet" || got.Client != c.pk || got.RequestID != req.ID ||
+		if got.Kind != vend.ItemPrompt || got.Tool != "greet" || got.Client != c.pk || got.RequestID != req.ID ||
 			got.CashuToken != "cashuBxyz" || len(got.PMIs) != 1 {
 			t.Fatalf("call request %+v", got)
 		}
@@ -105,7 +105,7 @@ func TestPricedPromptsAndResources(t *testing.T) {
 		if r.Error != nil || !strings.Contains(string(r.Result), `"text":"sold"`) {
 			t.Fatalf("answer %s %+v", r.Result, r.Error)
 		}
-		if got := v.lastCall(); got.Kind != vend.KindResource || got.Tool != "test://item/42" {
+		if got := v.lastCall(); got.Kind != vend.ItemResource || got.Tool != "test://item/42" {
 			t.Fatalf("call request %+v", got)
 		}
 	})

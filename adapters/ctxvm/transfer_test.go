@@ -32,7 +32,7 @@ const bigBlock = "big \"q\" \\ <a&b>\t\n é€😀\u2028 0123456789abcdefghijklm
 
 func bigText(kib int) string { return strings.Repeat(bigBlock, kib*16) }
 
-func (b *bigVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+func (b *bigVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
 	var args struct {
 		KiB  int    `json:"kib"`
 		Text string `json:"text"`
@@ -55,7 +55,7 @@ func (b *bigVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.Call
 		sum := sha256.Sum256([]byte(args.Text))
 		return vend.CallResult{Body: json.RawMessage(fmt.Sprintf(`{"content":[{"type":"text","text":"%d %x"}]}`, len(args.Text), sum))}, nil
 	}
-	return b.fakeVendor.CallTool(ctx, r)
+	return b.fakeVendor.CallItem(ctx, r)
 }
 
 // oversizedClient dials relay as a CEP-22 client of server.

@@ -31,7 +31,7 @@ import (
 // errors wrapping vend.ErrUpstream become -32054 "Upstream server
 // failed"; others -32603. A priced prompt or resource (the Vendor is an
 // ItemPricer) is listed with its price like a tool and sold through
-// Vendor.CallTool (itemRequest), answered with the same notifications and
+// Vendor.CallItem (itemRequest), answered with the same notifications and
 // errors, explicit gating as the 402 error (CodePaymentRequired402).
 type Catalog interface {
 	// Prompts returns the prompts to list now. The result is not modified
@@ -100,7 +100,7 @@ func (s *Server) refreshCatalog() {
 			continue
 		}
 		mp.Name = p.Name
-		mp.Meta = s.itemMeta(mp.Meta, vend.KindPrompt, p.Name)
+		mp.Meta = s.itemMeta(mp.Meta, vend.ItemPrompt, p.Name)
 		b, _ := json.Marshal(mp)
 		if _, dup := next[p.Name]; dup {
 			continue
@@ -128,7 +128,7 @@ func (s *Server) refreshCatalog() {
 			continue
 		}
 		mr.URI = r.URI
-		mr.Meta = s.itemMeta(mr.Meta, vend.KindResource, r.URI)
+		mr.Meta = s.itemMeta(mr.Meta, vend.ItemResource, r.URI)
 		b, _ := json.Marshal(mr)
 		if _, dup := next[r.URI]; dup {
 			continue
@@ -163,7 +163,7 @@ func (s *Server) refreshCatalog() {
 			continue
 		}
 		mt.URITemplate = &ut
-		mt.Meta = s.itemMeta(mt.Meta, vend.KindResource, t.URITemplate)
+		mt.Meta = s.itemMeta(mt.Meta, vend.ItemResource, t.URITemplate)
 		b, _ := json.Marshal(mt)
 		if _, dup := next[t.URITemplate]; dup {
 			continue
@@ -222,12 +222,12 @@ func (s *Server) handleGetPrompt(ctx context.Context, req mcp.GetPromptRequest) 
 	name := req.Params.Name
 	var body json.RawMessage
 	var err error
-	if _, hi := s.priced(vend.KindPrompt, name); hi > 0 {
+	if _, hi := s.priced(vend.ItemPrompt, name); hi > 0 {
 		args := json.RawMessage(`{}`)
 		if req.Params.Arguments != nil {
 			args, _ = json.Marshal(req.Params.Arguments)
 		}
-		cr, cerr := s.itemRequest(ctx, vend.KindPrompt, name, args, req.Header, req.Params.Meta)
+		cr, cerr := s.itemRequest(ctx, vend.ItemPrompt, name, args, req.Header, req.Params.Meta)
 		body, err = s.sell(ctx, cr, cerr)
 		if err != nil {
 			return nil, err
@@ -252,8 +252,8 @@ func (s *Server) handleReadResource(ctx context.Context, req mcp.ReadResourceReq
 	uri := req.Params.URI
 	var body json.RawMessage
 	var err error
-	if _, hi := s.priced(vend.KindResource, uri); hi > 0 {
-		cr, cerr := s.itemRequest(ctx, vend.KindResource, uri, json.RawMessage(`{}`), req.Header, req.Params.Meta)
+	if _, hi := s.priced(vend.ItemResource, uri); hi > 0 {
+		cr, cerr := s.itemRequest(ctx, vend.ItemResource, uri, json.RawMessage(`{}`), req.Header, req.Params.Meta)
 		body, err = s.sell(ctx, cr, cerr)
 		if err != nil {
 			return nil, err
@@ -283,7 +283,7 @@ func (s *Server) sell(ctx context.Context, cr vend.CallRequest, credErr error) (
 		}
 		return nil, s.markError(credErr, cr.Tool)
 	}
-	res, err := s.cfg.Vendor.CallTool(ctx, cr)
+	res, err := s.cfg.Vendor.CallItem(ctx, cr)
 	if err == nil && !json.Valid(res.Body) {
 		err = fmt.Errorf("invalid result body")
 	}

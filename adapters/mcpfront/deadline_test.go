@@ -18,9 +18,9 @@ import (
 // result, like a call waiting for its payment.
 type slowVendor struct{ wait time.Duration }
 
-func (v slowVendor) Tools() []vend.Tool { return []vend.Tool{{Name: "slow", Price: 1000}} }
+func (v slowVendor) Tools() []vend.Item { return []vend.Item{{Name: "slow", Price: 1000}} }
 
-func (v slowVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+func (v slowVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
 	r.Notify(vend.NotifyPaymentRequired, map[string]any{"amount": 1, "pay_req": "lnbcrt10n1fake"})
 	select {
 	case <-time.After(v.wait): // the payment takes longer than one write may

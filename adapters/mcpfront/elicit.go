@@ -114,7 +114,7 @@ func (s *Server) startCall(ctx context.Context, cr vend.CallRequest, payByURL bo
 		defer close(c.done)
 		defer cancel()
 		defer c.abandon() // an Elicit racing the end gets "cancel"
-		c.res, c.err = s.cfg.Vendor.CallTool(cctx, cr)
+		c.res, c.err = s.cfg.Vendor.CallItem(cctx, cr)
 	}()
 	return c
 }

@@ -29,11 +29,11 @@ type elicitVendor struct {
 	answers chan string
 }
 
-func (v *elicitVendor) Tools() []vend.Tool {
-	return []vend.Tool{{Name: "confirm", Price: 21000}, {Name: "confirm2", Price: 21000}}
+func (v *elicitVendor) Tools() []vend.Item {
+	return []vend.Item{{Name: "confirm", Price: 21000}, {Name: "confirm2", Price: 21000}}
 }
 
-func (v *elicitVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+func (v *elicitVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
 	v.calls.Add(1)
 	if r.Elicit == nil {
 		return vend.CallResult{Body: json.RawMessage(`{"content":[{"type":"text","text":"no elicit"}]}`)}, nil

@@ -19,17 +19,17 @@ import (
 // given in its arguments as {"body": ...}.
 type bodyVendor struct{ *fakeVendor }
 
-func (b bodyVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+func (b bodyVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
 	var a struct{ Body json.RawMessage }
 	if r.Tool == "free" && json.Unmarshal(r.Arguments, &a) == nil && a.Body != nil {
-		b.fakeVendor.CallTool(ctx, r) // recorded
+		b.fakeVendor.CallItem(ctx, r) // recorded
 		return vend.CallResult{Body: a.Body}, nil
 	}
-	return b.fakeVendor.CallTool(ctx, r)
+	return b.fakeVendor.CallItem(ctx, r)
 }
 
 // freeVendor is a bodyVendor that is also a FreeCaller: CallFree serves
-// every call through the fake's CallTool (so both paths see the same
+// every call through the fake's CallItem (so both paths see the same
 // outcome) and counts the calls it took.
 type freeVendor struct {
 	bodyVendor
@@ -38,7 +38,7 @@ type freeVendor struct {
 
 func (f *freeVendor) CallFree(ctx context.Context, r vend.CallRequest) (vend.CallResult, bool, error) {
 	f.taken.Add(1)
-	res, err := f.CallTool(ctx, r)
+	res, err := f.CallItem(ctx, r)
 	return res, true, err
 }
 

@@ -140,15 +140,15 @@ type execution struct{ tool, hash string }
 
 var fuzzSchema = json.RawMessage(`{"type":"object","properties":{"text":{"type":"string","maxLength":20}},"required":["text"]}`)
 
-func (r *recordingTools) Tools() []vend.Tool {
-	var out []vend.Tool
+func (r *recordingTools) Tools() []vend.Item {
+	var out []vend.Item
 	for _, name := range []string{"cheap", "dear", "quota", "free"} {
-		out = append(out, vend.Tool{Name: "ex_" + name, Server: "ex", UpstreamName: name, InputSchema: fuzzSchema, Idempotent: true})
+		out = append(out, vend.Item{Name: "ex_" + name, Server: "ex", UpstreamName: name, InputSchema: fuzzSchema, Idempotent: true})
 	}
 	return out
 }
 
-func (r *recordingTools) CallTool(ctx context.Context, t vend.Tool, args, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
+func (r *recordingTools) CallTool(ctx context.Context, t vend.Item, args, tok json.RawMessage, progress func(json.RawMessage)) (json.RawMessage, error) {
 	name, _ := json.Marshal(t.Name)
 	params, _ := json.Marshal(map[string]json.RawMessage{"name": name, "arguments": args})
 	hash, err := vend.CanonicalHash("tools/call", params)
@@ -700,7 +700,7 @@ func (h *fuzzHarness) check(t testing.TB) {
 			cv.ok = fmt.Sprintf("executed %d times", c.Executions)
 		case c.Price < fuzzPrices[c.Tool].Price:
 			cv.ok = fmt.Sprintf("price %d below the quote %d", c.Price, fuzzPrices[c.Tool].Price)
-		case c.Kind.Or() != vend.KindTool:
+		case c.Kind.Or() != vend.ItemTool:
 			cv.ok = "kind " + string(c.Kind)
 		}
 		covers = append(covers, cv)

@@ -209,7 +209,7 @@ func (s *Server) gatingAnswer(cr *vend.CallRequest, err error) (a paymentAnswer,
 		b.WriteString("\n\n")
 	}
 	switch {
-	case token != "" && cr.Kind.Or() == vend.KindTool:
+	case token != "" && cr.Kind.Or() == vend.ItemTool:
 		a.PaymentToken = token
 		a.Retry.Arguments = map[string]string{vend.PaymentArg: token}
 		a.Retry.Instructions = fmt.Sprintf("After paying, call %s again with the same arguments plus %s: %s", cr.Tool, vend.PaymentArg, token)
@@ -231,9 +231,9 @@ func (s *Server) gatingAnswer(cr *vend.CallRequest, err error) (a paymentAnswer,
 // ("mcp://tool/t") and as the method that buys it again.
 func itemWhat(cr *vend.CallRequest) (what, url, method string) {
 	switch cr.Kind {
-	case vend.KindPrompt:
+	case vend.ItemPrompt:
 		return "get the prompt " + cr.Tool, "mcp://prompt/" + cr.Tool, "prompts/get"
-	case vend.KindResource:
+	case vend.ItemResource:
 		return "read " + cr.Tool, cr.Tool, "resources/read"
 	}
 	return "call " + cr.Tool, "mcp://tool/" + cr.Tool, "tools/call"

@@ -21,18 +21,18 @@ var _ ItemPricer = itemVendor{}
 
 func (v itemVendor) ItemPrice(kind vend.ItemKind, name string) (lo, hi vend.Msat) {
 	p := map[vend.ItemKind]map[string]vend.Msat{
-		vend.KindPrompt:   {"priced": 3000, "gated": 2000},
-		vend.KindResource: {"test://readme": 1500, "test://item/{id}": 2000},
+		vend.ItemPrompt:   {"priced": 3000, "gated": 2000},
+		vend.ItemResource: {"test://readme": 1500, "test://item/{id}": 2000},
 	}[kind][name]
-	if kind == vend.KindResource && strings.HasPrefix(name, "test://item/") {
+	if kind == vend.ItemResource && strings.HasPrefix(name, "test://item/") {
 		p = 2000
 	}
 	return p, p
 }
 
-func (v itemVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
-	if r.Kind.Or() == vend.KindTool {
-		return v.fakeVendor.CallTool(ctx, r)
+func (v itemVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+	if r.Kind.Or() == vend.ItemTool {
+		return v.fakeVendor.CallItem(ctx, r)
 	}
 	v.mu.Lock()
 	rr := r
@@ -59,7 +59,7 @@ func (v itemVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.Call
 	}
 	r.Notify(vend.NotifyPaymentRequired, map[string]any{"amount": 3, "pay_req": "lnbcrt30n1fake", "pmi": vend.PMILightning, "description": r.Tool, "ttl": 600})
 	r.Notify(vend.NotifyPaymentAccepted, map[string]any{"amount": 3, "pmi": vend.PMILightning})
-	if r.Kind == vend.KindPrompt {
+	if r.Kind == vend.ItemPrompt {
 		txt, _ := json.Marshal("sold " + r.Tool + " " + string(r.Arguments))
 		return vend.CallResult{Body: json.RawMessage(`{"messages":[{"role":"user","content":{"type":"text","text":` + string(txt) + `}}]}`)}, nil
 	}
@@ -138,7 +138,7 @@ func TestPricedPromptsAndResourcesOverHTTP(t *testing.T) {
 		t.Fatalf("prompts/get: %s", msgs)
 	}
 	last := iv.last()
-	if last.Kind != vend.KindPrompt || last.Tool != "priced" || last.RequestID != `"g1"` || last.Transport != TransportHTTP ||
+	if last.Kind != vend.ItemPrompt || last.Tool != "priced" || last.RequestID != `"g1"` || last.Transport != TransportHTTP ||
 		last.Client == "" || len(last.PMIs) != 1 {
 		t.Fatalf("vendor request %+v", last)
 	}
@@ -180,7 +180,7 @@ func TestPricedPromptsAndResourcesOverHTTP(t *testing.T) {
 	if len(msgs) != 3 || !strings.Contains(string(msgs[2]), `"text":"sold"`) {
 		t.Fatalf("resources/read: %s", msgs)
 	}
-	if last := iv.last(); last.Kind != vend.KindResource || last.Tool != "test://item/7" {
+	if last := iv.last(); last.Kind != vend.ItemResource || last.Tool != "test://item/7" {
 		t.Fatalf("vendor request %+v", last)
 	}
 
@@ -217,7 +217,7 @@ func TestPricedPromptOverStdio(t *testing.T) {
 	if got := strings.Join(n.payment(), ","); got != vend.NotifyPaymentRequired+","+vend.NotifyPaymentAccepted {
 		t.Fatalf("notifications %s", got)
 	}
-	if last := iv.last(); last.Kind != vend.KindPrompt || last.Transport != TransportStdio || last.RequestID == "" || last.Explicit {
+	if last := iv.last(); last.Kind != vend.ItemPrompt || last.Transport != TransportStdio || last.RequestID == "" || last.Explicit {
 		t.Fatalf("vendor request %+v", last)
 	}
 }

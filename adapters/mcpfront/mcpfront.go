@@ -65,26 +65,26 @@ import (
 // Vendor sells tool calls. vend's engine implements it.
 type Vendor interface {
 	// Tools returns the exposed tools with their prices.
-	Tools() []vend.Tool
-	// CallTool runs one priced call; errors are vend's sentinel and typed
+	Tools() []vend.Item
+	// CallItem runs one priced call; errors are vend's sentinel and typed
 	// errors (anything else is reported as an internal error).
-	CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error)
+	CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error)
 }
 
 // PriceRanger is an optional ability of a Vendor: the listed price range of
 // a tool whose price depends on its arguments.
 type PriceRanger interface {
 	// ListedPrice returns the least and most a call of t can cost.
-	ListedPrice(t vend.Tool) (lo, hi vend.Msat)
+	ListedPrice(t vend.Item) (lo, hi vend.Msat)
 }
 
 // ItemPricer is an optional ability of a Vendor: it sells prompts and
 // resources (vend's Vendor implements it). A prompt or resource it prices
-// above 0 is listed with its price and served through Vendor.CallTool
+// above 0 is listed with its price and served through Vendor.CallItem
 // (CallRequest.Kind), paid like a tool; the others stay free.
 type ItemPricer interface {
-	// ItemPrice returns the least and most a prompts/get (KindPrompt,
-	// the exposed name) or resources/read (KindResource, a URI or URI
+	// ItemPrice returns the least and most a prompts/get (ItemPrompt,
+	// the exposed name) or resources/read (ItemResource, a URI or URI
 	// template) costs; 0 when free or unknown.
 	ItemPrice(kind vend.ItemKind, name string) (lo, hi vend.Msat)
 }
@@ -431,14 +431,14 @@ func (s *Server) Refresh() {
 	tools := make([]server.ServerTool, 0, len(vt))
 	// A Vendor selling credit lists its top-up tool: priced tools then
 	// take a credit token argument too.
-	credit := slices.ContainsFunc(vt, func(t vend.Tool) bool { return t.Name == vend.TopUpTool })
+	credit := slices.ContainsFunc(vt, func(t vend.Item) bool { return t.Name == vend.TopUpTool })
 	for _, t := range vt {
 		tools = append(tools, server.ServerTool{Tool: s.toMCPTool(t, ranger, credit), Handler: s.handleCall})
 	}
 	s.mcp.SetTools(tools...)
 }
 
-func (s *Server) toMCPTool(t vend.Tool, ranger PriceRanger, credit bool) mcp.Tool {
+func (s *Server) toMCPTool(t vend.Item, ranger PriceRanger, credit bool) mcp.Tool {
 	mt := mcp.Tool{Name: t.Name, Title: t.Title, Description: t.Description}
 	schema := t.InputSchema
 	if len(schema) == 0 {

@@ -37,7 +37,7 @@ type fakeVendor struct {
 	calls []vend.CallRequest
 }
 
-var fakeTools = []vend.Tool{
+var fakeTools = []vend.Item{
 	{Name: "free", Description: "costs nothing", InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`),
 		Annotations: json.RawMessage(`{"readOnlyHint":true,"title":"Free"}`)},
 	{Name: "paid", Title: "Paid echo", Description: "costs 21 sats", Price: 21000},
@@ -55,9 +55,9 @@ var fakeTools = []vend.Tool{
 	{Name: "iserror"},
 }
 
-func (f *fakeVendor) Tools() []vend.Tool { return fakeTools }
+func (f *fakeVendor) Tools() []vend.Item { return fakeTools }
 
-func (f *fakeVendor) ListedPrice(t vend.Tool) (lo, hi vend.Msat) {
+func (f *fakeVendor) ListedPrice(t vend.Item) (lo, hi vend.Msat) {
 	if t.Name == "ranged" {
 		return 10000, 50000
 	}
@@ -69,7 +69,7 @@ func leaky(err error) error {
 	return fmt.Errorf("/home/op/capvend/vend/engine.go:42: payment_hash=deadbeef preimage=cafebabe: %w", err)
 }
 
-func (f *fakeVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+func (f *fakeVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
 	f.mu.Lock()
 	rr := r
 	rr.Notify = nil

@@ -19,11 +19,11 @@ type changingVendor struct {
 	mu       sync.Mutex
 	calls    int
 	newDone  chan struct{} // closed once a call returned the new list
-	oldTools []vend.Tool
-	newTools []vend.Tool
+	oldTools []vend.Item
+	newTools []vend.Item
 }
 
-func (v *changingVendor) Tools() []vend.Tool {
+func (v *changingVendor) Tools() []vend.Item {
 	v.mu.Lock()
 	v.calls++
 	first := v.calls == 1
@@ -44,8 +44,8 @@ func (v *changingVendor) Tools() []vend.Tool {
 // first (a lost update left a tool "not found" until the next change).
 func TestConcurrentRefreshesKeepTheNewestTools(t *testing.T) {
 	v := &changingVendor{newDone: make(chan struct{}),
-		oldTools: []vend.Tool{{Name: "web_echo"}},
-		newTools: []vend.Tool{{Name: "web_echo"}, {Name: "t_sha256", Price: 21000}}}
+		oldTools: []vend.Item{{Name: "web_echo"}},
+		newTools: []vend.Item{{Name: "web_echo"}, {Name: "t_sha256", Price: 21000}}}
 	s, err := New(Config{Vendor: v})
 	if err != nil {
 		t.Fatal(err)

@@ -26,8 +26,8 @@ type tokenVendor struct {
 	runs  int
 }
 
-func (v *tokenVendor) Tools() []vend.Tool {
-	return []vend.Tool{{Name: "buy", Price: 21000}, {Name: "gratis"}}
+func (v *tokenVendor) Tools() []vend.Item {
+	return []vend.Item{{Name: "buy", Price: 21000}, {Name: "gratis"}}
 }
 
 // tokenRefusals are the fake tokens vend refuses, with the error and the
@@ -43,7 +43,7 @@ var tokenRefusals = map[string]struct {
 	"cashuBjunk":    {vend.ErrBadToken, "malformed"},
 }
 
-func (v *tokenVendor) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+func (v *tokenVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	r.Notify, r.Elicit = nil, nil

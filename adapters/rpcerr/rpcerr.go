@@ -48,7 +48,7 @@ type Error struct {
 	Data    any    `json:"data,omitempty"`
 }
 
-// FromVend maps an error of vend.Vendor.CallTool (for tool) to the error the
+// FromVend maps an error of vend.Vendor.CallItem (for tool) to the error the
 // client gets. Errors vend does not define become -32603 "Internal error".
 func FromVend(err error, tool string) Error {
 	if re, ok := errors.AsType[*vend.RefundError](err); ok {

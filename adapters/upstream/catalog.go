@@ -133,14 +133,14 @@ func (m *Manager) Listings() map[string]pricing.Listing {
 // PromptItem implements vend.ItemSource: the prompt exposed as name, its
 // upstream server and name there, and a JSON Schema of its arguments
 // (strings; the required ones required). No I/O.
-func (m *Manager) PromptItem(name string) (vend.Tool, bool) {
+func (m *Manager) PromptItem(name string) (vend.Item, bool) {
 	m.mu.RLock()
 	p, ok := m.cat.promptBy[name]
 	m.mu.RUnlock()
 	if !ok {
-		return vend.Tool{}, false
+		return vend.Item{}, false
 	}
-	return vend.Tool{Kind: vend.KindPrompt, Name: p.Name, Server: p.Server, UpstreamName: p.UpstreamName,
+	return vend.Item{Kind: vend.ItemPrompt, Name: p.Name, Server: p.Server, UpstreamName: p.UpstreamName,
 		Title: p.title, Description: p.description, InputSchema: p.schema}, true
 }
 
@@ -151,12 +151,12 @@ func (m *Manager) PromptItem(name string) (vend.Tool, bool) {
 // template (in ReadResource's order) that matches it; then Templates, the
 // (further) templates of Server that uri matches, so that a listed URI
 // without a price of its own is priced by its template. No I/O.
-func (m *Manager) ResourceItem(uri string) (vend.Tool, bool) {
+func (m *Manager) ResourceItem(uri string) (vend.Item, bool) {
 	m.mu.RLock()
 	cat := m.cat
 	m.mu.RUnlock()
-	item := func(server, key string) (vend.Tool, bool) {
-		t := vend.Tool{Kind: vend.KindResource, Name: uri, Server: server, UpstreamName: key}
+	item := func(server, key string) (vend.Item, bool) {
+		t := vend.Item{Kind: vend.ItemResource, Name: uri, Server: server, UpstreamName: key}
 		for _, tp := range cat.templates {
 			if tp.Server == server && tp.URITemplate != key && tp.tmpl != nil && tp.tmpl.Regexp().MatchString(uri) {
 				t.Templates = append(t.Templates, tp.URITemplate)
@@ -169,7 +169,7 @@ func (m *Manager) ResourceItem(uri string) (vend.Tool, bool) {
 	}
 	for _, t := range cat.templates {
 		if t.URITemplate == uri {
-			return vend.Tool{Kind: vend.KindResource, Name: uri, Server: t.Server, UpstreamName: uri}, true
+			return vend.Item{Kind: vend.ItemResource, Name: uri, Server: t.Server, UpstreamName: uri}, true
 		}
 	}
 	for _, t := range cat.templates {
@@ -177,7 +177,7 @@ func (m *Manager) ResourceItem(uri string) (vend.Tool, bool) {
 			return item(t.Server, t.URITemplate)
 		}
 	}
-	return vend.Tool{}, false
+	return vend.Item{}, false
 }
 
 // promptSchema is the JSON Schema of a prompt's arguments: an object of

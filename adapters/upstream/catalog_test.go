@@ -183,7 +183,7 @@ func TestCatalog(t *testing.T) {
 
 	t.Run("items", func(t *testing.T) {
 		p, ok := m.PromptItem("l_greet")
-		if !ok || p.Kind != vend.KindPrompt || p.Server != "local" || p.UpstreamName != "greet" ||
+		if !ok || p.Kind != vend.ItemPrompt || p.Server != "local" || p.UpstreamName != "greet" ||
 			string(p.InputSchema) != `{"properties":{"who":{"type":"string"}},"required":["who"],"type":"object"}` {
 			t.Errorf("PromptItem(l_greet) = %+v %v (schema %s)", p, ok, p.InputSchema)
 		}
@@ -201,7 +201,7 @@ func TestCatalog(t *testing.T) {
 			// A listed URI matching a template: the template is a price key too.
 			{"stdio-upstream://item/featured", "local", "stdio-upstream://item/featured", []string{"stdio-upstream://item/{id}"}},
 		} {
-			if r, ok := m.ResourceItem(tc.uri); !ok || r.Kind != vend.KindResource || r.Name != tc.uri || r.Server != tc.server ||
+			if r, ok := m.ResourceItem(tc.uri); !ok || r.Kind != vend.ItemResource || r.Name != tc.uri || r.Server != tc.server ||
 				r.UpstreamName != tc.key || !slices.Equal(r.Templates, tc.templates) {
 				t.Errorf("ResourceItem(%s) = %+v %v, want %q %q %q", tc.uri, r, ok, tc.server, tc.key, tc.templates)
 			}

@@ -59,7 +59,7 @@ var _ vend.RawToolSource = (*Manager)(nil)
 // CanCallRaw reports whether t's upstream is connected on protocol
 // 2026-07-28, over stdio, or over HTTP when t has no x-mcp-header
 // parameters.
-func (m *Manager) CanCallRaw(t vend.Tool) bool {
+func (m *Manager) CanCallRaw(t vend.Item) bool {
 	u := m.byName[t.Server]
 	if u == nil || (u.cfg.URL != "" && bytes.Contains(t.InputSchema, []byte("x-mcp-header"))) {
 		return false
@@ -70,7 +70,7 @@ func (m *Manager) CanCallRaw(t vend.Tool) bool {
 
 // CallToolRaw runs t like CallTool, posting the request's bytes itself;
 // see vend.RawToolSource.
-func (m *Manager) CallToolRaw(ctx context.Context, t vend.Tool, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error) {
+func (m *Manager) CallToolRaw(ctx context.Context, t vend.Item, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error) {
 	u := m.byName[t.Server]
 	if u == nil {
 		return nil, fmt.Errorf("upstream %q is not configured: %w", t.Server, vend.ErrUpstream)

@@ -155,7 +155,7 @@ func TestCallToolRawAsCallTool(t *testing.T) {
 
 	t.Run("stdio progress", func(t *testing.T) {
 		// l_slow sends two notifications, then waits for l_release.
-		slow := func(call func(context.Context, vend.Tool, json.RawMessage, json.RawMessage, func(json.RawMessage)) (json.RawMessage, error)) (string, []string) {
+		slow := func(call func(context.Context, vend.Item, json.RawMessage, json.RawMessage, func(json.RawMessage)) (json.RawMessage, error)) (string, []string) {
 			var mu sync.Mutex
 			var notes []string
 			two := make(chan struct{})

@@ -38,7 +38,7 @@ type upstream struct {
 	mu      sync.Mutex
 	sess    *client.Client // nil while down
 	listed  bool           // sess listed its tools (and the fronts were told): see Status.Listed
-	tools   []vend.Tool    // last known list, kept while down
+	tools   []vend.Item    // last known list, kept while down
 	lastErr error
 	// last known prompts, resources and templates, kept while down
 	prompts   []Prompt
@@ -130,7 +130,7 @@ func signal(ch chan struct{}) {
 	}
 }
 
-func (u *upstream) toolList() []vend.Tool {
+func (u *upstream) toolList() []vend.Item {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.tools
@@ -356,7 +356,7 @@ func (u *upstream) state(up bool, err error) {
 // known list (an upstream with broken prompts still sells its tools).
 func (u *upstream) relist(ctx context.Context, c *client.Client, which, have lists) error {
 	var (
-		tools     []vend.Tool
+		tools     []vend.Item
 		prompts   []Prompt
 		resources []Resource
 		templates []ResourceTemplate
@@ -435,7 +435,7 @@ func (u *upstream) relist(ctx context.Context, c *client.Client, which, have lis
 	return nil
 }
 
-func sameTools(a, b []vend.Tool) bool {
+func sameTools(a, b []vend.Item) bool {
 	if len(a) != len(b) || (a == nil) != (b == nil) {
 		return false
 	}

@@ -81,7 +81,7 @@ const (
 // ServerConfig describes one upstream MCP server. Exactly one of Command
 // (stdio) and URL (Streamable HTTP) is set.
 type ServerConfig struct {
-	// Name identifies the upstream in logs, in vend.Tool.Server and in
+	// Name identifies the upstream in logs, in vend.Item.Server and in
 	// price rules. Unique among upstreams.
 	Name string
 	// Prefix is prepended to the upstream's tool and prompt names to form
@@ -224,7 +224,7 @@ type Manager struct {
 	rebuildMu sync.Mutex
 
 	mu    sync.RWMutex
-	tools []vend.Tool // snapshot returned by Tools; replaced, never mutated
+	tools []vend.Item // snapshot returned by Tools; replaced, never mutated
 	cat   catalog     // prompts and resources; replaced, never mutated
 
 	running atomic.Bool
@@ -270,7 +270,7 @@ func (m *Manager) Run(ctx context.Context) error {
 // snapshot under a lock and does no I/O. When two upstreams expose the same
 // name, the first configured wins (the other is logged and hidden). The
 // caller must not modify the result.
-func (m *Manager) Tools() []vend.Tool {
+func (m *Manager) Tools() []vend.Item {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.tools
@@ -280,7 +280,7 @@ func (m *Manager) Tools() []vend.Tool {
 func (m *Manager) rebuild() {
 	m.rebuildMu.Lock()
 	defer m.rebuildMu.Unlock()
-	var all []vend.Tool
+	var all []vend.Item
 	seen := map[string]string{}
 	for _, u := range m.upstreams {
 		for _, t := range u.toolList() {
@@ -311,7 +311,7 @@ func (m *Manager) rebuild() {
 // without waiting for a reconnect), a transport failure or a JSON-RPC error
 // from the upstream all wrap vend.ErrUpstream; the end of ctx is returned
 // wrapped as is. Not idempotent: every call runs the tool.
-func (m *Manager) CallTool(ctx context.Context, t vend.Tool, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error) {
+func (m *Manager) CallTool(ctx context.Context, t vend.Item, args json.RawMessage, progressToken json.RawMessage, progress func(params json.RawMessage)) (json.RawMessage, error) {
 	u := m.byName[t.Server]
 	if u == nil {
 		return nil, fmt.Errorf("upstream %q is not configured: %w", t.Server, vend.ErrUpstream)
@@ -347,8 +347,8 @@ func (m *Manager) Status() []Status {
 }
 
 // toVendTools converts an upstream's tool list to exposed vend.Tools.
-func toVendTools(sc ServerConfig, tools []mcp.Tool) []vend.Tool {
-	out := make([]vend.Tool, 0, len(tools))
+func toVendTools(sc ServerConfig, tools []mcp.Tool) []vend.Item {
+	out := make([]vend.Item, 0, len(tools))
 	for _, t := range tools {
 		schema := t.RawInputSchema
 		if schema == nil {
@@ -367,7 +367,7 @@ func toVendTools(sc ServerConfig, tools []mcp.Tool) []vend.Tool {
 		if title == "" {
 			title = t.Annotations.Title
 		}
-		out = append(out, vend.Tool{
+		out = append(out, vend.Item{
 			Name:         sc.Prefix + t.Name,
 			Server:       sc.Name,
 			UpstreamName: t.Name,

@@ -250,7 +250,7 @@ func run(t *testing.T, m *Manager) {
 	})
 }
 
-func tool(t *testing.T, m *Manager, name string) vend.Tool {
+func tool(t *testing.T, m *Manager, name string) vend.Item {
 	t.Helper()
 	for _, tl := range m.Tools() {
 		if tl.Name == name {
@@ -258,7 +258,7 @@ func tool(t *testing.T, m *Manager, name string) vend.Tool {
 		}
 	}
 	t.Fatalf("no tool %q", name)
-	return vend.Tool{}
+	return vend.Item{}
 }
 
 func text(t *testing.T, body json.RawMessage) string {
@@ -501,11 +501,11 @@ func TestDownUpstreamFailsFast(t *testing.T) {
 	if n := len(m.Tools()); n != 0 {
 		t.Fatalf("%d tools from a dead upstream", n)
 	}
-	_, err = m.CallTool(context.Background(), vend.Tool{Name: "d_x", Server: "dead", UpstreamName: "x"}, nil, nil, nil)
+	_, err = m.CallTool(context.Background(), vend.Item{Name: "d_x", Server: "dead", UpstreamName: "x"}, nil, nil, nil)
 	if !errors.Is(err, vend.ErrUpstream) || !strings.Contains(err.Error(), `upstream "dead" is down`) {
 		t.Fatalf("got %v", err)
 	}
-	_, err = m.CallTool(context.Background(), vend.Tool{Name: "y", Server: "nope"}, nil, nil, nil)
+	_, err = m.CallTool(context.Background(), vend.Item{Name: "y", Server: "nope"}, nil, nil, nil)
 	if !errors.Is(err, vend.ErrUpstream) {
 		t.Fatalf("unknown upstream: %v", err)
 	}

@@ -440,10 +440,10 @@ func TestCrashBetweenMintAndRecordIsBooked(t *testing.T) {
 // failTools is one tool, "demo_fail", whose upstream is unreachable.
 type failTools struct{}
 
-func (failTools) Tools() []vend.Tool {
-	return []vend.Tool{{Name: "demo_fail", Server: "demo", UpstreamName: "fail", InputSchema: json.RawMessage(`{"type":"object"}`)}}
+func (failTools) Tools() []vend.Item {
+	return []vend.Item{{Name: "demo_fail", Server: "demo", UpstreamName: "fail", InputSchema: json.RawMessage(`{"type":"object"}`)}}
 }
-func (failTools) CallTool(context.Context, vend.Tool, json.RawMessage, json.RawMessage, func(json.RawMessage)) (json.RawMessage, error) {
+func (failTools) CallTool(context.Context, vend.Item, json.RawMessage, json.RawMessage, func(json.RawMessage)) (json.RawMessage, error) {
 	return nil, errors.New("connection refused")
 }
 
@@ -467,7 +467,7 @@ func TestFailedTokenCallGetsEcashBack(t *testing.T) {
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- v.Run(rctx) }()
-	_, err = v.CallTool(ctx, vend.CallRequest{Transport: "test", Client: "alice", RequestID: "1", Tool: "demo_fail",
+	_, err = v.CallItem(ctx, vend.CallRequest{Transport: "test", Client: "alice", RequestID: "1", Tool: "demo_fail",
 		Arguments: json.RawMessage(`{}`), CashuToken: customerToken(t, 5)})
 	var re *vend.RefundError
 	if !errors.As(err, &re) || !errors.Is(err, vend.ErrUpstream) || re.Refund.Owed || re.Refund.Amount != 5 || re.Refund.Cashu == "" {

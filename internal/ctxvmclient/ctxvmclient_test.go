@@ -25,13 +25,13 @@ import (
 // answers).
 type echo struct{}
 
-func (echo) Tools() []vend.Tool {
-	return []vend.Tool{{Name: "echo"}, {Name: "paid", Price: 21_000}}
+func (echo) Tools() []vend.Item {
+	return []vend.Item{{Name: "echo"}, {Name: "paid", Price: 21_000}}
 }
 
-func (echo) ListedPrice(t vend.Tool) (lo, hi vend.Msat) { return t.Price, t.Price }
+func (echo) ListedPrice(t vend.Item) (lo, hi vend.Msat) { return t.Price, t.Price }
 
-func (echo) CallTool(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
+func (echo) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
 	switch r.Tool {
 	case "echo":
 	case "paid":

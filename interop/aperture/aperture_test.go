@@ -121,12 +121,12 @@ type upstream struct {
 	runs int
 }
 
-func (u *upstream) Tools() []vend.Tool {
-	return []vend.Tool{{Name: "shop_quote", Server: "shop", UpstreamName: "quote",
+func (u *upstream) Tools() []vend.Item {
+	return []vend.Item{{Name: "shop_quote", Server: "shop", UpstreamName: "quote",
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"q":{"type":"string"}}}`)}}
 }
 
-func (u *upstream) CallTool(context.Context, vend.Tool, json.RawMessage, json.RawMessage, func(json.RawMessage)) (json.RawMessage, error) {
+func (u *upstream) CallTool(context.Context, vend.Item, json.RawMessage, json.RawMessage, func(json.RawMessage)) (json.RawMessage, error) {
 	u.mu.Lock()
 	u.runs++
 	u.mu.Unlock()
