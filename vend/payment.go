@@ -29,8 +29,8 @@ type PaymentEvent struct {
 // Implementations record every change through the ledger they were given,
 // each exactly once, before reporting it.
 type PaymentBackend interface {
-	// Backend names the backend.
-	Backend() Backend
+	// Name names the backend (lnd, cashu, nwc, nwc:<name>).
+	Name() Backend
 	// Request creates a payment request at the backend and records it
 	// for the call, which moves to awaiting_payment. The returned payment
 	// holds what the client must pay (Bolt11) and its expiry. On error

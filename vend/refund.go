@@ -265,7 +265,7 @@ func withoutClient(ctx context.Context) context.Context {
 func (v *Vendor) payRefund(ctx context.Context, r Refund) Refund {
 	for _, b := range v.cfg.Backends {
 		rp, ok := b.(RefundPayer)
-		if !ok || b.Backend() != r.Backend {
+		if !ok || b.Name() != r.Backend {
 			continue
 		}
 		// The token, once made, must be booked: not the client's ctx.

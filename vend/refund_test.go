@@ -32,7 +32,7 @@ var (
 	_ vend.RefundPayer   = (*fakeCashu)(nil)
 )
 
-func (f *fakeCashu) Backend() vend.Backend { return vend.BackendCashu }
+func (f *fakeCashu) Name() vend.Backend { return vend.BackendCashu }
 
 // Request issues a mint quote (a made-up bolt11); payQuote pays it.
 func (f *fakeCashu) Request(ctx context.Context, r vend.PaymentRequest) (vend.Payment, error) {

@@ -18,7 +18,7 @@ var schemeInvoice = Scheme{Name: SchemeInvoice, Credential: "none: the request w
 
 func (v *Vendor) backend(name Backend) PaymentBackend {
 	for _, b := range v.cfg.Backends {
-		if b.Backend() == name {
+		if b.Name() == name {
 			return b
 		}
 	}
@@ -78,7 +78,7 @@ func (c *pending) requestPayment(ctx context.Context, slot *unpaidQuote, turn *t
 	if err != nil {
 		v.unpaid.release(slot)
 		c.endUnpaid(ctx, "payment request failed")
-		v.cfg.Log.Error("vend: payment request failed", "tool", c.t.Name, "backend", b.Backend(), "err", err)
+		v.cfg.Log.Error("vend: payment request failed", "tool", c.t.Name, "backend", b.Name(), "err", err)
 		return nil, CallResult{}, fmt.Errorf("%w: the payment backend is unavailable", ErrPaymentFailed)
 	}
 	v.unpaid.bind(slot, &p)
@@ -342,7 +342,7 @@ func (v *Vendor) chooseBackend(pmis []string, from Backend) PaymentBackend {
 		return nil
 	}
 	for _, b := range v.cfg.Backends {
-		if from != "" && b.Backend() == from && available(b) {
+		if from != "" && b.Name() == from && available(b) {
 			return b
 		}
 	}

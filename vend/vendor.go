@@ -187,7 +187,7 @@ func (v *Vendor) Run(ctx context.Context) error {
 			defer wg.Done()
 			err := b.Run(ctx, v.onPayment)
 			if ctx.Err() == nil {
-				errs <- fmt.Errorf("%s backend: %w", b.Backend(), err)
+				errs <- fmt.Errorf("%s backend: %w", b.Name(), err)
 				cancel()
 			}
 		}()

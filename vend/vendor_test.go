@@ -58,7 +58,7 @@ var (
 	_ vend.TokenAcceptor = (*fakeBackend)(nil)
 )
 
-func (f *fakeBackend) Backend() vend.Backend { return vend.BackendLND }
+func (f *fakeBackend) Name() vend.Backend { return vend.BackendLND }
 func (f *fakeBackend) CanHold() bool         { return f.hold }
 
 func (f *fakeBackend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Payment, error) {

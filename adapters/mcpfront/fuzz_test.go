@@ -183,7 +183,7 @@ var _ vend.HoldSettler = (*honestBackend)(nil)
 // follows, so a client's payment_required names it.
 const bolt11Prefix = "lnbcrt-fuzz-"
 
-func (b *honestBackend) Backend() vend.Backend { return vend.BackendLND }
+func (b *honestBackend) Name() vend.Backend { return vend.BackendLND }
 func (b *honestBackend) CanHold() bool         { return b.hold }
 
 func (b *honestBackend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Payment, error) {

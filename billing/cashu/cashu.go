@@ -320,7 +320,7 @@ func NormalizeMintURL(s string) (string, error) {
 }
 
 // Backend implements vend.PaymentBackend.
-func (b *Backend) Backend() vend.Backend { return vend.BackendCashu }
+func (b *Backend) Name() vend.Backend { return vend.BackendCashu }
 
 // Mints returns the trusted mints, normalised, the quote mint first.
 func (b *Backend) Mints() []string { return append([]string(nil), b.mints...) }

@@ -285,7 +285,7 @@ func permission(err error, perm, why string) error {
 }
 
 // Backend implements vend.PaymentBackend.
-func (b *Backend) Backend() vend.Backend { return vend.BackendLND }
+func (b *Backend) Name() vend.Backend { return vend.BackendLND }
 
 // CanHold implements vend.HoldSettler.
 func (b *Backend) CanHold() bool { return b.canHold }

@@ -174,7 +174,7 @@ func Granted(info WalletInfo, need ...string) error {
 }
 
 // Backend implements vend.PaymentBackend.
-func (b *Backend) Backend() vend.Backend { return b.name }
+func (b *Backend) Name() vend.Backend { return b.name }
 
 // Client is the connection the backend uses.
 func (b *Backend) Client() *Client { return b.c }

@@ -142,7 +142,7 @@ func preferred(bs []vend.PaymentBackend, prefer []string) []vend.PaymentBackend 
 	out := make([]vend.PaymentBackend, 0, len(bs))
 	for _, name := range prefer {
 		for _, b := range bs {
-			if string(b.Backend()) == name && !slices.Contains(out, b) {
+			if string(b.Name()) == name && !slices.Contains(out, b) {
 				out = append(out, b)
 			}
 		}

@@ -84,7 +84,7 @@ type namedBackend struct {
 	name vend.Backend
 }
 
-func (b namedBackend) Backend() vend.Backend { return b.name }
+func (b namedBackend) Name() vend.Backend { return b.name }
 
 // TestDoctorNWC: doctor connects to each wallet, says what it was
 // granted and whether hold invoices are available, passes a receive-only

@@ -507,7 +507,7 @@ func describeBackends(bs []vend.PaymentBackend) string {
 	}
 	s := "payments:"
 	for _, b := range bs {
-		s += " " + string(b.Backend())
+		s += " " + string(b.Name())
 		if h, ok := b.(vend.HoldSettler); ok && h.CanHold() {
 			s += " (hold invoices)"
 		}

@@ -56,7 +56,7 @@ type invoiceBackend struct {
 	runs chan struct{}
 }
 
-func (b *invoiceBackend) Backend() vend.Backend { return vend.BackendLND }
+func (b *invoiceBackend) Name() vend.Backend { return vend.BackendLND }
 
 func (b *invoiceBackend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Payment, error) {
 	var pre lntypes.Preimage
