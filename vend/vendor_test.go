@@ -59,7 +59,7 @@ var (
 )
 
 func (f *fakeBackend) Name() vend.Backend { return vend.BackendLND }
-func (f *fakeBackend) CanHold() bool         { return f.hold }
+func (f *fakeBackend) CanHold() bool      { return f.hold }
 
 func (f *fakeBackend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Payment, error) {
 	f.noteUrgency(ctx)

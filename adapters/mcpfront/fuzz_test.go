@@ -184,7 +184,7 @@ var _ vend.HoldSettler = (*honestBackend)(nil)
 const bolt11Prefix = "lnbcrt-fuzz-"
 
 func (b *honestBackend) Name() vend.Backend { return vend.BackendLND }
-func (b *honestBackend) CanHold() bool         { return b.hold }
+func (b *honestBackend) CanHold() bool      { return b.hold }
 
 func (b *honestBackend) Request(ctx context.Context, r vend.PaymentRequest) (vend.Payment, error) {
 	pre := make([]byte, 32)
