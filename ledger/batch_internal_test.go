@@ -19,7 +19,7 @@ func testCall(i int) vend.NewCall {
 	h := sha256.Sum256([]byte(fmt.Sprint("args", i)))
 	return vend.NewCall{
 		Transport: "mcp-http", Client: "client-1", RequestID: fmt.Sprint("req-", i),
-		Server: "demo", Tool: "echo", ArgsHash: hex.EncodeToString(h[:]), Price: 21_000, Idempotent: true,
+		Server: "demo", Name: "echo", ArgsHash: hex.EncodeToString(h[:]), Price: 21_000, Idempotent: true,
 	}
 }
 

@@ -23,7 +23,7 @@ func TestRecordCallRefusesAReusedRequestKey(t *testing.T) {
 	ctx := context.Background()
 	l := openLedger(t, "")
 	orig := newCall(7)
-	orig.ToolName, orig.Arguments = "demo_echo", []byte(`{"n":1}`)
+	orig.ExposedName, orig.Arguments = "demo_echo", []byte(`{"n":1}`)
 	c, created, err := l.RecordCall(ctx, orig)
 	if err != nil || !created {
 		t.Fatal(created, err)
@@ -32,12 +32,12 @@ func TestRecordCallRefusesAReusedRequestKey(t *testing.T) {
 		name string
 		mod  func(*vend.NewCall)
 	}{
-		{"another tool", func(nc *vend.NewCall) { nc.Tool = "sha256" }},
+		{"another tool", func(nc *vend.NewCall) { nc.Name = "sha256" }},
 		{"another server", func(nc *vend.NewCall) { nc.Server = "other" }},
 		{"another kind", func(nc *vend.NewCall) { nc.Kind = vend.ItemPrompt }},
 		{"other arguments", func(nc *vend.NewCall) { nc.ArgsHash = hash("EXPENSIVE") }},
 		{"everything else", func(nc *vend.NewCall) {
-			nc.Tool, nc.ArgsHash, nc.Price, nc.ToolName, nc.Arguments = "sha256", hash("EXPENSIVE"), 1_000, "demo_sha256", []byte(`{"text":"EXPENSIVE"}`)
+			nc.Name, nc.ArgsHash, nc.Price, nc.ExposedName, nc.Arguments = "sha256", hash("EXPENSIVE"), 1_000, "demo_sha256", []byte(`{"text":"EXPENSIVE"}`)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,7 +145,7 @@ func TestFindGrantMatchesTheWholeBinding(t *testing.T) {
 	for _, mod := range []func(*vend.Binding){
 		func(b *vend.Binding) { b.Kind = vend.ItemPrompt },
 		func(b *vend.Binding) { b.Server = "other" },
-		func(b *vend.Binding) { b.Tool = "sha256" },
+		func(b *vend.Binding) { b.Name = "sha256" },
 		func(b *vend.Binding) { b.ArgsHash = hash("other") },
 	} {
 		o := b
@@ -201,7 +201,7 @@ func TestExecutionRecordsWhatWasSent(t *testing.T) {
 	for _, mod := range []func(*vend.Binding){
 		func(b *vend.Binding) { b.Kind = vend.ItemResource },
 		func(b *vend.Binding) { b.Server = "other" },
-		func(b *vend.Binding) { b.Tool = "sha256" },
+		func(b *vend.Binding) { b.Name = "sha256" },
 		func(b *vend.Binding) { b.ArgsHash = hash("EXPENSIVE") },
 	} {
 		o := b

@@ -20,7 +20,7 @@ func scanCall(r rowScanner) (vend.Call, error) {
 	var c vend.Call
 	var created, updated int64
 	var state, kind string
-	err := r.Scan(&c.ID, &c.Transport, &c.Client, &c.RequestID, &c.Server, &c.Tool, &c.ArgsHash,
+	err := r.Scan(&c.ID, &c.Transport, &c.Client, &c.RequestID, &c.Server, &c.Name, &c.ArgsHash,
 		&c.Price, &c.Idempotent, &state, &c.Executions, &c.Reason, &created, &updated, &kind, &c.Run)
 	c.Kind = vend.ItemKind(kind)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -63,7 +63,7 @@ func setCallState(ctx context.Context, tx *wtx, c *vend.Call, to vend.CallState,
 	if n, _ := res.RowsAffected(); n != 1 {
 		return &vend.TransitionError{What: fmt.Sprintf("call %d", c.ID), From: string(c.State), To: string(to)}
 	}
-	tx.changed(vend.Change{What: vend.ChangeCall, Call: c.ID, Kind: c.Kind.Or(), Server: c.Server, Tool: c.Tool,
+	tx.changed(vend.Change{What: vend.ChangeCall, Call: c.ID, Kind: c.Kind.Or(), Server: c.Server, Tool: c.Name,
 		Price: c.Price, CallFrom: c.State, CallTo: to, Reason: reason, Since: now.Sub(c.UpdatedAt)})
 	c.State, c.UpdatedAt = to, now
 	if reason != "" {
@@ -97,7 +97,7 @@ func recordCall(ctx context.Context, tx *wtx, nc vend.NewCall, now time.Time) (v
 		price_msat, idempotent, state, created_at, updated_at, kind, refund_invoice, run_id, limit_key)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'quoted', ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (transport, client, request_id) DO NOTHING`,
-		nc.Transport, nc.Client, nc.RequestID, nc.Server, nc.Tool, nc.ArgsHash, nc.Price, nc.Idempotent, ms(now), ms(now),
+		nc.Transport, nc.Client, nc.RequestID, nc.Server, nc.Name, nc.ArgsHash, nc.Price, nc.Idempotent, ms(now), ms(now),
 		string(nc.Kind.Or()), nc.RefundInvoice, nc.Run, nc.LimitKey)
 	if err != nil {
 		return vend.Call{}, false, err
@@ -111,11 +111,11 @@ func recordCall(ctx context.Context, tx *wtx, nc vend.NewCall, now time.Time) (v
 	if !created {
 		if call.Binding() != nc.Binding() {
 			return vend.Call{}, false, fmt.Errorf("%w: request %q of %s is call %d (%s %s/%s)", vend.ErrRequestReused,
-				nc.RequestID, nc.Client, call.ID, call.Kind.Or(), call.Server, call.Tool)
+				nc.RequestID, nc.Client, call.ID, call.Kind.Or(), call.Server, call.Name)
 		}
 		return call, false, nil
 	}
-	tx.changed(vend.Change{What: vend.ChangeCall, Call: call.ID, Kind: call.Kind.Or(), Server: call.Server, Tool: call.Tool,
+	tx.changed(vend.Change{What: vend.ChangeCall, Call: call.ID, Kind: call.Kind.Or(), Server: call.Server, Tool: call.Name,
 		Price: call.Price, CallTo: call.State})
 	// A request that was answered free under its quota may come back
 	// priced (the quota is used up or gone), but only as the same
@@ -132,7 +132,7 @@ func recordCall(ctx context.Context, tx *wtx, nc vend.NewCall, now time.Time) (v
 	case !errors.Is(err, sql.ErrNoRows):
 		return vend.Call{}, false, err
 	}
-	if nc.ToolName == "" {
+	if nc.ExposedName == "" {
 		return call, true, nil
 	}
 	args := nc.Arguments
@@ -140,13 +140,13 @@ func recordCall(ctx context.Context, tx *wtx, nc vend.NewCall, now time.Time) (v
 		args = []byte("{}")
 	}
 	_, err = tx.ExecContext(ctx, "INSERT INTO call_arguments (call_id, tool_name, arguments, explicit) VALUES (?, ?, ?, ?)",
-		call.ID, nc.ToolName, args, nc.Explicit)
+		call.ID, nc.ExposedName, args, nc.Explicit)
 	return call, true, err
 }
 
 func validateNewCall(nc vend.NewCall) error {
 	switch {
-	case nc.Transport == "" || nc.Client == "" || nc.RequestID == "" || nc.Server == "" || nc.Tool == "":
+	case nc.Transport == "" || nc.Client == "" || nc.RequestID == "" || nc.Server == "" || nc.Name == "":
 		return errors.New("record call: transport, client, request id, server and tool are required")
 	case nc.Kind.Or() != vend.ItemTool && nc.Kind != vend.ItemPrompt && nc.Kind != vend.ItemResource:
 		return fmt.Errorf("record call: unknown kind %q", nc.Kind)
@@ -201,7 +201,7 @@ func (l *Ledger) FindGrant(ctx context.Context, client string, b vend.Binding) (
 	c, err := scanCall(l.reader(ctx).QueryRowContext(ctx, "SELECT "+callColumns+` FROM calls
 		WHERE client = ? AND args_hash = ? AND state IN ('awaiting_payment', 'paid')
 		AND kind = ? AND server = ? AND tool = ?
-		ORDER BY id DESC LIMIT 1`, client, b.ArgsHash, string(b.Kind.Or()), b.Server, b.Tool))
+		ORDER BY id DESC LIMIT 1`, client, b.ArgsHash, string(b.Kind.Or()), b.Server, b.Name))
 	if err != nil {
 		return c, fmt.Errorf("grant: %w", err)
 	}

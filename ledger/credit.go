@@ -64,7 +64,7 @@ func (l *Ledger) BindTopUp(ctx context.Context, id vend.CallID, account string) 
 		if err != nil {
 			return err
 		}
-		if c.Server != vend.CreditServer || c.Tool != "topup" {
+		if c.Server != vend.CreditServer || c.Name != "topup" {
 			return fmt.Errorf("call %d is no top-up", id)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO credit_accounts (id, created_at) VALUES (?, ?) ON CONFLICT DO NOTHING`,
@@ -197,7 +197,7 @@ func drawCredit(ctx context.Context, tx *wtx, c *vend.Call, account string, b ve
 			return 0, err
 		}
 	}
-	desc := fmt.Sprintf("%s%s/%s call %d drawn from credit %s", kindPrefix(c.Kind), c.Server, c.Tool, c.ID, account)
+	desc := fmt.Sprintf("%s%s/%s call %d drawn from credit %s", kindPrefix(c.Kind), c.Server, c.Name, c.ID, account)
 	if err := creditMove(ctx, tx, account, "draw", -c.Price, c.ID, "", desc,
 		[]Posting{{Account: CreditAccount(account), Amount: c.Price}, {Account: AccountCreditDrawn, Amount: -c.Price}}, now); err != nil {
 		return 0, err
@@ -257,9 +257,9 @@ func deliverCredit(ctx context.Context, tx *wtx, c vend.Call, now time.Time) err
 		if !open {
 			return fmt.Errorf("call %d: its credit draw is closed: %w", c.ID, vend.ErrIllegalTransition)
 		}
-		desc := fmt.Sprintf("%s%s/%s call %d delivered, paid from credit %s", kindPrefix(c.Kind), c.Server, c.Tool, c.ID, account)
+		desc := fmt.Sprintf("%s%s/%s call %d delivered, paid from credit %s", kindPrefix(c.Kind), c.Server, c.Name, c.ID, account)
 		return creditMove(ctx, tx, account, "deliver", 0, c.ID, "", desc,
-			[]Posting{{Account: AccountCreditDrawn, Amount: c.Price}, {Account: ItemIncomeAccount(c.Kind, c.Server, c.Tool), Amount: -c.Price}}, now)
+			[]Posting{{Account: AccountCreditDrawn, Amount: c.Price}, {Account: ItemIncomeAccount(c.Kind, c.Server, c.Name), Amount: -c.Price}}, now)
 	}
 	if c.Server != vend.CreditServer {
 		return nil
@@ -285,7 +285,7 @@ func giveBackCredit(ctx context.Context, tx *wtx, c vend.Call, reason string, no
 	if !open {
 		return true, fmt.Errorf("call %d: its credit draw is closed: %w", c.ID, vend.ErrIllegalTransition)
 	}
-	desc := fmt.Sprintf("%s%s/%s call %d not delivered, given back to credit %s", kindPrefix(c.Kind), c.Server, c.Tool, c.ID, account)
+	desc := fmt.Sprintf("%s%s/%s call %d not delivered, given back to credit %s", kindPrefix(c.Kind), c.Server, c.Name, c.ID, account)
 	if reason != "" {
 		desc += ": " + reason
 	}

@@ -25,7 +25,7 @@ func topUp(t testing.TB, l *ledger.Ledger, account string, i int, sats int64) ve
 	t.Helper()
 	ctx := context.Background()
 	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "buyer", RequestID: fmt.Sprint("topup-", i),
-		Server: vend.CreditServer, Tool: "topup", ArgsHash: hash(fmt.Sprint("topup", i)), Price: vend.Msat(sats * 1000), Idempotent: true})
+		Server: vend.CreditServer, Name: "topup", ArgsHash: hash(fmt.Sprint("topup", i)), Price: vend.Msat(sats * 1000), Idempotent: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 func checkBinding(c vend.Call, b vend.Binding) error {
 	if want := c.Binding(); b != want {
 		return fmt.Errorf("%w: call %d sold %s %s/%s (args %.12s…), the execution would send %s %s/%s (args %.12s…)",
-			vend.ErrExecutionMismatch, c.ID, want.Kind, want.Server, want.Tool, want.ArgsHash, b.Kind, b.Server, b.Tool, b.ArgsHash)
+			vend.ErrExecutionMismatch, c.ID, want.Kind, want.Server, want.Name, want.ArgsHash, b.Kind, b.Server, b.Name, b.ArgsHash)
 	}
 	return nil
 }
@@ -31,7 +31,7 @@ func recordExecution(ctx context.Context, tx *wtx, c *vend.Call, b vend.Binding,
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO executions (call_id, seq, kind, server, tool, args_hash, started_at,
 		released_by, released_transport, released_client) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		c.ID, c.Executions+1, string(b.Kind), b.Server, b.Tool, b.ArgsHash, ms(now), string(by.Scheme), by.Transport, by.Client); err != nil {
+		c.ID, c.Executions+1, string(b.Kind), b.Server, b.Name, b.ArgsHash, ms(now), string(by.Scheme), by.Transport, by.Client); err != nil {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, "UPDATE calls SET executions = executions + 1 WHERE id = ?", c.ID); err != nil {

@@ -47,7 +47,7 @@ func fixtureLedger(t *testing.T) *ledger.Ledger {
 	var item vend.ItemKind // what the next call sells ("": a tool)
 	call := func(i int, server, tool string, price vend.Msat, kind vend.PaymentKind, backend vend.Backend) (vend.Call, vend.Payment) {
 		nc := newCall(i)
-		nc.Server, nc.Tool, nc.Price, nc.Kind = server, tool, price, item
+		nc.Server, nc.Name, nc.Price, nc.Kind = server, tool, price, item
 		cl, _, err := l.RecordCall(ctx, nc)
 		must(err)
 		np := newPayment(i)

@@ -24,7 +24,7 @@ func TestGrantTokensAreSchemaRules(t *testing.T) {
 		t.Fatal("a token for a call without explicit gating was recorded")
 	}
 	nc := newCall(2)
-	nc.ToolName, nc.Arguments, nc.Explicit = "demo_echo", []byte(`{}`), true
+	nc.ExposedName, nc.Arguments, nc.Explicit = "demo_echo", []byte(`{}`), true
 	c, _, err := l.RecordCall(ctx, nc)
 	if err != nil {
 		t.Fatal(err)

@@ -195,7 +195,7 @@ func NWCFeeAccount(b vend.Backend) string {
 func postSettlement(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, s vend.Settlement, now time.Time, note string) error {
 	e := Entry{
 		Kind:        "settlement",
-		Description: fmt.Sprintf("%s%s/%s call %d paid by %s %s", kindPrefix(c.Kind), c.Server, c.Tool, c.ID, p.Backend, p.Kind),
+		Description: fmt.Sprintf("%s%s/%s call %d paid by %s %s", kindPrefix(c.Kind), c.Server, c.Name, c.ID, p.Backend, p.Kind),
 		CallID:      c.ID,
 		PaymentID:   p.ID,
 	}
@@ -212,7 +212,7 @@ func postSettlement(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, s
 		}
 		e.Postings = append(e.Postings, Posting{Account: fee, Amount: s.Fee})
 	}
-	e.Postings = append(e.Postings, Posting{Account: ItemIncomeAccount(c.Kind, c.Server, c.Tool), Amount: -c.Price})
+	e.Postings = append(e.Postings, Posting{Account: ItemIncomeAccount(c.Kind, c.Server, c.Name), Amount: -c.Price})
 	if over := s.Amount - c.Price; over > 0 {
 		e.Postings = append(e.Postings, Posting{Account: AccountOverpayment, Amount: -over})
 	}

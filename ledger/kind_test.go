@@ -50,7 +50,7 @@ func TestCallKind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := ledger.ItemIncomeAccount(vend.ItemPrompt, newCall(3).Server, newCall(3).Tool)
+	want := ledger.ItemIncomeAccount(vend.ItemPrompt, newCall(3).Server, newCall(3).Name)
 	if len(b.Tools) != 1 || b.Tools[0].Account != want || b.Tools[0].Revenue != ps.Amount {
 		t.Fatalf("revenue %+v, want %s: %d", b.Tools, want, ps.Amount)
 	}

@@ -59,7 +59,7 @@ func hash(s string) string {
 func newCall(i int) vend.NewCall {
 	return vend.NewCall{
 		Transport: "mcp-http", Client: "client-1", RequestID: fmt.Sprint("req-", i),
-		Server: "demo", Tool: "echo", ArgsHash: hash(fmt.Sprint("args", i)),
+		Server: "demo", Name: "echo", ArgsHash: hash(fmt.Sprint("args", i)),
 		Price: 21_000, Idempotent: true,
 	}
 }
@@ -774,7 +774,7 @@ func TestCallArgumentsAndRecovery(t *testing.T) {
 	ctx := context.Background()
 	l := openLedger(t, "")
 	nc := newCall(1)
-	nc.ToolName, nc.Arguments = "demo_echo", []byte(`{"text":"hi"}`)
+	nc.ExposedName, nc.Arguments = "demo_echo", []byte(`{"text":"hi"}`)
 	c, _, err := l.RecordCall(ctx, nc)
 	if err != nil {
 		t.Fatal(err)

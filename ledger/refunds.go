@@ -78,7 +78,7 @@ func postRefund(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, reaso
 	if settled < c.Price {
 		return fmt.Errorf("refund of call %d: payment %s settled %d msat, less than the price %d msat", c.ID, p.Ref, settled, c.Price)
 	}
-	desc := fmt.Sprintf("%s%s/%s call %d refunded", kindPrefix(c.Kind), c.Server, c.Tool, c.ID)
+	desc := fmt.Sprintf("%s%s/%s call %d refunded", kindPrefix(c.Kind), c.Server, c.Name, c.ID)
 	if reason != "" {
 		desc += ": " + reason
 	}
@@ -87,7 +87,7 @@ func postRefund(ctx context.Context, tx *wtx, p vend.Payment, c vend.Call, reaso
 		Description: desc,
 		CallID:      c.ID,
 		PaymentID:   p.ID,
-		Postings:    []Posting{{Account: ItemIncomeAccount(c.Kind, c.Server, c.Tool), Amount: c.Price}},
+		Postings:    []Posting{{Account: ItemIncomeAccount(c.Kind, c.Server, c.Name), Amount: c.Price}},
 	}
 	if over := settled - c.Price; over > 0 {
 		e.Postings = append(e.Postings, Posting{Account: AccountOverpayment, Amount: over})

@@ -130,8 +130,8 @@ func growthCalls(b *testing.B, l *ledger.Ledger, first, n int, kinds string) {
 			return err
 		}
 		c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: client, RequestID: fmt.Sprint("p", i),
-			Server: "demo", Tool: "search", ArgsHash: hash(fmt.Sprint("paid", i)), Price: 21_000, Idempotent: true,
-			ToolName: "demo_search", Arguments: args})
+			Server: "demo", Name: "search", ArgsHash: hash(fmt.Sprint("paid", i)), Price: 21_000, Idempotent: true,
+			ExposedName: "demo_search", Arguments: args})
 		if err != nil {
 			return err
 		}

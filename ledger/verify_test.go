@@ -171,7 +171,7 @@ func TestExecutionsRecordTheirRelease(t *testing.T) {
 	}
 	c, _ := holdPaid(t, l, 20)
 	if err := l.BypassForTest(ctx, []string{"executions_match_call"}, `INSERT INTO executions (call_id, seq, kind, server, tool, args_hash, started_at)
-		VALUES (?, 1, 'tool', ?, ?, ?, 0)`, c.ID, c.Server, c.Tool, c.ArgsHash); err == nil {
+		VALUES (?, 1, 'tool', ?, ?, ?, 0)`, c.ID, c.Server, c.Name, c.ArgsHash); err == nil {
 		t.Fatal("an execution without its release was recorded")
 	}
 	mustVerify(t, l)

@@ -68,7 +68,7 @@ func invoice(t testing.TB, l *ledger.Ledger, n int, kind vend.PaymentKind) (vend
 	ctx := context.Background()
 	h := sha256.Sum256([]byte(fmt.Sprint("args", n)))
 	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "c", RequestID: fmt.Sprint(n), Server: "s",
-		Tool: "t", ArgsHash: hex.EncodeToString(h[:]), Price: 5_000, Idempotent: true})
+		Name: "t", ArgsHash: hex.EncodeToString(h[:]), Price: 5_000, Idempotent: true})
 	if err != nil {
 		t.Fatal(err)
 	}

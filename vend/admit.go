@@ -30,7 +30,7 @@ func (v *Vendor) CallItem(ctx context.Context, req CallRequest) (CallResult, err
 		return CallResult{}, err
 	}
 	if r.RefundInvoice, err = checkRefundInvoice(r.RefundInvoice); err != nil {
-		return CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+		return CallResult{}, &InvalidParamsError{Tool: r.Name, Reason: err.Error()}
 	}
 	a, res, err := v.admit(ctx, r)
 	if a == nil {
@@ -101,7 +101,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	if err := checkTravel(r); err != nil { // _meta's secrets
 		return nil, CallResult{}, err
 	}
-	t, err := v.lookup(r.Kind, r.Tool)
+	t, err := v.lookup(r.Kind, r.Name)
 	if err != nil {
 		return nil, CallResult{}, err
 	}
@@ -118,7 +118,7 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	// The credit token (perhaps an argument check took out) is checked
 	// before anything is recorded.
 	if r.account, err = v.creditAccount(ctx, r); err != nil {
-		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+		return nil, CallResult{}, &InvalidParamsError{Tool: r.Name, Reason: err.Error()}
 	}
 	if q.Price <= 0 {
 		if err := checkWork(r); err != nil {
@@ -129,9 +129,9 @@ func (v *Vendor) admit(ctx context.Context, r *CallRequest) (*admitted, CallResu
 	}
 	hash, err := CanonicalHash(method(&t, args))
 	if err != nil {
-		return nil, CallResult{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+		return nil, CallResult{}, &InvalidParamsError{Tool: r.Name, Reason: err.Error()}
 	}
-	bind := Binding{Kind: t.Kind.Or(), Server: t.Server, Tool: t.UpstreamName, ArgsHash: hash}
+	bind := Binding{Kind: t.Kind.Or(), Server: t.Server, Name: t.UpstreamName, ArgsHash: hash}
 	// The ways to pay, in the order of Schemes: a credential that names a
 	// call already recorded (an L402 macaroon, a payment token, an
 	// explicit-gating repeat) releases it; else the request is a new call
@@ -196,8 +196,8 @@ func (v *Vendor) admitNew(ctx context.Context, r *CallRequest, t *Item, args jso
 		}
 	}
 	nc := NewCall{
-		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Kind: t.Kind.Or(), Tool: t.UpstreamName,
-		ArgsHash: hash, Price: q.Price, Idempotent: q.Idempotent, ToolName: t.Name, Arguments: args, Explicit: r.Explicit,
+		Transport: r.Transport, Client: r.Client, RequestID: r.RequestID, Server: t.Server, Kind: t.Kind.Or(), Name: t.UpstreamName,
+		ArgsHash: hash, Price: q.Price, Idempotent: q.Idempotent, ExposedName: t.Name, Arguments: args, Explicit: r.Explicit,
 		RefundInvoice: r.RefundInvoice, Run: v.runID, LimitKey: v.sharedLimitKey(r),
 	}
 	p := pending{v: v, t: *t, args: args, r: r, scheme: scheme}
@@ -238,7 +238,7 @@ func (v *Vendor) check(t *Item, r *CallRequest) (json.RawMessage, Quote, error) 
 		q, err = v.book().Quote(t.Server, priceKey(t), args)
 	}
 	if err != nil {
-		return nil, Quote{}, &InvalidParamsError{Tool: r.Tool, Reason: err.Error()}
+		return nil, Quote{}, &InvalidParamsError{Tool: r.Name, Reason: err.Error()}
 	}
 	return args, q, nil
 }

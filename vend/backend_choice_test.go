@@ -10,7 +10,7 @@ type namedBackend struct {
 	name Backend
 }
 
-func (b namedBackend) Backend() Backend { return b.name }
+func (b namedBackend) Name() Backend { return b.name }
 
 func TestChooseBackend(t *testing.T) {
 	lnd, cashu := namedBackend{name: BackendLND}, namedBackend{name: BackendCashu}

@@ -389,7 +389,7 @@ type TopUpRequest struct {
 // request with a CashuToken, credits the account once and returns its
 // balance and token; a repeat after that is refused (the grant is used).
 func (v *Vendor) TopUp(ctx context.Context, t TopUpRequest) (CreditInfo, error) {
-	res, err := v.CallItem(ctx, CallRequest{Transport: t.Transport, Client: t.Client, RequestID: t.RequestID, Tool: TopUpTool,
+	res, err := v.CallItem(ctx, CallRequest{Transport: t.Transport, Client: t.Client, RequestID: t.RequestID, Name: TopUpTool,
 		Arguments: mustJSON(map[string]int64{"sats": t.Sats}), Explicit: true, Credit: t.Token, PaymentProof: t.PaymentProof,
 		PaymentToken: t.PaymentToken, CashuToken: t.CashuToken, Macaroon: t.Macaroon, L402: t.Macaroon != nil})
 	if err != nil {

@@ -35,7 +35,7 @@ func creditOf(t testing.TB, body json.RawMessage) vend.CreditInfo {
 // unset) with sats, paying the invoice, and returns the answer's credit.
 func (h *harness) buyCredit(t testing.TB, r vend.CallRequest, sats int) vend.CreditInfo {
 	t.Helper()
-	r.Tool, r.Arguments = vend.TopUpTool, json.RawMessage(fmt.Sprintf(`{"sats":%d}`, sats))
+	r.Name, r.Arguments = vend.TopUpTool, json.RawMessage(fmt.Sprintf(`{"sats":%d}`, sats))
 	ch := h.callAsync(r)
 	p := h.nextPayment(t)
 	if p.Amount != vend.Msat(sats*1000) {
@@ -191,7 +191,7 @@ func TestCreditTokensAreBoundToTheirAccount(t *testing.T) {
 	if own.Account != vend.NostrAccount(nostr.Client) {
 		t.Fatalf("Nostr top-up credited %s", own.Account)
 	}
-	nostr.RequestID, nostr.Tool, nostr.Arguments = "n1", "demo_echo", json.RawMessage(`{"text":"n"}`)
+	nostr.RequestID, nostr.Name, nostr.Arguments = "n1", "demo_echo", json.RawMessage(`{"text":"n"}`)
 	if res, err := h.v.CallItem(ctx, nostr); err != nil || creditOf(t, res.Body).Balance != 0 {
 		t.Fatalf("Nostr credit call: %s %v", res.Body, err)
 	}
@@ -208,8 +208,8 @@ func TestInterruptedCreditCallsAfterRestart(t *testing.T) {
 	drawn := func(id string, idempotent bool) vend.Call {
 		args := `{"text":"` + id + `"}`
 		c, _, err := h.l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: id, Server: "demo", Kind: vend.ItemTool,
-			Tool: "echo", ArgsHash: argsHash(t, "tools/call", "demo_echo", args), Price: 21_000, Idempotent: idempotent,
-			ToolName: "demo_echo", Arguments: []byte(args)})
+			Name: "echo", ArgsHash: argsHash(t, "tools/call", "demo_echo", args), Price: 21_000, Idempotent: idempotent,
+			ExposedName: "demo_echo", Arguments: []byte(args)})
 		if err != nil {
 			t.Fatal(err)
 		}

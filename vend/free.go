@@ -67,7 +67,7 @@ func (v *Vendor) CallFree(ctx context.Context, req CallRequest) (res CallResult,
 // reports whether the call is free outright (price 0, proof of work
 // enough), with its tool and parsed arguments.
 func (v *Vendor) freeTool(r *CallRequest) (Item, json.RawMessage, bool) {
-	t, ok := v.item(ItemTool, r.Tool)
+	t, ok := v.item(ItemTool, r.Name)
 	if !ok || t.Kind.Or() != ItemTool {
 		return Item{}, nil, false
 	}

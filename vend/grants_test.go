@@ -103,7 +103,7 @@ func TestPaymentTokenIsBoundToItsCall(t *testing.T) {
 		t.Fatalf("other arguments: %v", err)
 	}
 	otherTool := tokenReq("3", withToken(t, `{"text":"a"}`, pr.Token))
-	otherTool.Tool = "demo_fail"
+	otherTool.Name = "demo_fail"
 	if _, err := h.v.CallItem(context.Background(), otherTool); !errors.Is(err, vend.ErrTokenMismatch) {
 		t.Fatalf("another tool: %v", err)
 	}

@@ -26,10 +26,10 @@ func (v *Vendor) storedItem(ctx context.Context, call *Call) (Item, json.RawMess
 	if !ok {
 		return Item{}, nil, Binding{}, fmt.Errorf("call %d: %s %q: %w", call.ID, call.Kind.Or(), name, errItemGone)
 	}
-	if t.Kind == ItemResource && t.UpstreamName != call.Tool && (call.Tool == t.Name || slices.Contains(t.Templates, call.Tool)) {
+	if t.Kind == ItemResource && t.UpstreamName != call.Name && (call.Name == t.Name || slices.Contains(t.Templates, call.Name)) {
 		// Still a key this URI may be priced under: the book changed
 		// since the quote, not what is read.
-		t.UpstreamName = call.Tool
+		t.UpstreamName = call.Name
 	}
 	bind, err := bindingOf(&t, args)
 	return t, args, bind, err
@@ -41,7 +41,7 @@ func bindingOf(t *Item, args json.RawMessage) (Binding, error) {
 	if err != nil {
 		return Binding{}, err
 	}
-	return Binding{Kind: t.Kind.Or(), Server: t.Server, Tool: t.UpstreamName, ArgsHash: hash}, nil
+	return Binding{Kind: t.Kind.Or(), Server: t.Server, Name: t.UpstreamName, ArgsHash: hash}, nil
 }
 
 // Tools returns the upstreams' tools with the prices clients see (the

@@ -125,7 +125,7 @@ func TestPricedPromptIsQuotedPaidRunOnceAndReplayed(t *testing.T) {
 		t.Fatalf("replay: %s %v %v renders=%d", res.Body, err, n2.methods(), items.prompts.Load())
 	}
 	c, err := h.l.Call(context.Background(), p.CallID)
-	if err != nil || c.Kind != vend.ItemPrompt || c.Tool != "summarize" || c.State != vend.CallDelivered {
+	if err != nil || c.Kind != vend.ItemPrompt || c.Name != "summarize" || c.State != vend.CallDelivered {
 		t.Fatalf("recorded call %+v %v", c, err)
 	}
 	b, _ := h.l.Balance(context.Background())
@@ -237,8 +237,8 @@ func TestRecoverRedoesAnInterruptedPrompt(t *testing.T) {
 	}
 	defer l.Close()
 	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: "p1", Server: "demo",
-		Kind: vend.ItemPrompt, Tool: "summarize", ArgsHash: argsHash(t, "prompts/get", "demo_summarize", `{"text":"again"}`), Price: 3_000, Idempotent: true,
-		ToolName: "demo_summarize", Arguments: []byte(`{"text":"again"}`)})
+		Kind: vend.ItemPrompt, Name: "summarize", ArgsHash: argsHash(t, "prompts/get", "demo_summarize", `{"text":"again"}`), Price: 3_000, Idempotent: true,
+		ExposedName: "demo_summarize", Arguments: []byte(`{"text":"again"}`)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +318,7 @@ func TestListedResourceMatchingAPricedTemplateIsPriced(t *testing.T) {
 	if o := result(t, ch); o.err != nil || !strings.Contains(string(o.res.Body), "docs://pages/intro") {
 		t.Fatalf("%s %v", o.res.Body, o.err)
 	}
-	if c, _ := h.l.Call(context.Background(), p.CallID); c.Tool != "docs://pages/{id}" || c.State != vend.CallDelivered {
+	if c, _ := h.l.Call(context.Background(), p.CallID); c.Name != "docs://pages/{id}" || c.State != vend.CallDelivered {
 		t.Fatalf("recorded %+v", c)
 	}
 	verify(t, h.l)
@@ -343,7 +343,7 @@ func TestResourceMatchingAConfiguredTemplateIsPriced(t *testing.T) {
 	if o := result(t, ch); o.err != nil || !strings.Contains(string(o.res.Body), "notes://today") {
 		t.Fatalf("%s %v", o.res.Body, o.err)
 	}
-	if c, _ := h.l.Call(context.Background(), p.CallID); c.Tool != "notes://{day}" || c.State != vend.CallDelivered {
+	if c, _ := h.l.Call(context.Background(), p.CallID); c.Name != "notes://{day}" || c.State != vend.CallDelivered {
 		t.Fatalf("recorded %+v", c)
 	}
 	verify(t, h.l)

@@ -21,7 +21,7 @@ import (
 func creditChallenge(t *testing.T, h *harness, id string, sats int) (*vend.PaymentRequiredError, vend.Payment, string) {
 	t.Helper()
 	r := l402Req(id, fmt.Sprintf(`{"sats":%d}`, sats))
-	r.Tool = vend.TopUpTool
+	r.Name = vend.TopUpTool
 	_, err := h.v.CallItem(context.Background(), r)
 	var pr *vend.PaymentRequiredError
 	if !errors.As(err, &pr) || pr.Macaroon == nil {
@@ -105,7 +105,7 @@ func TestL402CreditToken(t *testing.T) {
 	default:
 	}
 	retry := l402Retry("topup", `{"sats":100}`, pr.Macaroon, pre)
-	retry.Tool = vend.TopUpTool
+	retry.Name = vend.TopUpTool
 	if _, err := h.v.CallItem(context.Background(), retry); !errors.Is(err, vend.ErrTokenUsed) {
 		t.Fatalf("the top-up's retry after it was credited: %v, want %v", err, vend.ErrTokenUsed)
 	}
@@ -123,7 +123,7 @@ func TestL402CreditTopUpRetry(t *testing.T) {
 	pr, p, pre := creditChallenge(t, h, "topup", 50)
 	h.be.pay(p.Ref)
 	retry := l402Retry("topup", `{"sats":50}`, pr.Macaroon, pre)
-	retry.Tool = vend.TopUpTool
+	retry.Name = vend.TopUpTool
 	res, err := h.v.CallItem(context.Background(), retry)
 	if err != nil || res.IsError {
 		t.Fatalf("top-up retry: %s %v", res.Body, err)
@@ -200,7 +200,7 @@ func TestL402CreditRefusals(t *testing.T) {
 			}
 			r := l402Retry("r-"+tc.name, tc.args, tc.mac, tc.preimage)
 			if tc.tool != "" {
-				r.Tool = tc.tool
+				r.Name = tc.tool
 			}
 			r.Credit = tc.credit
 			_, err := h.v.CallItem(ctx, r)

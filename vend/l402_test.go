@@ -179,7 +179,7 @@ func TestL402Refusals(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := l402Retry("r-"+tc.name, tc.args, tc.mac, tc.preimage)
 			if tc.tool != "" {
-				r.Tool = tc.tool
+				r.Name = tc.tool
 			}
 			_, err := h.v.CallItem(context.Background(), r)
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.reason) {

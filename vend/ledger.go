@@ -81,19 +81,19 @@ type NewCall struct {
 	Server    string // upstream server name
 	// Kind is what was sold ("" is ItemTool).
 	Kind ItemKind
-	// Tool is the tool's (prompt's) name on that server, or the URI (or
+	// Name is the tool's (prompt's) name on that server, or the URI (or
 	// URI template) a resource is priced under.
-	Tool     string
+	Name     string
 	ArgsHash string // hex SHA-256 of the canonical method + params without _meta (see CanonicalHash)
 	Price    Msat   // > 0: free calls are not recorded
 	// Idempotent tools may be re-run after a crash during execution;
 	// others are refunded instead.
 	Idempotent bool
-	// ToolName and Arguments are what the client called (the exposed
+	// ExposedName and Arguments are what the client called (the exposed
 	// name and the JSON arguments object), kept so a paid call can run
 	// after a restart.
-	ToolName  string
-	Arguments []byte
+	ExposedName string
+	Arguments   []byte
 	// Explicit marks a call made with explicit gating: once paid it is a
 	// grant that waits for the client to repeat the call, rather than
 	// being run at once.
@@ -121,13 +121,13 @@ type NewCall struct {
 type Binding struct {
 	Kind     ItemKind // never "": ItemTool for tools
 	Server   string
-	Tool     string
+	Name     string
 	ArgsHash string
 }
 
 // Binding returns what c sells.
 func (c NewCall) Binding() Binding {
-	return Binding{Kind: c.Kind.Or(), Server: c.Server, Tool: c.Tool, ArgsHash: c.ArgsHash}
+	return Binding{Kind: c.Kind.Or(), Server: c.Server, Name: c.Name, ArgsHash: c.ArgsHash}
 }
 
 // Released is the release of c by scheme s to c's own client (its

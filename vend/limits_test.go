@@ -144,7 +144,7 @@ func TestProofOfWork(t *testing.T) {
 		t.Fatal("it ran")
 	}
 	r := weak("2")
-	r.Tool = "demo_free"
+	r.Name = "demo_free"
 	if _, err := h.v.CallItem(context.Background(), r); !errors.As(err, &we) {
 		t.Fatalf("a weak request for a free tool: %v", err)
 	}

@@ -227,7 +227,7 @@ func benchCalls(b *testing.B, bh *benchHarness, paid bool, callers, n int) time.
 					}
 					continue
 				}
-				r.Tool = "demo_echo"
+				r.Name = "demo_echo"
 				ch := h.callAsync(r)
 				p := <-h.be.last // some caller's payment request: pay it
 				h.be.pay(p.Ref)

@@ -111,7 +111,7 @@ func (v *Vendor) PayPage(ctx context.Context, token string) (PayPage, error) {
 	if p == nil {
 		return PayPage{}, ErrPayPageUnknown
 	}
-	pg := PayPage{Call: id, Tool: c.Tool, Amount: p.Amount, Invoice: p.Bolt11, Ref: p.Ref, ExpiresAt: p.ExpiresAt}
+	pg := PayPage{Call: id, Tool: c.Name, Amount: p.Amount, Invoice: p.Bolt11, Ref: p.Ref, ExpiresAt: p.ExpiresAt}
 	if name, _, _, err := v.cfg.Ledger.CallArguments(ctx, id); err == nil && name != "" {
 		pg.Tool = name // the name the client called
 		if t, err := v.lookup(c.Kind, name); err == nil {

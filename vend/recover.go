@@ -136,7 +136,7 @@ func (v *Vendor) runStored(ctx context.Context, id CallID, resume bool, until ti
 			return // stopping: the next start takes it up
 		}
 	}
-	r := CallRequest{Kind: call.Kind, Transport: call.Transport, Client: call.Client, RequestID: call.RequestID, Tool: name, Arguments: args,
+	r := CallRequest{Kind: call.Kind, Transport: call.Transport, Client: call.Client, RequestID: call.RequestID, Name: name, Arguments: args,
 		Notify: func(string, any) {}}
 	c := &pending{v: v, call: call, pay: &p, t: t, args: args, r: &r, scheme: SchemeRecover}
 	if !resume {
@@ -212,7 +212,7 @@ func (v *Vendor) refundInterrupted(ctx context.Context, c Call) {
 	if err != nil {
 		return
 	}
-	v.cfg.Log.Warn("vend: recover: refunding a call interrupted while it ran", "call", int64(c.ID), "tool", c.Tool)
+	v.cfg.Log.Warn("vend: recover: refunding a call interrupted while it ran", "call", int64(c.ID), "tool", c.Name)
 	pc := &pending{v: v, call: c, pay: &p, r: &CallRequest{Transport: c.Transport, Client: c.Client, Notify: func(string, any) {}},
 		scheme: SchemeRecover}
 	pc.fail(ctx, nil, "interrupted by a restart while it ran; not run again")

@@ -89,7 +89,7 @@ func TestRecoverRefundsWhatItCannotRun(t *testing.T) {
 	gone, _ := crashedCall(t, l, "gone", "demo_gone", true, false, false, 1)
 	goneRunning, _ := crashedCall(t, l, "gone-running", "demo_gone", true, false, false, 2)
 	bare, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: "bare", Server: "demo",
-		Tool: "echo", ArgsHash: argsHash(t, "tools/call", "demo_echo", `{"text":"bare"}`), Price: 21_000, Idempotent: true})
+		Name: "echo", ArgsHash: argsHash(t, "tools/call", "demo_echo", `{"text":"bare"}`), Price: 21_000, Idempotent: true})
 	if err != nil {
 		t.Fatal(err)
 	}

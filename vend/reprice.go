@@ -39,7 +39,7 @@ func (v *Vendor) RefundFreedGrants(ctx context.Context) (int, error) {
 			continue
 		}
 		v.cfg.Log.Info("vend: grant of an item that became free ended", "call", int64(c.ID), "kind", string(c.Kind.Or()),
-			"tool", c.Tool, "state", string(c.State))
+			"tool", c.Name, "state", string(c.State))
 		ended++
 	}
 	return ended, errors.Join(errs...)
@@ -72,7 +72,7 @@ func (v *Vendor) endGrant(ctx context.Context, c Call) error {
 }
 
 // callPriceKey is the name a recorded call's price is looked up by.
-func callPriceKey(c Call) string { return itemPriceKey(c.Kind, c.Tool) }
+func callPriceKey(c Call) string { return itemPriceKey(c.Kind, c.Name) }
 
 // itemPriceKey is the name the price of the item of kind named name on its
 // upstream (a tool or prompt name, a resource URI or URI template) is

@@ -419,7 +419,7 @@ func (v *Vendor) macaroonCall(ctx context.Context, r *CallRequest, call string) 
 	if !ok {
 		return l402Grant{}, Call{}, ErrCreditOff
 	}
-	if c.Server != CreditServer || c.Tool != topUpUpstream {
+	if c.Server != CreditServer || c.Name != topUpUpstream {
 		return l402Grant{}, Call{}, fmt.Errorf("%w: a credit token of no top-up", ErrL402Invalid)
 	}
 	if acct, err := cl.TopUpAccount(ctx, c.ID); err != nil || acct != g.credit {

@@ -119,8 +119,8 @@ func TestPublicChannelCarriesNoSecret(t *testing.T) {
 			r.Arguments = []byte(`{"text":"x","capvend_payment":"cvp_` + strings.Repeat("0", 40) + `"}`)
 		}},
 		{"preimage", func(r *vend.CallRequest) { r.Explicit, r.PaymentProof = true, strings.Repeat("ab", 32) }},
-		{"top-up of a new token account", func(r *vend.CallRequest) { r.Tool, r.Arguments = vend.TopUpTool, []byte(`{"sats":5}`) }},
-		{"free call with a cashu token", func(r *vend.CallRequest) { r.Tool, r.CashuToken = "demo_free", "good:21" }},
+		{"top-up of a new token account", func(r *vend.CallRequest) { r.Name, r.Arguments = vend.TopUpTool, []byte(`{"sats":5}`) }},
+		{"free call with a cashu token", func(r *vend.CallRequest) { r.Name, r.CashuToken = "demo_free", "good:21" }},
 	} {
 		r := req(fmt.Sprint("pub", i), "demo_echo", `{"text":"x"}`, nil)
 		r.Client, r.Public = key, true

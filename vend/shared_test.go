@@ -64,8 +64,8 @@ func TestSharedRecoveryRunsOnTheLeaseHolder(t *testing.T) {
 	dead, _ := crashedCall(t, l, "dead", "demo_echo", true, false, false, 1)
 	// A paid call of a live instance ("ghost", holding its run's lease).
 	alive, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: "alive", Server: "demo",
-		Tool: "echo", ArgsHash: argsHash(t, "tools/call", "demo_echo", `{"text":"alive"}`), Price: 21_000, Idempotent: true,
-		ToolName: "demo_echo", Arguments: []byte(`{"text":"alive"}`), Run: "ghost-run"})
+		Name: "echo", ArgsHash: argsHash(t, "tools/call", "demo_echo", `{"text":"alive"}`), Price: 21_000, Idempotent: true,
+		ExposedName: "demo_echo", Arguments: []byte(`{"text":"alive"}`), Run: "ghost-run"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -128,14 +128,14 @@ type TemplatePricer interface {
 // as a front received it.
 type CallRequest struct {
 	// Kind is what is asked for: "" or ItemTool a tools/call;
-	// ItemPrompt a prompts/get, with Tool the exposed prompt name and
+	// ItemPrompt a prompts/get, with Name the exposed prompt name and
 	// Arguments its arguments object (string values); ItemResource a
-	// resources/read, with Tool the URI and Arguments {} or nil.
+	// resources/read, with Name the URI and Arguments {} or nil.
 	Kind      ItemKind
 	Transport string // "mcp-http", "mcp-stdio", "nostr"
 	Client    string // client identity on that transport (session id, pubkey)
 	RequestID string // the request's id on its transport, unique per client
-	Tool      string // the exposed tool name (prompt name, resource URI)
+	Name      string // the exposed tool name (prompt name, resource URI)
 	Arguments json.RawMessage
 	// ProgressToken is the client's _meta.progressToken (raw JSON), nil
 	// if none: payment waits then send progress heartbeats.

@@ -325,7 +325,7 @@ func (n *notes) methods() []string {
 }
 
 func req(id, tool, args string, n *notes) vend.CallRequest {
-	r := vend.CallRequest{Transport: "test", Client: "client-1", RequestID: id, Tool: tool, Arguments: json.RawMessage(args)}
+	r := vend.CallRequest{Transport: "test", Client: "client-1", RequestID: id, Name: tool, Arguments: json.RawMessage(args)}
 	if n != nil {
 		r.Notify = n.notify
 	}
@@ -695,8 +695,8 @@ func crashedCall(t *testing.T, l *ledger.Ledger, id, tool string, idempotent, ho
 	}
 	args := `{"text":"` + id + `"}`
 	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "client-1", RequestID: id, Server: "demo",
-		Tool: strings.TrimPrefix(tool, "demo_"), ArgsHash: argsHash(t, "tools/call", tool, args), Price: price, Idempotent: idempotent,
-		ToolName: tool, Arguments: []byte(args), Explicit: explicit})
+		Name: strings.TrimPrefix(tool, "demo_"), ArgsHash: argsHash(t, "tools/call", tool, args), Price: price, Idempotent: idempotent,
+		ExposedName: tool, Arguments: []byte(args), Explicit: explicit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -744,7 +744,7 @@ func TestRecoverFinishesWhatACrashLeft(t *testing.T) {
 	held, heldPay := crashedCall(t, l, "held", "demo_echo", true, true, false, 1)
 	grant, _ := crashedCall(t, l, "grant", "demo_echo", true, false, true, 1)
 	quoted, _, _ := l.RecordCall(context.Background(), vend.NewCall{Transport: "test", Client: "client-1", RequestID: "quoted",
-		Server: "demo", Tool: "echo", ArgsHash: strings.Repeat("a", 64), Price: 21_000, Idempotent: true})
+		Server: "demo", Name: "echo", ArgsHash: strings.Repeat("a", 64), Price: 21_000, Idempotent: true})
 
 	h := harnessOn(t, l, true, nil) // capvend starts again
 	waitState(t, l, paid.ID, vend.CallDelivered)

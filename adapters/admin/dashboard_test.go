@@ -66,7 +66,7 @@ func fetch(t *testing.T, url, token string) (int, string) {
 func sampleBooks() *fakeBooks {
 	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 	call := vend.Call{ID: 7, State: vend.CallDelivered, CreatedAt: now.Add(-2 * time.Second), UpdatedAt: now}
-	call.Server, call.Tool, call.Kind, call.Price = "tools", "sha256", vend.ItemTool, 21_000
+	call.Server, call.Name, call.Kind, call.Price = "tools", "sha256", vend.ItemTool, 21_000
 	pay := vend.Payment{ID: 3, CallID: 8, State: vend.PaymentOpen}
 	pay.Backend, pay.Kind, pay.Ref, pay.Amount = vend.BackendLND, vend.KindInvoice, "ab12cd34ef56ab12cd34ef56", 5_000
 	return &fakeBooks{

@@ -71,7 +71,7 @@ func (f *fakeVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.Cal
 		Text string `json:"text"`
 	}
 	json.Unmarshal(r.Arguments, &args)
-	switch r.Tool {
+	switch r.Name {
 	case "free":
 		return vend.CallResult{Body: json.RawMessage(`{"content":[{"type":"text","text":"free:` + args.Text + `"}]}`)}, nil
 	case "paid":
@@ -335,7 +335,7 @@ func TestCalls(t *testing.T) {
 			t.Errorf("first answer lacks discovery tags: %v", ev.Tags)
 		}
 		got := v.lastCall()
-		if got.Transport != Transport || got.Client != c.pk || got.RequestID != req.ID || got.Tool != "free" ||
+		if got.Transport != Transport || got.Client != c.pk || got.RequestID != req.ID || got.Name != "free" ||
 			string(got.Arguments) != `{"text":"hi"}` || got.Explicit || len(got.PMIs) != 0 {
 			t.Errorf("call request %+v", got)
 		}

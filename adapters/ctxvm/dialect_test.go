@@ -156,7 +156,7 @@ func TestRev1(t *testing.T) {
 	if got[2].Content != `{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"paid:hi"}]}}` {
 		t.Errorf("answer %s", got[2].Content)
 	}
-	if c := r.v.lastCall(); c.Transport != TransportDVMCP || c.Client != r.pk || c.RequestID != call.ID || c.Tool != "paid" {
+	if c := r.v.lastCall(); c.Transport != TransportDVMCP || c.Client != r.pk || c.RequestID != call.ID || c.Name != "paid" {
 		t.Errorf("call request %+v", c)
 	}
 

@@ -34,7 +34,7 @@ type elicitVendor struct {
 const askParams = `{"message":"Delete everything?","requestedSchema":{"type":"object","properties":{"confirm":{"type":"boolean"}},"required":["confirm"]}}`
 
 func (v *elicitVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
-	if r.Tool != "ask" {
+	if r.Name != "ask" {
 		return v.fakeVendor.CallItem(ctx, r)
 	}
 	if r.Elicit == nil {

@@ -275,7 +275,7 @@ func (s *Server) callRequest(r *request, out *outbox, kind vend.ItemKind, name s
 		Transport:    r.dialect.transport(),
 		Client:       r.ev.PubKey,
 		RequestID:    r.ev.ID,
-		Tool:         name,
+		Name:         name,
 		Arguments:    args,
 		Notify:       out.notify,
 		Work:         work(r.ev),
@@ -355,16 +355,16 @@ func (s *Server) sell(ctx context.Context, cr vend.CallRequest, out *outbox) (js
 			// vend names the _meta carrier; the token came in the tag.
 			err = &vend.PublicSecretError{What: "a Cashu token (the direct_payment tag)"}
 		}
-		w := toWire(err, cr.Tool)
+		w := toWire(err, cr.Name)
 		lvl := rpcerr.LogLevel(w.Code)
-		s.log.Log(ctx, lvl, string(cr.Kind.Or())+" request answered with an error", logKeyTool, cr.Tool, logKeyClient, cr.Client, logKeyCode, w.Code, logKeyErr, err)
+		s.log.Log(ctx, lvl, string(cr.Kind.Or())+" request answered with an error", logKeyTool, cr.Name, logKeyClient, cr.Client, logKeyCode, w.Code, logKeyErr, err)
 		if out.direct != "" && unredeemed(err) {
 			out.notify(vend.NotifyPaymentRejected, directRejected(out.direct, w))
 		}
 		return nil, w
 	}
 	if !json.Valid(res.Body) {
-		s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Tool)
+		s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Name)
 		return nil, &rpcError{Code: rpcerr.CodeInternal, Message: "Internal error"}
 	}
 	return res.Body, nil

@@ -39,13 +39,13 @@ func (v itemVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.Call
 	v.mu.Lock()
 	v.calls = append(v.calls, r)
 	v.mu.Unlock()
-	r.Notify(vend.NotifyPaymentRequired, vend.PaymentOption{Amount: 3, PayReq: "lnbcrt30n1fake", PMI: vend.PMILightning, Description: r.Tool, TTL: 600})
+	r.Notify(vend.NotifyPaymentRequired, vend.PaymentOption{Amount: 3, PayReq: "lnbcrt30n1fake", PMI: vend.PMILightning, Description: r.Name, TTL: 600})
 	r.Notify(vend.NotifyPaymentAccepted, map[string]any{"amount": 3, "pmi": vend.PMILightning})
 	if r.Kind == vend.ItemPrompt {
 		txt, _ := json.Marshal("sold " + string(r.Arguments))
 		return vend.CallResult{Body: json.RawMessage(`{"messages":[{"role":"user","content":{"type":"text","text":` + string(txt) + `}}]}`)}, nil
 	}
-	return vend.CallResult{Body: json.RawMessage(`{"contents":[{"uri":"` + r.Tool + `","text":"sold"}]}`)}, nil
+	return vend.CallResult{Body: json.RawMessage(`{"contents":[{"uri":"` + r.Name + `","text":"sold"}]}`)}, nil
 }
 
 func TestPricedPromptsAndResources(t *testing.T) {
@@ -90,7 +90,7 @@ func TestPricedPromptsAndResources(t *testing.T) {
 			t.Fatalf("answer %s %+v", r.Result, r.Error)
 		}
 		got := v.lastCall()
-		if got.Kind != vend.ItemPrompt || got.Tool != "greet" || got.Client != c.pk || got.RequestID != req.ID ||
+		if got.Kind != vend.ItemPrompt || got.Name != "greet" || got.Client != c.pk || got.RequestID != req.ID ||
 			got.CashuToken != "cashuBxyz" || len(got.PMIs) != 1 {
 			t.Fatalf("call request %+v", got)
 		}
@@ -105,7 +105,7 @@ func TestPricedPromptsAndResources(t *testing.T) {
 		if r.Error != nil || !strings.Contains(string(r.Result), `"text":"sold"`) {
 			t.Fatalf("answer %s %+v", r.Result, r.Error)
 		}
-		if got := v.lastCall(); got.Kind != vend.ItemResource || got.Tool != "test://item/42" {
+		if got := v.lastCall(); got.Kind != vend.ItemResource || got.Name != "test://item/42" {
 			t.Fatalf("call request %+v", got)
 		}
 	})

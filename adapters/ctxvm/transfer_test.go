@@ -38,7 +38,7 @@ func (b *bigVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.Call
 		Text string `json:"text"`
 	}
 	json.Unmarshal(r.Arguments, &args)
-	switch r.Tool {
+	switch r.Name {
 	case "big":
 		b.mu.Lock()
 		b.calls = append(b.calls, r)

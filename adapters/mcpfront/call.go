@@ -129,7 +129,7 @@ func (s *Server) placeholder(body json.RawMessage, isError bool) *mcp.CallToolRe
 // has not started streaming (creditHeader).
 func (s *Server) handleCall(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	cr := vend.CallRequest{
-		Tool:      req.Params.Name,
+		Name:      req.Params.Name,
 		RequestID: req.Header.Get(rpcIDHeader),
 		Arguments: req.Params.RawArguments,
 		Explicit:  s.cfg.ExplicitGating,
@@ -231,7 +231,7 @@ func readMeta(cr *vend.CallRequest, m *mcp.Meta) {
 // L402 credential too; a malformed one is the error sell answers (401).
 func (s *Server) itemRequest(ctx context.Context, kind vend.ItemKind, name string, args json.RawMessage, h http.Header,
 	meta *mcp.Meta) (vend.CallRequest, error) {
-	cr := vend.CallRequest{Kind: kind, Tool: name, RequestID: h.Get(rpcIDHeader), Arguments: args, Explicit: s.cfg.ExplicitGating}
+	cr := vend.CallRequest{Kind: kind, Name: name, RequestID: h.Get(rpcIDHeader), Arguments: args, Explicit: s.cfg.ExplicitGating}
 	cr.Transport, _ = ctx.Value(keyTransport).(string)
 	cr.Client, _ = ctx.Value(keyClient).(string)
 	cr.Anonymous = cr.Client == anonClient
@@ -307,16 +307,16 @@ func (s *Server) answer(ctx context.Context, cr vend.CallRequest, res vend.CallR
 		return answeredOverHTTP, nil
 	}
 	if res := s.gatingResult(&cr, err); res != nil {
-		s.log.Debug("tool call answered: payment required", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyErr, err)
+		s.log.Debug("tool call answered: payment required", logKeyTool, cr.Name, logKeyTransport, cr.Transport, logKeyErr, err)
 		return res, nil
 	}
 	if err != nil {
 		s.logCallError(ctx, cr, err)
-		return nil, s.markError(err, cr.Tool)
+		return nil, s.markError(err, cr.Name)
 	}
 	if !json.Valid(res.Body) {
-		s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Tool)
-		return nil, s.markError(fmt.Errorf("invalid result body"), cr.Tool)
+		s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Name)
+		return nil, s.markError(fmt.Errorf("invalid result body"), cr.Name)
 	}
 	return s.placeholder(res.Body, res.IsError), nil
 }
@@ -375,11 +375,11 @@ func (s *Server) encodeNotification(method string, params any) []byte {
 // logCallError logs a call answered with err, and returns err on the
 // wire: at the level its code calls for, at info when the client hung up.
 func (s *Server) logCallError(ctx context.Context, cr vend.CallRequest, err error) wireError {
-	w := toWire(err, cr.Tool)
+	w := toWire(err, cr.Name)
 	lvl := rpcerr.LogLevel(w.Code)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		lvl = slog.LevelInfo // the client hung up: nothing went wrong here
 	}
-	s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
+	s.log.Log(ctx, lvl, "tool call answered with an error", logKeyTool, cr.Name, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
 	return w
 }

@@ -281,7 +281,7 @@ func (s *Server) sell(ctx context.Context, cr vend.CallRequest, credErr error) (
 		if s.answerHTTP(ctx, &cr, credErr) {
 			return nil, errAnsweredOverHTTP
 		}
-		return nil, s.markError(credErr, cr.Tool)
+		return nil, s.markError(credErr, cr.Name)
 	}
 	res, err := s.cfg.Vendor.CallItem(ctx, cr)
 	if err == nil && !json.Valid(res.Body) {
@@ -291,14 +291,14 @@ func (s *Server) sell(ctx context.Context, cr vend.CallRequest, credErr error) (
 		return nil, errAnsweredOverHTTP
 	}
 	if w, ok := s.gatingError(&cr, err); ok {
-		s.log.Debug("priced "+string(cr.Kind)+" answered: payment required", logKeyTool, cr.Tool, logKeyTransport, cr.Transport)
+		s.log.Debug("priced "+string(cr.Kind)+" answered: payment required", logKeyTool, cr.Name, logKeyTransport, cr.Transport)
 		return nil, s.markWire(w, err)
 	}
 	if err != nil {
-		w := toWire(err, cr.Tool)
+		w := toWire(err, cr.Name)
 		lvl := rpcerr.LogLevel(w.Code)
-		s.log.Log(ctx, lvl, "priced "+string(cr.Kind)+" answered with an error", logKeyTool, cr.Tool, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
-		return nil, s.markError(err, cr.Tool)
+		s.log.Log(ctx, lvl, "priced "+string(cr.Kind)+" answered with an error", logKeyTool, cr.Name, logKeyTransport, cr.Transport, logKeyCode, w.Code, logKeyErr, err)
+		return nil, s.markError(err, cr.Name)
 	}
 	return res.Body, nil
 }

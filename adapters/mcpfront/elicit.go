@@ -179,7 +179,7 @@ func (s *Server) await(ctx context.Context, c *vcall) (*mcp.CallToolResult, erro
 		case ask := <-c.asks:
 			var p mcp.ElicitationParams
 			if err := json.Unmarshal(ask.params, &p); err != nil || p.Validate() != nil {
-				s.log.Info("upstream elicitation invalid: declined", logKeyTool, c.cr.Tool, logKeyErr, err)
+				s.log.Info("upstream elicitation invalid: declined", logKeyTool, c.cr.Name, logKeyErr, err)
 				ask.answer <- answerDecline
 				continue
 			}
@@ -188,14 +188,14 @@ func (s *Server) await(ctx context.Context, c *vcall) (*mcp.CallToolResult, erro
 				continue
 			}
 			if !mcp.IsModernProtocol(server.RequestProtocolVersion(ctx)) {
-				ask.answer <- s.elicitNow(ctx, c.cr.Tool, p)
+				ask.answer <- s.elicitNow(ctx, c.cr.Name, p)
 				continue
 			}
 			tok, err := s.park(c, ask)
 			if err != nil {
 				// The call goes on (it may be paid): the upstream is
 				// refused, the client gets the call's outcome.
-				s.log.Warn("upstream elicitation cancelled", logKeyTool, c.cr.Tool, logKeyErr, err)
+				s.log.Warn("upstream elicitation cancelled", logKeyTool, c.cr.Name, logKeyErr, err)
 				ask.answer <- answerCancel
 				continue
 			}
@@ -306,7 +306,7 @@ func (s *Server) resume(ctx context.Context, req mcp.CallToolRequest, cr vend.Ca
 		s.log.Info("tool call retry refused", logKeyTool, req.Params.Name, logKeyErr, errRequestState)
 		return nil, s.markError(errRequestState, req.Params.Name)
 	}
-	if p.c.cr.Tool != cr.Tool || p.c.hash == "" || p.c.hash != argsHash(cr.Arguments) {
+	if p.c.cr.Name != cr.Name || p.c.hash == "" || p.c.hash != argsHash(cr.Arguments) {
 		s.log.Info("tool call retry refused", logKeyTool, req.Params.Name, logKeyErr, errReused)
 		return nil, s.markError(errReused, req.Params.Name)
 	}

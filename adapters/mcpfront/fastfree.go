@@ -71,7 +71,7 @@ func (s *Server) serveFree(rw *rewriteWriter, r *http.Request, body []byte, mode
 		return false
 	}
 	cr := vend.CallRequest{
-		Tool:      call.name,
+		Name:      call.name,
 		RequestID: string(call.id),
 		Arguments: call.args,
 		Explicit:  s.cfg.ExplicitGating,
@@ -114,7 +114,7 @@ func (s *Server) writeFree(ctx context.Context, rw *rewriteWriter, call fastCall
 	var msg []byte
 	var code int // the error's, 0 for a result
 	if err == nil && !json.Valid(res.Body) {
-		s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Tool)
+		s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Name)
 		err = errors.New("invalid result body")
 	}
 	if err != nil {
@@ -125,8 +125,8 @@ func (s *Server) writeFree(ctx context.Context, rw *rewriteWriter, call fastCall
 	} else {
 		body, ok := s.decorate(res.Body)
 		if !ok {
-			s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Tool)
-			b, _ := json.Marshal(toWire(errors.New("invalid result body"), cr.Tool))
+			s.log.Error("vendor returned an invalid result body", logKeyTool, cr.Name)
+			b, _ := json.Marshal(toWire(errors.New("invalid result body"), cr.Name))
 			msg = envelope(call.id, "error", b)
 		} else {
 			msg = envelope(call.id, "result", body)

@@ -21,7 +21,7 @@ type bodyVendor struct{ *fakeVendor }
 
 func (b bodyVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
 	var a struct{ Body json.RawMessage }
-	if r.Tool == "free" && json.Unmarshal(r.Arguments, &a) == nil && a.Body != nil {
+	if r.Name == "free" && json.Unmarshal(r.Arguments, &a) == nil && a.Body != nil {
 		b.fakeVendor.CallItem(ctx, r) // recorded
 		return vend.CallResult{Body: a.Body}, nil
 	}
@@ -192,7 +192,7 @@ func TestFastFreeSameBytes(t *testing.T) {
 			}
 			g, w := fv.last(), plain.last()
 			g.Notify, w.Notify, g.Elicit, w.Elicit = nil, nil, nil, nil
-			if g.Tool != w.Tool || g.RequestID != w.RequestID || g.Client != w.Client || g.Source != w.Source ||
+			if g.Name != w.Name || g.RequestID != w.RequestID || g.Client != w.Client || g.Source != w.Source ||
 				g.Transport != w.Transport || g.Anonymous != w.Anonymous || g.Explicit != w.Explicit || g.PaymentTokens != w.PaymentTokens ||
 				string(g.Arguments) != string(w.Arguments) || string(g.ProgressToken) != string(w.ProgressToken) {
 				t.Errorf("vendor got\n%+v\nslow path\n%+v", g, w)

@@ -698,8 +698,8 @@ func (h *fuzzHarness) check(t testing.TB) {
 			cv.ok = fmt.Sprintf("%d settled payments", settled)
 		case c.Executions > 1:
 			cv.ok = fmt.Sprintf("executed %d times", c.Executions)
-		case c.Price < fuzzPrices[c.Tool].Price:
-			cv.ok = fmt.Sprintf("price %d below the quote %d", c.Price, fuzzPrices[c.Tool].Price)
+		case c.Price < fuzzPrices[c.Name].Price:
+			cv.ok = fmt.Sprintf("price %d below the quote %d", c.Price, fuzzPrices[c.Name].Price)
 		case c.Kind.Or() != vend.ItemTool:
 			cv.ok = "kind " + string(c.Kind)
 		}
@@ -715,7 +715,7 @@ func (h *fuzzHarness) check(t testing.TB) {
 		}
 		var found *cover
 		for _, cv := range covers {
-			if !cv.used && cv.call.Tool == e.tool && cv.call.ArgsHash == e.hash {
+			if !cv.used && cv.call.Name == e.tool && cv.call.ArgsHash == e.hash {
 				found = cv
 				break
 			}
@@ -742,7 +742,7 @@ func (h *fuzzHarness) check(t testing.TB) {
 			// The books say it ran; the upstream never ran it (it ran
 			// something else in its name, or nothing).
 			t.Errorf("call %d (%s %s, %s) counts an execution the upstream never had (steps %q)",
-				cv.call.ID, cv.call.Tool, cv.call.ArgsHash[:8], cv.call.State, h.steps)
+				cv.call.ID, cv.call.Name, cv.call.ArgsHash[:8], cv.call.State, h.steps)
 		}
 	}
 	if r, err := h.led.Verify(ctx); err != nil || !r.OK() {

@@ -150,7 +150,7 @@ func (s *Server) gatingAnswer(cr *vend.CallRequest, err error) (a paymentAnswer,
 		return a, "", false
 	}
 	what, url, method := itemWhat(cr)
-	a.Retry = answerRetry{Method: method, Name: cr.Tool}
+	a.Retry = answerRetry{Method: method, Name: cr.Name}
 	a.Resource.URL = url
 	token := ""
 	var expires time.Time
@@ -212,7 +212,7 @@ func (s *Server) gatingAnswer(cr *vend.CallRequest, err error) (a paymentAnswer,
 	case token != "" && cr.Kind.Or() == vend.ItemTool:
 		a.PaymentToken = token
 		a.Retry.Arguments = map[string]string{vend.PaymentArg: token}
-		a.Retry.Instructions = fmt.Sprintf("After paying, call %s again with the same arguments plus %s: %s", cr.Tool, vend.PaymentArg, token)
+		a.Retry.Instructions = fmt.Sprintf("After paying, call %s again with the same arguments plus %s: %s", cr.Name, vend.PaymentArg, token)
 	case token != "":
 		a.PaymentToken = token
 		a.Retry.Meta = map[string]string{vend.MetaPaymentToken: token}
@@ -232,11 +232,11 @@ func (s *Server) gatingAnswer(cr *vend.CallRequest, err error) (a paymentAnswer,
 func itemWhat(cr *vend.CallRequest) (what, url, method string) {
 	switch cr.Kind {
 	case vend.ItemPrompt:
-		return "get the prompt " + cr.Tool, "mcp://prompt/" + cr.Tool, "prompts/get"
+		return "get the prompt " + cr.Name, "mcp://prompt/" + cr.Name, "prompts/get"
 	case vend.ItemResource:
-		return "read " + cr.Tool, cr.Tool, "resources/read"
+		return "read " + cr.Name, cr.Name, "resources/read"
 	}
-	return "call " + cr.Tool, "mcp://tool/" + cr.Tool, "tools/call"
+	return "call " + cr.Name, "mcp://tool/" + cr.Name, "tools/call"
 }
 
 // gatingResult is the tool result of explicit gating's err: isError,

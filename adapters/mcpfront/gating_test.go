@@ -80,8 +80,8 @@ func TestCapabilityDecidesTheFlow(t *testing.T) {
 				c.CallTool(context.Background(), req)
 			}
 			got := fv.last()
-			if got.Tool != "paid" || got.Explicit != tc.wantExplicit || got.PaymentTokens != tc.wantPaymentToken {
-				t.Fatalf("call request: tool %s explicit %v tokens %v; want explicit %v tokens %v", got.Tool, got.Explicit, got.PaymentTokens,
+			if got.Name != "paid" || got.Explicit != tc.wantExplicit || got.PaymentTokens != tc.wantPaymentToken {
+				t.Fatalf("call request: tool %s explicit %v tokens %v; want explicit %v tokens %v", got.Name, got.Explicit, got.PaymentTokens,
 					tc.wantExplicit, tc.wantPaymentToken)
 			}
 		})

@@ -213,17 +213,17 @@ func (s *Server) answerHTTP(ctx context.Context, cr *vend.CallRequest, err error
 		h.Set("Cache-Control", "no-store")
 		status = http.StatusPaymentRequired
 		if w, ok = s.gatingError(cr, err); !ok {
-			w = rpcerr.FromVend(err, cr.Tool)
+			w = rpcerr.FromVend(err, cr.Name)
 		}
 	} else if errors.Is(err, errBadCredential) || errors.Is(err, errBadPayment) {
 		status = http.StatusUnauthorized
 		w = wireError{Code: rpcerr.CodeInvalidRequest, Message: "Invalid Request: " + err.Error()}
 	} else if refusedCredential(err) {
 		status = http.StatusUnauthorized
-		w = toWire(err, cr.Tool)
+		w = toWire(err, cr.Name)
 	} else if refusedXCashu(ctx, cr, err) {
 		status = http.StatusBadRequest // NUT-24: the token is refused
-		w = toWire(err, cr.Tool)
+		w = toWire(err, cr.Name)
 	} else {
 		return false
 	}
@@ -236,7 +236,7 @@ func (s *Server) answerHTTP(ctx context.Context, cr *vend.CallRequest, err error
 	if !rw.replace(status, h, append(envelope(id, "error", b), '\n')) {
 		return false
 	}
-	s.log.Info("tool call answered over HTTP", logKeyTool, cr.Tool, "status", status, logKeyCode, w.Code)
+	s.log.Info("tool call answered over HTTP", logKeyTool, cr.Name, "status", status, logKeyCode, w.Code)
 	return true
 }
 

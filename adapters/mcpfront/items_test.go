@@ -45,7 +45,7 @@ func (v itemVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.Call
 	case r.CashuToken != "":
 		return vend.CallResult{}, fmt.Errorf("%w: %w", vend.ErrPaymentFailed, vend.ErrForeignMint)
 	}
-	if r.Tool == "gated" || (r.L402 && r.Tool == "test://readme") {
+	if r.Name == "gated" || (r.L402 && r.Name == "test://readme") {
 		pr := &vend.PaymentRequiredError{Options: []vend.PaymentOption{
 			{Amount: 2, PayReq: "lnbcrt20n1fake", PMI: vend.PMILightning, Description: "gated: 2 sat per call", TTL: 600}},
 			Amount: 2000, Invoice: "lnbcrt20n1fake", ExpiresAt: fakeExpiry}
@@ -57,13 +57,13 @@ func (v itemVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.Call
 		}
 		return vend.CallResult{}, pr
 	}
-	r.Notify(vend.NotifyPaymentRequired, map[string]any{"amount": 3, "pay_req": "lnbcrt30n1fake", "pmi": vend.PMILightning, "description": r.Tool, "ttl": 600})
+	r.Notify(vend.NotifyPaymentRequired, map[string]any{"amount": 3, "pay_req": "lnbcrt30n1fake", "pmi": vend.PMILightning, "description": r.Name, "ttl": 600})
 	r.Notify(vend.NotifyPaymentAccepted, map[string]any{"amount": 3, "pmi": vend.PMILightning})
 	if r.Kind == vend.ItemPrompt {
-		txt, _ := json.Marshal("sold " + r.Tool + " " + string(r.Arguments))
+		txt, _ := json.Marshal("sold " + r.Name + " " + string(r.Arguments))
 		return vend.CallResult{Body: json.RawMessage(`{"messages":[{"role":"user","content":{"type":"text","text":` + string(txt) + `}}]}`)}, nil
 	}
-	return vend.CallResult{Body: json.RawMessage(`{"contents":[{"uri":"` + r.Tool + `","text":"sold"}]}`)}, nil
+	return vend.CallResult{Body: json.RawMessage(`{"contents":[{"uri":"` + r.Name + `","text":"sold"}]}`)}, nil
 }
 
 func (v itemVendor) count() int {
@@ -138,7 +138,7 @@ func TestPricedPromptsAndResourcesOverHTTP(t *testing.T) {
 		t.Fatalf("prompts/get: %s", msgs)
 	}
 	last := iv.last()
-	if last.Kind != vend.ItemPrompt || last.Tool != "priced" || last.RequestID != `"g1"` || last.Transport != TransportHTTP ||
+	if last.Kind != vend.ItemPrompt || last.Name != "priced" || last.RequestID != `"g1"` || last.Transport != TransportHTTP ||
 		last.Client == "" || len(last.PMIs) != 1 {
 		t.Fatalf("vendor request %+v", last)
 	}
@@ -180,7 +180,7 @@ func TestPricedPromptsAndResourcesOverHTTP(t *testing.T) {
 	if len(msgs) != 3 || !strings.Contains(string(msgs[2]), `"text":"sold"`) {
 		t.Fatalf("resources/read: %s", msgs)
 	}
-	if last := iv.last(); last.Kind != vend.ItemResource || last.Tool != "test://item/7" {
+	if last := iv.last(); last.Kind != vend.ItemResource || last.Name != "test://item/7" {
 		t.Fatalf("vendor request %+v", last)
 	}
 

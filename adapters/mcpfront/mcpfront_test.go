@@ -75,7 +75,7 @@ func (f *fakeVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.Cal
 	rr.Notify = nil
 	f.calls = append(f.calls, rr)
 	f.mu.Unlock()
-	switch r.Tool {
+	switch r.Name {
 	case "free", "ranged":
 		txt, _ := json.Marshal("free " + string(r.Arguments))
 		return vend.CallResult{Body: json.RawMessage(`{"content":[{"type":"text","text":` + string(txt) + `}],"structuredContent":{"big":12345678901234567890}}`)}, nil
@@ -103,7 +103,7 @@ func (f *fakeVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.Cal
 		}
 		return vend.CallResult{}, &vend.PaymentPendingError{RetryAfter: 5, Token: tok, ExpiresAt: fakeExpiry}
 	case "invalid":
-		return vend.CallResult{}, &vend.InvalidParamsError{Tool: r.Tool, Reason: "text: is required"}
+		return vend.CallResult{}, &vend.InvalidParamsError{Tool: r.Name, Reason: "text: is required"}
 	case "unknown":
 		return vend.CallResult{}, leaky(vend.ErrUnknownTool)
 	case "expired":

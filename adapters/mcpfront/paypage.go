@@ -293,7 +293,7 @@ type urlElicit struct {
 // not wait), and cancels the call (cancel) if the person declines. The
 // call's answer is its result once paid.
 func (s *Server) elicitPayPage(ctx context.Context, cr *vend.CallRequest, cancel context.CancelFunc, ue *urlElicit) func(string) {
-	tool := cr.Tool
+	tool := cr.Name
 	return func(token string) {
 		url := s.payURL(token)
 		sess := server.ClientSessionFromContext(ctx)
@@ -351,7 +351,7 @@ func (s *Server) elicitComplete(ctx context.Context, ue *urlElicit) {
 // MCP client and, an anonymous one, its Source): see resume.
 func (s *Server) askPayPage(ctx context.Context, c *vcall) func(string) {
 	var asked atomic.Bool
-	tool := c.cr.Tool
+	tool := c.cr.Name
 	return func(token string) {
 		url := s.payURL(token)
 		if url == "" || !asked.CompareAndSwap(false, true) {

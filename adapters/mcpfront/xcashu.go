@@ -156,7 +156,7 @@ func challengeCashu(s *Server, h http.Header, cr *vend.CallRequest, e *vend.Paym
 		Description: fmt.Sprintf("%d sats (plus the mint's input fees) to %s", sats, what),
 	})
 	if err != nil { // an empty mint URL: Validate refuses it first
-		s.log.Warn("no X-Cashu payment request", logKeyTool, cr.Tool, logKeyErr, err)
+		s.log.Warn("no X-Cashu payment request", logKeyTool, cr.Name, logKeyErr, err)
 		return false
 	}
 	h.Set(HeaderCashu, creq)

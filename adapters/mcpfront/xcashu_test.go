@@ -49,7 +49,7 @@ func (v *tokenVendor) CallItem(ctx context.Context, r vend.CallRequest) (vend.Ca
 	r.Notify, r.Elicit = nil, nil
 	v.calls = append(v.calls, r)
 	ok := vend.CallResult{Body: json.RawMessage(`{"content":[{"type":"text","text":"bought"}]}`)}
-	if r.Tool == "gratis" {
+	if r.Name == "gratis" {
 		return ok, nil
 	}
 	switch tok := r.CashuToken; {

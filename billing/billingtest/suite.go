@@ -175,7 +175,7 @@ func (e *env) call(t *testing.T, sats int64) vend.Call {
 	e.callMu.Unlock()
 	h := sha256.Sum256([]byte(fmt.Sprint("args ", n)))
 	c, _, err := e.l.RecordCall(context.Background(), vend.NewCall{
-		Transport: "test", Client: "conformance", RequestID: fmt.Sprint("req-", n), Server: "suite", Tool: "paid_echo",
+		Transport: "test", Client: "conformance", RequestID: fmt.Sprint("req-", n), Server: "suite", Name: "paid_echo",
 		ArgsHash: hex.EncodeToString(h[:]), Price: vend.Msat(sats * 1000), Idempotent: true,
 	})
 	if err != nil {

@@ -41,7 +41,7 @@ func TestInputFeesCountAgainstThePrice(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := sha256.Sum256([]byte("args"))
-	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "c", RequestID: "1", Server: "s", Tool: "t",
+	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "c", RequestID: "1", Server: "s", Name: "t",
 		ArgsHash: hex.EncodeToString(h[:]), Price: 10_000})
 	if err != nil {
 		t.Fatal(err)

@@ -467,7 +467,7 @@ func TestFailedTokenCallGetsEcashBack(t *testing.T) {
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- v.Run(rctx) }()
-	_, err = v.CallItem(ctx, vend.CallRequest{Transport: "test", Client: "alice", RequestID: "1", Tool: "demo_fail",
+	_, err = v.CallItem(ctx, vend.CallRequest{Transport: "test", Client: "alice", RequestID: "1", Name: "demo_fail",
 		Arguments: json.RawMessage(`{}`), CashuToken: customerToken(t, 5)})
 	var re *vend.RefundError
 	if !errors.As(err, &re) || !errors.Is(err, vend.ErrUpstream) || re.Refund.Owed || re.Refund.Amount != 5 || re.Refund.Cashu == "" {
@@ -498,7 +498,7 @@ func owedLND(t *testing.T, l *ledger.Ledger, sats int64, invoice string) vend.Re
 	ctx := context.Background()
 	n := callSeq.Add(1)
 	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "bob", RequestID: fmt.Sprint("lnd-", n),
-		Server: "suite", Tool: "paid_echo", ArgsHash: strings.Repeat("ab", 32), Price: vend.Msat(sats * 1000), RefundInvoice: invoice})
+		Server: "suite", Name: "paid_echo", ArgsHash: strings.Repeat("ab", 32), Price: vend.Msat(sats * 1000), RefundInvoice: invoice})
 	if err != nil {
 		t.Fatal(err)
 	}

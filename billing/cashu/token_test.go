@@ -27,7 +27,7 @@ func priced(t testing.TB, l *ledger.Ledger, sats int64) vend.Call {
 	n := callSeq.Add(1)
 	h := sha256.Sum256([]byte(fmt.Sprint("args ", n)))
 	c, _, err := l.RecordCall(context.Background(), vend.NewCall{
-		Transport: "test", Client: "token-test", RequestID: fmt.Sprint("req-", n), Server: "suite", Tool: "paid_echo",
+		Transport: "test", Client: "token-test", RequestID: fmt.Sprint("req-", n), Server: "suite", Name: "paid_echo",
 		ArgsHash: hex.EncodeToString(h[:]), Price: vend.Msat(sats * 1000), Idempotent: true,
 	})
 	if err != nil {

@@ -214,7 +214,7 @@ func newLedger(b testing.TB) *ledger.Ledger {
 
 func recordCall(b testing.TB, l *ledger.Ledger, i int) vend.Call {
 	c, _, err := l.RecordCall(context.Background(), vend.NewCall{Transport: "bench", Client: "c", RequestID: fmt.Sprint(i),
-		Server: "s", Tool: "t", ArgsHash: strings.Repeat("0", 63) + fmt.Sprint(i%10), Price: 1000, Idempotent: true})
+		Server: "s", Name: "t", ArgsHash: strings.Repeat("0", 63) + fmt.Sprint(i%10), Price: 1000, Idempotent: true})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func (e *recEnv) request(t *testing.T, sats int64, hold bool) (vend.Call, vend.P
 	e.calls++
 	h := sha256.Sum256([]byte(fmt.Sprint(t.Name(), e.calls)))
 	c, _, err := e.l.RecordCall(context.Background(), vend.NewCall{Transport: "test", Client: "reconcile",
-		RequestID: fmt.Sprint("req-", e.calls), Server: "s", Tool: "paid_echo", ArgsHash: hex.EncodeToString(h[:]),
+		RequestID: fmt.Sprint("req-", e.calls), Server: "s", Name: "paid_echo", ArgsHash: hex.EncodeToString(h[:]),
 		Price: vend.Msat(sats * 1000), Idempotent: true})
 	if err != nil {
 		t.Fatal(err)

@@ -145,7 +145,7 @@ func TestSettlementBeforeTheStreamIsRegisteredIsBooked(t *testing.T) {
 			var ps []vend.Payment
 			for i := range 2 {
 				c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "c", RequestID: fmt.Sprint(i),
-					Server: "s", Tool: "t", ArgsHash: strings.Repeat("0", 63) + fmt.Sprint(i), Price: 1000, Idempotent: true})
+					Server: "s", Name: "t", ArgsHash: strings.Repeat("0", 63) + fmt.Sprint(i), Price: 1000, Idempotent: true})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -105,7 +105,7 @@ func (f *fixture) request(t *testing.T, sats int64, hold bool) (vend.Call, vend.
 	f.n++
 	h := sha256.Sum256([]byte(fmt.Sprint("args ", f.n)))
 	c, _, err := f.l.RecordCall(context.Background(), vend.NewCall{Transport: "test", Client: "nwc", RequestID: fmt.Sprint(f.n),
-		Server: "s", Tool: "t", ArgsHash: hex.EncodeToString(h[:]), Price: vend.Msat(sats * 1000)})
+		Server: "s", Name: "t", ArgsHash: hex.EncodeToString(h[:]), Price: vend.Msat(sats * 1000)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ func owedRefund(t *testing.T, f *fixture, sats int64, invoice string) vend.Refun
 	f.n++
 	h := sha256.Sum256([]byte(fmt.Sprint("refund ", f.n)))
 	c, _, err := f.l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "payout", RequestID: fmt.Sprint("r", f.n), Server: "s",
-		Tool: "fails", ArgsHash: hex.EncodeToString(h[:]), Price: vend.Msat(sats * 1000), RefundInvoice: invoice})
+		Name: "fails", ArgsHash: hex.EncodeToString(h[:]), Price: vend.Msat(sats * 1000), RefundInvoice: invoice})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestPayCreditFromTheWallet(t *testing.T) {
 	ctx := context.Background()
 	const account = "t0123456789abcdef01234567"
 	c, _, err := f.l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "buyer", RequestID: "topup", Server: vend.CreditServer,
-		Tool: "topup", ArgsHash: strings.Repeat("ab", 32), Price: 6_000, Idempotent: true})
+		Name: "topup", ArgsHash: strings.Repeat("ab", 32), Price: 6_000, Idempotent: true})
 	if err != nil {
 		t.Fatal(err)
 	}

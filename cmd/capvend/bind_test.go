@@ -94,7 +94,7 @@ func TestReusedRequestIDOverMCPHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(calls) != 1 || calls[0].Tool != "slow_count" || calls[0].State != vend.CallAwaitingPayment || calls[0].Executions != 0 {
+	if len(calls) != 1 || calls[0].Name != "slow_count" || calls[0].State != vend.CallAwaitingPayment || calls[0].Executions != 0 {
 		t.Fatalf("calls %+v, want slow_count alone, awaiting payment, never run", calls)
 	}
 	ps, err := l.CallPayments(ctx, calls[0].ID)

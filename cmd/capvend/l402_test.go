@@ -193,7 +193,7 @@ func TestStockL402ClientBuysCredit(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p.State != vend.PaymentSettled || p.Settled != 100_000 || c.Server != vend.CreditServer || c.State != vend.CallDelivered {
-		t.Fatalf("top-up: payment %s settled %d msat, call %s/%s %s", p.State, p.Settled, c.Server, c.Tool, c.State)
+		t.Fatalf("top-up: payment %s settled %d msat, call %s/%s %s", p.State, p.Settled, c.Server, c.Name, c.State)
 	}
 	accts, err := l.CreditAccounts(ctx, account)
 	if err != nil {

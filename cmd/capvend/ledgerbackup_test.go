@@ -144,7 +144,7 @@ func TestPgDumpRestoresALedger(t *testing.T) {
 	}
 	defer r.Close()
 	c, created, err := r.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: "after",
-		Server: "demo", Tool: "echo", ArgsHash: strings.Repeat("c", 64), Price: 21_000, Idempotent: true})
+		Server: "demo", Name: "echo", ArgsHash: strings.Repeat("c", 64), Price: 21_000, Idempotent: true})
 	if err != nil || !created || c.ID != 7 {
 		t.Fatalf("a call after the restore: %+v %v %v", c, created, err)
 	}

@@ -156,7 +156,7 @@ func TestLedgerMigrateToPostgres(t *testing.T) {
 	}
 	for i := range 5 {
 		c, _, err := src.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: fmt.Sprint("r", i),
-			Server: "demo", Tool: "echo", ArgsHash: strings.Repeat("a", 63) + fmt.Sprint(i), Price: 21_000, Idempotent: true})
+			Server: "demo", Name: "echo", ArgsHash: strings.Repeat("a", 63) + fmt.Sprint(i), Price: 21_000, Idempotent: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -204,7 +204,7 @@ func TestLedgerMigrateToPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, created, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: "after",
-		Server: "demo", Tool: "echo", ArgsHash: strings.Repeat("c", 64), Price: 21_000, Idempotent: true})
+		Server: "demo", Name: "echo", ArgsHash: strings.Repeat("c", 64), Price: 21_000, Idempotent: true})
 	if err != nil || !created || c.ID != 6 {
 		t.Fatalf("a call after the copy: %+v %v %v (ids go on after the copied ones)", c, created, err)
 	}

@@ -200,7 +200,7 @@ func drillBatch(t *testing.T, l *ledger.Ledger, b int) {
 	ctx := context.Background()
 	call := func(i int, server, tool string, price vend.Msat) vend.NewCall {
 		return vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: fmt.Sprintf("b%d-%d", b, i),
-			Server: server, Tool: tool, ArgsHash: fmt.Sprintf("%032x%032x", b, i), Price: price, Idempotent: true}
+			Server: server, Name: tool, ArgsHash: fmt.Sprintf("%032x%032x", b, i), Price: price, Idempotent: true}
 	}
 	ok := vend.Result{Body: []byte(fmt.Sprintf(`{"content":[{"type":"text","text":"batch %d"}]}`, b))}
 	paid := func(nc vend.NewCall, ref int) vend.Call {

@@ -209,7 +209,7 @@ func bookSomething(t *testing.T, path string) {
 	defer l.Close()
 	h := sha256.Sum256([]byte("args"))
 	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: "1", Server: "weather",
-		Tool: "forecast", ArgsHash: hex.EncodeToString(h[:]), Price: 21_000, Idempotent: true})
+		Name: "forecast", ArgsHash: hex.EncodeToString(h[:]), Price: 21_000, Idempotent: true})
 	if err != nil {
 		t.Fatal(err)
 	}

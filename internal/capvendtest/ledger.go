@@ -22,7 +22,7 @@ func BookCalls(t testing.TB, l *ledger.Ledger, from, n int, refunds bool) {
 	ctx := context.Background()
 	for i := from; i < from+n; i++ {
 		c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: "c", RequestID: fmt.Sprint("r", i),
-			Server: "demo", Tool: "echo", ArgsHash: fmt.Sprintf("%064x", i), Price: 21_000, Idempotent: true})
+			Server: "demo", Name: "echo", ArgsHash: fmt.Sprintf("%064x", i), Price: 21_000, Idempotent: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,7 +123,7 @@ func OwedRefund(t testing.TB, l *ledger.Ledger, i int, client, invoice string) v
 	t.Helper()
 	ctx := context.Background()
 	c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "mcp-http", Client: client, RequestID: fmt.Sprint(i), Server: "tools",
-		Tool: "always_fails", ArgsHash: strings.Repeat(fmt.Sprintf("%02x", i), 32), Price: 5_000, RefundInvoice: invoice})
+		Name: "always_fails", ArgsHash: strings.Repeat(fmt.Sprintf("%02x", i), 32), Price: 5_000, RefundInvoice: invoice})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func (echo) Tools() []vend.Item {
 func (echo) ListedPrice(t vend.Item) (lo, hi vend.Msat) { return t.Price, t.Price }
 
 func (echo) CallItem(ctx context.Context, r vend.CallRequest) (vend.CallResult, error) {
-	switch r.Tool {
+	switch r.Name {
 	case "echo":
 	case "paid":
 		r.Notify(vend.NotifyPaymentRequired, vend.PaymentOption{Amount: 21, PayReq: "lnbcrt210n1fake", PMI: vend.PMILightning, TTL: 600})
