@@ -405,7 +405,13 @@ func TestLedgerRestoreDrill(t *testing.T) {
 	if got == lost || got == first {
 		t.Fatal("the drill's batches wrote nothing the restore could tell apart")
 	}
-	t.Logf("restored the last replicated point: %s", strings.Join(rowCounts(got), ", "))
+	var counts []string // the "table: n rows" lines
+	for _, line := range strings.Split(got, "\n") {
+		if strings.HasSuffix(line, " rows") {
+			counts = append(counts, line)
+		}
+	}
+	t.Logf("restored the last replicated point: %s", strings.Join(counts, ", "))
 
 	capvendIn(t, dir, nil, "ledger", "restore", "--to", "then.db", "--at", point.UTC().Format(time.RFC3339Nano))
 	if out := capvendIn(t, dir, nil, "ledger", "verify", "--db", "then.db"); !strings.Contains(out, "checks passed") {
@@ -425,17 +431,6 @@ func TestLedgerRestoreDrill(t *testing.T) {
 	if b, err := r.Balance(ctx); err != nil || b.Pending.RefundsOwed != 2*21_000 {
 		t.Fatalf("the restored refunds owed: %+v %v, want %d msat", b.Pending, err, 2*21_000)
 	}
-}
-
-// rowCounts are the "table: n rows" lines of moneyRecords' text.
-func rowCounts(records string) []string {
-	var out []string
-	for _, line := range strings.Split(records, "\n") {
-		if strings.HasSuffix(line, " rows") {
-			out = append(out, line)
-		}
-	}
-	return out
 }
 
 // TestRestoreHelpSaysWhyLitestreamRunsBeside: the choice of running
