@@ -102,24 +102,16 @@ func (r *Reconciler) checkInvoices(ctx context.Context, run int64, src source, a
 			return err
 		}
 		for _, inv := range invs {
+			var final bool
 			if lost[inv.Ref] {
-				final, err := r.repairLost(ctx, run, src, inv, add)
-				if err != nil {
-					return err
+				final, err = r.repairLost(ctx, run, src, inv, add)
+			} else {
+				p, ok := payments[inv.Ref]
+				if ok && p.Backend != src.backend {
+					ok = false // another backend's payment of the same hash: not this source's
 				}
-				if stable && final {
-					next = inv.AddIndex
-				} else {
-					stable = false
-				}
-				after = inv.AddIndex
-				continue
+				final, err = r.compareInvoice(ctx, run, src, inv, p, ok, add)
 			}
-			p, ok := payments[inv.Ref]
-			if ok && p.Backend != src.backend {
-				ok = false // another backend's payment of the same hash: not this source's
-			}
-			final, err := r.compareInvoice(ctx, run, src, inv, p, ok, add)
 			if err != nil {
 				return err
 			}

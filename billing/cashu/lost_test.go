@@ -2,33 +2,12 @@ package cashu_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
-	"github.com/capvend/capvend/billing/cashu"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
-
-// running starts b.Run and returns its stop, which waits for it.
-func running(t *testing.T, b *cashu.Backend) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- b.Run(ctx, func(vend.PaymentEvent) {}) }()
-	return func() {
-		cancel()
-		select {
-		case err := <-done:
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("Run returned %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("Run did not return")
-		}
-	}
-}
 
 // unattributed waits until l books want msat to liabilities:unattributed.
 func unattributed(t *testing.T, l *ledger.Ledger, want vend.Msat) {
@@ -65,7 +44,7 @@ func TestLostQuoteMintedAndBooked(t *testing.T) {
 	dir := t.TempDir()
 	before := openLedger(t)
 	b := newBackend(t, before, stack.MintURL, dir)
-	stop := running(t, b)
+	stop := running(t, b, nil)
 	minted := priced(t, before, 13)
 	pm, err := b.Request(ctx, vend.PaymentRequest{CallID: minted.ID, Amount: minted.Price, Expiry: 10 * time.Minute})
 	if err != nil {
@@ -92,7 +71,7 @@ func TestLostQuoteMintedAndBooked(t *testing.T) {
 	restored := openLedger(t)
 	for range 2 { // a second start books nothing again
 		r := newBackend(t, restored, stack.MintURL, dir)
-		stop := running(t, r)
+		stop := running(t, r, nil)
 		unattributed(t, restored, minted.Price+lost.Price)
 		stop()
 	}

@@ -57,20 +57,29 @@ func (e *events) wait(t *testing.T, ref string, st vend.PaymentState, timeout ti
 }
 
 func runBackend(t *testing.T, b *cashu.Backend, ev *events) {
+	t.Cleanup(running(t, b, ev.report))
+}
+
+// running starts b.Run and returns its stop, which waits for Run to
+// return (once; later calls do nothing).
+func running(t *testing.T, b *cashu.Backend, report func(vend.PaymentEvent)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- b.Run(ctx, ev.report) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("Run returned %v", err)
+	go func() { done <- b.Run(ctx, report) }()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("Run returned %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("Run did not return")
 			}
-		case <-time.After(30 * time.Second):
-			t.Error("Run did not return")
-		}
-	})
+		})
+	}
 }
 
 // TestNUT17DetectsPayment: with polling effectively off, only the NUT-17
