@@ -240,7 +240,14 @@ func (v *Vendor) refundFailed(ctx context.Context, c Call) {
 func (v *Vendor) abandonHold(p Payment) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := v.refundPaid(ctx, p.CallID, "client left before the call ran; hold invoice canceled"); err != nil {
+	err := v.refundPaid(ctx, p.CallID, "client left before the call ran; hold invoice canceled")
+	switch {
+	case errors.Is(err, ErrIllegalTransition):
+		// The call had ended already (canceled by a ledger restore,
+		// refunded meanwhile): its hold invoice is canceled, and
+		// nothing is owed.
+		v.cfg.Log.Info("vend: hold invoice of an ended call canceled", "call", int64(p.CallID), "payment_hash", p.Ref)
+	case err != nil:
 		v.cfg.Log.Warn("vend: refund of an abandoned call", "call", int64(p.CallID), "payment_hash", p.Ref, "err", err)
 	}
 }
