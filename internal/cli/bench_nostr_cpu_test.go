@@ -44,7 +44,7 @@ func BenchmarkNostrFreeCallCPU(b *testing.B) {
 	if profDir != "" {
 		admin = capvendtest.AdminConfig(b, path, "  pprof: true\n")
 	}
-	serve := startCapvend(b, path, capvendOpts{Process: true}).Pid()
+	serve := startCapvend(b, path, capvendtest.Options{Process: true}).Pid()
 	upstream := capvendtest.ChildOf(b, serve)
 
 	type server struct {

@@ -124,7 +124,7 @@ func TestDisasterDrill(t *testing.T) {
 	capvendIn(t, dir, nil, "ledger", "litestream-config", "--out", "litestream.yml")
 	lsConfig := filepath.Join(dir, "litestream.yml")
 
-	serve := startCapvend(t, config, capvendOpts{Process: true})
+	serve := startCapvend(t, config, capvendtest.Options{Process: true})
 	stopLitestream := capvendtest.Replicating(t, ls, lsConfig)
 	url := "http://" + listen + "/mcp"
 	d := &drill{t: t, s: s, url: url}
@@ -184,7 +184,7 @@ func TestDisasterDrill(t *testing.T) {
 	// The disaster: serve dies, the ledger is lost with everything beside
 	// it; the replica is all that is left.
 	serve.Signal(syscall.SIGKILL)
-	if code := serve.Wait(); code != exitKilled {
+	if code := serve.Wait(); code != capvendtest.ExitKilled {
 		t.Fatalf("serve did not die by SIGKILL: exit %d", code)
 	}
 	for _, p := range []string{db, db + "-wal", db + "-shm", filepath.Join(dir, ".capvend.db-litestream")} {
@@ -210,7 +210,7 @@ func TestDisasterDrill(t *testing.T) {
 
 	// Serve again, Litestream beside it: what LND and the mint settled
 	// meanwhile is booked.
-	serve = startCapvend(t, config, capvendOpts{Process: true})
+	serve = startCapvend(t, config, capvendtest.Options{Process: true})
 	capvendtest.Replicating(t, ls, lsConfig)
 	d.waitReconciled(db, lastRun)
 	d.waitState(db, "settled", b...)

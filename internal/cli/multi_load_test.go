@@ -310,11 +310,11 @@ func testMultiLoad(t *testing.T, hold bool) {
 		paths, listens, logs = append(paths, p), append(listens, l), append(logs, log)
 	}
 	db := capvendtest.OpenPG(t, dsn)
-	victim := startCapvend(t, paths[0], capvendOpts{Process: true})
+	victim := startCapvend(t, paths[0], capvendtest.Options{Process: true})
 	instance, run := victimOf(t, db, victim.Pid())
 	capvendtest.WaitLedger(t, db, "the victim's work lease", time.Minute, func(n int) bool { return n == 1 },
 		"SELECT count(*) FROM leases WHERE name = $1 AND holder = $2", vend.LeaseWork, instance)
-	procs := []*runningCapvend{startCapvend(t, paths[1], capvendOpts{Process: true}), startCapvend(t, paths[2], capvendOpts{Process: true})}
+	procs := []*capvendtest.Capvend{startCapvend(t, paths[1], capvendtest.Options{Process: true}), startCapvend(t, paths[2], capvendtest.Options{Process: true})}
 	start := time.Now()
 
 	ld := &load{s: s, tag: fmt.Sprintf("hold=%v", hold), hold: make(chan *loadCall, loadHeld+1), paidHashes: map[string]bool{},
@@ -372,7 +372,7 @@ func testMultiLoad(t *testing.T, hold bool) {
 	capvendtest.WaitLedger(t, db, "the slow call executing", 2*time.Minute, func(n int) bool { return n == 1 },
 		"SELECT count(*) FROM calls WHERE run_id = $1 AND tool LIKE '%slow_count' AND state = 'executing'", run)
 	victim.Signal(syscall.SIGKILL)
-	if code := victim.Wait(); code != exitKilled {
+	if code := victim.Wait(); code != capvendtest.ExitKilled {
 		t.Fatalf("the victim did not die by SIGKILL: exit %d", code)
 	}
 	killed := time.Now()

@@ -134,14 +134,14 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 		paths, listens = append(paths, p), append(listens, l)
 	}
 	ctx := context.Background()
-	first := startCapvend(t, paths[0], capvendOpts{Process: true, Failpoint: vend.FailAfterSettlement})
+	first := startCapvend(t, paths[0], capvendtest.Options{Process: true, Failpoint: vend.FailAfterSettlement})
 	l, err := ledger.OpenPostgres(ctx, dsn, ledger.Options{MustExist: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	capvendtest.WaitLeaseHolder(t, l, first.Pid(), true, time.Minute)
-	procs := []*runningCapvend{startCapvend(t, paths[1], capvendOpts{Process: true}), startCapvend(t, paths[2], capvendOpts{Process: true})}
+	procs := []*capvendtest.Capvend{startCapvend(t, paths[1], capvendtest.Options{Process: true}), startCapvend(t, paths[2], capvendtest.Options{Process: true})}
 
 	// A paid HTTP call on the first instance: it dies once the payment is
 	// booked, before the call runs.
@@ -150,7 +150,7 @@ func TestMultiInstanceOnOnePostgres(t *testing.T) {
 	if _, err := pc.Call(t, "t_sha256", map[string]any{"text": "killed"}); err == nil {
 		t.Fatal("the call succeeded although its instance was killed")
 	}
-	if code := first.Wait(); code != exitKilled {
+	if code := first.Wait(); code != capvendtest.ExitKilled {
 		t.Fatalf("the first instance did not die by SIGKILL: exit %d", code)
 	}
 	killed := time.Now()

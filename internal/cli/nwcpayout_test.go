@@ -139,9 +139,9 @@ func TestNWCRefundPaidNotBookedSurvivesSIGKILL(t *testing.T) {
 	id := fmt.Sprint(owed.ID)
 	before := capvendtest.CustomerBalance(t, s)
 
-	pay := startCapvend(t, path, capvendOpts{Args: []string{"refunds", "pay", id, "--nwc", "--config", path}, Process: true,
+	pay := startCapvend(t, path, capvendtest.Options{Args: []string{"refunds", "pay", id, "--nwc", "--config", path}, Process: true,
 		Failpoint: nwc.FailAfterPayout})
-	if code := pay.Wait(); code != exitKilled {
+	if code := pay.Wait(); code != capvendtest.ExitKilled {
 		t.Fatalf("the payout command was not killed at %s: exit %d\n%s%s", nwc.FailAfterPayout, code, pay.Stdout(), pay.Stderr())
 	}
 	capvendtest.WaitCustomerGot(t, s, before, 5_000) // the wallet paid

@@ -85,7 +85,7 @@ const (
 
 // paidMonSide is one capvend of BenchmarkPaidCallMonitoring.
 type paidMonSide struct {
-	proc    *runningCapvend
+	proc    *capvendtest.Capvend
 	clients []*capvendtest.PayingClient
 	admin   string // the admin listener's address ("" when off)
 	done    int    // calls delivered (warm-up included)
@@ -104,7 +104,7 @@ func startPaidMonSide(b *testing.B, s *testnet.Stack, o serveOpts, on bool) *pai
 		extra = fmt.Sprintf("admin:\n  listen: %s\nreconcile:\n  interval: 10s\n", admin)
 	}
 	capvendtest.EditConfig(b, path, "", extra)
-	side := payingSide(b, s, startCapvend(b, path, capvendOpts{Process: true}), admin)
+	side := payingSide(b, s, startCapvend(b, path, capvendtest.Options{Process: true}), admin)
 	var g errgroup.Group
 	for _, pc := range side.clients {
 		g.Go(func() error { return paidMonCall(pc) })
@@ -118,7 +118,7 @@ func startPaidMonSide(b *testing.B, s *testnet.Stack, o serveOpts, on bool) *pai
 
 // payingSide connects paidMonClients paying MCP clients to proc (its
 // admin listener at admin, "" if none), once it lists its tools.
-func payingSide(b *testing.B, s *testnet.Stack, proc *runningCapvend, admin string) *paidMonSide {
+func payingSide(b *testing.B, s *testnet.Stack, proc *capvendtest.Capvend, admin string) *paidMonSide {
 	side := &paidMonSide{proc: proc, admin: admin}
 	url := proc.URL()
 	for i := range paidMonClients {

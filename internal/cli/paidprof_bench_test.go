@@ -34,7 +34,7 @@ func BenchmarkPaidCallProfile(b *testing.B) {
 	eachInvoiceKind(b, func(b *testing.B, hold bool) {
 		path, _ := writeServeConfig(b, s, serveOpts{hold: hold})
 		admin := capvendtest.AdminConfig(b, path, "  pprof: true\n")
-		side := payingSide(b, s, startCapvend(b, path, capvendOpts{Process: true}), admin)
+		side := payingSide(b, s, startCapvend(b, path, capvendtest.Options{Process: true}), admin)
 		side.calls(b, 2*paidMonClients) // warm-up
 		pid := side.proc.Pid()
 		b.Logf("load average before: %s", capvendtest.LoadAvg())

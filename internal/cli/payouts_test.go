@@ -44,7 +44,7 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 
 	// B sells 200 sats of credit, and a call paid with a Cashu token
 	// brings its wallet the melt's fee reserve.
-	procB := startCapvend(t, pathB, capvendOpts{Process: true})
+	procB := startCapvend(t, pathB, capvendtest.Options{Process: true})
 	pcB := capvendtest.NewPayingClient(t, s, "http://"+listenB+"/mcp")
 	capvendtest.WaitTools(t, pcB.Client, listed.Count(11))
 	info := capvendtest.BuyCredit(t, pcB, 200, "")
@@ -57,7 +57,7 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 	}
 	procB.Stop() // B's wallet pays the refund
 
-	procA := startCapvend(t, pathA, capvendOpts{Process: true})
+	procA := startCapvend(t, pathA, capvendtest.Options{Process: true})
 	defer procA.Signal(syscall.SIGTERM)
 	pcA := capvendtest.NewPayingClient(t, s, "http://"+listenA+"/mcp")
 	capvendtest.WaitTools(t, pcA.Client, listed.Count(11))
@@ -106,7 +106,7 @@ func TestCreditRefundRacesDrawsOnPostgres(t *testing.T) {
 		return got
 	}
 
-	refund := startCapvend(t, pathB, capvendOpts{Args: []string{"credit", "refund", info.Account, "--invoice", inv.PaymentRequest, "--config", pathB},
+	refund := startCapvend(t, pathB, capvendtest.Options{Args: []string{"credit", "refund", info.Account, "--invoice", inv.PaymentRequest, "--config", pathB},
 		Process: true})
 	refund.Await("its payment reaching the customer's invoice", func() bool { return invoiceState().State == lnrpc.Invoice_ACCEPTED })
 

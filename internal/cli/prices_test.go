@@ -48,7 +48,7 @@ func TestServeStopsWhenAPriceNamesNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			path, _ := pricedToolsConfig(t, tc.items)
-			sv := startCapvend(t, path, capvendOpts{NoWait: true})
+			sv := startCapvend(t, path, capvendtest.Options{NoWait: true})
 			code, out := sv.Wait(), sv.Logs()
 			if code == 0 || !strings.Contains(out, tc.want) {
 				t.Fatalf("serve with the price %s, which names nothing upstream: exit %d, want it to stop naming it; output:\n%s", tc.want, code, out)
@@ -62,7 +62,7 @@ func TestServeStopsWhenAPriceNamesNothing(t *testing.T) {
 func TestSIGHUPRefusesAPriceNamingNothing(t *testing.T) {
 	t.Parallel()
 	path, _ := pricedToolsConfig(t, "    tools:\n      sha256: {price_sats: 2}\n")
-	sv := startCapvend(t, path, capvendOpts{Process: true})
+	sv := startCapvend(t, path, capvendtest.Options{Process: true})
 	sv.Await("upstream connected", func() bool { return strings.Contains(sv.Stderr(), "upstream connected") })
 	cfg, err := os.ReadFile(path)
 	if err != nil {

@@ -431,7 +431,7 @@ func TestREADME(t *testing.T) {
 // binary, its own regtest stack, a customer paying over Lightning and
 // Cashu, the books, and teardown.
 func runDemoBinary(t *testing.T, dir string) {
-	c := startCapvend(t, "", capvendOpts{Args: []string{"demo", "--dir", dir}, Process: true})
+	c := startCapvend(t, "", capvendtest.Options{Args: []string{"demo", "--dir", dir}, Process: true})
 	if code := c.Wait(); code != 0 {
 		t.Fatalf("capvend demo: exit %d\nstdout:\n%s\nstderr:\n%s", code, c.Stdout(), c.Stderr())
 	}

@@ -68,7 +68,7 @@ func readmePostgres(t *testing.T, run func(string, func(*testing.T)), srcDB stri
 		t.Helper()
 		// The whole environment: its HOME's cache holds the built btcd
 		// and lnd, and the Go settings to build them if it does not.
-		c := startCapvend(t, "", capvendOpts{Args: args, Process: true, Dir: dir, Env: []string{"CAPVEND_TESTNET_DIR=" + stackDir}})
+		c := startCapvend(t, "", capvendtest.Options{Args: args, Process: true, Dir: dir, Env: []string{"CAPVEND_TESTNET_DIR=" + stackDir}})
 		if code := c.Wait(); code != 0 {
 			t.Fatalf("capvend %s: exit %d\n%s%s", strings.Join(args, " "), code, c.Stdout(), c.Stderr())
 		}

@@ -110,7 +110,7 @@ func TestRefundsEndToEnd(t *testing.T) {
 	s := needStack(t)
 	ctx := context.Background()
 	path, listen := writeServeConfig(t, s, serveOpts{cashu: true}) // LND plain invoices
-	proc := startCapvend(t, path, capvendOpts{Process: true})
+	proc := startCapvend(t, path, capvendtest.Options{Process: true})
 	pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
 	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
 	mint := func(sats uint64) string {
@@ -215,7 +215,7 @@ func TestServeSurvivesSIGKILLAfterSwap(t *testing.T) {
 	ctx := context.Background()
 	path, listen := writeServeConfig(t, s, serveOpts{noLND: true, cashu: true})
 	db := filepath.Join(filepath.Dir(path), "capvend.db")
-	proc := startCapvend(t, path, capvendOpts{Process: true, Failpoint: "after_swap"})
+	proc := startCapvend(t, path, capvendtest.Options{Process: true, Failpoint: "after_swap"})
 	pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
 	capvendtest.WaitTools(t, pc.Client, listed.Count(serveTools))
 	tok, err := s.CashuMint(ctx, 21)
@@ -225,10 +225,10 @@ func TestServeSurvivesSIGKILLAfterSwap(t *testing.T) {
 	if _, err := pc.CallMeta(t, "t_sha256", map[string]any{"text": "crash"}, map[string]any{"capvend/cashu": tok}); err == nil {
 		t.Fatal("the call succeeded although capvend was killed")
 	}
-	if code := proc.Wait(); code != exitKilled {
+	if code := proc.Wait(); code != capvendtest.ExitKilled {
 		t.Fatalf("capvend did not die by SIGKILL: exit %d", code)
 	}
-	restarted := startCapvend(t, path, capvendOpts{Process: true})
+	restarted := startCapvend(t, path, capvendtest.Options{Process: true})
 	l, err := ledger.Open(ctx, db, ledger.Options{MustExist: true})
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ func TestServeReloadsPricesOnSIGHUP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sv := startCapvend(t, path, capvendOpts{Process: true})
+	sv := startCapvend(t, path, capvendtest.Options{Process: true})
 	pc := capvendtest.NewPayingClient(t, s, sv.URL())
 	price := func() string {
 		res, err := pc.ListTools(context.Background(), mcp.ListToolsRequest{})

@@ -373,7 +373,7 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 		t.Run(tc.step+"/"+tc.tool, func(t *testing.T) {
 			path, listen := writeServeConfig(t, s, serveOpts{})
 			db := filepath.Join(filepath.Dir(path), "capvend.db")
-			proc := startCapvend(t, path, capvendOpts{Process: true, Failpoint: tc.step})
+			proc := startCapvend(t, path, capvendtest.Options{Process: true, Failpoint: tc.step})
 			pc := capvendtest.NewPayingClient(t, s, "http://"+listen+"/mcp")
 			args := map[string]any{"text": "crash " + tc.step}
 			if tc.tool == "t_slow_count" {
@@ -383,7 +383,7 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 			if _, err := pc.Call(t, tc.tool, args); err == nil {
 				t.Fatal("the call succeeded although capvend was killed")
 			}
-			if code := proc.Wait(); code != exitKilled {
+			if code := proc.Wait(); code != capvendtest.ExitKilled {
 				t.Fatalf("capvend did not die by SIGKILL: exit %d", code)
 			}
 			if tc.pays {
@@ -391,7 +391,7 @@ func TestServeSurvivesSIGKILLAtEveryStep(t *testing.T) {
 					t.Fatalf("payment: %v", err)
 				}
 			}
-			restarted := startCapvend(t, path, capvendOpts{Process: true})
+			restarted := startCapvend(t, path, capvendtest.Options{Process: true})
 			l, err := ledger.Open(context.Background(), db, ledger.Options{MustExist: true})
 			if err != nil {
 				t.Fatal(err)

@@ -43,7 +43,7 @@ func TestOneServePerSQLiteLedger(t *testing.T) {
 	path, listen := capvendtest.FreeToolsConfig(t, "")
 	startCapvend(t, path)
 	second, listen2 := sameLedgerConfig(t, path, listen)
-	sv := startCapvend(t, second, capvendOpts{LockWait: 500 * time.Millisecond, NoWait: true})
+	sv := startCapvend(t, second, capvendtest.Options{LockWait: 500 * time.Millisecond, NoWait: true})
 	deadline := time.Now().Add(60 * time.Second) // a deadlock guard
 	for {
 		if code, exited := sv.Exited(); exited {
@@ -69,7 +69,7 @@ func TestServeWaitsForTheServeBeforeIt(t *testing.T) {
 	path, listen := capvendtest.FreeToolsConfig(t, "")
 	first := startCapvend(t, path)
 	second, listen2 := sameLedgerConfig(t, path, listen)
-	sv := startCapvend(t, second, capvendOpts{LockWait: time.Minute, NoWait: true})
+	sv := startCapvend(t, second, capvendtest.Options{LockWait: time.Minute, NoWait: true})
 	sv.Await("saying it waits for the first", func() bool {
 		return strings.Contains(sv.Stderr(), "waiting up to 1m0s for it to stop")
 	})

@@ -83,14 +83,14 @@ func TestSessionOnAnotherInstance(t *testing.T) {
 		paths, listens = append(paths, p), append(listens, l)
 	}
 	ctx := context.Background()
-	a := startCapvend(t, paths[0], capvendOpts{Process: true, Failpoint: vend.FailAfterSettlement})
+	a := startCapvend(t, paths[0], capvendtest.Options{Process: true, Failpoint: vend.FailAfterSettlement})
 	l, err := ledger.OpenPostgres(ctx, dsn, ledger.Options{MustExist: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	capvendtest.WaitLeaseHolder(t, l, a.Pid(), true, time.Minute)
-	startCapvend(t, paths[1], capvendOpts{Process: true})
+	startCapvend(t, paths[1], capvendtest.Options{Process: true})
 	urlA, urlB := "http://"+listens[0]+"/mcp", "http://"+listens[1]+"/mcp"
 
 	c := &rawMCP{t: t}
@@ -119,7 +119,7 @@ func TestSessionOnAnotherInstance(t *testing.T) {
 			}()
 		}
 	})
-	if code := a.Wait(); code != exitKilled {
+	if code := a.Wait(); code != capvendtest.ExitKilled {
 		t.Fatalf("A did not die by SIGKILL: exit %d", code)
 	}
 	select {

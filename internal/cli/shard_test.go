@@ -33,7 +33,7 @@ type shardRun struct {
 	unanswered atomic.Int64
 
 	mu      sync.Mutex
-	started []*runningCapvend // every instance, in order
+	started []*capvendtest.Capvend // every instance, in order
 }
 
 // newShardRun starts a relay for instances sharding on the PostgreSQL

@@ -21,7 +21,7 @@ func TestServeStdio(t *testing.T) {
 	cfg, _ := capvendtest.FreeToolsConfig(t, "ex_")
 	inR, inW := io.Pipe()   // client -> capvend stdin
 	outR, outW := io.Pipe() // capvend stdout -> client
-	sv := startCapvend(t, cfg, capvendOpts{Args: []string{"serve", "--stdio", "--config", cfg}, Stdin: inR, Stdout: outW})
+	sv := startCapvend(t, cfg, capvendtest.Options{Args: []string{"serve", "--stdio", "--config", cfg}, Stdin: inR, Stdout: outW})
 	c := client.NewClient(transport.NewIO(outR, inW, io.NopCloser(strings.NewReader(""))))
 	cctx, ccancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer ccancel()
