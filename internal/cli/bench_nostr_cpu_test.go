@@ -34,7 +34,7 @@ import (
 // -benchtime 10000x) and its allocations since start there
 // (nostr-cpu.pprof, nostr-allocs.pprof).
 //
-//	go test -run '^$' -bench NostrFreeCallCPU -benchtime 3000x ./cmd/capvend
+//	go test -run '^$' -bench NostrFreeCallCPU -benchtime 3000x ./internal/cli
 func BenchmarkNostrFreeCallCPU(b *testing.B) {
 	relay := testkit.Relay(b)
 	sk := nostr.GeneratePrivateKey()

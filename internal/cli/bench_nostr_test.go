@@ -38,9 +38,9 @@ const nostrBenchInFlight = 16
 // alternating rounds (steadier on a busy machine). Target: capvend >= 5x
 // the SDK's calls/s.
 //
-//	go test -run '^$' -bench NostrFreeCall -benchtime 10s ./cmd/capvend
+//	go test -run '^$' -bench NostrFreeCall -benchtime 10s ./internal/cli
 //
-// Needs node and `npm ci` in cmd/capvend/testdata/contextvm (else skipped).
+// Needs node and `npm ci` in internal/cli/testdata/contextvm (else skipped).
 func BenchmarkNostrFreeCall(b *testing.B) {
 	if missing, install := npmMissing("contextvm"); missing != "" {
 		skip.Missing(b, "stock ContextVM server: "+missing, install)

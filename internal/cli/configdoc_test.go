@@ -26,7 +26,7 @@ var updateDocs = flag.Bool("update-docs", false, "rewrite docs/CONFIGURATION.md 
 // comment. A key added, renamed or documented anew without regenerating
 // fails here; regenerate with
 //
-//	go test ./cmd/capvend -run TestConfigurationReferenceIsCurrent -update-docs
+//	go test ./internal/cli -run TestConfigurationReferenceIsCurrent -update-docs
 func TestConfigurationReferenceIsCurrent(t *testing.T) {
 	got, err := configReference()
 	if err != nil {
@@ -44,7 +44,7 @@ func TestConfigurationReferenceIsCurrent(t *testing.T) {
 		t.Fatalf("%v (generate it with -update-docs)", err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Errorf("docs/CONFIGURATION.md is stale: the configuration types changed; regenerate it:\n\tgo test ./cmd/capvend -run TestConfigurationReferenceIsCurrent -update-docs\nlines only in the file (-) and only generated (+):\n%s",
+		t.Errorf("docs/CONFIGURATION.md is stale: the configuration types changed; regenerate it:\n\tgo test ./internal/cli -run TestConfigurationReferenceIsCurrent -update-docs\nlines only in the file (-) and only generated (+):\n%s",
 			capvendtest.LineDiff(string(want), string(got)))
 	}
 }
@@ -320,8 +320,8 @@ func configReference() ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteString(`# Configuration reference
 
-<!-- Generated from the configuration types in cmd/capvend by
-     go test ./cmd/capvend -run TestConfigurationReferenceIsCurrent -update-docs
+<!-- Generated from the configuration types in internal/cli by
+     go test ./internal/cli -run TestConfigurationReferenceIsCurrent -update-docs
      Do not edit by hand: edit the doc comments of the fields. -->
 
 capvend reads one YAML file: ` + "`--config FILE`" + `, else ` + "`$CAPVEND_CONFIG`" + `,

@@ -409,7 +409,7 @@ func npmMissing(dir string) (missing, install string) {
 	}
 	for _, pkg := range npmPackages[dir] {
 		if _, err := os.Stat(filepath.Join("testdata", dir, "node_modules", pkg)); err != nil {
-			return "the npm packages of testdata/" + dir + " are not installed", "(cd cmd/capvend/testdata/" + dir + " && npm ci)"
+			return "the npm packages of testdata/" + dir + " are not installed", "(cd internal/cli/testdata/" + dir + " && npm ci)"
 		}
 	}
 	return "", ""

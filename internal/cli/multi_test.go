@@ -289,7 +289,7 @@ func checkLedgerVerifies(t *testing.T, config string) {
 // CPU per call of this process (the instances, the relay and the client),
 // of PostgreSQL, and of the upstreams (child processes).
 //
-//	go test -run '^$' -bench NostrFreeCallInstances -benchtime 400x ./cmd/capvend
+//	go test -run '^$' -bench NostrFreeCallInstances -benchtime 400x ./internal/cli
 func BenchmarkNostrFreeCallInstances(b *testing.B) {
 	skip.Short(b, "starts PostgreSQL and three capvend instances")
 	dsn := capvendtest.Postgres(b)

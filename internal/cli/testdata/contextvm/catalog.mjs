@@ -1,5 +1,5 @@
 // The stock @contextvm/sdk client reading `capvend serve`'s prompts and
-// resources over ContextVM, run by cmd/capvend/contextvm_test.go:
+// resources over ContextVM, run by internal/cli/contextvm_test.go:
 //
 //   node catalog.mjs <relay-url> <server-pubkey-hex> <prompt> <text> <resource-uri>
 //

@@ -1,5 +1,5 @@
 // The stock @contextvm/sdk client against `capvend serve`'s ContextVM front,
-// run by cmd/capvend/contextvm_test.go:
+// run by internal/cli/contextvm_test.go:
 //
 //   node client.mjs <relay-url> <server-pubkey-hex> [encryption: disabled|optional]
 //

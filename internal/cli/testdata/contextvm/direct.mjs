@@ -1,5 +1,5 @@
 // The stock @contextvm/sdk client paying `capvend serve` by a CEP-8 direct
-// payment, run by cmd/capvend/contextvm_direct_test.go:
+// payment, run by internal/cli/contextvm_direct_test.go:
 //
 //   node direct.mjs <relay-url> <server-pubkey-hex> <encryption: disabled|optional> <cashu-token>
 //

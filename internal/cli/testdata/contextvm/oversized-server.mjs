@@ -1,7 +1,7 @@
 // A stock @contextvm/sdk server (NostrServerTransport + the MCP SDK's
 // McpServer) with answers and requests too large for one event (CEP-22
 // oversized transfer, which the SDK does by default), for
-// cmd/capvend/contextvm_oversized_test.go to read with capvend's own
+// internal/cli/contextvm_oversized_test.go to read with capvend's own
 // ContextVM client:
 //
 //   node oversized-server.mjs <relay-url> [encryption: disabled|optional|required]

@@ -1,6 +1,6 @@
 // The stock @contextvm/sdk client against `capvend serve`'s ContextVM front
 // through a relay that limits message sizes, run by
-// cmd/capvend/contextvm_oversized_test.go:
+// internal/cli/contextvm_oversized_test.go:
 //
 //   node oversized.mjs <relay-url> <server-pubkey-hex> <encryption: disabled|optional> <tool> <kib,...> <arg-tool> <arg-bytes>
 //

@@ -1,6 +1,6 @@
 // A stock @contextvm/sdk server (NostrServerTransport + the MCP SDK's
 // McpServer) exposing one free tool, word_count, with the semantics of
-// cmd/example-tools' word_count. cmd/capvend/bench_nostr_test.go runs it
+// cmd/example-tools' word_count. internal/cli/bench_nostr_test.go runs it
 // next to capvend's ContextVM front on the same relay:
 //
 //   node server.mjs <relay-url> [encryption: disabled|optional|required]

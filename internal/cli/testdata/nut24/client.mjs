@@ -1,5 +1,5 @@
 // The stock MCP TypeScript SDK client paying `capvend serve` over HTTP 402
-// with Cashu (NUT-24), run by cmd/capvend/nut24_test.go:
+// with Cashu (NUT-24), run by internal/cli/nut24_test.go:
 //
 //   node client.mjs <mcp-url> <mint-url>
 //
