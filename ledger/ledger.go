@@ -25,7 +25,7 @@
 //
 // It imports vend (the interfaces it implements), migrations (the
 // schemas), internal/journal and reconcile (it is the reconciler's
-// store); only cmd/capvend and test kits import it.
+// store); only internal/cli and test kits import it.
 //
 // # Writes
 //

@@ -30,7 +30,7 @@
 //
 // It is a leaf: it imports nothing of capvend. vend quotes with it (its
 // PriceBook), adapters/ctxvm writes its cap tags with CapAmount,
-// adapters/upstream reports what it lists as a Listing, and cmd/capvend
+// adapters/upstream reports what it lists as a Listing, and internal/cli
 // builds the Book from the configuration.
 // docs/OPERATING.md, Prices, says how an operator sets prices.
 package pricing

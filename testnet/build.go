@@ -184,7 +184,8 @@ func moduleDir(ctx context.Context, module, version string) (string, error) {
 }
 
 // BuildCapvend builds the capvend command of the module containing the
-// current directory into dir/capvend and returns its path. Integration tests
+// current directory (github.com/capvend/capvend/cmd/capvend, by import
+// path, from the module's root) into dir/capvend and returns its path. Integration tests
 // of other packages call it once from TestMain and pass the result as
 // Options.Executable, because the stack runs its mint and relay as
 // `capvend testnet mint|relay` processes. It fails if the current directory
@@ -204,7 +205,7 @@ func BuildCapvend(ctx context.Context, dir string, tags ...string) (string, erro
 	if len(tags) > 0 {
 		args = append(args, "-tags", strings.Join(tags, ","))
 	}
-	cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/capvend")...)
+	cmd := exec.CommandContext(ctx, "go", append(args, "github.com/capvend/capvend/cmd/capvend")...)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("testnet: build capvend: %w\n%s", err, tail(string(b), 4000))

@@ -141,7 +141,7 @@ func rssKB() int64 {
 // BenchmarkCreditCall measures a priced call paid from prepaid credit on
 // the real ledger with a fake upstream, from 8 goroutines: what a credit
 // call costs capvend itself (the regtest benchmark is
-// cmd/capvend BenchmarkCreditCalls).
+// internal/cli BenchmarkCreditCalls).
 func BenchmarkCreditCall(b *testing.B) {
 	h := newHarness(b, false, withCredit)
 	info := h.buyCredit(b, req("topup", "", "", nil), 1_000_000)

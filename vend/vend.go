@@ -23,7 +23,7 @@
 // Lightning or Cashu library and no SQL. The fronts (adapters/mcpfront,
 // adapters/ctxvm) call it, the payment backends (billing/...), the ledger
 // and adapters/upstream implement its interfaces from outside, and
-// cmd/capvend wires them together. docs/ARCHITECTURE.md, "What may import what", holds the rule.
+// internal/cli wires them together. docs/ARCHITECTURE.md, "What may import what", holds the rule.
 //
 // # Where the detail is
 //

@@ -16,7 +16,7 @@ import (
 )
 
 // fakeBooks is a DashboardSource with fixed contents (the real one, the
-// ledger, is tested in cmd/capvend: TestDashboardInChromium).
+// ledger, is tested in internal/cli: TestDashboardInChromium).
 type fakeBooks struct {
 	snap *Snapshot
 	hist map[vend.CallID]*CallHistory

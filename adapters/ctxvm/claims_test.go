@@ -13,7 +13,7 @@ import (
 )
 
 // memClaims is an in-memory vend.RequestClaimer (the ledger's is tested
-// in ledger, and across instances in cmd/capvend).
+// in ledger, and across instances in internal/cli).
 type memClaims struct {
 	mu   sync.Mutex
 	m    map[string]string

@@ -478,7 +478,7 @@ func takeTheOnlySlot(v *fakeVendor, logs *syncbuf.Buffer, c *client) *nostr.Even
 
 // A request event seen again by a restarted server (same key) is the same
 // call: same RequestID, same answers. (The ledger-backed Vendor then
-// answers from the stored result; see cmd/capvend's contextvm test.)
+// answers from the stored result; see internal/cli's contextvm test.)
 func TestReplayAfterRestart(t *testing.T) {
 	relay := testkit.Relay(t)
 	v := &fakeVendor{}

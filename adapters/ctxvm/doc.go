@@ -26,7 +26,7 @@
 // adapters/rpcerr (vend's errors as the JSON-RPC errors every front
 // sends), pricing and go-nostr. It knows nothing of billing or the
 // ledger: the stores it needs (Config.Replies, Config.Claims,
-// Config.Members) are interfaces the ledger implements, and cmd/capvend
+// Config.Members) are interfaces the ledger implements, and internal/cli
 // wires them together in `capvend serve` (and `capvend unannounce`).
 //
 // # Protocol reference

@@ -16,7 +16,7 @@ import (
 )
 
 // memMembers is an in-memory Members on a test clock (the ledger's is
-// tested in ledger, and across instances in cmd/capvend).
+// tested in ledger, and across instances in internal/cli).
 type memMembers struct {
 	mu       sync.Mutex
 	now      func() time.Time

@@ -26,7 +26,7 @@
 //
 // It imports vend, adapters/rpcerr and mcp-go's server, and knows nothing
 // of billing or the ledger (sessions shared between instances go through
-// a SessionStore, which the ledger implements). cmd/capvend builds its
+// a SessionStore, which the ledger implements). internal/cli builds its
 // Config from the http and payments sections and mounts Handler. mcp-go
 // v1.2.1 cannot set a tool error's code or data and re-encodes results,
 // so both pass through it as markers the writers under it put back (see

@@ -10,7 +10,7 @@ import (
 
 // memSessions is a SessionStore in memory (the ledger's is tested in
 // package ledger, on SQLite and PostgreSQL, and end to end in
-// cmd/capvend).
+// internal/cli).
 type memSessions struct {
 	mu     sync.Mutex
 	m      map[string]time.Time

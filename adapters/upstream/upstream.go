@@ -35,7 +35,7 @@
 // # How it fits
 //
 // It imports vend (the interfaces it implements) and pricing, and
-// mcp-go's client. cmd/capvend makes it the Vendor's ToolSource and,
+// mcp-go's client. internal/cli makes it the Vendor's ToolSource and,
 // through an adapter, the fronts' Catalog.
 package upstream
 

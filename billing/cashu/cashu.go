@@ -1,6 +1,6 @@
 // Package cashu is capvend's Cashu payment backend (gonuts v0.4.2): it
 // implements vend.PaymentBackend and vend.RefundPayer (and reconcile's
-// Wallet) for cmd/capvend to wire. docs/OPERATING.md, "Connecting to a
+// Wallet) for internal/cli to wire. docs/OPERATING.md, "Connecting to a
 // Cashu mint", sets it up.
 //
 // # Taking payment

@@ -2,7 +2,7 @@
 // (lnrpc v0.20.2-beta): plain invoices, and hold invoices that are settled
 // only after the tool succeeded and canceled (returning the client's money)
 // when it failed. It needs nothing beyond LND's invoice macaroon. It
-// implements vend.PaymentBackend (and reconcile's LND) for cmd/capvend to
+// implements vend.PaymentBackend (and reconcile's LND) for internal/cli to
 // wire; docs/OPERATING.md, "Connecting to a real LND node", sets it up.
 //
 // # Watching payments

@@ -1,5 +1,5 @@
 // Command capvend sells MCP tool calls for sats: see README.md, or run
-// `capvend --help`.
+// `capvend --help`. The command line lives in internal/cli.
 package main
 
 import (
@@ -7,11 +7,13 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/capvend/capvend/internal/cli"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := execute(ctx, rootCommand(), defaultEnv(), os.Args[1:])
+	code := cli.Main(ctx, os.Args[1:], cli.Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv})
 	stop()
 	os.Exit(code)
 }

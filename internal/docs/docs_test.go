@@ -1,7 +1,7 @@
 // Package docs holds the tests of capvend's documentation (README.md and
 // docs/): its relative links lead somewhere, the README stays a front
 // door (at most 300 lines), its package map names every package, and the
-// docs files Go comments cite exist. The README test (cmd/capvend,
+// docs files Go comments cite exist. The README test (internal/cli,
 // TestREADME) runs the docs' commands.
 package docs
 

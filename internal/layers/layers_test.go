@@ -17,14 +17,14 @@ const module = "github.com/capvend/capvend/"
 // forbidden lists, per package (a path relative to the module, covering
 // the packages below it), the module packages it must not import.
 var forbidden = map[string][]string{
-	"pricing":          {"vend", "adapters", "billing", "ledger", "reconcile", "cmd", "testnet"},
-	"vend":             {"adapters", "billing", "ledger", "reconcile", "cmd", "testnet", "migrations"},
-	"billing/lnd":      {"adapters", "ledger", "cmd", "testnet"},
-	"billing/cashu":    {"adapters", "ledger", "cmd", "testnet"},
-	"billing/nwc":      {"adapters", "ledger", "cmd", "testnet"},
-	"adapters":         {"billing", "ledger", "reconcile", "cmd", "testnet"},
-	"ledger":           {"adapters", "billing", "cmd", "testnet"},
-	"internal/journal": {"adapters", "billing", "ledger", "reconcile", "cmd", "testnet"},
+	"pricing":          {"vend", "adapters", "billing", "ledger", "reconcile", "cmd", "internal/cli", "testnet"},
+	"vend":             {"adapters", "billing", "ledger", "reconcile", "cmd", "internal/cli", "testnet", "migrations"},
+	"billing/lnd":      {"adapters", "ledger", "cmd", "internal/cli", "testnet"},
+	"billing/cashu":    {"adapters", "ledger", "cmd", "internal/cli", "testnet"},
+	"billing/nwc":      {"adapters", "ledger", "cmd", "internal/cli", "testnet"},
+	"adapters":         {"billing", "ledger", "reconcile", "cmd", "internal/cli", "testnet"},
+	"ledger":           {"adapters", "billing", "cmd", "internal/cli", "testnet"},
+	"internal/journal": {"adapters", "billing", "ledger", "reconcile", "cmd", "internal/cli", "testnet"},
 }
 
 // under reports whether pkg is path or below it.
