@@ -303,7 +303,7 @@ func TestBinaryBuildsAndRuns(t *testing.T) {
 	t.Parallel()
 	skip.Short(t, "builds the binary")
 	bin := filepath.Join(t.TempDir(), "capvend")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/capvend/capvend/cmd/capvend").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	dir := t.TempDir()
