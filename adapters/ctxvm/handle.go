@@ -218,7 +218,7 @@ func (s *Server) handle(ctx context.Context, ev *nostr.Event) {
 	case "tools/call":
 		res, rerr := s.call(ctx, r, out)
 		out.answer(res, rerr, nil, false)
-		s.remember(ctx, r, res, rerr) // while the answer is published
+		s.remember(ctx, r, res, rerr) // once the answer is out, or while it goes
 	case "prompts/list", "prompts/get", "resources/list", "resources/templates/list", "resources/read":
 		res, rerr, tags := s.serveCatalog(ctx, r, out)
 		out.answer(res, rerr, tags, false)
@@ -381,18 +381,21 @@ func toWire(err error, tool string) *rpcError {
 const outboxSize = 64
 
 // outbox publishes the events about one request in order: notifications
-// first, the answer last.
+// first, the answer last. Its goroutine starts with the first
+// notification or request of ours; an answer with nothing queued before
+// it is published in the answering goroutine (most requests have no
+// notification: that saves a goroutine and its hand-offs per request).
 type outbox struct {
-	s    *Server
-	r    *request
-	ctx  context.Context
-	ch   chan *outEvent // pointers: a buffer of outboxSize events was 7 KB a request
-	done chan struct{}
+	s   *Server
+	r   *request
+	ctx context.Context
 
-	mu     sync.Mutex // guards ch's closing against late notifications
-	closed bool
+	mu     sync.Mutex     // guards ch, closed, and ch's closing against late notifications
+	ch     chan *outEvent // nil until the first queued event; pointers: a buffer of outboxSize events was 7 KB a request
+	done   chan struct{}  // closed when run returned; nil while ch is
+	closed bool           // the answer is out (or on its way): notifications are dropped
 
-	hold bool // a new client: wait FirstAnswerDelay before the first event (run's goroutine only)
+	hold bool // a new client: wait FirstAnswerDelay before the first event (read by whoever sends: run's goroutine, or answer's before run starts)
 
 	// free gives the request's MaxInFlight slot back (idempotent; nil
 	// when it holds none): the request now waits for a payment.
@@ -416,23 +419,37 @@ type outEvent struct {
 }
 
 func (s *Server) newOutbox(ctx context.Context, r *request) *outbox {
-	o := &outbox{s: s, r: r, ctx: ctx, ch: make(chan *outEvent, outboxSize), done: make(chan struct{})}
+	o := &outbox{s: s, r: r, ctx: ctx}
 	o.free, _ = ctx.Value(slotKey{}).(func())
 	o.hold = s.cfg.FirstAnswerDelay > 0 && s.newClient(r.ev.PubKey)
-	go o.run()
 	return o
+}
+
+// queue returns the queue of o's goroutine, starting it on first use; o.mu
+// is held.
+func (o *outbox) queue() chan *outEvent {
+	if o.ch == nil {
+		o.ch, o.done = make(chan *outEvent, outboxSize), make(chan struct{})
+		go o.run()
+	}
+	return o.ch
 }
 
 func (o *outbox) run() {
 	defer close(o.done)
 	for e := range o.ch {
-		err := o.send(e)
-		if err != nil {
-			o.s.log.Warn("nostr answer not published", logKeyClient, o.r.ev.PubKey, logKeyEvent, o.r.ev.ID, logKeyErr, err)
-		}
-		if e.sent != nil {
-			e.sent <- err
-		}
+		o.publish(e)
+	}
+}
+
+// publish sends e, logs its failure and reports its outcome to e.sent.
+func (o *outbox) publish(e *outEvent) {
+	err := o.send(e)
+	if err != nil {
+		o.s.log.Warn("nostr answer not published", logKeyClient, o.r.ev.PubKey, logKeyEvent, o.r.ev.ID, logKeyErr, err)
+	}
+	if e.sent != nil {
+		e.sent <- err
 	}
 }
 
@@ -440,10 +457,16 @@ func (o *outbox) run() {
 // Notifications after close are dropped.
 func (o *outbox) close() {
 	o.mu.Lock()
+	already := o.closed
 	o.closed = true
-	close(o.ch)
+	ch, done := o.ch, o.done
+	if ch != nil && !already {
+		close(ch)
+	}
 	o.mu.Unlock()
-	<-o.done
+	if done != nil {
+		<-done
+	}
 }
 
 // notify queues a notification (vend.CallRequest.Notify), sent in the
@@ -465,7 +488,7 @@ func (o *outbox) notify(method string, params any) {
 		return
 	}
 	select {
-	case o.ch <- &outEvent{method: method, params: params, tags: tags}:
+	case o.queue() <- &outEvent{method: method, params: params, tags: tags}:
 	default:
 		o.s.log.Debug("notification dropped: outbox full", logKeyMethod, method)
 	}
@@ -481,18 +504,29 @@ func (o *outbox) request(id, method string, params json.RawMessage, sent chan er
 	if o.closed {
 		return false
 	}
-	o.ch <- &outEvent{method: method, params: params, id: id, sent: sent}
+	o.queue() <- &outEvent{method: method, params: params, id: id, sent: sent}
 	return true
 }
 
-// answer queues the response to the request.
+// answer publishes the response to the request: queued after the events
+// before it, or, when nothing was ever queued, right here (it returns
+// once published or given up). Either way the events offered after it
+// are dropped; close still waits for a queued answer.
 func (o *outbox) answer(result json.RawMessage, rerr *rpcError, tags nostr.Tags, discovery bool) {
+	e := &outEvent{result: result, rerr: rerr, tags: tags, response: true, discovery: discovery}
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	if o.closed {
+		o.mu.Unlock()
 		return
 	}
-	o.ch <- &outEvent{result: result, rerr: rerr, tags: tags, response: true, discovery: discovery}
+	if o.ch != nil {
+		defer o.mu.Unlock()
+		o.ch <- e
+		return
+	}
+	o.closed = true // no goroutine will start: hold is ours
+	o.mu.Unlock()
+	o.publish(e)
 }
 
 // send encodes e in the request's dialect, signs (and wraps, for an
