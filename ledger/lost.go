@@ -88,33 +88,21 @@ func bookLost(ctx context.Context, tx *wtx, p LostPayment, now time.Time) error 
 func (l *Ledger) LostRefs(ctx context.Context, refs []string) (map[string]bool, error) {
 	out := map[string]bool{}
 	err := l.read(ctx, func(tx *sql.Tx) error {
-		for len(refs) > 0 {
-			n := min(len(refs), 500)
-			args := make([]any, n)
-			for i, r := range refs[:n] {
-				args[i] = r
-			}
-			rows, err := tx.QueryContext(ctx, "SELECT ref FROM lost_payments WHERE ref IN (?"+strings.Repeat(", ?", n-1)+")", args...)
+		return inChunks(refs, func(in string, args []any) error {
+			rows, err := tx.QueryContext(ctx, "SELECT ref FROM lost_payments WHERE ref "+in, args...)
 			if err != nil {
 				return err
 			}
+			defer rows.Close()
 			for rows.Next() {
 				var ref string
 				if err := rows.Scan(&ref); err != nil {
-					rows.Close()
 					return err
 				}
 				out[ref] = true
 			}
-			if err := rows.Close(); err != nil {
-				return err
-			}
-			if err := rows.Err(); err != nil {
-				return err
-			}
-			refs = refs[n:]
-		}
-		return nil
+			return rows.Err()
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("lost payments: %w", err)

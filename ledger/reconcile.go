@@ -327,25 +327,37 @@ const paymentsChunk = 500
 // refs.
 func (l *Ledger) PaymentsByRef(ctx context.Context, refs []string, skip vend.PaymentState) (map[string]vend.Payment, error) {
 	out := map[string]vend.Payment{}
+	err := inChunks(refs, func(in string, args []any) error {
+		where := "ref " + in
+		if skip != "" {
+			where += " AND state <> ?"
+			args = append(args, string(skip))
+		}
+		ps, err := l.payments(ctx, where, args...)
+		for _, p := range ps {
+			out[p.Ref] = p
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// inChunks calls fn for each paymentsChunk of refs with its "IN (?, ...)"
+// clause and the refs as arguments (room left for one more).
+func inChunks(refs []string, fn func(in string, args []any) error) error {
 	for len(refs) > 0 {
 		n := min(len(refs), paymentsChunk)
 		args := make([]any, n, n+1)
 		for i := range args {
 			args[i] = refs[i]
 		}
-		where := "ref IN (?" + strings.Repeat(", ?", n-1) + ")"
-		if skip != "" {
-			where += " AND state <> ?"
-			args = append(args, string(skip))
-		}
-		ps, err := l.payments(ctx, where, args...)
-		if err != nil {
-			return nil, err
-		}
-		for _, p := range ps {
-			out[p.Ref] = p
+		if err := fn("IN (?"+strings.Repeat(", ?", n-1)+")", args); err != nil {
+			return err
 		}
 		refs = refs[n:]
 	}
-	return out, nil
+	return nil
 }
