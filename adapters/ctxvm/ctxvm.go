@@ -446,6 +446,8 @@ func (s *Server) Run(ctx context.Context) error {
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
 	var wg sync.WaitGroup
+	handlers := newWorkers(workerIdle) // see workers.go
+	defer handlers.stop()
 	s.log.Info("contextvm front listening", "pubkey", s.pk, "relays", len(s.cfg.Relays))
 	announced := s.startAnnouncing(ctx)
 	watched := s.startListWatch(ctx)
@@ -480,7 +482,7 @@ loop:
 			continue
 		}
 		wg.Add(1)
-		go func() {
+		handlers.run(func() {
 			var once sync.Once
 			free := func() { once.Do(func() { <-slots }) }
 			defer func() { free(); wg.Done() }()
@@ -489,7 +491,7 @@ loop:
 				ctx = vend.Urgent(ctx) // its ledger reads go first
 			}
 			s.handle(ctx, ev)
-		}()
+		})
 	}
 	stopSub()
 	<-announced
