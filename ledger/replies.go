@@ -20,6 +20,9 @@ const MaxReplyBytes = 1 << 20
 // is an error matching vend.ErrResultExpired: the request ran, and its
 // answer is gone. It only reads.
 func (l *Ledger) Reply(ctx context.Context, key string) ([]byte, bool, error) {
+	if l.replyIdx != nil && !l.replyIdx.mayHave(key) {
+		return nil, false, nil
+	}
 	var reply []byte
 	var pruned sql.NullInt64
 	err := l.reader(ctx).QueryRowContext(ctx, "SELECT reply, pruned_at FROM request_replies WHERE request_key = ?", key).Scan(&reply, &pruned)
@@ -118,6 +121,9 @@ type replyReq struct {
 func (l *Ledger) commitReplies(ctx context.Context, batch []*replyReq) {
 	err := l.writeRelaxed(ctx, func(tx *wtx, now time.Time) error {
 		for _, r := range batch {
+			if l.replyIdx != nil {
+				l.replyIdx.add(r.key, ms(now))
+			}
 			res, err := tx.ExecContext(ctx, "INSERT INTO request_replies (request_key, reply, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
 				r.key, r.reply, ms(now))
 			if err != nil {
@@ -153,6 +159,9 @@ func (l *Ledger) PruneReplies(ctx context.Context, before time.Time) (int64, err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("prune replies: %w", err)
+	}
+	if l.replyIdx != nil {
+		l.replyIdx.prune(ms(before))
 	}
 	return n, nil
 }

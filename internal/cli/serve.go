@@ -183,7 +183,10 @@ func (s *vendServer) open(ctx context.Context) error {
 	}
 	obs := vend.LogCallEnds(s.log, metrics)
 	var err error
-	if s.l, err = cfg.Ledger.open(ctx, "", ledger.Options{Observer: obs, ClaimTakeover: cfg.Ledger.ClaimTakeover}); err != nil {
+	// On SQLite serve holds the ledger's lock (serve above): no other
+	// process stores replies.
+	opts := ledger.Options{Observer: obs, ClaimTakeover: cfg.Ledger.ClaimTakeover, SoleReplyWriter: cfg.Ledger.Driver != "postgres"}
+	if s.l, err = cfg.Ledger.open(ctx, "", opts); err != nil {
 		return err
 	}
 	s.instance = newInstanceID()
