@@ -236,6 +236,9 @@ type Server struct {
 	// started is when Run started: gift wraps older than that are
 	// relays' stored copies of requests a previous run had.
 	started nostr.Timestamp
+	// legacyUntil is when answers stored under claimKey stop being
+	// looked up (legacyReplies).
+	legacyUntil time.Time
 
 	ann     announcer                        // announcements (announce.go)
 	access  accessList                       // Config.Allow and Deny (access.go)
@@ -427,6 +430,7 @@ func (s *Server) Run(ctx context.Context) error {
 	// the last Window again and re-run free calls.
 	since := nostr.Timestamp(s.cfg.Now().Add(-s.cfg.Window).Unix())
 	s.started = nostr.Timestamp(s.cfg.Now().Unix())
+	s.legacyUntil = s.cfg.Now().Add(2 * s.cfg.Window)
 	filter := nostr.Filter{Kinds: kinds, Tags: nostr.TagMap{"p": []string{s.pk}}, Since: &since}
 
 	// With a shard, requests are read a little after ctx ends (see
