@@ -222,9 +222,11 @@ type Server struct {
 	// sleep waits d or until ctx ends (tests replace it).
 	sleep func(ctx context.Context, d time.Duration)
 
-	mu       sync.Mutex
-	seen     map[string]bool // clients that got their discovery tags
-	inflight map[string]bool // replay keys of requests being served (see startReplay)
+	mu   sync.Mutex
+	seen map[string]bool // clients that got their discovery tags
+	// inflight holds the claim keys of requests being served (see
+	// startReplay): nil until answered, then the answer being stored.
+	inflight map[string][]byte
 	bigOK    map[string]bool // clients that take oversized transfers (transfer.go)
 
 	ready chan struct{} // closed once every relay confirmed the subscription
@@ -360,7 +362,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	skBytes, _ := hex.DecodeString(cfg.SecretKey)
 	priv, _ := btcec.PrivKeyFromBytes(skBytes)
-	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, signer: newSigner(priv), seen: map[string]bool{}, inflight: map[string]bool{}, bigOK: map[string]bool{},
+	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, signer: newSigner(priv), seen: map[string]bool{}, inflight: map[string][]byte{}, bigOK: map[string]bool{},
 		ready: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight), paying: make(chan struct{}, max(1, cfg.MaxInFlight/10)), ann: newAnnouncer(), lists: newListWatch(), access: access}
 	s.relays.init(cfg.Relays)

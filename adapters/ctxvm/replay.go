@@ -71,17 +71,22 @@ func kept(method string) bool {
 }
 
 // startReplay decides how a request that runs something is served: it
-// returns false when it was answered already (from the store: a replay),
-// or when the same event is being served right now (the first copy will
-// answer). Otherwise the request is marked in flight until endReplay.
+// returns false when it was answered already (from the store: a replay;
+// or from memory, answered and being stored), or when the same event is
+// being served right now (the first copy will answer). Otherwise the
+// request is marked in flight until endReplay.
 func (s *Server) startReplay(ctx context.Context, r *request, out *outbox) bool {
 	key := claimKey(r)
 	s.mu.Lock()
-	if s.inflight[key] {
+	if answer, busy := s.inflight[key]; busy {
 		s.mu.Unlock()
+		if answer != nil {
+			// Answered, its answer not stored yet (remember).
+			out.answer(json.RawMessage(answer), nil, nil, false)
+		}
 		return false
 	}
-	s.inflight[key] = true
+	s.inflight[key] = nil
 	s.mu.Unlock()
 	if s.cfg.Replies == nil {
 		return true
@@ -125,6 +130,13 @@ func (s *Server) remember(ctx context.Context, r *request, res json.RawMessage, 
 	if s.cfg.Replies == nil || rerr != nil || len(res) == 0 || !kept(r.msg.Method) {
 		return
 	}
+	// Until it is stored (a group commit waits for others), a copy of
+	// the request is answered from here.
+	s.mu.Lock()
+	if _, busy := s.inflight[claimKey(r)]; busy {
+		s.inflight[claimKey(r)] = res
+	}
+	s.mu.Unlock()
 	if _, err := s.cfg.Replies.RememberReply(context.WithoutCancel(ctx), replyKey(r), res); err != nil {
 		s.log.Warn("reply not stored for replays", logKeyEvent, r.ev.ID, logKeyErr, err)
 	}

@@ -212,3 +212,44 @@ func TestRepliesStoredByTimeThenID(t *testing.T) {
 		t.Fatal("the answer is not stored under its time and id")
 	}
 }
+
+// slowReplies holds RememberReply until release is closed.
+type slowReplies struct {
+	memReplies
+	storing chan struct{} // closed when RememberReply is called
+	release chan struct{}
+}
+
+func (s *slowReplies) RememberReply(ctx context.Context, key string, reply []byte) (bool, error) {
+	close(s.storing)
+	<-s.release
+	return s.memReplies.RememberReply(ctx, key, reply)
+}
+
+// TestCopyAnsweredWhileItsAnswerIsStored: a copy of a request that comes
+// after the answer went out but before it is stored (a group commit
+// waits for others) gets the same answer, and nothing runs again.
+func TestCopyAnsweredWhileItsAnswerIsStored(t *testing.T) {
+	store := &slowReplies{memReplies: memReplies{m: map[string][]byte{}}, storing: make(chan struct{}), release: make(chan struct{})}
+	v := &fakeVendor{}
+	s, out := recorder(t, func(c *Config) { c.Vendor, c.Replies = v, store })
+	sk := nostr.GeneratePrivateKey()
+	call := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}},
+		Content: `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"free","arguments":{"text":"once"}}}`}
+	call.Sign(sk)
+	first := make(chan struct{})
+	go func() { defer close(first); s.handle(context.Background(), call) }()
+	<-store.storing
+	s.handle(context.Background(), call) // the copy
+	close(store.release)
+	<-first
+	v.mu.Lock()
+	ran := len(v.calls)
+	v.mu.Unlock()
+	if ran != 1 {
+		t.Fatalf("ran %d times, want 1", ran)
+	}
+	if len(*out) != 2 || (*out)[0].Content != (*out)[1].Content {
+		t.Fatalf("answers %v, want the same answer twice", *out)
+	}
+}
