@@ -27,11 +27,13 @@ import (
 // itself (with h1Client, or httpClient), skipping mcp-go's client and
 // transport (which encode and decode the params three times, derive
 // headers from a cached tool list, and decode every message twice); to a
-// stdio upstream on that protocol, its params are written as bytes and
-// handed to the session's stdio transport (sendStdio), skipping only
-// mcp-go's client (the params encoded three times, Mcp-Param-* headers
-// derived from the tool's schema for a hop that has no headers, the
-// result decoded and encoded again). The
+// stdio upstream on that protocol, the request is written as one line to
+// the child's stdin and its answer read off the child's stdout beside
+// mcp-go's transport (stdioDemux, sendDemux), skipping mcp-go's client
+// (the params encoded three times, Mcp-Param-* headers derived from the
+// tool's schema for a hop that has no headers, the result decoded and
+// encoded again) and its transport (the request encoded again, every
+// answer decoded twice). The
 // request is the one mcp-go's client would send: the same params, _meta
 // (protocol version, capabilities, client info, our progress token),
 // Mcp-Method, Mcp-Name, protocol version and configured headers; a progress notification on the
