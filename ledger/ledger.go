@@ -118,6 +118,12 @@ type Options struct {
 	// ClaimTakeover is how long a dead instance's request claim stands
 	// (see ClaimRequest); 0: DefaultClaimTakeover.
 	ClaimTakeover time.Duration
+	// SoleReplyWriter says no other process stores replies (RememberReply)
+	// in this SQLite ledger while it is open: capvend serve, which holds
+	// the ledger's lock. Reply then tells a key that has none from memory
+	// (replyindex.go). Ignored by OpenPostgres: instances share its
+	// replies.
+	SoleReplyWriter bool
 }
 
 // Ledger is an open ledger file. It is safe for concurrent use.
@@ -160,6 +166,9 @@ type Ledger struct {
 
 	queue   writeQueue // write transactions waiting for their group commit (batch.go)
 	replies replyBatch // stored replies waiting for their group commit
+	// replyIdx, with Options.SoleReplyWriter, knows which keys may have
+	// a stored reply (replyindex.go); nil: Reply always reads.
+	replyIdx *replyIndex
 }
 
 var _ vend.Ledger = (*Ledger)(nil)
@@ -207,6 +216,12 @@ func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
 	if err := l.migrate(ctx); err != nil {
 		l.Close()
 		return nil, err
+	}
+	if opts.SoleReplyWriter {
+		if err := l.loadReplyIndex(ctx); err != nil {
+			l.Close()
+			return nil, err
+		}
 	}
 	if l.wconn, err = db.Conn(ctx); err != nil {
 		l.Close()

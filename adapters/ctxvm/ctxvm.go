@@ -222,9 +222,11 @@ type Server struct {
 	// sleep waits d or until ctx ends (tests replace it).
 	sleep func(ctx context.Context, d time.Duration)
 
-	mu       sync.Mutex
-	seen     map[string]bool // clients that got their discovery tags
-	inflight map[string]bool // replay keys of requests being served (see startReplay)
+	mu   sync.Mutex
+	seen map[string]bool // clients that got their discovery tags
+	// inflight holds the claim keys of requests being served (see
+	// startReplay): nil until answered, then the answer being stored.
+	inflight map[string][]byte
 	bigOK    map[string]bool // clients that take oversized transfers (transfer.go)
 
 	ready chan struct{} // closed once every relay confirmed the subscription
@@ -236,6 +238,9 @@ type Server struct {
 	// started is when Run started: gift wraps older than that are
 	// relays' stored copies of requests a previous run had.
 	started nostr.Timestamp
+	// legacyUntil is when answers stored under claimKey stop being
+	// looked up (legacyReplies).
+	legacyUntil time.Time
 
 	ann     announcer                        // announcements (announce.go)
 	access  accessList                       // Config.Allow and Deny (access.go)
@@ -357,7 +362,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	skBytes, _ := hex.DecodeString(cfg.SecretKey)
 	priv, _ := btcec.PrivKeyFromBytes(skBytes)
-	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, signer: newSigner(priv), seen: map[string]bool{}, inflight: map[string]bool{}, bigOK: map[string]bool{},
+	s := &Server{cfg: cfg, log: cfg.Logger, pk: pk, priv: priv, signer: newSigner(priv), seen: map[string]bool{}, inflight: map[string][]byte{}, bigOK: map[string]bool{},
 		ready: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight), paying: make(chan struct{}, max(1, cfg.MaxInFlight/10)), ann: newAnnouncer(), lists: newListWatch(), access: access}
 	s.relays.init(cfg.Relays)
@@ -427,6 +432,7 @@ func (s *Server) Run(ctx context.Context) error {
 	// the last Window again and re-run free calls.
 	since := nostr.Timestamp(s.cfg.Now().Add(-s.cfg.Window).Unix())
 	s.started = nostr.Timestamp(s.cfg.Now().Unix())
+	s.legacyUntil = s.cfg.Now().Add(2 * s.cfg.Window)
 	filter := nostr.Filter{Kinds: kinds, Tags: nostr.TagMap{"p": []string{s.pk}}, Since: &since}
 
 	// With a shard, requests are read a little after ctx ends (see
@@ -446,6 +452,8 @@ func (s *Server) Run(ctx context.Context) error {
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
 	var wg sync.WaitGroup
+	handlers := newWorkers(workerIdle) // see workers.go
+	defer handlers.stop()
 	s.log.Info("contextvm front listening", "pubkey", s.pk, "relays", len(s.cfg.Relays))
 	announced := s.startAnnouncing(ctx)
 	watched := s.startListWatch(ctx)
@@ -480,7 +488,7 @@ loop:
 			continue
 		}
 		wg.Add(1)
-		go func() {
+		handlers.run(func() {
 			var once sync.Once
 			free := func() { once.Do(func() { <-slots }) }
 			defer func() { free(); wg.Done() }()
@@ -489,7 +497,7 @@ loop:
 				ctx = vend.Urgent(ctx) // its ledger reads go first
 			}
 			s.handle(ctx, ev)
-		}()
+		})
 	}
 	stopSub()
 	<-announced

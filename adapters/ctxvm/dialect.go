@@ -1,7 +1,6 @@
 package ctxvm
 
 import (
-	"bytes"
 	"encoding/json"
 	"strings"
 
@@ -77,9 +76,8 @@ func parseMessage(ev *nostr.Event) (dialect, message, error) {
 	if !isObject(ev.Content) {
 		return 0, message{}, ErrNotJSONRPC
 	}
-	dec := json.NewDecoder(bytes.NewReader([]byte(ev.Content)))
-	if err := dec.Decode(&raw); err != nil || dec.More() {
-		return 0, message{}, ErrNotJSONRPC
+	if err := json.Unmarshal([]byte(ev.Content), &raw); err != nil {
+		return 0, message{}, ErrNotJSONRPC // also with anything after the object
 	}
 	if len(raw.ID) > 0 && !validID(raw.ID) {
 		return 0, message{}, ErrNotJSONRPC
@@ -109,7 +107,7 @@ func parseMessage(ev *nostr.Event) (dialect, message, error) {
 // isObject says whether s starts like a JSON object (json.Decoder takes
 // null for an empty struct).
 func isObject(s string) bool {
-	t := bytes.TrimLeft([]byte(s), " \t\r\n")
+	t := strings.TrimLeft(s, " \t\r\n")
 	return len(t) > 0 && t[0] == '{'
 }
 

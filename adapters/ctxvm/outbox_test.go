@@ -111,7 +111,7 @@ func TestAnswerDoesNotWaitForTheReplyStore(t *testing.T) {
 	if len(store.seen) != 1 || store.seen[0] != 1 {
 		t.Fatalf("answers published when the reply was stored: %v, want [1]", store.seen)
 	}
-	if _, ok, _ := store.Reply(context.Background(), replayKey(&request{ev: ev})); !ok {
+	if _, ok, _ := store.Reply(context.Background(), replyKey(&request{ev: ev})); !ok {
 		t.Fatal("handle returned before the reply was stored")
 	}
 }

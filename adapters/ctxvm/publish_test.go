@@ -3,11 +3,13 @@ package ctxvm
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/capvend/capvend/adapters/ctxvm/oversized"
 	"github.com/capvend/capvend/internal/testkit"
 )
 
@@ -79,5 +81,29 @@ func TestFirstAnswerHeld(t *testing.T) {
 	}
 	if len(slept) != 2 || slept[0] != 200*time.Millisecond || slept[1] != 200*time.Millisecond {
 		t.Fatalf("held %v, want two holds of 200ms (one per new client)", slept)
+	}
+}
+
+// TestEventSizeBound: eventSize is the encoded size whenever it matters
+// (a relay's limit, or DefaultThreshold, within reach of its bound), and
+// otherwise a bound at or above it.
+func TestEventSizeBound(t *testing.T) {
+	s := &Server{}
+	s.info.learn("ws://small", 700) // as if it closed the connection on a larger event
+	sk := nostr.GeneratePrivateKey()
+	for _, content := range []string{"", "plain", strings.Repeat("\x01\"\\<>&é", 900), strings.Repeat("x", 40_000)} {
+		ev := nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Content: content, Tags: nostr.Tags{{"p", strings.Repeat("a", 64)}, {"e", "\x02\n"}}}
+		ev.Sign(sk)
+		env, _ := nostr.EventEnvelope{Event: ev}.MarshalJSON()
+		got := s.eventSize(&ev, []string{"ws://unknown"})
+		if got.Content != len(content) || got.Message < len(env) {
+			t.Fatalf("content of %d bytes: size %+v, encoded %d", len(content), got, len(env))
+		}
+		if got.Message > oversized.DefaultThreshold && got.Message != len(env) {
+			t.Fatalf("content of %d bytes: over DefaultThreshold, size %d not the encoded %d", len(content), got.Message, len(env))
+		}
+		if small := s.eventSize(&ev, []string{"ws://unknown", "ws://small"}); small.Message != len(env) {
+			t.Fatalf("content of %d bytes, a relay's limit within reach: size %d not the encoded %d", len(content), small.Message, len(env))
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -99,7 +100,7 @@ func TestReplaysAnsweredFromStore(t *testing.T) {
 	if ran != 3 {
 		t.Fatalf("vendor saw %d calls, want 3 (the gated call evaluated twice)", ran)
 	}
-	if _, ok, _ := store.Reply(ctx, "nostr:"+gated.ID); ok {
+	if _, ok, _ := store.Reply(ctx, replyKey(&request{ev: gated})); ok {
 		t.Fatal("an error answer was stored")
 	}
 	// Lists are not stored.
@@ -120,7 +121,7 @@ func TestReplayOfAPrunedAnswerIsAnError(t *testing.T) {
 	call := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}},
 		Content: `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"free","arguments":{"text":"once"}}}`}
 	call.Sign(sk)
-	store.pruned["nostr:"+call.ID] = true
+	store.pruned[replyKey(&request{ev: call})] = true
 	s.handle(context.Background(), call)
 	v.mu.Lock()
 	ran := len(v.calls)
@@ -172,5 +173,83 @@ func TestDuplicateInFlightServedOnce(t *testing.T) {
 	v.mu.Unlock()
 	if len(*out) != 1 {
 		t.Fatalf("%d answers, want 1", len(*out))
+	}
+}
+
+// TestRepliesStoredByTimeThenID: an answer is stored under the request's
+// created_at, then its id; one stored by an earlier build under the id
+// alone still answers a replay for two windows after Run starts (the
+// longest it is wanted), and the call does not run again.
+func TestRepliesStoredByTimeThenID(t *testing.T) {
+	store := &memReplies{m: map[string][]byte{}}
+	v := &fakeVendor{}
+	s, out := recorder(t, func(c *Config) { c.Vendor, c.Replies = v, store })
+	sk := nostr.GeneratePrivateKey()
+	ev := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Content: `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"free","arguments":{"text":"once"}}}`,
+		Tags: nostr.Tags{{"p", s.PublicKey()}}}
+	ev.Sign(sk)
+	if got, want := replyKey(&request{ev: ev}), fmt.Sprintf("nostr@%d:%s", ev.CreatedAt, ev.ID); got != want {
+		t.Fatalf("replyKey %s, want %s", got, want)
+	}
+	if got, want := replyKey(&request{ev: &nostr.Event{CreatedAt: 42, ID: "ab"}}), "nostr@0000000042:ab"; got != want {
+		t.Fatalf("replyKey %s, want %s", got, want)
+	}
+	legacy := `{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"stored by an earlier build"}]}}`
+	store.m["nostr:"+ev.ID] = []byte(legacy)
+
+	s.legacyUntil = time.Now().Add(time.Minute) // Run started less than two windows ago
+	s.handle(context.Background(), ev)
+	if len(v.calls) != 0 || len(*out) != 1 || !strings.Contains((*out)[0].Content, "stored by an earlier build") {
+		t.Fatalf("within two windows of the start: %d runs, answers %v", len(v.calls), *out)
+	}
+
+	s.legacyUntil = time.Now().Add(-time.Second) // later: only the new key is read
+	s.handle(context.Background(), ev)
+	if len(v.calls) != 1 {
+		t.Fatalf("after two windows: %d runs, want 1", len(v.calls))
+	}
+	if _, ok := store.m[replyKey(&request{ev: ev})]; !ok {
+		t.Fatal("the answer is not stored under its time and id")
+	}
+}
+
+// slowReplies holds RememberReply until release is closed.
+type slowReplies struct {
+	memReplies
+	storing chan struct{} // closed when RememberReply is called
+	release chan struct{}
+}
+
+func (s *slowReplies) RememberReply(ctx context.Context, key string, reply []byte) (bool, error) {
+	close(s.storing)
+	<-s.release
+	return s.memReplies.RememberReply(ctx, key, reply)
+}
+
+// TestCopyAnsweredWhileItsAnswerIsStored: a copy of a request that comes
+// after the answer went out but before it is stored (a group commit
+// waits for others) gets the same answer, and nothing runs again.
+func TestCopyAnsweredWhileItsAnswerIsStored(t *testing.T) {
+	store := &slowReplies{memReplies: memReplies{m: map[string][]byte{}}, storing: make(chan struct{}), release: make(chan struct{})}
+	v := &fakeVendor{}
+	s, out := recorder(t, func(c *Config) { c.Vendor, c.Replies = v, store })
+	sk := nostr.GeneratePrivateKey()
+	call := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}},
+		Content: `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"free","arguments":{"text":"once"}}}`}
+	call.Sign(sk)
+	first := make(chan struct{})
+	go func() { defer close(first); s.handle(context.Background(), call) }()
+	<-store.storing
+	s.handle(context.Background(), call) // the copy
+	close(store.release)
+	<-first
+	v.mu.Lock()
+	ran := len(v.calls)
+	v.mu.Unlock()
+	if ran != 1 {
+		t.Fatalf("ran %d times, want 1", ran)
+	}
+	if len(*out) != 2 || (*out)[0].Content != (*out)[1].Content {
+		t.Fatalf("answers %v, want the same answer twice", *out)
 	}
 }

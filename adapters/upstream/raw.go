@@ -27,11 +27,13 @@ import (
 // itself (with h1Client, or httpClient), skipping mcp-go's client and
 // transport (which encode and decode the params three times, derive
 // headers from a cached tool list, and decode every message twice); to a
-// stdio upstream on that protocol, its params are written as bytes and
-// handed to the session's stdio transport (sendStdio), skipping only
-// mcp-go's client (the params encoded three times, Mcp-Param-* headers
-// derived from the tool's schema for a hop that has no headers, the
-// result decoded and encoded again). The
+// stdio upstream on that protocol, the request is written as one line to
+// the child's stdin and its answer read off the child's stdout beside
+// mcp-go's transport (stdioDemux, sendDemux), skipping mcp-go's client
+// (the params encoded three times, Mcp-Param-* headers derived from the
+// tool's schema for a hop that has no headers, the result decoded and
+// encoded again) and its transport (the request encoded again, every
+// answer decoded twice). The
 // request is the one mcp-go's client would send: the same params, _meta
 // (protocol version, capabilities, client info, our progress token),
 // Mcp-Method, Mcp-Name, protocol version and configured headers; a progress notification on the
@@ -158,7 +160,7 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	// The request in one buffer; the params' keys in the order mcp-go's
 	// client sends them (a map, sorted), args as vend parsed them (compact).
 	seq := strconv.FormatUint(u.seq.Add(1), 10)
-	id := `"capvend-raw-` + seq + `"`
+	id := `"` + rawIDPrefix + seq + `"`
 	msg := make([]byte, 0, 144+len(id)+len(meta)+len(args)+len(name))
 	msg = append(msg, `{"jsonrpc":"2.0","id":`...)
 	msg = append(msg, id...)
@@ -175,7 +177,11 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	defer u.inflight(ctx)()
 	var result json.RawMessage
 	if tr, ok := c.GetTransport().(*transport.Stdio); ok {
-		result, err = u.sendStdio(ctx, tr, "capvend-raw-"+seq, msg[params:len(msg)-1])
+		if d, ok := u.demuxes.Load(tr); ok {
+			result, err = u.sendDemux(ctx, d.(*stdioDemux), tr, rawIDPrefix+seq, append(msg, '\n'))
+		} else {
+			result, err = u.sendStdio(ctx, tr, rawIDPrefix+seq, msg[params:len(msg)-1])
+		}
 	} else {
 		result, err = u.post(ctx, version, name, msg, id)
 	}
@@ -218,6 +224,22 @@ func (u *upstream) sendStdio(ctx context.Context, tr *transport.Stdio, id string
 		return nil, resp.Error.AsError()
 	}
 	return resp.Result, nil
+}
+
+// sendDemux writes a raw call's request line to a stdio upstream and
+// waits for its answer (stdioDemux), as sendStdio does through mcp-go's
+// transport.
+func (u *upstream) sendDemux(ctx context.Context, d *stdioDemux, tr *transport.Stdio, id string, request []byte) (json.RawMessage, error) {
+	result, rpcErr, err := d.call(ctx, id, request)
+	if err != nil {
+		if ctx.Err() != nil {
+			cancelStdio(ctx, tr, mcp.NewRequestId(id))
+		} else {
+			signal(u.check)
+		}
+		return nil, err
+	}
+	return result, rpcErr
 }
 
 // cancelStdio tells a stdio upstream that the request id was given up, as

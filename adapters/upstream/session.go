@@ -69,6 +69,9 @@ type upstream struct {
 	h1     *h1Client
 	// plainHeaders holds plainHeader's answers, by protocol version.
 	plainHeaders sync.Map
+	// demuxes holds the stdio sessions' demuxes (stdiodemux.go), by
+	// their mcp-go transport.
+	demuxes sync.Map
 
 	// legacyHTTP is set once an HTTP upstream turned out to speak only
 	// protocols before 2026-07-28: it is then dialled with a GET stream,
@@ -591,9 +594,14 @@ func (u *upstream) dial(ctx context.Context) (*client.Client, <-chan error, func
 		close(waited)
 		exited <- waitErr
 	}()
-	c := client.NewClient(transport.NewIO(stdout, stdin, nil), client.WithElicitationHandler(elicitHandler{u}))
+	demux, out := newStdioDemux(stdout, stdin) // see stdiodemux.go
+	go demux.run()
+	tr := transport.NewIO(out, demux.stdin, nil)
+	u.demuxes.Store(tr, demux)
+	c := client.NewClient(tr, client.WithElicitationHandler(elicitHandler{u}))
 	stop := func() {
 		_ = c.Close() // closes stdin: a well-behaved server exits on EOF
+		demux.close()
 		t := time.NewTimer(u.m.cfg.StopTimeout)
 		defer t.Stop()
 		select {
@@ -602,6 +610,8 @@ func (u *upstream) dial(ctx context.Context) (*client.Client, <-chan error, func
 			_ = cmd.Process.Kill()
 			<-waited
 		}
+		<-demux.done // Wait closed stdout
+		u.demuxes.Delete(tr)
 	}
 	return c, exited, stop, nil
 }
