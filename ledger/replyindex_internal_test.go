@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,5 +119,62 @@ func TestReplyIndexOverflow(t *testing.T) {
 	x.add("e", 50)
 	if !x.mayHave("e") {
 		t.Fatal("added after the overflow cleared")
+	}
+}
+
+// TestStoringAReplyWritesOneIndex: request_replies has the two partial
+// indexes of schema 30, a reply being stored writes only the first, and
+// PruneReplies' deletes each search one of them (no scan of the table).
+func TestStoringAReplyWritesOneIndex(t *testing.T) {
+	if OnPostgres() {
+		t.Skip("SQLite's query plans")
+	}
+	ctx := context.Background()
+	l, err := Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	rows, err := l.rdb.QueryContext(ctx, "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'request_replies' AND sql IS NOT NULL ORDER BY name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var name, sql string
+		if err := rows.Scan(&name, &sql); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, name+": "+sql)
+	}
+	rows.Close()
+	want := []string{
+		"request_replies_pruned: CREATE INDEX request_replies_pruned ON request_replies (created_at) WHERE pruned_at IS NOT NULL",
+		"request_replies_unpruned: CREATE INDEX request_replies_unpruned ON request_replies (created_at) WHERE pruned_at IS NULL",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("indexes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for q, index := range map[string]string{
+		"DELETE FROM request_replies WHERE pruned_at IS NULL AND created_at < ?":     "request_replies_unpruned",
+		"DELETE FROM request_replies WHERE pruned_at IS NOT NULL AND created_at < ?": "request_replies_pruned",
+	} {
+		var plan strings.Builder
+		rows, err := l.rdb.QueryContext(ctx, "EXPLAIN QUERY PLAN "+q, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var id, parent, notused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+				t.Fatal(err)
+			}
+			plan.WriteString(detail + "; ")
+		}
+		rows.Close()
+		if !strings.Contains(plan.String(), "USING INDEX "+index) {
+			t.Errorf("%s: plan %q, want a search of %s", q, plan.String(), index)
+		}
 	}
 }
