@@ -132,9 +132,10 @@ func (s *Server) remember(ctx context.Context, r *request, res json.RawMessage, 
 	}
 	// Until it is stored (a group commit waits for others), a copy of
 	// the request is answered from here.
+	key := claimKey(r)
 	s.mu.Lock()
-	if _, busy := s.inflight[claimKey(r)]; busy {
-		s.inflight[claimKey(r)] = res
+	if _, busy := s.inflight[key]; busy {
+		s.inflight[key] = res
 	}
 	s.mu.Unlock()
 	if _, err := s.cfg.Replies.RememberReply(context.WithoutCancel(ctx), replyKey(r), res); err != nil {

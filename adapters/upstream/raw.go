@@ -29,7 +29,7 @@ import (
 // headers from a cached tool list, and decode every message twice); to a
 // stdio upstream on that protocol, the request is written as one line to
 // the child's stdin and its answer read off the child's stdout beside
-// mcp-go's transport (stdioDemux, sendDemux), skipping mcp-go's client
+// mcp-go's transport (stdioDemux, sendStdio), skipping mcp-go's client
 // (the params encoded three times, Mcp-Param-* headers derived from the
 // tool's schema for a hop that has no headers, the result decoded and
 // encoded again) and its transport (the request encoded again, every
@@ -165,7 +165,6 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	msg = append(msg, `{"jsonrpc":"2.0","id":`...)
 	msg = append(msg, id...)
 	msg = append(msg, `,"method":"tools/call","params":`...)
-	params := len(msg)
 	msg = append(msg, `{"_meta":`...)
 	msg = append(msg, meta...)
 	msg = append(msg, `,"arguments":`...)
@@ -177,11 +176,7 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	defer u.inflight(ctx)()
 	var result json.RawMessage
 	if tr, ok := c.GetTransport().(*transport.Stdio); ok {
-		if d, ok := u.demuxes.Load(tr); ok {
-			result, err = u.sendDemux(ctx, d.(*stdioDemux), tr, rawIDPrefix+seq, append(msg, '\n'))
-		} else {
-			result, err = u.sendStdio(ctx, tr, rawIDPrefix+seq, msg[params:len(msg)-1])
-		}
+		result, err = u.sendStdio(ctx, tr, rawIDPrefix+seq, append(msg, '\n'))
 	} else {
 		result, err = u.post(ctx, version, name, msg, id)
 	}
@@ -204,33 +199,17 @@ func (u *upstream) callRaw(ctx context.Context, name string, args, progressToken
 	return u.resultBody(name, res)
 }
 
-// sendStdio sends a tools/call of params (a JSON object) with id on a
-// stdio upstream's transport, as mcp-go's client does (its
-// notifications/cancelled too, when ctx ends first), and returns the
-// result of the response; its JSON-RPC error as an error. A transport
-// failure also asks the session to check the upstream (ping).
-func (u *upstream) sendStdio(ctx context.Context, tr *transport.Stdio, id string, params json.RawMessage) (json.RawMessage, error) {
-	req := transport.JSONRPCRequest{JSONRPC: mcp.JSONRPC_VERSION, ID: mcp.NewRequestId(id), Method: string(mcp.MethodToolsCall), Params: params}
-	resp, err := tr.SendRequest(ctx, req)
-	if err != nil {
-		if ctx.Err() != nil {
-			cancelStdio(ctx, tr, req.ID)
-		} else {
-			signal(u.check)
-		}
-		return nil, err
+// sendStdio writes a raw call's request line (its id unquoted) to a
+// stdio upstream and waits for the answer on the session's stdioDemux, as
+// mcp-go's client would (its notifications/cancelled too, when ctx ends
+// first): the result; the JSON-RPC error as an error. A transport failure
+// also asks the session to check the upstream (ping).
+func (u *upstream) sendStdio(ctx context.Context, tr *transport.Stdio, id string, request []byte) (json.RawMessage, error) {
+	d, ok := u.demuxes.Load(tr) // every stdio session has one (dial)
+	if !ok {
+		return nil, errors.New("the session ended")
 	}
-	if resp.Error != nil {
-		return nil, resp.Error.AsError()
-	}
-	return resp.Result, nil
-}
-
-// sendDemux writes a raw call's request line to a stdio upstream and
-// waits for its answer (stdioDemux), as sendStdio does through mcp-go's
-// transport.
-func (u *upstream) sendDemux(ctx context.Context, d *stdioDemux, tr *transport.Stdio, id string, request []byte) (json.RawMessage, error) {
-	result, rpcErr, err := d.call(ctx, id, request)
+	result, rpcErr, err := d.(*stdioDemux).call(ctx, id, request)
 	if err != nil {
 		if ctx.Err() != nil {
 			cancelStdio(ctx, tr, mcp.NewRequestId(id))
@@ -465,31 +444,40 @@ func (u *upstream) readResponse(resp *http.Response, id string) (json.RawMessage
 }
 
 // responseResult returns the result of a JSON-RPC response to id; its
-// error as an error. A response whose members are only jsonrpc, id and
-// result, as written (the usual answer), is read off the bytes
-// (jsonobj): json.Unmarshal would give the same id and result bytes.
+// error as an error. The usual answer (plainAnswer) is read off the
+// bytes.
 func responseResult(b []byte, id string) (json.RawMessage, error) {
 	if json.Valid(b) {
-		if ms, ok := jsonobj.Members(b); ok {
-			var rid, result json.RawMessage
-			plain := true
-			for _, m := range ms {
-				switch m.Key {
-				case "jsonrpc":
-				case "id":
-					rid = b[m.ValueStart:m.End]
-				case "result":
-					result = b[m.ValueStart:m.End]
-				default:
-					plain = false // error, or a name the decoder may match case-insensitively
-				}
-			}
-			if plain && string(rid) == id && result != nil {
-				return result, nil
-			}
+		if rid, result, ok := plainAnswer(b); ok && string(rid) == id {
+			return result, nil
 		}
 	}
 	return decodeResponse(b, id)
+}
+
+// plainAnswer returns the id and result of the JSON-RPC response b (valid
+// JSON) when its members are only jsonrpc, id and result, as written:
+// json.Unmarshal would give the same id and result bytes. ok is false
+// for any other member (an error, or a name the decoder may match
+// without regard to case), a repeated name or an escaped one: the caller
+// decodes b then.
+func plainAnswer(b []byte) (id, result json.RawMessage, ok bool) {
+	ms, ok := jsonobj.Members(b)
+	if !ok {
+		return nil, nil, false
+	}
+	for _, m := range ms {
+		switch m.Key {
+		case "jsonrpc":
+		case "id":
+			id = b[m.ValueStart:m.End]
+		case "result":
+			result = b[m.ValueStart:m.End]
+		default:
+			return nil, nil, false
+		}
+	}
+	return id, result, id != nil && result != nil
 }
 
 // decodeResponse is responseResult through json.Unmarshal.

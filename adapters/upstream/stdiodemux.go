@@ -12,8 +12,6 @@ import (
 	"sync"
 
 	"github.com/mark3labs/mcp-go/mcp"
-
-	"github.com/capvend/capvend/internal/jsonobj"
 )
 
 // rawIDPrefix starts the JSON-RPC id of every raw call (callRaw).
@@ -28,7 +26,7 @@ const rawIDPrefix = "capvend-raw-"
 // and compacts the params again) and decodes every line it reads twice
 // (its kind, then the message): that was 6 % of capvend's CPU per free
 // call to a stdio upstream. A raw answer here is checked once
-// (json.Valid) and its members found without decoding (jsonobj).
+// (json.Valid) and read off the bytes (plainAnswer).
 //
 // Both writers share the child's stdin through stdin: one Write per
 // message (mcp-go writes each message with its newline in one call), so
@@ -84,9 +82,6 @@ func (d *stdioDemux) run() {
 			_, _ = d.fwd.Write(line)
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.EOF
-			}
 			d.end(err)
 			return
 		}
@@ -108,8 +103,11 @@ func (d *stdioDemux) deliver(line []byte) bool {
 		return false // mcp-go's transport drops it
 	}
 	var r rawReply
-	id, ok := plainResponse(msg, &r)
-	if !ok {
+	var id string
+	if rid, result, ok := plainAnswer(msg); ok && len(rid) > 2 && rid[0] == '"' && bytes.IndexByte(rid, '\\') < 0 &&
+		bytes.HasPrefix(rid[1:], []byte(rawIDPrefix)) {
+		id, r.result = string(rid[1:len(rid)-1]), append(json.RawMessage(nil), result...)
+	} else {
 		var m struct {
 			ID     json.RawMessage          `json:"id"`
 			Method string                   `json:"method"`
@@ -136,36 +134,6 @@ func (d *stdioDemux) deliver(line []byte) bool {
 		ch <- r // buffered
 	}
 	return true
-}
-
-// plainResponse reads a raw call's answer whose members are only
-// jsonrpc, id (a string without escapes) and result, into r.
-func plainResponse(msg []byte, r *rawReply) (id string, ok bool) {
-	ms, ok := jsonobj.Members(msg)
-	if !ok {
-		return "", false
-	}
-	var result []byte
-	for _, m := range ms {
-		v := msg[m.ValueStart:m.End]
-		switch m.Key {
-		case "jsonrpc":
-		case "id":
-			if len(v) < 2 || v[0] != '"' || !bytes.HasPrefix(v[1:], []byte(rawIDPrefix)) || bytes.IndexByte(v, '\\') >= 0 {
-				return "", false
-			}
-			id = string(v[1 : len(v)-1])
-		case "result":
-			result = v
-		default:
-			return "", false // error, or a name the decoder may match without regard to case
-		}
-	}
-	if id == "" || result == nil {
-		return "", false
-	}
-	r.result = append(json.RawMessage(nil), result...)
-	return id, true
 }
 
 // call writes a raw call's request line (id, unquoted, is its id) and
