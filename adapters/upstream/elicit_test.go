@@ -50,7 +50,7 @@ func stdioStreams() (io.Reader, io.Writer) {
 	if os.Getenv(envServeLegacy) == "" {
 		return os.Stdin, os.Stdout
 	}
-	out := &lockedWriter{w: os.Stdout}
+	out := &stdinWriter{w: nopCloser{os.Stdout}}
 	pr, pw := io.Pipe()
 	go func() {
 		sc := bufio.NewScanner(os.Stdin)
@@ -73,17 +73,6 @@ func stdioStreams() (io.Reader, io.Writer) {
 		pw.Close()
 	}()
 	return pr, out
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (w *lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.w.Write(p)
 }
 
 // answering returns an ElicitFunc accepting with name, recording the
