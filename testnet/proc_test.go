@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,5 +98,40 @@ func TestFreePorts(t *testing.T) {
 			t.Fatalf("ports %v: bad or repeated %d", ps, p)
 		}
 		seen[p] = true
+	}
+}
+
+// TestDeadReport: a failed test run is told which of the stack's
+// processes died, with the end of its log, and nothing of those running.
+func TestDeadReport(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		skip.Missing(t, "no sh", "apt-get install dash")
+	}
+	dir := t.TempDir()
+	dead, err := spawn(sh, []string{"-c", "echo starting; echo 'panic: the mint fell over'; exit 2"}, filepath.Join(dir, "mint.log"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive, err := spawn(sh, []string{"-c", "echo relay up; exec sleep 60"}, filepath.Join(dir, "relay.log"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alive.stop(5 * time.Second)
+	for deadline := time.Now().Add(10 * time.Second); dead.Alive(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("sh -c exit 2 still running")
+		}
+	}
+	s := &Stack{}
+	s.Info.Mint.Proc, s.Info.Relay.Proc = dead, alive
+	got := s.DeadReport(20)
+	if !strings.Contains(got, "cashu mint (pid ") || !strings.Contains(got, "mint.log") ||
+		!strings.Contains(got, "... the mint fell over\n") || strings.Contains(got, "panic") || strings.Contains(got, "relay") {
+		t.Fatalf("report:\n%s", got)
+	}
+	s.Info.Mint.Proc = alive
+	if got := s.DeadReport(20); got != "" {
+		t.Fatalf("every process runs, report:\n%s", got)
 	}
 }

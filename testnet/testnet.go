@@ -47,6 +47,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -513,4 +514,28 @@ func (s *Stack) Processes() []ProcStatus {
 		out = append(out, ProcStatus{Name: p.name, PID: p.PID, Alive: p.Alive(), RSSKB: p.rssKB(), Log: p.Log})
 	}
 	return out
+}
+
+// DeadReport describes the stack's processes that are no longer running,
+// each with the end of its log (at most max bytes of it): "" when every
+// process runs. A test run that failed prints it, since the stack's
+// directory, logs included, is removed once the run ends.
+func (s *Stack) DeadReport(max int) string {
+	var b strings.Builder
+	for _, p := range s.procs() {
+		if p.Alive() {
+			continue
+		}
+		fmt.Fprintf(&b, "testnet: %s (pid %d) is not running; the end of its log %s:\n", p.name, p.PID, p.Log)
+		data, err := os.ReadFile(p.Log)
+		if err != nil {
+			fmt.Fprintf(&b, "  (%v)\n", err)
+			continue
+		}
+		b.WriteString(tail(string(data), max))
+		if len(data) > 0 && data[len(data)-1] != '\n' {
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
 }

@@ -93,13 +93,34 @@ func Parallel(n int) {
 	}
 }
 
-// Run runs m's tests, gives the stack back if Need attached to it, prints
-// the package's skips (skip.Report) and returns the exit code for os.Exit.
+// Run runs m's tests, reports the stack's dead processes if a test
+// failed, gives the stack back if Need attached to it, prints the
+// package's skips (skip.Report) and returns the exit code for os.Exit.
 func Run(m *testing.M) int {
 	code := m.Run()
+	if code != 0 {
+		reportDead()
+	}
 	Release()
 	skip.Report()
 	return code
+}
+
+// reportDead prints, for a package whose tests failed, the shared stack's
+// processes that died, with the end of their logs: a test failing with
+// "connection refused" is explained there, and the logs are gone with the
+// stack once the run ends.
+func reportDead() {
+	mu.Lock()
+	s := started
+	mu.Unlock()
+	if !s {
+		return
+	}
+	<-done
+	if stack != nil {
+		os.Stderr.WriteString(stack.DeadReport(4000))
+	}
 }
 
 // Release gives the stack back, if Need or Prepare attached to it (waiting
