@@ -227,3 +227,32 @@ func TestToolDeclaringPaymentArgIsNotOffered(t *testing.T) {
 		t.Fatalf("call: %v", err)
 	}
 }
+
+// TestCanceledTokenTellsTheClientNoOperatorDetail: the token of a call
+// the operator's restore canceled is refused as canceled and owed back,
+// and the refusal, which goes to whoever presents the token, carries none
+// of the reason recorded in the books (it names the replica the ledger
+// came from: a bucket, a host, a path).
+func TestCanceledTokenTellsTheClientNoOperatorDetail(t *testing.T) {
+	h := newHarness(t, false, nil)
+	var pr *vend.PaymentRequiredError
+	if _, err := h.v.CallItem(context.Background(), tokenReq("1", `{"text":"a"}`)); !errors.As(err, &pr) {
+		t.Fatal(err)
+	}
+	p := h.nextPayment(t)
+	const secret = "s3://acme-books-7f3a/capvend/prod"
+	if _, err := h.l.SettleRestored(context.Background(), "the ledger was restored from "+secret+" as of yesterday"); err != nil {
+		t.Fatal(err)
+	}
+	h.be.pay(p.Ref) // paid after the restore: owed back, never run
+	_, err := h.v.CallItem(context.Background(), tokenReq("2", withToken(t, `{"text":"a"}`, pr.Token)))
+	if !errors.Is(err, vend.ErrTokenCanceled) || !strings.Contains(err.Error(), "owed back, never run") {
+		t.Fatalf("token of a call the restore canceled: %v", err)
+	}
+	if strings.Contains(err.Error(), "acme") || strings.Contains(err.Error(), "restored from") {
+		t.Fatalf("the refusal shows the books' reason: %v", err)
+	}
+	if n := h.tools.count("echo"); n != 0 {
+		t.Fatalf("ran %d times", n)
+	}
+}

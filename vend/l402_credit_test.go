@@ -225,3 +225,24 @@ func TestL402CreditRefusals(t *testing.T) {
 	}
 	verify(t, h.l)
 }
+
+// TestL402CreditTopUpCanceledIsOwedBack: a credit top-up awaiting payment
+// when the operator restored the ledger is canceled; its macaroon, paid
+// afterwards, is refused as canceled and owed back (not "expired unpaid":
+// that tells the customer to pay again), credits nothing and runs
+// nothing, and the refusal names nothing of the books' reason.
+func TestL402CreditTopUpCanceledIsOwedBack(t *testing.T) {
+	h := newHarness(t, false, withCredit)
+	pr, p, pre := creditChallenge(t, h, "topup", 100)
+	if _, err := h.l.SettleRestored(context.Background(), "the ledger was restored from file:///srv/replica"); err != nil {
+		t.Fatal(err)
+	}
+	h.be.pay(p.Ref)
+	_, err := h.v.CallItem(context.Background(), l402Retry("c", `{"text":"x"}`, pr.Macaroon, pre))
+	if !errors.Is(err, vend.ErrTokenCanceled) || errors.Is(err, vend.ErrTokenExpired) || strings.Contains(err.Error(), "/srv/replica") {
+		t.Fatalf("a call on the canceled top-up's macaroon: %v, want %v", err, vend.ErrTokenCanceled)
+	}
+	if n := h.tools.count("echo"); n != 0 {
+		t.Fatalf("ran %d times", n)
+	}
+}

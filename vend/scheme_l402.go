@@ -451,7 +451,7 @@ func (v *Vendor) creditByMacaroon(ctx context.Context, r *CallRequest, g l402Gra
 			return fmt.Errorf("%w: the top-up is not credited yet", ErrPaymentFailed)
 		}
 	case CallExpired, CallCanceled:
-		return ErrTokenExpired
+		return endedGrant(c)
 	case CallQuoted:
 		return fmt.Errorf("%w: no such payment", ErrL402Invalid)
 	default: // failed or refunded: nothing was credited

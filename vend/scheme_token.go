@@ -58,16 +58,19 @@ var (
 )
 
 // endedGrant is the error of a credential whose call ended unrun: expired
-// (its invoice expired unpaid) or canceled (reason c.Reason).
+// (its invoice expired unpaid) or canceled. It goes to whoever presents
+// the credential, so it says nothing of why the call was canceled: the
+// reason in the books is the operator's (a restore names the replica the
+// ledger came from; a backend's error names its node).
 func endedGrant(c Call) error {
 	if c.State == CallCanceled {
-		if c.Reason == "" {
-			return ErrTokenCanceled
-		}
-		return fmt.Errorf("%w (%s); a payment made for it is owed back, never run", ErrTokenCanceled, c.Reason)
+		return errCanceledOwed
 	}
 	return ErrTokenExpired
 }
+
+// errCanceledOwed is ErrTokenCanceled as clients are told it.
+var errCanceledOwed = fmt.Errorf("%w; a payment made for it is owed back, never run", ErrTokenCanceled)
 
 // GrantTokens is the ledger's role of the payment-token scheme: the
 // payment tokens of explicit-gating grants.

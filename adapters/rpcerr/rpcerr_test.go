@@ -44,8 +44,8 @@ func TestFromVend(t *testing.T) {
 		{vend.ErrTokenUnknown, rpcerr.CodeInvalidParams, "Invalid params: unknown payment token"},
 		{vend.ErrTokenExpired, rpcerr.CodePaymentExpired,
 			"Payment expired: the payment token's invoice expired unpaid; call again without capvend_payment for a new invoice"},
-		{fmt.Errorf("%w (restored from the replica); a payment made for it is owed back, never run", vend.ErrTokenCanceled), rpcerr.CodeInvalidRequest,
-			"Invalid Request: payment token's call was canceled (restored from the replica); a payment made for it is owed back, never run"},
+		{fmt.Errorf("%w; a payment made for it is owed back, never run", vend.ErrTokenCanceled), rpcerr.CodeInvalidRequest,
+			"Invalid Request: payment token's call was canceled; a payment made for it is owed back, never run"},
 		{errors.New("sqlite: disk I/O error at /var/lib/capvend.db"), rpcerr.CodeInternal, "Internal error"},
 	} {
 		got := rpcerr.FromVend(tc.err, "x")
