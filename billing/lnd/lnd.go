@@ -20,6 +20,25 @@
 // stream broke). Every change is recorded in the ledger exactly once, then
 // reported.
 //
+// # Skipped settlements
+//
+// LND's all-invoices stream can skip a settlement: lnd v0.20.2's invoice
+// registry hands each event to its subscribers one by one and stops at
+// the first whose stream is being closed, so every subscriber after it
+// (in map order) never gets that event. Any application leaving the node
+// at that moment (another capvend, a wallet, a reconnect) can cause it.
+// LND numbers the node's settlements 1, 2, 3, ... over all its invoices,
+// so the backend knows the settle index up to which it saw every one; a
+// settlement arriving past the next one shows a gap, and the backend
+// subscribes again from that index: LND replays the settlements after it
+// from its database, the skipped one included. The stored cursor never
+// passes a settlement the stream skipped (a restart replays it too). A
+// skipped settlement with none after it shows no gap: every
+// Config.TailCheck the newest TailInvoices unsettled plain invoices are
+// looked up (at worst, under a flood of newer unpaid invoices, it waits
+// for the next settlement on the node or its expiry's sweep). Hold
+// invoices are watched one by one, a stream LND does not stop early.
+//
 // # Bounds
 //
 // At most Config.MaxHold hold invoices are open at once (issued and not
@@ -49,6 +68,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -104,6 +124,12 @@ type Config struct {
 	// Sweep is how often unsettled payments past their expiry are looked
 	// up one by one (default 1 s).
 	Sweep time.Duration
+	// TailCheck is how often the newest unsettled plain invoices (at most
+	// TailInvoices of them) are looked up at LND (default 10 s): LND's
+	// stream can skip a settlement (see "Skipped settlements" in the
+	// package doc), and one with no settlement on the node after it
+	// shows no gap.
+	TailCheck time.Duration
 	// Log receives one line per settlement, expiry and reconnect; never
 	// preimages.
 	Log *slog.Logger
@@ -117,6 +143,10 @@ type Config struct {
 
 // DefaultMaxHold is Config.MaxHold's default.
 const DefaultMaxHold = 1_000
+
+// TailInvoices is how many of the newest unsettled plain invoices each
+// Config.TailCheck looks up.
+const TailInvoices = 32
 
 // Errors.
 var (
@@ -165,6 +195,9 @@ func New(ctx context.Context, ln Lightning, inv Invoices, led Ledger, cfg Config
 	}
 	if cfg.Sweep <= 0 {
 		cfg.Sweep = time.Second
+	}
+	if cfg.TailCheck <= 0 {
+		cfg.TailCheck = 10 * time.Second
 	}
 	if cfg.MaxHold <= 0 {
 		cfg.MaxHold = DefaultMaxHold
@@ -402,10 +435,13 @@ func (b *Backend) runOnce(ctx context.Context) error {
 	}
 	// Subscribe first, then reconcile: a settlement between the two is
 	// seen by both, and recorded once.
-	stream, err := b.ln.SubscribeInvoices(ctx, &lnrpc.InvoiceSubscription{SettleIndex: settleIndex})
+	sctx, stopStream := context.WithCancel(ctx)
+	stream, err := b.ln.SubscribeInvoices(sctx, &lnrpc.InvoiceSubscription{SettleIndex: settleIndex})
 	if err != nil {
+		stopStream()
 		return rpcError(err)
 	}
+	defer func() { stopStream() }()
 	if err := b.reconcile(ctx, false); err != nil {
 		return err
 	}
@@ -417,8 +453,8 @@ func (b *Backend) runOnce(ctx context.Context) error {
 	// the registration is on no stream, and would wait for its expiry's
 	// sweep. LND sends nothing on a stream before registering it, so
 	// bookSettled runs on each sweep until the first message arrives,
-	// and once more on it: from then on the stream has every settlement.
-	// From a stored settle index LND replays all settled after it: no gap.
+	// and once more on it. From a stored settle index LND replays all
+	// settled after it: no gap at the start.
 	var registered atomic.Bool
 	registered.Store(settleIndex > 0)
 	errs := make(chan error, 1)
@@ -430,14 +466,20 @@ func (b *Backend) runOnce(ctx context.Context) error {
 		defer sweeper.Done()
 		t := time.NewTicker(b.cfg.Sweep)
 		defer t.Stop()
+		nextTail := b.cfg.Now().Add(b.cfg.TailCheck)
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 				err := b.reconcile(ctx, true)
-				if err == nil && !registered.Load() {
-					err = b.bookSettled(ctx)
+				switch {
+				case err != nil:
+				case !registered.Load():
+					err = b.bookSettled(ctx, 0)
+				case !b.cfg.Now().Before(nextTail):
+					err = b.bookSettled(ctx, TailInvoices)
+					nextTail = b.cfg.Now().Add(b.cfg.TailCheck)
 				}
 				if err != nil {
 					select {
@@ -450,6 +492,10 @@ func (b *Backend) runOnce(ctx context.Context) error {
 			}
 		}
 	}()
+	// seen is the settle index up to which the stream delivered every
+	// settlement (LND numbers the node's settlements 1, 2, 3, ...): the
+	// cursor stored, never past one skipped. 0: none seen yet.
+	seen := settleIndex
 	for {
 		inv, err := stream.Recv()
 		if err != nil {
@@ -461,7 +507,7 @@ func (b *Backend) runOnce(ctx context.Context) error {
 			return rpcError(err)
 		}
 		if !registered.Swap(true) {
-			if err := b.bookSettled(ctx); err != nil {
+			if err := b.bookSettled(ctx, 0); err != nil {
 				return err
 			}
 		}
@@ -469,7 +515,35 @@ func (b *Backend) runOnce(ctx context.Context) error {
 			continue // additions: we made them
 		}
 		b.apply(ctx, inv)
-		if err := b.led.SaveLNDCursor(ctx, b.cfg.Node, 0, inv.SettleIndex); err != nil {
+		switch {
+		case seen == 0:
+			// The first settlement on a stream from index 0: those
+			// before it are on no stream; bookSettled finds ours.
+			if err := b.bookSettled(ctx, 0); err != nil {
+				return err
+			}
+		case inv.SettleIndex <= seen:
+			continue // replayed, recorded once
+		case inv.SettleIndex > seen+1:
+			// Skipped settlements (see "Skipped settlements" in the
+			// package doc): subscribe again from seen, so LND replays
+			// them from its database, and drop this stream. The new one
+			// is registered before LND reads what to replay: nothing
+			// falls between the two.
+			b.cfg.Log.Warn("lnd: the invoice stream skipped settlements; LND replays them", "after_settle_index", seen,
+				"got_settle_index", inv.SettleIndex)
+			rctx, stop := context.WithCancel(ctx)
+			again, err := b.ln.SubscribeInvoices(rctx, &lnrpc.InvoiceSubscription{SettleIndex: seen})
+			if err != nil {
+				stop()
+				return rpcError(err)
+			}
+			stopStream()
+			stream, stopStream = again, stop
+			continue
+		}
+		seen = inv.SettleIndex
+		if err := b.led.SaveLNDCursor(ctx, b.cfg.Node, 0, seen); err != nil {
 			return err
 		}
 	}
@@ -524,19 +598,25 @@ func (b *Backend) reconcile(ctx context.Context, expiredOnly bool) error {
 	return nil
 }
 
-// bookSettled looks up the unsettled plain invoices and records those LND
-// reports settled, and nothing else: a cancel made at LND behind capvend's
-// back is the reconciler's to report as a difference. Hold invoices need
-// no look-up: their watcher's stream starts with their current state.
-// Recording is idempotent, so one the stream also reports is booked once.
-func (b *Backend) bookSettled(ctx context.Context) error {
+// bookSettled looks up the unsettled plain invoices (the newest newest of
+// them; 0: all) and records those LND reports settled, and nothing else: a
+// cancel made at LND behind capvend's back is the reconciler's to report
+// as a difference. Hold invoices need no look-up: their watcher's stream
+// starts with their current state. Recording is idempotent, so one the
+// stream also reports is booked once.
+func (b *Backend) bookSettled(ctx context.Context, newest int) error {
 	ps, err := b.led.UnsettledPayments(ctx, vend.BackendLND)
 	if err != nil {
 		return err
 	}
+	ps = slices.DeleteFunc(ps, func(p vend.Payment) bool { return p.Kind != vend.KindInvoice })
+	if newest > 0 && len(ps) > newest {
+		slices.SortFunc(ps, func(a, b vend.Payment) int { return b.CreatedAt.Compare(a.CreatedAt) })
+		ps = ps[:newest]
+	}
 	for _, p := range ps {
 		hash, err := hex.DecodeString(p.Ref)
-		if p.Kind != vend.KindInvoice || err != nil {
+		if err != nil {
 			continue
 		}
 		inv, err := b.ln.LookupInvoice(ctx, &lnrpc.PaymentHash{RHash: hash})

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/capvend/capvend/billing/billingtest"
 	"github.com/capvend/capvend/billing/lnd"
+	"github.com/capvend/capvend/internal/syncbuf"
 	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/testnet"
 	"github.com/capvend/capvend/testnet/teststack"
@@ -77,7 +79,7 @@ func harness(t *testing.T) billingtest.Harness {
 	return billingtest.Harness{
 		Server: vendor(t).RPCHost,
 		Open: func(t *testing.T, l *ledger.Ledger, addr, dir string) vend.PaymentBackend {
-			return open(t, l, addr, lnd.Config{Hold: true, Sweep: 500 * time.Millisecond})
+			return open(t, l, addr, lnd.Config{Hold: true, Sweep: 500 * time.Millisecond, Log: failureLog(t)})
 		},
 		Pay: func(ctx context.Context, bolt11 string) error {
 			_, err := stack.Pay(ctx, bolt11)
@@ -89,6 +91,19 @@ func harness(t *testing.T) billingtest.Harness {
 		Expiry: 3 * time.Second,
 		Done:   streamPassed,
 	}
+}
+
+// failureLog is a backend's logger whose lines t shows if it fails
+// (after the backend stopped: its cleanup runs after those registered
+// later).
+func failureLog(t *testing.T) *slog.Logger {
+	var buf syncbuf.Buffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the backend's log:\n%s", buf.String())
+		}
+	})
+	return slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // vendorConn is a connection to the vendor node with the invoice

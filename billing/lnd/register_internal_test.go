@@ -1,11 +1,13 @@
 package lnd
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +36,8 @@ type lateNode struct {
 	invoices map[string]*lnrpc.Invoice
 	adds     uint64
 	settles  uint64
+	// subscribed: the settle index of each SubscribeInvoices call
+	subscribed []uint64
 }
 
 func newLateNode() *lateNode {
@@ -84,8 +88,37 @@ func (n *lateNode) LookupInvoice(_ context.Context, in *lnrpc.PaymentHash, _ ...
 	return proto.Clone(inv).(*lnrpc.Invoice), nil
 }
 
-func (n *lateNode) SubscribeInvoices(ctx context.Context, _ *lnrpc.InvoiceSubscription, _ ...grpc.CallOption) (lnrpc.Lightning_SubscribeInvoicesClient, error) {
-	return &lateStream{ctx: ctx, ch: n.stream}, nil
+// SubscribeInvoices returns a stream of what the test sends, after (as
+// LND does from a settle index above 0) the invoices settled after in's
+// settle index, in settle order.
+func (n *lateNode) SubscribeInvoices(ctx context.Context, in *lnrpc.InvoiceSubscription, _ ...grpc.CallOption) (lnrpc.Lightning_SubscribeInvoicesClient, error) {
+	st := &lateStream{ctx: ctx, ch: n.stream}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.subscribed = append(n.subscribed, in.SettleIndex)
+	if in.SettleIndex > 0 {
+		for _, inv := range n.invoices {
+			if inv.State == lnrpc.Invoice_SETTLED && inv.SettleIndex > in.SettleIndex {
+				st.backlog = append(st.backlog, proto.Clone(inv).(*lnrpc.Invoice))
+			}
+		}
+		slices.SortFunc(st.backlog, func(a, b *lnrpc.Invoice) int { return cmp.Compare(a.SettleIndex, b.SettleIndex) })
+	}
+	return st, nil
+}
+
+// subscriptions returns the settle index of every SubscribeInvoices so far.
+func (n *lateNode) subscriptions() []uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.subscribed)
+}
+
+// settled returns a copy of invoice ref (settled by settle).
+func (n *lateNode) invoice(ref string) *lnrpc.Invoice {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return proto.Clone(n.invoices[ref]).(*lnrpc.Invoice)
 }
 
 func (n *lateNode) DeleteCanceledInvoice(context.Context, *lnrpc.DelCanceledInvoiceReq, ...grpc.CallOption) (*lnrpc.DelCanceledInvoiceResp, error) {
@@ -100,9 +133,15 @@ type lateStream struct {
 	lnrpc.Lightning_SubscribeInvoicesClient // unused methods panic
 	ctx                                     context.Context
 	ch                                      <-chan *lnrpc.Invoice
+	backlog                                 []*lnrpc.Invoice // sent first
 }
 
 func (s *lateStream) Recv() (*lnrpc.Invoice, error) {
+	if len(s.backlog) > 0 {
+		inv := s.backlog[0]
+		s.backlog = s.backlog[1:]
+		return inv, nil
+	}
 	select {
 	case inv := <-s.ch:
 		return inv, nil

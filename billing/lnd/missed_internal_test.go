@@ -1,0 +1,132 @@
+package lnd
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capvend/capvend/ledger"
+	"github.com/capvend/capvend/vend"
+)
+
+// TestMissedSettlementIsBooked: LND's all-invoices stream can skip a
+// settlement (lnd v0.20.2's dispatchToClients stops at the first
+// subscriber whose stream is being closed, so every subscriber after it
+// misses that event: another application, or another capvend, leaving
+// the node at that moment). A paid plain invoice the stream skipped is
+// booked without waiting for its expiry:
+//   - a later settlement on the node shows the gap in the settle indexes:
+//     the backend subscribes again from the last index it saw in order,
+//     LND replays what it skipped, and the stored cursor never passes a
+//     settlement not booked;
+//   - with no settlement after it, the look-up of the newest unsettled
+//     invoices (Config.TailCheck) finds it.
+func TestMissedSettlementIsBooked(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		tail time.Duration
+		gap  bool // a later settlement arrives on the stream
+	}{
+		{"a later settlement shows the gap", time.Hour, true},
+		{"nothing after it", 20 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			n := newLateNode()
+			l, err := ledger.Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			b, err := New(ctx, n, n, l, Config{Sweep: 10 * time.Millisecond, TailCheck: tc.tail})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ps []vend.Payment
+			for i := range 2 {
+				c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "c", RequestID: fmt.Sprint(i),
+					Server: "s", Name: "t", ArgsHash: strings.Repeat("0", 63) + fmt.Sprint(i), Price: 1000, Idempotent: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				p, err := b.Request(ctx, vend.PaymentRequest{CallID: c.ID, Amount: c.Price, Expiry: 10 * time.Minute})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ps = append(ps, p)
+			}
+			seen, missed := ps[0], ps[1]
+
+			settled := make(chan string, 4)
+			rctx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() {
+				done <- b.Run(rctx, func(e vend.PaymentEvent) {
+					if e.Payment.State == vend.PaymentSettled {
+						settled <- e.Payment.Ref
+					}
+				})
+			}()
+			defer func() { stop(); <-done }()
+			waitFor := func(ref string) {
+				t.Helper()
+				select {
+				case got := <-settled:
+					if got != ref {
+						t.Fatalf("settled %s, want %s", got, ref)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("%s not booked settled in 10 s", ref)
+				}
+			}
+			for deadline := time.Now().Add(10 * time.Second); !b.Connected(); time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("not connected in 10 s")
+				}
+			}
+			// One settlement the stream delivers (settle index 1), then
+			// one it skips (2).
+			n.settle(seen.Ref)
+			n.stream <- n.invoice(seen.Ref)
+			waitFor(seen.Ref)
+			cursorAt := func(want uint64) {
+				t.Helper()
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+					_, at, _ := l.LNDCursor(ctx, "lnd")
+					if at == want {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("cursor at %d, want %d", at, want)
+					}
+				}
+			}
+			cursorAt(1) // the stream is done with it
+			n.settle(missed.Ref)
+			if tc.gap {
+				// Another application's invoice, settled next (3), is
+				// delivered.
+				other := n.add(5000)
+				ref := fmt.Sprintf("%x", other.RHash)
+				n.settle(ref)
+				n.stream <- n.invoice(ref)
+			}
+			waitFor(missed.Ref)
+			if p, err := l.Payment(ctx, missed.Ref); err != nil || p.State != vend.PaymentSettled || p.SettleIndex != 2 {
+				t.Fatalf("skipped invoice: %+v %v", p, err)
+			}
+			if !tc.gap {
+				cursorAt(1) // the stream saw nothing after it
+				return
+			}
+			cursorAt(3)
+			if got := n.subscriptions(); !slices.Equal(got, []uint64{0, 1}) {
+				t.Fatalf("subscribed from settle indexes %v, want [0 1]: once, then again after the last seen in order", got)
+			}
+		})
+	}
+}
