@@ -496,6 +496,12 @@ func (b *Backend) runOnce(ctx context.Context) error {
 	// settlement (LND numbers the node's settlements 1, 2, 3, ...): the
 	// cursor stored, never past one skipped. 0: none seen yet.
 	seen := settleIndex
+	// replayedTo: the stream was subscribed again from seen after a gap
+	// up to this index; LND replays the settlements up to it from its
+	// database, so an index the replay passes over is no plain
+	// settlement (an AMP payment's, which this stream shows as none):
+	// not a gap again.
+	var replayedTo uint64
 	for {
 		inv, err := stream.Recv()
 		if err != nil {
@@ -524,6 +530,7 @@ func (b *Backend) runOnce(ctx context.Context) error {
 			}
 		case inv.SettleIndex <= seen:
 			continue // replayed, recorded once
+		case inv.SettleIndex <= replayedTo:
 		case inv.SettleIndex > seen+1:
 			// Skipped settlements (see "Skipped settlements" in the
 			// package doc): subscribe again from seen, so LND replays
@@ -539,7 +546,7 @@ func (b *Backend) runOnce(ctx context.Context) error {
 				return rpcError(err)
 			}
 			stopStream()
-			stream, stopStream = again, stop
+			stream, stopStream, replayedTo = again, stop, inv.SettleIndex
 			continue
 		}
 		seen = inv.SettleIndex

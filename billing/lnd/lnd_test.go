@@ -324,3 +324,159 @@ func BenchmarkSettlementLatency(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[(len(lat)*99)/100].Microseconds())/1000, "p99-ms")
 }
+
+// TestSettlementsBookedUnderSubscriberChurn (regtest): other applications
+// subscribing to the vendor node's invoices and leaving again make lnd
+// v0.20.2 skip settlements on the streams of the subscribers that stay
+// (see "Skipped settlements" in the package doc); a raw subscriber
+// beside the backend shows it. Every invoice the customer pays is still
+// booked settled, once, by the backend well before its expiry, and its
+// stored cursor ends at a settle index it saw every settlement up to.
+func TestSettlementsBookedUnderSubscriberChurn(t *testing.T) {
+	needStack(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l, err := ledger.Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	b := open(t, l, vendor(t).RPCHost, lnd.Config{Sweep: 500 * time.Millisecond, Log: failureLog(t)})
+	booked := make(chan vend.Payment, 64)
+	runDone := make(chan error, 1)
+	go func() {
+		runDone <- b.Run(ctx, func(e vend.PaymentEvent) {
+			if e.Payment.State == vend.PaymentSettled {
+				booked <- e.Payment
+			}
+		})
+	}()
+	defer func() { cancel(); <-runDone }()
+	for deadline := time.Now().Add(30 * time.Second); !b.Connected(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the backend did not connect in 30 s")
+		}
+	}
+
+	// The raw subscriber: what LND's stream delivers to one that stays.
+	ln := lnrpc.NewLightningClient(vendorConn(t))
+	raw, err := ln.SubscribeInvoices(ctx, &lnrpc.InvoiceSubscription{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rawMu sync.Mutex
+	rawSaw := map[string]bool{}
+	go func() {
+		for {
+			inv, err := raw.Recv()
+			if err != nil {
+				return
+			}
+			if inv.State == lnrpc.Invoice_SETTLED {
+				rawMu.Lock()
+				rawSaw[hex.EncodeToString(inv.RHash)] = true
+				rawMu.Unlock()
+			}
+		}
+	}()
+	// The churn: subscribers coming and going while the customer pays.
+	churn, stopChurn := context.WithCancel(ctx)
+	var churners sync.WaitGroup
+	for i := range 32 {
+		churners.Add(1)
+		go func() {
+			defer churners.Done()
+			for churn.Err() == nil {
+				sctx, stop := context.WithCancel(churn)
+				if s, err := ln.SubscribeInvoices(sctx, &lnrpc.InvoiceSubscription{}); err == nil {
+					go func() {
+						for {
+							if _, err := s.Recv(); err != nil {
+								return
+							}
+						}
+					}()
+				}
+				time.Sleep(time.Duration(i%4+1) * 500 * time.Microsecond)
+				stop()
+			}
+		}()
+	}
+	defer func() { stopChurn(); churners.Wait() }()
+
+	const n = 30
+	paidAt := map[string]time.Time{}
+	for i := range n {
+		c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "churn", RequestID: fmt.Sprint(i), Server: "s", Name: "t",
+			ArgsHash: fmt.Sprintf("%064x", i), Price: 10_000, Idempotent: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := b.Request(ctx, vend.PaymentRequest{CallID: c.ID, Amount: c.Price, Memo: "churn", Expiry: 10 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pctx, pcancel := context.WithTimeout(ctx, time.Minute)
+		_, err = stack.Pay(pctx, p.Bolt11)
+		pcancel()
+		if err != nil {
+			t.Fatalf("payment %d: %v", i, err)
+		}
+		paidAt[p.Ref] = time.Now()
+	}
+	stopChurn()
+	churners.Wait()
+
+	var slowest time.Duration
+	got := map[string]bool{}
+	for deadline := time.After(2 * time.Minute); len(got) < n; { // a hang guard: expiry is 10 minutes away
+		select {
+		case p := <-booked:
+			if got[p.Ref] {
+				t.Fatalf("payment %s reported settled twice", p.Ref)
+			}
+			if _, ours := paidAt[p.Ref]; !ours {
+				t.Fatalf("settled %s, not a payment of this test", p.Ref)
+			}
+			got[p.Ref] = true
+			slowest = max(slowest, time.Since(paidAt[p.Ref]))
+		case <-deadline:
+			t.Fatalf("%d of %d paid invoices booked settled in 2 minutes", len(got), n)
+		}
+	}
+	rawMu.Lock()
+	skipped := 0
+	for ref := range paidAt {
+		if !rawSaw[ref] {
+			skipped++
+		}
+	}
+	rawMu.Unlock()
+	t.Logf("LND's stream skipped %d of %d settlements for the raw subscriber; the backend booked all %d, the slowest %s after its payment",
+		skipped, n, n, slowest.Round(time.Millisecond))
+	if skipped == 0 {
+		t.Error("the churn made LND skip no settlement: this run proved nothing (has LND stopped skipping? see the package doc)")
+	}
+	// The cursor: LND replays everything after it on a restart, so it
+	// must not have passed a settlement the backend did not see.
+	_, cursor, err := l.LNDCursor(ctx, "lnd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ref := range paidAt {
+		p, err := l.Payment(ctx, ref)
+		if err != nil || p.State != vend.PaymentSettled || p.SettleIndex == 0 {
+			t.Fatalf("payment %s: %+v %v", ref, p, err)
+		}
+	}
+	if cursor == 0 {
+		t.Fatal("no cursor stored")
+	}
+	if r, err := l.Verify(ctx); err != nil || !r.OK() {
+		var b strings.Builder
+		if err == nil {
+			r.WriteTo(&b)
+		}
+		t.Fatalf("ledger verify: %v\n%s", err, b.String())
+	}
+}

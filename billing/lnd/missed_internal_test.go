@@ -30,9 +30,11 @@ func TestMissedSettlementIsBooked(t *testing.T) {
 		name string
 		tail time.Duration
 		gap  bool // a later settlement arrives on the stream
+		amp  bool // and an index before it is no plain settlement
 	}{
-		{"a later settlement shows the gap", time.Hour, true},
-		{"nothing after it", 20 * time.Millisecond, false},
+		{"a later settlement shows the gap", time.Hour, true, false},
+		{"nothing after it", 20 * time.Millisecond, false, false},
+		{"a gap that is no settlement", time.Hour, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -107,9 +109,14 @@ func TestMissedSettlementIsBooked(t *testing.T) {
 			}
 			cursorAt(1) // the stream is done with it
 			n.settle(missed.Ref)
+			if tc.amp {
+				// Index 3 is an AMP payment's: the stream and LND's
+				// replay show no settlement at 3.
+				n.skipIndex()
+			}
 			if tc.gap {
-				// Another application's invoice, settled next (3), is
-				// delivered.
+				// Another application's invoice, settled next (3, or 4
+				// after the AMP payment), is delivered.
 				other := n.add(5000)
 				ref := fmt.Sprintf("%x", other.RHash)
 				n.settle(ref)
@@ -123,7 +130,19 @@ func TestMissedSettlementIsBooked(t *testing.T) {
 				cursorAt(1) // the stream saw nothing after it
 				return
 			}
-			cursorAt(3)
+			last := uint64(3)
+			if tc.amp {
+				last = 4
+			}
+			cursorAt(last)
+			// One more settlement after the replay: no gap, no new
+			// subscription (an index that is no settlement is not a gap
+			// for ever).
+			other := n.add(5000)
+			ref := fmt.Sprintf("%x", other.RHash)
+			n.settle(ref)
+			n.stream <- n.invoice(ref)
+			cursorAt(last + 1)
 			if got := n.subscriptions(); !slices.Equal(got, []uint64{0, 1}) {
 				t.Fatalf("subscribed from settle indexes %v, want [0 1]: once, then again after the last seen in order", got)
 			}
