@@ -26,8 +26,11 @@
 // time the connection is (re)made, before any notification is taken
 // (notifications are ephemeral events: those sent while the relay was
 // out of reach are lost, the lookups find what they said), of those past
-// their expiry every Config.Sweep, and of all open ones every Sweep when
-// the connection is not sent the notifications. Every change is recorded
+// their expiry every Config.Sweep, of all open ones every Sweep when the
+// connection is not sent the notifications, and of the newest open ones
+// every Config.TailCheck when it is (a notification lost while the
+// connection stayed up: the relay dropped it, or the wallet never sent
+// it). Every change is recorded
 // in the ledger exactly once (its claims decide between a notification, a
 // lookup and SettleHeld seeing the same change), then reported.
 //
@@ -46,6 +49,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -72,12 +76,22 @@ type Config struct {
 	// Sweep is how often payments past their expiry are looked up
 	// (default 1 s).
 	Sweep time.Duration
+	// TailCheck is how often the newest open payments (at most
+	// TailPayments of them) are looked up on a connection that is sent
+	// the notifications (default 15 s): a notification the relay or the
+	// wallet lost while the connection stayed up would otherwise leave a
+	// paid invoice waiting for its expiry.
+	TailCheck time.Duration
 	// Log receives one line per payment change and reconnect; never
 	// the URI's secret or a preimage.
 	Log *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
+
+// TailPayments is how many of the newest open payments each
+// Config.TailCheck looks up.
+const TailPayments = 8
 
 // The methods the backend needs from every connection; hold invoices need
 // HoldMethods too.
@@ -131,6 +145,9 @@ func New(ctx context.Context, c *Client, led vend.PaymentBook, cfg Config) (*Bac
 	}
 	if cfg.Sweep <= 0 {
 		cfg.Sweep = time.Second
+	}
+	if cfg.TailCheck <= 0 {
+		cfg.TailCheck = 15 * time.Second
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -407,6 +424,7 @@ func (b *Backend) runOnce(ctx context.Context) error {
 	poll := !b.c.Info().Notifies(NotePaymentReceived) || (b.CanHold() && !b.c.Info().Notifies(NoteHoldInvoiceAccepted))
 	t := time.NewTicker(b.cfg.Sweep)
 	defer t.Stop()
+	nextTail := b.cfg.Now().Add(b.cfg.TailCheck)
 	for {
 		if payoutsLeft && !b.cfg.Now().Before(nextPayouts) {
 			payoutsLeft, nextPayouts = b.resolvePayouts(ctx), b.cfg.Now().Add(payoutRetry)
@@ -422,7 +440,12 @@ func (b *Backend) runOnce(ctx context.Context) error {
 			return s.Err()
 		case <-more:
 		case <-t.C:
-			if err := b.reconcile(ctx, !poll); err != nil && !errors.Is(err, ErrTimeout) {
+			err := b.reconcile(ctx, !poll)
+			if err == nil && !poll && !b.cfg.Now().Before(nextTail) {
+				err = b.lookUpNewest(ctx)
+				nextTail = b.cfg.Now().Add(b.cfg.TailCheck)
+			}
+			if err != nil && !errors.Is(err, ErrTimeout) {
 				s.Close()
 				return err
 			}
@@ -480,6 +503,28 @@ func (b *Backend) reconcile(ctx context.Context, expiredOnly bool) error {
 	if !expiredOnly {
 		refs = append(refs, b.lateRefs(now)...)
 	}
+	return b.lookUp(ctx, refs)
+}
+
+// lookUpNewest looks up the newest TailPayments open payments not past
+// their expiry (the sweep looks up those) and records what changed.
+func (b *Backend) lookUpNewest(ctx context.Context) error {
+	ps, err := b.led.UnsettledPayments(ctx, b.name)
+	if err != nil {
+		return err
+	}
+	now := b.cfg.Now()
+	ps = slices.DeleteFunc(ps, func(p vend.Payment) bool { return !now.Before(p.ExpiresAt) })
+	slices.SortFunc(ps, func(a, b vend.Payment) int { return b.CreatedAt.Compare(a.CreatedAt) })
+	refs := make([]string, 0, TailPayments)
+	for _, p := range ps[:min(len(ps), TailPayments)] {
+		refs = append(refs, p.Ref)
+	}
+	return b.lookUp(ctx, refs)
+}
+
+// lookUp asks the wallet for the invoices refs and records what changed.
+func (b *Backend) lookUp(ctx context.Context, refs []string) error {
 	for _, ref := range refs {
 		tx, err := b.lookup(ctx, ref)
 		if errors.Is(err, ErrNotFound) {

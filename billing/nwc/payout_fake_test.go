@@ -42,6 +42,7 @@ type answer struct {
 type fakeWallet struct {
 	uri     nwc.URI
 	methods []string
+	notes   []string // the notifications it says it sends (it sends none)
 
 	mu      sync.Mutex
 	answers map[string][]answer // by method, in order; the last one repeats
@@ -50,11 +51,18 @@ type fakeWallet struct {
 
 func newFakeWallet(t *testing.T, methods ...string) *fakeWallet {
 	t.Helper()
+	return newFakeWalletNoting(t, nil, methods...)
+}
+
+// newFakeWalletNoting is newFakeWallet whose info event and get_info
+// also declare the notifications notes.
+func newFakeWalletNoting(t *testing.T, notes []string, methods ...string) *fakeWallet {
+	t.Helper()
 	url := testkit.Relay(t)
 	walletSK, clientSK := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
 	walletPK, _ := nostr.GetPublicKey(walletSK)
 	clientPK, _ := nostr.GetPublicKey(clientSK)
-	w := &fakeWallet{uri: nwc.URI{Wallet: walletPK, Relays: []string{url}, Secret: clientSK}, methods: methods,
+	w := &fakeWallet{uri: nwc.URI{Wallet: walletPK, Relays: []string{url}, Secret: clientSK}, methods: methods, notes: notes,
 		answers: map[string][]answer{}, calls: map[string]int{}}
 	conv, err := nip44.GenerateConversationKey(clientPK, walletSK)
 	if err != nil {
@@ -68,6 +76,9 @@ func newFakeWallet(t *testing.T, methods ...string) *fakeWallet {
 	}
 	info := nostr.Event{Kind: nwc.KindInfo, CreatedAt: nostr.Now(), Content: strings.Join(methods, " "),
 		Tags: nostr.Tags{{"encryption", "nip44_v2"}}}
+	if len(notes) > 0 {
+		info.Tags = append(info.Tags, nostr.Tag{"notifications", strings.Join(notes, " ")})
+	}
 	info.Sign(walletSK)
 	if err := relay.Publish(ctx, info); err != nil {
 		t.Fatal(err)
@@ -125,7 +136,7 @@ func (w *fakeWallet) next(method string) answer {
 	defer w.mu.Unlock()
 	w.calls[method]++
 	if method == nwc.MethodGetInfo {
-		return answer{result: map[string]any{"alias": "fake", "network": "regtest", "methods": w.methods}}
+		return answer{result: map[string]any{"alias": "fake", "network": "regtest", "methods": w.methods, "notifications": w.notes}}
 	}
 	as := w.answers[method]
 	switch len(as) {
