@@ -200,7 +200,7 @@ Examples:
 				return usageError("refund takes the ACCOUNT (see 'capvend credit')")
 			}
 			if err := parseAfterArg("credit refund", "credit refund takes one argument", args, register); err != nil {
-				return err
+				return pf.nwc.hint(err)
 			}
 			cf, payCashu, invoice, mint := &pf.cf, pf.payCashu, pf.invoice, pf.mint
 			if pf.nwc.set {

@@ -72,6 +72,10 @@ func TestFlagsAfterTheArgument(t *testing.T) {
 		{[]string{"credit", "refund", "t0", "--nope"}, "flag provided but not defined: -nope (see 'capvend credit refund --help')"},
 		{[]string{"refunds", "pay", "3", "--cashu", "more"}, `refunds pay takes one argument, got "more" too`},
 		{[]string{"refunds", "pay", "3", "--mint"}, "flag needs an argument: -mint (see 'capvend refunds pay --help')"},
+		{[]string{"refunds", "pay", "--nwc", "coinos", "3"},
+			`refunds pay takes one argument, got "3" too (--nwc names a connection only with '=': --nwc=NAME)`},
+		{[]string{"credit", "refund", "t0", "--nwc", "coinos"},
+			`credit refund takes one argument, got "coinos" too (--nwc names a connection only with '=': --nwc=NAME)`},
 	} {
 		_, errOut, code := run(t, nil, tc.args...)
 		if want := "capvend: " + tc.want + "\n"; code != 2 || errOut != want {

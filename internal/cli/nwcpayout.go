@@ -41,6 +41,15 @@ func (f *nwcFlag) Set(s string) error {
 // IsBoolFlag lets --nwc stand alone (flag package), --nwc=NAME naming one.
 func (f *nwcFlag) IsBoolFlag() bool { return true }
 
+// hint adds to err, a command line's usage error, that a bare --nwc takes
+// no NAME after a space: "--nwc coinos 3" reads "coinos" as the argument.
+func (f *nwcFlag) hint(err error) error {
+	if f.set && f.name == "" {
+		return usageError("%v (--nwc names a connection only with '=': --nwc=NAME)", err)
+	}
+	return err
+}
+
 // pickNWC returns the configured connection name names ("" the first).
 func pickNWC(cfg *Config, name string) (nwcConn, error) {
 	conns := cfg.NWC.connections()

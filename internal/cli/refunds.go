@@ -212,7 +212,7 @@ Examples:
 			}
 			// Flags may follow the ID: parse them again.
 			if err := parseAfterArg("refunds pay", "refunds pay takes one argument", args, register); err != nil {
-				return err
+				return pf.nwc.hint(err)
 			}
 			cf, payCashu, invoice, mint := &pf.cf, pf.payCashu, pf.invoice, pf.mint
 			id, err := strconv.ParseInt(args[0], 10, 64)
