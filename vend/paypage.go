@@ -45,6 +45,9 @@ type PayPage struct {
 	// Paid: the payment settled (or, a hold invoice, is locked in), or
 	// the call went on past it. Expired: it can no longer be paid.
 	Paid, Expired bool
+	// Canceled: the call was canceled (by its client, or by a restore of
+	// the ledger) and never runs; with Paid, what was paid is owed back.
+	Canceled bool
 }
 
 // payPageKey derives the page token key from the L402 root key.
@@ -119,6 +122,9 @@ func (v *Vendor) PayPage(ctx context.Context, token string) (PayPage, error) {
 		}
 	}
 	switch {
+	case c.State == CallCanceled:
+		pg.Canceled = true
+		pg.Paid = p.State == PaymentSettled || p.State == PaymentAccepted
 	case p.State == PaymentSettled || p.State == PaymentAccepted:
 		pg.Paid = true
 	case c.State != CallQuoted && c.State != CallAwaitingPayment && c.State != CallExpired && c.State != CallCanceled:

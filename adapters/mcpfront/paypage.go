@@ -107,8 +107,8 @@ func (s *Server) PayPage() http.Handler {
 }
 
 // payEvents streams the page's status as server-sent events ("status":
-// open, paid or expired) until it is paid or expired, or the browser
-// leaves. It reads the ledger once a second: the page waits on nothing
+// open, paid, expired, canceled, or owed: paid for a canceled call) until
+// it is no longer open, or the browser leaves. It reads the ledger once a second: the page waits on nothing
 // the call itself waits on.
 func (s *Server) payEvents(w http.ResponseWriter, r *http.Request, pp PayPager, token string, page vend.PayPage) {
 	fl, ok := w.(http.Flusher)
@@ -161,6 +161,10 @@ func (s *Server) payEvents(w http.ResponseWriter, r *http.Request, pp PayPager, 
 
 func payStatus(p vend.PayPage) string {
 	switch {
+	case p.Canceled && p.Paid:
+		return "owed"
+	case p.Canceled:
+		return "canceled"
 	case p.Paid:
 		return "paid"
 	case p.Expired:
@@ -231,14 +235,14 @@ h1{font-size:1.4rem}
 #qr{display:block;margin:1rem 0;max-width:100%;height:auto}
 code{display:block;word-break:break-all;font-size:.8rem;background:#f4f4f4;padding:.5rem}
 #status{font-weight:bold;padding:.6rem;border-radius:.3rem;background:#fff4d6}
-#status.paid{background:#d9f7d9}#status.expired{background:#f7d9d9}
+#status.paid{background:#d9f7d9}#status.expired,#status.canceled,#status.owed{background:#f7d9d9}
 a.pay{display:inline-block;padding:.6rem 1rem;background:#f7931a;color:#fff;text-decoration:none;border-radius:.3rem}
 </style>
 </head>
 <body>
 <h1>Pay {{.Sats}} sats to call {{.Tool}}</h1>
 {{with .Description}}<p id="what">{{.}}</p>{{end}}
-<p id="status" class="{{.Status}}">{{if eq .Status "paid"}}paid: go back to your chat{{else if eq .Status "expired"}}expired: ask for the call again{{else}}waiting for payment{{end}}</p>
+<p id="status" class="{{.Status}}">{{if eq .Status "paid"}}paid: go back to your chat{{else if eq .Status "expired"}}expired: ask for the call again{{else if eq .Status "canceled"}}{{template "canceled"}}{{else if eq .Status "owed"}}{{template "owed"}}{{else}}waiting for payment{{end}}</p>
 {{if eq .Status "open"}}
 <div id="qrbox">{{.QR}}</div>
 <p><a class="pay" id="link" href="{{.Link}}">Open in your wallet</a></p>
@@ -254,7 +258,7 @@ a.pay{display:inline-block;padding:.6rem 1rem;background:#f7931a;color:#fff;text
   es.addEventListener("status", function (e) {
     if (e.data === "open") return;
     st.className = e.data;
-    st.textContent = e.data === "paid" ? "paid: go back to your chat" : "expired: ask for the call again";
+    st.textContent = {paid: "paid: go back to your chat", canceled: "{{template "canceled"}}", owed: "{{template "owed"}}"}[e.data] || "expired: ask for the call again";
     ["qrbox", "link", "invoice"].forEach(function (id) { var el = document.getElementById(id); if (el) el.style.opacity = "0.3"; });
     es.close();
   });
@@ -262,6 +266,8 @@ a.pay{display:inline-block;padding:.6rem 1rem;background:#f7931a;color:#fff;text
 </script>
 </body>
 </html>
+{{define "canceled"}}this call was canceled: do not pay, ask for the call again{{end}}
+{{define "owed"}}paid, but this call was canceled: it never runs, and what you paid is owed back (ask the seller){{end}}
 `))
 
 // clientCanElicitURL reports whether the client of ctx declared URL-mode

@@ -258,3 +258,67 @@ func TestURLElicitationPays(t *testing.T) {
 		})
 	}
 }
+
+// TestPayPageOfACanceledCall: the page of a call the operator's restore
+// canceled says so and shows no invoice to pay (its events say
+// "canceled"); paid all the same (the invoice was still payable), it
+// says the payment is owed back, not "go back to your chat", and nothing
+// runs.
+func TestPayPageOfACanceledCall(t *testing.T) {
+	w, _ := newPayWorld(t, Config{})
+	sid := newRawSession(t, w.url).sid
+	_, body := w.post(sid, call(`1`, "ex_dear", `,"arguments":{"text":"a"}`))
+	var res struct {
+		Result struct {
+			StructuredContent struct {
+				PayURL  string `json:"pay_url"`
+				Invoice string `json:"invoice"`
+			} `json:"structuredContent"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(firstJSON(body)), &res); err != nil {
+		t.Fatal(err)
+	}
+	sc := res.Result.StructuredContent
+	if _, err := w.led.SettleRestored(context.Background(), "the ledger was restored from file:///srv/replica"); err != nil {
+		t.Fatal(err)
+	}
+	get := func(url string) string {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", url, resp.StatusCode)
+		}
+		return string(b)
+	}
+	page := get(sc.PayURL)
+	if !strings.Contains(page, `<p id="status" class="canceled">this call was canceled: do not pay`) || strings.Contains(page, `<svg id="qr"`) ||
+		strings.Contains(page, `<code id="invoice">`) || strings.Contains(page, "/srv/replica") {
+		t.Fatalf("page of the canceled call:\n%s", page)
+	}
+	if ev := get(sc.PayURL + "/events"); !strings.Contains(ev, "data: canceled\n") {
+		t.Fatalf("events: %q", ev)
+	}
+	w.be.pay(strings.TrimPrefix(sc.Invoice, bolt11Prefix))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		page = get(sc.PayURL)
+		if strings.Contains(page, "owed back") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("page of the canceled call, paid:\n%s", page)
+		}
+	}
+	if !strings.Contains(page, `<p id="status" class="owed">paid, but this call was canceled`) ||
+		!strings.Contains(get(sc.PayURL+"/events"), "data: owed\n") {
+		t.Fatalf("page of the canceled call, paid:\n%s", page)
+	}
+	if n := w.runs(); n != 0 {
+		t.Fatalf("ran %d times", n)
+	}
+}
