@@ -517,10 +517,10 @@ func (s *Stack) Processes() []ProcStatus {
 }
 
 // DeadReport describes the stack's processes that are no longer running,
-// each with the end of its log (at most max bytes of it): "" when every
+// each with the end of its log (at most n bytes of it): "" when every
 // process runs. A test run that failed prints it, since the stack's
 // directory, logs included, is removed once the run ends.
-func (s *Stack) DeadReport(max int) string {
+func (s *Stack) DeadReport(n int) string {
 	var b strings.Builder
 	for _, p := range s.procs() {
 		if p.Alive() {
@@ -532,7 +532,7 @@ func (s *Stack) DeadReport(max int) string {
 			fmt.Fprintf(&b, "  (%v)\n", err)
 			continue
 		}
-		b.WriteString(tail(string(data), max))
+		b.WriteString(tail(string(data), n))
 		if len(data) > 0 && data[len(data)-1] != '\n' {
 			b.WriteByte('\n')
 		}

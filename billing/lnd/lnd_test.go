@@ -330,8 +330,8 @@ func BenchmarkSettlementLatency(b *testing.B) {
 // v0.20.2 skip settlements on the streams of the subscribers that stay
 // (see "Skipped settlements" in the package doc); a raw subscriber
 // beside the backend shows it. Every invoice the customer pays is still
-// booked settled, once, by the backend well before its expiry, and its
-// stored cursor ends at a settle index it saw every settlement up to.
+// booked settled, once, with its settle index, by the backend well before
+// its expiry, and the books verify.
 func TestSettlementsBookedUnderSubscriberChurn(t *testing.T) {
 	needStack(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -404,9 +404,28 @@ func TestSettlementsBookedUnderSubscriberChurn(t *testing.T) {
 	}
 	defer func() { stopChurn(); churners.Wait() }()
 
-	const n = 30
+	// At least 30 payments, and more (up to 120) until the raw
+	// subscriber shows a skipped settlement: the churn's effect depends
+	// on the machine's load.
 	paidAt := map[string]time.Time{}
-	for i := range n {
+	skipped := func() int {
+		rawMu.Lock()
+		defer rawMu.Unlock()
+		k := 0
+		for ref := range paidAt {
+			if !rawSaw[ref] {
+				k++
+			}
+		}
+		return k
+	}
+	for i := 0; i < 120; i++ {
+		if i >= 30 && i%10 == 0 {
+			time.Sleep(500 * time.Millisecond) // the raw subscriber's last events
+			if skipped() > 0 {
+				break
+			}
+		}
 		c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "churn", RequestID: fmt.Sprint(i), Server: "s", Name: "t",
 			ArgsHash: fmt.Sprintf("%064x", i), Price: 10_000, Idempotent: true})
 		if err != nil {
@@ -424,6 +443,7 @@ func TestSettlementsBookedUnderSubscriberChurn(t *testing.T) {
 		}
 		paidAt[p.Ref] = time.Now()
 	}
+	n := len(paidAt)
 	stopChurn()
 	churners.Wait()
 
@@ -444,33 +464,17 @@ func TestSettlementsBookedUnderSubscriberChurn(t *testing.T) {
 			t.Fatalf("%d of %d paid invoices booked settled in 2 minutes", len(got), n)
 		}
 	}
-	rawMu.Lock()
-	skipped := 0
-	for ref := range paidAt {
-		if !rawSaw[ref] {
-			skipped++
-		}
-	}
-	rawMu.Unlock()
+	k := skipped()
 	t.Logf("LND's stream skipped %d of %d settlements for the raw subscriber; the backend booked all %d, the slowest %s after its payment",
-		skipped, n, n, slowest.Round(time.Millisecond))
-	if skipped == 0 {
+		k, n, n, slowest.Round(time.Millisecond))
+	if k == 0 {
 		t.Error("the churn made LND skip no settlement: this run proved nothing (has LND stopped skipping? see the package doc)")
-	}
-	// The cursor: LND replays everything after it on a restart, so it
-	// must not have passed a settlement the backend did not see.
-	_, cursor, err := l.LNDCursor(ctx, "lnd")
-	if err != nil {
-		t.Fatal(err)
 	}
 	for ref := range paidAt {
 		p, err := l.Payment(ctx, ref)
 		if err != nil || p.State != vend.PaymentSettled || p.SettleIndex == 0 {
 			t.Fatalf("payment %s: %+v %v", ref, p, err)
 		}
-	}
-	if cursor == 0 {
-		t.Fatal("no cursor stored")
 	}
 	if r, err := l.Verify(ctx); err != nil || !r.OK() {
 		var b strings.Builder
