@@ -62,7 +62,12 @@ func vendor(t testing.TB) testnet.NodeInfo {
 // privilege, as in production.
 func open(t testing.TB, l lnd.Ledger, addr string, cfg lnd.Config) *lnd.Backend {
 	t.Helper()
-	n := vendor(t)
+	return openOn(t, vendor(t), l, addr, cfg)
+}
+
+// openOn is open on node n (its TLS certificate and invoice macaroon).
+func openOn(t testing.TB, n testnet.NodeInfo, l lnd.Ledger, addr string, cfg lnd.Config) *lnd.Backend {
+	t.Helper()
 	conn, err := lnd.Dial(addr, n.TLSCert, n.InvoiceMacaroon)
 	if err != nil {
 		t.Fatal(err)
@@ -326,10 +331,12 @@ func BenchmarkSettlementLatency(b *testing.B) {
 }
 
 // TestSettlementsBookedUnderSubscriberChurn (regtest): other applications
-// subscribing to the vendor node's invoices and leaving again make lnd
-// v0.20.2 skip settlements on the streams of the subscribers that stay
-// (see "Skipped settlements" in the package doc); a raw subscriber
-// beside the backend shows it. Every invoice the customer pays is still
+// subscribing to a node's invoices and leaving again make lnd v0.20.2
+// skip settlements on the streams of the subscribers that stay (see
+// "Skipped settlements" in the package doc); a raw subscriber beside the
+// backend shows it. The node is the stack's customer node, paid by the
+// vendor node: no other test binary of the run follows its invoices,
+// which the churn would make skip too. Every invoice the customer pays is still
 // booked settled, once, with its settle index, by the backend well before
 // its expiry, and the books verify.
 func TestSettlementsBookedUnderSubscriberChurn(t *testing.T) {
@@ -341,7 +348,11 @@ func TestSettlementsBookedUnderSubscriberChurn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	b := open(t, l, vendor(t).RPCHost, lnd.Config{Sweep: 500 * time.Millisecond, Log: failureLog(t)})
+	node, ok := stack.Node(testnet.Customer)
+	if !ok {
+		t.Fatal("no customer node")
+	}
+	b := openOn(t, node, l, node.RPCHost, lnd.Config{Sweep: 500 * time.Millisecond, Log: failureLog(t)})
 	booked := make(chan vend.Payment, 64)
 	runDone := make(chan error, 1)
 	go func() {
@@ -359,7 +370,12 @@ func TestSettlementsBookedUnderSubscriberChurn(t *testing.T) {
 	}
 
 	// The raw subscriber: what LND's stream delivers to one that stays.
-	ln := lnrpc.NewLightningClient(vendorConn(t))
+	conn, err := lnd.Dial(node.RPCHost, node.TLSCert, node.InvoiceMacaroon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ln := lnrpc.NewLightningClient(conn)
 	raw, err := ln.SubscribeInvoices(ctx, &lnrpc.InvoiceSubscription{})
 	if err != nil {
 		t.Fatal(err)
@@ -436,7 +452,7 @@ func TestSettlementsBookedUnderSubscriberChurn(t *testing.T) {
 			t.Fatal(err)
 		}
 		pctx, pcancel := context.WithTimeout(ctx, time.Minute)
-		_, err = stack.Pay(pctx, p.Bolt11)
+		_, err = stack.PayFrom(pctx, testnet.Vendor, p.Bolt11)
 		pcancel()
 		if err != nil {
 			t.Fatalf("payment %d: %v", i, err)
