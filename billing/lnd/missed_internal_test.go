@@ -3,13 +3,10 @@ package lnd
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/capvend/capvend/ledger"
 	"github.com/capvend/capvend/vend"
 )
 
@@ -38,42 +35,8 @@ func TestMissedSettlementIsBooked(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			n := newLateNode()
-			l, err := ledger.Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			b, err := New(ctx, n, n, l, Config{Sweep: 10 * time.Millisecond, TailCheck: tc.tail})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var ps []vend.Payment
-			for i := range 2 {
-				c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "c", RequestID: fmt.Sprint(i),
-					Server: "s", Name: "t", ArgsHash: strings.Repeat("0", 63) + fmt.Sprint(i), Price: 1000, Idempotent: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				p, err := b.Request(ctx, vend.PaymentRequest{CallID: c.ID, Amount: c.Price, Expiry: 10 * time.Minute})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ps = append(ps, p)
-			}
+			n, l, ps, settled := runLate(t, Config{Sweep: 10 * time.Millisecond, TailCheck: tc.tail})
 			seen, missed := ps[0], ps[1]
-
-			settled := make(chan string, 4)
-			rctx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() {
-				done <- b.Run(rctx, func(e vend.PaymentEvent) {
-					if e.Payment.State == vend.PaymentSettled {
-						settled <- e.Payment.Ref
-					}
-				})
-			}()
-			defer func() { stop(); <-done }()
 			waitFor := func(ref string) {
 				t.Helper()
 				select {
@@ -83,11 +46,6 @@ func TestMissedSettlementIsBooked(t *testing.T) {
 					}
 				case <-time.After(10 * time.Second):
 					t.Fatalf("%s not booked settled in 10 s", ref)
-				}
-			}
-			for deadline := time.Now().Add(10 * time.Second); !b.Connected(); time.Sleep(time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("not connected in 10 s")
 				}
 			}
 			// One settlement the stream delivers (settle index 1), then

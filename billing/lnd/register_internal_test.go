@@ -176,50 +176,11 @@ func TestSettlementBeforeTheStreamIsRegisteredIsBooked(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			n := newLateNode()
-			l, err := ledger.Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			b, err := New(ctx, n, n, l, Config{Sweep: tc.sweep})
-			if err != nil {
-				t.Fatal(err)
-			}
 			// The canceled one is recorded first, so it is looked up
 			// before the paid one: by the paid one's report, any
 			// booking of the cancel has happened.
-			var ps []vend.Payment
-			for i := range 2 {
-				c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "c", RequestID: fmt.Sprint(i),
-					Server: "s", Name: "t", ArgsHash: strings.Repeat("0", 63) + fmt.Sprint(i), Price: 1000, Idempotent: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				p, err := b.Request(ctx, vend.PaymentRequest{CallID: c.ID, Amount: c.Price, Expiry: 10 * time.Minute})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ps = append(ps, p)
-			}
+			n, l, ps, settled := runLate(t, Config{Sweep: tc.sweep})
 			canceled, paid := ps[0], ps[1]
-
-			settled := make(chan string, 2)
-			rctx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() {
-				done <- b.Run(rctx, func(e vend.PaymentEvent) {
-					if e.Payment.State == vend.PaymentSettled {
-						settled <- e.Payment.Ref
-					}
-				})
-			}()
-			defer func() { stop(); <-done }()
-			for deadline := time.Now().Add(10 * time.Second); !b.Connected(); time.Sleep(time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("not connected in 10 s")
-				}
-			}
 			// Subscribed and reconciled (both open then); LND has not
 			// registered the stream yet.
 			n.settle(paid.Ref)
@@ -243,4 +204,53 @@ func TestSettlementBeforeTheStreamIsRegisteredIsBooked(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runLate runs a backend with cfg on a lateNode and a fresh ledger, with
+// two plain invoices of 1 sat requested (in order), until the test ends.
+// It returns once the backend is connected (subscribed and reconciled);
+// settled receives the ref of each payment the backend reports settled.
+func runLate(t *testing.T, cfg Config) (*lateNode, *ledger.Ledger, []vend.Payment, <-chan string) {
+	t.Helper()
+	ctx := context.Background()
+	n := newLateNode()
+	l, err := ledger.Open(ctx, filepath.Join(t.TempDir(), "capvend.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	b, err := New(ctx, n, n, l, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ps []vend.Payment
+	for i := range 2 {
+		c, _, err := l.RecordCall(ctx, vend.NewCall{Transport: "test", Client: "c", RequestID: fmt.Sprint(i),
+			Server: "s", Name: "t", ArgsHash: strings.Repeat("0", 63) + fmt.Sprint(i), Price: 1000, Idempotent: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := b.Request(ctx, vend.PaymentRequest{CallID: c.ID, Amount: c.Price, Expiry: 10 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	settled := make(chan string, 4)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Run(rctx, func(e vend.PaymentEvent) {
+			if e.Payment.State == vend.PaymentSettled {
+				settled <- e.Payment.Ref
+			}
+		})
+	}()
+	t.Cleanup(func() { stop(); <-done }) // before the ledger's Close: cleanups run last first
+	for deadline := time.Now().Add(10 * time.Second); !b.Connected(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not connected in 10 s")
+		}
+	}
+	return n, l, ps, settled
 }
