@@ -70,6 +70,46 @@ func newPayWorldTTL(t *testing.T, cfg Config, ttl time.Duration) (*l402World, st
 	return w, base
 }
 
+// gatedAnswer is what an explicit-gating answer carries: its text and
+// its structuredContent's pay page, invoice and payment token.
+type gatedAnswer struct {
+	Text    string `json:"-"`
+	PayURL  string `json:"pay_url"`
+	Invoice string `json:"invoice"`
+	Token   string `json:"capvend_payment"`
+}
+
+// gatedCall calls ex_dear in session sid, unpaid, and returns its
+// explicit-gating answer and the response body.
+func gatedCall(t *testing.T, w *l402World, sid string) (gatedAnswer, string) {
+	t.Helper()
+	_, body := w.post(sid, call(`1`, "ex_dear", `,"arguments":{"text":"a"}`))
+	var res struct {
+		Result struct {
+			Content           []struct{ Text string } `json:"content"`
+			StructuredContent gatedAnswer             `json:"structuredContent"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(firstJSON(body)), &res); err != nil || len(res.Result.Content) == 0 {
+		t.Fatalf("answer %s: %v", body, err)
+	}
+	a := res.Result.StructuredContent
+	a.Text = res.Result.Content[0].Text
+	return a, body
+}
+
+// getPage GETs url and returns the response and its body.
+func getPage(t *testing.T, url string) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
 // TestPayPage: an explicit-gating answer links its call's pay page
 // (pay_url, and in the text); the page shows the tool, the amount, the
 // invoice (text, lightning: link, QR code) and its status, and never the
@@ -80,36 +120,12 @@ func newPayWorldTTL(t *testing.T, cfg Config, ttl time.Duration) (*l402World, st
 func TestPayPage(t *testing.T) {
 	w, base := newPayWorld(t, Config{})
 	sid := newRawSession(t, w.url).sid
-	_, body := w.post(sid, call(`1`, "ex_dear", `,"arguments":{"text":"a"}`))
-	var res struct {
-		Result struct {
-			Content           []struct{ Text string } `json:"content"`
-			StructuredContent struct {
-				PayURL  string `json:"pay_url"`
-				Invoice string `json:"invoice"`
-				Token   string `json:"capvend_payment"`
-			} `json:"structuredContent"`
-		} `json:"result"`
-	}
-	if err := json.Unmarshal([]byte(firstJSON(body)), &res); err != nil {
-		t.Fatal(err)
-	}
-	sc := res.Result.StructuredContent
-	if !strings.HasPrefix(sc.PayURL, base+"/pay/cvv_") || !strings.Contains(res.Result.Content[0].Text, sc.PayURL) || sc.Token == "" ||
+	sc, body := gatedCall(t, w, sid)
+	if !strings.HasPrefix(sc.PayURL, base+"/pay/cvv_") || !strings.Contains(sc.Text, sc.PayURL) || sc.Token == "" ||
 		strings.Contains(sc.PayURL, sc.Token) {
 		t.Fatalf("answer: %s", body)
 	}
-	get := func(url string) (*http.Response, string) {
-		t.Helper()
-		resp, err := http.Get(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp, string(b)
-	}
-	resp, page := get(sc.PayURL)
+	resp, page := getPage(t, sc.PayURL)
 	if resp.StatusCode != 200 || !strings.Contains(page, "ex_dear") || !strings.Contains(page, "21 sats") ||
 		!strings.Contains(page, `<code id="invoice">`+sc.Invoice+`</code>`) || !strings.Contains(page, `href="lightning:`+sc.Invoice+`"`) ||
 		!strings.Contains(page, `<svg id="qr"`) || !strings.Contains(page, `http-equiv="refresh"`) ||
@@ -119,7 +135,7 @@ func TestPayPage(t *testing.T) {
 		t.Fatalf("page: %d %v\n%s", resp.StatusCode, resp.Header, page)
 	}
 	for _, bad := range []string{base + "/pay/" + sc.Token, sc.PayURL + "x", base + "/pay/cvv_AAAAAAAAAAEAAAAAAAAAAAAAAAAAAAAAAAAA"} {
-		if resp, _ := get(bad); resp.StatusCode != http.StatusNotFound {
+		if resp, _ := getPage(t, bad); resp.StatusCode != http.StatusNotFound {
 			t.Fatalf("%s: %d", bad, resp.StatusCode)
 		}
 	}
@@ -146,7 +162,7 @@ func TestPayPage(t *testing.T) {
 	if st := next(); st != "paid" {
 		t.Fatalf("status after paying %q", st)
 	}
-	_, page = get(sc.PayURL)
+	_, page = getPage(t, sc.PayURL)
 	if !strings.Contains(page, "paid: go back to your chat") || strings.Contains(page, `http-equiv="refresh"`) {
 		t.Fatalf("paid page:\n%s", page)
 	}
@@ -267,34 +283,17 @@ func TestURLElicitationPays(t *testing.T) {
 func TestPayPageOfACanceledCall(t *testing.T) {
 	w, _ := newPayWorld(t, Config{})
 	sid := newRawSession(t, w.url).sid
-	_, body := w.post(sid, call(`1`, "ex_dear", `,"arguments":{"text":"a"}`))
-	var res struct {
-		Result struct {
-			StructuredContent struct {
-				PayURL  string `json:"pay_url"`
-				Invoice string `json:"invoice"`
-			} `json:"structuredContent"`
-		} `json:"result"`
-	}
-	if err := json.Unmarshal([]byte(firstJSON(body)), &res); err != nil {
-		t.Fatal(err)
-	}
-	sc := res.Result.StructuredContent
+	sc, _ := gatedCall(t, w, sid)
 	if _, err := w.led.SettleRestored(context.Background(), "the ledger was restored from file:///srv/replica"); err != nil {
 		t.Fatal(err)
 	}
 	get := func(url string) string {
 		t.Helper()
-		resp, err := http.Get(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
+		resp, page := getPage(t, url)
 		if resp.StatusCode != 200 {
 			t.Fatalf("%s: %d", url, resp.StatusCode)
 		}
-		return string(b)
+		return page
 	}
 	page := get(sc.PayURL)
 	if !strings.Contains(page, `<p id="status" class="canceled">this call was canceled: do not pay`) || strings.Contains(page, `<svg id="qr"`) ||
