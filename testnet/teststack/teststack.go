@@ -111,14 +111,7 @@ func Run(m *testing.M) int {
 // "connection refused" is explained there, and the logs are gone with the
 // stack once the run ends.
 func reportDead() {
-	mu.Lock()
-	s := started
-	mu.Unlock()
-	if !s {
-		return
-	}
-	<-done
-	if stack != nil {
+	if attached() && stack != nil {
 		os.Stderr.WriteString(stack.DeadReport(4000))
 	}
 }
@@ -127,16 +120,22 @@ func reportDead() {
 // for an attachment under way); the last test binary of the run to do so
 // (or to exit) has it stopped. Safe to call more than once.
 func Release() {
-	mu.Lock()
-	s := started
-	mu.Unlock()
-	if !s {
-		return
-	}
-	<-done
-	if release != nil {
+	if attached() && release != nil {
 		if err := release(); err != nil {
 			os.Stderr.WriteString("teststack: " + err.Error() + "\n")
 		}
 	}
+}
+
+// attached reports whether Need or Prepare began attaching, after
+// waiting for that attachment to end (stack, release and err are then
+// set).
+func attached() bool {
+	mu.Lock()
+	s := started
+	mu.Unlock()
+	if s {
+		<-done
+	}
+	return s
 }
