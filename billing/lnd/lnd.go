@@ -512,7 +512,8 @@ func (b *Backend) runOnce(ctx context.Context) error {
 			}
 			return rpcError(err)
 		}
-		if !registered.Swap(true) {
+		first := !registered.Swap(true)
+		if first {
 			if err := b.bookSettled(ctx, 0); err != nil {
 				return err
 			}
@@ -524,9 +525,12 @@ func (b *Backend) runOnce(ctx context.Context) error {
 		switch {
 		case seen == 0:
 			// The first settlement on a stream from index 0: those
-			// before it are on no stream; bookSettled finds ours.
-			if err := b.bookSettled(ctx, 0); err != nil {
-				return err
+			// before it are on no stream; bookSettled finds ours (it
+			// just did if this is the stream's first message).
+			if !first {
+				if err := b.bookSettled(ctx, 0); err != nil {
+					return err
+				}
 			}
 		case inv.SettleIndex <= seen:
 			continue // replayed, recorded once
