@@ -117,10 +117,7 @@ func TestReplayOfAPrunedAnswerIsAnError(t *testing.T) {
 	store := &memReplies{m: map[string][]byte{}, pruned: map[string]bool{}}
 	v := &fakeVendor{}
 	s, out := recorder(t, func(c *Config) { c.Vendor, c.Replies = v, store })
-	sk := nostr.GeneratePrivateKey()
-	call := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}},
-		Content: `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"free","arguments":{"text":"once"}}}`}
-	call.Sign(sk)
+	call := signedRequest(s, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"free","arguments":{"text":"once"}}}`)
 	store.pruned[replyKey(&request{ev: call})] = true
 	s.handle(context.Background(), call)
 	v.mu.Lock()
@@ -149,10 +146,7 @@ func TestReplayOfAPrunedAnswerIsAnError(t *testing.T) {
 func TestDuplicateInFlightServedOnce(t *testing.T) {
 	v := &fakeVendor{block: make(chan struct{})}
 	s, out := recorder(t, func(c *Config) { c.Vendor = v })
-	sk := nostr.GeneratePrivateKey()
-	ev := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}},
-		Content: `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"block"}}`}
-	ev.Sign(sk)
+	ev := signedRequest(s, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"block"}}`)
 	done := make(chan struct{})
 	go func() { s.handle(context.Background(), ev); close(done) }()
 	for {
@@ -184,10 +178,7 @@ func TestRepliesStoredByTimeThenID(t *testing.T) {
 	store := &memReplies{m: map[string][]byte{}}
 	v := &fakeVendor{}
 	s, out := recorder(t, func(c *Config) { c.Vendor, c.Replies = v, store })
-	sk := nostr.GeneratePrivateKey()
-	ev := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Content: `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"free","arguments":{"text":"once"}}}`,
-		Tags: nostr.Tags{{"p", s.PublicKey()}}}
-	ev.Sign(sk)
+	ev := signedRequest(s, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"free","arguments":{"text":"once"}}}`)
 	if got, want := replyKey(&request{ev: ev}), fmt.Sprintf("nostr@%d:%s", ev.CreatedAt, ev.ID); got != want {
 		t.Fatalf("replyKey %s, want %s", got, want)
 	}
@@ -233,10 +224,7 @@ func TestCopyAnsweredWhileItsAnswerIsStored(t *testing.T) {
 	store := &slowReplies{memReplies: memReplies{m: map[string][]byte{}}, storing: make(chan struct{}), release: make(chan struct{})}
 	v := &fakeVendor{}
 	s, out := recorder(t, func(c *Config) { c.Vendor, c.Replies = v, store })
-	sk := nostr.GeneratePrivateKey()
-	call := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}},
-		Content: `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"free","arguments":{"text":"once"}}}`}
-	call.Sign(sk)
+	call := signedRequest(s, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"free","arguments":{"text":"once"}}}`)
 	first := make(chan struct{})
 	go func() { defer close(first); s.handle(context.Background(), call) }()
 	<-store.storing
@@ -252,4 +240,12 @@ func TestCopyAnsweredWhileItsAnswerIsStored(t *testing.T) {
 	if len(*out) != 2 || (*out)[0].Content != (*out)[1].Content {
 		t.Fatalf("answers %v, want the same answer twice", *out)
 	}
+}
+
+// signedRequest is a request with content to s, signed by a fresh client
+// key.
+func signedRequest(s *Server, content string) *nostr.Event {
+	ev := &nostr.Event{Kind: KindMessage, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"p", s.PublicKey()}}, Content: content}
+	ev.Sign(nostr.GeneratePrivateKey())
+	return ev
 }
